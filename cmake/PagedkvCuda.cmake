@@ -1,0 +1,18 @@
+# Decides PAGEDKV_WITH_CUDA. AUTO enables CUDA when a working nvcc is found;
+# kernels then compile everywhere (CI too), whether or not a GPU is present.
+set(PAGEDKV_WITH_CUDA OFF)
+if(NOT PAGEDKV_CUDA STREQUAL "OFF" AND NOT PAGEDKV_SANITIZE STREQUAL "thread")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90 80)
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(PAGEDKV_WITH_CUDA ON)
+  elseif(PAGEDKV_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "PAGEDKV_CUDA=ON but no CUDA compiler was found")
+  endif()
+endif()
+message(STATUS "pagedkv: CUDA backend ${PAGEDKV_WITH_CUDA}")

@@ -1,0 +1,71 @@
+// The Backend interface: where KV storage lives and how the kernels that
+// touch it run. The CPU backend (impl/cpu/) is the reference; the CUDA
+// backend (cuda/) implements the same semantics on a GPU. The pool calls a
+// backend only with arguments it has already validated.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "error.h"
+#include "kernel_types.h"
+
+namespace pagedkv {
+
+// Storage for all layers: plane p = 2 * layer + (0 for K, 1 for V) starts at
+// base + p * layout.layer_bytes().
+struct KvArena {
+  void* base;
+  int32_t num_layers;
+  KvLayout layout;
+
+  void* plane(int32_t layer, int32_t which) const {
+    return static_cast<char*>(base) + (size_t(2) * layer + which) * layout.layer_bytes();
+  }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual int32_t device_type() const = 0;  // PKV_DEVICE_* value
+  virtual int32_t device_id() const = 0;
+
+  // Device (or host) memory; throws Error(kOutOfMemory / kCuda).
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* ptr) noexcept = 0;
+  // Host -> backend memory, ordered on stream. CPU: memcpy.
+  virtual void upload(void* dst, const void* src, size_t bytes, void* stream) = 0;
+
+  // Scatter k, v [num_tokens, num_kv_heads, head_dim] into their slots.
+  virtual void write(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& k,
+                     const Tensor3& v, void* stream) = 0;
+
+  // Paged attention of q [num_tokens, num_q_heads, head_dim] into out.
+  virtual void attend(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& q,
+                      const Tensor3& out, const AttentionArgs& args, void* stream) = 0;
+
+  // Copy block src[i] to dst[i] in every plane. src/dst are host arrays.
+  virtual void copy_blocks(const KvArena& arena, const int32_t* src, const int32_t* dst,
+                           int64_t num_pairs, void* stream) = 0;
+
+  // to_host: blocks -> host buffer laid out [n][num_layers][2][block bytes];
+  // otherwise the reverse. blocks is a host array.
+  virtual void swap(const KvArena& arena, const int32_t* blocks, int64_t num_blocks, void* host,
+                    bool to_host, void* stream) = 0;
+
+  // Blocks until work queued on stream is done (CPU: no-op).
+  virtual void synchronize(void* stream) = 0;
+};
+
+// num_threads 0 = hardware concurrency.
+std::unique_ptr<Backend> make_cpu_backend(int32_t num_threads);
+
+// Defined in cuda/ when CUDA is compiled in; otherwise throws
+// Error(kUnsupported). Throws Error(kCuda) if the device cannot be used.
+std::unique_ptr<Backend> make_cuda_backend(int32_t device_id);
+int32_t cuda_device_count() noexcept;
+bool cuda_compiled_in() noexcept;
+
+}  // namespace pagedkv

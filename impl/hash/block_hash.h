@@ -1,0 +1,90 @@
+// Chained block hashes for prefix caching (DESIGN.md §3). One block's hash is
+// H(canonical CBOR of [parent digest bytes, [token ids], extra keys | null]);
+// the root parent is H(canonical CBOR of the seed string). With
+// HashAlgo::kSha256Cbor this is byte-compatible with vLLM's sha256_cbor.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pagedkv {
+
+// Values equal PKV_HASH_*.
+enum class HashAlgo : uint32_t { kSha256Cbor = 1, kXxh3_128 = 2 };
+
+size_t hash_digest_size(HashAlgo algo);  // 32 or 16; 0 if unknown
+
+struct BlockHash {
+  std::array<uint8_t, 32> bytes{};  // digest, zero-padded past size
+  uint8_t size = 0;                 // 0 = "no hash"
+
+  bool empty() const { return size == 0; }
+  bool operator==(const BlockHash& o) const { return size == o.size && bytes == o.bytes; }
+  bool operator!=(const BlockHash& o) const { return !(*this == o); }
+};
+
+struct BlockHashHasher {
+  size_t operator()(const BlockHash& h) const noexcept;  // digests are uniform: take 8 bytes
+};
+
+// One extra key: an unsigned integer (LoRA id) or a text string (a
+// multimodal content hash, the cache salt). Encoded in this order.
+struct ExtraKey {
+  enum class Kind : uint8_t { kUint, kText } kind;
+  uint64_t uint_value = 0;
+  std::string text;
+
+  static ExtraKey uint(uint64_t v) { return {Kind::kUint, v, {}}; }
+  static ExtraKey str(std::string s) { return {Kind::kText, 0, std::move(s)}; }
+};
+
+struct MmItem {
+  uint64_t offset;
+  uint64_t length;
+  std::string hash;
+};
+
+// What a request contributes to its blocks' extra keys.
+struct HashContext {
+  HashAlgo algo = HashAlgo::kSha256Cbor;
+  uint32_t block_size = 16;
+  uint64_t lora_id = 0;        // 0 = none
+  std::string cache_salt;      // empty = none
+  std::vector<MmItem> mm_items;  // sorted by offset
+};
+
+BlockHash hash_root(HashAlgo algo, std::string_view seed);
+
+// Extra keys of the block covering tokens [start, end): LoRA id (if any),
+// hashes of mm items overlapping the block, the salt if start == 0.
+std::vector<ExtraKey> block_extra_keys(const HashContext& ctx, uint64_t start, uint64_t end);
+
+BlockHash hash_block(HashAlgo algo, const BlockHash& parent, const int32_t* tokens, size_t n,
+                     const std::vector<ExtraKey>& extra);
+
+// Reusable hasher for the hot path (keeps its digest context and CBOR buffer).
+class BlockHasher {
+ public:
+  explicit BlockHasher(HashAlgo algo);
+  ~BlockHasher();
+  BlockHasher(const BlockHasher&) = delete;
+  BlockHasher& operator=(const BlockHasher&) = delete;
+
+  BlockHash hash(const BlockHash& parent, const int32_t* tokens, size_t n,
+                 const std::vector<ExtraKey>& extra);
+
+ private:
+  struct State;
+  HashAlgo algo_;
+  State* state_;
+};
+
+// Hashes of the full blocks of tokens[0, n), chained from root.
+std::vector<BlockHash> hash_prefix(const HashContext& ctx, const BlockHash& root,
+                                   const int32_t* tokens, size_t n);
+
+}  // namespace pagedkv

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The test command: sets up, builds, and runs every test (C++, C, Python,
+# Rust, Go, examples) with CTest; then the sanitizer and fuzz stages.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bash "$root/scripts/setup.sh"
+bash "$root/scripts/build.sh"
+ctest --test-dir "$root/build" --output-on-failure -j"$(nproc)" --timeout 600
+if [ -x "$root/scripts/test-sanitizers.sh" ]; then
+  bash "$root/scripts/test-sanitizers.sh"
+fi
