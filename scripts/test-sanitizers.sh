@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Sanitizer stages of the test command (run by scripts/test.sh after the main
+# build): every C/C++ test under ASan+UBSan (LeakSanitizer included), the
+# threading tests under TSan, then the bounded fuzz run if it is built.
+# CUDA and the language bindings are left out of these builds: their host
+# runtimes cannot load an instrumented library.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+jobs=$(nproc)
+common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPAGEDKV_CUDA=OFF -DPAGEDKV_BUILD_BENCH=OFF
+        -DPAGEDKV_BUILD_BINDINGS=OFF -DPAGEDKV_BUILD_EXAMPLES=OFF)
+
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+
+echo "== ASan+UBSan: all C/C++ tests"
+cmake -S "$root" -B "$root/build-asan" "${common[@]}" -DPAGEDKV_SANITIZE=address >/dev/null
+cmake --build "$root/build-asan" -j"$jobs"
+ctest --test-dir "$root/build-asan" --output-on-failure -j"$jobs" -LE "gpu|python|rust|go|fuzz|bench" \
+  --timeout 900
+
+echo "== TSan: threading tests"
+cmake -S "$root" -B "$root/build-tsan" "${common[@]}" -DPAGEDKV_SANITIZE=thread >/dev/null
+cmake --build "$root/build-tsan" -j"$jobs"
+ctest --test-dir "$root/build-tsan" --output-on-failure -j"$jobs" -L threads --timeout 900
+
+if [ -x "$root/scripts/test-fuzz.sh" ]; then
+  echo "== libFuzzer: bounded run"
+  bash "$root/scripts/test-fuzz.sh"
+fi
