@@ -52,8 +52,8 @@ struct MmItem {
 struct HashContext {
   HashAlgo algo = HashAlgo::kSha256Cbor;
   uint32_t block_size = 16;
-  uint64_t lora_id = 0;        // 0 = none
-  std::string cache_salt;      // empty = none
+  uint64_t lora_id = 0;          // 0 = none
+  std::string cache_salt;        // empty = none
   std::vector<MmItem> mm_items;  // sorted by offset
 };
 
@@ -77,6 +77,14 @@ class BlockHasher {
   BlockHash hash(const BlockHash& parent, const int32_t* tokens, size_t n,
                  const std::vector<ExtraKey>& extra);
 
+  // Same as hash(parent, tokens, n, block_extra_keys(ctx, start, start + n))
+  // without building the key vector (no allocation in steady state).
+  // ctx.algo and ctx.block_size are not consulted: this hasher's algo rules.
+  BlockHash hash(const BlockHash& parent, const int32_t* tokens, size_t n, const HashContext& ctx,
+                 uint64_t start);
+
+  HashAlgo algo() const { return algo_; }
+
  private:
   struct State;
   HashAlgo algo_;
@@ -86,5 +94,11 @@ class BlockHasher {
 // Hashes of the full blocks of tokens[0, n), chained from root.
 std::vector<BlockHash> hash_prefix(const HashContext& ctx, const BlockHash& root,
                                    const int32_t* tokens, size_t n);
+
+// The exact bytes that are hashed (for tests and debugging): canonical CBOR
+// of [parent bytes, [tokens], extra | null], and of the seed string.
+std::vector<uint8_t> encode_block_cbor(const BlockHash& parent, const int32_t* tokens, size_t n,
+                                       const std::vector<ExtraKey>& extra);
+std::vector<uint8_t> encode_seed_cbor(std::string_view seed);
 
 }  // namespace pagedkv

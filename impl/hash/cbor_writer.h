@@ -1,0 +1,99 @@
+// Minimal canonical CBOR writer (RFC 8949 §4.2.1 core deterministic
+// encoding) for the handful of types block hashes need: unsigned and negative
+// integers, byte strings, text strings, array heads and null. Every head uses
+// the shortest form, which is all that determinism asks for these types; the
+// output equals Python's cbor2.dumps(x, canonical=True).
+//
+// The writer does no bounds checks: callers size the buffer first with the
+// *_size() helpers (worst cases), so the hot loop is branch-light.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace pagedkv {
+namespace cbor {
+
+constexpr uint8_t kMajorUint = 0x00;
+constexpr uint8_t kMajorNegInt = 0x20;
+constexpr uint8_t kMajorBytes = 0x40;
+constexpr uint8_t kMajorText = 0x60;
+constexpr uint8_t kMajorArray = 0x80;
+constexpr uint8_t kNull = 0xf6;
+
+constexpr size_t kMaxHeadSize = 9;   // initial byte + 8-byte argument
+constexpr size_t kMaxInt32Size = 5;  // initial byte + 4-byte argument
+
+inline uint8_t* put_be16(uint8_t* p, uint32_t v) {
+  p[0] = static_cast<uint8_t>(v >> 8);
+  p[1] = static_cast<uint8_t>(v);
+  return p + 2;
+}
+
+inline uint8_t* put_be32(uint8_t* p, uint32_t v) {
+  v = __builtin_bswap32(v);
+  std::memcpy(p, &v, 4);
+  return p + 4;
+}
+
+inline uint8_t* put_be64(uint8_t* p, uint64_t v) {
+  v = __builtin_bswap64(v);
+  std::memcpy(p, &v, 8);
+  return p + 8;
+}
+
+// A data item head: major type (already shifted) and its argument, shortest form.
+inline uint8_t* put_head(uint8_t* p, uint8_t major, uint64_t v) {
+  if (v < 24) {
+    *p = static_cast<uint8_t>(major | v);
+    return p + 1;
+  }
+  if (v <= 0xff) {
+    p[0] = major | 24;
+    p[1] = static_cast<uint8_t>(v);
+    return p + 2;
+  }
+  if (v <= 0xffff) {
+    *p = major | 25;
+    return put_be16(p + 1, static_cast<uint32_t>(v));
+  }
+  if (v <= 0xffffffffu) {
+    *p = major | 26;
+    return put_be32(p + 1, static_cast<uint32_t>(v));
+  }
+  *p = major | 27;
+  return put_be64(p + 1, v);
+}
+
+// A signed 32-bit integer: major type 0 for t >= 0, else major type 1 with
+// argument -1 - t (which is ~t, and always fits 32 bits).
+inline uint8_t* put_int32(uint8_t* p, int32_t t) {
+  const uint32_t sign = static_cast<uint32_t>(t >> 31);  // 0 or all ones
+  const uint32_t v = static_cast<uint32_t>(t) ^ sign;
+  const uint8_t major = static_cast<uint8_t>(sign & kMajorNegInt);
+  if (v < 24) {
+    *p = static_cast<uint8_t>(major | v);
+    return p + 1;
+  }
+  if (v <= 0xff) {
+    p[0] = major | 24;
+    p[1] = static_cast<uint8_t>(v);
+    return p + 2;
+  }
+  if (v <= 0xffff) {
+    *p = major | 25;
+    return put_be16(p + 1, v);
+  }
+  *p = major | 26;
+  return put_be32(p + 1, v);
+}
+
+inline uint8_t* put_string(uint8_t* p, uint8_t major, const void* data, size_t n) {
+  p = put_head(p, major, n);
+  if (n) std::memcpy(p, data, n);
+  return p + n;
+}
+
+}  // namespace cbor
+}  // namespace pagedkv
