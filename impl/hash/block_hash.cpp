@@ -222,6 +222,12 @@ BlockHash BlockHasher::hash(const BlockHash& parent, const int32_t* tokens, size
   return out;
 }
 
+BlockHash hash_block(HashAlgo algo, const BlockHash& parent, const int32_t* tokens, size_t n,
+                     const std::vector<ExtraKey>& extra) {
+  BlockHasher hasher(algo);
+  return hasher.hash(parent, tokens, n, extra);
+}
+
 std::vector<uint8_t> encode_block_cbor(const BlockHash& parent, const int32_t* tokens, size_t n,
                                        const std::vector<ExtraKey>& extra) {
   std::vector<uint8_t> out(bound_head_and_tokens(parent, n) + bound_extra(extra));
