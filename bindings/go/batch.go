@@ -1,0 +1,469 @@
+package pagedkv
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// Batch is one step plan: the slot mapping and page table of the scheduled
+// sequences, built once per step, then used per layer by CacheWrite and
+// Attention. If one of its sequences changes afterwards (append, truncate,
+// free) the plan is stale and its calls fail with ErrInvalidState. A Batch
+// serialises its own calls, so it is safe (though pointless) to share.
+type Batch struct {
+	mu   sync.Mutex
+	ptr  *C.pkv_batch
+	info BatchInfo
+
+	dtype      DType
+	device     DeviceType
+	numKVHeads int
+	headDim    int
+}
+
+// BatchInfo describes a plan.
+type BatchInfo struct {
+	NumSeqs    uint32
+	NumTokens  uint64 // total queries: rows of q, k, v and out
+	NumPages   uint64 // entries of the CSR page table
+	MaxContext uint64 // longest sequence
+	MaxQuery   uint32 // largest query count
+	BlockSize  uint32
+}
+
+// Prepare builds the step plan for seqs with queryCounts[i] new tokens
+// each (1 for decode, the chunk length for prefill): the last queryCounts[i]
+// tokens of each sequence are its queries. Pending copy-on-write copies run
+// here. Close the batch when the step is done.
+func (p *Pool) Prepare(seqs []Seq, queryCounts []int) (*Batch, error) {
+	return p.PrepareOnStream(seqs, queryCounts, nil)
+}
+
+// PrepareOnStream is Prepare running the copy-on-write copies on a CUDA
+// stream (a cudaStream_t; nil for the default stream or CPU pools).
+func (p *Pool) PrepareOnStream(seqs []Seq, queryCounts []int, stream unsafe.Pointer) (*Batch, error) {
+	const op = "pkv_batch_prepare"
+	if len(seqs) != len(queryCounts) {
+		return nil, argError(op, "%d sequences but %d query counts", len(seqs), len(queryCounts))
+	}
+	if int64(len(seqs)) > 1<<32-1 {
+		return nil, argError(op, "too many sequences (%d)", len(seqs))
+	}
+	ids := make([]C.pkv_seq_id, len(seqs))
+	counts := make([]C.uint32_t, len(seqs))
+	for i, s := range seqs {
+		if s.pool != p {
+			return nil, argError(op, "seqs[%d] belongs to another pool", i)
+		}
+		if queryCounts[i] < 0 || int64(queryCounts[i]) > 1<<32-1 {
+			return nil, argError(op, "queryCounts[%d] = %d out of range", i, queryCounts[i])
+		}
+		ids[i] = C.pkv_seq_id(s.id)
+		counts[i] = C.uint32_t(queryCounts[i])
+	}
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return nil, err
+	}
+	defer p.release()
+	var idp *C.pkv_seq_id
+	var cp *C.uint32_t
+	if len(seqs) > 0 {
+		idp, cp = &ids[0], &counts[0]
+	}
+	var bp *C.pkv_batch
+	if err := check(op, C.pkvgo_batch_prepare(ptr, idp, cp, C.uint32_t(len(seqs)), stream, &bp)); err != nil {
+		return nil, err
+	}
+	b := &Batch{
+		ptr:        bp,
+		dtype:      p.opts.DType,
+		device:     p.opts.Device,
+		numKVHeads: int(p.opts.NumKVHeads),
+		headDim:    int(p.opts.HeadDim),
+	}
+	var ci C.pkv_batch_info
+	C.pkv_batch_info_init(&ci)
+	if err := check("pkv_batch_get_info", C.pkvgo_batch_get_info(bp, &ci)); err != nil {
+		C.pkv_batch_destroy(bp)
+		return nil, err
+	}
+	b.info = batchInfoFromC(&ci)
+	runtime.SetFinalizer(b, (*Batch).Close)
+	return b, nil
+}
+
+func batchInfoFromC(c *C.pkv_batch_info) BatchInfo {
+	return BatchInfo{
+		NumSeqs:    uint32(c.num_seqs),
+		NumTokens:  uint64(c.num_tokens),
+		NumPages:   uint64(c.num_pages),
+		MaxContext: uint64(c.max_context),
+		MaxQuery:   uint32(c.max_query),
+		BlockSize:  uint32(c.block_size),
+	}
+}
+
+func (b *Batch) acquire(op string) (*C.pkv_batch, error) {
+	if b == nil {
+		return nil, closedError(op, "batch")
+	}
+	b.mu.Lock()
+	if b.ptr == nil {
+		b.mu.Unlock()
+		return nil, closedError(op, "batch")
+	}
+	return b.ptr, nil
+}
+
+func (b *Batch) release() {
+	b.mu.Unlock()
+	runtime.KeepAlive(b)
+}
+
+// Close destroys the plan; idempotent.
+func (b *Batch) Close() error {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ptr != nil {
+		C.pkv_batch_destroy(b.ptr)
+		b.ptr = nil
+		runtime.SetFinalizer(b, nil)
+	}
+	return nil
+}
+
+// Info describes the plan, as the library reports it.
+func (b *Batch) Info() (BatchInfo, error) {
+	const op = "pkv_batch_get_info"
+	ptr, err := b.acquire(op)
+	if err != nil {
+		return BatchInfo{}, err
+	}
+	defer b.release()
+	var ci C.pkv_batch_info
+	C.pkv_batch_info_init(&ci)
+	if err := check(op, C.pkvgo_batch_get_info(ptr, &ci)); err != nil {
+		return BatchInfo{}, err
+	}
+	return batchInfoFromC(&ci), nil
+}
+
+// NumTokens is the number of query rows of the plan.
+func (b *Batch) NumTokens() int { return int(b.info.NumTokens) }
+
+// PlanArray selects one of a plan's arrays.
+type PlanArray uint32
+
+// The plan's arrays (see batch.h).
+const (
+	PlanSlotMapping PlanArray = C.PKV_PLAN_SLOT_MAPPING  // i64 [num_tokens]
+	PlanQueryIndptr PlanArray = C.PKV_PLAN_QUERY_INDPTR  // i32 [num_seqs+1]
+	PlanPageIndptr  PlanArray = C.PKV_PLAN_PAGE_INDPTR   // i32 [num_seqs+1]
+	PlanPageIndices PlanArray = C.PKV_PLAN_PAGE_INDICES  // i32 [num_pages]
+	PlanLastPageLen PlanArray = C.PKV_PLAN_LAST_PAGE_LEN // i32 [num_seqs]
+	PlanContextLens PlanArray = C.PKV_PLAN_CONTEXT_LENS  // i32 [num_seqs]
+)
+
+// PlanTensor describes one of the plan's arrays on the pool's device, for
+// engines bringing their own kernels. The memory belongs to the batch: it
+// is valid until Close.
+func (b *Batch) PlanTensor(which PlanArray) (Tensor, error) {
+	const op = "pkv_batch_plan_tensor"
+	ptr, err := b.acquire(op)
+	if err != nil {
+		return Tensor{}, err
+	}
+	defer b.release()
+	var t C.pkv_tensor
+	if err := check(op, C.pkvgo_batch_plan_tensor(ptr, C.uint32_t(which), &t)); err != nil {
+		return Tensor{}, err
+	}
+	return fromC(&t), nil
+}
+
+// PlanInt32s copies one of a CPU plan's i32 arrays into a new slice.
+func (b *Batch) PlanInt32s(which PlanArray) ([]int32, error) {
+	ptr, err := b.acquire("Batch.PlanInt32s")
+	if err != nil {
+		return nil, err
+	}
+	defer b.release()
+	var t C.pkv_tensor
+	if err := check("pkv_batch_plan_tensor", C.pkvgo_batch_plan_tensor(ptr, C.uint32_t(which), &t)); err != nil {
+		return nil, err
+	}
+	gt := fromC(&t)
+	return gt.Int32s()
+}
+
+// SlotMapping copies a CPU plan's slot mapping (block_id*block_size+offset
+// per query row) into a new slice.
+func (b *Batch) SlotMapping() ([]int64, error) {
+	ptr, err := b.acquire("Batch.SlotMapping")
+	if err != nil {
+		return nil, err
+	}
+	defer b.release()
+	var t C.pkv_tensor
+	if err := check("pkv_batch_plan_tensor", C.pkvgo_batch_plan_tensor(ptr, C.PKV_PLAN_SLOT_MAPPING, &t)); err != nil {
+		return nil, err
+	}
+	gt := fromC(&t)
+	return gt.Int64s()
+}
+
+// AttentionParams tunes Attention; the zero value is the default.
+type AttentionParams struct {
+	SoftmaxScale  float32 // 0 = 1/sqrt(head_dim)
+	SlidingWindow uint32  // tokens; a query at p sees keys k with p-window < k <= p; 0 = none
+	LogitSoftcap  float32 // 0 = none; else logits = c*tanh(logits/c)
+}
+
+func (a *AttentionParams) toC(out *C.pkv_attention_params) {
+	C.pkv_attention_params_init(out)
+	if a == nil {
+		return
+	}
+	out.softmax_scale = C.float(a.SoftmaxScale)
+	out.sliding_window = C.uint32_t(a.SlidingWindow)
+	out.logit_softcap = C.float(a.LogitSoftcap)
+}
+
+// hostCheck validates a host call's layer and the pool's device and dtype
+// before any pointer goes to C.
+func (b *Batch) hostCheck(op string, layer int, want16 bool) error {
+	if layer < 0 || int64(layer) > 1<<32-1 {
+		return argError(op, "layer %d out of range", layer)
+	}
+	if b.device != CPU {
+		return &Error{Code: CodeUnsupported, Op: op,
+			Msg: "Go slices hold host memory but the pool is on " + b.device.String() +
+				"; use the Tensor variant with device pointers"}
+	}
+	is16 := b.dtype == Float16 || b.dtype == BFloat16
+	if want16 && !is16 {
+		return argError(op, "the pool stores %v; pass []float32", b.dtype)
+	}
+	if !want16 && b.dtype != Float32 {
+		return argError(op, "the pool stores %v; pass []uint16 (bit patterns)", b.dtype)
+	}
+	return nil
+}
+
+// CacheWrite scatters the step's new keys and values, k and v of shape
+// [NumTokens, num_kv_heads, head_dim] row-major, into their slots of layer
+// of an f32 CPU pool.
+func (b *Batch) CacheWrite(layer int, k, v []float32) error {
+	const op = "pkv_cache_write"
+	if b == nil {
+		return closedError(op, "batch")
+	}
+	if err := b.hostCheck(op, layer, false); err != nil {
+		return err
+	}
+	if err := b.kvLens(op, len(k), len(v)); err != nil {
+		return err
+	}
+	return b.writeHost(op, layer, f32Ptr(k), f32Ptr(v), k, v)
+}
+
+// CacheWrite16 is CacheWrite for f16 and bf16 pools, values as bit
+// patterns.
+func (b *Batch) CacheWrite16(layer int, k, v []uint16) error {
+	const op = "pkv_cache_write"
+	if b == nil {
+		return closedError(op, "batch")
+	}
+	if err := b.hostCheck(op, layer, true); err != nil {
+		return err
+	}
+	if err := b.kvLens(op, len(k), len(v)); err != nil {
+		return err
+	}
+	return b.writeHost(op, layer, u16Ptr(k), u16Ptr(v), k, v)
+}
+
+func (b *Batch) kvLens(op string, nk, nv int) error {
+	want := b.NumTokens() * b.numKVHeads * b.headDim
+	if nk != want {
+		return argError(op, "k has %d elements, want %d = [%d tokens, %d kv heads, %d head dim]",
+			nk, want, b.NumTokens(), b.numKVHeads, b.headDim)
+	}
+	if nv != want {
+		return argError(op, "v has %d elements, want %d = [%d tokens, %d kv heads, %d head dim]",
+			nv, want, b.NumTokens(), b.numKVHeads, b.headDim)
+	}
+	return nil
+}
+
+func (b *Batch) writeHost(op string, layer int, k, v unsafe.Pointer, keepK, keepV interface{}) error {
+	ptr, err := b.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer b.release()
+	r := C.pkvgo_cache_write_host(ptr, C.uint32_t(layer), C.uint32_t(b.dtype), k, v,
+		C.int64_t(b.NumTokens()), C.int64_t(b.numKVHeads), C.int64_t(b.headDim))
+	runtime.KeepAlive(keepK)
+	runtime.KeepAlive(keepV)
+	return check(op, r)
+}
+
+// Attention runs paged attention for every query of the plan on an f32 CPU
+// pool: q and out [NumTokens, num_q_heads, head_dim] (num_q_heads a
+// multiple of num_kv_heads), lse nil or [NumTokens, num_q_heads] to receive
+// the natural-log sum-exp of the scaled logits. params may be nil.
+func (b *Batch) Attention(layer int, q, out, lse []float32, params *AttentionParams) error {
+	const op = "pkv_attention_forward"
+	if b == nil {
+		return closedError(op, "batch")
+	}
+	if err := b.hostCheck(op, layer, false); err != nil {
+		return err
+	}
+	heads, err := b.qHeads(op, len(q), len(out), lse)
+	if err != nil {
+		return err
+	}
+	return b.attendHost(op, layer, f32Ptr(q), f32Ptr(out), lse, heads, params, q, out)
+}
+
+// Attention16 is Attention for f16 and bf16 pools: q and out as bit
+// patterns of the pool's dtype, lse still f32.
+func (b *Batch) Attention16(layer int, q, out []uint16, lse []float32, params *AttentionParams) error {
+	const op = "pkv_attention_forward"
+	if b == nil {
+		return closedError(op, "batch")
+	}
+	if err := b.hostCheck(op, layer, true); err != nil {
+		return err
+	}
+	heads, err := b.qHeads(op, len(q), len(out), lse)
+	if err != nil {
+		return err
+	}
+	return b.attendHost(op, layer, u16Ptr(q), u16Ptr(out), lse, heads, params, q, out)
+}
+
+// qHeads derives num_q_heads from q's length and checks out and lse.
+func (b *Batch) qHeads(op string, nq, nout int, lse []float32) (int, error) {
+	rows := b.NumTokens() * b.headDim
+	if rows == 0 {
+		if nq != 0 || nout != 0 || len(lse) != 0 {
+			return 0, argError(op, "the plan has no query rows but q has %d elements", nq)
+		}
+		return b.numKVHeads, nil
+	}
+	if nq == 0 || nq%rows != 0 {
+		return 0, argError(op, "q has %d elements, not a multiple of %d tokens * %d head dim",
+			nq, b.NumTokens(), b.headDim)
+	}
+	heads := nq / rows
+	if nout != nq {
+		return 0, argError(op, "out has %d elements, want %d like q", nout, nq)
+	}
+	if lse != nil && len(lse) != b.NumTokens()*heads {
+		return 0, argError(op, "lse has %d elements, want %d = [%d tokens, %d q heads]",
+			len(lse), b.NumTokens()*heads, b.NumTokens(), heads)
+	}
+	return heads, nil
+}
+
+func (b *Batch) attendHost(op string, layer int, q, out unsafe.Pointer, lse []float32, heads int,
+	params *AttentionParams, keepQ, keepOut interface{}) error {
+	var cp C.pkv_attention_params
+	params.toC(&cp)
+	var lp *C.float
+	if len(lse) > 0 {
+		lp = (*C.float)(unsafe.Pointer(&lse[0]))
+	}
+	ptr, err := b.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer b.release()
+	r := C.pkvgo_attention_host(ptr, C.uint32_t(layer), C.uint32_t(b.dtype), q, out, lp,
+		C.int64_t(b.NumTokens()), C.int64_t(heads), C.int64_t(b.headDim), &cp)
+	runtime.KeepAlive(keepQ)
+	runtime.KeepAlive(keepOut)
+	runtime.KeepAlive(lse)
+	return check(op, r)
+}
+
+// CacheWriteTensor is CacheWrite for memory outside Go (CUDA device
+// memory for CUDA pools), on stream (a cudaStream_t, or nil).
+func (b *Batch) CacheWriteTensor(layer int, k, v *Tensor, stream unsafe.Pointer) error {
+	const op = "pkv_cache_write"
+	if layer < 0 || int64(layer) > 1<<32-1 {
+		return argError(op, "layer %d out of range", layer)
+	}
+	var ck, cv C.pkv_tensor
+	if err := k.toC(op, "k", &ck); err != nil {
+		return err
+	}
+	if err := v.toC(op, "v", &cv); err != nil {
+		return err
+	}
+	ptr, err := b.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer b.release()
+	return check(op, C.pkvgo_cache_write(ptr, C.uint32_t(layer), &ck, &cv, stream))
+}
+
+// AttentionTensor is Attention for memory outside Go (CUDA device memory
+// for CUDA pools), on stream. lse may be nil.
+func (b *Batch) AttentionTensor(layer int, q, out, lse *Tensor, params *AttentionParams,
+	stream unsafe.Pointer) error {
+	const op = "pkv_attention_forward"
+	if layer < 0 || int64(layer) > 1<<32-1 {
+		return argError(op, "layer %d out of range", layer)
+	}
+	var cq, cout, clse C.pkv_tensor
+	if err := q.toC(op, "q", &cq); err != nil {
+		return err
+	}
+	if err := out.toC(op, "out", &cout); err != nil {
+		return err
+	}
+	var lp *C.pkv_tensor
+	if lse != nil {
+		if err := lse.toC(op, "lse", &clse); err != nil {
+			return err
+		}
+		lp = &clse
+	}
+	var cp C.pkv_attention_params
+	params.toC(&cp)
+	ptr, err := b.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer b.release()
+	return check(op, C.pkvgo_attention_forward(ptr, C.uint32_t(layer), &cq, &cout, lp, &cp, stream))
+}
+
+func f32Ptr(s []float32) unsafe.Pointer {
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&s[0])
+}
+
+func u16Ptr(s []uint16) unsafe.Pointer {
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&s[0])
+}

@@ -1,0 +1,68 @@
+package pagedkv
+
+/*
+#cgo pkg-config: pagedkv
+#include "shim.h"
+*/
+import "C"
+
+import "unsafe"
+
+// check turns a wrapped call's result into an error, freeing the message
+// copy the C side allocated.
+func check(op string, r C.pkvgo_result) error {
+	if r.status == C.PKV_OK {
+		return nil
+	}
+	msg := ""
+	if r.msg != nil {
+		msg = C.GoString(r.msg)
+		C.free(unsafe.Pointer(r.msg))
+	}
+	return &Error{Code: Code(r.status), Op: op, Msg: msg}
+}
+
+// cArena collects C allocations made for one call (strings, multimodal
+// item arrays) and frees them together.
+type cArena struct{ ptrs []unsafe.Pointer }
+
+func (a *cArena) str(s string) *C.char {
+	p := C.CString(s)
+	a.ptrs = append(a.ptrs, unsafe.Pointer(p))
+	return p
+}
+
+func (a *cArena) mmItems(items []MMItem) *C.pkv_mm_item {
+	if len(items) == 0 {
+		return nil
+	}
+	size := C.size_t(len(items)) * C.size_t(unsafe.Sizeof(C.pkv_mm_item{}))
+	p := C.calloc(1, size)
+	if p == nil {
+		panic("pagedkv: out of C memory")
+	}
+	a.ptrs = append(a.ptrs, p)
+	arr := unsafe.Slice((*C.pkv_mm_item)(p), len(items))
+	for i, it := range items {
+		arr[i].offset = C.uint64_t(it.Offset)
+		arr[i].length = C.uint64_t(it.Length)
+		arr[i].hash = a.str(it.Hash)
+	}
+	return (*C.pkv_mm_item)(p)
+}
+
+func (a *cArena) free() {
+	for _, p := range a.ptrs {
+		C.free(p)
+	}
+	a.ptrs = nil
+}
+
+// int32Ptr returns the address of a slice's first element, or nil for an
+// empty slice.
+func int32Ptr(s []int32) *C.int32_t {
+	if len(s) == 0 {
+		return nil
+	}
+	return (*C.int32_t)(unsafe.Pointer(&s[0]))
+}

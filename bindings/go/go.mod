@@ -1,0 +1,3 @@
+module github.com/pagedkv/pagedkv-go
+
+go 1.19

@@ -1,0 +1,474 @@
+package pagedkv
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"strconv"
+	"sync"
+	"unsafe"
+)
+
+// PoolOptions configures NewPool. Zero fields take the library defaults:
+// 16 tokens per block, SHA256CBOR, prefix caching on, seed "", no sliding
+// window, events off (65536 kept when on), BF16 storage on the CPU, as many
+// kernel threads as hardware threads. NumLayers == 0 makes a manager-only
+// pool (block tables and plans, no storage).
+type PoolOptions struct {
+	BlockSize            uint32 // tokens per block; kernels support 8, 16, 32, 64
+	NumBlocks            uint64 // total blocks incl. the null block; 0 = from MemoryBudgetBytes
+	MemoryBudgetBytes    uint64 // KV bytes to spend when NumBlocks == 0
+	HashAlgo             HashAlgo
+	DisablePrefixCaching bool
+	HashSeed             string
+	SlidingWindow        uint32 // tokens; 0 = none
+	EnableEvents         bool
+	MaxEvents            uint32
+	NumLayers            uint32
+	NumKVHeads           uint32
+	HeadDim              uint32 // kernels: 64, 80, 96, 128, 256
+	DType                DType  // Float32, Float16 or BFloat16
+	Device               DeviceType
+	DeviceID             int32
+	NumThreads           uint32
+}
+
+func (o *PoolOptions) toC(op string, arena *cArena, out *C.pkv_pool_options) error {
+	C.pkv_pool_options_init(out)
+	if o == nil {
+		return nil
+	}
+	if err := checkCString(op, "HashSeed", o.HashSeed); err != nil {
+		return err
+	}
+	if o.BlockSize != 0 {
+		out.block_size = C.uint32_t(o.BlockSize)
+	}
+	out.num_blocks = C.uint64_t(o.NumBlocks)
+	if o.MemoryBudgetBytes != 0 {
+		out.memory_budget_bytes = C.uint64_t(o.MemoryBudgetBytes)
+	}
+	if o.HashAlgo != 0 {
+		out.hash_algo = C.uint32_t(o.HashAlgo)
+	}
+	if o.DisablePrefixCaching {
+		out.enable_prefix_caching = 0
+	}
+	if o.HashSeed != "" {
+		out.hash_seed = arena.str(o.HashSeed)
+	}
+	out.sliding_window = C.uint32_t(o.SlidingWindow)
+	if o.EnableEvents {
+		out.enable_events = 1
+	}
+	if o.MaxEvents != 0 {
+		out.max_events = C.uint32_t(o.MaxEvents)
+	}
+	out.num_layers = C.uint32_t(o.NumLayers)
+	out.num_kv_heads = C.uint32_t(o.NumKVHeads)
+	out.head_dim = C.uint32_t(o.HeadDim)
+	if o.DType != 0 {
+		out.dtype = C.uint32_t(o.DType)
+	}
+	if o.Device != 0 {
+		out.device_type = C.int32_t(o.Device)
+	}
+	out.device_id = C.int32_t(o.DeviceID)
+	if o.NumThreads != 0 {
+		out.num_threads = C.uint32_t(o.NumThreads)
+	}
+	return nil
+}
+
+func poolOptionsFromC(c *C.pkv_pool_options) PoolOptions {
+	o := PoolOptions{
+		BlockSize:            uint32(c.block_size),
+		NumBlocks:            uint64(c.num_blocks),
+		MemoryBudgetBytes:    uint64(c.memory_budget_bytes),
+		HashAlgo:             HashAlgo(c.hash_algo),
+		DisablePrefixCaching: c.enable_prefix_caching == 0,
+		SlidingWindow:        uint32(c.sliding_window),
+		EnableEvents:         c.enable_events != 0,
+		MaxEvents:            uint32(c.max_events),
+		NumLayers:            uint32(c.num_layers),
+		NumKVHeads:           uint32(c.num_kv_heads),
+		HeadDim:              uint32(c.head_dim),
+		DType:                DType(c.dtype),
+		Device:               DeviceType(c.device_type),
+		DeviceID:             int32(c.device_id),
+		NumThreads:           uint32(c.num_threads),
+	}
+	if c.hash_seed != nil {
+		o.HashSeed = C.GoString(c.hash_seed)
+	}
+	return o
+}
+
+// Pool is a block pool with its prefix cache, sequences and KV storage. It
+// is safe for concurrent use by any number of goroutines.
+type Pool struct {
+	mu   sync.RWMutex // read-held by every call, write-held by Close
+	ptr  *C.pkv_pool
+	opts PoolOptions // as resolved by the library
+}
+
+// NewPool creates a pool; opts may be nil for the defaults. Close it when
+// done.
+func NewPool(opts *PoolOptions) (*Pool, error) {
+	var arena cArena
+	defer arena.free()
+	var co C.pkv_pool_options
+	if err := opts.toC("pkv_pool_create", &arena, &co); err != nil {
+		return nil, err
+	}
+	var ptr *C.pkv_pool
+	if err := check("pkv_pool_create", C.pkvgo_pool_create(&co, &ptr)); err != nil {
+		return nil, err
+	}
+	var resolved C.pkv_pool_options
+	C.pkv_pool_options_init(&resolved)
+	if err := check("pkv_pool_get_options", C.pkvgo_pool_get_options(ptr, &resolved)); err != nil {
+		C.pkv_pool_destroy(ptr)
+		return nil, err
+	}
+	p := &Pool{ptr: ptr, opts: poolOptionsFromC(&resolved)}
+	runtime.SetFinalizer(p, (*Pool).Close)
+	return p, nil
+}
+
+// acquire read-locks the pool for one call; release must follow.
+func (p *Pool) acquire(op string) (*C.pkv_pool, error) {
+	if p == nil {
+		return nil, closedError(op, "pool")
+	}
+	p.mu.RLock()
+	if p.ptr == nil {
+		p.mu.RUnlock()
+		return nil, closedError(op, "pool")
+	}
+	return p.ptr, nil
+}
+
+func (p *Pool) release() {
+	p.mu.RUnlock()
+	runtime.KeepAlive(p)
+}
+
+// Close destroys the pool, its sequences and its storage. It waits for
+// calls in flight, is idempotent, and makes later calls fail with
+// ErrClosed. Batches prepared from the pool stay safe to use: their calls
+// fail with ErrInvalidState.
+func (p *Pool) Close() error {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ptr != nil {
+		C.pkv_pool_destroy(p.ptr)
+		p.ptr = nil
+		runtime.SetFinalizer(p, nil)
+	}
+	return nil
+}
+
+// Options returns the options the pool was created with, NumBlocks
+// resolved.
+func (p *Pool) Options() PoolOptions { return p.opts }
+
+// BlockSize is the number of tokens per block.
+func (p *Pool) BlockSize() int { return int(p.opts.BlockSize) }
+
+// BytesPerBlock is the K plus V storage one block takes over all layers (0
+// for a manager-only pool).
+func (p *Pool) BytesPerBlock() (uint64, error) {
+	const op = "pkv_pool_bytes_per_block"
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return 0, err
+	}
+	defer p.release()
+	var n C.uint64_t
+	if err := check(op, C.pkvgo_pool_bytes_per_block(ptr, &n)); err != nil {
+		return 0, err
+	}
+	return uint64(n), nil
+}
+
+// Stats is a snapshot of the pool's counters.
+type Stats struct {
+	BlockSize         uint32
+	NumBlocks         uint64 // total, incl. the null block
+	NumFreeBlocks     uint64 // in the free queue (incl. cached ones)
+	NumUsedBlocks     uint64 // ref count > 0
+	NumCachedBlocks   uint64 // holding a hash in the prefix cache
+	NumSeqs           uint64
+	NumTokens         uint64 // over all sequences
+	Usage             float64
+	PrefixQueryTokens uint64
+	PrefixHitTokens   uint64
+	NumEvictions      uint64
+	NumCOWCopies      uint64
+	NumEventsDropped  uint64
+	KVBytesPerBlock   uint64
+	KVBytesAllocated  uint64
+	KVBytesUsed       uint64
+	KVBytesWasted     uint64
+}
+
+// Stats returns the pool's counters.
+func (p *Pool) Stats() (Stats, error) {
+	const op = "pkv_pool_get_stats"
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return Stats{}, err
+	}
+	defer p.release()
+	var c C.pkv_pool_stats
+	C.pkv_pool_stats_init(&c)
+	if err := check(op, C.pkvgo_pool_get_stats(ptr, &c)); err != nil {
+		return Stats{}, err
+	}
+	return Stats{
+		BlockSize:         uint32(c.block_size),
+		NumBlocks:         uint64(c.num_blocks),
+		NumFreeBlocks:     uint64(c.num_free_blocks),
+		NumUsedBlocks:     uint64(c.num_used_blocks),
+		NumCachedBlocks:   uint64(c.num_cached_blocks),
+		NumSeqs:           uint64(c.num_seqs),
+		NumTokens:         uint64(c.num_tokens),
+		Usage:             float64(c.usage),
+		PrefixQueryTokens: uint64(c.prefix_query_tokens),
+		PrefixHitTokens:   uint64(c.prefix_hit_tokens),
+		NumEvictions:      uint64(c.num_evictions),
+		NumCOWCopies:      uint64(c.num_cow_copies),
+		NumEventsDropped:  uint64(c.num_events_dropped),
+		KVBytesPerBlock:   uint64(c.kv_bytes_per_block),
+		KVBytesAllocated:  uint64(c.kv_bytes_allocated),
+		KVBytesUsed:       uint64(c.kv_bytes_used),
+		KVBytesWasted:     uint64(c.kv_bytes_wasted),
+	}, nil
+}
+
+// EventType is the kind of a KV event.
+type EventType uint32
+
+// KV event types.
+const (
+	EventBlockStored  EventType = C.PKV_EVENT_BLOCK_STORED  // a full block entered the prefix cache
+	EventBlockRemoved EventType = C.PKV_EVENT_BLOCK_REMOVED // a cached block was evicted
+	EventAllCleared   EventType = C.PKV_EVENT_ALL_CLEARED   // the prefix cache was reset
+)
+
+func (t EventType) String() string {
+	switch t {
+	case EventBlockStored:
+		return "stored"
+	case EventBlockRemoved:
+		return "removed"
+	case EventAllCleared:
+		return "all-cleared"
+	}
+	return "event(" + strconv.FormatUint(uint64(t), 10) + ")"
+}
+
+// Event is one change of the prefix cache, for routers mirroring which
+// blocks a replica holds. SeqNo counts 1, 2, 3... per pool; a gap means
+// events were dropped (see Stats.NumEventsDropped).
+type Event struct {
+	SeqNo      uint64
+	Type       EventType
+	BlockID    int32
+	BlockHash  BlockHash
+	ParentHash BlockHash // meaningful when HasParent
+	HasParent  bool
+	NumTokens  uint32 // tokens in the block (stored)
+	LoraID     uint64
+}
+
+// DrainEvents removes and returns up to max of the oldest events, in order.
+// Pools record events only with PoolOptions.EnableEvents.
+func (p *Pool) DrainEvents(max int) ([]Event, error) {
+	const op = "pkv_pool_drain_events"
+	if max < 0 {
+		return nil, argError(op, "max %d is negative", max)
+	}
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return nil, err
+	}
+	defer p.release()
+	return drain(op, ptr, max)
+}
+
+func drain(op string, ptr *C.pkv_pool, max int) ([]Event, error) {
+	buf := make([]C.pkv_event, max)
+	var n C.uint64_t
+	var first *C.pkv_event
+	if max > 0 {
+		first = &buf[0]
+	}
+	if err := check(op, C.pkvgo_pool_drain_events(ptr, first, C.uint64_t(max), &n)); err != nil {
+		return nil, err
+	}
+	out := make([]Event, int(n))
+	for i := range out {
+		c := &buf[i]
+		out[i] = Event{
+			SeqNo:      uint64(c.seq_no),
+			Type:       EventType(c._type),
+			BlockID:    int32(c.block_id),
+			BlockHash:  *(*BlockHash)(unsafe.Pointer(&c.block_hash)),
+			ParentHash: *(*BlockHash)(unsafe.Pointer(&c.parent_hash)),
+			HasParent:  c.has_parent != 0,
+			NumTokens:  uint32(c.num_tokens),
+			LoraID:     uint64(c.lora_id),
+		}
+	}
+	return out, nil
+}
+
+// Events removes and returns every pending event, in order.
+func (p *Pool) Events() ([]Event, error) {
+	const op = "pkv_pool_drain_events"
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return nil, err
+	}
+	defer p.release()
+	const chunk = 1024
+	var all []Event
+	for {
+		evs, err := drain(op, ptr, chunk)
+		if err != nil {
+			return all, err
+		}
+		all = append(all, evs...)
+		if len(evs) < chunk {
+			return all, nil
+		}
+	}
+}
+
+// ResetPrefixCache forgets every cached hash (blocks in use stay allocated
+// but stop being shareable) and records EventAllCleared.
+func (p *Pool) ResetPrefixCache() error {
+	const op = "pkv_pool_reset_prefix_cache"
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer p.release()
+	return check(op, C.pkvgo_pool_reset_prefix_cache(ptr))
+}
+
+// Validate checks every invariant of the block manager; an ErrInvariant
+// error names the broken one.
+func (p *Pool) Validate() error {
+	const op = "pkv_pool_validate"
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer p.release()
+	return check(op, C.pkvgo_pool_validate(ptr))
+}
+
+// KVKind selects the key or the value storage of a layer.
+type KVKind uint32
+
+// Key and value storage.
+const (
+	Key   KVKind = C.PKV_KV_KEY
+	Value KVKind = C.PKV_KV_VALUE
+)
+
+// KVTensor describes one layer's K or V storage, shape [num_blocks,
+// num_kv_heads, block_size, head_dim]. The memory belongs to the pool: it
+// is valid until Close, and on the CPU Tensor.Float32s or Tensor.Uint16s
+// view it without copying.
+func (p *Pool) KVTensor(layer int, which KVKind) (Tensor, error) {
+	const op = "pkv_pool_kv_tensor"
+	if layer < 0 || int64(layer) > 1<<32-1 {
+		return Tensor{}, argError(op, "layer %d out of range", layer)
+	}
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return Tensor{}, err
+	}
+	defer p.release()
+	var t C.pkv_tensor
+	if err := check(op, C.pkvgo_pool_kv_tensor(ptr, C.uint32_t(layer), C.uint32_t(which), &t)); err != nil {
+		return Tensor{}, err
+	}
+	return fromC(&t), nil
+}
+
+// CopyBlocks copies the contents of blocks src[i] to dst[i] in every layer,
+// K and V. stream is a cudaStream_t for CUDA pools, nil otherwise.
+func (p *Pool) CopyBlocks(src, dst []int32, stream unsafe.Pointer) error {
+	const op = "pkv_pool_copy_blocks"
+	if len(src) != len(dst) {
+		return argError(op, "src has %d blocks, dst %d", len(src), len(dst))
+	}
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer p.release()
+	r := C.pkvgo_pool_copy_blocks(ptr, int32Ptr(src), int32Ptr(dst), C.uint64_t(len(src)), stream)
+	runtime.KeepAlive(src)
+	runtime.KeepAlive(dst)
+	return check(op, r)
+}
+
+// SwapDirection says which way SwapBlocks moves bytes.
+type SwapDirection uint32
+
+// Swap directions.
+const (
+	SwapOut SwapDirection = C.PKV_SWAP_OUT // pool blocks -> host buffer
+	SwapIn  SwapDirection = C.PKV_SWAP_IN  // host buffer -> pool blocks
+)
+
+// SwapBlocks moves the contents of blocks between a CPU pool and buf, laid
+// out [len(blocks)][layers][2 (K,V)][kv_heads][block_size][head_dim] in the
+// pool's dtype; buf needs len(blocks)*BytesPerBlock bytes. Block ids and
+// reference counts stay the caller's business. For CUDA pools use
+// SwapBlocksPinned: an asynchronous copy may not read or write Go memory.
+func (p *Pool) SwapBlocks(blocks []int32, buf []byte, dir SwapDirection) error {
+	const op = "pkv_pool_swap_blocks"
+	if p != nil && p.opts.Device != CPU {
+		return &Error{Code: CodeUnsupported, Op: op,
+			Msg: "a Go buffer can only be swapped with a CPU pool; use SwapBlocksPinned"}
+	}
+	var data unsafe.Pointer
+	if len(buf) > 0 {
+		data = unsafe.Pointer(&buf[0])
+	}
+	return p.swap(op, blocks, data, uint64(len(buf)), dir, nil, buf)
+}
+
+// SwapBlocksPinned is SwapBlocks with a host buffer outside Go memory
+// (pinned with cudaHostAlloc for CUDA pools) of hostBytes bytes, on stream.
+func (p *Pool) SwapBlocksPinned(blocks []int32, host unsafe.Pointer, hostBytes uint64,
+	dir SwapDirection, stream unsafe.Pointer) error {
+	return p.swap("pkv_pool_swap_blocks", blocks, host, hostBytes, dir, stream, nil)
+}
+
+func (p *Pool) swap(op string, blocks []int32, host unsafe.Pointer, hostBytes uint64,
+	dir SwapDirection, stream unsafe.Pointer, keep []byte) error {
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer p.release()
+	r := C.pkvgo_pool_swap_blocks(ptr, int32Ptr(blocks), C.uint64_t(len(blocks)), host,
+		C.uint64_t(hostBytes), C.uint32_t(dir), stream)
+	runtime.KeepAlive(blocks)
+	runtime.KeepAlive(keep)
+	return check(op, r)
+}

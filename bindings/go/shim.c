@@ -1,0 +1,182 @@
+/* shim.c: see shim.h. Each wrapper is one pkv_* call followed by the
+ * message capture, all on one OS thread within one cgo call. */
+#include "shim.h"
+
+#include <string.h>
+
+pkvgo_result pkvgo_capture(pkv_status status) {
+  pkvgo_result r;
+  char small[512];
+  uint64_t n;
+  r.status = status;
+  r.msg = NULL;
+  if (status == PKV_OK) return r;
+  n = pkv_last_error_copy(small, sizeof small);
+  r.msg = (char*)malloc((size_t)n + 1);
+  if (r.msg == NULL) return r; /* the Go side falls back to the status text */
+  if (n < sizeof small) {
+    memcpy(r.msg, small, (size_t)n + 1);
+  } else {
+    pkv_last_error_copy(r.msg, n + 1);
+  }
+  return r;
+}
+
+pkvgo_result pkvgo_tensor_init(void* data, uint32_t dtype, int32_t device_type, int32_t device_id,
+                               int32_t ndim, const int64_t* shape, pkv_tensor* out) {
+  return pkvgo_capture(pkv_tensor_init(data, dtype, device_type, device_id, ndim, shape, out));
+}
+
+pkvgo_result pkvgo_hash_prefix(const pkv_hash_options* opts, const int32_t* tokens,
+                               uint64_t num_tokens, pkv_block_hash* out_hashes, uint64_t capacity,
+                               uint64_t* out_num_blocks) {
+  return pkvgo_capture(
+      pkv_hash_prefix(opts, tokens, num_tokens, out_hashes, capacity, out_num_blocks));
+}
+
+pkvgo_result pkvgo_hash_root(uint32_t algo, const char* seed, pkv_block_hash* out) {
+  return pkvgo_capture(pkv_hash_root(algo, seed, out));
+}
+
+pkvgo_result pkvgo_pool_create(const pkv_pool_options* opts, pkv_pool** out) {
+  return pkvgo_capture(pkv_pool_create(opts, out));
+}
+
+pkvgo_result pkvgo_pool_get_options(const pkv_pool* pool, pkv_pool_options* out) {
+  return pkvgo_capture(pkv_pool_get_options(pool, out));
+}
+
+pkvgo_result pkvgo_pool_bytes_per_block(const pkv_pool* pool, uint64_t* out) {
+  return pkvgo_capture(pkv_pool_bytes_per_block(pool, out));
+}
+
+pkvgo_result pkvgo_seq_create(pkv_pool* pool, const pkv_seq_options* opts, pkv_seq_id* out) {
+  return pkvgo_capture(pkv_seq_create(pool, opts, out));
+}
+
+pkvgo_result pkvgo_seq_match_prefix(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                                    uint64_t num_tokens, uint64_t* out_num_cached) {
+  return pkvgo_capture(pkv_seq_match_prefix(pool, seq, tokens, num_tokens, out_num_cached));
+}
+
+pkvgo_result pkvgo_seq_append(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                              uint64_t num_tokens, uint32_t num_lookahead) {
+  return pkvgo_capture(pkv_seq_append(pool, seq, tokens, num_tokens, num_lookahead));
+}
+
+pkvgo_result pkvgo_seq_blocks_needed(const pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens,
+                                     uint32_t num_lookahead, uint64_t* out_blocks) {
+  return pkvgo_capture(pkv_seq_blocks_needed(pool, seq, num_tokens, num_lookahead, out_blocks));
+}
+
+pkvgo_result pkvgo_seq_fork(pkv_pool* pool, pkv_seq_id parent, pkv_seq_id* out_child) {
+  return pkvgo_capture(pkv_seq_fork(pool, parent, out_child));
+}
+
+pkvgo_result pkvgo_seq_truncate(pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens) {
+  return pkvgo_capture(pkv_seq_truncate(pool, seq, num_tokens));
+}
+
+pkvgo_result pkvgo_seq_free(pkv_pool* pool, pkv_seq_id seq) {
+  return pkvgo_capture(pkv_seq_free(pool, seq));
+}
+
+pkvgo_result pkvgo_seq_get_info(const pkv_pool* pool, pkv_seq_id seq, pkv_seq_info* out) {
+  return pkvgo_capture(pkv_seq_get_info(pool, seq, out));
+}
+
+pkvgo_result pkvgo_seq_get_block_table(const pkv_pool* pool, pkv_seq_id seq, int32_t* out_blocks,
+                                       uint64_t capacity, uint64_t* out_len) {
+  return pkvgo_capture(pkv_seq_get_block_table(pool, seq, out_blocks, capacity, out_len));
+}
+
+pkvgo_result pkvgo_seq_get_block_hashes(const pkv_pool* pool, pkv_seq_id seq,
+                                        pkv_block_hash* out_hashes, uint64_t capacity,
+                                        uint64_t* out_len) {
+  return pkvgo_capture(pkv_seq_get_block_hashes(pool, seq, out_hashes, capacity, out_len));
+}
+
+pkvgo_result pkvgo_pool_get_stats(const pkv_pool* pool, pkv_pool_stats* out) {
+  return pkvgo_capture(pkv_pool_get_stats(pool, out));
+}
+
+pkvgo_result pkvgo_pool_drain_events(pkv_pool* pool, pkv_event* out, uint64_t capacity,
+                                     uint64_t* out_count) {
+  return pkvgo_capture(pkv_pool_drain_events(pool, out, capacity, out_count));
+}
+
+pkvgo_result pkvgo_pool_reset_prefix_cache(pkv_pool* pool) {
+  return pkvgo_capture(pkv_pool_reset_prefix_cache(pool));
+}
+
+pkvgo_result pkvgo_pool_validate(const pkv_pool* pool) {
+  return pkvgo_capture(pkv_pool_validate(pool));
+}
+
+pkvgo_result pkvgo_pool_kv_tensor(const pkv_pool* pool, uint32_t layer, uint32_t which,
+                                  pkv_tensor* out) {
+  return pkvgo_capture(pkv_pool_kv_tensor(pool, layer, which, out));
+}
+
+pkvgo_result pkvgo_pool_copy_blocks(pkv_pool* pool, const int32_t* src, const int32_t* dst,
+                                    uint64_t num_pairs, void* stream) {
+  return pkvgo_capture(pkv_pool_copy_blocks(pool, src, dst, num_pairs, stream));
+}
+
+pkvgo_result pkvgo_pool_swap_blocks(pkv_pool* pool, const int32_t* blocks, uint64_t num_blocks,
+                                    void* host_buffer, uint64_t host_bytes, uint32_t direction,
+                                    void* stream) {
+  return pkvgo_capture(
+      pkv_pool_swap_blocks(pool, blocks, num_blocks, host_buffer, host_bytes, direction, stream));
+}
+
+pkvgo_result pkvgo_batch_prepare(pkv_pool* pool, const pkv_seq_id* seqs,
+                                 const uint32_t* query_counts, uint32_t num_seqs, void* stream,
+                                 pkv_batch** out) {
+  return pkvgo_capture(pkv_batch_prepare(pool, seqs, query_counts, num_seqs, stream, out));
+}
+
+pkvgo_result pkvgo_batch_get_info(const pkv_batch* batch, pkv_batch_info* out) {
+  return pkvgo_capture(pkv_batch_get_info(batch, out));
+}
+
+pkvgo_result pkvgo_batch_plan_tensor(const pkv_batch* batch, uint32_t which, pkv_tensor* out) {
+  return pkvgo_capture(pkv_batch_plan_tensor(batch, which, out));
+}
+
+pkvgo_result pkvgo_cache_write(pkv_batch* batch, uint32_t layer, const pkv_tensor* k,
+                               const pkv_tensor* v, void* stream) {
+  return pkvgo_capture(pkv_cache_write(batch, layer, k, v, stream));
+}
+
+pkvgo_result pkvgo_attention_forward(pkv_batch* batch, uint32_t layer, const pkv_tensor* q,
+                                     const pkv_tensor* out, const pkv_tensor* lse,
+                                     const pkv_attention_params* params, void* stream) {
+  return pkvgo_capture(pkv_attention_forward(batch, layer, q, out, lse, params, stream));
+}
+
+pkvgo_result pkvgo_cache_write_host(pkv_batch* batch, uint32_t layer, uint32_t dtype, void* k,
+                                    void* v, int64_t rows, int64_t heads, int64_t head_dim) {
+  pkv_tensor tk, tv;
+  const int64_t shape[3] = {rows, heads, head_dim};
+  pkv_status st = pkv_tensor_init(k, dtype, PKV_DEVICE_CPU, 0, 3, shape, &tk);
+  if (st == PKV_OK) st = pkv_tensor_init(v, dtype, PKV_DEVICE_CPU, 0, 3, shape, &tv);
+  if (st == PKV_OK) st = pkv_cache_write(batch, layer, &tk, &tv, NULL);
+  return pkvgo_capture(st);
+}
+
+pkvgo_result pkvgo_attention_host(pkv_batch* batch, uint32_t layer, uint32_t dtype, void* q,
+                                  void* out, float* lse, int64_t rows, int64_t heads,
+                                  int64_t head_dim, const pkv_attention_params* params) {
+  pkv_tensor tq, tout, tlse;
+  const int64_t shape[3] = {rows, heads, head_dim};
+  pkv_status st = pkv_tensor_init(q, dtype, PKV_DEVICE_CPU, 0, 3, shape, &tq);
+  if (st == PKV_OK) st = pkv_tensor_init(out, dtype, PKV_DEVICE_CPU, 0, 3, shape, &tout);
+  if (st == PKV_OK && lse != NULL) {
+    st = pkv_tensor_init(lse, PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 2, shape, &tlse);
+  }
+  if (st == PKV_OK) {
+    st = pkv_attention_forward(batch, layer, &tq, &tout, lse != NULL ? &tlse : NULL, params, NULL);
+  }
+  return pkvgo_capture(st);
+}

@@ -1,0 +1,88 @@
+/* shim.h: C helpers for the Go binding.
+ *
+ * Every fallible pkv_* call goes through a pkvgo_* wrapper that returns the
+ * status together with a malloc'ed copy of the error message, taken with
+ * pkv_last_error_copy inside the same C call: a goroutine may move to another
+ * OS thread between two cgo calls, so reading the thread-local message in a
+ * second call could return another goroutine's message.
+ */
+#ifndef PAGEDKV_GO_SHIM_H
+#define PAGEDKV_GO_SHIM_H
+
+#include <stdlib.h>
+
+#include <pagedkv/pagedkv.h>
+
+typedef struct pkvgo_result {
+  pkv_status status;
+  char* msg; /* NULL on success; else malloc'ed, freed by the Go side */
+} pkvgo_result;
+
+pkvgo_result pkvgo_capture(pkv_status status);
+
+/* common.h */
+pkvgo_result pkvgo_tensor_init(void* data, uint32_t dtype, int32_t device_type, int32_t device_id,
+                               int32_t ndim, const int64_t* shape, pkv_tensor* out);
+
+/* hash.h */
+pkvgo_result pkvgo_hash_prefix(const pkv_hash_options* opts, const int32_t* tokens,
+                               uint64_t num_tokens, pkv_block_hash* out_hashes, uint64_t capacity,
+                               uint64_t* out_num_blocks);
+pkvgo_result pkvgo_hash_root(uint32_t algo, const char* seed, pkv_block_hash* out);
+
+/* pool.h */
+pkvgo_result pkvgo_pool_create(const pkv_pool_options* opts, pkv_pool** out);
+pkvgo_result pkvgo_pool_get_options(const pkv_pool* pool, pkv_pool_options* out);
+pkvgo_result pkvgo_pool_bytes_per_block(const pkv_pool* pool, uint64_t* out);
+pkvgo_result pkvgo_seq_create(pkv_pool* pool, const pkv_seq_options* opts, pkv_seq_id* out);
+pkvgo_result pkvgo_seq_match_prefix(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                                    uint64_t num_tokens, uint64_t* out_num_cached);
+pkvgo_result pkvgo_seq_append(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                              uint64_t num_tokens, uint32_t num_lookahead);
+pkvgo_result pkvgo_seq_blocks_needed(const pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens,
+                                     uint32_t num_lookahead, uint64_t* out_blocks);
+pkvgo_result pkvgo_seq_fork(pkv_pool* pool, pkv_seq_id parent, pkv_seq_id* out_child);
+pkvgo_result pkvgo_seq_truncate(pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens);
+pkvgo_result pkvgo_seq_free(pkv_pool* pool, pkv_seq_id seq);
+pkvgo_result pkvgo_seq_get_info(const pkv_pool* pool, pkv_seq_id seq, pkv_seq_info* out);
+pkvgo_result pkvgo_seq_get_block_table(const pkv_pool* pool, pkv_seq_id seq, int32_t* out_blocks,
+                                       uint64_t capacity, uint64_t* out_len);
+pkvgo_result pkvgo_seq_get_block_hashes(const pkv_pool* pool, pkv_seq_id seq,
+                                        pkv_block_hash* out_hashes, uint64_t capacity,
+                                        uint64_t* out_len);
+pkvgo_result pkvgo_pool_get_stats(const pkv_pool* pool, pkv_pool_stats* out);
+pkvgo_result pkvgo_pool_drain_events(pkv_pool* pool, pkv_event* out, uint64_t capacity,
+                                     uint64_t* out_count);
+pkvgo_result pkvgo_pool_reset_prefix_cache(pkv_pool* pool);
+pkvgo_result pkvgo_pool_validate(const pkv_pool* pool);
+pkvgo_result pkvgo_pool_kv_tensor(const pkv_pool* pool, uint32_t layer, uint32_t which,
+                                  pkv_tensor* out);
+pkvgo_result pkvgo_pool_copy_blocks(pkv_pool* pool, const int32_t* src, const int32_t* dst,
+                                    uint64_t num_pairs, void* stream);
+pkvgo_result pkvgo_pool_swap_blocks(pkv_pool* pool, const int32_t* blocks, uint64_t num_blocks,
+                                    void* host_buffer, uint64_t host_bytes, uint32_t direction,
+                                    void* stream);
+
+/* batch.h */
+pkvgo_result pkvgo_batch_prepare(pkv_pool* pool, const pkv_seq_id* seqs,
+                                 const uint32_t* query_counts, uint32_t num_seqs, void* stream,
+                                 pkv_batch** out);
+pkvgo_result pkvgo_batch_get_info(const pkv_batch* batch, pkv_batch_info* out);
+pkvgo_result pkvgo_batch_plan_tensor(const pkv_batch* batch, uint32_t which, pkv_tensor* out);
+pkvgo_result pkvgo_cache_write(pkv_batch* batch, uint32_t layer, const pkv_tensor* k,
+                               const pkv_tensor* v, void* stream);
+pkvgo_result pkvgo_attention_forward(pkv_batch* batch, uint32_t layer, const pkv_tensor* q,
+                                     const pkv_tensor* out, const pkv_tensor* lse,
+                                     const pkv_attention_params* params, void* stream);
+
+/* Host-memory variants: the Go side passes the data pointers of its slices
+ * as plain arguments and the descriptors are built here, on the C stack, so
+ * no Go memory ever holds a pointer to Go memory (cgo's pointer rules). The
+ * extents are [rows, heads, head_dim]; lse (may be NULL) is f32 [rows, heads]. */
+pkvgo_result pkvgo_cache_write_host(pkv_batch* batch, uint32_t layer, uint32_t dtype, void* k,
+                                    void* v, int64_t rows, int64_t heads, int64_t head_dim);
+pkvgo_result pkvgo_attention_host(pkv_batch* batch, uint32_t layer, uint32_t dtype, void* q,
+                                  void* out, float* lse, int64_t rows, int64_t heads,
+                                  int64_t head_dim, const pkv_attention_params* params);
+
+#endif /* PAGEDKV_GO_SHIM_H */

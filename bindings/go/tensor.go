@@ -1,0 +1,183 @@
+package pagedkv
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import "unsafe"
+
+// MaxDims is the most dimensions a Tensor may have.
+const MaxDims = C.PKV_TENSOR_MAX_DIMS
+
+// Tensor describes memory outside the Go heap with DLPack semantics: CUDA
+// device memory, pinned host memory, or the library's own storage and plan
+// arrays. Data must never point into Go memory (use the []float32 and
+// []uint16 methods for Go slices). Strides are in elements; nil means dense
+// row-major.
+type Tensor struct {
+	Data       unsafe.Pointer
+	ByteOffset uint64
+	DType      DType
+	Device     DeviceType
+	DeviceID   int32
+	Shape      []int64
+	Strides    []int64
+}
+
+// NewTensor describes dense row-major memory at data, checked by the
+// library (pkv_tensor_init): ndim in [1, MaxDims], no negative extent, known
+// dtype and device.
+func NewTensor(data unsafe.Pointer, dtype DType, device DeviceType, deviceID int32,
+	shape []int64) (Tensor, error) {
+	const op = "pkv_tensor_init"
+	if len(shape) == 0 || len(shape) > MaxDims {
+		return Tensor{}, argError(op, "shape has %d dimensions, want 1..%d", len(shape), MaxDims)
+	}
+	var shp [MaxDims]C.int64_t
+	for i, s := range shape {
+		shp[i] = C.int64_t(s)
+	}
+	var t C.pkv_tensor
+	r := C.pkvgo_tensor_init(data, C.uint32_t(dtype), C.int32_t(device), C.int32_t(deviceID),
+		C.int32_t(len(shape)), &shp[0], &t)
+	if err := check(op, r); err != nil {
+		return Tensor{}, err
+	}
+	return fromC(&t), nil
+}
+
+// NumElements is the product of the extents.
+func (t *Tensor) NumElements() int64 {
+	n := int64(1)
+	for _, s := range t.Shape {
+		n *= s
+	}
+	return n
+}
+
+// toC fills a descriptor. The result lives in Go memory and holds only
+// t.Data, which must not be a Go pointer.
+func (t *Tensor) toC(op, name string, out *C.pkv_tensor) error {
+	if t == nil {
+		return argError(op, "%s is nil", name)
+	}
+	if len(t.Shape) == 0 || len(t.Shape) > MaxDims {
+		return argError(op, "%s has %d dimensions, want 1..%d", name, len(t.Shape), MaxDims)
+	}
+	if t.Strides != nil && len(t.Strides) != len(t.Shape) {
+		return argError(op, "%s has %d strides for %d dimensions", name, len(t.Strides),
+			len(t.Shape))
+	}
+	*out = C.pkv_tensor{}
+	out.data = t.Data
+	out.byte_offset = C.uint64_t(t.ByteOffset)
+	out.dtype = C.uint32_t(t.DType)
+	out.device_type = C.int32_t(t.Device)
+	out.device_id = C.int32_t(t.DeviceID)
+	out.ndim = C.int32_t(len(t.Shape))
+	for i, s := range t.Shape {
+		out.shape[i] = C.int64_t(s)
+	}
+	for i, s := range t.Strides {
+		out.strides[i] = C.int64_t(s)
+	}
+	return nil
+}
+
+func fromC(t *C.pkv_tensor) Tensor {
+	n := int(t.ndim)
+	if n < 0 || n > MaxDims {
+		n = 0
+	}
+	out := Tensor{
+		Data:       t.data,
+		ByteOffset: uint64(t.byte_offset),
+		DType:      DType(t.dtype),
+		Device:     DeviceType(t.device_type),
+		DeviceID:   int32(t.device_id),
+		Shape:      make([]int64, n),
+	}
+	dense := true
+	for i := 0; i < n; i++ {
+		out.Shape[i] = int64(t.shape[i])
+		if t.strides[i] != 0 {
+			dense = false
+		}
+	}
+	if !dense {
+		out.Strides = make([]int64, n)
+		for i := 0; i < n; i++ {
+			out.Strides[i] = int64(t.strides[i])
+		}
+	}
+	return out
+}
+
+// hostView checks that t is dense CPU memory of dtype and returns its
+// element count.
+func (t *Tensor) hostView(op string, dtype DType) (int, error) {
+	if t.Device != CPU {
+		return 0, &Error{Code: CodeUnsupported, Op: op, Msg: "tensor lives on " + t.Device.String() +
+			", not host memory"}
+	}
+	if t.DType != dtype {
+		return 0, argError(op, "tensor dtype is %v, not %v", t.DType, dtype)
+	}
+	if t.Strides != nil {
+		expect := int64(1)
+		for i := len(t.Shape) - 1; i >= 0; i-- {
+			if t.Shape[i] != 1 && t.Strides[i] != expect {
+				return 0, argError(op, "tensor is not dense row-major")
+			}
+			expect *= t.Shape[i]
+		}
+	}
+	return int(t.NumElements()), nil
+}
+
+// Float32s is a []float32 over a dense CPU f32 tensor's memory, without
+// copying. It is valid as long as the memory is (for pool storage: until
+// the pool is closed).
+func (t *Tensor) Float32s() ([]float32, error) {
+	n, err := t.hostView("Tensor.Float32s", Float32)
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	return unsafe.Slice((*float32)(unsafe.Add(t.Data, t.ByteOffset)), n), nil
+}
+
+// Uint16s is a []uint16 over a dense CPU f16 or bf16 tensor's memory.
+func (t *Tensor) Uint16s() ([]uint16, error) {
+	dt := t.DType
+	if dt != Float16 && dt != BFloat16 {
+		return nil, argError("Tensor.Uint16s", "tensor dtype is %v, not f16 or bf16", dt)
+	}
+	n, err := t.hostView("Tensor.Uint16s", dt)
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	return unsafe.Slice((*uint16)(unsafe.Add(t.Data, t.ByteOffset)), n), nil
+}
+
+// Int32s copies a dense CPU i32 tensor into a new slice.
+func (t *Tensor) Int32s() ([]int32, error) {
+	n, err := t.hostView("Tensor.Int32s", Int32)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int32, n)
+	copy(out, unsafe.Slice((*int32)(unsafe.Add(t.Data, t.ByteOffset)), n))
+	return out, nil
+}
+
+// Int64s copies a dense CPU i64 tensor into a new slice.
+func (t *Tensor) Int64s() ([]int64, error) {
+	n, err := t.hostView("Tensor.Int64s", Int64)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int64, n)
+	copy(out, unsafe.Slice((*int64)(unsafe.Add(t.Data, t.ByteOffset)), n))
+	return out, nil
+}
