@@ -1,0 +1,279 @@
+//! Step plans: one per engine step, then per layer a cache write and an
+//! attention call.
+
+use std::fmt;
+use std::ptr::{self, NonNull};
+
+use pagedkv_sys as sys;
+
+use crate::error::{check, Error, ErrorKind, Result};
+use crate::tensor::{RawTensor, Stream, TensorView, TensorViewMut};
+use crate::types::{Device, Element};
+
+/// Sizes of a step plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchInfo {
+    pub num_seqs: u32,
+    /// Total queries: rows of q, k, v and out.
+    pub num_tokens: u64,
+    /// Entries of the CSR page table.
+    pub num_pages: u64,
+    /// Longest sequence in the plan.
+    pub max_context: u64,
+    /// Largest query count.
+    pub max_query: u32,
+    pub block_size: u32,
+}
+
+/// The arrays of a step plan, for engines bringing their own kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PlanArray {
+    /// i64 `[num_tokens]`: `block_id * block_size + offset` of each new token.
+    SlotMapping,
+    /// i32 `[num_seqs + 1]`: query row offsets.
+    QueryIndptr,
+    /// i32 `[num_seqs + 1]`: offsets into the page indices.
+    PageIndptr,
+    /// i32 `[num_pages]`: block ids in order.
+    PageIndices,
+    /// i32 `[num_seqs]`: tokens in each sequence's last page.
+    LastPageLen,
+    /// i32 `[num_seqs]`: tokens of each sequence.
+    ContextLens,
+}
+
+impl PlanArray {
+    fn raw(self) -> u32 {
+        match self {
+            PlanArray::SlotMapping => sys::PKV_PLAN_SLOT_MAPPING,
+            PlanArray::QueryIndptr => sys::PKV_PLAN_QUERY_INDPTR,
+            PlanArray::PageIndptr => sys::PKV_PLAN_PAGE_INDPTR,
+            PlanArray::PageIndices => sys::PKV_PLAN_PAGE_INDICES,
+            PlanArray::LastPageLen => sys::PKV_PLAN_LAST_PAGE_LEN,
+            PlanArray::ContextLens => sys::PKV_PLAN_CONTEXT_LENS,
+        }
+    }
+}
+
+/// Attention parameters; `Default` gives the library's defaults.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionParams {
+    /// 0 = `1/sqrt(head_dim)`.
+    pub softmax_scale: f32,
+    /// Tokens; 0 = none. A query at position p sees keys k with
+    /// `p - sliding_window < k <= p`.
+    pub sliding_window: u32,
+    /// 0 = none; else `logits = c * tanh(logits / c)`.
+    pub logit_softcap: f32,
+}
+
+impl Default for AttentionParams {
+    fn default() -> AttentionParams {
+        let mut raw = sys::pkv_attention_params::default();
+        // SAFETY: valid out-parameter.
+        unsafe { sys::pkv_attention_params_init(&mut raw) };
+        AttentionParams {
+            softmax_scale: raw.softmax_scale,
+            sliding_window: raw.sliding_window,
+            logit_softcap: raw.logit_softcap,
+        }
+    }
+}
+
+/// A step plan made by [`Pool::prepare`](crate::Pool::prepare): slot
+/// mapping, CSR page table, context lengths and query offsets for the
+/// scheduled sequences.
+///
+/// It keeps the pool's internals alive, so it may outlive the [`Pool`]
+/// (its calls then fail with [`ErrorKind::InvalidState`]). Appending to,
+/// truncating or freeing one of its sequences makes it stale (same error):
+/// prepare a new plan each step. `Batch` is `Send` but not `Sync`: one
+/// thread at a time.
+///
+/// [`Pool`]: crate::Pool
+pub struct Batch {
+    raw: NonNull<sys::pkv_batch>,
+    device: Device,
+    stream: Stream,
+}
+
+// SAFETY: a plan may move between threads; it is not for two threads at
+// once (docs/threading.md), hence no Sync and &mut self on kernel calls.
+unsafe impl Send for Batch {}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        // SAFETY: we own the plan.
+        unsafe { sys::pkv_batch_destroy(self.raw.as_ptr()) }
+    }
+}
+
+impl fmt::Debug for Batch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batch")
+            .field("device", &self.device)
+            .field("info", &self.info().ok())
+            .finish()
+    }
+}
+
+impl Batch {
+    pub(crate) fn new(raw: NonNull<sys::pkv_batch>, device: Device, stream: Stream) -> Batch {
+        Batch {
+            raw,
+            device,
+            stream,
+        }
+    }
+
+    /// The raw handle; it stays owned by this `Batch`.
+    pub fn as_raw(&self) -> *mut sys::pkv_batch {
+        self.raw.as_ptr()
+    }
+
+    /// Sets the CUDA stream later kernel calls of this plan are queued on.
+    pub fn set_stream(&mut self, stream: Stream) {
+        self.stream = stream;
+    }
+
+    /// The stream kernel calls are queued on.
+    pub fn stream(&self) -> Stream {
+        self.stream
+    }
+
+    /// Sizes of the plan.
+    pub fn info(&self) -> Result<BatchInfo> {
+        let mut raw = sys::pkv_batch_info::default();
+        // SAFETY: valid out-parameter, struct_size set by _init.
+        unsafe { sys::pkv_batch_info_init(&mut raw) };
+        check(unsafe { sys::pkv_batch_get_info(self.raw.as_ptr(), &mut raw) })?;
+        Ok(BatchInfo {
+            num_seqs: raw.num_seqs,
+            num_tokens: raw.num_tokens,
+            num_pages: raw.num_pages,
+            max_context: raw.max_context,
+            max_query: raw.max_query,
+            block_size: raw.block_size,
+        })
+    }
+
+    /// Descriptor of one plan array, on the pool's device; valid while the
+    /// plan lives.
+    pub fn plan_tensor(&self, which: PlanArray) -> Result<RawTensor> {
+        let mut t = sys::pkv_tensor::default();
+        // SAFETY: valid out-parameter.
+        check(unsafe { sys::pkv_batch_plan_tensor(self.raw.as_ptr(), which.raw(), &mut t) })?;
+        Ok(RawTensor::new(t))
+    }
+
+    fn host_array<T: Element>(&self, which: PlanArray) -> Result<&[T]> {
+        if self.device != Device::Cpu {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "plan arrays of a CUDA pool live on the device; use plan_tensor",
+            ));
+        }
+        let t = self.plan_tensor(which)?;
+        if t.dtype() != Some(T::DTYPE) || t.shape().len() != 1 || !t.is_dense() {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!(
+                    "plan array {which:?}: unexpected dtype {:?} / shape {:?}",
+                    t.dtype(),
+                    t.shape()
+                ),
+            ));
+        }
+        let n = t.numel();
+        if n == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: a dense host array of n T owned by the plan, unchanged
+        // until pkv_batch_destroy, which needs &mut self / ownership.
+        Ok(unsafe { std::slice::from_raw_parts(t.data_ptr() as *const T, n) })
+    }
+
+    /// `block_id * block_size + offset` of each new token (CPU pools).
+    pub fn slot_mapping(&self) -> Result<&[i64]> {
+        self.host_array(PlanArray::SlotMapping)
+    }
+    /// Query row offsets, `num_seqs + 1` entries (CPU pools).
+    pub fn query_indptr(&self) -> Result<&[i32]> {
+        self.host_array(PlanArray::QueryIndptr)
+    }
+    /// Offsets into [`page_indices`](Batch::page_indices), `num_seqs + 1`
+    /// entries (CPU pools).
+    pub fn page_indptr(&self) -> Result<&[i32]> {
+        self.host_array(PlanArray::PageIndptr)
+    }
+    /// Block ids of every sequence, in order (CPU pools).
+    pub fn page_indices(&self) -> Result<&[i32]> {
+        self.host_array(PlanArray::PageIndices)
+    }
+    /// Tokens in each sequence's last page (CPU pools).
+    pub fn last_page_len(&self) -> Result<&[i32]> {
+        self.host_array(PlanArray::LastPageLen)
+    }
+    /// Tokens of each sequence (CPU pools).
+    pub fn context_lens(&self) -> Result<&[i32]> {
+        self.host_array(PlanArray::ContextLens)
+    }
+
+    /// Scatters the step's new keys and values, `k` and `v`
+    /// `[num_tokens, num_kv_heads, head_dim]` of the pool's dtype, into
+    /// their slots of `layer`.
+    pub fn cache_write(
+        &mut self,
+        layer: u32,
+        k: &TensorView<'_>,
+        v: &TensorView<'_>,
+    ) -> Result<()> {
+        // SAFETY: the views describe memory valid for the call (or, for
+        // raw views, by their constructor's contract).
+        check(unsafe {
+            sys::pkv_cache_write(
+                self.raw.as_ptr(),
+                layer,
+                k.as_raw(),
+                v.as_raw(),
+                self.stream.as_raw(),
+            )
+        })
+    }
+
+    /// Paged attention for every query of the plan: `q`
+    /// `[num_tokens, num_q_heads, head_dim]` (num_q_heads a multiple of
+    /// num_kv_heads), `out` of the same shape and dtype. Each query attends
+    /// causally over its sequence's cached tokens and the new ones up to
+    /// itself. `lse`, if given, gets f32 `[num_tokens, num_q_heads]`
+    /// log-sum-exp of the scaled logits.
+    pub fn attention_forward(
+        &mut self,
+        layer: u32,
+        q: &TensorView<'_>,
+        out: &mut TensorViewMut<'_>,
+        lse: Option<&mut TensorViewMut<'_>>,
+        params: &AttentionParams,
+    ) -> Result<()> {
+        let mut raw = sys::pkv_attention_params::default();
+        // SAFETY: valid out-parameter.
+        unsafe { sys::pkv_attention_params_init(&mut raw) };
+        raw.softmax_scale = params.softmax_scale;
+        raw.sliding_window = params.sliding_window;
+        raw.logit_softcap = params.logit_softcap;
+        let lse_ptr = lse.map_or(ptr::null(), |t| t.as_raw() as *const sys::pkv_tensor);
+        // SAFETY: the views are valid for the call; out and lse are
+        // exclusively borrowed.
+        check(unsafe {
+            sys::pkv_attention_forward(
+                self.raw.as_ptr(),
+                layer,
+                q.as_raw(),
+                out.as_raw(),
+                lse_ptr,
+                &raw,
+                self.stream.as_raw(),
+            )
+        })
+    }
+}

@@ -1,0 +1,92 @@
+//! Safe Rust interface to **pagedkv**, a paged KV cache for LLM inference:
+//! a block pool with prefix caching, per-sequence block tables, step plans,
+//! and the kernels that write keys/values into the pool and attend over it
+//! (CPU, and CUDA where built).
+//!
+//! One engine step: [`Pool::append`] the scheduled sequences' new tokens,
+//! [`Pool::prepare`] a [`Batch`], then per layer [`Batch::cache_write`] and
+//! [`Batch::attention_forward`].
+//!
+//! ```
+//! use pagedkv::{AttentionParams, DType, Pool, PoolOptions, TensorView, TensorViewMut};
+//!
+//! let (heads, dim) = (2usize, 64usize);
+//! let pool = Pool::new(&PoolOptions {
+//!     block_size: 16,
+//!     num_blocks: 64,
+//!     num_layers: 1,
+//!     num_kv_heads: heads as u32,
+//!     head_dim: dim as u32,
+//!     dtype: DType::F32,
+//!     num_threads: 1,
+//!     ..PoolOptions::default()
+//! })?;
+//!
+//! // Prefill a 5-token prompt.
+//! let seq = pool.create_seq()?;
+//! pool.append(seq, &[11, 12, 13, 14, 15])?;
+//! let mut batch = pool.prepare(&[seq], &[5])?;
+//! let n = heads * dim;
+//! let k: Vec<f32> = (0..5 * n).map(|i| (i as f32 * 0.37).sin()).collect();
+//! let v: Vec<f32> = (0..5 * n).map(|i| (i as f32 * 0.11).cos()).collect();
+//! batch.cache_write(0, &TensorView::new(&k, &[5, heads, dim])?, &TensorView::new(&v, &[5, heads, dim])?)?;
+//! let mut out = vec![0f32; 5 * n];
+//! batch.attention_forward(
+//!     0,
+//!     &TensorView::new(&k, &[5, heads, dim])?, // use the keys as queries
+//!     &mut TensorViewMut::new(&mut out, &[5, heads, dim])?,
+//!     None,
+//!     &AttentionParams::default(),
+//! )?;
+//! // The first query sees only itself: its output is its own value row.
+//! assert!((out[0] - v[0]).abs() < 1e-5);
+//! # Ok::<(), pagedkv::Error>(())
+//! ```
+//!
+//! Errors are [`Error`] values with an [`ErrorKind`] per C status code and
+//! the library's message. [`Pool`] is `Send + Sync`. CPU tensors are plain
+//! slices (`f32`, [`half::f16`], [`half::bf16`]); GPU memory enters through
+//! the `unsafe` [`TensorView::from_raw_parts`].
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod batch;
+mod error;
+mod hash;
+mod pool;
+mod tensor;
+mod types;
+
+pub use batch::{AttentionParams, Batch, BatchInfo, PlanArray};
+pub use error::{status_string, Error, ErrorKind, Result};
+pub use hash::{hash_prefix, hash_root, HashOptions, MmItem};
+pub use pool::{
+    Event, EventKind, Events, Kv, Pool, PoolOptions, PoolStats, SeqId, SeqInfo, SeqOptions,
+    SwapDirection,
+};
+pub use tensor::{RawTensor, Stream, TensorView, TensorViewMut};
+pub use types::{
+    abi_version, cuda_device_count, features, version_number, version_string, BlockHash, DType,
+    Device, Element, Features, HashAlgo, HEADER_ABI_VERSION, HEADER_VERSION_NUMBER,
+};
+
+/// The f16 and bf16 element types, re-exported so callers need not depend
+/// on `half` themselves.
+pub use half;
+/// The raw bindings.
+pub use pagedkv_sys as sys;
+
+/// Copies a C string the library owns; NULL gives "".
+///
+/// # Safety
+/// `p` is NULL or points to a NUL-terminated string valid for the call.
+pub(crate) unsafe fn cstr_to_string(p: *const std::os::raw::c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        // SAFETY: by the caller's contract.
+        unsafe { std::ffi::CStr::from_ptr(p) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}

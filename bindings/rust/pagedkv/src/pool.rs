@@ -1,0 +1,870 @@
+//! The block pool: options, sequences, stats, events, storage access.
+
+use std::ffi::c_void;
+use std::fmt;
+use std::ptr::{self, NonNull};
+
+use pagedkv_sys as sys;
+
+use crate::batch::Batch;
+use crate::error::{check, Error, ErrorKind, Result};
+use crate::hash::{c_string, opt_c_string, opt_ptr, MmItem, RawMmItems};
+use crate::tensor::{RawTensor, Stream};
+use crate::types::{BlockHash, DType, Device, Element, HashAlgo};
+
+/// How to create a [`Pool`]. `PoolOptions::default()` takes the library's
+/// defaults (block size 16, SHA-256 prefix caching, bf16 CPU storage...);
+/// set the fields you need.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolOptions {
+    /// Tokens per block: 1..=1024 for the manager; the kernels support 8,
+    /// 16, 32 and 64.
+    pub block_size: u32,
+    /// Total blocks including the null block (>= 2); 0 = derive from
+    /// `memory_budget_bytes`.
+    pub num_blocks: u64,
+    /// KV bytes to spend when `num_blocks` is 0.
+    pub memory_budget_bytes: u64,
+    pub hash_algo: HashAlgo,
+    pub enable_prefix_caching: bool,
+    /// Root seed string of the block hashes.
+    pub hash_seed: String,
+    /// Tokens; 0 = none. Blocks wholly outside the window are released.
+    pub sliding_window: u32,
+    /// Record KV events for [`Pool::drain_events`].
+    pub enable_events: bool,
+    /// Events kept before the oldest are dropped.
+    pub max_events: u32,
+    /// 0 makes a manager-only pool without KV storage.
+    pub num_layers: u32,
+    pub num_kv_heads: u32,
+    /// Kernels support 64, 80, 96, 128 and 256.
+    pub head_dim: u32,
+    /// Storage dtype: F32, F16 or BF16.
+    pub dtype: DType,
+    pub device: Device,
+    /// CPU kernel threads; 0 = hardware concurrency.
+    pub num_threads: u32,
+}
+
+impl Default for PoolOptions {
+    fn default() -> PoolOptions {
+        let mut raw = sys::pkv_pool_options::default();
+        // SAFETY: valid out-parameter.
+        unsafe { sys::pkv_pool_options_init(&mut raw) };
+        PoolOptions::from_raw(&raw).expect("library defaults are valid")
+    }
+}
+
+impl PoolOptions {
+    fn from_raw(raw: &sys::pkv_pool_options) -> Result<PoolOptions> {
+        let unknown = |what: &str, v: u32| {
+            Error::new(
+                ErrorKind::Internal,
+                format!("library reported unknown {what} {v}"),
+            )
+        };
+        Ok(PoolOptions {
+            block_size: raw.block_size,
+            num_blocks: raw.num_blocks,
+            memory_budget_bytes: raw.memory_budget_bytes,
+            hash_algo: HashAlgo::from_raw(raw.hash_algo)
+                .ok_or_else(|| unknown("hash algo", raw.hash_algo))?,
+            enable_prefix_caching: raw.enable_prefix_caching != 0,
+            // SAFETY: NULL or a NUL-terminated string owned by the library
+            // (or by the init call's static defaults).
+            hash_seed: unsafe { crate::cstr_to_string(raw.hash_seed) },
+            sliding_window: raw.sliding_window,
+            enable_events: raw.enable_events != 0,
+            max_events: raw.max_events,
+            num_layers: raw.num_layers,
+            num_kv_heads: raw.num_kv_heads,
+            head_dim: raw.head_dim,
+            dtype: DType::from_raw(raw.dtype).ok_or_else(|| unknown("dtype", raw.dtype))?,
+            device: Device::from_raw(raw.device_type, raw.device_id)?,
+            num_threads: raw.num_threads,
+        })
+    }
+}
+
+/// A sequence handle: a slot and a generation. Using a freed or unknown id
+/// is a clean [`ErrorKind::NotFound`], never undefined behaviour.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(transparent)]
+pub struct SeqId(sys::pkv_seq_id);
+
+impl SeqId {
+    /// The id no sequence ever has.
+    pub const INVALID: SeqId = SeqId(sys::PKV_SEQ_ID_INVALID);
+
+    /// The raw `pkv_seq_id`.
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// Wraps a raw id (e.g. one stored by your scheduler). Any value is
+    /// safe; unknown ones give [`ErrorKind::NotFound`].
+    pub fn from_raw(raw: u64) -> SeqId {
+        SeqId(raw)
+    }
+}
+
+impl fmt::Debug for SeqId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SeqId({}#{})", self.0 & 0xffff_ffff, self.0 >> 32)
+    }
+}
+
+/// Options of a new sequence.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SeqOptions {
+    /// Kept for the caller's scheduler.
+    pub priority: i32,
+    /// 0 = base model; part of every block hash.
+    pub lora_id: u64,
+    /// Hashed into the first block: sequences with different salts never
+    /// share cached blocks.
+    pub cache_salt: Option<String>,
+    /// Multimodal items of the prompt.
+    pub mm_items: Vec<MmItem>,
+}
+
+/// State of one sequence.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SeqInfo {
+    pub priority: i32,
+    /// Tokens appended, including the cached prefix.
+    pub num_tokens: u64,
+    /// Tokens attached by [`Pool::match_prefix`].
+    pub num_cached_tokens: u64,
+    /// Entries in the block table.
+    pub num_blocks: u64,
+    /// Capacity including lookahead: `num_blocks * block_size`.
+    pub num_slots: u64,
+    pub lora_id: u64,
+}
+
+/// Pool-wide counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PoolStats {
+    pub block_size: u32,
+    /// Total, including the null block.
+    pub num_blocks: u64,
+    /// In the free queue (including cached ones).
+    pub num_free_blocks: u64,
+    /// Ref count > 0.
+    pub num_used_blocks: u64,
+    /// Holding a hash in the prefix cache.
+    pub num_cached_blocks: u64,
+    pub num_seqs: u64,
+    /// Over all sequences.
+    pub num_tokens: u64,
+    /// Used / usable blocks, in [0, 1].
+    pub usage: f64,
+    /// Tokens asked of [`Pool::match_prefix`].
+    pub prefix_query_tokens: u64,
+    /// Tokens it found cached.
+    pub prefix_hit_tokens: u64,
+    /// Cached blocks reused for new content.
+    pub num_evictions: u64,
+    /// Copy-on-write copies recorded.
+    pub num_cow_copies: u64,
+    /// Events lost to `max_events`.
+    pub num_events_dropped: u64,
+    pub kv_bytes_per_block: u64,
+    pub kv_bytes_allocated: u64,
+    pub kv_bytes_used: u64,
+    pub kv_bytes_wasted: u64,
+}
+
+/// What happened to a cached block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// A full block entered the prefix cache.
+    BlockStored,
+    /// A cached block was evicted.
+    BlockRemoved,
+    /// The prefix cache was reset.
+    AllCleared,
+    /// A kind this crate does not know (from a newer library).
+    Other(u32),
+}
+
+/// A KV-cache event (for KV-aware routers), in pool order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// 1, 2, 3... per pool, gap-free unless events were dropped.
+    pub seq_no: u64,
+    pub kind: EventKind,
+    pub block_id: i32,
+    pub block_hash: BlockHash,
+    /// `None` for the first block of a sequence.
+    pub parent_hash: Option<BlockHash>,
+    /// Tokens in the block (stored events).
+    pub num_tokens: u32,
+    pub lora_id: u64,
+}
+
+impl Event {
+    fn from_raw(e: &sys::pkv_event) -> Event {
+        Event {
+            seq_no: e.seq_no,
+            kind: match e.type_ {
+                sys::PKV_EVENT_BLOCK_STORED => EventKind::BlockStored,
+                sys::PKV_EVENT_BLOCK_REMOVED => EventKind::BlockRemoved,
+                sys::PKV_EVENT_ALL_CLEARED => EventKind::AllCleared,
+                other => EventKind::Other(other),
+            },
+            block_id: e.block_id,
+            block_hash: BlockHash::from_raw(&e.block_hash),
+            parent_hash: if e.has_parent != 0 {
+                Some(BlockHash::from_raw(&e.parent_hash))
+            } else {
+                None
+            },
+            num_tokens: e.num_tokens,
+            lora_id: e.lora_id,
+        }
+    }
+}
+
+/// Iterator draining a pool's events in order; see [`Pool::events`].
+pub struct Events<'p> {
+    pool: &'p Pool,
+    buf: std::vec::IntoIter<Event>,
+    done: bool,
+}
+
+impl Iterator for Events<'_> {
+    type Item = Result<Event>;
+
+    fn next(&mut self) -> Option<Result<Event>> {
+        if let Some(e) = self.buf.next() {
+            return Some(Ok(e));
+        }
+        if self.done {
+            return None;
+        }
+        match self.pool.drain_events(256) {
+            Ok(v) => {
+                self.done = v.len() < 256;
+                self.buf = v.into_iter();
+                self.buf.next().map(Ok)
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// K or V storage of a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kv {
+    Key,
+    Value,
+}
+
+impl Kv {
+    fn raw(self) -> u32 {
+        match self {
+            Kv::Key => sys::PKV_KV_KEY,
+            Kv::Value => sys::PKV_KV_VALUE,
+        }
+    }
+}
+
+/// Direction of [`Pool::swap_blocks_raw`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SwapDirection {
+    /// Pool blocks -> host buffer.
+    Out,
+    /// Host buffer -> pool blocks.
+    In,
+}
+
+/// A pool of KV blocks with its prefix cache and sequences.
+///
+/// `Pool` is `Send + Sync`: the C pool serialises every operation, so
+/// share it between threads with `&Pool` or `Arc<Pool>`. Dropping it frees
+/// the pool; step plans ([`Batch`]) made from it stay valid objects whose
+/// calls then fail with [`ErrorKind::InvalidState`].
+///
+/// ```
+/// use pagedkv::{Pool, PoolOptions, ErrorKind};
+/// // A manager-only pool (no KV storage): 1 null block + 4 usable blocks.
+/// let pool = Pool::new(&PoolOptions { block_size: 4, num_blocks: 5, ..Default::default() })?;
+/// let seq = pool.create_seq()?;
+/// pool.append(seq, &[1, 2, 3, 4, 5, 6])?;        // 2 blocks
+/// assert_eq!(pool.block_table(seq)?.len(), 2);
+/// let err = pool.append(seq, &[0; 16]).unwrap_err(); // needs 4 more, 2 free
+/// assert_eq!(err.kind(), ErrorKind::OutOfBlocks);
+/// assert_eq!(pool.seq_info(seq)?.num_tokens, 6);     // nothing changed
+/// pool.free_seq(seq)?;
+/// # Ok::<(), pagedkv::Error>(())
+/// ```
+pub struct Pool {
+    raw: NonNull<sys::pkv_pool>,
+    device: Device,
+    dtype: DType,
+    has_storage: bool,
+}
+
+// SAFETY: every pkv_pool function may be called from any thread,
+// concurrently; the pool serialises them (docs/threading.md). Destroy needs
+// exclusive ownership, which Drop has.
+unsafe impl Send for Pool {}
+unsafe impl Sync for Pool {}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // SAFETY: we own the pool; no borrow of it is alive.
+        unsafe { sys::pkv_pool_destroy(self.raw.as_ptr()) }
+    }
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("device", &self.device)
+            .field("dtype", &self.dtype)
+            .finish_non_exhaustive()
+    }
+}
+
+fn to_u64(n: usize) -> u64 {
+    n as u64
+}
+
+/// Calls `f(ptr, capacity, &mut len)` for a variable-length output, growing
+/// the buffer while the library answers `PKV_E_BUFFER_TOO_SMALL` (another
+/// thread may grow the data between calls).
+fn read_vec<T: Clone>(
+    init: T,
+    mut cap: usize,
+    mut f: impl FnMut(*mut T, u64, &mut u64) -> sys::pkv_status,
+) -> Result<Vec<T>> {
+    for _ in 0..8 {
+        let mut out = vec![init.clone(); cap];
+        let mut len = 0u64;
+        let ptr = if cap == 0 {
+            ptr::null_mut()
+        } else {
+            out.as_mut_ptr()
+        };
+        let status = f(ptr, to_u64(cap), &mut len);
+        if status == sys::PKV_E_BUFFER_TOO_SMALL && len as usize > cap {
+            cap = len as usize;
+            continue;
+        }
+        check(status)?;
+        out.truncate(len as usize);
+        return Ok(out);
+    }
+    Err(Error::new(
+        ErrorKind::Internal,
+        "output kept growing between calls",
+    ))
+}
+
+impl Pool {
+    /// Creates a pool.
+    pub fn new(opts: &PoolOptions) -> Result<Pool> {
+        let seed = c_string(&opts.hash_seed, "hash_seed")?;
+        let mut raw = sys::pkv_pool_options::default();
+        // SAFETY: valid out-parameter.
+        unsafe { sys::pkv_pool_options_init(&mut raw) };
+        raw.block_size = opts.block_size;
+        raw.num_blocks = opts.num_blocks;
+        raw.memory_budget_bytes = opts.memory_budget_bytes;
+        raw.hash_algo = opts.hash_algo.raw();
+        raw.enable_prefix_caching = opts.enable_prefix_caching as u32;
+        raw.hash_seed = seed.as_ptr();
+        raw.sliding_window = opts.sliding_window;
+        raw.enable_events = opts.enable_events as u32;
+        raw.max_events = opts.max_events;
+        raw.num_layers = opts.num_layers;
+        raw.num_kv_heads = opts.num_kv_heads;
+        raw.head_dim = opts.head_dim;
+        raw.dtype = opts.dtype.raw();
+        let (device_type, device_id) = opts.device.raw();
+        raw.device_type = device_type;
+        raw.device_id = device_id;
+        raw.num_threads = opts.num_threads;
+        let mut out = ptr::null_mut();
+        // SAFETY: raw and the seed it points to outlive the call.
+        check(unsafe { sys::pkv_pool_create(&raw, &mut out) })?;
+        let raw_pool = NonNull::new(out)
+            .ok_or_else(|| Error::new(ErrorKind::Internal, "pkv_pool_create returned no pool"))?;
+        Ok(Pool {
+            raw: raw_pool,
+            device: opts.device,
+            dtype: opts.dtype,
+            has_storage: opts.num_layers > 0,
+        })
+    }
+
+    fn ptr(&self) -> *mut sys::pkv_pool {
+        self.raw.as_ptr()
+    }
+
+    /// The raw handle, for calling the C ABI directly. It stays owned by
+    /// this `Pool`.
+    pub fn as_raw(&self) -> *mut sys::pkv_pool {
+        self.ptr()
+    }
+
+    /// The options the pool was created with, `num_blocks` resolved.
+    pub fn options(&self) -> Result<PoolOptions> {
+        let mut raw = sys::pkv_pool_options::default();
+        // SAFETY: valid out-parameter; struct_size tells the library how
+        // much it may write.
+        unsafe { sys::pkv_pool_options_init(&mut raw) };
+        check(unsafe { sys::pkv_pool_get_options(self.ptr(), &mut raw) })?;
+        PoolOptions::from_raw(&raw)
+    }
+
+    /// Bytes of K plus V storage one block takes over all layers (0 without
+    /// storage).
+    pub fn bytes_per_block(&self) -> Result<u64> {
+        let mut n = 0u64;
+        // SAFETY: valid handle and out-parameter.
+        check(unsafe { sys::pkv_pool_bytes_per_block(self.ptr(), &mut n) })?;
+        Ok(n)
+    }
+
+    // ------------------------------------------------------------ sequences
+
+    /// Creates an empty sequence with default options.
+    pub fn create_seq(&self) -> Result<SeqId> {
+        let mut id = 0;
+        // SAFETY: NULL options mean defaults.
+        check(unsafe { sys::pkv_seq_create(self.ptr(), ptr::null(), &mut id) })?;
+        Ok(SeqId(id))
+    }
+
+    /// Creates an empty sequence.
+    pub fn create_seq_with(&self, opts: &SeqOptions) -> Result<SeqId> {
+        let salt = opt_c_string(&opts.cache_salt, "cache_salt")?;
+        let mm = RawMmItems::new(&opts.mm_items, "mm_items")?;
+        let mut raw = sys::pkv_seq_options::default();
+        // SAFETY: valid out-parameter.
+        unsafe { sys::pkv_seq_options_init(&mut raw) };
+        raw.priority = opts.priority;
+        raw.lora_id = opts.lora_id;
+        raw.cache_salt = opt_ptr(&salt);
+        raw.mm_items = mm.ptr();
+        raw.num_mm_items = mm.len()?;
+        let mut id = 0;
+        // SAFETY: every pointer in raw outlives the call; strings are copied.
+        check(unsafe { sys::pkv_seq_create(self.ptr(), &raw, &mut id) })?;
+        Ok(SeqId(id))
+    }
+
+    /// For an empty sequence: attaches the longest run of leading full
+    /// blocks of `tokens` already cached (leaving at least one token to
+    /// compute) and returns how many tokens that covers. Those tokens become
+    /// the sequence's first tokens; append the rest.
+    pub fn match_prefix(&self, seq: SeqId, tokens: &[i32]) -> Result<u64> {
+        let mut cached = 0u64;
+        // SAFETY: tokens is valid for its length.
+        check(unsafe {
+            sys::pkv_seq_match_prefix(
+                self.ptr(),
+                seq.0,
+                tokens.as_ptr(),
+                to_u64(tokens.len()),
+                &mut cached,
+            )
+        })?;
+        Ok(cached)
+    }
+
+    /// Appends tokens (their K/V is written by the next step), allocating
+    /// blocks as needed. All or nothing: [`ErrorKind::OutOfBlocks`] changes
+    /// nothing, so the caller can preempt a sequence and retry.
+    pub fn append(&self, seq: SeqId, tokens: &[i32]) -> Result<()> {
+        self.append_with_lookahead(seq, tokens, 0)
+    }
+
+    /// [`append`](Pool::append) plus room for `num_lookahead` speculative
+    /// slots.
+    pub fn append_with_lookahead(
+        &self,
+        seq: SeqId,
+        tokens: &[i32],
+        num_lookahead: u32,
+    ) -> Result<()> {
+        // SAFETY: tokens is valid for its length.
+        check(unsafe {
+            sys::pkv_seq_append(
+                self.ptr(),
+                seq.0,
+                tokens.as_ptr(),
+                to_u64(tokens.len()),
+                num_lookahead,
+            )
+        })
+    }
+
+    /// Blocks an append of `num_tokens` (+ `num_lookahead`) would take from
+    /// the free queue.
+    pub fn blocks_needed(&self, seq: SeqId, num_tokens: u64, num_lookahead: u32) -> Result<u64> {
+        let mut n = 0u64;
+        // SAFETY: valid handle and out-parameter.
+        check(unsafe {
+            sys::pkv_seq_blocks_needed(self.ptr(), seq.0, num_tokens, num_lookahead, &mut n)
+        })?;
+        Ok(n)
+    }
+
+    /// A child sharing every block of `parent` (parallel sampling, beam
+    /// search); a shared partial block is copied when either side writes
+    /// into it.
+    pub fn fork(&self, parent: SeqId) -> Result<SeqId> {
+        let mut id = 0;
+        // SAFETY: valid handle and out-parameter.
+        check(unsafe { sys::pkv_seq_fork(self.ptr(), parent.0, &mut id) })?;
+        Ok(SeqId(id))
+    }
+
+    /// Drops tokens from the tail so `num_tokens` remain, releasing blocks
+    /// that become empty (speculative-decoding rollback).
+    pub fn truncate(&self, seq: SeqId, num_tokens: u64) -> Result<()> {
+        // SAFETY: valid handle.
+        check(unsafe { sys::pkv_seq_truncate(self.ptr(), seq.0, num_tokens) })
+    }
+
+    /// Releases the sequence and its blocks; the id becomes stale.
+    ///
+    /// On a CPU pool, do not free or truncate a sequence on one thread
+    /// while another thread runs a kernel of a plan that reads it.
+    pub fn free_seq(&self, seq: SeqId) -> Result<()> {
+        // SAFETY: valid handle.
+        check(unsafe { sys::pkv_seq_free(self.ptr(), seq.0) })
+    }
+
+    /// State of a sequence.
+    pub fn seq_info(&self, seq: SeqId) -> Result<SeqInfo> {
+        let mut raw = sys::pkv_seq_info::default();
+        // SAFETY: valid out-parameter, struct_size set by _init.
+        unsafe { sys::pkv_seq_info_init(&mut raw) };
+        check(unsafe { sys::pkv_seq_get_info(self.ptr(), seq.0, &mut raw) })?;
+        Ok(SeqInfo {
+            priority: raw.priority,
+            num_tokens: raw.num_tokens,
+            num_cached_tokens: raw.num_cached_tokens,
+            num_blocks: raw.num_blocks,
+            num_slots: raw.num_slots,
+            lora_id: raw.lora_id,
+        })
+    }
+
+    /// The block table (`PKV_NULL_BLOCK` = 0 where a sliding window released
+    /// a block).
+    pub fn block_table(&self, seq: SeqId) -> Result<Vec<i32>> {
+        read_vec(0i32, 16, |out, cap, len| {
+            // SAFETY: out is valid for cap entries (or NULL with cap 0).
+            unsafe { sys::pkv_seq_get_block_table(self.ptr(), seq.0, out, cap, len) }
+        })
+    }
+
+    /// Hashes of the sequence's full blocks, in order.
+    pub fn block_hashes(&self, seq: SeqId) -> Result<Vec<BlockHash>> {
+        let raw = read_vec(sys::pkv_block_hash::default(), 16, |out, cap, len| {
+            // SAFETY: out is valid for cap entries (or NULL with cap 0).
+            unsafe { sys::pkv_seq_get_block_hashes(self.ptr(), seq.0, out, cap, len) }
+        })?;
+        Ok(raw.iter().map(BlockHash::from_raw).collect())
+    }
+
+    // -------------------------------------------------------- stats, events
+
+    /// Pool-wide counters.
+    pub fn stats(&self) -> Result<PoolStats> {
+        let mut s = sys::pkv_pool_stats::default();
+        // SAFETY: valid out-parameter, struct_size set by _init.
+        unsafe { sys::pkv_pool_stats_init(&mut s) };
+        check(unsafe { sys::pkv_pool_get_stats(self.ptr(), &mut s) })?;
+        Ok(PoolStats {
+            block_size: s.block_size,
+            num_blocks: s.num_blocks,
+            num_free_blocks: s.num_free_blocks,
+            num_used_blocks: s.num_used_blocks,
+            num_cached_blocks: s.num_cached_blocks,
+            num_seqs: s.num_seqs,
+            num_tokens: s.num_tokens,
+            usage: s.usage,
+            prefix_query_tokens: s.prefix_query_tokens,
+            prefix_hit_tokens: s.prefix_hit_tokens,
+            num_evictions: s.num_evictions,
+            num_cow_copies: s.num_cow_copies,
+            num_events_dropped: s.num_events_dropped,
+            kv_bytes_per_block: s.kv_bytes_per_block,
+            kv_bytes_allocated: s.kv_bytes_allocated,
+            kv_bytes_used: s.kv_bytes_used,
+            kv_bytes_wasted: s.kv_bytes_wasted,
+        })
+    }
+
+    /// Removes and returns up to `max` oldest events, in order.
+    pub fn drain_events(&self, max: usize) -> Result<Vec<Event>> {
+        let mut raw = vec![sys::pkv_event::default(); max];
+        let mut n = 0u64;
+        let out = if max == 0 {
+            ptr::null_mut()
+        } else {
+            raw.as_mut_ptr()
+        };
+        // SAFETY: out is valid for max events.
+        check(unsafe { sys::pkv_pool_drain_events(self.ptr(), out, to_u64(max), &mut n) })?;
+        raw.truncate(n as usize);
+        Ok(raw.iter().map(Event::from_raw).collect())
+    }
+
+    /// Drains every pending event, in order (requires
+    /// `enable_events` in the options).
+    pub fn events(&self) -> Events<'_> {
+        Events {
+            pool: self,
+            buf: Vec::new().into_iter(),
+            done: false,
+        }
+    }
+
+    /// Forgets every cached hash (blocks in use stay allocated but are no
+    /// longer shareable) and records an [`EventKind::AllCleared`] event.
+    pub fn reset_prefix_cache(&self) -> Result<()> {
+        // SAFETY: valid handle.
+        check(unsafe { sys::pkv_pool_reset_prefix_cache(self.ptr()) })
+    }
+
+    /// Checks every invariant of the block manager;
+    /// [`ErrorKind::Invariant`] names the broken one.
+    pub fn validate(&self) -> Result<()> {
+        // SAFETY: valid handle.
+        check(unsafe { sys::pkv_pool_validate(self.ptr()) })
+    }
+
+    // ------------------------------------------------------------- storage
+
+    /// Descriptor of one layer's K or V storage,
+    /// `[num_blocks, num_kv_heads, block_size, head_dim]`, for interop with
+    /// other kernels. Valid while the pool lives.
+    pub fn kv_tensor(&self, layer: u32, which: Kv) -> Result<RawTensor> {
+        let mut t = sys::pkv_tensor::default();
+        // SAFETY: valid out-parameter.
+        check(unsafe { sys::pkv_pool_kv_tensor(self.ptr(), layer, which.raw(), &mut t) })?;
+        Ok(RawTensor::new(t))
+    }
+
+    /// Copies the K or V data of one block of a CPU pool,
+    /// `[num_kv_heads, block_size, head_dim]` elements. `T` must be the
+    /// pool's dtype.
+    ///
+    /// The copy is not synchronised with kernels writing the block on other
+    /// threads: read blocks that no running step writes.
+    pub fn read_kv_block<T: Element>(&self, layer: u32, which: Kv, block: i32) -> Result<Vec<T>> {
+        if self.device != Device::Cpu {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "read_kv_block: only CPU pools; use kv_tensor for device memory",
+            ));
+        }
+        if T::DTYPE != self.dtype {
+            return Err(Error::invalid(format!(
+                "read_kv_block: T is {:?} but the pool stores {:?}",
+                T::DTYPE,
+                self.dtype
+            )));
+        }
+        let t = self.kv_tensor(layer, which)?;
+        let shape = t.shape();
+        if shape.len() != 4 || !t.is_dense() || t.dtype() != Some(T::DTYPE) {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!("unexpected KV storage layout: shape {shape:?}"),
+            ));
+        }
+        if block < 0 || i64::from(block) >= shape[0] {
+            return Err(Error::invalid(format!(
+                "block: {block} outside [0, {})",
+                shape[0]
+            )));
+        }
+        let per_block = (shape[1] * shape[2] * shape[3]) as usize;
+        let mut out = Vec::with_capacity(per_block);
+        // SAFETY: the storage is a dense CPU array of T with shape[0] blocks
+        // that lives as long as the pool; block is in range.
+        unsafe {
+            let src = (t.data_ptr() as *const T).add(block as usize * per_block);
+            out.extend_from_slice(std::slice::from_raw_parts(src, per_block));
+        }
+        Ok(out)
+    }
+
+    /// Copies blocks `src[i] -> dst[i]` in every layer, K and V.
+    pub fn copy_blocks(&self, src: &[i32], dst: &[i32]) -> Result<()> {
+        self.copy_blocks_on(src, dst, Stream::DEFAULT)
+    }
+
+    /// [`copy_blocks`](Pool::copy_blocks) queued on a CUDA stream.
+    pub fn copy_blocks_on(&self, src: &[i32], dst: &[i32], stream: Stream) -> Result<()> {
+        if src.len() != dst.len() {
+            return Err(Error::invalid(format!(
+                "src and dst: {} and {} block ids, must be equal",
+                src.len(),
+                dst.len()
+            )));
+        }
+        // SAFETY: src and dst are valid for their common length; the stream
+        // is valid by Stream's contract.
+        check(unsafe {
+            sys::pkv_pool_copy_blocks(
+                self.ptr(),
+                src.as_ptr(),
+                dst.as_ptr(),
+                to_u64(src.len()),
+                stream.as_raw(),
+            )
+        })
+    }
+
+    fn check_host_pool(&self, what: &str) -> Result<()> {
+        if self.device != Device::Cpu {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("{what}: the safe form is for CPU pools; use swap_blocks_raw"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Copies the contents of `blocks` (every layer, K and V) into `host`,
+    /// laid out `[block][layer][K,V][kv_head][slot][head_dim]`; `host` needs
+    /// `blocks.len() * bytes_per_block()` bytes. CPU pools.
+    pub fn swap_out(&self, blocks: &[i32], host: &mut [u8]) -> Result<()> {
+        self.check_host_pool("swap_out")?;
+        // SAFETY: host is valid for its length; the CPU copy is complete
+        // when the call returns.
+        unsafe {
+            self.swap_blocks_raw(
+                blocks,
+                host.as_mut_ptr() as *mut c_void,
+                to_u64(host.len()),
+                SwapDirection::Out,
+                Stream::DEFAULT,
+            )
+        }
+    }
+
+    /// Copies `host` (as written by [`swap_out`](Pool::swap_out)) back into
+    /// `blocks`. CPU pools.
+    pub fn swap_in(&self, blocks: &[i32], host: &[u8]) -> Result<()> {
+        self.check_host_pool("swap_in")?;
+        // SAFETY: with SWAP_IN the library only reads host, for its length,
+        // within the call.
+        unsafe {
+            self.swap_blocks_raw(
+                blocks,
+                host.as_ptr() as *mut c_void,
+                to_u64(host.len()),
+                SwapDirection::In,
+                Stream::DEFAULT,
+            )
+        }
+    }
+
+    /// Moves block contents between the pool and a host buffer of
+    /// `host_bytes` bytes, on any pool.
+    ///
+    /// # Safety
+    /// `host` must be valid for `host_bytes` bytes (writable for
+    /// [`SwapDirection::Out`]) until the copy has finished: for a CUDA pool,
+    /// until `stream` has passed it (use pinned memory).
+    pub unsafe fn swap_blocks_raw(
+        &self,
+        blocks: &[i32],
+        host: *mut c_void,
+        host_bytes: u64,
+        direction: SwapDirection,
+        stream: Stream,
+    ) -> Result<()> {
+        let dir = match direction {
+            SwapDirection::Out => sys::PKV_SWAP_OUT,
+            SwapDirection::In => sys::PKV_SWAP_IN,
+        };
+        // SAFETY: blocks is valid for its length; host by the caller's
+        // contract.
+        check(unsafe {
+            sys::pkv_pool_swap_blocks(
+                self.ptr(),
+                blocks.as_ptr(),
+                to_u64(blocks.len()),
+                host,
+                host_bytes,
+                dir,
+                stream.as_raw(),
+            )
+        })
+    }
+
+    // --------------------------------------------------------- step plans
+
+    /// Builds the step plan for `seqs[i]` with `query_counts[i]` new tokens
+    /// each (1 for decode, the chunk length for prefill); pending
+    /// copy-on-write copies run here.
+    pub fn prepare(&self, seqs: &[SeqId], query_counts: &[u32]) -> Result<Batch> {
+        self.prepare_on(seqs, query_counts, Stream::DEFAULT)
+    }
+
+    /// [`prepare`](Pool::prepare) on a CUDA stream; the batch keeps using
+    /// that stream for its kernels.
+    pub fn prepare_on(
+        &self,
+        seqs: &[SeqId],
+        query_counts: &[u32],
+        stream: Stream,
+    ) -> Result<Batch> {
+        if seqs.len() != query_counts.len() {
+            return Err(Error::invalid(format!(
+                "seqs and query_counts: {} and {} entries, must be equal",
+                seqs.len(),
+                query_counts.len()
+            )));
+        }
+        let n = u32::try_from(seqs.len()).map_err(|_| Error::invalid("seqs: too many"))?;
+        let mut out = ptr::null_mut();
+        // SAFETY: SeqId is repr(transparent) over pkv_seq_id, so seqs is a
+        // valid pkv_seq_id array; both arrays hold n entries.
+        check(unsafe {
+            sys::pkv_batch_prepare(
+                self.ptr(),
+                seqs.as_ptr() as *const sys::pkv_seq_id,
+                query_counts.as_ptr(),
+                n,
+                stream.as_raw(),
+                &mut out,
+            )
+        })?;
+        let raw = NonNull::new(out)
+            .ok_or_else(|| Error::new(ErrorKind::Internal, "pkv_batch_prepare returned no plan"))?;
+        Ok(Batch::new(raw, self.device, stream))
+    }
+
+    /// Whether the pool has KV storage (`num_layers > 0`).
+    pub fn has_storage(&self) -> bool {
+        self.has_storage
+    }
+
+    /// The device the storage lives on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The storage dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+}

@@ -1,0 +1,241 @@
+//! Small value types shared by the rest of the crate: element types,
+//! devices, hash algorithms and block hashes.
+
+use std::fmt;
+
+use pagedkv_sys as sys;
+
+use crate::error::{Error, Result};
+
+/// Element type of a tensor or of the pool's KV storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    I32,
+    I64,
+}
+
+impl DType {
+    /// The `PKV_DTYPE_*` value.
+    pub fn raw(self) -> u32 {
+        match self {
+            DType::F32 => sys::PKV_DTYPE_F32,
+            DType::F16 => sys::PKV_DTYPE_F16,
+            DType::BF16 => sys::PKV_DTYPE_BF16,
+            DType::I32 => sys::PKV_DTYPE_I32,
+            DType::I64 => sys::PKV_DTYPE_I64,
+        }
+    }
+
+    /// The dtype of a `PKV_DTYPE_*` value, `None` if unknown.
+    pub fn from_raw(raw: u32) -> Option<DType> {
+        Some(match raw {
+            sys::PKV_DTYPE_F32 => DType::F32,
+            sys::PKV_DTYPE_F16 => DType::F16,
+            sys::PKV_DTYPE_BF16 => DType::BF16,
+            sys::PKV_DTYPE_I32 => DType::I32,
+            sys::PKV_DTYPE_I64 => DType::I64,
+            _ => return None,
+        })
+    }
+
+    /// Bytes per element, as the library reports it.
+    pub fn size(self) -> usize {
+        // SAFETY: pure function of its argument.
+        unsafe { sys::pkv_dtype_size(self.raw()) as usize }
+    }
+}
+
+/// Where a tensor or a pool's storage lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Device {
+    Cpu,
+    /// A CUDA device by ordinal.
+    Cuda(i32),
+}
+
+impl Device {
+    pub(crate) fn raw(self) -> (i32, i32) {
+        match self {
+            Device::Cpu => (sys::PKV_DEVICE_CPU, 0),
+            Device::Cuda(id) => (sys::PKV_DEVICE_CUDA, id),
+        }
+    }
+
+    pub(crate) fn from_raw(device_type: i32, device_id: i32) -> Result<Device> {
+        match device_type {
+            sys::PKV_DEVICE_CPU => Ok(Device::Cpu),
+            sys::PKV_DEVICE_CUDA => Ok(Device::Cuda(device_id)),
+            other => Err(Error::new(
+                crate::ErrorKind::Internal,
+                format!("library reported unknown device type {other}"),
+            )),
+        }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Rust types that map to a pagedkv dtype: `f32`, [`half::f16`],
+/// [`half::bf16`], `i32`, `i64`. Sealed: the set is the C ABI's.
+pub trait Element: sealed::Sealed + Copy + Send + Sync + 'static {
+    /// The matching dtype.
+    const DTYPE: DType;
+}
+
+macro_rules! element {
+    ($t:ty, $d:ident) => {
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+        }
+    };
+}
+element!(f32, F32);
+element!(half::f16, F16);
+element!(half::bf16, BF16);
+element!(i32, I32);
+element!(i64, I64);
+
+/// Block hash function of the prefix cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum HashAlgo {
+    /// SHA-256 over canonical CBOR; byte-compatible with vLLM's
+    /// `sha256_cbor`. Collision resistant: safe across tenants. The default.
+    #[default]
+    Sha256Cbor,
+    /// XXH3-128 over the same bytes: fast, for trusted tenants.
+    Xxh3_128,
+}
+
+impl HashAlgo {
+    /// The `PKV_HASH_*` value.
+    pub fn raw(self) -> u32 {
+        match self {
+            HashAlgo::Sha256Cbor => sys::PKV_HASH_SHA256_CBOR,
+            HashAlgo::Xxh3_128 => sys::PKV_HASH_XXH3_128,
+        }
+    }
+
+    /// The algorithm of a `PKV_HASH_*` value, `None` if unknown.
+    pub fn from_raw(raw: u32) -> Option<HashAlgo> {
+        match raw {
+            sys::PKV_HASH_SHA256_CBOR => Some(HashAlgo::Sha256Cbor),
+            sys::PKV_HASH_XXH3_128 => Some(HashAlgo::Xxh3_128),
+            _ => None,
+        }
+    }
+
+    /// Digest length in bytes (32 for SHA-256, 16 for XXH3-128).
+    pub fn digest_len(self) -> usize {
+        // SAFETY: pure function of its argument.
+        unsafe { sys::pkv_hash_size(self.raw()) as usize }
+    }
+}
+
+/// A block hash: `PKV_HASH_MAX_BYTES` bytes, shorter digests zero-padded.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockHash(pub [u8; sys::PKV_HASH_MAX_BYTES]);
+
+impl BlockHash {
+    /// All stored bytes (a 16-byte digest is followed by zeros).
+    pub fn as_bytes(&self) -> &[u8; sys::PKV_HASH_MAX_BYTES] {
+        &self.0
+    }
+
+    /// The meaningful bytes for `algo`.
+    pub fn digest(&self, algo: HashAlgo) -> &[u8] {
+        &self.0[..algo.digest_len().min(self.0.len())]
+    }
+
+    /// Lower-case hex of all stored bytes.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub(crate) fn from_raw(raw: &sys::pkv_block_hash) -> BlockHash {
+        BlockHash(raw.bytes)
+    }
+}
+
+impl fmt::Debug for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlockHash({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// What the loaded library was built with (`pkv_features()`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features(u32);
+
+impl Features {
+    /// The CUDA backend is compiled in.
+    pub fn cuda(self) -> bool {
+        self.0 & sys::PKV_FEATURE_CUDA != 0
+    }
+    /// [`HashAlgo::Xxh3_128`] is available.
+    pub fn xxhash(self) -> bool {
+        self.0 & sys::PKV_FEATURE_XXHASH != 0
+    }
+    /// [`HashAlgo::Sha256Cbor`] is available.
+    pub fn sha256(self) -> bool {
+        self.0 & sys::PKV_FEATURE_SHA256 != 0
+    }
+    /// bf16 storage and kernels.
+    pub fn bf16(self) -> bool {
+        self.0 & sys::PKV_FEATURE_BF16 != 0
+    }
+    /// The raw `PKV_FEATURE_*` bit set.
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+}
+
+/// Features of the loaded library.
+pub fn features() -> Features {
+    // SAFETY: no arguments, no state.
+    Features(unsafe { sys::pkv_features() })
+}
+
+/// Version of the loaded library, `"MAJOR.MINOR.PATCH"`.
+pub fn version_string() -> &'static str {
+    // SAFETY: static NUL-terminated ASCII text, never NULL.
+    unsafe { std::ffi::CStr::from_ptr(sys::pkv_version_string()) }
+        .to_str()
+        .unwrap_or("")
+}
+
+/// Version of the loaded library as `MAJOR*10000 + MINOR*100 + PATCH`.
+pub fn version_number() -> u32 {
+    // SAFETY: no arguments.
+    unsafe { sys::pkv_version_number() }
+}
+
+/// ABI version of the loaded library; equals [`HEADER_ABI_VERSION`] when
+/// the library matches the headers these bindings were generated from.
+pub fn abi_version() -> u32 {
+    // SAFETY: no arguments.
+    unsafe { sys::pkv_abi_version() }
+}
+
+/// `PKV_ABI_VERSION` of the headers the bindings were generated from.
+pub const HEADER_ABI_VERSION: u32 = sys::PKV_ABI_VERSION;
+/// `PKV_VERSION_NUMBER` of the headers the bindings were generated from.
+pub const HEADER_VERSION_NUMBER: u32 = sys::PKV_VERSION_NUMBER;
+
+/// Number of CUDA devices the library sees; 0 without CUDA or a GPU.
+pub fn cuda_device_count() -> usize {
+    // SAFETY: no arguments; never fails.
+    let n = unsafe { sys::pkv_cuda_device_count() };
+    n.max(0) as usize
+}
