@@ -67,13 +67,20 @@ bool mm_overlaps(const MmItem& m, uint64_t start, uint64_t end) {
 }
 
 size_t bound_head_and_tokens(const BlockHash& parent, size_t n) {
-  return 1 + cbor::kMaxHeadSize + parent.size + cbor::kMaxHeadSize + n * cbor::kMaxInt32Size;
+  if (parent.size > sizeof(parent.bytes))
+    fail(Errc::kInvalidArgument,
+         "parent: hash size " + std::to_string(parent.size) + " exceeds 32");
+  return 1 + cbor::kMaxHeadSize + sizeof(parent.bytes) + cbor::kMaxHeadSize +
+         n * cbor::kMaxInt32Size;
 }
 
 // Writes "[parent bytes, [tokens]," i.e. everything up to the extra keys.
 uint8_t* put_head_and_tokens(uint8_t* p, const BlockHash& parent, const int32_t* tokens, size_t n) {
   *p++ = cbor::kMajorArray | 3;
-  p = cbor::put_string(p, cbor::kMajorBytes, parent.bytes.data(), parent.size);
+  // The parent is at most 32 bytes: a fixed-size copy beats memcpy(size).
+  p = cbor::put_head(p, cbor::kMajorBytes, parent.size);
+  std::memcpy(p, parent.bytes.data(), parent.bytes.size());
+  p += parent.size;
   p = cbor::put_head(p, cbor::kMajorArray, n);
   for (size_t i = 0; i < n; ++i) p = cbor::put_int32(p, tokens[i]);
   return p;

@@ -339,6 +339,13 @@ TEST(HashApi, BadArguments) {
   expect_error(Errc::kInvalidArgument, "tokens", [&] { hash_prefix(ctx, root, nullptr, 4); });
   expect_error(Errc::kInvalidArgument, "root",
                [&] { hash_prefix(ctx, hash_root(HashAlgo::kXxh3_128, ""), t, 4); });
+  BlockHash oversized;
+  oversized.size = 33;
+  expect_error(Errc::kInvalidArgument, "parent",
+               [&] { hash_block(HashAlgo::kSha256Cbor, oversized, t, 4, {}); });
+  BlockHasher hasher(HashAlgo::kXxh3_128);
+  expect_error(Errc::kInvalidArgument, "parent", [&] { hasher.hash(oversized, t, 4, {}); });
+  expect_error(Errc::kInvalidArgument, "parent", [&] { hasher.hash(oversized, t, 4, ctx, 0); });
   ctx.algo = bad;
   expect_error(Errc::kInvalidArgument, "algo", [&] { hash_prefix(ctx, root, t, 4); });
 }
