@@ -1,0 +1,410 @@
+// Paged attention over the CSR page table: decode, prefill and chunked
+// prefill in one varlen kernel, with split-KV and a merge kernel.
+//
+// Work decomposition. A "row" is one (query token, q head of its GQA group)
+// pair; rows of a sequence are numbered qi * group + g, so the G rows of a
+// decode token are adjacent and one CTA covers the whole group: every K/V
+// byte it loads serves all G heads. A CTA owns ROWS consecutive rows of one
+// sequence for one KV head, and one of num_splits contiguous chunks of the
+// keys those rows can see (flash-decoding: the chunks' partial results are
+// merged by merge_splits_kernel). Keys are visited in tiles of KT keys,
+// double-buffered in shared memory with cp.async (16-byte copies, coalesced
+// within a page's head row); masked keys (past the chunk, null pages) are
+// zero-filled, never read.
+//
+// Per tile: S = Q K^T (tensor cores via WMMA for f16/bf16, CUDA cores for
+// f32), then the online softmax in the log2 domain (one warp per row, lanes
+// over keys), then O += P V (tensor cores / CUDA cores). O lives in shared
+// memory as f32 so that the per-row rescale needs no knowledge of fragment
+// layouts. Semantics mirror impl/cpu: the queries of a sequence are its last
+// n_q positions; query at position p sees key k iff k <= p, p - W < k when a
+// window W is set, and k's page is not the null block; logits are
+// scale * q.k, soft-capped as c * tanh(logit / c); LSE is natural-log.
+#pragma once
+
+#include <mma.h>
+
+#include <atomic>
+#include <type_traits>
+
+#include "common.cuh"
+#include "launch.h"
+
+namespace pagedkv {
+namespace cuda {
+
+constexpr int kAttnThreads = 128;
+constexpr int kAttnWarps = kAttnThreads / 32;
+constexpr int kSmallRows = 16;
+
+// Keys per tile: 32, or 16 where a key row is 1 KiB (f32 x 256) so that two
+// stages of K and V still fit next to the query tile on an A100.
+template <typename T, int D>
+constexpr int kv_tile() {
+  return sizeof(T) * D >= 1024 ? 16 : 32;
+}
+// Rows of the prefill tile: 64, or 32 for wide rows (shared memory).
+constexpr int large_rows(int dtype_bytes, int head_dim) {
+  return dtype_bytes * head_dim >= 512 ? 32 : 64;
+}
+
+template <typename T, int D, int ROWS, int KT>
+struct AttnSmem {
+  static constexpr int kVec = 16 / int(sizeof(T));  // elements per 16 bytes
+  // Rows padded by 16 bytes: 16-byte accesses of consecutive rows then hit
+  // distinct bank groups, and WMMA's ldm constraints hold.
+  static constexpr int kLdKV = D + kVec;
+  static constexpr int kLdQ = D + kVec;
+  static constexpr int kLdO = D + 4;
+  static constexpr int kLdS = KT + 4;
+  static constexpr int kLdP = KT + kVec;
+  static constexpr size_t kStage = size_t(KT) * kLdKV * sizeof(T);
+  static constexpr size_t kK = 0;
+  static constexpr size_t kV = kK + 2 * kStage;
+  static constexpr size_t kQ = align_up(kV + 2 * kStage, 128);
+  static constexpr size_t kO = align_up(kQ + size_t(ROWS) * kLdQ * sizeof(T), 128);
+  static constexpr size_t kS = align_up(kO + size_t(ROWS) * kLdO * 4, 128);
+  static constexpr size_t kP = align_up(kS + size_t(ROWS) * kLdS * 4, 128);
+  static constexpr size_t kValid = align_up(kP + size_t(ROWS) * kLdP * sizeof(T), 128);
+  static constexpr size_t kBytes = align_up(kValid + 2 * KT * sizeof(int), 128);
+  static_assert(KT <= 32, "softmax maps one key per lane");
+  static_assert(ROWS % (kAttnThreads / KT) == 0, "CUDA-core QK mapping");
+  static_assert(ROWS % 16 == 0 && KT % 16 == 0 && D % 16 == 0, "WMMA tiles");
+};
+
+template <typename T, int D, int ROWS, int KT>
+__global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const AttnParams p) {
+  using L = AttnSmem<T, D, ROWS, KT>;
+  constexpr int kVec = L::kVec;
+  constexpr int kChunks = D / kVec;  // 16-byte chunks per key row
+  constexpr int kRowsPerWarp = ROWS / kAttnWarps;
+  constexpr bool kTensorCores = !std::is_same<T, float>::value;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* k_s = reinterpret_cast<T*>(smem + L::kK);
+  T* v_s = reinterpret_cast<T*>(smem + L::kV);
+  T* q_s = reinterpret_cast<T*>(smem + L::kQ);
+  float* o_s = reinterpret_cast<float*>(smem + L::kO);
+  float* s_s = reinterpret_cast<float*>(smem + L::kS);
+  T* p_s = reinterpret_cast<T*>(smem + L::kP);
+  int* valid_s = reinterpret_cast<int*>(smem + L::kValid);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int seq = blockIdx.x / p.tiles_per_seq;
+  const int tile = blockIdx.x % p.tiles_per_seq;
+  const int kvh = blockIdx.y;
+  const int split = blockIdx.z;
+
+  const int q_begin = p.query_indptr[seq];
+  const int n_q = p.query_indptr[seq + 1] - q_begin;
+  const int ctx = p.context_lens[seq];
+  const int group = p.group;
+  const int row0 = tile * ROWS;
+  if (row0 >= n_q * group) return;  // uniform: this tile has no rows
+  const int n_rows = min(ROWS, n_q * group - row0);
+  const int first_pos = ctx - n_q;  // position of the sequence's first query
+  const int pos_lo = first_pos + row0 / group;
+  const int pos_hi = first_pos + (row0 + n_rows - 1) / group;
+
+  // Keys any row of this CTA can see, then this split's share of them.
+  const int kv_begin = p.window > 0 ? max(0, pos_lo - p.window + 1) : 0;
+  const int kv_end = pos_hi + 1;
+  int chunk = (kv_end - kv_begin + p.num_splits - 1) / p.num_splits;
+  chunk = (chunk + KT - 1) / KT * KT;
+  const int s_begin = kv_begin + split * chunk;
+  const int s_end = min(kv_end, s_begin + chunk);
+  const int n_tiles = s_begin < s_end ? (s_end - s_begin + KT - 1) / KT : 0;
+
+  const int* pages = p.page_indices + p.page_indptr[seq];
+  const int bs = p.block_size;
+  const int64_t head_off = int64_t(kvh) * bs * D;
+  const int64_t block_elems = int64_t(p.num_kv_heads) * bs * D;
+  const T* k_plane = static_cast<const T*>(p.k_plane);
+  const T* v_plane = static_cast<const T*>(p.v_plane);
+
+  auto load_tile = [&](int stage, int key0) {
+    T* kd = k_s + stage * KT * L::kLdKV;
+    T* vd = v_s + stage * KT * L::kLdKV;
+    for (int e = tid; e < KT * kChunks; e += kAttnThreads) {
+      const int jj = e / kChunks, c = e % kChunks;
+      const int j = key0 + jj;
+      int64_t off = 0;
+      bool ok = false;
+      if (j < s_end) {
+        const int page = pages[j / bs];
+        if (page != 0) {
+          ok = true;
+          off = int64_t(page) * block_elems + head_off + int64_t(j % bs) * D + c * kVec;
+        }
+      }
+      const int n = ok ? 16 : 0;
+      cp_async16(kd + jj * L::kLdKV + c * kVec, k_plane + off, n);
+      cp_async16(vd + jj * L::kLdKV + c * kVec, v_plane + off, n);
+      if (c == 0) valid_s[stage * KT + jj] = ok;
+    }
+    cp_async_commit();
+  };
+
+  if (n_tiles > 0) load_tile(0, s_begin);
+
+  // Query rows (zero beyond n_rows) and the f32 output accumulator.
+  const T* q = static_cast<const T*>(p.q);
+  for (int e = tid; e < ROWS * D; e += kAttnThreads) {
+    const int r = e / D, d = e % D;
+    T val = from_float<T>(0.f);
+    if (r < n_rows) {
+      const int flat = row0 + r;
+      const int64_t token = q_begin + flat / group;
+      const int64_t head = int64_t(kvh) * group + flat % group;
+      val = q[token * p.q_s0 + head * p.q_s1 + d];
+    }
+    q_s[r * L::kLdQ + d] = val;
+    o_s[r * L::kLdO + d] = 0.f;
+  }
+
+  // Running max (log2 domain) and sum of each row this warp owns.
+  float m_row[kRowsPerWarp], l_row[kRowsPerWarp];
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    m_row[i] = -INFINITY;
+    l_row[i] = 0.f;
+  }
+  const float scale = p.softmax_scale;
+  const float cap = p.softcap;
+  const int window = p.window;
+  __syncthreads();
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t & 1;
+    const int key0 = s_begin + t * KT;
+    if (t + 1 < n_tiles) {
+      load_tile(stage ^ 1, key0 + KT);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* kt = k_s + stage * KT * L::kLdKV;
+    const T* vt = v_s + stage * KT * L::kLdKV;
+
+    // ---- S = Q K^T
+    if constexpr (kTensorCores) {
+      using namespace nvcuda;
+      constexpr int kColTiles = KT / 16;
+      for (int w = warp; w < (ROWS / 16) * kColTiles; w += kAttnWarps) {
+        const int rt = w / kColTiles, ct = w % kColTiles;
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+        for (int k = 0; k < D; k += 16) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
+          wmma::load_matrix_sync(a, q_s + rt * 16 * L::kLdQ + k, L::kLdQ);
+          wmma::load_matrix_sync(b, kt + ct * 16 * L::kLdKV + k, L::kLdKV);
+          wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync(s_s + rt * 16 * L::kLdS + ct * 16, acc, L::kLdS,
+                                wmma::mem_row_major);
+      }
+    } else {
+      constexpr int kStep = kAttnThreads / KT;
+      constexpr int kMine = ROWS / kStep;
+      const int jj = tid % KT, rb = tid / KT;
+      float acc[kMine];
+#pragma unroll
+      for (int i = 0; i < kMine; ++i) acc[i] = 0.f;
+      const T* krow = kt + jj * L::kLdKV;
+#pragma unroll 2
+      for (int d = 0; d < D; d += kVec) {
+        float kf[kVec];
+#pragma unroll
+        for (int v = 0; v < kVec; ++v) kf[v] = to_float(krow[d + v]);
+#pragma unroll
+        for (int i = 0; i < kMine; ++i) {
+          const T* qr = q_s + (rb + i * kStep) * L::kLdQ + d;
+#pragma unroll
+          for (int v = 0; v < kVec; ++v) acc[i] = fmaf(to_float(qr[v]), kf[v], acc[i]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kMine; ++i) s_s[(rb + i * kStep) * L::kLdS + jj] = acc[i];
+    }
+    __syncthreads();
+
+    // ---- online softmax: one warp per row, one key per lane
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int r = warp + i * kAttnWarps;
+      const int pos = first_pos + (row0 + r) / group;
+      float x = -INFINITY;
+      if (lane < KT && r < n_rows) {
+        const int j = key0 + lane;
+        const bool visible =
+            valid_s[stage * KT + lane] && j <= pos && (window <= 0 || j > pos - window);
+        if (visible) {
+          float logit = s_s[r * L::kLdS + lane] * scale;
+          if (cap > 0.f) logit = cap * tanhf(logit / cap);
+          x = logit * kLog2e;
+        }
+      }
+      const float m_new = fmaxf(m_row[i], warp_max(x));
+      const float pr = x == -INFINITY ? 0.f : exp2f(x - m_new);
+      const float alpha = m_row[i] == m_new ? 1.f : exp2f(m_row[i] - m_new);
+      l_row[i] = l_row[i] * alpha + warp_sum(pr);
+      m_row[i] = m_new;
+      if (lane < KT) p_s[r * L::kLdP + lane] = from_float<T>(pr);
+      if (alpha != 1.f) {
+        for (int d = lane; d < D; d += 32) o_s[r * L::kLdO + d] *= alpha;
+      }
+    }
+    __syncthreads();
+
+    // ---- O += P V
+    if constexpr (kTensorCores) {
+      using namespace nvcuda;
+      constexpr int kColTiles = D / 16;
+      for (int w = warp; w < (ROWS / 16) * kColTiles; w += kAttnWarps) {
+        const int rt = w / kColTiles, ct = w % kColTiles;
+        float* o_tile = o_s + rt * 16 * L::kLdO + ct * 16;
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::load_matrix_sync(acc, o_tile, L::kLdO, wmma::mem_row_major);
+#pragma unroll
+        for (int k = 0; k < KT; k += 16) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
+          wmma::load_matrix_sync(a, p_s + rt * 16 * L::kLdP + k, L::kLdP);
+          wmma::load_matrix_sync(b, vt + k * L::kLdKV + ct * 16, L::kLdKV);
+          wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync(o_tile, acc, L::kLdO, wmma::mem_row_major);
+      }
+    } else {
+      for (int e = tid; e < ROWS * D; e += kAttnThreads) {
+        const int r = e / D, d = e % D;
+        float acc = o_s[r * L::kLdO + d];
+        const T* pr = p_s + r * L::kLdP;
+#pragma unroll 8
+        for (int jj = 0; jj < KT; ++jj)
+          acc = fmaf(to_float(pr[jj]), to_float(vt[jj * L::kLdKV + d]), acc);
+        o_s[r * L::kLdO + d] = acc;
+      }
+    }
+    __syncthreads();  // stage is free for the load issued next iteration
+  }
+
+  // ---- normalise and store (directly, or as this split's partial result)
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int r = warp + i * kAttnWarps;
+    if (r >= n_rows) continue;
+    const int flat = row0 + r;
+    const int64_t token = q_begin + flat / group;
+    const int64_t head = int64_t(kvh) * group + flat % group;
+    const float l = l_row[i];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float lse2 = l > 0.f ? m_row[i] + log2f(l) : -INFINITY;
+    if (p.num_splits == 1) {
+      T* o = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
+      for (int d = lane; d < D; d += 32) o[d] = from_float<T>(o_s[r * L::kLdO + d] * inv);
+      if (p.lse != nullptr && lane == 0) p.lse[token * p.lse_s0 + head] = lse2 * kLn2;
+    } else {
+      const int64_t prow = (int64_t(split) * p.num_tokens + token) * p.num_q_heads + head;
+      float* po = p.part_o + prow * D;
+      for (int d = lane; d < D; d += 32) po[d] = o_s[r * L::kLdO + d] * inv;
+      if (lane == 0) p.part_lse[prow] = lse2;
+    }
+  }
+}
+
+// Combines the splits of every (token, q head) row: weights 2^(lse_s - max).
+// One warp per row.
+template <typename T>
+__global__ void __launch_bounds__(128) merge_splits_kernel(const AttnParams p, int head_dim) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t num_rows = p.num_tokens * p.num_q_heads;
+  const int64_t row = int64_t(blockIdx.x) * 4 + warp;
+  if (row >= num_rows) return;
+  const int64_t token = row / p.num_q_heads;
+  const int64_t head = row % p.num_q_heads;
+  float m = -INFINITY;
+  for (int s = 0; s < p.num_splits; ++s) m = fmaxf(m, p.part_lse[s * num_rows + row]);
+  float wsum = 0.f;
+  if (m != -INFINITY) {
+    for (int s = 0; s < p.num_splits; ++s) wsum += exp2f(p.part_lse[s * num_rows + row] - m);
+  }
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  T* o = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
+  for (int d = lane; d < head_dim; d += 32) {
+    float acc = 0.f;
+    if (m != -INFINITY) {
+      for (int s = 0; s < p.num_splits; ++s) {
+        const float w = exp2f(p.part_lse[s * num_rows + row] - m);
+        acc = fmaf(w, p.part_o[(s * num_rows + row) * head_dim + d], acc);
+      }
+    }
+    o[d] = from_float<T>(acc * inv);
+  }
+  if (p.lse != nullptr && lane == 0) {
+    p.lse[token * p.lse_s0 + head] = wsum > 0.f ? (m + log2f(wsum)) * kLn2 : -INFINITY;
+  }
+}
+
+// Raises a kernel's dynamic shared-memory limit once per device.
+template <typename Kernel>
+cudaError_t ensure_smem(Kernel kernel, size_t bytes, std::atomic<uint64_t>& done) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit)) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (err == cudaSuccess && bit != 0) done.fetch_or(bit, std::memory_order_release);
+  return err;
+}
+
+template <typename T, int D, int ROWS>
+cudaError_t launch_attention_rows(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
+  constexpr int KT = kv_tile<T, D>();
+  using L = AttnSmem<T, D, ROWS, KT>;
+  static std::atomic<uint64_t> configured{0};
+  auto kernel = paged_attention_kernel<T, D, ROWS, KT>;
+  cudaError_t err = ensure_smem(kernel, L::kBytes, configured);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(unsigned(l.num_seqs) * unsigned(p.tiles_per_seq), unsigned(p.num_kv_heads),
+                  unsigned(p.num_splits));
+  kernel<<<grid, kAttnThreads, L::kBytes, s>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || p.num_splits <= 1) return err;
+  const int64_t rows = p.num_tokens * p.num_q_heads;
+  merge_splits_kernel<T><<<unsigned((rows + 3) / 4), 128, 0, s>>>(p, D);
+  return cudaGetLastError();
+}
+
+template <typename T, int D>
+cudaError_t launch_attention_dim(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
+  constexpr int kLarge = large_rows(int(sizeof(T)), D);
+  return l.large_tile ? launch_attention_rows<T, D, kLarge>(p, l, s)
+                      : launch_attention_rows<T, D, kSmallRows>(p, l, s);
+}
+
+// Head dims are compile-time (register/shared tiles); block size is not.
+template <typename T>
+cudaError_t launch_attention_typed(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
+  switch (l.head_dim) {
+    case 64:
+      return launch_attention_dim<T, 64>(p, l, s);
+    case 80:
+      return launch_attention_dim<T, 80>(p, l, s);
+    case 96:
+      return launch_attention_dim<T, 96>(p, l, s);
+    case 128:
+      return launch_attention_dim<T, 128>(p, l, s);
+    case 256:
+      return launch_attention_dim<T, 256>(p, l, s);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace cuda
+}  // namespace pagedkv

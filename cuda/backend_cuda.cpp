@@ -1,0 +1,475 @@
+// The CUDA backend: device arena, stream-ordered scratch memory, pinned
+// staging for host->device uploads, and the host side of every kernel launch
+// (argument checks, tile and split planning). Kernels are in *.cuh.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "check.h"
+#include "launch.h"
+
+namespace pagedkv {
+
+namespace {
+
+using cuda::check;
+using cuda::DeviceGuard;
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// Host->device copies must not depend on the caller keeping its source alive
+// or on a stream synchronisation: the source is first copied into a pinned
+// buffer, the device copy is queued from there, and an event tells when the
+// buffer may be reused. Only when every buffer is still in flight and the
+// pool is at its cap does acquire() wait, and then on one copy's event only.
+class PinnedStaging {
+ public:
+  ~PinnedStaging() {
+    for (Buffer& b : buffers_) {
+      (void)cudaEventSynchronize(b.done);
+      (void)cudaEventDestroy(b.done);
+      (void)cudaFreeHost(b.data);
+    }
+  }
+
+  void upload(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Buffer& b = acquire(bytes);
+    std::memcpy(b.data, src, bytes);
+    check(cudaMemcpyAsync(dst, b.data, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+    check(cudaEventRecord(b.done, stream), "cudaEventRecord");
+  }
+
+ private:
+  struct Buffer {
+    void* data;
+    size_t capacity;
+    cudaEvent_t done;
+  };
+  static constexpr size_t kMaxBuffers = 16;
+
+  Buffer& acquire(size_t bytes) {
+    for (Buffer& b : buffers_) {
+      if (b.capacity < bytes) continue;
+      const cudaError_t q = cudaEventQuery(b.done);
+      if (q == cudaSuccess) return b;
+      if (q != cudaErrorNotReady) check(q, "cudaEventQuery");
+    }
+    if (buffers_.size() >= kMaxBuffers) {
+      // Recycle the smallest buffer: wait for its copy, grow it if needed.
+      auto it = std::min_element(
+          buffers_.begin(), buffers_.end(),
+          [](const Buffer& a, const Buffer& c) { return a.capacity < c.capacity; });
+      check(cudaEventSynchronize(it->done), "cudaEventSynchronize");
+      if (it->capacity < bytes) {
+        check(cudaFreeHost(it->data), "cudaFreeHost");
+        it->data = nullptr;
+        it->capacity = round(bytes);
+        check(cudaMallocHost(&it->data, it->capacity), "cudaMallocHost");
+      }
+      return *it;
+    }
+    Buffer b{nullptr, round(bytes), nullptr};
+    check(cudaMallocHost(&b.data, b.capacity), "cudaMallocHost");
+    const cudaError_t e = cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+      (void)cudaFreeHost(b.data);
+      check(e, "cudaEventCreateWithFlags");
+    }
+    buffers_.push_back(b);
+    return buffers_.back();
+  }
+
+  static size_t round(size_t bytes) {
+    size_t c = 64 * 1024;
+    while (c < bytes) c *= 2;
+    return c;
+  }
+
+  std::mutex mu_;
+  std::vector<Buffer> buffers_;
+};
+
+// Scratch device memory that lives for one call: stream-ordered allocation
+// from the backend's own memory pool, so neither allocating nor freeing
+// synchronises the device, and concurrent streams never share scratch.
+class Scratch {
+ public:
+  explicit Scratch(int device) {
+    int supported = 0;
+    check(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device),
+          "cudaDeviceGetAttribute(MemoryPoolsSupported)");
+    if (!supported) return;
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    check(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
+    // Keep freed memory in the pool instead of returning it at every sync.
+    uint64_t keep = std::numeric_limits<uint64_t>::max();
+    check(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep),
+          "cudaMemPoolSetAttribute(ReleaseThreshold)");
+  }
+  ~Scratch() {
+    if (pool_ != nullptr) (void)cudaMemPoolDestroy(pool_);
+  }
+
+  void* get(size_t bytes, cudaStream_t stream) {
+    void* p = nullptr;
+    if (pool_ != nullptr) {
+      check(cudaMallocFromPoolAsync(&p, bytes, pool_, stream), "cudaMallocFromPoolAsync");
+    } else {
+      check(cudaMalloc(&p, bytes), "cudaMalloc");
+    }
+    return p;
+  }
+  void put(void* p, cudaStream_t stream) noexcept {
+    if (p == nullptr) return;
+    if (pool_ != nullptr) {
+      (void)cudaFreeAsync(p, stream);
+    } else {
+      // No stream-ordered allocator on this device: wait for this stream only.
+      (void)cudaStreamSynchronize(stream);
+      (void)cudaFree(p);
+    }
+  }
+
+ private:
+  cudaMemPool_t pool_ = nullptr;
+};
+
+// Scratch memory released on scope exit (also when a later step throws),
+// ordered after everything queued on the stream so far.
+class ScratchBuffer {
+ public:
+  ScratchBuffer(Scratch& s, size_t bytes, cudaStream_t stream)
+      : scratch_(s), stream_(stream), ptr_(s.get(bytes, stream)) {}
+  ~ScratchBuffer() { scratch_.put(ptr_, stream_); }
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  Scratch& scratch_;
+  cudaStream_t stream_;
+  void* ptr_;
+};
+
+bool valid_head_dim(int d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
+
+// Widest power-of-two access (<= 16 bytes) every address of a row allows.
+int access_unit(const void* base, int64_t s0_bytes, int64_t s1_bytes, int64_t row_bytes) {
+  const uint64_t bits = reinterpret_cast<uintptr_t>(base) | uint64_t(s0_bytes) |
+                        uint64_t(s1_bytes) | uint64_t(row_bytes) | 16u;
+  return int(bits & (~bits + 1));  // lowest set bit
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int32_t device) : device_(device), scratch_(init_device(device)) {}
+
+  ~CudaBackend() override = default;
+
+  int32_t device_type() const override { return 2; }  // PKV_DEVICE_CUDA
+  int32_t device_id() const override { return device_; }
+
+  void* allocate(size_t bytes) override {
+    DeviceGuard g(device_);
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      fail(e == cudaErrorMemoryAllocation ? Errc::kOutOfMemory : Errc::kCuda,
+           "cudaMalloc(" + str(int64_t(bytes)) + " bytes) on CUDA device " + str(device_) + ": " +
+               cudaGetErrorString(e));
+    }
+    return p;
+  }
+
+  void deallocate(void* ptr) noexcept override {
+    if (ptr == nullptr) return;
+    int prev = 0;
+    if (cudaGetDevice(&prev) != cudaSuccess) return;
+    if (prev != device_) (void)cudaSetDevice(device_);
+    (void)cudaFree(ptr);
+    if (prev != device_) (void)cudaSetDevice(prev);
+  }
+
+  void upload(void* dst, const void* src, size_t bytes, void* stream) override {
+    if (bytes == 0) return;
+    DeviceGuard g(device_);
+    staging_.upload(dst, src, bytes, as_stream(stream));
+  }
+
+  void write(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& k,
+             const Tensor3& v, void* stream) override {
+    const KvLayout& lay = arena.layout;
+    check_rows(k, lay, "k");
+    check_rows(v, lay, "v");
+    if (plan.num_tokens == 0) return;
+    const int64_t elt = int64_t(dtype_size(lay.dtype));
+    cuda::WriteParams p{};
+    p.k_plane = static_cast<char*>(arena.plane(layer, 0));
+    p.v_plane = static_cast<char*>(arena.plane(layer, 1));
+    p.k = static_cast<const char*>(k.data);
+    p.v = static_cast<const char*>(v.data);
+    p.k_s0 = k.s0 * elt;
+    p.k_s1 = k.s1 * elt;
+    p.v_s0 = v.s0 * elt;
+    p.v_s1 = v.s1 * elt;
+    p.slot_mapping = plan.slot_mapping;
+    p.num_tokens = plan.num_tokens;
+    p.num_kv_heads = lay.num_kv_heads;
+    p.block_size = lay.block_size;
+    p.row_bytes = int32_t(lay.head_dim * elt);
+    p.unit = std::min(access_unit(k.data, p.k_s0, p.k_s1, p.row_bytes),
+                      access_unit(v.data, p.v_s0, p.v_s1, p.row_bytes));
+    DeviceGuard g(device_);
+    check(cuda::launch_write(p, as_stream(stream)), "write_kv_kernel launch");
+  }
+
+  void attend(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& q,
+              const Tensor3& out, const AttentionArgs& args, void* stream) override {
+    const KvLayout& lay = arena.layout;
+    const int D = lay.head_dim;
+    if (!valid_head_dim(D)) {
+      fail(Errc::kUnsupported,
+           "head_dim " + str(D) + ": the CUDA attention kernels support 64, 80, 96, 128, 256");
+    }
+    if (q.dtype != lay.dtype || out.dtype != lay.dtype) {
+      fail(Errc::kInvalidArgument, "q and out must have the pool's dtype");
+    }
+    if (q.n2 != D || out.n2 != D || q.n1 != out.n1 || q.n0 != out.n0 || q.n0 != plan.num_tokens) {
+      fail(Errc::kInvalidArgument, "q/out shape does not match the plan and the pool");
+    }
+    if (q.n1 <= 0 || q.n1 % lay.num_kv_heads != 0) {
+      fail(Errc::kInvalidArgument, "num_q_heads " + str(q.n1) +
+                                       " is not a multiple of num_kv_heads " +
+                                       str(lay.num_kv_heads));
+    }
+    if (plan.num_seqs <= 0 || plan.num_tokens <= 0) return;
+
+    const int elt = int(dtype_size(lay.dtype));
+    const int group = int(q.n1 / lay.num_kv_heads);
+    const int64_t max_rows = int64_t(plan.max_query) * group;
+    const bool large = max_rows > cuda::attn_small_rows();
+    const int rows = large ? cuda::attn_large_rows(elt, D) : cuda::attn_small_rows();
+    const size_t smem = cuda::attn_smem_bytes(elt, D, large);
+    if (smem > max_smem_) {
+      fail(Errc::kUnsupported, "CUDA device " + str(device_) + " offers " +
+                                   str(int64_t(max_smem_)) +
+                                   " bytes of shared memory per block; attention needs " +
+                                   str(int64_t(smem)) + " (sm_80 or newer)");
+    }
+
+    cuda::AttnParams p{};
+    p.k_plane = arena.plane(layer, 0);
+    p.v_plane = arena.plane(layer, 1);
+    p.num_kv_heads = lay.num_kv_heads;
+    p.block_size = lay.block_size;
+    p.query_indptr = plan.query_indptr;
+    p.page_indptr = plan.page_indptr;
+    p.page_indices = plan.page_indices;
+    p.context_lens = plan.context_lens;
+    p.q = q.data;
+    p.q_s0 = q.s0;
+    p.q_s1 = q.s1;
+    p.out = out.data;
+    p.o_s0 = out.s0;
+    p.o_s1 = out.s1;
+    p.lse = args.lse;
+    p.lse_s0 = args.lse_stride0;
+    p.num_q_heads = int32_t(q.n1);
+    p.group = group;
+    p.softmax_scale = args.softmax_scale;
+    p.softcap = args.logit_softcap;
+    p.window = args.sliding_window;
+    p.tiles_per_seq = int32_t((max_rows + rows - 1) / rows);
+    p.num_tokens = plan.num_tokens;
+
+    const int64_t ctas = int64_t(plan.num_seqs) * p.tiles_per_seq * lay.num_kv_heads;
+    p.num_splits = plan_splits(ctas, plan, args, D);
+
+    cuda::AttnLaunch l{};
+    l.head_dim = D;
+    l.large_tile = large;
+    l.num_seqs = plan.num_seqs;
+
+    DeviceGuard g(device_);
+    const cudaStream_t s = as_stream(stream);
+    std::unique_ptr<ScratchBuffer> work;
+    if (p.num_splits > 1) {
+      const size_t rows_total = size_t(plan.num_tokens) * size_t(q.n1) * size_t(p.num_splits);
+      work = std::make_unique<ScratchBuffer>(scratch_, rows_total * (size_t(D) + 1) * 4, s);
+      p.part_o = work->as<float>();
+      p.part_lse = p.part_o + rows_total * size_t(D);
+    }
+    cudaError_t e = cudaSuccess;
+    switch (lay.dtype) {
+      case DType::kF32:
+        e = cuda::launch_attention_f32(p, l, s);
+        break;
+      case DType::kF16:
+        e = cuda::launch_attention_f16(p, l, s);
+        break;
+      case DType::kBF16:
+        e = cuda::launch_attention_bf16(p, l, s);
+        break;
+      default:
+        fail(Errc::kUnsupported, "attention: unsupported dtype");
+    }
+    check(e, "paged_attention_kernel launch");
+  }
+
+  void copy_blocks(const KvArena& arena, const int32_t* src, const int32_t* dst, int64_t num_pairs,
+                   void* stream) override {
+    if (num_pairs <= 0 || arena.num_layers <= 0) return;
+    check_block_count(num_pairs, "num_pairs");
+    std::vector<int32_t> pairs(size_t(num_pairs) * 2);
+    for (int64_t i = 0; i < num_pairs; ++i) {
+      pairs[2 * i] = src[i];
+      pairs[2 * i + 1] = dst[i];
+    }
+    DeviceGuard g(device_);
+    const cudaStream_t s = as_stream(stream);
+    ScratchBuffer ids(scratch_, pairs.size() * sizeof(int32_t), s);
+    staging_.upload(ids.as<void>(), pairs.data(), pairs.size() * sizeof(int32_t), s);
+    check(cuda::launch_copy_blocks(static_cast<char*>(arena.base), 2 * arena.num_layers,
+                                   int64_t(arena.layout.layer_bytes()),
+                                   int64_t(arena.layout.block_bytes()), ids.as<int32_t>(),
+                                   num_pairs, s),
+          "copy_blocks_kernel launch");
+  }
+
+  // Device-side gather into (or scatter from) a contiguous scratch buffer,
+  // and one bulk copy per chunk between it and the host buffer: the copy
+  // engine runs at full link speed whatever the block layout, and pinned
+  // host buffers make the whole swap asynchronous.
+  void swap(const KvArena& arena, const int32_t* blocks, int64_t num_blocks, void* host,
+            bool to_host, void* stream) override {
+    if (num_blocks <= 0 || arena.num_layers <= 0) return;
+    check_block_count(num_blocks, "num_blocks");
+    const int32_t planes = 2 * arena.num_layers;
+    const int64_t block_bytes = int64_t(arena.layout.block_bytes());
+    const int64_t per_block = planes * block_bytes;
+    const int64_t chunk = std::max<int64_t>(1, kSwapChunkBytes / per_block);
+    DeviceGuard g(device_);
+    const cudaStream_t s = as_stream(stream);
+    for (int64_t first = 0; first < num_blocks; first += chunk) {
+      const int64_t n = std::min(chunk, num_blocks - first);
+      char* h = static_cast<char*>(host) + first * per_block;
+      ScratchBuffer ids(scratch_, size_t(n) * sizeof(int32_t), s);
+      ScratchBuffer buf(scratch_, size_t(n * per_block), s);
+      staging_.upload(ids.as<void>(), blocks + first, size_t(n) * sizeof(int32_t), s);
+      if (!to_host) {
+        check(cudaMemcpyAsync(buf.as<void>(), h, size_t(n * per_block), cudaMemcpyHostToDevice, s),
+              "cudaMemcpyAsync(host -> device)");
+      }
+      check(cuda::launch_gather_blocks(static_cast<char*>(arena.base), planes,
+                                       int64_t(arena.layout.layer_bytes()), block_bytes,
+                                       ids.as<int32_t>(), n, buf.as<char>(), to_host, s),
+            "gather_blocks_kernel launch");
+      if (to_host) {
+        check(cudaMemcpyAsync(h, buf.as<void>(), size_t(n * per_block), cudaMemcpyDeviceToHost, s),
+              "cudaMemcpyAsync(device -> host)");
+      }
+    }
+  }
+
+  void synchronize(void* stream) override {
+    DeviceGuard g(device_);
+    check(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
+  }
+
+ private:
+  static constexpr int64_t kSwapChunkBytes = int64_t(64) << 20;
+  static constexpr int kMinSplitKeys = 256;
+  static constexpr int kMaxSplits = 64;
+
+  // Runs before the members that need the device (the scratch pool).
+  int init_device(int32_t device) {
+    const int32_t n = cuda_device_count();
+    if (n == 0) fail(Errc::kCuda, "no CUDA device is available (no driver or no GPU)");
+    if (device < 0 || device >= n) {
+      fail(Errc::kInvalidArgument,
+           "device_id " + str(device) + " is out of range: " + str(n) + " CUDA device(s)");
+    }
+    DeviceGuard g(device);
+    int v = 0;
+    check(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device),
+          "cudaDeviceGetAttribute(MultiProcessorCount)");
+    sm_count_ = v;
+    check(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+          "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+    max_smem_ = size_t(v);
+    return device;
+  }
+
+  static void check_rows(const Tensor3& t, const KvLayout& lay, const char* name) {
+    if (t.dtype != lay.dtype || t.n1 != lay.num_kv_heads || t.n2 != lay.head_dim) {
+      fail(Errc::kInvalidArgument,
+           std::string(name) + " must be [num_tokens, num_kv_heads, head_dim] of the pool's dtype");
+    }
+  }
+
+  static void check_block_count(int64_t n, const char* name) {
+    if (n > int64_t(std::numeric_limits<int32_t>::max())) {
+      fail(Errc::kInvalidArgument, std::string(name) + " is too large for one launch");
+    }
+  }
+
+  // Split-KV: when the (sequence, KV head, row tile) CTAs cannot fill the
+  // GPU twice over, split each one's keys into chunks of at least
+  // kMinSplitKeys so that about 2 CTAs per SM run; partials are merged.
+  int plan_splits(int64_t ctas, const PlanView& plan, const AttentionArgs& args, int) const {
+    const int forced = cuda::forced_splits();
+    if (forced > 0) return std::min(forced, kMaxSplits);
+    const int64_t target = 2 * int64_t(sm_count_);
+    if (ctas >= target) return 1;
+    int64_t keys = plan.max_context;
+    if (args.sliding_window > 0) {
+      keys = std::min<int64_t>(keys, int64_t(args.sliding_window) + plan.max_query);
+    }
+    const int64_t by_len = keys / kMinSplitKeys;
+    const int64_t want = (target + ctas - 1) / ctas;
+    return int(std::max<int64_t>(1, std::min<int64_t>({want, by_len, kMaxSplits})));
+  }
+
+  int32_t device_;
+  int sm_count_ = 1;
+  size_t max_smem_ = 0;
+  Scratch scratch_;
+  PinnedStaging staging_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int32_t device_id) {
+  return std::make_unique<CudaBackend>(device_id);
+}
+
+int32_t cuda_device_count() noexcept {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+bool cuda_compiled_in() noexcept { return true; }
+
+}  // namespace pagedkv

@@ -1,0 +1,85 @@
+// Kernels that move KV bytes without arithmetic: the slot-mapped write, the
+// batched block copy and the block gather/scatter used by swap. They are
+// dtype-agnostic (a head row is row_bytes bytes) and use 16-byte accesses
+// wherever the addresses allow; arena blocks always do (cudaMalloc'd base,
+// head rows of 128+ bytes).
+#pragma once
+
+#include "common.cuh"
+#include "launch.h"
+
+namespace pagedkv {
+namespace cuda {
+
+template <int UNIT>
+struct Unit;
+template <>
+struct Unit<16> {
+  using type = uint4;
+};
+template <>
+struct Unit<8> {
+  using type = uint2;
+};
+template <>
+struct Unit<4> {
+  using type = uint32_t;
+};
+template <>
+struct Unit<2> {
+  using type = uint16_t;
+};
+
+// One CTA per token (grid-stride): threads over (kv head, unit of the row).
+template <int UNIT>
+__global__ void __launch_bounds__(128) write_kv_kernel(const WriteParams p) {
+  using V = typename Unit<UNIT>::type;
+  const int per_row = p.row_bytes / UNIT;
+  const int64_t head_bytes = int64_t(p.block_size) * p.row_bytes;
+  const int64_t block_bytes = head_bytes * p.num_kv_heads;
+  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    const int64_t slot = p.slot_mapping[t];
+    if (slot < 0) continue;  // padding token
+    const int64_t block = slot / p.block_size, off = slot % p.block_size;
+    const int64_t dst_row = block * block_bytes + off * p.row_bytes;
+    for (int e = threadIdx.x; e < p.num_kv_heads * per_row; e += blockDim.x) {
+      const int h = e / per_row, c = e % per_row;
+      const int64_t dst = dst_row + h * head_bytes + int64_t(c) * UNIT;
+      const V kv = *reinterpret_cast<const V*>(p.k + t * p.k_s0 + h * p.k_s1 + int64_t(c) * UNIT);
+      const V vv = *reinterpret_cast<const V*>(p.v + t * p.v_s0 + h * p.v_s1 + int64_t(c) * UNIT);
+      *reinterpret_cast<V*>(p.k_plane + dst) = kv;
+      *reinterpret_cast<V*>(p.v_plane + dst) = vv;
+    }
+  }
+}
+
+// grid (pair, plane): one CTA copies one block of one plane.
+__global__ void __launch_bounds__(128)
+    copy_blocks_kernel(char* base, int64_t plane_bytes, int64_t block_bytes, const int32_t* pairs) {
+  const int64_t i = blockIdx.x;
+  char* plane = base + int64_t(blockIdx.y) * plane_bytes;
+  const uint4* src = reinterpret_cast<const uint4*>(plane + int64_t(pairs[2 * i]) * block_bytes);
+  uint4* dst = reinterpret_cast<uint4*>(plane + int64_t(pairs[2 * i + 1]) * block_bytes);
+  const int64_t n = block_bytes / 16;
+  for (int64_t e = threadIdx.x; e < n; e += blockDim.x) dst[e] = src[e];
+}
+
+// grid (block i, plane): buffer row (i, plane) <-> arena block blocks[i].
+__global__ void __launch_bounds__(128)
+    gather_blocks_kernel(char* base, int32_t num_planes, int64_t plane_bytes, int64_t block_bytes,
+                         const int32_t* blocks, char* buf, bool to_buffer) {
+  const int64_t i = blockIdx.x;
+  const int64_t plane = blockIdx.y;
+  uint4* arena =
+      reinterpret_cast<uint4*>(base + plane * plane_bytes + int64_t(blocks[i]) * block_bytes);
+  uint4* row = reinterpret_cast<uint4*>(buf + (i * num_planes + plane) * block_bytes);
+  const int64_t n = block_bytes / 16;
+  if (to_buffer) {
+    for (int64_t e = threadIdx.x; e < n; e += blockDim.x) row[e] = arena[e];
+  } else {
+    for (int64_t e = threadIdx.x; e < n; e += blockDim.x) arena[e] = row[e];
+  }
+}
+
+}  // namespace cuda
+}  // namespace pagedkv
