@@ -1,0 +1,198 @@
+"""Batch: one engine step's plan, cache writes and paged attention."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Optional, Sequence as Seq, Tuple, Union
+
+from . import _pagedkv as _c
+from ._handle import Handle
+from ._pool import Pool, Sequence
+from ._tensor import TensorView, check, describe, empty_like, stream_ptr
+from ._types import BatchInfo, DType, PlanArray
+
+
+class Batch:
+    """The step plan for a set of sequences (``pkv_batch_prepare``): slot
+    mapping, CSR page table, context lengths and query offsets, built once;
+    pending copy-on-write copies run when it is prepared.
+
+    Per layer call :meth:`cache_write` then :meth:`attention`. Appending to,
+    truncating or freeing one of its sequences makes the plan stale
+    (InvalidStateError). A Batch keeps its pool and sequences alive; it is a
+    context manager and close() is idempotent. One Batch serialises its own
+    calls; use one Batch per thread for concurrent kernels.
+    """
+
+    def __init__(self, pool: Pool, seqs: Seq[Sequence], query_counts: Union[int, Seq[int]] = 1, stream: Any = None) -> None:
+        seqs = list(seqs)
+        for i, s in enumerate(seqs):
+            if not isinstance(s, Sequence):
+                raise TypeError(f"seqs[{i}]: expected a pagedkv.Sequence, got {type(s).__name__}")
+            if s.pool is not pool:
+                raise _c.InvalidArgumentError(f"seqs[{i}]: the sequence belongs to another pool", _c.PKV_E_INVALID_ARGUMENT)
+        if isinstance(query_counts, int):
+            counts = [query_counts] * len(seqs)
+        else:
+            counts = [int(c) for c in query_counts]
+        if len(counts) != len(seqs):
+            raise _c.InvalidArgumentError(
+                f"query_counts: {len(counts)} counts for {len(seqs)} sequences", _c.PKV_E_INVALID_ARGUMENT
+            )
+        self._pool = pool
+        self._seqs = seqs  # alive while the plan is: their GC would free them
+        self._lock = threading.Lock()
+        ptr = pool._call(_c.pkv_batch_prepare, ([s.id for s in seqs], counts), stream_ptr(stream))
+        self._h = Handle(ptr, _c.pkv_batch_destroy, "batch")
+        try:
+            self._info = BatchInfo._from_c(_c.pkv_batch_get_info(ptr))
+        except BaseException:
+            self._h.close()
+            raise
+
+    # ------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Destroys the plan (after any call in flight). Idempotent."""
+        h = getattr(self, "_h", None)
+        if h is not None:
+            h.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._h.closed
+
+    def __enter__(self) -> "Batch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        ptr = self._h.acquire()
+        try:
+            with self._lock:
+                return fn(ptr, *args)
+        finally:
+            self._h.release()
+
+    # ------------------------------------------------------------ plan
+
+    @property
+    def pool(self) -> Pool:
+        return self._pool
+
+    @property
+    def sequences(self) -> List[Sequence]:
+        return list(self._seqs)
+
+    def info(self) -> BatchInfo:
+        return self._info
+
+    @property
+    def num_tokens(self) -> int:
+        """Total queries: the rows of q, k, v and out."""
+        return self._info.num_tokens
+
+    @property
+    def num_seqs(self) -> int:
+        return self._info.num_seqs
+
+    def plan(self, which: Union[PlanArray, int]) -> TensorView:
+        """A zero-copy view of one plan array (on the pool's device); it
+        keeps the plan alive while in use."""
+        ptr = self._h.acquire()
+        try:
+            with self._lock:
+                t = _c.pkv_batch_plan_tensor(ptr, int(PlanArray(which)))
+        except BaseException:
+            self._h.release()
+            raise
+        return TensorView(t, self._h)
+
+    def plan_arrays(self) -> Dict[str, TensorView]:
+        """Every plan array by lower-case name (slot_mapping, query_indptr,
+        page_indptr, page_indices, last_page_len, context_lens)."""
+        return {p.name.lower(): self.plan(p) for p in PlanArray}
+
+    # ------------------------------------------------------------ kernels
+
+    def _tensor(self, x: Any, name: str, dtype: Optional[DType], shape: Seq[Optional[int]], stream: int, writable: bool = False) -> Any:
+        desc = describe(x, name, stream=stream, expect=dtype)
+        check(desc, name, dtype=dtype, device=self._pool.device, shape=shape, writable=writable)
+        return desc
+
+    def cache_write(self, layer: int, k: Any, v: Any, stream: Any = None) -> None:
+        """Scatters the step's new keys and values, each [num_tokens,
+        num_kv_heads, head_dim] of the pool's dtype and device, into layer."""
+        s = stream_ptr(stream)
+        p = self._pool
+        shape = (self._info.num_tokens, p.num_kv_heads, p.head_dim)
+        kd = self._tensor(k, "k", p.dtype, shape, s)
+        vd = self._tensor(v, "v", p.dtype, shape, s)
+        self._call(_c.pkv_cache_write, int(layer), kd.as_c(p.device), vd.as_c(p.device), s)
+
+    def attention(
+        self,
+        layer: int,
+        q: Any,
+        out: Any = None,
+        *,
+        lse: Any = None,
+        softmax_scale: float = 0.0,
+        sliding_window: int = 0,
+        logit_softcap: float = 0.0,
+        stream: Any = None,
+    ) -> Union[Any, Tuple[Any, Any]]:
+        """Paged attention of every query of the plan over its sequence.
+
+        q: [num_tokens, num_q_heads, head_dim] (num_q_heads a multiple of
+        num_kv_heads). out: same shape and dtype (allocated like q when None).
+        lse: None, True (allocate) or a float32 [num_tokens, num_q_heads]
+        tensor for the log-sum-exp. softmax_scale 0 means 1/sqrt(head_dim).
+        Returns out, or (out, lse) when lse was asked for.
+        """
+        s = stream_ptr(stream)
+        p = self._pool
+        qd = self._tensor(q, "q", p.dtype, (self._info.num_tokens, None, p.head_dim), s)
+        heads = qd.shape[1]
+        if p.num_kv_heads and heads % p.num_kv_heads:
+            raise _c.InvalidArgumentError(
+                f"q: {heads} query heads is not a multiple of the pool's {p.num_kv_heads} KV heads",
+                _c.PKV_E_INVALID_ARGUMENT,
+            )
+        if out is None:
+            out = empty_like(q)
+        od = self._tensor(out, "out", p.dtype, qd.shape, s, writable=True)
+        want_lse = lse is not None and lse is not False
+        ld = None
+        if want_lse:
+            if lse is True:
+                lse = empty_like(q, (qd.shape[0], heads), float32=True)
+            ld = self._tensor(lse, "lse", DType.F32, (qd.shape[0], heads), s, writable=True)
+        params = {
+            "softmax_scale": float(softmax_scale),
+            "sliding_window": int(sliding_window),
+            "logit_softcap": float(logit_softcap),
+        }
+        dev = p.device
+        self._call(
+            _c.pkv_attention_forward,
+            int(layer),
+            qd.as_c(dev),
+            od.as_c(dev),
+            ld.as_c(dev) if ld is not None else None,
+            params,
+            s,
+        )
+        return (out, lse) if want_lse else out
+
+    def __repr__(self) -> str:
+        i = self._info
+        return f"<pagedkv.Batch {i.num_seqs} seqs, {i.num_tokens} tokens, {i.num_pages} pages>"

@@ -1,0 +1,46 @@
+"""Prefix hashing without a pool, for routers predicting cache hits."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, List, Optional
+
+from . import _pagedkv as _c
+from ._types import HashAlgo, MMItemLike, mm_tuples
+
+
+def hash_size(algo: Any = HashAlgo.SHA256_CBOR) -> int:
+    """Digest length in bytes of a hash algorithm."""
+    return HashAlgo.parse(algo).digest_size
+
+
+def hash_root(algo: Any = HashAlgo.SHA256_CBOR, seed: str = "") -> bytes:
+    """The root hash h_{-1} = H(cbor(seed))."""
+    a = HashAlgo.parse(algo)
+    return _c.pkv_hash_root(int(a), seed)[: a.digest_size]
+
+
+def hash_prefix(
+    tokens: Any,
+    *,
+    block_size: int = 16,
+    algo: Any = HashAlgo.SHA256_CBOR,
+    seed: str = "",
+    lora_id: int = 0,
+    cache_salt: Optional[str] = None,
+    mm_items: Iterable[MMItemLike] = (),
+) -> List[bytes]:
+    """Chained hashes of the full blocks of tokens, exactly as a pool with the
+    same block_size, algo and seed computes them (vLLM-compatible for
+    sha256_cbor). Returns floor(len(tokens) / block_size) digests."""
+    a = HashAlgo.parse(algo)
+    opts = {
+        "algo": int(a),
+        "block_size": int(block_size),
+        "seed": seed,
+        "lora_id": int(lora_id),
+        "cache_salt": cache_salt,
+        "mm_items": mm_tuples(mm_items),
+    }
+    capacity = len(tokens) // block_size if block_size > 0 else 0
+    hashes = _c.pkv_hash_prefix(opts, tokens, capacity)
+    return [h[: a.digest_size] for h in hashes]

@@ -1,0 +1,441 @@
+"""Pool and Sequence: the block manager, prefix cache and KV storage."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Sequence as Seq, Union
+
+from . import _pagedkv as _c
+from ._handle import Handle
+from ._tensor import TensorView, describe, stream_ptr
+from ._types import (
+    KV,
+    Device,
+    DeviceType,
+    DType,
+    Event,
+    HashAlgo,
+    MMItemLike,
+    PoolOptions,
+    PoolStats,
+    SequenceInfo,
+    mm_tuples,
+)
+
+if TYPE_CHECKING:
+    from ._batch import Batch
+
+Tokens = Union[Seq[int], Any]  # any int sequence or int32 buffer (numpy, array.array)
+
+_EVENT_CHUNK = 256
+
+
+class Pool:
+    """A KV block pool: block manager, prefix cache and (optionally) the KV
+    storage of ``num_layers`` layers.
+
+    Every argument is optional; omitted ones take the library's defaults
+    (block_size 16, sha256_cbor hashing, prefix caching on, bf16, CPU). With
+    ``num_layers == 0`` the pool manages block tables only.
+
+    A Pool is a context manager; ``close()`` is idempotent. Sequences and
+    step plans keep their pool alive; operations on a closed pool raise
+    :class:`InvalidStateError`. Every method may be called from any thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_blocks: Optional[int] = None,
+        block_size: Optional[int] = None,
+        memory_budget_bytes: Optional[int] = None,
+        num_layers: Optional[int] = None,
+        num_kv_heads: Optional[int] = None,
+        head_dim: Optional[int] = None,
+        dtype: Any = None,
+        device: Any = None,
+        hash_algo: Any = None,
+        hash_seed: Optional[str] = None,
+        enable_prefix_caching: Optional[bool] = None,
+        sliding_window: Optional[int] = None,
+        enable_events: Optional[bool] = None,
+        max_events: Optional[int] = None,
+        num_threads: Optional[int] = None,
+    ) -> None:
+        opts: dict = {}
+        for key, value in (
+            ("num_blocks", num_blocks),
+            ("block_size", block_size),
+            ("memory_budget_bytes", memory_budget_bytes),
+            ("num_layers", num_layers),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+            ("sliding_window", sliding_window),
+            ("max_events", max_events),
+            ("num_threads", num_threads),
+        ):
+            if value is not None:
+                opts[key] = int(value)
+        if dtype is not None:
+            opts["dtype"] = int(DType.parse(dtype))
+        if device is not None:
+            dev = Device.parse(device)
+            opts["device_type"] = int(dev.type)
+            opts["device_id"] = dev.index
+        if hash_algo is not None:
+            opts["hash_algo"] = int(HashAlgo.parse(hash_algo))
+        if hash_seed is not None:
+            opts["hash_seed"] = hash_seed
+        if enable_prefix_caching is not None:
+            opts["enable_prefix_caching"] = int(bool(enable_prefix_caching))
+        if enable_events is not None:
+            opts["enable_events"] = int(bool(enable_events))
+        ptr = _c.pkv_pool_create(opts)
+        self._h = Handle(ptr, _c.pkv_pool_destroy, "pool")
+        try:
+            self._options = PoolOptions._from_c(_c.pkv_pool_get_options(ptr))
+            self._bytes_per_block = int(_c.pkv_pool_bytes_per_block(ptr))
+        except BaseException:
+            self._h.close()
+            raise
+        self._digest = self._options.hash_algo.digest_size
+
+    # ------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Releases the pool. Idempotent. Views of its storage keep the
+        memory until they are gone; every other call raises afterwards."""
+        h = getattr(self, "_h", None)
+        if h is not None:
+            h.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._h.closed
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        ptr = self._h.acquire()
+        try:
+            return fn(ptr, *args)
+        finally:
+            self._h.release()
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def options(self) -> PoolOptions:
+        """The options the pool was created with, num_blocks resolved."""
+        return self._options
+
+    @property
+    def block_size(self) -> int:
+        return self._options.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        """Total blocks, the null block included."""
+        return self._options.num_blocks
+
+    @property
+    def num_layers(self) -> int:
+        return self._options.num_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self._options.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self._options.head_dim
+
+    @property
+    def dtype(self) -> DType:
+        return self._options.dtype
+
+    @property
+    def device(self) -> Device:
+        return self._options.device
+
+    @property
+    def hash_algo(self) -> HashAlgo:
+        return self._options.hash_algo
+
+    @property
+    def bytes_per_block(self) -> int:
+        """K plus V bytes one block takes over all layers (0 without storage)."""
+        return self._bytes_per_block
+
+    @property
+    def has_storage(self) -> bool:
+        return self._options.num_layers > 0
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self.num_blocks} blocks of {self.block_size}"
+        return f"<pagedkv.Pool {state}, {self.num_layers} layers, {self.dtype}, {self.device}>"
+
+    # ------------------------------------------------------------ state
+
+    def stats(self) -> PoolStats:
+        """A snapshot of the pool's counters."""
+        return PoolStats._from_c(self._call(_c.pkv_pool_get_stats))
+
+    def events(self, max_events: Optional[int] = None) -> Iterator[Event]:
+        """Drains recorded KV events (enable_events=True), oldest first.
+
+        Events are removed from the pool as the iterator advances (in chunks);
+        it ends when none are left or after max_events."""
+        left = math.inf if max_events is None else int(max_events)
+        while left > 0:
+            chunk = self._call(_c.pkv_pool_drain_events, int(min(left, _EVENT_CHUNK)))
+            for e in chunk:
+                yield Event._from_c(e, self._digest)
+            left -= len(chunk)
+            if len(chunk) < _EVENT_CHUNK:
+                return
+
+    def validate(self) -> None:
+        """Checks every invariant; raises InvariantError naming a broken one."""
+        self._call(_c.pkv_pool_validate)
+
+    def reset_prefix_cache(self) -> None:
+        """Forgets every cached hash (an ALL_CLEARED event is recorded)."""
+        self._call(_c.pkv_pool_reset_prefix_cache)
+
+    # ------------------------------------------------------------ storage
+
+    def kv_tensor(self, layer: int, which: Union[KV, str, int]) -> TensorView:
+        """A zero-copy view of one layer's K or V storage, shape [num_blocks,
+        num_kv_heads, block_size, head_dim]. The view keeps the storage alive
+        (even past close()) until it and arrays made from it are gone."""
+        ptr = self._h.acquire()
+        try:
+            t = _c.pkv_pool_kv_tensor(ptr, int(layer), int(KV.parse(which)))
+        except BaseException:
+            self._h.release()
+            raise
+        return TensorView(t, self._h)  # the view releases our reference
+
+    def kv_caches(self) -> List[tuple]:
+        """[(k_view, v_view)] for every layer."""
+        return [(self.kv_tensor(i, KV.KEY), self.kv_tensor(i, KV.VALUE)) for i in range(self.num_layers)]
+
+    def copy_blocks(self, src: Tokens, dst: Tokens, stream: Any = None) -> None:
+        """Copies blocks src[i] -> dst[i] in every layer, K and V."""
+        self._call(_c.pkv_pool_copy_blocks, (src, dst), stream_ptr(stream))
+
+    def swap_out(self, blocks: Tokens, buffer: Any = None, stream: Any = None) -> Any:
+        """Copies the given blocks' contents into a host buffer laid out
+        [blocks][layers][K,V][heads][block_size][head_dim] (allocated as a
+        numpy uint8 array when None; pinned memory for CUDA pools). Returns
+        the buffer."""
+        n = len(blocks)
+        if buffer is None:
+            import numpy as np
+
+            buffer = np.empty(n * self._bytes_per_block, dtype=np.uint8)
+        self._call(_c.pkv_pool_swap_blocks, blocks, _host_buffer(buffer, writable=True), _c.PKV_SWAP_OUT, stream_ptr(stream))
+        return buffer
+
+    def swap_in(self, blocks: Tokens, buffer: Any, stream: Any = None) -> None:
+        """Copies a buffer written by swap_out back into the given blocks."""
+        self._call(_c.pkv_pool_swap_blocks, blocks, _host_buffer(buffer, writable=False), _c.PKV_SWAP_IN, stream_ptr(stream))
+
+    # ------------------------------------------------------------ sequences
+
+    def create_sequence(
+        self,
+        *,
+        priority: int = 0,
+        lora_id: int = 0,
+        cache_salt: Optional[str] = None,
+        mm_items: Iterable[MMItemLike] = (),
+    ) -> "Sequence":
+        """A new empty sequence. It is freed by free(), by leaving its `with`
+        block, or when the Sequence object is garbage collected."""
+        opts = {"priority": int(priority), "lora_id": int(lora_id), "cache_salt": cache_salt, "mm_items": mm_tuples(mm_items)}
+        return Sequence(self, self._call(_c.pkv_seq_create, opts))
+
+    def prepare(self, seqs: Seq["Sequence"], query_counts: Union[int, Seq[int]] = 1, stream: Any = None) -> "Batch":
+        """The step plan for seqs, each with query_counts[i] new tokens (an
+        int applies to all: 1 for decode)."""
+        from ._batch import Batch
+
+        return Batch(self, seqs, query_counts, stream)
+
+    def hash_prefix(
+        self,
+        tokens: Tokens,
+        *,
+        lora_id: int = 0,
+        cache_salt: Optional[str] = None,
+        mm_items: Iterable[MMItemLike] = (),
+    ) -> List[bytes]:
+        """The block hashes this pool would give tokens' full blocks."""
+        from ._hash import hash_prefix
+
+        o = self._options
+        return hash_prefix(
+            tokens,
+            block_size=o.block_size,
+            algo=o.hash_algo,
+            seed=o.hash_seed,
+            lora_id=lora_id,
+            cache_salt=cache_salt,
+            mm_items=mm_items,
+        )
+
+
+def _host_buffer(buffer: Any, writable: bool) -> Any:
+    """A buffer-protocol object as is, else (address, nbytes) of a host
+    tensor (e.g. pinned torch memory) described without a copy."""
+    try:
+        memoryview(buffer).release()
+        return buffer
+    except TypeError:
+        pass
+    desc = describe(buffer, "buffer")
+    if desc.device is None or desc.device.type != DeviceType.CPU:
+        raise _c.InvalidArgumentError("buffer: expected host (CPU or pinned) memory", _c.PKV_E_INVALID_ARGUMENT)
+    dense = desc.strides == tuple(math.prod(desc.shape[i + 1 :]) for i in range(len(desc.shape)))
+    if not dense:
+        raise _c.InvalidArgumentError("buffer: expected a contiguous tensor", _c.PKV_E_INVALID_ARGUMENT)
+    if writable and desc.readonly:
+        raise _c.InvalidArgumentError("buffer: read-only", _c.PKV_E_INVALID_ARGUMENT)
+    return (desc.data + desc.byte_offset, desc.nbytes)
+
+
+class Sequence:
+    """One request's tokens and block table in a pool.
+
+    Holds a reference to its pool, so the pool stays usable while the
+    sequence lives. Freed by free() (idempotent), by leaving a `with` block,
+    or when garbage collected. Calls on a freed sequence raise NotFoundError
+    (the library sees a stale id).
+    """
+
+    __slots__ = ("_pool", "_id", "_freed", "__weakref__")
+
+    def __init__(self, pool: Pool, seq_id: int) -> None:
+        self._pool = pool
+        self._id = int(seq_id)
+        self._freed = False
+
+    @property
+    def id(self) -> int:
+        """The library's pkv_seq_id (slot and generation)."""
+        return self._id
+
+    @property
+    def pool(self) -> Pool:
+        return self._pool
+
+    @property
+    def freed(self) -> bool:
+        return self._freed
+
+    def match_prefix(self, tokens: Tokens) -> int:
+        """For an empty sequence: attaches the longest cached run of leading
+        full blocks of tokens (leaving at least one token to compute) and
+        returns how many tokens it covers."""
+        return int(self._pool._call(_c.pkv_seq_match_prefix, self._id, tokens))
+
+    def append(self, tokens: Tokens, lookahead: int = 0) -> None:
+        """Appends tokens (their KV is written by the next step) and reserves
+        lookahead further slots. All or nothing: OutOfBlocksError changes
+        nothing."""
+        self._pool._call(_c.pkv_seq_append, self._id, tokens, int(lookahead))
+
+    def blocks_needed(self, num_tokens: int, lookahead: int = 0) -> int:
+        """Free blocks an append of num_tokens (+ lookahead) would take."""
+        return int(self._pool._call(_c.pkv_seq_blocks_needed, self._id, int(num_tokens), int(lookahead)))
+
+    def fork(self) -> "Sequence":
+        """A child sharing every block (copy-on-write on the shared tail)."""
+        return Sequence(self._pool, self._pool._call(_c.pkv_seq_fork, self._id))
+
+    def truncate(self, num_tokens: int) -> None:
+        """Keeps the first num_tokens tokens, releasing emptied blocks."""
+        self._pool._call(_c.pkv_seq_truncate, self._id, int(num_tokens))
+
+    def free(self) -> None:
+        """Releases the sequence and its blocks. Idempotent; a no-op once the
+        pool is closed (closing released everything)."""
+        if self._freed:
+            return
+        h = self._pool._h
+        try:
+            ptr = h.acquire()
+        except _c.InvalidStateError:
+            self._freed = True
+            return
+        try:
+            _c.pkv_seq_free(ptr, self._id)
+            self._freed = True
+        finally:
+            h.release()
+
+    def info(self) -> SequenceInfo:
+        return SequenceInfo._from_c(self._pool._call(_c.pkv_seq_get_info, self._id))
+
+    @property
+    def num_tokens(self) -> int:
+        return self.info().num_tokens
+
+    def __len__(self) -> int:
+        return self.info().num_tokens
+
+    def block_table(self) -> List[int]:
+        """Block ids in order (0, the null block, where a sliding window
+        released one)."""
+        cap = self.info().num_blocks
+        while True:
+            try:
+                return self._pool._call(_c.pkv_seq_get_block_table, self._id, cap)
+            except _c.BufferTooSmallError:  # grew on another thread meanwhile
+                cap = max(2 * cap, self.info().num_blocks)
+
+    def block_hashes(self) -> List[bytes]:
+        """Hashes of the full blocks, in order."""
+        cap = self.info().num_blocks
+        while True:
+            try:
+                hashes = self._pool._call(_c.pkv_seq_get_block_hashes, self._id, cap)
+                d = self._pool._digest
+                return [h[:d] for h in hashes]
+            except _c.BufferTooSmallError:
+                cap = max(2 * cap, self.info().num_blocks + 1)
+
+    def __enter__(self) -> "Sequence":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.free()
+
+    def __del__(self) -> None:
+        try:
+            if not self._freed:
+                self.free()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "freed" if self._freed else "live"
+        return f"<pagedkv.Sequence id={self._id:#x} {state}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and other._pool is self._pool and other._id == self._id
+
+    def __hash__(self) -> int:
+        return hash((id(self._pool), self._id))

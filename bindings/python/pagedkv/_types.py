@@ -1,0 +1,344 @@
+"""Enumerations and result records of the pagedkv package."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+from typing import Any, Optional, Tuple, Union
+
+from . import _pagedkv as _c
+
+
+class DType(enum.IntEnum):
+    """Element types (``PKV_DTYPE_*``)."""
+
+    F32 = _c.PKV_DTYPE_F32
+    F16 = _c.PKV_DTYPE_F16
+    BF16 = _c.PKV_DTYPE_BF16
+    I32 = _c.PKV_DTYPE_I32
+    I64 = _c.PKV_DTYPE_I64
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return int(_c.pkv_dtype_size(int(self)))
+
+    @classmethod
+    def parse(cls, value: Any) -> "DType":
+        """A DType from a DType/int, a name ("bf16", "float16", ...), a numpy
+        dtype (bfloat16 through ml_dtypes) or a torch dtype."""
+        if isinstance(value, DType):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(value)
+        name = getattr(value, "name", None) if not isinstance(value, str) else value
+        if name is None or not isinstance(name, str):
+            name = str(value)
+        key = name.lower().replace("torch.", "").replace("numpy.", "")
+        try:
+            return _DTYPE_NAMES[key]
+        except KeyError:
+            raise ValueError(f"unknown dtype {value!r}; expected one of f32, f16, bf16, i32, i64") from None
+
+    def __str__(self) -> str:
+        return _DTYPE_STR[self]
+
+
+_DTYPE_NAMES = {
+    "f32": DType.F32,
+    "fp32": DType.F32,
+    "float32": DType.F32,
+    "float": DType.F32,
+    "f16": DType.F16,
+    "fp16": DType.F16,
+    "float16": DType.F16,
+    "half": DType.F16,
+    "bf16": DType.BF16,
+    "bfloat16": DType.BF16,
+    "i32": DType.I32,
+    "int32": DType.I32,
+    "i64": DType.I64,
+    "int64": DType.I64,
+    "long": DType.I64,
+}
+_DTYPE_STR = {
+    DType.F32: "float32",
+    DType.F16: "float16",
+    DType.BF16: "bfloat16",
+    DType.I32: "int32",
+    DType.I64: "int64",
+}
+
+
+class DeviceType(enum.IntEnum):
+    """Device kinds (DLPack numbering, ``PKV_DEVICE_*``)."""
+
+    CPU = _c.PKV_DEVICE_CPU
+    CUDA = _c.PKV_DEVICE_CUDA
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device: ``Device.parse("cuda:1")``, ``str(dev) == "cuda:1"``."""
+
+    type: DeviceType
+    index: int = 0
+
+    @classmethod
+    def parse(cls, value: Any) -> "Device":
+        """From a Device, "cpu", "cuda", "cuda:N", a torch.device or an int
+        (a CUDA ordinal)."""
+        if isinstance(value, Device):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(DeviceType.CUDA, value)
+        text = str(value).strip().lower()
+        kind, _, idx = text.partition(":")
+        if kind not in ("cpu", "cuda") or (idx and not idx.isdigit()):
+            raise ValueError(f"unknown device {value!r}; expected 'cpu', 'cuda' or 'cuda:N'")
+        if kind == "cpu":
+            return cls(DeviceType.CPU, 0)
+        return cls(DeviceType.CUDA, int(idx) if idx else 0)
+
+    def __str__(self) -> str:
+        return "cpu" if self.type == DeviceType.CPU else f"cuda:{self.index}"
+
+
+CPU = Device(DeviceType.CPU, 0)
+
+
+class HashAlgo(enum.IntEnum):
+    """Block hash functions (``PKV_HASH_*``)."""
+
+    SHA256_CBOR = _c.PKV_HASH_SHA256_CBOR
+    XXH3_128 = _c.PKV_HASH_XXH3_128
+
+    @property
+    def digest_size(self) -> int:
+        return int(_c.pkv_hash_size(int(self)))
+
+    @classmethod
+    def parse(cls, value: Any) -> "HashAlgo":
+        if isinstance(value, HashAlgo):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(value)
+        key = str(value).lower().replace("-", "_")
+        for algo, names in ((cls.SHA256_CBOR, ("sha256_cbor", "sha256")), (cls.XXH3_128, ("xxh3_128", "xxh3"))):
+            if key in names:
+                return algo
+        raise ValueError(f"unknown hash algorithm {value!r}; expected 'sha256_cbor' or 'xxh3_128'")
+
+
+class EventType(enum.IntEnum):
+    """KV cache event kinds (``PKV_EVENT_*``)."""
+
+    BLOCK_STORED = _c.PKV_EVENT_BLOCK_STORED
+    BLOCK_REMOVED = _c.PKV_EVENT_BLOCK_REMOVED
+    ALL_CLEARED = _c.PKV_EVENT_ALL_CLEARED
+
+
+class KV(enum.IntEnum):
+    """Which half of a layer's cache (``PKV_KV_*``)."""
+
+    KEY = _c.PKV_KV_KEY
+    VALUE = _c.PKV_KV_VALUE
+
+    @classmethod
+    def parse(cls, value: Any) -> "KV":
+        if isinstance(value, KV):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(value)
+        key = str(value).lower()
+        if key in ("k", "key", "keys"):
+            return cls.KEY
+        if key in ("v", "value", "values"):
+            return cls.VALUE
+        raise ValueError(f"unknown cache half {value!r}; expected 'k' or 'v'")
+
+
+class PlanArray(enum.IntEnum):
+    """Arrays of a step plan (``PKV_PLAN_*``)."""
+
+    SLOT_MAPPING = _c.PKV_PLAN_SLOT_MAPPING
+    QUERY_INDPTR = _c.PKV_PLAN_QUERY_INDPTR
+    PAGE_INDPTR = _c.PKV_PLAN_PAGE_INDPTR
+    PAGE_INDICES = _c.PKV_PLAN_PAGE_INDICES
+    LAST_PAGE_LEN = _c.PKV_PLAN_LAST_PAGE_LEN
+    CONTEXT_LENS = _c.PKV_PLAN_CONTEXT_LENS
+
+
+@dataclass(frozen=True)
+class MMItem:
+    """A multimodal item covering tokens [offset, offset + length), named by
+    a content hash string."""
+
+    offset: int
+    length: int
+    hash: str
+
+
+MMItemLike = Union[MMItem, Tuple[int, int, str]]
+
+
+def mm_tuples(items: Any) -> list:
+    out = []
+    for it in items or ():
+        if isinstance(it, MMItem):
+            out.append((it.offset, it.length, it.hash))
+        else:
+            off, length, h = it
+            out.append((int(off), int(length), h))
+    return out
+
+
+def _copy_fields(cls: Any, struct: Any, **override: Any) -> Any:
+    values = {}
+    for f in fields(cls):
+        values[f.name] = override[f.name] if f.name in override else getattr(struct, f.name)
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """The options a pool was created with (num_blocks resolved)."""
+
+    block_size: int
+    num_blocks: int
+    memory_budget_bytes: int
+    hash_algo: HashAlgo
+    enable_prefix_caching: bool
+    hash_seed: str
+    sliding_window: int
+    enable_events: bool
+    max_events: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: DType
+    device: Device
+    num_threads: int
+
+    @classmethod
+    def _from_c(cls, s: Any) -> "PoolOptions":
+        return _copy_fields(
+            cls,
+            s,
+            hash_algo=HashAlgo(s.hash_algo),
+            enable_prefix_caching=bool(s.enable_prefix_caching),
+            enable_events=bool(s.enable_events),
+            hash_seed=s.hash_seed or "",
+            dtype=DType(s.dtype),
+            device=Device(DeviceType(s.device_type), s.device_id),
+        )
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """A snapshot of a pool's counters (``pkv_pool_stats``)."""
+
+    block_size: int
+    num_blocks: int
+    num_free_blocks: int
+    num_used_blocks: int
+    num_cached_blocks: int
+    num_seqs: int
+    num_tokens: int
+    usage: float
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    num_evictions: int
+    num_cow_copies: int
+    num_events_dropped: int
+    kv_bytes_per_block: int
+    kv_bytes_allocated: int
+    kv_bytes_used: int
+    kv_bytes_wasted: int
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """prefix_hit_tokens / prefix_query_tokens (0 before any query)."""
+        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
+
+    @classmethod
+    def _from_c(cls, s: Any) -> "PoolStats":
+        return _copy_fields(cls, s)
+
+
+@dataclass(frozen=True)
+class SequenceInfo:
+    """A snapshot of one sequence (``pkv_seq_info``)."""
+
+    priority: int
+    num_tokens: int
+    num_cached_tokens: int
+    num_blocks: int
+    num_slots: int
+    lora_id: int
+
+    @classmethod
+    def _from_c(cls, s: Any) -> "SequenceInfo":
+        return _copy_fields(cls, s)
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """Sizes of a step plan (``pkv_batch_info``)."""
+
+    num_seqs: int
+    num_tokens: int
+    num_pages: int
+    max_context: int
+    max_query: int
+    block_size: int
+
+    @classmethod
+    def _from_c(cls, s: Any) -> "BatchInfo":
+        return _copy_fields(cls, s)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One KV cache event; hashes are trimmed to the pool's digest size."""
+
+    seq_no: int
+    type: EventType
+    block_id: int
+    block_hash: bytes
+    parent_hash: Optional[bytes]
+    num_tokens: int
+    lora_id: int
+
+    @classmethod
+    def _from_c(cls, e: Any, digest_size: int) -> "Event":
+        return cls(
+            seq_no=e.seq_no,
+            type=EventType(e.type),
+            block_id=e.block_id,
+            block_hash=e.block_hash[:digest_size],
+            parent_hash=e.parent_hash[:digest_size] if e.has_parent else None,
+            num_tokens=e.num_tokens,
+            lora_id=e.lora_id,
+        )
+
+
+@dataclass(frozen=True)
+class Features:
+    """What the loaded library was built with (``pkv_features``)."""
+
+    cuda: bool
+    xxhash: bool
+    sha256: bool
+    bf16: bool
+    bits: int
+
+    @classmethod
+    def _from_bits(cls, bits: int) -> "Features":
+        return cls(
+            cuda=bool(bits & _c.PKV_FEATURE_CUDA),
+            xxhash=bool(bits & _c.PKV_FEATURE_XXHASH),
+            sha256=bool(bits & _c.PKV_FEATURE_SHA256),
+            bf16=bool(bits & _c.PKV_FEATURE_BF16),
+            bits=bits,
+        )

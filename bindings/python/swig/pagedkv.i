@@ -1,0 +1,882 @@
+/* SWIG interface of the raw module pagedkv._pagedkv: every declaration of the
+ * public C headers, wrapped through typemaps only. The pagedkv package builds
+ * the Pythonic API on top of it.
+ *
+ * Conventions of the raw module:
+ *  - a pkv_status return never reaches Python: PKV_OK becomes the call's
+ *    outputs (or None), a negative code raises the exception class registered
+ *    for it, carrying the message pkv_last_error_copy gave in the same call;
+ *  - out-parameters disappear from the signature and are returned (several
+ *    as a list, in declaration order);
+ *  - (buffer, capacity, &len) outputs take the capacity and return a list;
+ *  - int arrays come from anything with the buffer protocol (zero copy when
+ *    it is contiguous int32) or any sequence of ints;
+ *  - option structs are taken as their proxy object, None (NULL) or a dict of
+ *    field names; string and multimodal fields can only be set through the
+ *    dict (they are borrowed for the call, so nothing dangles or leaks);
+ *  - tensors are a pkv_tensor proxy or the tuple
+ *    (data, byte_offset, dtype, device_type, device_id, shape, strides);
+ *  - void* (data, streams) is None or an int address;
+ *  - the GIL is released around every call that takes the pool lock, runs a
+ *    kernel, hashes or allocates (the %thread list below).
+ */
+%module(package="pagedkv", docstring="Raw SWIG bindings of the pagedkv C ABI (use the pagedkv package).") _pagedkv
+
+%{
+#include <stdlib.h>
+#include <string.h>
+#include "pagedkv/pagedkv.h"
+%}
+
+%include <stdint.i>
+
+/* ------------------------------------------------------------ GIL policy */
+
+/* Built with -threads; accessors and constant-time calls keep the GIL. */
+%nothread;
+%thread pkv_pool_create;
+%thread pkv_pool_destroy;
+%thread pkv_pool_get_options;
+%thread pkv_pool_bytes_per_block;
+%thread pkv_seq_create;
+%thread pkv_seq_match_prefix;
+%thread pkv_seq_append;
+%thread pkv_seq_blocks_needed;
+%thread pkv_seq_fork;
+%thread pkv_seq_truncate;
+%thread pkv_seq_free;
+%thread pkv_seq_get_info;
+%thread pkv_seq_get_block_table;
+%thread pkv_seq_get_block_hashes;
+%thread pkv_pool_get_stats;
+%thread pkv_pool_drain_events;
+%thread pkv_pool_reset_prefix_cache;
+%thread pkv_pool_validate;
+%thread pkv_pool_kv_tensor;
+%thread pkv_pool_copy_blocks;
+%thread pkv_pool_swap_blocks;
+%thread pkv_batch_prepare;
+%thread pkv_batch_destroy;
+%thread pkv_batch_get_info;
+%thread pkv_batch_plan_tensor;
+%thread pkv_cache_write;
+%thread pkv_attention_forward;
+%thread pkv_hash_prefix;
+%thread pkv_hash_root;
+%thread pkv_cuda_device_count;
+
+/* --------------------------------------------------------- status -> raise */
+
+%{
+#define PKV_PY_MAX_CODE 64
+static PyObject* pkv_py_error_classes[PKV_PY_MAX_CODE + 1];
+
+/* Raises the class registered for status with the message of the failed call
+ * (thread-local in the library; read on the thread that made the call, before
+ * any other pagedkv call can replace it). */
+static void pkv_py_raise(pkv_status status) {
+  char small[512];
+  char* text = small;
+  uint64_t n = pkv_last_error_copy(small, sizeof small);
+  if (n >= sizeof small) {
+    char* big = (char*)malloc((size_t)n + 1);
+    if (big) {
+      n = pkv_last_error_copy(big, n + 1);
+      text = big;
+    } else {
+      n = sizeof small - 1;
+    }
+  }
+  if (n == 0) {
+    text = (char*)pkv_status_string(status);
+    n = strlen(text);
+  }
+  PyObject* msg = PyUnicode_DecodeUTF8(text, (Py_ssize_t)n, "replace");
+  if (text != small && text != pkv_status_string(status)) free(text);
+  if (!msg) return;
+  int idx = status < 0 ? -status : 0;
+  PyObject* cls = idx <= PKV_PY_MAX_CODE ? pkv_py_error_classes[idx] : NULL;
+  if (!cls) cls = pkv_py_error_classes[0];
+  if (!cls) {
+    PyErr_Format(PyExc_RuntimeError, "pagedkv status %d: %U", (int)status, msg);
+    Py_DECREF(msg);
+    return;
+  }
+  PyObject* exc = PyObject_CallFunction(cls, "Oi", msg, (int)status);
+  Py_DECREF(msg);
+  if (!exc) return;
+  PyErr_SetObject((PyObject*)Py_TYPE(exc), exc);
+  Py_DECREF(exc);
+}
+%}
+
+%typemap(out) pkv_status {
+  if ($1 != PKV_OK) {
+    pkv_py_raise($1);
+    SWIG_fail;
+  }
+  $result = SWIG_Py_Void();
+}
+
+/* Registers the exception class raised for a status code (0 = fallback).
+ * Called once by the Python part of this module. */
+%inline %{
+void _pkv_register_error(int32_t status, PyObject* cls) {
+  int idx = status < 0 ? -status : status;
+  if (idx > PKV_PY_MAX_CODE) return;
+  Py_XINCREF(cls);
+  Py_XDECREF(pkv_py_error_classes[idx]);
+  pkv_py_error_classes[idx] = cls;
+}
+%}
+
+/* ------------------------------------------------------------ conversions */
+
+%{
+/* None or an int address -> pointer. */
+static int pkv_py_as_ptr(PyObject* obj, const char* name, void** out) {
+  if (obj == Py_None) {
+    *out = NULL;
+    return 1;
+  }
+  if (PyLong_Check(obj)) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
+    if (PyErr_Occurred()) {
+      PyErr_Format(PyExc_OverflowError, "%s: address out of range", name);
+      return 0;
+    }
+    *out = (void*)(uintptr_t)v;
+    return 1;
+  }
+  PyErr_Format(PyExc_TypeError, "%s: expected None or an int address, got %s", name,
+               Py_TYPE(obj)->tp_name);
+  return 0;
+}
+
+static int pkv_py_long_range(PyObject* item, const char* name, Py_ssize_t i, long long lo,
+                             long long hi, long long* out) {
+  if (!PyLong_Check(item) && !PyIndex_Check(item)) {
+    PyErr_Format(PyExc_TypeError, "%s[%zd]: expected an int, got %s", name, i,
+                 Py_TYPE(item)->tp_name);
+    return 0;
+  }
+  int overflow = 0;
+  PyObject* idx = PyNumber_Index(item);
+  if (!idx) return 0;
+  long long v = PyLong_AsLongLongAndOverflow(idx, &overflow);
+  Py_DECREF(idx);
+  if (v == -1 && PyErr_Occurred()) return 0;
+  if (overflow || v < lo || v > hi) {
+    PyErr_Format(PyExc_OverflowError, "%s[%zd]: value out of range [%lld, %lld]", name, i, lo, hi);
+    return 0;
+  }
+  *out = v;
+  return 1;
+}
+
+/* An int32 array from obj: borrowed from a contiguous int32 buffer (zero
+ * copy), otherwise copied from any sequence of ints. *owned tells whether
+ * *data must be freed; view->obj whether the buffer must be released. */
+static int pkv_py_int32_array(PyObject* obj, const char* name, int32_t** data, uint64_t* n,
+                              Py_buffer* view, int* owned) {
+  *owned = 0;
+  view->obj = NULL;
+  if (PyObject_CheckBuffer(obj) &&
+      PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
+    const char* f = view->format ? view->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') ++f;
+    if (view->itemsize == 4 && view->ndim <= 1 && (strcmp(f, "i") == 0 ||
+                                                   (strcmp(f, "l") == 0 && sizeof(long) == 4))) {
+      *data = (int32_t*)view->buf;
+      *n = (uint64_t)(view->len / 4);
+      return 1;
+    }
+    PyBuffer_Release(view);
+    view->obj = NULL;
+  }
+  PyErr_Clear();
+  PyObject* seq = PySequence_Fast(obj, "expected a sequence of ints");
+  if (!seq) {
+    PyErr_Format(PyExc_TypeError, "%s: expected a sequence or buffer of ints, got %s", name,
+                 Py_TYPE(obj)->tp_name);
+    return 0;
+  }
+  Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+  int32_t* buf = (int32_t*)malloc(sizeof(int32_t) * (size_t)(len > 0 ? len : 1));
+  if (!buf) {
+    Py_DECREF(seq);
+    PyErr_NoMemory();
+    return 0;
+  }
+  for (Py_ssize_t i = 0; i < len; ++i) {
+    long long v;
+    if (!pkv_py_long_range(PySequence_Fast_GET_ITEM(seq, i), name, i, INT32_MIN, INT32_MAX, &v)) {
+      free(buf);
+      Py_DECREF(seq);
+      return 0;
+    }
+    buf[i] = (int32_t)v;
+  }
+  Py_DECREF(seq);
+  *data = buf;
+  *n = (uint64_t)len;
+  *owned = 1;
+  return 1;
+}
+
+static void pkv_py_int32_release(int32_t* data, Py_buffer* view, int owned) {
+  if (owned) free(data);
+  if (view->obj) PyBuffer_Release(view);
+}
+
+/* A copied array of unsigned ints of `bytes` width each from any sequence. */
+static void* pkv_py_uint_array(PyObject* obj, const char* name, size_t width,
+                               unsigned long long hi, Py_ssize_t* len_out) {
+  PyObject* seq = PySequence_Fast(obj, "expected a sequence of ints");
+  if (!seq) {
+    PyErr_Format(PyExc_TypeError, "%s: expected a sequence of ints, got %s", name,
+                 Py_TYPE(obj)->tp_name);
+    return NULL;
+  }
+  Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+  unsigned char* buf = (unsigned char*)malloc(width * (size_t)(len > 0 ? len : 1));
+  if (!buf) {
+    Py_DECREF(seq);
+    PyErr_NoMemory();
+    return NULL;
+  }
+  for (Py_ssize_t i = 0; i < len; ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+    PyObject* idx = PyNumber_Index(item);
+    unsigned long long v = idx ? PyLong_AsUnsignedLongLong(idx) : 0;
+    Py_XDECREF(idx);
+    if (!idx || (v == (unsigned long long)-1 && PyErr_Occurred()) || v > hi) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_OverflowError, "%s[%zd]: expected an int in [0, %llu]", name, i, hi);
+      free(buf);
+      Py_DECREF(seq);
+      return NULL;
+    }
+    if (width == 8) {
+      uint64_t x = (uint64_t)v;
+      memcpy(buf + 8 * i, &x, 8);
+    } else {
+      uint32_t x = (uint32_t)v;
+      memcpy(buf + 4 * i, &x, 4);
+    }
+  }
+  Py_DECREF(seq);
+  *len_out = len;
+  return buf;
+}
+
+/* (data, byte_offset, dtype, device_type, device_id, shape, strides) */
+static int pkv_py_tensor_from_tuple(PyObject* t, const char* name, pkv_tensor* out) {
+  memset(out, 0, sizeof *out);
+  if (PyTuple_GET_SIZE(t) != 7) {
+    PyErr_Format(PyExc_TypeError,
+                 "%s: tensor tuple must be (data, byte_offset, dtype, device_type, device_id, "
+                 "shape, strides)", name);
+    return 0;
+  }
+  if (!pkv_py_as_ptr(PyTuple_GET_ITEM(t, 0), name, &out->data)) return 0;
+  unsigned long long off = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 1));
+  long dtype = PyLong_AsLong(PyTuple_GET_ITEM(t, 2));
+  long dev = PyLong_AsLong(PyTuple_GET_ITEM(t, 3));
+  long dev_id = PyLong_AsLong(PyTuple_GET_ITEM(t, 4));
+  if (PyErr_Occurred()) return 0;
+  out->byte_offset = off;
+  out->dtype = (uint32_t)dtype;
+  out->device_type = (int32_t)dev;
+  out->device_id = (int32_t)dev_id;
+  PyObject* shape = PySequence_Fast(PyTuple_GET_ITEM(t, 5), "shape must be a sequence");
+  if (!shape) return 0;
+  Py_ssize_t nd = PySequence_Fast_GET_SIZE(shape);
+  if (nd < 1 || nd > PKV_TENSOR_MAX_DIMS) {
+    Py_DECREF(shape);
+    PyErr_Format(PyExc_ValueError, "%s: ndim %zd outside [1, %d]", name, nd, PKV_TENSOR_MAX_DIMS);
+    return 0;
+  }
+  out->ndim = (int32_t)nd;
+  for (Py_ssize_t i = 0; i < nd; ++i) {
+    out->shape[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(shape, i));
+  }
+  Py_DECREF(shape);
+  if (PyErr_Occurred()) return 0;
+  PyObject* st = PyTuple_GET_ITEM(t, 6);
+  if (st != Py_None) {
+    PyObject* strides = PySequence_Fast(st, "strides must be a sequence or None");
+    if (!strides) return 0;
+    if (PySequence_Fast_GET_SIZE(strides) != nd) {
+      Py_DECREF(strides);
+      PyErr_Format(PyExc_ValueError, "%s: strides and shape differ in length", name);
+      return 0;
+    }
+    for (Py_ssize_t i = 0; i < nd; ++i) {
+      out->strides[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(strides, i));
+    }
+    Py_DECREF(strides);
+    if (PyErr_Occurred()) return 0;
+  }
+  return 1;
+}
+
+/* Sets fields of the struct at ptr from a dict through its SWIG proxy, so
+ * each field gets the generated setter's type and range checks. Keys in
+ * `special` are left to the caller. */
+static int pkv_py_apply_dict(PyObject* dict, void* ptr, swig_type_info* ty, const char* name,
+                             const char* const* special) {
+  if (!PyDict_Check(dict)) {
+    PyErr_Format(PyExc_TypeError, "%s: expected None, a %s or a dict, got %s", name, ty->str,
+                 Py_TYPE(dict)->tp_name);
+    return 0;
+  }
+  PyObject* proxy = SWIG_NewPointerObj(ptr, ty, 0);
+  if (!proxy) return 0;
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  int ok = 1;
+  while (ok && PyDict_Next(dict, &pos, &key, &value)) {
+    const char* k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+    if (!k) {
+      PyErr_Format(PyExc_TypeError, "%s: option names must be str", name);
+      ok = 0;
+      break;
+    }
+    int skip = 0;
+    for (const char* const* s = special; s && *s; ++s) skip |= strcmp(*s, k) == 0;
+    if (!skip && PyObject_SetAttr(proxy, key, value) != 0) ok = 0;
+  }
+  Py_DECREF(proxy);
+  return ok;
+}
+
+/* A string option from the dict, borrowed from a str the scratch list keeps
+ * alive for the call; NULL when absent or None. */
+static int pkv_py_dict_str(PyObject* dict, const char* key, PyObject* keep, const char** out) {
+  PyObject* v = PyDict_GetItemString(dict, key);
+  *out = NULL;
+  if (!v || v == Py_None) return 1;
+  if (!PyUnicode_Check(v)) {
+    PyErr_Format(PyExc_TypeError, "option %s: expected str or None, got %s", key,
+                 Py_TYPE(v)->tp_name);
+    return 0;
+  }
+  const char* s = PyUnicode_AsUTF8(v);
+  if (!s || PyList_Append(keep, v) != 0) return 0;
+  *out = s;
+  return 1;
+}
+
+/* mm_items: a sequence of (offset, length, hash str) -> malloc'd array. */
+static int pkv_py_dict_mm(PyObject* dict, PyObject* keep, pkv_mm_item** items, uint32_t* n) {
+  PyObject* v = PyDict_GetItemString(dict, "mm_items");
+  *items = NULL;
+  *n = 0;
+  if (!v || v == Py_None) return 1;
+  PyObject* seq = PySequence_Fast(v, "option mm_items: expected a sequence of (offset, length, hash)");
+  if (!seq) return 0;
+  Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+  pkv_mm_item* arr = (pkv_mm_item*)calloc((size_t)(len > 0 ? len : 1), sizeof(pkv_mm_item));
+  if (!arr) {
+    Py_DECREF(seq);
+    PyErr_NoMemory();
+    return 0;
+  }
+  for (Py_ssize_t i = 0; i < len; ++i) {
+    PyObject* it = PySequence_Fast_GET_ITEM(seq, i);
+    unsigned long long off, ln;
+    PyObject* h;
+    if (!PyTuple_Check(it) || !PyArg_ParseTuple(it, "KKU", &off, &ln, &h)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_TypeError, "option mm_items[%zd]: expected (offset, length, hash str)", i);
+      free(arr);
+      Py_DECREF(seq);
+      return 0;
+    }
+    const char* hs = PyUnicode_AsUTF8(h);
+    if (!hs || PyList_Append(keep, h) != 0) {
+      free(arr);
+      Py_DECREF(seq);
+      return 0;
+    }
+    arr[i].offset = off;
+    arr[i].length = ln;
+    arr[i].hash = hs;
+  }
+  Py_DECREF(seq);
+  *items = arr;
+  *n = (uint32_t)len;
+  return 1;
+}
+
+static PyObject* pkv_py_hash_list(const pkv_block_hash* h, uint64_t n) {
+  PyObject* list = PyList_New((Py_ssize_t)n);
+  if (!list) return NULL;
+  for (uint64_t i = 0; i < n; ++i) {
+    PyObject* b = PyBytes_FromStringAndSize((const char*)h[i].bytes, PKV_HASH_MAX_BYTES);
+    if (!b) {
+      Py_DECREF(list);
+      return NULL;
+    }
+    PyList_SET_ITEM(list, (Py_ssize_t)i, b);
+  }
+  return list;
+}
+%}
+
+/* void* arguments: data pointers and streams. */
+%typemap(in) void* data, void* stream {
+  if (!pkv_py_as_ptr($input, "$1_name", (void**)&$1)) SWIG_fail;
+}
+%typemap(out) void* data {
+  $result = PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)$1);
+}
+%typemap(typecheck) void* stream = void*;
+
+/* ----------------------------------------------------------- out scalars */
+
+%define PKV_OUT_U64(TYPE, NAME)
+%typemap(in, numinputs=0) TYPE* NAME (TYPE tmp = 0) { $1 = &tmp; }
+%typemap(argout) TYPE* NAME {
+  $result = SWIG_Python_AppendOutput($result, PyLong_FromUnsignedLongLong((unsigned long long)tmp$argnum));
+}
+%enddef
+PKV_OUT_U64(pkv_seq_id, out)
+PKV_OUT_U64(pkv_seq_id, out_child)
+PKV_OUT_U64(uint64_t, out)
+PKV_OUT_U64(uint64_t, out_num_cached)
+PKV_OUT_U64(uint64_t, out_blocks)
+
+%define PKV_OUT_HANDLE(TYPE)
+%typemap(in, numinputs=0) TYPE** out (TYPE* tmp = NULL) { $1 = &tmp; }
+%typemap(argout) TYPE** out {
+  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(tmp$argnum, $descriptor(TYPE*), 0));
+}
+%enddef
+PKV_OUT_HANDLE(pkv_pool)
+PKV_OUT_HANDLE(pkv_batch)
+
+/* Result structs: initialised (struct_size) before the call, returned as an
+ * owned proxy (malloc'd copy; the proxy's destructor frees it). */
+%define PKV_OUT_STRUCT(TYPE, INIT)
+%typemap(in, numinputs=0) TYPE* out (TYPE tmp) {
+  memset(&tmp, 0, sizeof tmp);
+  INIT;
+  $1 = &tmp;
+}
+%typemap(argout) TYPE* out {
+  TYPE* copy = (TYPE*)malloc(sizeof(TYPE));
+  if (!copy) {
+    PyErr_NoMemory();
+    SWIG_fail;
+  }
+  *copy = tmp$argnum;
+  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(copy, $descriptor(TYPE*), SWIG_POINTER_OWN));
+}
+%enddef
+PKV_OUT_STRUCT(pkv_pool_options, pkv_pool_options_init(&tmp))
+PKV_OUT_STRUCT(pkv_seq_info, pkv_seq_info_init(&tmp))
+PKV_OUT_STRUCT(pkv_pool_stats, pkv_pool_stats_init(&tmp))
+PKV_OUT_STRUCT(pkv_batch_info, pkv_batch_info_init(&tmp))
+PKV_OUT_STRUCT(pkv_tensor, (void)0)
+
+/* pkv_hash_root's digest: bytes (PKV_HASH_MAX_BYTES, zero-padded). */
+%typemap(in, numinputs=0) pkv_block_hash* out (pkv_block_hash tmp) {
+  memset(&tmp, 0, sizeof tmp);
+  $1 = &tmp;
+}
+%typemap(argout) pkv_block_hash* out {
+  $result = SWIG_Python_AppendOutput($result,
+      PyBytes_FromStringAndSize((const char*)tmp$argnum.bytes, PKV_HASH_MAX_BYTES));
+}
+
+/* ------------------------------------------- (buffer, capacity, &len) outs */
+
+%typemap(in) (int32_t* out_blocks, uint64_t capacity, uint64_t* out_len) (uint64_t len = 0) {
+  unsigned long long cap = PyLong_AsUnsignedLongLong($input);
+  if (PyErr_Occurred()) SWIG_fail;
+  $2 = cap;
+  $1 = (int32_t*)malloc(sizeof(int32_t) * (size_t)(cap > 0 ? cap : 1));
+  if (!$1) { PyErr_NoMemory(); SWIG_fail; }
+  $3 = &len;
+}
+%typemap(argout) (int32_t* out_blocks, uint64_t capacity, uint64_t* out_len) {
+  uint64_t n = len$argnum < $2 ? len$argnum : $2;
+  PyObject* list = PyList_New((Py_ssize_t)n);
+  if (!list) SWIG_fail;
+  for (uint64_t i = 0; i < n; ++i) PyList_SET_ITEM(list, (Py_ssize_t)i, PyLong_FromLong($1[i]));
+  $result = SWIG_Python_AppendOutput($result, list);
+}
+%typemap(freearg) (int32_t* out_blocks, uint64_t capacity, uint64_t* out_len) { free($1); }
+
+%typemap(in) (pkv_block_hash* out_hashes, uint64_t capacity, uint64_t* out_len) (uint64_t len = 0) {
+  unsigned long long cap = PyLong_AsUnsignedLongLong($input);
+  if (PyErr_Occurred()) SWIG_fail;
+  $2 = cap;
+  $1 = (pkv_block_hash*)calloc((size_t)(cap > 0 ? cap : 1), sizeof(pkv_block_hash));
+  if (!$1) { PyErr_NoMemory(); SWIG_fail; }
+  $3 = &len;
+}
+%typemap(argout) (pkv_block_hash* out_hashes, uint64_t capacity, uint64_t* out_len) {
+  PyObject* list = pkv_py_hash_list($1, len$argnum < $2 ? len$argnum : $2);
+  if (!list) SWIG_fail;
+  $result = SWIG_Python_AppendOutput($result, list);
+}
+%typemap(freearg) (pkv_block_hash* out_hashes, uint64_t capacity, uint64_t* out_len) { free($1); }
+%apply (pkv_block_hash* out_hashes, uint64_t capacity, uint64_t* out_len) {
+  (pkv_block_hash* out_hashes, uint64_t capacity, uint64_t* out_num_blocks) };
+
+%typemap(in) (pkv_event* out, uint64_t capacity, uint64_t* out_count) (uint64_t count = 0) {
+  unsigned long long cap = PyLong_AsUnsignedLongLong($input);
+  if (PyErr_Occurred()) SWIG_fail;
+  $2 = cap;
+  $1 = (pkv_event*)calloc((size_t)(cap > 0 ? cap : 1), sizeof(pkv_event));
+  if (!$1) { PyErr_NoMemory(); SWIG_fail; }
+  $3 = &count;
+}
+%typemap(argout) (pkv_event* out, uint64_t capacity, uint64_t* out_count) {
+  uint64_t n = count$argnum < $2 ? count$argnum : $2;
+  PyObject* list = PyList_New((Py_ssize_t)n);
+  if (!list) SWIG_fail;
+  for (uint64_t i = 0; i < n; ++i) {
+    pkv_event* e = (pkv_event*)malloc(sizeof(pkv_event));
+    if (!e) { Py_DECREF(list); PyErr_NoMemory(); SWIG_fail; }
+    *e = $1[i];
+    PyList_SET_ITEM(list, (Py_ssize_t)i, SWIG_NewPointerObj(e, $descriptor(pkv_event*), SWIG_POINTER_OWN));
+  }
+  $result = SWIG_Python_AppendOutput($result, list);
+}
+%typemap(freearg) (pkv_event* out, uint64_t capacity, uint64_t* out_count) { free($1); }
+
+/* pkv_last_error_copy(buf, capacity): takes the capacity, returns
+ * [full length, copied text]. */
+%typemap(in) (char* buf, uint64_t capacity) {
+  unsigned long long cap = PyLong_AsUnsignedLongLong($input);
+  if (PyErr_Occurred()) SWIG_fail;
+  $2 = cap;
+  $1 = (char*)malloc((size_t)cap + 1);
+  if (!$1) { PyErr_NoMemory(); SWIG_fail; }
+  $1[0] = 0;
+}
+%typemap(argout) (char* buf, uint64_t capacity) {
+  $result = SWIG_Python_AppendOutput($result, PyUnicode_DecodeUTF8($1, (Py_ssize_t)strlen($1), "replace"));
+}
+%typemap(freearg) (char* buf, uint64_t capacity) { free($1); }
+
+/* ------------------------------------------------------------- array ins */
+
+%typemap(in) (const int32_t* tokens, uint64_t num_tokens) (Py_buffer view, int owned = 0) {
+  view.obj = NULL;
+  if (!pkv_py_int32_array($input, "$1_name", (int32_t**)&$1, &$2, &view, &owned)) SWIG_fail;
+}
+%typemap(freearg) (const int32_t* tokens, uint64_t num_tokens) {
+  if ($1 || view$argnum.obj) pkv_py_int32_release((int32_t*)$1, &view$argnum, owned$argnum);
+}
+%apply (const int32_t* tokens, uint64_t num_tokens) { (const int32_t* blocks, uint64_t num_blocks) };
+
+/* pkv_pool_copy_blocks: one argument (src, dst), two equally long int
+ * sequences. */
+%typemap(in) (const int32_t* src, const int32_t* dst, uint64_t num_pairs)
+    (Py_buffer sv, Py_buffer dv, int sown = 0, int down = 0, uint64_t ns = 0, uint64_t nd = 0) {
+  sv.obj = NULL;
+  dv.obj = NULL;
+  if (!PyTuple_Check($input) || PyTuple_GET_SIZE($input) != 2) {
+    PyErr_SetString(PyExc_TypeError, "pairs: expected a tuple (src, dst) of two int sequences");
+    SWIG_fail;
+  }
+  if (!pkv_py_int32_array(PyTuple_GET_ITEM($input, 0), "src", (int32_t**)&$1, &ns, &sv, &sown)) SWIG_fail;
+  if (!pkv_py_int32_array(PyTuple_GET_ITEM($input, 1), "dst", (int32_t**)&$2, &nd, &dv, &down)) SWIG_fail;
+  if (ns != nd) {
+    PyErr_Format(PyExc_ValueError, "src and dst differ in length (%llu vs %llu)",
+                 (unsigned long long)ns, (unsigned long long)nd);
+    SWIG_fail;
+  }
+  $3 = ns;
+}
+%typemap(freearg) (const int32_t* src, const int32_t* dst, uint64_t num_pairs) {
+  if ($1 || sv$argnum.obj) pkv_py_int32_release((int32_t*)$1, &sv$argnum, sown$argnum);
+  if ($2 || dv$argnum.obj) pkv_py_int32_release((int32_t*)$2, &dv$argnum, down$argnum);
+}
+
+/* pkv_batch_prepare: one argument (seqs, query_counts). */
+%typemap(in) (const pkv_seq_id* seqs, const uint32_t* query_counts, uint32_t num_seqs)
+    (Py_ssize_t ns = 0, Py_ssize_t nq = 0) {
+  if (!PyTuple_Check($input) || PyTuple_GET_SIZE($input) != 2) {
+    PyErr_SetString(PyExc_TypeError, "plan: expected a tuple (seq ids, query counts)");
+    SWIG_fail;
+  }
+  $1 = (pkv_seq_id*)pkv_py_uint_array(PyTuple_GET_ITEM($input, 0), "seqs", 8, ~0ULL, &ns);
+  if (!$1) SWIG_fail;
+  $2 = (uint32_t*)pkv_py_uint_array(PyTuple_GET_ITEM($input, 1), "query_counts", 4, 0xffffffffULL, &nq);
+  if (!$2) SWIG_fail;
+  if (ns != nq || ns > 0xffffffffLL) {
+    PyErr_Format(PyExc_ValueError, "seqs and query_counts differ in length (%zd vs %zd)", ns, nq);
+    SWIG_fail;
+  }
+  $3 = (uint32_t)ns;
+}
+%typemap(freearg) (const pkv_seq_id* seqs, const uint32_t* query_counts, uint32_t num_seqs) {
+  free((void*)$1);
+  free((void*)$2);
+}
+
+/* pkv_tensor_init's (ndim, shape): one sequence of ints. */
+%typemap(in) (int32_t ndim, const int64_t* shape) (Py_ssize_t nd = 0) {
+  PyObject* seq = PySequence_Fast($input, "shape: expected a sequence of ints");
+  if (!seq) SWIG_fail;
+  nd = PySequence_Fast_GET_SIZE(seq);
+  $2 = (int64_t*)malloc(sizeof(int64_t) * (size_t)(nd > 0 ? nd : 1));
+  if (!$2) { Py_DECREF(seq); PyErr_NoMemory(); SWIG_fail; }
+  for (Py_ssize_t i = 0; i < nd; ++i) {
+    ((int64_t*)$2)[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+  }
+  Py_DECREF(seq);
+  if (PyErr_Occurred()) SWIG_fail;
+  $1 = (int32_t)nd;
+}
+%typemap(freearg) (int32_t ndim, const int64_t* shape) { free((void*)$2); }
+
+/* pkv_pool_swap_blocks' host buffer: a writable contiguous buffer, or
+ * (address, nbytes) for memory Python cannot describe (pinned torch memory). */
+%typemap(in) (void* host_buffer, uint64_t host_bytes) (Py_buffer view) {
+  view.obj = NULL;
+  if (PyTuple_Check($input) && PyTuple_GET_SIZE($input) == 2) {
+    if (!pkv_py_as_ptr(PyTuple_GET_ITEM($input, 0), "host_buffer", &$1)) SWIG_fail;
+    $2 = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM($input, 1));
+    if (PyErr_Occurred()) SWIG_fail;
+  } else {
+    if (PyObject_GetBuffer($input, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_TypeError,
+                   "host_buffer: expected a writable contiguous buffer or (address, nbytes), got %s",
+                   Py_TYPE($input)->tp_name);
+      SWIG_fail;
+    }
+    $1 = view.buf;
+    $2 = (uint64_t)view.len;
+  }
+}
+%typemap(freearg) (void* host_buffer, uint64_t host_bytes) {
+  if (view$argnum.obj) PyBuffer_Release(&view$argnum);
+}
+
+/* ----------------------------------------------------------- tensor ins */
+
+%typemap(in) const pkv_tensor* (pkv_tensor tmp, void* argp = 0) {
+  if ($input == Py_None) {
+    $1 = NULL;
+  } else if (PyTuple_Check($input)) {
+    if (!pkv_py_tensor_from_tuple($input, "$1_name", &tmp)) SWIG_fail;
+    $1 = &tmp;
+  } else if (SWIG_IsOK(SWIG_ConvertPtr($input, &argp, $descriptor(pkv_tensor*), 0))) {
+    $1 = (pkv_tensor*)argp;
+  } else {
+    PyErr_Format(PyExc_TypeError, "$1_name: expected None, a pkv_tensor or a tensor tuple, got %s",
+                 Py_TYPE($input)->tp_name);
+    SWIG_fail;
+  }
+}
+
+/* -------------------------------------------------------- option structs */
+
+%define PKV_OPTIONS_IN(TYPE, INIT, SPECIAL, FILL)
+%typemap(in) const TYPE* (TYPE tmp, void* argp = 0, PyObject* keep = NULL, pkv_mm_item* mm = NULL) {
+  if ($input == Py_None) {
+    $1 = NULL;
+  } else if (PyDict_Check($input)) {
+    static const char* const special[] = SPECIAL;
+    INIT(&tmp);
+    keep = PyList_New(0);
+    if (!keep) SWIG_fail;
+    if (!pkv_py_apply_dict($input, &tmp, $descriptor(TYPE*), "$1_name", special)) SWIG_fail;
+    FILL
+    $1 = &tmp;
+  } else if (SWIG_IsOK(SWIG_ConvertPtr($input, &argp, $descriptor(TYPE*), 0))) {
+    $1 = (TYPE*)argp;
+  } else {
+    PyErr_Format(PyExc_TypeError, "$1_name: expected None, a TYPE or a dict, got %s",
+                 Py_TYPE($input)->tp_name);
+    SWIG_fail;
+  }
+}
+%typemap(freearg) const TYPE* {
+  Py_XDECREF(keep$argnum);
+  free(mm$argnum);
+}
+%enddef
+
+%define PKV_NO_SPECIAL {NULL} %enddef
+PKV_OPTIONS_IN(pkv_pool_options, pkv_pool_options_init, %arg({"hash_seed", NULL}), %arg(
+  { const char* s = NULL;
+    if (!pkv_py_dict_str($input, "hash_seed", keep, &s)) SWIG_fail;
+    if (s) tmp.hash_seed = s; }))
+PKV_OPTIONS_IN(pkv_seq_options, pkv_seq_options_init, %arg({"cache_salt", "mm_items", "num_mm_items", NULL}), %arg(
+  { if (!pkv_py_dict_str($input, "cache_salt", keep, &tmp.cache_salt)) SWIG_fail;
+    if (!pkv_py_dict_mm($input, keep, &mm, &tmp.num_mm_items)) SWIG_fail;
+    tmp.mm_items = mm; }))
+PKV_OPTIONS_IN(pkv_hash_options, pkv_hash_options_init, %arg({"seed", "cache_salt", "mm_items", "num_mm_items", NULL}), %arg(
+  { const char* s = NULL;
+    if (!pkv_py_dict_str($input, "seed", keep, &s)) SWIG_fail;
+    if (s) tmp.seed = s;
+    if (!pkv_py_dict_str($input, "cache_salt", keep, &tmp.cache_salt)) SWIG_fail;
+    if (!pkv_py_dict_mm($input, keep, &mm, &tmp.num_mm_items)) SWIG_fail;
+    tmp.mm_items = mm; }))
+PKV_OPTIONS_IN(pkv_attention_params, pkv_attention_params_init, PKV_NO_SPECIAL, )
+
+/* Borrowed pointers in option structs can only be set through the dict
+ * form above; proxies expose them read-only. */
+%immutable pkv_pool_options::hash_seed;
+%immutable pkv_seq_options::cache_salt;
+%immutable pkv_seq_options::mm_items;
+%immutable pkv_seq_options::num_mm_items;
+%immutable pkv_hash_options::seed;
+%immutable pkv_hash_options::cache_salt;
+%immutable pkv_hash_options::mm_items;
+%immutable pkv_hash_options::num_mm_items;
+%immutable pkv_mm_item::hash;
+
+/* -------------------------------------------------- struct member arrays */
+
+%typemap(out) uint8_t bytes[ANY] {
+  $result = PyBytes_FromStringAndSize((const char*)$1, $1_dim0);
+}
+%typemap(out) pkv_block_hash* block_hash, pkv_block_hash* parent_hash {
+  $result = PyBytes_FromStringAndSize((const char*)$1->bytes, PKV_HASH_MAX_BYTES);
+}
+%typemap(out) int64_t shape[ANY], int64_t strides[ANY] {
+  $result = PyTuple_New($1_dim0);
+  if (!$result) SWIG_fail;
+  for (Py_ssize_t i = 0; i < $1_dim0; ++i) PyTuple_SET_ITEM($result, i, PyLong_FromLongLong($1[i]));
+}
+%typemap(in) int64_t shape[ANY] (int64_t tmp[PKV_TENSOR_MAX_DIMS]) {
+  PyObject* seq = PySequence_Fast($input, "$1_name: expected a sequence of ints");
+  if (!seq) SWIG_fail;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  if (n > $1_dim0) {
+    Py_DECREF(seq);
+    PyErr_Format(PyExc_ValueError, "$1_name: at most %d entries", (int)$1_dim0);
+    SWIG_fail;
+  }
+  for (Py_ssize_t i = 0; i < $1_dim0; ++i) {
+    tmp[i] = i < n ? PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i)) : 0;
+  }
+  Py_DECREF(seq);
+  if (PyErr_Occurred()) SWIG_fail;
+  $1 = tmp;
+}
+
+%apply int64_t shape[ANY] { int64_t strides[ANY] };
+
+/* ------------------------------------------------------------ the headers */
+
+#define PKV_API
+%include "pagedkv/common.h"
+%include "pagedkv/hash.h"
+%include "pagedkv/pool.h"
+%include "pagedkv/batch.h"
+
+/* ------------------------------------------------------------ exceptions */
+
+%pythoncode %{
+class PagedKVError(Exception):
+    """Base of every error raised by pagedkv.
+
+    ``status`` is the ``PKV_E_*`` code the library returned and ``message``
+    the library's own text naming what was wrong (``str(err)`` too).
+    """
+
+    status = PKV_E_INTERNAL
+
+    def __init__(self, message="", status=None):
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+
+    @property
+    def status_name(self):
+        """The code's name, e.g. ``"PKV_E_OUT_OF_BLOCKS"``."""
+        return pkv_status_string(self.status).split(":", 1)[0]
+
+
+class InvalidArgumentError(PagedKVError, ValueError):
+    """PKV_E_INVALID_ARGUMENT: an argument is NULL, out of range or malformed."""
+
+    status = PKV_E_INVALID_ARGUMENT
+
+
+class NotFoundError(PagedKVError, LookupError):
+    """PKV_E_NOT_FOUND: an unknown or stale sequence id, an unknown block."""
+
+    status = PKV_E_NOT_FOUND
+
+
+class OutOfBlocksError(PagedKVError):
+    """PKV_E_OUT_OF_BLOCKS: not enough free KV blocks; nothing changed."""
+
+    status = PKV_E_OUT_OF_BLOCKS
+
+
+class OutOfMemoryError(PagedKVError, MemoryError):
+    """PKV_E_OUT_OF_MEMORY: a host or device allocation failed."""
+
+    status = PKV_E_OUT_OF_MEMORY
+
+
+class UnsupportedError(PagedKVError, NotImplementedError):
+    """PKV_E_UNSUPPORTED: a valid request this build or device cannot do."""
+
+    status = PKV_E_UNSUPPORTED
+
+
+class CudaError(PagedKVError, RuntimeError):
+    """PKV_E_CUDA: a CUDA runtime call failed."""
+
+    status = PKV_E_CUDA
+
+
+class BufferTooSmallError(PagedKVError):
+    """PKV_E_BUFFER_TOO_SMALL: an output buffer was too small."""
+
+    status = PKV_E_BUFFER_TOO_SMALL
+
+
+class InvalidStateError(PagedKVError, RuntimeError):
+    """PKV_E_INVALID_STATE: the call is not valid now (stale plan, closed pool)."""
+
+    status = PKV_E_INVALID_STATE
+
+
+class InvariantError(PagedKVError, AssertionError):
+    """PKV_E_INVARIANT: validate() found a broken invariant."""
+
+    status = PKV_E_INVARIANT
+
+
+class InternalError(PagedKVError, RuntimeError):
+    """PKV_E_INTERNAL: a bug in pagedkv."""
+
+    status = PKV_E_INTERNAL
+
+
+ERROR_CLASSES = {
+    cls.status: cls
+    for cls in (
+        InvalidArgumentError,
+        NotFoundError,
+        OutOfBlocksError,
+        OutOfMemoryError,
+        UnsupportedError,
+        CudaError,
+        BufferTooSmallError,
+        InvalidStateError,
+        InvariantError,
+        InternalError,
+    )
+}
+_pkv_register_error(0, PagedKVError)
+for _code, _cls in ERROR_CLASSES.items():
+    _pkv_register_error(_code, _cls)
+del _code, _cls
+%}
