@@ -1,0 +1,110 @@
+// pagedkv/batch.h: step plans, cache writes, attention.
+#include "capi_util.h"
+
+namespace pc = pkv_capi;
+using pagedkv::Errc;
+using pagedkv::fail;
+
+namespace {
+
+pagedkv::Batch& batch_of(const pkv_batch* b) {
+  pc::require(b, "batch");
+  return *b->impl;
+}
+
+}  // namespace
+
+extern "C" {
+
+pkv_status pkv_batch_prepare(pkv_pool* pool, const pkv_seq_id* seqs, const uint32_t* query_counts,
+                             uint32_t num_seqs, void* stream, pkv_batch** out) {
+  PKV_GUARD({
+    pc::require(pool, "pool");
+    if (num_seqs > 0) {
+      pc::require(seqs, "seqs");
+      pc::require(query_counts, "query_counts");
+    }
+    pc::require(out, "out");
+    auto b = std::make_unique<pkv_batch>();
+    b->impl = pagedkv::Batch::prepare(pool->impl, seqs, query_counts, num_seqs, stream);
+    *out = b.release();
+  });
+}
+
+void pkv_batch_destroy(pkv_batch* batch) {
+  delete batch;  // ~Batch is noexcept and frees its plan memory
+}
+
+void pkv_batch_info_init(pkv_batch_info* info) {
+  if (!info) return;
+  std::memset(info, 0, sizeof *info);
+  info->struct_size = sizeof *info;
+}
+
+pkv_status pkv_batch_get_info(const pkv_batch* batch, pkv_batch_info* out) {
+  PKV_GUARD({
+    const pagedkv::Batch& b = batch_of(batch);
+    pc::require(out, "out");
+    pc::check_struct_size(out->struct_size, pc::kBatchInfoV1, "out", "pkv_batch_info",
+                          "pkv_batch_info_init");
+    const pagedkv::BatchInfo& i = b.info();
+    pkv_batch_info r;
+    std::memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.num_seqs = i.num_seqs;
+    r.num_tokens = i.num_tokens;
+    r.num_pages = i.num_pages;
+    r.max_context = i.max_context;
+    r.max_query = i.max_query;
+    r.block_size = i.block_size;
+    pc::write_out(out, r);
+  });
+}
+
+pkv_status pkv_batch_plan_tensor(const pkv_batch* batch, uint32_t which, pkv_tensor* out) {
+  PKV_GUARD({
+    const pagedkv::Batch& b = batch_of(batch);
+    pc::require(out, "out");
+    pc::from_arg(b.plan_tensor(which), out);
+  });
+}
+
+pkv_status pkv_cache_write(pkv_batch* batch, uint32_t layer, const pkv_tensor* k,
+                           const pkv_tensor* v, void* stream) {
+  PKV_GUARD({
+    pagedkv::Batch& b = batch_of(batch);
+    pc::require(k, "k");
+    pc::require(v, "v");
+    pagedkv::TensorArg ka = pc::to_arg(*k), va = pc::to_arg(*v);
+    b.write(layer, &ka, &va, stream);
+  });
+}
+
+void pkv_attention_params_init(pkv_attention_params* params) {
+  if (!params) return;
+  std::memset(params, 0, sizeof *params);
+  params->struct_size = sizeof *params;
+}
+
+pkv_status pkv_attention_forward(pkv_batch* batch, uint32_t layer, const pkv_tensor* q,
+                                 const pkv_tensor* out, const pkv_tensor* lse,
+                                 const pkv_attention_params* params, void* stream) {
+  PKV_GUARD({
+    pagedkv::Batch& b = batch_of(batch);
+    pc::require(q, "q");
+    pc::require(out, "out");
+    pagedkv::AttentionParams ap;
+    if (params) {
+      pc::check_struct_size(params->struct_size, pc::kAttentionParamsV1, "params",
+                            "pkv_attention_params", "pkv_attention_params_init");
+      ap.softmax_scale = params->softmax_scale;
+      ap.sliding_window = params->sliding_window;
+      ap.logit_softcap = params->logit_softcap;
+    }
+    pagedkv::TensorArg qa = pc::to_arg(*q), oa = pc::to_arg(*out), la;
+    if (lse) la = pc::to_arg(*lse);
+    b.attend(layer, &qa, &oa, lse ? &la : nullptr, ap, stream);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,105 @@
+// Shared by every capi/src/*.cpp: the exception barrier, the thread-local
+// error message, versioned-struct checks and the handle types. capi/ holds
+// no logic: it checks pointers and sizes, converts, and calls impl/.
+#pragma once
+
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "error.h"
+#include "kv_pool.h"
+#include "pagedkv/pagedkv.h"
+#include "step_plan.h"
+
+struct pkv_pool {
+  std::shared_ptr<pagedkv::Pool> impl;
+};
+
+struct pkv_batch {
+  std::unique_ptr<pagedkv::Batch> impl;
+};
+
+namespace pkv_capi {
+
+using pagedkv::Errc;
+using pagedkv::fail;
+
+std::string& last_error();  // this thread's message
+
+// Runs body; turns every exception into a status and message. Nothing
+// escapes: this is the only way a fallible pkv_* function returns.
+template <class F>
+pkv_status guard(const char* fn, F&& body) noexcept {
+  try {
+    body();
+    last_error().clear();
+    return PKV_OK;
+  } catch (const pagedkv::Error& e) {
+    try {
+      last_error() = std::string(fn) + ": " + e.what();
+    } catch (...) {
+    }
+    return static_cast<pkv_status>(e.code());
+  } catch (const std::bad_alloc&) {
+    try {
+      last_error() = std::string(fn) + ": out of host memory";
+    } catch (...) {
+    }
+    return PKV_E_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    try {
+      last_error() = std::string(fn) + ": internal error: " + e.what();
+    } catch (...) {
+    }
+    return PKV_E_INTERNAL;
+  } catch (...) {
+    try {
+      last_error() = std::string(fn) + ": internal error (unknown exception)";
+    } catch (...) {
+    }
+    return PKV_E_INTERNAL;
+  }
+}
+
+#define PKV_GUARD(...) return ::pkv_capi::guard(__func__, [&]() { __VA_ARGS__; })
+
+template <class T>
+void require(const T* p, const char* name) {
+  if (!p) fail(Errc::kInvalidArgument, std::string(name) + " is NULL");
+}
+
+// Versioned structs: struct_size must cover at least the first released
+// version (v1_size); larger sizes come from newer headers and are fine.
+constexpr uint32_t kMaxStructSize = 1u << 16;  // anything beyond is garbage
+void check_struct_size(uint32_t size, uint32_t v1_size, const char* name, const char* type,
+                       const char* init);
+
+// Writes src into a caller's out-struct, no byte past its struct_size.
+template <class T>
+void write_out(T* out, const T& src) {
+  uint32_t size = out->struct_size;
+  std::memcpy(static_cast<void*>(out), &src, size < sizeof(T) ? size : sizeof(T));
+  out->struct_size = size;
+}
+
+pagedkv::TensorArg to_arg(const pkv_tensor& t);
+void from_arg(const pagedkv::TensorArg& a, pkv_tensor* out);
+void copy_hash(const pagedkv::BlockHash& h, pkv_block_hash* out);
+
+inline pagedkv::Pool& pool_of(const pkv_pool* p) {
+  require(p, "pool");
+  return *p->impl;
+}
+
+// First released sizes of the versioned structs (ABI 1).
+constexpr uint32_t kPoolOptionsV1 = sizeof(pkv_pool_options);
+constexpr uint32_t kSeqOptionsV1 = sizeof(pkv_seq_options);
+constexpr uint32_t kSeqInfoV1 = sizeof(pkv_seq_info);
+constexpr uint32_t kPoolStatsV1 = sizeof(pkv_pool_stats);
+constexpr uint32_t kHashOptionsV1 = sizeof(pkv_hash_options);
+constexpr uint32_t kBatchInfoV1 = sizeof(pkv_batch_info);
+constexpr uint32_t kAttentionParamsV1 = sizeof(pkv_attention_params);
+
+}  // namespace pkv_capi

@@ -1,0 +1,236 @@
+// pagedkv/pool.h: pool lifetime, stats, events, validation, storage.
+#include "capi_util.h"
+
+namespace pc = pkv_capi;
+using pagedkv::Errc;
+using pagedkv::fail;
+
+namespace {
+
+std::string str(uint64_t v) { return std::to_string(v); }
+
+uint32_t flag(uint32_t v, const char* name) {
+  if (v > 1) fail(Errc::kInvalidArgument, std::string(name) + " is " + str(v) + ", not 0 or 1");
+  return v;
+}
+
+}  // namespace
+
+extern "C" {
+
+void pkv_pool_options_init(pkv_pool_options* opts) {
+  if (!opts) return;
+  pkv_pool_options o;
+  std::memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.block_size = 16;
+  o.hash_algo = PKV_HASH_SHA256_CBOR;
+  o.enable_prefix_caching = 1;
+  o.hash_seed = "";
+  o.max_events = 65536;
+  o.dtype = PKV_DTYPE_BF16;
+  o.device_type = PKV_DEVICE_CPU;
+  *opts = o;
+}
+
+pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out) {
+  PKV_GUARD({
+    pc::require(opts, "opts");
+    pc::check_struct_size(opts->struct_size, pc::kPoolOptionsV1, "opts", "pkv_pool_options",
+                          "pkv_pool_options_init");
+    pc::require(out, "out");
+    pagedkv::PoolOptions o;
+    o.block_size = opts->block_size;
+    o.num_blocks = opts->num_blocks;
+    o.memory_budget_bytes = opts->memory_budget_bytes;
+    o.hash_algo = pagedkv::HashAlgo(opts->hash_algo);
+    o.enable_prefix_caching = flag(opts->enable_prefix_caching, "opts->enable_prefix_caching");
+    o.hash_seed = opts->hash_seed ? opts->hash_seed : "";
+    o.sliding_window = opts->sliding_window;
+    o.enable_events = flag(opts->enable_events, "opts->enable_events");
+    o.max_events = opts->max_events;
+    o.num_layers = opts->num_layers;
+    o.num_kv_heads = opts->num_kv_heads;
+    o.head_dim = opts->head_dim;
+    o.dtype = pagedkv::DType(opts->dtype);
+    o.device_type = opts->device_type;
+    o.device_id = opts->device_id;
+    o.num_threads = opts->num_threads;
+    try {
+      auto p = std::make_unique<pkv_pool>();
+      p->impl = pagedkv::Pool::create(o);
+      *out = p.release();
+    } catch (const pagedkv::Error& e) {
+      if (e.code() == Errc::kInvalidArgument)  // option checks name the field bare
+        fail(e.code(), std::string("opts->") + e.what());
+      throw;
+    }
+  });
+}
+
+void pkv_pool_destroy(pkv_pool* pool) {
+  if (!pool) return;
+  try {
+    pool->impl->close();
+  } catch (...) {
+  }
+  delete pool;
+}
+
+pkv_status pkv_pool_get_options(const pkv_pool* pool, pkv_pool_options* out) {
+  PKV_GUARD({
+    const pagedkv::Pool& p = pc::pool_of(pool);
+    pc::require(out, "out");
+    pc::check_struct_size(out->struct_size, pc::kPoolOptionsV1, "out", "pkv_pool_options",
+                          "pkv_pool_options_init");
+    const pagedkv::PoolOptions& o = p.options();
+    pkv_pool_options r;
+    std::memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.block_size = o.block_size;
+    r.num_blocks = o.num_blocks;
+    r.memory_budget_bytes = o.memory_budget_bytes;
+    r.hash_algo = uint32_t(o.hash_algo);
+    r.enable_prefix_caching = o.enable_prefix_caching;
+    r.hash_seed = o.hash_seed.c_str();  // owned by the pool
+    r.sliding_window = o.sliding_window;
+    r.enable_events = o.enable_events;
+    r.max_events = o.max_events;
+    r.num_layers = o.num_layers;
+    r.num_kv_heads = o.num_kv_heads;
+    r.head_dim = o.head_dim;
+    r.dtype = uint32_t(o.dtype);
+    r.device_type = o.device_type;
+    r.device_id = o.device_id;
+    r.num_threads = o.num_threads;
+    pc::write_out(out, r);
+  });
+}
+
+pkv_status pkv_pool_bytes_per_block(const pkv_pool* pool, uint64_t* out) {
+  PKV_GUARD({
+    const pagedkv::Pool& p = pc::pool_of(pool);
+    pc::require(out, "out");
+    *out = p.bytes_per_block();
+  });
+}
+
+void pkv_pool_stats_init(pkv_pool_stats* stats) {
+  if (!stats) return;
+  std::memset(stats, 0, sizeof *stats);
+  stats->struct_size = sizeof *stats;
+}
+
+pkv_status pkv_pool_get_stats(const pkv_pool* pool, pkv_pool_stats* out) {
+  PKV_GUARD({
+    const pagedkv::Pool& p = pc::pool_of(pool);
+    pc::require(out, "out");
+    pc::check_struct_size(out->struct_size, pc::kPoolStatsV1, "out", "pkv_pool_stats",
+                          "pkv_pool_stats_init");
+    pagedkv::PoolStats s = p.stats();
+    pkv_pool_stats r;
+    std::memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.block_size = s.block_size;
+    r.num_blocks = s.num_blocks;
+    r.num_free_blocks = s.num_free_blocks;
+    r.num_used_blocks = s.num_used_blocks;
+    r.num_cached_blocks = s.num_cached_blocks;
+    r.num_seqs = s.num_seqs;
+    r.num_tokens = s.num_tokens;
+    r.usage = s.usage;
+    r.prefix_query_tokens = s.prefix_query_tokens;
+    r.prefix_hit_tokens = s.prefix_hit_tokens;
+    r.num_evictions = s.num_evictions;
+    r.num_cow_copies = s.num_cow_copies;
+    r.num_events_dropped = s.num_events_dropped;
+    r.kv_bytes_per_block = s.kv_bytes_per_block;
+    r.kv_bytes_allocated = s.kv_bytes_allocated;
+    r.kv_bytes_used = s.kv_bytes_used;
+    r.kv_bytes_wasted = s.kv_bytes_wasted;
+    pc::write_out(out, r);
+  });
+}
+
+pkv_status pkv_pool_drain_events(pkv_pool* pool, pkv_event* out, uint64_t capacity,
+                                 uint64_t* out_count) {
+  PKV_GUARD({
+    pagedkv::Pool& p = pc::pool_of(pool);
+    if (capacity > 0) pc::require(out, "out");
+    pc::require(out_count, "out_count");
+    // Drain in chunks through a small buffer: no allocation sized by the
+    // caller's capacity.
+    pagedkv::Event buf[64];
+    uint64_t done = 0;
+    while (done < capacity) {
+      size_t want = size_t(std::min<uint64_t>(64, capacity - done));
+      size_t got = p.drain_events(buf, want);
+      for (size_t i = 0; i < got; ++i) {
+        const pagedkv::Event& e = buf[i];
+        pkv_event& o = out[done + i];
+        std::memset(&o, 0, sizeof o);
+        o.seq_no = e.seq_no;
+        o.type = uint32_t(e.type);
+        o.block_id = e.block_id;
+        pc::copy_hash(e.block_hash, &o.block_hash);
+        pc::copy_hash(e.parent_hash, &o.parent_hash);
+        o.has_parent = e.parent_hash.empty() ? 0 : 1;
+        o.num_tokens = e.num_tokens;
+        o.lora_id = e.lora_id;
+      }
+      done += got;
+      if (got < want) break;
+    }
+    *out_count = done;
+  });
+}
+
+pkv_status pkv_pool_reset_prefix_cache(pkv_pool* pool) {
+  PKV_GUARD(pc::pool_of(pool).reset_prefix_cache());
+}
+
+pkv_status pkv_pool_validate(const pkv_pool* pool) {
+  PKV_GUARD({
+    std::string broken = pc::pool_of(pool).validate();
+    if (!broken.empty()) fail(Errc::kInvariant, broken);
+  });
+}
+
+pkv_status pkv_pool_kv_tensor(const pkv_pool* pool, uint32_t layer, uint32_t which,
+                              pkv_tensor* out) {
+  PKV_GUARD({
+    const pagedkv::Pool& p = pc::pool_of(pool);
+    pc::require(out, "out");
+    pc::from_arg(p.kv_tensor(layer, which), out);
+  });
+}
+
+pkv_status pkv_pool_copy_blocks(pkv_pool* pool, const int32_t* src, const int32_t* dst,
+                                uint64_t num_pairs, void* stream) {
+  PKV_GUARD({
+    pagedkv::Pool& p = pc::pool_of(pool);
+    if (num_pairs > 0) {
+      pc::require(src, "src");
+      pc::require(dst, "dst");
+    }
+    p.copy_blocks(src, dst, num_pairs, stream);
+  });
+}
+
+pkv_status pkv_pool_swap_blocks(pkv_pool* pool, const int32_t* blocks, uint64_t num_blocks,
+                                void* host_buffer, uint64_t host_bytes, uint32_t direction,
+                                void* stream) {
+  PKV_GUARD({
+    pagedkv::Pool& p = pc::pool_of(pool);
+    if (direction != PKV_SWAP_OUT && direction != PKV_SWAP_IN)
+      fail(Errc::kInvalidArgument,
+           "direction " + str(direction) + " is neither PKV_SWAP_OUT nor PKV_SWAP_IN");
+    if (num_blocks > 0) {
+      pc::require(blocks, "blocks");
+      pc::require(host_buffer, "host_buffer");
+    }
+    p.swap_blocks(blocks, num_blocks, host_buffer, host_bytes, direction == PKV_SWAP_OUT, stream);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,110 @@
+// The block pool (DESIGN.md §3): ref counts, the free queue, block hashes and
+// the prefix cache, pending copy-on-write copies and KV events. Block 0 is
+// the null block: never allocated, freed or cached. Not thread-safe by
+// itself: the owning Pool serialises calls.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "event_queue.h"
+#include "free_block_queue.h"
+#include "hash/block_hash.h"
+#include "prefix_cache.h"
+
+namespace pagedkv {
+
+struct CopyPair {
+  int32_t src, dst;
+};
+
+class BlockPool {
+ public:
+  static constexpr int32_t kNullBlock = 0;
+
+  BlockPool() = default;
+  BlockPool(int32_t num_blocks, bool enable_caching, EventQueue* events);
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  int32_t num_blocks() const { return num_blocks_; }
+  int32_t num_free() const { return queue_.size(); }
+  int32_t num_used() const { return num_used_; }
+  int32_t num_cached() const { return cache_.num_blocks(); }
+  bool caching() const { return caching_; }
+  uint64_t num_evictions() const { return num_evictions_; }
+
+  int32_t ref(int32_t id) const { return ref_[id]; }
+  const BlockHash& hash(int32_t id) const { return hash_[id]; }
+  bool in_free_queue(int32_t id) const { return queue_.contains(id); }
+  const FreeBlockQueue& queue() const { return queue_; }
+
+  // Pops the head of the free queue (evicting its cached hash, lazily) and
+  // returns it with ref 1. The caller checks num_free() first.
+  int32_t allocate() {
+    int32_t id = queue_.pop_front();
+    if (!hash_[id].empty()) evict(id);
+    ref_[id] = 1;
+    ++num_used_;
+    return id;
+  }
+  // One more holder of a block that is in use or sits in the free queue
+  // (a prefix-cache hit: "touch").
+  void touch(int32_t id) {
+    if (ref_[id] == 0) {
+      queue_.remove(id);
+      ++num_used_;
+    }
+    ++ref_[id];
+  }
+  void share(int32_t id) { ++ref_[id]; }  // id already in use
+  // Drops one holder; at zero, hashed blocks go to the tail (cached longest),
+  // the others to the head (reused first).
+  void release(int32_t id) {
+    if (--ref_[id] == 0) {
+      --num_used_;
+      if (hash_[id].empty())
+        queue_.push_front(id);
+      else
+        queue_.push_back(id);
+    }
+  }
+
+  // Any cached block holding h, or -1.
+  int32_t lookup(const BlockHash& h) const { return caching_ ? cache_.find(h) : -1; }
+  // Registers a full block under h (no-op if caching is off or the block
+  // already holds a hash) and records a STORED event.
+  void cache_block(int32_t id, const BlockHash& h, const BlockHash* parent, uint32_t num_tokens,
+                   uint64_t lora_id);
+  // Takes block id's hash out of the cache (REMOVED event).
+  void uncache_block(int32_t id);
+  // Forgets every hash (ALL_CLEARED event).
+  void reset_cache();
+
+  // Copy-on-write copies recorded but not yet executed on storage.
+  void add_pending_copy(int32_t src, int32_t dst) { pending_.push_back({src, dst}); }
+  std::vector<CopyPair>& pending_copies() { return pending_; }
+  const std::vector<CopyPair>& pending_copies() const { return pending_; }
+
+  // Structural invariants of the pool alone (queue, cache, ref/queue
+  // agreement, null block); "" when all hold.
+  std::string check() const;
+
+ private:
+  void evict(int32_t id);
+
+  int32_t num_blocks_ = 0;
+  bool caching_ = true;
+  int32_t num_used_ = 0;
+  uint64_t num_evictions_ = 0;
+  std::vector<int32_t> ref_;
+  std::vector<BlockHash> hash_;
+  std::vector<uint64_t> lora_;  // for REMOVED events
+  FreeBlockQueue queue_;
+  PrefixCache cache_;
+  std::vector<CopyPair> pending_;
+  EventQueue* events_ = nullptr;
+};
+
+}  // namespace pagedkv

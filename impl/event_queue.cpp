@@ -1,0 +1,42 @@
+#include "event_queue.h"
+
+#include <algorithm>
+
+namespace pagedkv {
+
+void EventQueue::push(Event e) {
+  if (!enabled_) return;
+  e.seq_no = next_seq_no_++;
+  if (capacity_ == 0) {
+    ++dropped_;
+    return;
+  }
+  if (size_ == capacity_) {  // full: drop the oldest
+    ring_[head_] = e;
+    head_ = (head_ + 1) % ring_.size();
+    ++dropped_;
+    return;
+  }
+  if (size_ == ring_.size()) {
+    size_t cap = std::min<size_t>(capacity_, std::max<size_t>(64, ring_.size() * 2));
+    std::vector<Event> grown(cap);
+    for (size_t i = 0; i < size_; ++i) grown[i] = ring_[(head_ + i) % ring_.size()];
+    ring_.swap(grown);
+    head_ = 0;
+  }
+  ring_[(head_ + size_) % ring_.size()] = e;
+  ++size_;
+}
+
+size_t EventQueue::drain(Event* out, size_t max) {
+  size_t n = std::min(max, size_);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = ring_[head_];
+    head_ = (head_ + 1) % ring_.size();
+  }
+  size_ -= n;
+  if (size_ == 0) head_ = 0;
+  return n;
+}
+
+}  // namespace pagedkv

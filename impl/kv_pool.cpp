@@ -1,0 +1,333 @@
+// Pool creation, storage, stats, events and validation. Sequence operations
+// are in kv_pool_seq.cpp.
+#include "kv_pool.h"
+
+#include <cstdio>
+#include <limits>
+
+namespace pagedkv {
+
+std::string seq_name(SeqId id) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "seq 0x%016llx", static_cast<unsigned long long>(id));
+  return buf;
+}
+
+namespace {
+
+std::string str(uint64_t v) { return std::to_string(v); }
+
+uint64_t checked_mul(uint64_t a, uint64_t b, const char* what) {
+  uint64_t r;
+  if (__builtin_mul_overflow(a, b, &r))
+    fail(Errc::kInvalidArgument, std::string(what) + " overflows 64 bits");
+  return r;
+}
+
+void check_options(const PoolOptions& o) {
+  if (o.block_size < 1 || o.block_size > 1024)
+    fail(Errc::kInvalidArgument, "block_size " + str(o.block_size) + " is outside [1, 1024]");
+  if (hash_digest_size(o.hash_algo) == 0)
+    fail(Errc::kInvalidArgument, "hash_algo " + str(uint32_t(o.hash_algo)) + " is unknown");
+  if (o.enable_events && o.max_events == 0)
+    fail(Errc::kInvalidArgument, "max_events is 0 but enable_events is 1");
+  if (o.device_type != kDeviceCpu && o.device_type != kDeviceCuda)
+    fail(Errc::kInvalidArgument, "device_type " + std::to_string(o.device_type) +
+                                     " is neither PKV_DEVICE_CPU nor PKV_DEVICE_CUDA");
+  if (o.device_type == kDeviceCpu && o.device_id != 0)
+    fail(Errc::kInvalidArgument,
+         "device_id " + std::to_string(o.device_id) + " must be 0 for a CPU pool");
+  if (o.device_id < 0)
+    fail(Errc::kInvalidArgument, "device_id " + std::to_string(o.device_id) + " is negative");
+  if (o.num_layers > 0) {
+    if (o.num_kv_heads == 0 || o.num_kv_heads > 4096)
+      fail(Errc::kInvalidArgument,
+           "num_kv_heads " + str(o.num_kv_heads) + " is outside [1, 4096] with num_layers > 0");
+    if (o.head_dim == 0 || o.head_dim > 4096)
+      fail(Errc::kInvalidArgument,
+           "head_dim " + str(o.head_dim) + " is outside [1, 4096] with num_layers > 0");
+    if (o.num_layers > 65536)
+      fail(Errc::kInvalidArgument, "num_layers " + str(o.num_layers) + " exceeds 65536");
+    if (o.dtype != DType::kF32 && o.dtype != DType::kF16 && o.dtype != DType::kBF16)
+      fail(Errc::kInvalidArgument, "dtype " + str(uint32_t(o.dtype)) + " (" +
+                                       dtype_name(uint32_t(o.dtype)) +
+                                       ") is not a KV storage type (f32, f16, bf16)");
+  }
+}
+
+}  // namespace
+
+Pool::Pool(const PoolOptions& opts, uint64_t bytes_per_block)
+    : opts_(opts),
+      bytes_per_block_(bytes_per_block),
+      events_(opts.enable_events, opts.max_events),
+      blocks_(int32_t(opts.num_blocks), opts.enable_prefix_caching, &events_),
+      root_(hash_root(opts.hash_algo, opts.hash_seed)),
+      hasher_(std::make_unique<BlockHasher>(opts.hash_algo)) {}
+
+Pool::~Pool() { close(); }
+
+std::shared_ptr<Pool> Pool::create(const PoolOptions& in) {
+  check_options(in);
+  PoolOptions o = in;
+  uint64_t bpb = 0;
+  if (o.num_layers > 0) {
+    const char* what = "num_layers * num_kv_heads * head_dim * block_size (bytes per block)";
+    uint64_t per_plane =
+        checked_mul(checked_mul(checked_mul(o.num_kv_heads, o.block_size, what), o.head_dim, what),
+                    dtype_size(o.dtype), what);
+    bpb = checked_mul(per_plane, uint64_t(2) * o.num_layers, what);
+  }
+  if (o.num_blocks == 0) {
+    if (bpb == 0)
+      fail(Errc::kInvalidArgument,
+           "num_blocks is 0 and the pool has no storage (num_layers 0) to derive it from "
+           "memory_budget_bytes");
+    o.num_blocks = o.memory_budget_bytes / bpb;
+    if (o.num_blocks < 2)
+      fail(Errc::kInvalidArgument, "memory_budget_bytes " + str(o.memory_budget_bytes) + " holds " +
+                                       str(o.num_blocks) + " blocks of " + str(bpb) +
+                                       " bytes; at least 2 are needed");
+  }
+  if (o.num_blocks < 2)
+    fail(Errc::kInvalidArgument, "num_blocks " + str(o.num_blocks) + " is below 2");
+  if (o.num_blocks > uint64_t(std::numeric_limits<int32_t>::max()) - 2)
+    fail(Errc::kInvalidArgument, "num_blocks " + str(o.num_blocks) + " exceeds 2^31 - 3");
+  if (bpb) checked_mul(bpb, o.num_blocks, "num_blocks * bytes per block (the KV arena)");
+
+  std::shared_ptr<Pool> p(new Pool(o, bpb));
+
+  // Plans of CUDA pools live on the device even without storage.
+  if (o.device_type == kDeviceCuda)
+    p->backend_ = make_cuda_backend(o.device_id);
+  else if (o.num_layers > 0)
+    p->backend_ = make_cpu_backend(int32_t(std::min<uint32_t>(o.num_threads, 1024)));
+  if (o.num_layers > 0) {
+    KvLayout l{int32_t(o.num_blocks), int32_t(o.num_kv_heads), int32_t(o.block_size),
+               int32_t(o.head_dim), o.dtype};
+    p->arena_.layout = l;
+    p->arena_.num_layers = int32_t(o.num_layers);
+    p->arena_.base = p->backend_->allocate(l.layer_bytes() * 2 * o.num_layers);
+  }
+  return p;
+}
+
+void Pool::close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return;
+  closed_ = true;
+  seqs_.clear();
+  if (arena_.base) backend_->deallocate(arena_.base);
+  arena_.base = nullptr;
+  // The backend stays: live batches free their plan memory through it.
+}
+
+void Pool::check_open() const {
+  if (closed_) fail(Errc::kInvalidState, "the pool was destroyed");
+}
+
+PoolStats Pool::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  PoolStats s;
+  s.block_size = opts_.block_size;
+  s.num_blocks = opts_.num_blocks;
+  s.num_free_blocks = uint64_t(blocks_.num_free());
+  s.num_used_blocks = uint64_t(blocks_.num_used());
+  s.num_cached_blocks = uint64_t(blocks_.num_cached());
+  s.num_seqs = seqs_.size();
+  s.usage = double(s.num_used_blocks) / double(opts_.num_blocks - 1);
+  s.prefix_query_tokens = prefix_query_tokens_;
+  s.prefix_hit_tokens = prefix_hit_tokens_;
+  s.num_evictions = blocks_.num_evictions();
+  s.num_cow_copies = num_cow_copies_;
+  s.num_events_dropped = events_.dropped();
+  s.kv_bytes_per_block = bytes_per_block_;
+  s.kv_bytes_allocated = closed_ ? 0 : bytes_per_block_ * opts_.num_blocks;
+  // Tokens held per used block: the fullest view of it among its holders.
+  const uint64_t bs = opts_.block_size;
+  std::vector<uint32_t> fill;
+  if (bytes_per_block_) fill.assign(opts_.num_blocks, 0);
+  uint64_t tokens = 0;
+  seqs_.for_each([&](SeqId, const Sequence& q) {
+    tokens += q.tokens.size();
+    if (fill.empty()) return;
+    uint64_t n = q.tokens.size();
+    for (uint64_t j = q.num_null; j < q.blocks.size() && j * bs < n; ++j) {
+      uint32_t f = uint32_t(std::min<uint64_t>(bs, n - j * bs));
+      uint32_t& cur = fill[q.blocks[j]];
+      if (f > cur) cur = f;
+    }
+  });
+  s.num_tokens = tokens;
+  if (bytes_per_block_) {
+    uint64_t filled = 0;
+    for (uint32_t f : fill) filled += f;
+    uint64_t per_token = bytes_per_block_ / bs;
+    s.kv_bytes_used = filled * per_token;
+    s.kv_bytes_wasted = (s.num_used_blocks * bs - filled) * per_token;
+  }
+  return s;
+}
+
+size_t Pool::drain_events(Event* out, size_t capacity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_.drain(out, capacity);
+}
+
+void Pool::reset_prefix_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  blocks_.reset_cache();
+}
+
+std::vector<CopyPair> Pool::pending_copies() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return blocks_.pending_copies();
+}
+
+std::string Pool::validate() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string err = blocks_.check();
+  if (!err.empty()) return err;
+  const int32_t nb = blocks_.num_blocks();
+  const uint64_t bs = opts_.block_size;
+  std::vector<int32_t> refs(nb, 0);
+  std::string bad;
+  seqs_.for_each([&](SeqId id, const Sequence& q) {
+    if (!bad.empty()) return;
+    const std::string who = seq_name(id);
+    if (q.blocks.size() * bs < q.tokens.size()) {
+      bad = "block tables: " + who + " has fewer slots than tokens";
+      return;
+    }
+    if (q.num_null > q.blocks.size()) {
+      bad = "block tables: " + who + " has more window-released entries than blocks";
+      return;
+    }
+    if (blocks_.caching() && q.hashes.size() != q.tokens.size() / bs) {
+      bad = "block hashes: " + who + " has " + std::to_string(q.hashes.size()) + " hashes for " +
+            std::to_string(q.tokens.size() / bs) + " full blocks";
+      return;
+    }
+    for (size_t j = 0; j < q.blocks.size(); ++j) {
+      int32_t b = q.blocks[j];
+      if ((j < q.num_null) != (b == BlockPool::kNullBlock)) {
+        bad = "block tables: " + who + " has the null block outside its window prefix";
+        return;
+      }
+      if (b < 0 || b >= nb) {
+        bad = "block tables: " + who + " names block " + std::to_string(b) + " out of range";
+        return;
+      }
+      if (b == BlockPool::kNullBlock) continue;
+      ++refs[b];
+      const BlockHash& h = blocks_.hash(b);
+      if (!h.empty() && j < q.hashes.size() && h != q.hashes[j]) {
+        bad = "block hashes: block " + std::to_string(b) + " of " + who +
+              " is cached under a hash other than the sequence's";
+        return;
+      }
+    }
+  });
+  if (!bad.empty()) return bad;
+  for (int32_t b = 0; b < nb; ++b)
+    if (refs[b] != blocks_.ref(b))
+      return "ref counts: block " + std::to_string(b) + " has ref " +
+             std::to_string(blocks_.ref(b)) + " but " + std::to_string(refs[b]) +
+             " table references";
+  return "";
+}
+
+// ------------------------------------------------------------------ storage
+
+TensorArg Pool::kv_tensor(uint32_t layer, uint32_t which) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  if (!has_storage())
+    fail(Errc::kInvalidState, "the pool has no KV storage (created with num_layers 0)");
+  if (layer >= opts_.num_layers)
+    fail(Errc::kInvalidArgument,
+         "layer " + str(layer) + " is out of range [0, " + str(opts_.num_layers) + ")");
+  if (which > 1)
+    fail(Errc::kInvalidArgument, "which " + str(which) + " is neither PKV_KV_KEY nor PKV_KV_VALUE");
+  TensorArg t;
+  t.data = arena_.plane(int32_t(layer), int32_t(which));
+  t.dtype = uint32_t(opts_.dtype);
+  t.device_type = opts_.device_type;
+  t.device_id = opts_.device_id;
+  t.ndim = 4;
+  t.shape[0] = int64_t(opts_.num_blocks);
+  t.shape[1] = opts_.num_kv_heads;
+  t.shape[2] = opts_.block_size;
+  t.shape[3] = opts_.head_dim;
+  t.strides[3] = 1;
+  t.strides[2] = opts_.head_dim;
+  t.strides[1] = int64_t(opts_.head_dim) * opts_.block_size;
+  t.strides[0] = t.strides[1] * opts_.num_kv_heads;
+  return t;
+}
+
+void Pool::check_block_ids(const int32_t* ids, uint64_t n, const char* name) const {
+  for (uint64_t i = 0; i < n; ++i)
+    if (ids[i] < 1 || uint64_t(ids[i]) >= opts_.num_blocks)
+      fail(Errc::kInvalidArgument, std::string(name) + "[" + str(i) +
+                                       "] = " + std::to_string(ids[i]) +
+                                       " is not a block id in [1, " + str(opts_.num_blocks) + ")");
+}
+
+void Pool::run_pending_copies(void* stream) {
+  auto& pending = blocks_.pending_copies();
+  if (pending.empty()) return;
+  if (!arena_.base) {  // manager-only pool: nothing to move
+    pending.clear();
+    return;
+  }
+  // One backend call copies its pairs in parallel, so a copy whose source
+  // is an earlier copy's destination (or whose destination another copy
+  // reads or writes) starts a new round: rounds keep sequential semantics.
+  std::vector<int32_t> src, dst;
+  std::vector<uint8_t> touched(opts_.num_blocks, 0);  // 1 = read, 2 = written
+  auto flush = [&] {
+    if (src.empty()) return;
+    backend_->copy_blocks(arena_, src.data(), dst.data(), int64_t(src.size()), stream);
+    for (size_t i = 0; i < src.size(); ++i) touched[src[i]] = touched[dst[i]] = 0;
+    src.clear();
+    dst.clear();
+  };
+  for (const CopyPair& c : pending) {
+    if (touched[c.src] == 2 || touched[c.dst] != 0) flush();
+    src.push_back(c.src);
+    dst.push_back(c.dst);
+    if (touched[c.src] == 0) touched[c.src] = 1;
+    touched[c.dst] = 2;
+  }
+  flush();
+  pending.clear();
+}
+
+void Pool::copy_blocks(const int32_t* src, const int32_t* dst, uint64_t n, void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  if (!has_storage())
+    fail(Errc::kInvalidState, "the pool has no KV storage (created with num_layers 0)");
+  check_block_ids(src, n, "src");
+  check_block_ids(dst, n, "dst");
+  run_pending_copies(stream);
+  if (n) backend_->copy_blocks(arena_, src, dst, int64_t(n), stream);
+}
+
+void Pool::swap_blocks(const int32_t* ids, uint64_t n, void* host, uint64_t host_bytes,
+                       bool to_host, void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  if (!has_storage())
+    fail(Errc::kInvalidState, "the pool has no KV storage (created with num_layers 0)");
+  check_block_ids(ids, n, "blocks");
+  uint64_t need;
+  if (__builtin_mul_overflow(n, bytes_per_block_, &need) || host_bytes < need)
+    fail(Errc::kInvalidArgument, "host_bytes " + str(host_bytes) + " is below num_blocks * " +
+                                     str(bytes_per_block_) + " bytes per block");
+  run_pending_copies(stream);
+  if (n) backend_->swap(arena_, ids, int64_t(n), host, to_host, stream);
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,161 @@
+// The pool: block manager (DESIGN.md §3), sequences, KV storage and the
+// entry points the C ABI wraps. One mutex serialises every operation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "block_pool.h"
+#include "event_queue.h"
+#include "hash/block_hash.h"
+#include "kernel_types.h"
+#include "sequence.h"
+#include "tensor_arg.h"
+
+namespace pagedkv {
+
+struct PoolOptions {
+  uint32_t block_size = 16;
+  uint64_t num_blocks = 0;  // 0 = derive from memory_budget_bytes
+  uint64_t memory_budget_bytes = 0;
+  HashAlgo hash_algo = HashAlgo::kSha256Cbor;
+  bool enable_prefix_caching = true;
+  std::string hash_seed;
+  uint32_t sliding_window = 0;
+  bool enable_events = false;
+  uint32_t max_events = 65536;
+  uint32_t num_layers = 0;  // 0 = manager only, no storage
+  uint32_t num_kv_heads = 0;
+  uint32_t head_dim = 0;
+  DType dtype = DType::kBF16;
+  int32_t device_type = kDeviceCpu;
+  int32_t device_id = 0;
+  uint32_t num_threads = 0;
+};
+
+struct SeqOptions {
+  int32_t priority = 0;
+  uint64_t lora_id = 0;
+  std::string cache_salt;
+  std::vector<MmItem> mm_items;
+};
+
+struct SeqInfo {
+  int32_t priority = 0;
+  uint64_t num_tokens = 0;
+  uint64_t num_cached_tokens = 0;
+  uint64_t num_blocks = 0;
+  uint64_t num_slots = 0;
+  uint64_t lora_id = 0;
+};
+
+struct PoolStats {
+  uint32_t block_size = 0;
+  uint64_t num_blocks = 0;
+  uint64_t num_free_blocks = 0;
+  uint64_t num_used_blocks = 0;
+  uint64_t num_cached_blocks = 0;
+  uint64_t num_seqs = 0;
+  uint64_t num_tokens = 0;
+  double usage = 0;
+  uint64_t prefix_query_tokens = 0;
+  uint64_t prefix_hit_tokens = 0;
+  uint64_t num_evictions = 0;
+  uint64_t num_cow_copies = 0;
+  uint64_t num_events_dropped = 0;
+  uint64_t kv_bytes_per_block = 0;
+  uint64_t kv_bytes_allocated = 0;
+  uint64_t kv_bytes_used = 0;
+  uint64_t kv_bytes_wasted = 0;
+};
+
+class Batch;
+
+class Pool {
+ public:
+  // Validates opts (Error kInvalidArgument naming the field), creates the
+  // backend and storage.
+  static std::shared_ptr<Pool> create(const PoolOptions& opts);
+  ~Pool();
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  // pkv_pool_destroy: frees sequences and storage now; batches that still
+  // hold the pool see a closed pool and fail cleanly.
+  void close();
+
+  const PoolOptions& options() const { return opts_; }  // immutable after create
+  uint64_t bytes_per_block() const { return bytes_per_block_; }
+  bool has_storage() const { return opts_.num_layers > 0; }
+
+  // Sequences.
+  SeqId seq_create(const SeqOptions& opts);
+  uint64_t match_prefix(SeqId id, const int32_t* tokens, uint64_t n);
+  void append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahead);
+  uint64_t blocks_needed(SeqId id, uint64_t n, uint32_t lookahead) const;
+  SeqId fork(SeqId parent);
+  void truncate(SeqId id, uint64_t num_tokens);
+  void free(SeqId id);
+  SeqInfo seq_info(SeqId id) const;
+  // Copies min(len, capacity) entries; returns the full length.
+  uint64_t block_table(SeqId id, int32_t* out, uint64_t capacity) const;
+  uint64_t block_hashes(SeqId id, BlockHash* out, uint64_t capacity) const;
+
+  // Stats, events, cache control, validation.
+  PoolStats stats() const;
+  size_t drain_events(Event* out, size_t capacity);
+  void reset_prefix_cache();
+  std::string validate() const;  // "" when every invariant holds
+
+  // Storage.
+  TensorArg kv_tensor(uint32_t layer, uint32_t which) const;
+  void copy_blocks(const int32_t* src, const int32_t* dst, uint64_t n, void* stream);
+  void swap_blocks(const int32_t* blocks, uint64_t n, void* host, uint64_t host_bytes, bool to_host,
+                   void* stream);
+
+  // For tests and benchmarks of the internals.
+  const BlockPool& block_pool() const { return blocks_; }
+  std::vector<CopyPair> pending_copies() const;
+
+ private:
+  friend class Batch;
+  Pool(const PoolOptions& opts, uint64_t bytes_per_block);
+
+  Sequence& seq_or_throw(SeqId id);
+  const Sequence& seq_or_throw(SeqId id) const;
+  // What an append would take: fresh blocks, copy-on-write blocks and the
+  // blocks the sliding window would give back (ref 1 ones).
+  struct AppendNeed {
+    uint64_t fresh = 0, cow = 0, window_first = 0, window_end = 0, window_gain = 0;
+  };
+  AppendNeed append_need(const Sequence& s, uint64_t n, uint32_t lookahead) const;
+  void hash_full_blocks(Sequence& s);
+  const std::vector<ExtraKey>& extra_keys(const Sequence& s, uint64_t start);
+  void release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin, size_t end);
+  void run_pending_copies(void* stream);  // caller holds mu_
+  void check_open() const;
+  void check_block_ids(const int32_t* ids, uint64_t n, const char* name) const;
+
+  mutable std::mutex mu_;
+  bool closed_ = false;
+  PoolOptions opts_;
+  uint64_t bytes_per_block_ = 0;
+  std::unique_ptr<Backend> backend_;
+  KvArena arena_{};
+  EventQueue events_;
+  BlockPool blocks_;
+  SeqTable seqs_;
+  BlockHash root_;
+  std::unique_ptr<BlockHasher> hasher_;
+  std::vector<ExtraKey> extra_scratch_;
+  uint64_t prefix_query_tokens_ = 0;
+  uint64_t prefix_hit_tokens_ = 0;
+  uint64_t num_cow_copies_ = 0;
+  uint64_t plan_epoch_ = 0;
+};
+
+}  // namespace pagedkv

@@ -1,0 +1,312 @@
+// Sequence operations of the pool: create, match_prefix, append (with
+// copy-on-write and the sliding window), fork, truncate, free.
+#include <algorithm>
+#include <limits>
+
+#include "kv_pool.h"
+
+namespace pagedkv {
+
+namespace {
+
+constexpr uint64_t kMaxSeqTokens = uint64_t(std::numeric_limits<int32_t>::max());
+
+std::string str(uint64_t v) { return std::to_string(v); }
+
+// Amortised growth: reserve() alone would reallocate on every append.
+template <class V>
+void grow(V& v, size_t need) {
+  if (need > v.capacity()) v.reserve(std::max(need, v.capacity() * 2));
+}
+
+}  // namespace
+
+Sequence& Pool::seq_or_throw(SeqId id) {
+  check_open();
+  Sequence* s = seqs_.find(id);
+  if (!s) fail(Errc::kNotFound, seq_name(id) + " is stale or unknown");
+  return *s;
+}
+
+const Sequence& Pool::seq_or_throw(SeqId id) const {
+  return const_cast<Pool*>(this)->seq_or_throw(id);
+}
+
+const std::vector<ExtraKey>& Pool::extra_keys(const Sequence& s, uint64_t start) {
+  static const std::vector<ExtraKey> kNone;
+  const HashContext& c = s.ctx;
+  if (c.lora_id == 0 && c.mm_items.empty() && (c.cache_salt.empty() || start > 0)) return kNone;
+  extra_scratch_ = block_extra_keys(c, start, start + opts_.block_size);
+  return extra_scratch_;
+}
+
+void Pool::hash_full_blocks(Sequence& s) {
+  if (!blocks_.caching()) return;
+  const uint64_t bs = opts_.block_size;
+  const uint64_t full = s.tokens.size() / bs;
+  grow(s.hashes, full);
+  for (uint64_t j = s.hashes.size(); j < full; ++j) {
+    const BlockHash& parent = j ? s.hashes[j - 1] : root_;
+    BlockHash h = hasher_->hash(parent, s.tokens.data() + j * bs, bs, extra_keys(s, j * bs));
+    s.hashes.push_back(h);
+    blocks_.cache_block(s.blocks[j], h, j ? &s.hashes[j - 1] : nullptr, uint32_t(bs),
+                        s.ctx.lora_id);
+  }
+}
+
+void Pool::release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin, size_t end) {
+  for (size_t j = end; j-- > begin;)
+    if (blocks[j] != BlockPool::kNullBlock) blocks_.release(blocks[j]);
+}
+
+SeqId Pool::seq_create(const SeqOptions& o) {
+  uint64_t prev_end = 0;
+  for (size_t i = 0; i < o.mm_items.size(); ++i) {
+    const MmItem& m = o.mm_items[i];
+    std::string at = "mm_items[" + str(i) + "]";
+    if (m.hash.empty()) fail(Errc::kInvalidArgument, at + ".hash is empty");
+    if (m.length == 0) fail(Errc::kInvalidArgument, at + ".length is 0");
+    if (m.offset + m.length < m.offset)
+      fail(Errc::kInvalidArgument, at + " offset + length overflows");
+    if (i > 0 && m.offset < prev_end)
+      fail(Errc::kInvalidArgument, at + " starts at " + str(m.offset) +
+                                       ", before the previous item ends (" + str(prev_end) +
+                                       "): items must be sorted and non-overlapping");
+    prev_end = m.offset + m.length;
+  }
+  HashContext ctx;
+  ctx.algo = opts_.hash_algo;
+  ctx.block_size = opts_.block_size;
+  ctx.lora_id = o.lora_id;
+  ctx.cache_salt = o.cache_salt;
+  ctx.mm_items = o.mm_items;
+
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  if (seqs_.full()) fail(Errc::kOutOfMemory, "the pool's sequence table is full");
+  SeqId id;
+  Sequence& s = seqs_.add(&id);
+  s.ctx = std::move(ctx);
+  s.priority = o.priority;
+  return id;
+}
+
+uint64_t Pool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Sequence& s = seq_or_throw(id);
+  if (!s.tokens.empty() || !s.blocks.empty())
+    fail(Errc::kInvalidState, seq_name(id) + " already holds " + str(s.tokens.size()) +
+                                  " tokens; match_prefix needs an empty sequence");
+  if (n > kMaxSeqTokens) fail(Errc::kInvalidArgument, "num_tokens " + str(n) + " exceeds 2^31 - 1");
+  prefix_query_tokens_ += n;
+  if (!blocks_.caching() || n == 0) return 0;
+  const uint64_t bs = opts_.block_size;
+  const uint64_t max_blocks = (n - 1) / bs;
+  s.blocks.reserve(max_blocks);
+  s.hashes.reserve(max_blocks);
+  for (uint64_t j = 0; j < max_blocks; ++j) {
+    const BlockHash& parent = j ? s.hashes[j - 1] : root_;
+    BlockHash h = hasher_->hash(parent, tokens + j * bs, bs, extra_keys(s, j * bs));
+    int32_t b = blocks_.lookup(h);
+    if (b < 0) break;
+    s.hashes.push_back(h);
+    s.blocks.push_back(b);
+  }
+  const uint64_t hit = s.blocks.size() * bs;
+  try {
+    s.tokens.assign(tokens, tokens + hit);
+  } catch (...) {
+    s.blocks.clear();
+    s.hashes.clear();
+    throw;
+  }
+  for (int32_t b : s.blocks) blocks_.touch(b);
+  s.num_cached = hit;
+  prefix_hit_tokens_ += hit;
+  if (hit) ++s.version;
+  return hit;
+}
+
+Pool::AppendNeed Pool::append_need(const Sequence& s, uint64_t n, uint32_t lookahead) const {
+  const uint64_t n0 = s.tokens.size();
+  if (n > kMaxSeqTokens || n0 + n + lookahead > kMaxSeqTokens)
+    fail(Errc::kInvalidArgument, "the sequence would hold " + str(n0) + " + " + str(n) + " + " +
+                                     str(lookahead) + " slots, more than 2^31 - 1");
+  const uint64_t bs = opts_.block_size;
+  const uint64_t nb = s.blocks.size();
+  AppendNeed need;
+  const uint64_t want = (n0 + n + lookahead + bs - 1) / bs;
+  need.fresh = want > nb ? want - nb : 0;
+  if (n > 0) {
+    // Existing blocks that this append writes into and others share.
+    const uint64_t last = std::min<uint64_t>(nb, (n0 + n + bs - 1) / bs);
+    for (uint64_t j = n0 / bs; j < last; ++j)
+      if (blocks_.ref(s.blocks[j]) > 1) ++need.cow;
+  }
+  need.window_first = need.window_end = s.num_null;
+  const uint64_t w = opts_.sliding_window;
+  if (w > 0 && n0 + 1 > w) {
+    // The first new query (position n0) sees keys > n0 - w: blocks wholly
+    // before n0 - w + 1 are never read again.
+    const uint64_t end = std::min<uint64_t>(nb, (n0 + 1 - w) / bs);
+    for (uint64_t j = s.num_null; j < end; ++j)
+      if (blocks_.ref(s.blocks[j]) == 1) ++need.window_gain;
+    need.window_end = std::max(end, need.window_first);
+  }
+  return need;
+}
+
+void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahead) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Sequence& s = seq_or_throw(id);
+  const AppendNeed need = append_need(s, n, lookahead);
+  const uint64_t take = need.fresh + need.cow;
+  const uint64_t avail = uint64_t(blocks_.num_free()) + need.window_gain;
+  if (take > avail)
+    fail(Errc::kOutOfBlocks, seq_name(id) + " needs " + str(take) + " blocks for " + str(n) +
+                                 " tokens + " + str(lookahead) + " lookahead; " + str(avail) +
+                                 " are free");
+  const uint64_t bs = opts_.block_size;
+  const uint64_t n0 = s.tokens.size();
+  // Reserve first so that nothing below can fail half-way.
+  grow(s.tokens, n0 + n);
+  grow(s.blocks, s.blocks.size() + need.fresh);
+  if (blocks_.caching()) grow(s.hashes, (n0 + n) / bs);
+  if (need.cow) grow(blocks_.pending_copies(), blocks_.pending_copies().size() + need.cow);
+
+  // 1. Sliding window: release what no query will read again, tail first.
+  for (uint64_t j = need.window_end; j-- > need.window_first;) {
+    blocks_.release(s.blocks[j]);
+    s.blocks[j] = BlockPool::kNullBlock;
+  }
+  s.num_null = need.window_end;
+
+  // 2. Blocks this append writes into: shared ones are copied first
+  // (copy-on-write), exclusive ones drop a cached hash their new content
+  // will no longer match.
+  if (n > 0) {
+    const uint64_t last = std::min<uint64_t>(s.blocks.size(), (n0 + n + bs - 1) / bs);
+    for (uint64_t j = n0 / bs; j < last; ++j) {
+      const int32_t b = s.blocks[j];
+      if (blocks_.ref(b) > 1) {
+        const int32_t fresh = blocks_.allocate();
+        if (j * bs < n0) {  // it holds tokens of ours: their KV must follow
+          blocks_.add_pending_copy(b, fresh);
+          ++num_cow_copies_;
+        }
+        blocks_.release(b);
+        s.blocks[j] = fresh;
+      } else if (!blocks_.hash(b).empty()) {
+        blocks_.uncache_block(b);
+      }
+    }
+  }
+
+  // 3. New blocks at the end of the table.
+  for (uint64_t i = 0; i < need.fresh; ++i) s.blocks.push_back(blocks_.allocate());
+
+  // 4. Tokens, and the blocks they fill enter the prefix cache.
+  s.tokens.insert(s.tokens.end(), tokens, tokens + n);
+  hash_full_blocks(s);
+  ++s.version;
+}
+
+uint64_t Pool::blocks_needed(SeqId id, uint64_t n, uint32_t lookahead) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Sequence& s = seq_or_throw(id);
+  const AppendNeed need = append_need(s, n, lookahead);
+  return need.fresh + need.cow;
+}
+
+SeqId Pool::fork(SeqId parent) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Sequence& p = seq_or_throw(parent);
+  if (seqs_.full()) fail(Errc::kOutOfMemory, "the pool's sequence table is full");
+  // Copy before inserting so that a failed allocation leaves no half child.
+  Sequence copy;
+  copy.tokens = p.tokens;
+  copy.blocks = p.blocks;
+  copy.hashes = p.hashes;
+  copy.ctx = p.ctx;
+  SeqId cid;
+  Sequence& c = seqs_.add(&cid);
+  c.tokens.swap(copy.tokens);
+  c.blocks.swap(copy.blocks);
+  c.hashes.swap(copy.hashes);
+  c.ctx = std::move(copy.ctx);
+  c.priority = p.priority;
+  c.num_cached = p.num_cached;
+  c.num_null = p.num_null;
+  for (int32_t b : c.blocks)
+    if (b != BlockPool::kNullBlock) blocks_.share(b);
+  return cid;
+}
+
+void Pool::truncate(SeqId id, uint64_t m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Sequence& s = seq_or_throw(id);
+  const uint64_t n0 = s.tokens.size();
+  if (m > n0)
+    fail(Errc::kInvalidArgument,
+         "num_tokens " + str(m) + " exceeds the " + str(n0) + " tokens of " + seq_name(id));
+  const uint64_t bs = opts_.block_size;
+  const uint64_t w = opts_.sliding_window;
+  if (w > 0 && m > 0 && s.num_null > 0) {
+    // The next query (position m) reads keys > m - w; those must still be
+    // stored.
+    const uint64_t lo = (m + 1 > w ? m + 1 - w : 0) / bs;
+    if (lo < s.num_null)
+      fail(Errc::kInvalidArgument, "num_tokens " + str(m) + " would need keys of " + seq_name(id) +
+                                       " that its sliding window already released");
+  }
+  const uint64_t keep = (m + bs - 1) / bs;
+  if (m % bs != 0 && m / bs < s.hashes.size()) {
+    // A full cached block becomes partial. If it is ours alone its hash goes;
+    // if shared, the next write into it copies, so nothing shared is lost.
+    const int32_t b = s.blocks[m / bs];
+    if (b != BlockPool::kNullBlock && blocks_.ref(b) == 1) blocks_.uncache_block(b);
+  }
+  release_blocks_reverse(s.blocks, keep, s.blocks.size());
+  s.blocks.resize(std::min<uint64_t>(keep, s.blocks.size()));
+  s.tokens.resize(m);
+  if (s.hashes.size() > m / bs) s.hashes.resize(m / bs);
+  s.num_null = std::min<uint64_t>(s.num_null, s.blocks.size());
+  s.num_cached = std::min(s.num_cached, m);
+  ++s.version;
+}
+
+void Pool::free(SeqId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Sequence& s = seq_or_throw(id);
+  release_blocks_reverse(s.blocks, 0, s.blocks.size());
+  seqs_.remove(id);
+}
+
+SeqInfo Pool::seq_info(SeqId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Sequence& s = seq_or_throw(id);
+  SeqInfo i;
+  i.priority = s.priority;
+  i.num_tokens = s.tokens.size();
+  i.num_cached_tokens = s.num_cached;
+  i.num_blocks = s.blocks.size();
+  i.num_slots = s.blocks.size() * opts_.block_size;
+  i.lora_id = s.ctx.lora_id;
+  return i;
+}
+
+uint64_t Pool::block_table(SeqId id, int32_t* out, uint64_t capacity) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Sequence& s = seq_or_throw(id);
+  if (out && capacity >= s.blocks.size()) std::copy(s.blocks.begin(), s.blocks.end(), out);
+  return s.blocks.size();
+}
+
+uint64_t Pool::block_hashes(SeqId id, BlockHash* out, uint64_t capacity) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Sequence& s = seq_or_throw(id);
+  if (out && capacity >= s.hashes.size()) std::copy(s.hashes.begin(), s.hashes.end(), out);
+  return s.hashes.size();
+}
+
+}  // namespace pagedkv

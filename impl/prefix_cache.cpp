@@ -1,0 +1,123 @@
+#include "prefix_cache.h"
+
+#include <algorithm>
+
+namespace pagedkv {
+
+PrefixCache::PrefixCache(const std::vector<BlockHash>* hashes, int32_t num_blocks)
+    : hashes_(hashes), dup_next_(num_blocks, -1), dup_prev_(num_blocks, -1) {
+  size_t cap = 16;
+  while (cap < size_t(num_blocks) * 2) cap <<= 1;
+  slots_.assign(cap, -1);
+  mask_ = cap - 1;
+}
+
+size_t PrefixCache::slot_of(const BlockHash& h) const {
+  const auto& hs = *hashes_;
+  for (size_t i = key_of(h) & mask_;; i = (i + 1) & mask_) {
+    int32_t b = slots_[i];
+    if (b < 0) return npos;
+    if (hs[b] == h) return i;
+  }
+}
+
+int32_t PrefixCache::find(const BlockHash& h) const {
+  size_t i = slot_of(h);
+  return i == npos ? -1 : slots_[i];
+}
+
+void PrefixCache::insert(int32_t block) {
+  const auto& hs = *hashes_;
+  const BlockHash& h = hs[block];
+  size_t i = key_of(h) & mask_;
+  for (;; i = (i + 1) & mask_) {
+    int32_t b = slots_[i];
+    if (b < 0) break;
+    if (hs[b] == h) {
+      // Same content already mapped: join its chain behind the head.
+      int32_t n = dup_next_[b];
+      dup_prev_[block] = b;
+      dup_next_[block] = n;
+      if (n >= 0) dup_prev_[n] = block;
+      dup_next_[b] = block;
+      ++num_entries_;
+      return;
+    }
+  }
+  slots_[i] = block;
+  dup_prev_[block] = dup_next_[block] = -1;
+  ++num_entries_;
+}
+
+void PrefixCache::erase(int32_t block) {
+  --num_entries_;
+  int32_t p = dup_prev_[block], n = dup_next_[block];
+  dup_prev_[block] = dup_next_[block] = -1;
+  if (p >= 0) {  // not the chain head: unlink only
+    dup_next_[p] = n;
+    if (n >= 0) dup_prev_[n] = p;
+    return;
+  }
+  size_t i = slot_of((*hashes_)[block]);
+  if (n >= 0) {  // promote the next block of the chain to head
+    dup_prev_[n] = -1;
+    slots_[i] = n;
+    return;
+  }
+  // Backward-shift deletion keeps every probe run gap-free.
+  size_t hole = i;
+  for (size_t j = (i + 1) & mask_;; j = (j + 1) & mask_) {
+    int32_t b = slots_[j];
+    if (b < 0) break;
+    size_t home = key_of((*hashes_)[b]) & mask_;
+    // b may move into the hole if its home is not cyclically in (hole, j].
+    bool stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+    if (!stays) {
+      slots_[hole] = b;
+      hole = j;
+    }
+  }
+  slots_[hole] = -1;
+}
+
+void PrefixCache::clear() {
+  std::fill(slots_.begin(), slots_.end(), -1);
+  std::fill(dup_next_.begin(), dup_next_.end(), -1);
+  std::fill(dup_prev_.begin(), dup_prev_.end(), -1);
+  num_entries_ = 0;
+}
+
+bool PrefixCache::contains(int32_t block) const {
+  if (block < 0 || size_t(block) >= dup_next_.size()) return false;
+  const BlockHash& h = (*hashes_)[block];
+  if (h.empty()) return false;
+  size_t i = slot_of(h);
+  if (i == npos) return false;
+  for (int32_t b = slots_[i]; b >= 0; b = dup_next_[b])
+    if (b == block) return true;
+  return false;
+}
+
+const char* PrefixCache::check() const {
+  const auto& hs = *hashes_;
+  int32_t count = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    int32_t head = slots_[i];
+    if (head < 0) continue;
+    if (size_t(head) >= dup_next_.size()) return "prefix cache: a slot names a block out of range";
+    if (hs[head].empty()) return "prefix cache: a mapped block holds no hash";
+    if (dup_prev_[head] != -1) return "prefix cache: a chain head has a prev link";
+    if (slot_of(hs[head]) != i) return "prefix cache: a hash is mapped in two slots or unreachable";
+    int32_t prev = -1;
+    for (int32_t b = head; b >= 0; b = dup_next_[b]) {
+      if (hs[b] != hs[head]) return "prefix cache: a block is mapped under a hash it does not hold";
+      if (dup_prev_[b] != prev) return "prefix cache: a duplicate chain's links disagree";
+      if (++count > num_entries_) return "prefix cache: more mapped blocks than its count";
+      prev = b;
+    }
+  }
+  if (count != num_entries_) return "prefix cache: fewer mapped blocks than its count";
+  return "";
+}
+
+}  // namespace pagedkv

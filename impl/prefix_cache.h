@@ -1,0 +1,59 @@
+// The prefix cache: block hash -> the blocks holding that content. Equal
+// hashes may map to several blocks (two sequences filled the same block at
+// once); a lookup returns any of them.
+//
+// Only blocks can hold hashes, so the number of distinct keys never exceeds
+// the number of blocks: a fixed open-addressing table (linear probing,
+// backward-shift deletion) sized once at 2x the blocks never rehashes and
+// never allocates. Keys are not stored: a slot holds a block id and the key
+// is that block's hash in the pool's hash array; blocks sharing a hash hang
+// off the slot's block in an intrusive doubly linked chain.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "hash/block_hash.h"
+
+namespace pagedkv {
+
+class PrefixCache {
+ public:
+  PrefixCache() = default;
+  // hashes: the pool's per-block hash array, indexed by block id; it must
+  // outlive the cache and not be resized.
+  PrefixCache(const std::vector<BlockHash>* hashes, int32_t num_blocks);
+
+  // Any block holding hash h, or -1.
+  int32_t find(const BlockHash& h) const;
+  // Adds block (its hash already set in the hash array; not yet in the map).
+  void insert(int32_t block);
+  // Removes block (in the map under its current hash).
+  void erase(int32_t block);
+  void clear();
+
+  int32_t num_blocks() const { return num_entries_; }  // blocks in the map
+  // "" if every mapped block holds the slot's hash, chains are consistent and
+  // the count matches; otherwise what broke.
+  const char* check() const;
+  // Whether block is in the map (walks its hash's chain), for validation.
+  bool contains(int32_t block) const;
+
+ private:
+  static uint64_t key_of(const BlockHash& h) {
+    uint64_t k;
+    std::memcpy(&k, h.bytes.data(), sizeof k);
+    return k;
+  }
+  size_t slot_of(const BlockHash& h) const;  // slot holding h's chain, or npos
+  static constexpr size_t npos = ~size_t(0);
+
+  const std::vector<BlockHash>* hashes_ = nullptr;
+  std::vector<int32_t> slots_;  // block id heading the chain, -1 = empty
+  size_t mask_ = 0;
+  std::vector<int32_t> dup_next_, dup_prev_;  // chain links, -1 = none
+  int32_t num_entries_ = 0;
+};
+
+}  // namespace pagedkv

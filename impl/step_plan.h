@@ -1,0 +1,76 @@
+// A step plan (pkv_batch): slot mapping and CSR page table for one engine
+// step, built on the host and uploaded once to the pool's device. It keeps
+// the pool alive (shared_ptr) and the table versions of its sequences, so a
+// plan whose sequence changed, or whose pool was destroyed, fails cleanly.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernel_types.h"
+#include "kv_pool.h"
+#include "tensor_arg.h"
+
+namespace pagedkv {
+
+struct BatchInfo {
+  uint32_t num_seqs = 0;
+  uint64_t num_tokens = 0;
+  uint64_t num_pages = 0;
+  uint64_t max_context = 0;
+  uint32_t max_query = 0;
+  uint32_t block_size = 0;
+};
+
+struct AttentionParams {
+  float softmax_scale = 0;  // 0 = 1/sqrt(head_dim)
+  uint32_t sliding_window = 0;
+  float logit_softcap = 0;
+};
+
+enum class PlanArray : uint32_t {  // PKV_PLAN_*
+  kSlotMapping = 0,
+  kQueryIndptr = 1,
+  kPageIndptr = 2,
+  kPageIndices = 3,
+  kLastPageLen = 4,
+  kContextLens = 5,
+};
+
+class Batch {
+ public:
+  // Validates every id and query count (Error naming the index), runs the
+  // pool's pending copy-on-write copies on stream, uploads the plan.
+  static std::unique_ptr<Batch> prepare(const std::shared_ptr<Pool>& pool, const SeqId* seqs,
+                                        const uint32_t* query_counts, uint32_t num_seqs,
+                                        void* stream);
+  ~Batch();
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
+  const BatchInfo& info() const { return info_; }
+  TensorArg plan_tensor(uint32_t which) const;
+  const PlanView& view() const { return view_; }            // pool-device pointers
+  const PlanView& host_view() const { return host_view_; }  // host copies
+
+  void write(uint32_t layer, const TensorArg* k, const TensorArg* v, void* stream);
+  void attend(uint32_t layer, const TensorArg* q, const TensorArg* out, const TensorArg* lse,
+              const AttentionParams& params, void* stream);
+
+ private:
+  Batch() = default;
+  void check_fresh() const;  // pool open and every sequence unchanged; holds pool->mu_
+
+  std::shared_ptr<Pool> pool_;
+  std::vector<SeqId> seqs_;
+  std::vector<uint64_t> versions_;
+  BatchInfo info_;
+  std::vector<int64_t> host_;  // every array, 8-byte aligned, one buffer
+  void* device_ = nullptr;     // the same bytes on the device (non-CPU pools)
+  size_t bytes_ = 0;
+  size_t offsets_[6] = {};  // byte offset of each PlanArray in the buffer
+  PlanView view_{}, host_view_{};
+};
+
+}  // namespace pagedkv
