@@ -2,15 +2,21 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <string>
+
+#include "cpu/attention.h"
+#include "cpu/kernels.h"
+#include "cpu/thread_pool.h"
 
 namespace pagedkv {
 namespace {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(const CpuBackendOptions& options) : options_(options) {}
+  explicit CpuBackend(const CpuBackendOptions& options)
+      : table_(&cpu::kernel_table(cpu::resolve_cpu_isa(options.isa))),
+        min_split_keys_(options.min_split_keys),
+        pool_(options.num_threads) {}
 
   // impl/ sees no C ABI header; 1 is PKV_DEVICE_CPU (capi/ checks it).
   int32_t device_type() const override { return 1; }
@@ -19,12 +25,14 @@ class CpuBackend final : public Backend {
   void* allocate(size_t bytes) override {
     // Cache-line alignment keeps every block head on its own lines for the
     // vector loads; aligned_alloc wants a size that is a multiple of it.
+    if (bytes > SIZE_MAX - 64) fail(Errc::kOutOfMemory, "allocation size overflows");
     size_t rounded = (bytes + 63) / 64 * 64;
     if (rounded == 0) rounded = 64;
     void* p = std::aligned_alloc(64, rounded);
-    if (p == nullptr)
+    if (p == nullptr) {
       fail(Errc::kOutOfMemory,
            "cannot allocate " + std::to_string(bytes) + " bytes of host memory");
+    }
     return p;
   }
   void deallocate(void* ptr) noexcept override { std::free(ptr); }
@@ -32,52 +40,28 @@ class CpuBackend final : public Backend {
     if (bytes != 0) std::memcpy(dst, src, bytes);
   }
 
-  void write(const KvArena&, int32_t, const PlanView&, const Tensor3&, const Tensor3&,
-             void*) override {
-    fail(Errc::kUnsupported, "CPU cache write is not implemented yet");
+  void write(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& k,
+             const Tensor3& v, void*) override {
+    cpu::write_kv(pool_, arena, layer, plan, k, v);
   }
-  void attend(const KvArena&, int32_t, const PlanView&, const Tensor3&, const Tensor3&,
-              const AttentionArgs&, void*) override {
-    fail(Errc::kUnsupported, "CPU attention is not implemented yet");
+  void attend(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& q,
+              const Tensor3& out, const AttentionArgs& args, void*) override {
+    cpu::attend(pool_, {table_, min_split_keys_}, arena, layer, plan, q, out, args);
   }
-
   void copy_blocks(const KvArena& arena, const int32_t* src, const int32_t* dst, int64_t num_pairs,
                    void*) override {
-    const size_t bb = arena.layout.block_bytes();
-    for (int32_t layer = 0; layer < arena.num_layers; ++layer) {
-      for (int32_t which = 0; which < 2; ++which) {
-        char* plane = static_cast<char*>(arena.plane(layer, which));
-        for (int64_t i = 0; i < num_pairs; ++i) {
-          if (src[i] == dst[i]) continue;
-          std::memcpy(plane + size_t(dst[i]) * bb, plane + size_t(src[i]) * bb, bb);
-        }
-      }
-    }
+    cpu::copy_blocks(pool_, arena, src, dst, num_pairs);
   }
-
   void swap(const KvArena& arena, const int32_t* blocks, int64_t num_blocks, void* host,
             bool to_host, void*) override {
-    const size_t bb = arena.layout.block_bytes();
-    char* h = static_cast<char*>(host);
-    for (int64_t i = 0; i < num_blocks; ++i) {
-      for (int32_t layer = 0; layer < arena.num_layers; ++layer) {
-        for (int32_t which = 0; which < 2; ++which) {
-          char* dev = static_cast<char*>(arena.plane(layer, which)) + size_t(blocks[i]) * bb;
-          char* hb = h + ((size_t(i) * arena.num_layers + layer) * 2 + which) * bb;
-          if (to_host) {
-            std::memcpy(hb, dev, bb);
-          } else {
-            std::memcpy(dev, hb, bb);
-          }
-        }
-      }
-    }
+    cpu::swap_blocks(pool_, arena, blocks, num_blocks, host, to_host);
   }
-
   void synchronize(void*) override {}
 
  private:
-  CpuBackendOptions options_;
+  const cpu::KernelTable* table_;
+  int32_t min_split_keys_;
+  ThreadPool pool_;
 };
 
 }  // namespace

@@ -1,0 +1,335 @@
+// The attention driver: cuts the step into (sequence, KV head, row tile
+// [, page range]) items, runs each with the per-ISA leaf kernels, and merges
+// split items. Semantics: attention.h.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/attention.h"
+#include "error.h"
+
+namespace pagedkv {
+namespace cpu {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Tile {
+  int32_t seq, head, row0, rows;
+  int32_t page_begin, page_end;  // pages of the sequence this item covers
+  int32_t part;                  // -1: writes out directly; else its partial state
+};
+
+struct MergeGroup {
+  int32_t seq, head, row0, rows;
+  int32_t part_begin, num_parts;
+};
+
+struct Scratch {
+  float* q;       // [kMaxTileRows][D], scaled
+  float* acc;     // [kMaxTileRows][D]
+  float* logits;  // [kMaxTileRows][ldl]
+  float* row;     // [D]
+  float m[kMaxTileRows], l[kMaxTileRows], alpha[kMaxTileRows];
+  int32_t lo[kMaxTileRows], hi[kMaxTileRows];
+};
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+int32_t pow2_at_least(int32_t n) {
+  int32_t r = 1;
+  while (r < n) r *= 2;
+  return r;
+}
+int row_index(int32_t r) { return r == 1 ? 0 : r == 2 ? 1 : r == 4 ? 2 : r == 8 ? 3 : 4; }
+
+class Attention {
+ public:
+  Attention(const AttentionConfig& config, const KvArena& arena, int32_t layer,
+            const PlanView& plan, const Tensor3& q, const Tensor3& out, const AttentionArgs& args)
+      : arena_(arena), plan_(plan), q_(q), out_(out), args_(args) {
+    const KvLayout& lay = arena.layout;
+    d_ = lay.head_dim;
+    bs_ = lay.block_size;
+    hkv_ = lay.num_kv_heads;
+    group_ = int32_t(q.n1 / hkv_);
+    kt_ = config.table;
+    if (d_ % kt_->width != 0) kt_ = &scalar_table();
+    kv_dt_ = dtype_index(lay.dtype);
+    esize_ = dtype_size(lay.dtype);
+    kplane_ = static_cast<const char*>(arena.plane(layer, 0));
+    vplane_ = static_cast<const char*>(arena.plane(layer, 1));
+    ldl_ = (bs_ + 15) / 16 * 16;
+    max_rows_ = std::min(kt_->max_rows, kMaxTileRows);
+    min_split_keys_ = std::max(1, config.min_split_keys);
+  }
+
+  void run(ThreadPool& pool) {
+    build_tiles(pool.size());
+    if (tiles_.empty()) return;
+    const size_t floats = size_t(kMaxTileRows) * (2 * d_ + ldl_) + d_;
+    per_worker_ = (floats + 15) / 16 * 16;
+    const size_t bytes = size_t(pool.size()) * per_worker_ * sizeof(float);
+    scratch_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    if (!scratch_) fail(Errc::kOutOfMemory, "attention scratch");
+    std::memset(scratch_.get(), 0, bytes);
+    if (!groups_.empty()) {
+      part_acc_.assign(size_t(num_parts_) * kMaxTileRows * d_, 0.0f);
+      part_ml_.assign(size_t(num_parts_) * kMaxTileRows * 2, 0.0f);
+    }
+    pool.parallel_for(int64_t(tiles_.size()), [this](int64_t i, int32_t w) {
+      run_tile(tiles_[size_t(i)], worker_scratch(w));
+    });
+    if (!groups_.empty()) {
+      pool.parallel_for(int64_t(groups_.size()), [this](int64_t i, int32_t w) {
+        merge(groups_[size_t(i)], worker_scratch(w));
+      });
+    }
+  }
+
+ private:
+  Scratch worker_scratch(int32_t w) {
+    Scratch s;
+    float* base = scratch_.get() + size_t(w) * per_worker_;
+    s.q = base;
+    s.acc = s.q + size_t(kMaxTileRows) * d_;
+    s.logits = s.acc + size_t(kMaxTileRows) * d_;
+    s.row = s.logits + size_t(kMaxTileRows) * ldl_;
+    return s;
+  }
+
+  int32_t position(int32_t seq, int32_t i) const {
+    const int32_t nq = plan_.query_indptr[seq + 1] - plan_.query_indptr[seq];
+    return plan_.context_lens[seq] - nq + i;
+  }
+  int32_t window_lo(int32_t pos) const {
+    return args_.sliding_window > 0 ? std::max(0, pos - args_.sliding_window + 1) : 0;
+  }
+
+  void build_tiles(int32_t threads) {
+    for (int32_t s = 0; s < plan_.num_seqs; ++s) {
+      const int32_t nq = plan_.query_indptr[s + 1] - plan_.query_indptr[s];
+      if (nq <= 0) continue;
+      const int32_t rows_total = nq * group_;
+      for (int32_t h = 0; h < hkv_; ++h) {
+        for (int32_t row0 = 0; row0 < rows_total; row0 += max_rows_) {
+          const int32_t rows = std::min(max_rows_, rows_total - row0);
+          const int32_t klo = window_lo(position(s, row0 / group_));
+          const int32_t khi = position(s, (row0 + rows - 1) / group_) + 1;
+          if (khi <= klo) continue;  // no visible key (n_q > L): rejected upstream
+          tiles_.push_back({s, h, row0, rows, klo / bs_, (khi - 1) / bs_ + 1, -1});
+        }
+      }
+    }
+    const int64_t n = int64_t(tiles_.size());
+    const int64_t target = 4 * int64_t(threads);
+    if (threads <= 1 || n == 0 || n >= target) return;
+    // Too few items for the threads: split long ones along the context.
+    const int64_t factor = (target + n - 1) / n;
+    std::vector<Tile> split;
+    split.reserve(size_t(target) * 2);
+    for (const Tile& t : tiles_) {
+      const int64_t pages = t.page_end - t.page_begin;
+      const int64_t by_len = pages * bs_ / min_split_keys_;
+      const int32_t parts = int32_t(std::max<int64_t>(1, std::min({factor, by_len, pages})));
+      if (parts == 1) {
+        split.push_back(t);
+        continue;
+      }
+      groups_.push_back({t.seq, t.head, t.row0, t.rows, num_parts_, parts});
+      for (int32_t p = 0; p < parts; ++p) {
+        Tile c = t;
+        c.page_begin = t.page_begin + int32_t(pages * p / parts);
+        c.page_end = t.page_begin + int32_t(pages * (p + 1) / parts);
+        c.part = num_parts_++;
+        split.push_back(c);
+      }
+    }
+    tiles_.swap(split);
+  }
+
+  const char* q_row(int32_t token, int32_t head) const {
+    return static_cast<const char*>(q_.data) +
+           (int64_t(token) * q_.s0 + int64_t(head) * q_.s1) * int64_t(dtype_size(q_.dtype));
+  }
+  char* out_row(int32_t token, int32_t head) const {
+    return static_cast<char*>(out_.data) +
+           (int64_t(token) * out_.s0 + int64_t(head) * out_.s1) * int64_t(dtype_size(out_.dtype));
+  }
+
+  void run_tile(const Tile& t, Scratch s) {
+    const int32_t R = pow2_at_least(t.rows);
+    const int32_t qbeg = plan_.query_indptr[t.seq];
+    const float scale = args_.softmax_scale;
+    for (int32_t r = 0; r < R; ++r) {
+      float* qr = s.q + size_t(r) * d_;
+      if (r >= t.rows) {
+        // Padding rows repeat the last real one; their results are dropped.
+        std::memcpy(qr, s.q + size_t(t.rows - 1) * d_, sizeof(float) * d_);
+        s.lo[r] = s.lo[t.rows - 1];
+        s.hi[r] = s.hi[t.rows - 1];
+        continue;
+      }
+      const int32_t ri = t.row0 + r, i = ri / group_, g = ri % group_;
+      kt_->to_f32[dtype_index(q_.dtype)](q_row(qbeg + i, t.head * group_ + g), qr, d_);
+      for (int32_t d = 0; d < d_; ++d) qr[d] *= scale;
+      const int32_t pos = position(t.seq, i);
+      s.lo[r] = window_lo(pos);
+      s.hi[r] = pos + 1;
+    }
+    const int32_t klo = s.lo[0], khi = s.hi[t.rows - 1];
+    std::fill(s.m, s.m + R, kNegInf);
+    std::fill(s.l, s.l + R, 0.0f);
+    std::fill(s.acc, s.acc + size_t(R) * d_, 0.0f);
+
+    const QkFn qk = kt_->qk[row_index(R)][kv_dt_];
+    const PvFn pv = kt_->pv[row_index(R)][kv_dt_];
+    const int32_t w = kt_->width;
+    const int32_t* pages = plan_.page_indices + plan_.page_indptr[t.seq];
+    const int64_t head_off = int64_t(t.head) * bs_ * d_;
+    const int64_t block_elems = int64_t(hkv_) * bs_ * d_;
+    for (int32_t pg = t.page_begin; pg < t.page_end; ++pg) {
+      const int32_t base = pg * bs_;
+      const int32_t j0 = std::max(klo - base, 0), j1 = std::min(khi - base, bs_);
+      if (j0 >= j1) continue;
+      const int64_t off = (int64_t(pages[pg]) * block_elems + head_off) * int64_t(esize_);
+      qk(s.q, d_, kplane_ + off, j0, j1, s.logits, ldl_, args_.logit_softcap);
+      const int32_t a0 = j0 / w * w, a1 = (j1 + w - 1) / w * w;
+      for (int32_t r = 0; r < R; ++r) {
+        float* x = s.logits + size_t(r) * ldl_;
+        const int32_t vis0 = std::max(j0, s.lo[r] - base);
+        const int32_t vis1 = std::min(j1, s.hi[r] - base);
+        if (vis0 >= vis1) {
+          std::fill(x + a0, x + a1, kNegInf);
+          continue;
+        }
+        std::fill(x + a0, x + vis0, kNegInf);
+        std::fill(x + vis1, x + a1, kNegInf);
+      }
+      kt_->softmax(s.logits, ldl_, R, a0, a1, s.m, s.l, s.alpha);
+      pv(s.logits, ldl_, vplane_ + off, j0, j1, d_, s.acc, s.alpha);
+    }
+
+    if (t.part >= 0) {
+      float* pacc = part_acc_.data() + size_t(t.part) * kMaxTileRows * d_;
+      float* pml = part_ml_.data() + size_t(t.part) * kMaxTileRows * 2;
+      std::memcpy(pacc, s.acc, sizeof(float) * size_t(t.rows) * d_);
+      for (int32_t r = 0; r < t.rows; ++r) {
+        pml[2 * r] = s.m[r];
+        pml[2 * r + 1] = s.l[r];
+      }
+      return;
+    }
+    for (int32_t r = 0; r < t.rows; ++r) {
+      finish_row(t, r, s.acc + size_t(r) * d_, s.m[r], s.l[r], s.row);
+    }
+  }
+
+  // acc is unnormalised; l == 0 only for a row that saw no key, which the
+  // pool never plans (it would need n_q > L): zeros and -inf then.
+  void finish_row(const Tile& t, int32_t r, const float* acc, float m, float l, float* tmp) {
+    const int32_t ri = t.row0 + r, i = ri / group_, g = ri % group_;
+    const int32_t token = plan_.query_indptr[t.seq] + i, head = t.head * group_ + g;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int32_t d = 0; d < d_; ++d) tmp[d] = acc[d] * inv;
+    kt_->from_f32[dtype_index(out_.dtype)](tmp, out_row(token, head), d_);
+    if (args_.lse != nullptr) {
+      args_.lse[int64_t(token) * args_.lse_stride0 + head] = l > 0.0f ? m + std::log(l) : kNegInf;
+    }
+  }
+
+  void merge(const MergeGroup& g, Scratch s) {
+    Tile t{g.seq, g.head, g.row0, g.rows, 0, 0, -1};
+    for (int32_t r = 0; r < g.rows; ++r) {
+      float mx = kNegInf;
+      for (int32_t p = 0; p < g.num_parts; ++p) {
+        mx = std::max(mx, part_ml_[(size_t(g.part_begin + p) * kMaxTileRows + r) * 2]);
+      }
+      float* acc = s.acc;
+      std::fill(acc, acc + d_, 0.0f);
+      float l = 0.0f;
+      if (mx != kNegInf) {
+        for (int32_t p = 0; p < g.num_parts; ++p) {
+          const size_t idx = size_t(g.part_begin + p) * kMaxTileRows + r;
+          const float pm = part_ml_[idx * 2], pl = part_ml_[idx * 2 + 1];
+          if (pm == kNegInf) continue;  // this part saw no visible key
+          const float wgt = std::exp(pm - mx);
+          l += pl * wgt;
+          const float* pa = part_acc_.data() + idx * d_;
+          for (int32_t d = 0; d < d_; ++d) acc[d] += pa[d] * wgt;
+        }
+      }
+      finish_row(t, r, acc, mx, l, s.row);
+    }
+  }
+
+  const KvArena& arena_;
+  const PlanView& plan_;
+  const Tensor3& q_;
+  const Tensor3& out_;
+  const AttentionArgs& args_;
+  const KernelTable* kt_;
+  int32_t d_, bs_, hkv_, group_, ldl_, max_rows_, min_split_keys_;
+  int kv_dt_;
+  size_t esize_;
+  const char* kplane_;
+  const char* vplane_;
+  std::vector<Tile> tiles_;
+  std::vector<MergeGroup> groups_;
+  int32_t num_parts_ = 0;
+  std::vector<float> part_acc_, part_ml_;
+  std::unique_ptr<float, FreeDeleter> scratch_;
+  size_t per_worker_ = 0;
+};
+
+bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+void check_pages(const KvArena& arena, const PlanView& plan) {
+  const int64_t num_pages = plan.num_seqs > 0 ? plan.page_indptr[plan.num_seqs] : 0;
+  for (int64_t i = 0; i < num_pages; ++i) {
+    if (plan.page_indices[i] < 0 || plan.page_indices[i] >= arena.layout.num_blocks) {
+      fail(Errc::kInvalidArgument, "plan: page_indices[" + std::to_string(i) + "] = " +
+                                       std::to_string(plan.page_indices[i]) + " is not a block id");
+    }
+  }
+  for (int32_t s = 0; s < plan.num_seqs; ++s) {
+    const int32_t nq = plan.query_indptr[s + 1] - plan.query_indptr[s];
+    const int32_t len = plan.context_lens[s];
+    const int64_t pages = plan.page_indptr[s + 1] - plan.page_indptr[s];
+    if (nq < 0 || nq > len || pages * arena.layout.block_size < len) {
+      fail(Errc::kInvalidArgument, "plan: sequence " + std::to_string(s) +
+                                       " has inconsistent query count, context length or pages");
+    }
+  }
+}
+
+}  // namespace
+
+void attend(ThreadPool& pool, const AttentionConfig& config, const KvArena& arena, int32_t layer,
+            const PlanView& plan, const Tensor3& q, const Tensor3& out, const AttentionArgs& args) {
+  const KvLayout& lay = arena.layout;
+  if (!is_float_dtype(lay.dtype) || !is_float_dtype(q.dtype) || !is_float_dtype(out.dtype)) {
+    fail(Errc::kInvalidArgument, "attention: q, out and the cache must be f32, f16 or bf16");
+  }
+  if (q.n2 != lay.head_dim || out.n2 != lay.head_dim || q.n1 != out.n1 || q.n0 != out.n0 ||
+      q.n1 <= 0 || q.n1 % lay.num_kv_heads != 0 || q.n0 < plan.num_tokens) {
+    fail(Errc::kInvalidArgument, "attention: q/out shape does not match the cache and plan");
+  }
+  if (layer < 0 || layer >= arena.num_layers) fail(Errc::kInvalidArgument, "attention: layer");
+  if (!(args.softmax_scale > 0.0f || args.softmax_scale < 0.0f) || args.sliding_window < 0 ||
+      args.logit_softcap < 0.0f) {
+    fail(Errc::kInvalidArgument, "attention: softmax_scale, sliding_window or logit_softcap");
+  }
+  check_pages(arena, plan);
+  Attention(config, arena, layer, plan, q, out, args).run(pool);
+}
+
+}  // namespace cpu
+}  // namespace pagedkv

@@ -1,0 +1,84 @@
+// CPU paged attention and cache writes: the reference semantics. The CUDA
+// kernels implement exactly this; their tests compare against these.
+//
+// Shapes. One layer's K and V planes are [num_blocks, Hkv, bs, D] of the
+// cache dtype T (f32, f16 or bf16). q and out are [num_tokens, Hq, D]
+// (strided token/head dims, unit innermost); Hq = G * Hkv, G >= 1. Query
+// head h reads KV head h / G (consecutive query heads share a KV head: MHA
+// G = 1, GQA, MQA Hkv = 1).
+//
+// Positions. Sequence s has L = context_lens[s] tokens and
+// n_q = query_indptr[s+1] - query_indptr[s] queries (n_q <= L); query row
+// t = query_indptr[s] + i, 0 <= i < n_q, is the token at position
+// p = L - n_q + i. Decode (n_q = 1), prefill (n_q = L) and chunked prefill
+// over a cached prefix (1 < n_q < L) are the same rule. The key/value at
+// position k < L is row k % bs of block page_indices[page_indptr[s] + k/bs].
+//
+// Visibility. Query p sees key k iff k <= p (causal) and, with a sliding
+// window W > 0, k > p - W; i.e. max(0, p - W + 1) <= k <= p. Every query
+// sees at least its own key.
+//
+// Logits (all arithmetic in f32; T values are widened exactly):
+//   x = (scale * q) . k              scale = AttentionArgs::softmax_scale
+//   x = c * tanh(x / c)              only if c = logit_softcap > 0
+// i.e. the softmax scale is applied BEFORE the soft-cap, as FlashAttention,
+// FlashInfer, vLLM and Gemma-2 do; the softmax itself then uses no further
+// scale. Invisible keys get weight exactly 0 (their logits are -inf after
+// the cap, never c * tanh(-inf)).
+//
+// Output: out[t, h] = sum_k softmax(x)_k * v_k over the visible keys, with
+// an online softmax (running max m, running sum l, f32 accumulator), keys
+// in increasing position order, rounded to out's dtype (round to nearest
+// even; f16 overflows to inf).
+//
+// LSE (optional): lse[t * lse_stride0 + h] = m + log(l) = natural log of
+// sum_k exp(x_k) over the visible keys of the final (scaled, capped)
+// logits, in f32. Not log2, not of the unscaled q . k.
+//
+// Split-KV. When there are fewer (sequence, KV head, row tile) items than
+// threads, an item may be split along its pages; partial states merge as
+// M = max m_i, l = sum l_i e^(m_i - M), out = sum acc_i e^(m_i - M) / l,
+// lse = M + log(l). Results are deterministic for a given backend
+// configuration; they differ across thread counts only by f32 rounding.
+//
+// Memory touched. Only positions < L are read, and for a query tile only
+// pages holding a position in [max(0, p_first - W + 1), p_last]. In
+// particular a page wholly before the window of the step's first query of
+// its sequence (where the pool puts the null block 0) is never read, nor
+// are the unused slots after position L - 1 in the last page. NaN there
+// cannot leak into the output.
+//
+// Cache write: for each token t with slot = slot_mapping[t] >= 0, k[t, h]
+// and v[t, h] are copied (bit-exact, same dtype) to row slot % bs of block
+// slot / bs, KV head h, for every h. slot -1 is padding: skipped. Nothing
+// else is written.
+#pragma once
+
+#include <cstdint>
+
+#include "backend.h"
+#include "cpu/kernels.h"
+#include "cpu/thread_pool.h"
+
+namespace pagedkv {
+namespace cpu {
+
+struct AttentionConfig {
+  const KernelTable* table;
+  int32_t min_split_keys;
+};
+
+void attend(ThreadPool& pool, const AttentionConfig& config, const KvArena& arena, int32_t layer,
+            const PlanView& plan, const Tensor3& q, const Tensor3& out, const AttentionArgs& args);
+
+void write_kv(ThreadPool& pool, const KvArena& arena, int32_t layer, const PlanView& plan,
+              const Tensor3& k, const Tensor3& v);
+
+void copy_blocks(ThreadPool& pool, const KvArena& arena, const int32_t* src, const int32_t* dst,
+                 int64_t num_pairs);
+
+void swap_blocks(ThreadPool& pool, const KvArena& arena, const int32_t* blocks, int64_t num_blocks,
+                 void* host, bool to_host);
+
+}  // namespace cpu
+}  // namespace pagedkv

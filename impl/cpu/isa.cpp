@@ -1,0 +1,64 @@
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cpu/kernels.h"
+#include "error.h"
+
+namespace pagedkv {
+namespace cpu {
+
+bool cpu_isa_supported(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kScalar:
+      return true;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    // __builtin_cpu_supports also checks that the OS saves the wide state.
+    case CpuIsa::kAvx2:
+      return avx2_table() != nullptr && __builtin_cpu_supports("avx2") &&
+             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case CpuIsa::kAvx512:
+      return avx512_table() != nullptr && cpu_isa_supported(CpuIsa::kAvx2) &&
+             __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl");
+#endif
+    default:
+      return false;
+  }
+}
+
+CpuIsa resolve_cpu_isa(CpuIsa requested) {
+  if (requested != CpuIsa::kAuto) {
+    if (!cpu_isa_supported(requested)) {
+      fail(Errc::kUnsupported, "this CPU cannot run the requested kernel ISA");
+    }
+    return requested;
+  }
+  CpuIsa cap = CpuIsa::kAvx512;
+  if (const char* env = std::getenv("PAGEDKV_CPU_ISA")) {
+    if (std::strcmp(env, "scalar") == 0) cap = CpuIsa::kScalar;
+    if (std::strcmp(env, "avx2") == 0) cap = CpuIsa::kAvx2;
+  }
+  for (CpuIsa isa : {CpuIsa::kAvx512, CpuIsa::kAvx2}) {
+    if (static_cast<int32_t>(isa) <= static_cast<int32_t>(cap) && cpu_isa_supported(isa))
+      return isa;
+  }
+  return CpuIsa::kScalar;
+}
+
+const KernelTable& kernel_table(CpuIsa resolved) {
+  switch (resolved) {
+    case CpuIsa::kAvx512:
+      if (const KernelTable* t = avx512_table()) return *t;
+      break;
+    case CpuIsa::kAvx2:
+      if (const KernelTable* t = avx2_table()) return *t;
+      break;
+    default:
+      break;
+  }
+  return scalar_table();
+}
+
+}  // namespace cpu
+}  // namespace pagedkv
