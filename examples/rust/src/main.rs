@@ -66,7 +66,7 @@ fn main() -> Result<(), pagedkv::Error> {
     );
     let pool = Pool::new(&PoolOptions {
         block_size: 16,
-        num_blocks: 24, // small on purpose: forces a preemption
+        num_blocks: 20, // small on purpose: forces preemptions
         num_layers: LAYERS as u32,
         num_kv_heads: KV_HEADS as u32,
         head_dim: HEAD_DIM as u32,

@@ -62,7 +62,7 @@ pub use error::{status_string, Error, ErrorKind, Result};
 pub use hash::{hash_prefix, hash_root, HashOptions, MmItem};
 pub use pool::{
     Event, EventKind, Events, Kv, Pool, PoolOptions, PoolStats, SeqId, SeqInfo, SeqOptions,
-    SwapDirection,
+    SwapDirection, NULL_BLOCK,
 };
 pub use tensor::{RawTensor, Stream, TensorView, TensorViewMut};
 pub use types::{

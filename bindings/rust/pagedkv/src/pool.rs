@@ -87,6 +87,10 @@ impl PoolOptions {
     }
 }
 
+/// The block id standing in a block table for positions a sliding window
+/// released.
+pub const NULL_BLOCK: i32 = sys::PKV_NULL_BLOCK;
+
 /// A sequence handle: a slot and a generation. Using a freed or unknown id
 /// is a clean [`ErrorKind::NotFound`], never undefined behaviour.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

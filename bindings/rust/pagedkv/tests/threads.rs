@@ -1,0 +1,138 @@
+//! Several threads on one pool: the block manager under concurrent
+//! create/append/fork/truncate/free, and concurrent steps with attention
+//! checked against the float64 reference.
+
+mod common;
+
+use std::sync::Arc;
+use std::thread;
+
+use common::*;
+use pagedkv::{AttentionParams, Batch, DType, ErrorKind, Pool, SeqId};
+
+fn assert_send_sync<T: Send + Sync>() {}
+fn assert_send<T: Send>() {}
+
+#[test]
+fn pool_is_send_and_sync_batch_is_send() {
+    assert_send_sync::<Pool>();
+    assert_send::<Batch>();
+    assert_send_sync::<pagedkv::Error>();
+}
+
+#[test]
+fn concurrent_block_manager_operations() {
+    let pool = Arc::new(manager(4, 200));
+    let handles: Vec<_> = (0..6)
+        .map(|t| {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || {
+                let mut rng = Rng::new(100 + t);
+                let mut mine: Vec<(SeqId, u64)> = Vec::new();
+                // A shared prefix so threads hit each other's cached blocks.
+                let prefix: Vec<i32> = (0..12).collect();
+                for _ in 0..400 {
+                    match rng.range(0, 6) {
+                        0 => {
+                            let s = pool.create_seq().unwrap();
+                            let mut p = prefix.clone();
+                            let extra = rng.range(1, 10) as usize;
+                            p.extend(rng.tokens(extra));
+                            let hit = pool.match_prefix(s, &p).unwrap();
+                            assert_eq!(hit % 4, 0);
+                            match pool.append(s, &p[hit as usize..]) {
+                                Ok(()) => mine.push((s, p.len() as u64)),
+                                Err(e) => {
+                                    assert_eq!(e.kind(), ErrorKind::OutOfBlocks, "{e}");
+                                    pool.free_seq(s).unwrap();
+                                }
+                            }
+                        }
+                        1 | 2 if !mine.is_empty() => {
+                            let i = rng.range(0, mine.len() as u64) as usize;
+                            let n = rng.range(1, 6) as usize;
+                            match pool.append(mine[i].0, &rng.tokens(n)) {
+                                Ok(()) => mine[i].1 += n as u64,
+                                Err(e) => assert_eq!(e.kind(), ErrorKind::OutOfBlocks, "{e}"),
+                            }
+                        }
+                        3 if !mine.is_empty() => {
+                            let i = rng.range(0, mine.len() as u64) as usize;
+                            match pool.fork(mine[i].0) {
+                                Ok(c) => mine.push((c, mine[i].1)),
+                                Err(e) => assert_eq!(e.kind(), ErrorKind::OutOfBlocks, "{e}"),
+                            }
+                        }
+                        4 if !mine.is_empty() => {
+                            let i = rng.range(0, mine.len() as u64) as usize;
+                            let keep = rng.range(0, mine[i].1 + 1);
+                            pool.truncate(mine[i].0, keep).unwrap();
+                            mine[i].1 = keep;
+                        }
+                        _ if !mine.is_empty() => {
+                            let i = rng.range(0, mine.len() as u64) as usize;
+                            let (s, _) = mine.swap_remove(i);
+                            pool.free_seq(s).unwrap();
+                            assert_eq!(pool.seq_info(s).unwrap_err().kind(), ErrorKind::NotFound);
+                        }
+                        _ => {}
+                    }
+                    for &(s, n) in mine.iter().take(2) {
+                        assert_eq!(pool.seq_info(s).unwrap().num_tokens, n);
+                    }
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut live = Vec::new();
+    for h in handles {
+        live.extend(h.join().unwrap());
+    }
+    pool.validate().unwrap();
+    let s = pool.stats().unwrap();
+    assert_eq!(s.num_seqs as usize, live.len());
+    assert_eq!(s.num_tokens, live.iter().map(|&(_, n)| n).sum::<u64>());
+    for (id, _) in live {
+        pool.free_seq(id).unwrap();
+    }
+    let s = pool.stats().unwrap();
+    assert_eq!((s.num_used_blocks, s.num_free_blocks), (0, 199));
+    pool.validate().unwrap();
+}
+
+#[test]
+fn concurrent_steps_with_attention() {
+    let case = Case {
+        block_size: 16,
+        kv_heads: 2,
+        q_heads: 4,
+        head_dim: 64,
+        layers: 2,
+        params: AttentionParams::default(),
+        lse: true,
+        tol: 1e-4,
+    };
+    let pool = storage(16, 64, 2, 2, 64, DType::F32);
+    let mut rng = Rng::new(77);
+    poison::<f32>(&pool);
+    scramble(&pool, &mut rng);
+    thread::scope(|sc| {
+        for t in 0..4u64 {
+            let pool = &pool;
+            sc.spawn(move || {
+                let mut rng = Rng::new(1000 + t);
+                let mut seqs = new_seqs(pool, 2, case.layers);
+                step::<f32>(pool, &case, &mut seqs, &[7, 20], &mut rng);
+                for _ in 0..6 {
+                    step::<f32>(pool, &case, &mut seqs, &[1, 1], &mut rng);
+                }
+                for s in seqs {
+                    pool.free_seq(s.id).unwrap();
+                }
+            });
+        }
+    });
+    pool.validate().unwrap();
+    assert_eq!(pool.stats().unwrap().num_seqs, 0);
+}
