@@ -1,6 +1,8 @@
 // serving_sim: a continuous-batching LLM server simulated on pagedkv, to
 // show what paged KV memory buys over static max-context allocation. It
 // uses only the public C ABI, as an engine would. See docs/demo.md.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -112,8 +114,22 @@ std::string progress_line(int64_t step, const Scheduler& sched, const pkv_pool_s
   return buf;
 }
 
+// Fails early, before a long run, if the chart cannot be written.
+bool chart_path_writable(const std::string& path) {
+  const bool existed = access(path.c_str(), F_OK) == 0;
+  std::FILE* f = std::fopen(path.c_str(), "ab");
+  if (!f) return false;
+  std::fclose(f);
+  if (!existed) std::remove(path.c_str());
+  return true;
+}
+
 int run(Options o) {
   RunInfo run;
+  if (!chart_path_writable(o.out)) {
+    std::fprintf(stderr, "serving_sim: --out %s: cannot write there\n", o.out.c_str());
+    return kExitUsage;
+  }
   uint32_t dtype = PKV_DTYPE_F32;
   int32_t device_type = PKV_DEVICE_CPU;
   int rc = resolve_environment(&o, &run, &dtype, &device_type);

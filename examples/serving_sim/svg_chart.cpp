@@ -195,9 +195,9 @@ bool write_svg_chart(const std::string& path, const RunInfo& run, const Summary&
   s += axes(p1, "KV-cache memory over the run", "MiB", "engine step");
   for (const Line* l : {&used, &filled, &stat, &budget_line}) s += polyline(p1, xs, *l);
   if (static_peak > mem_top)
-    s += text(p1.x + p1.w - 6, p1.y + 16,
-              "static peaks at " + format_bytes(static_peak * mib) + " (off scale)",
-              "text-anchor=\"end\" class=\"note\" fill=\"#d62728\"");
+    s += text(p1.x + p1.w, p1.y - 10,
+              "static line cut at 3x the budget; it peaks at " + format_bytes(static_peak * mib),
+              "text-anchor=\"end\" class=\"note\" style=\"fill:#d62728\"");
   s += legend(p1.x + p1.w + 20, p1.y + 10, {stat, used, filled, budget_line});
 
   s += axes(p2, "Sequences running at once", "sequences", "engine step");
