@@ -495,3 +495,67 @@ fn seq_ids_are_values() {
     assert_eq!((info.priority, info.lora_id), (-3, 11));
     assert!(format!("{a:?}").starts_with("SeqId("));
 }
+
+#[test]
+fn raw_strided_views_over_a_fused_qkv_buffer() {
+    // Engines often have q, k and v interleaved in one projection output:
+    // [rows][3][heads][dim]. Raw views with strides read them in place.
+    let (bs, heads, dim, rows) = (8usize, 2usize, 64usize, 5usize);
+    let pool = storage(bs as u32, 8, 1, heads as u32, dim as u32, DType::F32);
+    let s = pool.create_seq().unwrap();
+    pool.append(s, &[1, 2, 3, 4, 5]).unwrap();
+    let mut rng = Rng::new(21);
+    let qkv: Vec<f32> = (0..rows * 3 * heads * dim).map(|_| rng.f32()).collect();
+    let row = (3 * heads * dim) as i64;
+    let strides = [row, dim as i64, 1];
+    let view = |part: usize| unsafe {
+        TensorView::from_raw_parts(
+            qkv.as_ptr().add(part * heads * dim).cast(),
+            DType::F32,
+            Device::Cpu,
+            &[rows, heads, dim],
+            Some(&strides),
+        )
+        .unwrap()
+    };
+    let mut batch = pool.prepare(&[s], &[rows as u32]).unwrap();
+    batch.cache_write(0, &view(1), &view(2)).unwrap();
+    let mut out_strided = vec![0f32; rows * heads * dim];
+    batch
+        .attention_forward(
+            0,
+            &view(0),
+            &mut TensorViewMut::new(&mut out_strided, &[rows, heads, dim]).unwrap(),
+            None,
+            &AttentionParams::default(),
+        )
+        .unwrap();
+    // Same result from dense copies.
+    let dense = |part: usize| -> Vec<f32> {
+        (0..rows)
+            .flat_map(|r| qkv[r * 3 * heads * dim + part * heads * dim..][..heads * dim].to_vec())
+            .collect()
+    };
+    let (q, k) = (dense(0), dense(1));
+    let blk = pool.block_table(s).unwrap()[0];
+    let stored: Vec<f32> = pool.read_kv_block(0, Kv::Key, blk).unwrap();
+    for t in 0..rows {
+        for h in 0..heads {
+            assert_eq!(
+                &stored[(h * bs + t) * dim..][..dim],
+                &k[(t * heads + h) * dim..][..dim]
+            );
+        }
+    }
+    let mut out_dense = vec![0f32; rows * heads * dim];
+    batch
+        .attention_forward(
+            0,
+            &TensorView::new(&q, &[rows, heads, dim]).unwrap(),
+            &mut TensorViewMut::new(&mut out_dense, &[rows, heads, dim]).unwrap(),
+            None,
+            &AttentionParams::default(),
+        )
+        .unwrap();
+    assert_eq!(out_strided, out_dense);
+}

@@ -111,7 +111,7 @@ fn concurrent_steps_with_attention() {
         layers: 2,
         params: AttentionParams::default(),
         lse: true,
-        tol: 1e-4,
+        tol: 1e-5,
     };
     let pool = storage(16, 64, 2, 2, 64, DType::F32);
     let mut rng = Rng::new(77);
