@@ -100,9 +100,11 @@ int resolve_environment(Options* o, RunInfo* run, uint32_t* dtype, int32_t* devi
 std::string progress_line(int64_t step, const Scheduler& sched, const pkv_pool_stats& st,
                           double seconds, uint64_t rows, uint32_t total) {
   const Counters& c = sched.counters();
-  const double hit = st.prefix_query_tokens
-                         ? 100.0 * double(st.prefix_hit_tokens) / double(st.prefix_query_tokens)
-                         : 0.0;
+  // As in the report: lookups of admissions that did not fit left out.
+  const uint64_t looked =
+      st.prefix_query_tokens - std::min(st.prefix_query_tokens, c.failed_lookup_tokens);
+  const uint64_t hits = st.prefix_hit_tokens - std::min(st.prefix_hit_tokens, c.failed_lookup_hits);
+  const double hit = looked ? 100.0 * double(hits) / double(looked) : 0.0;
   char buf[256];
   std::snprintf(buf, sizeof buf,
                 "step %lld | running %zu waiting %u done %u/%u | blocks %llu/%llu (%.0f%%) | "
