@@ -1,0 +1,291 @@
+package pagedkv
+
+import (
+	"errors"
+	"math/rand"
+	"runtime"
+	"sync"
+	"testing"
+)
+
+// Many goroutines drive one pool the way an engine's request handlers
+// would: shared system prompt, prefix matching, appends with preemption on
+// ErrOutOfBlocks, forks, truncation, frees, stats and tables.
+func TestConcurrentGoroutinesOnOnePool(t *testing.T) {
+	p := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 96, EnableEvents: true, MaxEvents: 256})
+	system := randTokens(rand.New(rand.NewSource(13)), 24)
+	const workers, iters = 16, 150
+	var wg sync.WaitGroup
+	errc := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			r := rand.New(rand.NewSource(int64(100 + w)))
+			var mine []Seq
+			fail := func(err error) { errc <- err }
+			for i := 0; i < iters; i++ {
+				switch op := r.Intn(10); {
+				case op < 4 || len(mine) == 0:
+					s, err := p.CreateSeq(nil)
+					if err != nil {
+						fail(err)
+						return
+					}
+					prompt := append(append([]int32(nil), system...), randTokens(r, r.Intn(12))...)
+					n, err := s.MatchPrefix(prompt)
+					if err != nil {
+						fail(err)
+						return
+					}
+					for {
+						err = s.Append(prompt[n:])
+						if !errors.Is(err, ErrOutOfBlocks) || len(mine) == 0 {
+							break
+						}
+						if err := mine[0].Free(); err != nil { // preempt our oldest
+							fail(err)
+							return
+						}
+						mine = mine[1:]
+					}
+					if errors.Is(err, ErrOutOfBlocks) {
+						err = s.Free()
+					} else if err == nil {
+						mine = append(mine, s)
+					}
+					if err != nil {
+						fail(err)
+						return
+					}
+				case op < 6:
+					s := mine[r.Intn(len(mine))]
+					if err := s.Append(randTokens(r, 1+r.Intn(3))); err != nil &&
+						!errors.Is(err, ErrOutOfBlocks) {
+						fail(err)
+						return
+					}
+				case op < 7:
+					f, err := mine[r.Intn(len(mine))].Fork()
+					if err != nil {
+						fail(err)
+						return
+					}
+					mine = append(mine, f)
+				case op < 8:
+					s := mine[r.Intn(len(mine))]
+					info, err := s.Info()
+					if err == nil && info.NumTokens > 0 {
+						err = s.Truncate(r.Intn(int(info.NumTokens)))
+					}
+					if err != nil {
+						fail(err)
+						return
+					}
+				case op < 9:
+					k := r.Intn(len(mine))
+					if err := mine[k].Free(); err != nil {
+						fail(err)
+						return
+					}
+					mine = append(mine[:k], mine[k+1:]...)
+				default:
+					if _, err := p.Stats(); err != nil {
+						fail(err)
+						return
+					}
+					if _, err := mine[0].BlockTable(); err != nil {
+						fail(err)
+						return
+					}
+					if _, err := p.DrainEvents(16); err != nil {
+						fail(err)
+						return
+					}
+				}
+			}
+			for _, s := range mine {
+				if err := s.Free(); err != nil {
+					fail(err)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	ok(t, p.Validate())
+	st := stats(t, p)
+	if st.NumSeqs != 0 || st.NumUsedBlocks != 0 || st.NumFreeBlocks != 95 {
+		t.Fatalf("stats after every sequence was freed: %+v", st)
+	}
+}
+
+// Each failed call's message is the one its own call produced, however the
+// goroutines migrate between OS threads.
+func TestErrorMessagesStayWithTheirCall(t *testing.T) {
+	p := managerPool(t, 16)
+	s := seqOf(t, p, []int32{1, 2, 3})
+	calls := []func() error{
+		func() error { _, err := p.Seq(987654321).Info(); return err },
+		func() error { return s.Truncate(50) },
+		func() error { _, err := NewPool(&PoolOptions{NumBlocks: 1}); return err },
+		func() error { _, err := HashPrefix(&HashOptions{Algo: 77}, []int32{1}); return err },
+		func() error { _, err := p.Prepare([]Seq{s}, []int{9}); return err },
+	}
+	want := make([]string, len(calls))
+	for i, c := range calls {
+		err := c()
+		if err == nil {
+			t.Fatalf("call %d did not fail", i)
+		}
+		want[i] = err.Error()
+		for j := 0; j < i; j++ {
+			if want[j] == want[i] {
+				t.Fatalf("calls %d and %d fail alike: %s", i, j, want[i])
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	bad := make(chan string, 16)
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			r := rand.New(rand.NewSource(int64(w)))
+			for i := 0; i < 300; i++ {
+				k := r.Intn(len(calls))
+				if got := calls[k]().Error(); got != want[k] {
+					bad <- got + " != " + want[k]
+					return
+				}
+				if i%7 == 0 {
+					runtime.Gosched()
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(bad)
+	for b := range bad {
+		t.Fatal(b)
+	}
+}
+
+// Close waits for calls in flight; every call after it fails with
+// ErrClosed; nothing crashes.
+func TestCloseWhileInUse(t *testing.T) {
+	p, err := NewPool(&PoolOptions{BlockSize: 4, NumBlocks: 64})
+	ok(t, err)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	errc := make(chan error, 8)
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for i := 0; ; i++ {
+				s, err := p.CreateSeq(nil)
+				if err == nil {
+					err = s.Append([]int32{1, 2, 3, 4, 5})
+					if err == nil {
+						err = s.Free()
+					}
+				}
+				if errors.Is(err, ErrClosed) {
+					return
+				}
+				if err != nil && !errors.Is(err, ErrOutOfBlocks) {
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	close(start)
+	runtime.Gosched()
+	ok(t, p.Close())
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	if _, err := p.Stats(); !errors.Is(err, ErrClosed) {
+		t.Fatal(err)
+	}
+}
+
+// Step plans of different sequences run their kernels concurrently.
+func TestConcurrentBatches(t *testing.T) {
+	p := storagePool(t, 2)
+	var wg sync.WaitGroup
+	errc := make(chan error, 4)
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			r := rand.New(rand.NewSource(int64(w)))
+			s, err := p.CreateSeq(nil)
+			if err != nil {
+				errc <- err
+				return
+			}
+			defer s.Free()
+			for i := 0; i < 10 && err == nil; i++ {
+				if err = s.Append(randTokens(r, 2)); err != nil {
+					break
+				}
+				var b *Batch
+				if b, err = p.Prepare([]Seq{s}, []int{2}); err != nil {
+					break
+				}
+				kv := make([]float32, 2*2*64)
+				q := make([]float32, 2*4*64)
+				out := make([]float32, len(q))
+				for j := range kv {
+					kv[j] = r.Float32()
+				}
+				for j := range q {
+					q[j] = r.Float32()
+				}
+				if err = b.CacheWrite(1, kv, kv); err == nil {
+					err = b.Attention(1, q, out, nil, nil)
+				}
+				for _, x := range out {
+					if x != x || x < 0 || x > 1 { // a mean of values in [0, 1)
+						err = errors.New("attention output out of range")
+					}
+				}
+				b.Close()
+			}
+			if err != nil {
+				errc <- err
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	ok(t, p.Validate())
+}
+
+// Forgotten pools and batches are released by their finalizers.
+func TestFinalizersRelease(t *testing.T) {
+	for i := 0; i < 20; i++ {
+		p, err := NewPool(&PoolOptions{BlockSize: 8, NumBlocks: 64, NumLayers: 2, NumKVHeads: 2,
+			HeadDim: 64, DType: Float32, NumThreads: 1})
+		ok(t, err)
+		s := seqOf(t, p, []int32{1, 2, 3})
+		_, err = p.Prepare([]Seq{s}, []int{3})
+		ok(t, err)
+		runtime.GC()
+	}
+	runtime.GC()
+	runtime.GC()
+}

@@ -1,0 +1,102 @@
+package pagedkv
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func TestSentinelsMatchTheirCodeOnly(t *testing.T) {
+	sentinels := []*Error{ErrInvalidArgument, ErrNotFound, ErrOutOfBlocks, ErrOutOfMemory,
+		ErrUnsupported, ErrCuda, ErrBufferTooSmall, ErrInvalidState, ErrInvariant, ErrInternal}
+	codes := []Code{CodeInvalidArgument, CodeNotFound, CodeOutOfBlocks, CodeOutOfMemory,
+		CodeUnsupported, CodeCuda, CodeBufferTooSmall, CodeInvalidState, CodeInvariant,
+		CodeInternal}
+	for i, s := range sentinels {
+		if s.Code != codes[i] || int32(codes[i]) != int32(-1-i) {
+			t.Fatalf("sentinel %d has code %d", i, s.Code)
+		}
+		e := &Error{Code: codes[i], Op: "pkv_x", Msg: "m"}
+		wrapped := fmt.Errorf("context: %w", e)
+		for j, s2 := range sentinels {
+			if got := errors.Is(wrapped, s2); got != (i == j) {
+				t.Errorf("errors.Is(%v, %v) = %v", e, s2.Code.name(), got)
+			}
+		}
+		if !strings.HasPrefix(codes[i].String(), "PKV_E_") {
+			t.Errorf("status string of %d: %q", codes[i], codes[i].String())
+		}
+		if want := "pagedkv: pkv_x: " + codes[i].name() + ": m"; e.Error() != want {
+			t.Errorf("Error() = %q, want %q", e.Error(), want)
+		}
+	}
+	if CodeOK.String() == "" || Code(-1000).String() == "" {
+		t.Fatal("status strings must never be empty")
+	}
+	if errors.Is(ErrNotFound, ErrClosed) || errors.Is(errors.New("x"), ErrNotFound) {
+		t.Fatal("unrelated errors matched")
+	}
+}
+
+func TestLibraryErrorsCarryMessageAndOp(t *testing.T) {
+	_, err := NewPool(&PoolOptions{NumBlocks: 1, BlockSize: 16})
+	e := wantErr(t, err, ErrInvalidArgument)
+	if e.Op != "pkv_pool_create" {
+		t.Fatalf("Op = %q", e.Op)
+	}
+	if !strings.Contains(e.Msg, "num_blocks") {
+		t.Fatalf("message %q does not name num_blocks", e.Msg)
+	}
+	p := managerPool(t, 8)
+	_, err = p.Seq(12345).Info()
+	e = wantErr(t, err, ErrNotFound)
+	if e.Op != "pkv_seq_get_info" {
+		t.Fatalf("Op = %q", e.Op)
+	}
+	// A success after a failure carries nothing over.
+	_, err = p.Stats()
+	ok(t, err)
+}
+
+func TestClosedObjects(t *testing.T) {
+	p, err := NewPool(&PoolOptions{BlockSize: 8, NumBlocks: 8, NumLayers: 1, NumKVHeads: 1,
+		HeadDim: 64, DType: Float32, NumThreads: 1})
+	ok(t, err)
+	s := seqOf(t, p, []int32{1, 2, 3, 4, 5})
+	b, err := p.Prepare([]Seq{s}, []int{5})
+	ok(t, err)
+	ok(t, p.Close())
+	ok(t, p.Close()) // idempotent
+	checks := map[string]error{}
+	_, checks["Stats"] = p.Stats()
+	_, checks["Events"] = p.Events()
+	checks["Validate"] = p.Validate()
+	checks["Append"] = s.Append([]int32{1})
+	_, checks["Info"] = s.Info()
+	_, checks["CreateSeq"] = p.CreateSeq(nil)
+	_, checks["Prepare"] = p.Prepare([]Seq{s}, []int{1})
+	for name, err := range checks {
+		if !errors.Is(err, ErrClosed) || !errors.Is(err, ErrInvalidState) {
+			t.Errorf("%s on a closed pool: %v", name, err)
+		}
+	}
+	// The plan outlives its pool: calls fail cleanly.
+	kv := make([]float32, 5*64)
+	wantErr(t, b.CacheWrite(0, kv, kv), ErrInvalidState)
+	ok(t, b.Close())
+	ok(t, b.Close())
+	_, err = b.Info()
+	if !errors.Is(err, ErrClosed) {
+		t.Fatalf("Info on a closed batch: %v", err)
+	}
+	var nilPool *Pool
+	if _, err := nilPool.Stats(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("nil pool: %v", err)
+	}
+	ok(t, nilPool.Close())
+	var zero Seq
+	if err := zero.Free(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("zero Seq: %v", err)
+	}
+}

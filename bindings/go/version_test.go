@@ -1,0 +1,29 @@
+package pagedkv
+
+import "testing"
+
+func TestVersionsAndFeatures(t *testing.T) {
+	if Version() != HeaderVersion {
+		t.Fatalf("library %s, headers %s", Version(), HeaderVersion)
+	}
+	if VersionNumber() != HeaderVersionNumber || ABIVersion() != HeaderABIVersion {
+		t.Fatalf("version %d abi %d", VersionNumber(), ABIVersion())
+	}
+	f := SupportedFeatures()
+	if !f.Has(FeatureSHA256) || !f.Has(FeatureXXHash) {
+		t.Fatalf("features %#x lack the hash functions", uint32(f))
+	}
+	n := CUDADeviceCount()
+	if n < 0 || (!f.Has(FeatureCUDA) && n != 0) {
+		t.Fatalf("CUDADeviceCount = %d with features %#x", n, uint32(f))
+	}
+	sizes := map[DType]int{Float32: 4, Float16: 2, BFloat16: 2, Int32: 4, Int64: 8, 99: 0}
+	for d, want := range sizes {
+		if d.Size() != want {
+			t.Errorf("%v.Size() = %d, want %d", d, d.Size(), want)
+		}
+	}
+	if SHA256CBOR.Size() != 32 || XXH3128.Size() != 16 || HashAlgo(9).Size() != 0 {
+		t.Fatal("hash sizes")
+	}
+}
