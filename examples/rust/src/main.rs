@@ -8,8 +8,8 @@
 //! sampler; the pagedkv calls stay the same.
 //!
 //! Build against an installed pagedkv (pkg-config finds `pagedkv.pc`), or
-//! an uninstalled build tree:
-//! `PKG_CONFIG_PATH=<build>/pkgconfig cargo run`.
+//! an uninstalled CMake build tree:
+//! `PKG_CONFIG_PATH=<build>/pkgconfig LD_LIBRARY_PATH=<build>/capi cargo run`.
 
 use std::collections::VecDeque;
 

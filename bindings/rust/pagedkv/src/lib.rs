@@ -43,6 +43,12 @@
 //! # Ok::<(), pagedkv::Error>(())
 //! ```
 //!
+//! Threads: [`Pool`] is `Send + Sync` (the C pool serialises every call);
+//! share it with `&Pool` or `Arc<Pool>`. A [`Batch`] is `Send` but used by
+//! one thread at a time. Do not free or truncate a sequence while another
+//! thread runs a kernel of a plan that reads it (on a CPU pool: until that
+//! call returns) — the library cannot see that.
+//!
 //! Errors are [`Error`] values with an [`ErrorKind`] per C status code and
 //! the library's message. [`Pool`] is `Send + Sync`. CPU tensors are plain
 //! slices (`f32`, [`half::f16`], [`half::bf16`]); GPU memory enters through
