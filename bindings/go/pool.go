@@ -289,12 +289,19 @@ type Event struct {
 	LoraID     uint64
 }
 
-// DrainEvents removes and returns up to max of the oldest events, in order.
-// Pools record events only with PoolOptions.EnableEvents.
+// maxDrain bounds the buffer one DrainEvents call allocates.
+const maxDrain = 1 << 16
+
+// DrainEvents removes and returns up to max of the oldest events (at most
+// 65536 per call), in order. Pools record events only with
+// PoolOptions.EnableEvents.
 func (p *Pool) DrainEvents(max int) ([]Event, error) {
 	const op = "pkv_pool_drain_events"
 	if max < 0 {
 		return nil, argError(op, "max %d is negative", max)
+	}
+	if max > maxDrain {
+		max = maxDrain
 	}
 	ptr, err := p.acquire(op)
 	if err != nil {

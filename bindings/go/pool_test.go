@@ -104,6 +104,17 @@ func TestStatsEventsAndReset(t *testing.T) {
 	}
 	_, err = p.DrainEvents(-1)
 	wantErr(t, err, ErrInvalidArgument)
+	seqOf(t, p, randTokens(r, 4))
+	evs, err = p.DrainEvents(0)
+	ok(t, err)
+	if len(evs) != 0 {
+		t.Fatal("DrainEvents(0) returned events")
+	}
+	evs, err = p.DrainEvents(1 << 40) // capped, not allocated
+	ok(t, err)
+	if len(evs) != 1 || evs[0].SeqNo != 3 {
+		t.Fatalf("events %+v", evs)
+	}
 
 	// Prefix hits are counted in tokens.
 	b, err := p.CreateSeq(nil)
@@ -120,7 +131,7 @@ func TestStatsEventsAndReset(t *testing.T) {
 	ok(t, p.ResetPrefixCache())
 	evs, err = p.DrainEvents(1)
 	ok(t, err)
-	if len(evs) != 1 || evs[0].Type != EventAllCleared || evs[0].SeqNo != 3 {
+	if len(evs) != 1 || evs[0].Type != EventAllCleared || evs[0].SeqNo != 4 {
 		t.Fatalf("after reset: %+v", evs)
 	}
 	if st := stats(t, p); st.NumCachedBlocks != 0 {
