@@ -1,0 +1,53 @@
+// Helpers shared by the core tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "kv_pool.h"
+
+namespace pagedkv::test {
+
+inline PoolOptions manager_options(uint32_t block_size, uint64_t num_blocks) {
+  PoolOptions o;
+  o.block_size = block_size;
+  o.num_blocks = num_blocks;
+  o.enable_events = true;
+  return o;
+}
+
+inline std::vector<int32_t> iota_tokens(size_t n, int32_t first = 0) {
+  std::vector<int32_t> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+inline std::vector<int32_t> table(const Pool& p, SeqId id) {
+  std::vector<int32_t> t(p.block_table(id, nullptr, 0));
+  p.block_table(id, t.data(), t.size());
+  return t;
+}
+
+inline std::vector<int32_t> free_queue(const Pool& p) {
+  std::vector<int32_t> q;
+  p.block_pool().queue().for_each([&](int32_t id) { q.push_back(id); });
+  return q;
+}
+
+inline std::vector<Event> drain(Pool& p) {
+  std::vector<Event> out(1024);
+  out.resize(p.drain_events(out.data(), out.size()));
+  return out;
+}
+
+inline void append(Pool& p, SeqId id, const std::vector<int32_t>& t, uint32_t lookahead = 0) {
+  p.append(id, t.data(), t.size(), lookahead);
+}
+
+}  // namespace pagedkv::test
+
+// Every scenario step is followed by a full invariant check.
+#define EXPECT_VALID(pool) EXPECT_EQ((pool).validate(), "")
