@@ -99,6 +99,7 @@ fn main() -> Result<(), pagedkv::Error> {
         //    Out of blocks: preempt the youngest request (possibly this one:
         //    it is always at or after index i) and retry.
         let mut i = 0;
+        let preempted_before = preemptions;
         while i < running.len() {
             let r = &running[i];
             match pool.append(r.seq.unwrap(), &r.tokens[r.tokens.len() - 1..]) {
@@ -113,9 +114,13 @@ fn main() -> Result<(), pagedkv::Error> {
             }
         }
         let mut queries: Vec<u32> = vec![1; running.len()];
-        // 2. Admit waiting requests while their prompts fit: the cached
-        //    prefix is attached, only the rest is computed.
-        while let Some(mut r) = waiting.pop_front() {
+        // 2. Admit waiting requests while their prompts fit (not in a step
+        //    that had to preempt): the cached prefix is attached, only the
+        //    rest is computed.
+        while preemptions == preempted_before {
+            let Some(mut r) = waiting.pop_front() else {
+                break;
+            };
             let seq = pool.create_seq()?;
             let cached = pool.match_prefix(seq, &r.tokens)? as usize;
             // The last prompt token is computed here, the others are context.
