@@ -99,7 +99,7 @@ fn main() -> Result<(), pagedkv::Error> {
         //    Out of blocks: preempt the youngest request (possibly this one:
         //    it is always at or after index i) and retry.
         let mut i = 0;
-        let preempted_before = preemptions;
+        let mut preempted = false;
         while i < running.len() {
             let r = &running[i];
             match pool.append(r.seq.unwrap(), &r.tokens[r.tokens.len() - 1..]) {
@@ -109,6 +109,7 @@ fn main() -> Result<(), pagedkv::Error> {
                     pool.free_seq(victim.seq.take().unwrap())?;
                     waiting.push_front(victim); // recomputed when readmitted
                     preemptions += 1;
+                    preempted = true;
                 }
                 Err(e) => return Err(e),
             }
@@ -117,25 +118,25 @@ fn main() -> Result<(), pagedkv::Error> {
         // 2. Admit waiting requests while their prompts fit (not in a step
         //    that had to preempt): the cached prefix is attached, only the
         //    rest is computed.
-        while preemptions == preempted_before {
-            let Some(mut r) = waiting.pop_front() else {
-                break;
-            };
-            let seq = pool.create_seq()?;
-            let cached = pool.match_prefix(seq, &r.tokens)? as usize;
-            // The last prompt token is computed here, the others are context.
-            match pool.append(seq, &r.tokens[cached..]) {
-                Ok(()) => {
-                    queries.push((r.tokens.len() - cached) as u32);
-                    r.seq = Some(seq);
-                    running.push(r);
+        if !preempted {
+            while let Some(mut r) = waiting.pop_front() {
+                let seq = pool.create_seq()?;
+                let cached = pool.match_prefix(seq, &r.tokens)? as usize;
+                // The cached prefix needs no compute; the rest is this step's
+                // queries (at least the last prompt token).
+                match pool.append(seq, &r.tokens[cached..]) {
+                    Ok(()) => {
+                        queries.push((r.tokens.len() - cached) as u32);
+                        r.seq = Some(seq);
+                        running.push(r);
+                    }
+                    Err(e) if e.kind() == ErrorKind::OutOfBlocks => {
+                        pool.free_seq(seq)?;
+                        waiting.push_front(r);
+                        break;
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) if e.kind() == ErrorKind::OutOfBlocks => {
-                    pool.free_seq(seq)?;
-                    waiting.push_front(r);
-                    break;
-                }
-                Err(e) => return Err(e),
             }
         }
         if running.is_empty() {
@@ -210,6 +211,7 @@ fn main() -> Result<(), pagedkv::Error> {
          prompt tokens; {} blocks cached",
         stats.prefix_hit_tokens, stats.prefix_query_tokens, stats.num_cached_blocks
     );
+    assert_eq!(finished, 6, "every request completes");
     assert_eq!(stats.num_seqs, 0);
     assert!(
         stats.prefix_hit_tokens > 0,
