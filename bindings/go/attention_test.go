@@ -66,12 +66,6 @@ func TestAttentionMatchesFloat64Reference(t *testing.T) {
 			if c.dtype == BFloat16 && !SupportedFeatures().Has(FeatureBF16) {
 				t.Skip("library built without bf16")
 			}
-			if c.window > 0 {
-				if n := windowKeysSeen(t, 5); n != 5 {
-					t.Skipf("KNOWN LIBRARY BUG: with sliding_window 5 a query sees %d keys, "+
-						"batch.h says 5 (p - w < k <= p); window cases skipped until fixed", n)
-				}
-			}
 			runAttentionCase(t, &c)
 		})
 	}
@@ -322,6 +316,15 @@ func mapSlice(src []float32, f func(float32) uint16) []uint16 {
 		out[i] = f(x)
 	}
 	return out
+}
+
+// The window's edge as batch.h pins it: a query at p sees p - w < k <= p.
+func TestSlidingWindowSeesExactlyWKeys(t *testing.T) {
+	for _, w := range []int{1, 2, 5, 13} {
+		if n := windowKeysSeen(t, w); n != w {
+			t.Fatalf("sliding_window %d: a query sees %d keys", w, n)
+		}
+	}
 }
 
 // windowKeysSeen measures how many keys a late query sees with a sliding

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand"
 	"testing"
+	"unsafe"
 )
 
 func TestPlanArrays(t *testing.T) {
@@ -233,4 +234,23 @@ func equalInt64(a, b []int64) bool {
 		}
 	}
 	return true
+}
+
+// A Tensor holding a pointer to Go memory breaks cgo's pointer rules; cgo's
+// runtime check stops it before C sees it.
+func TestTensorWithGoPointerPanics(t *testing.T) {
+	p := storagePool(t, 1)
+	s := seqOf(t, p, []int32{1})
+	b, err := p.Prepare([]Seq{s}, []int{1})
+	ok(t, err)
+	defer b.Close()
+	goMem := make([]float32, 2*64)
+	k := Tensor{Data: unsafe.Pointer(&goMem[0]), DType: Float32, Device: CPU,
+		Shape: []int64{1, 2, 64}}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("a Go pointer inside a Tensor reached C")
+		}
+	}()
+	b.CacheWriteTensor(0, &k, &k, nil)
 }
