@@ -176,11 +176,16 @@ func (p *Pool) Close() error {
 }
 
 // Options returns the options the pool was created with, NumBlocks
-// resolved.
-func (p *Pool) Options() PoolOptions { return p.opts }
+// resolved. They stay readable after Close.
+func (p *Pool) Options() PoolOptions {
+	if p == nil {
+		return PoolOptions{}
+	}
+	return p.opts
+}
 
 // BlockSize is the number of tokens per block.
-func (p *Pool) BlockSize() int { return int(p.opts.BlockSize) }
+func (p *Pool) BlockSize() int { return int(p.Options().BlockSize) }
 
 // BytesPerBlock is the K plus V storage one block takes over all layers (0
 // for a manager-only pool).
