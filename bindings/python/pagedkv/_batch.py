@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Optional, Sequence as Seq, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Sequence as Seq
 
 from . import _pagedkv as _c
 from ._handle import Handle
@@ -24,13 +25,17 @@ class Batch:
     calls; use one Batch per thread for concurrent kernels.
     """
 
-    def __init__(self, pool: Pool, seqs: Seq[Sequence], query_counts: Union[int, Seq[int]] = 1, stream: Any = None) -> None:
+    def __init__(
+        self, pool: Pool, seqs: Seq[Sequence], query_counts: Union[int, Seq[int]] = 1, stream: Any = None
+    ) -> None:
         seqs = list(seqs)
         for i, s in enumerate(seqs):
             if not isinstance(s, Sequence):
                 raise TypeError(f"seqs[{i}]: expected a pagedkv.Sequence, got {type(s).__name__}")
             if s.pool is not pool:
-                raise _c.InvalidArgumentError(f"seqs[{i}]: the sequence belongs to another pool", _c.PKV_E_INVALID_ARGUMENT)
+                raise _c.InvalidArgumentError(
+                    f"seqs[{i}]: the sequence belongs to another pool", _c.PKV_E_INVALID_ARGUMENT
+                )
         if isinstance(query_counts, int):
             counts = [query_counts] * len(seqs)
         else:
@@ -62,7 +67,7 @@ class Batch:
     def closed(self) -> bool:
         return self._h.closed
 
-    def __enter__(self) -> "Batch":
+    def __enter__(self) -> Batch:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -123,7 +128,9 @@ class Batch:
 
     # ------------------------------------------------------------ kernels
 
-    def _tensor(self, x: Any, name: str, dtype: Optional[DType], shape: Seq[Optional[int]], stream: int, writable: bool = False) -> Any:
+    def _tensor(
+        self, x: Any, name: str, dtype: Optional[DType], shape: Seq[Optional[int]], stream: int, writable: bool = False
+    ) -> Any:
         desc = describe(x, name, stream=stream, expect=dtype)
         check(desc, name, dtype=dtype, device=self._pool.device, shape=shape, writable=writable)
         return desc

@@ -15,7 +15,7 @@ class Handle:
     racing close() on another thread, or a view still in use, never sees
     freed memory."""
 
-    __slots__ = ("_ptr", "_destroy", "_lock", "_refs", "_closed", "_what")
+    __slots__ = ("_closed", "_destroy", "_lock", "_ptr", "_refs", "_what")
 
     def __init__(self, ptr: Any, destroy: Callable[[Any], None], what: str) -> None:
         self._ptr = ptr

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Sequence as Seq, Union
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Union
+from typing import Sequence as Seq
 
 from . import _pagedkv as _c
 from ._handle import Handle
@@ -113,7 +114,7 @@ class Pool:
     def closed(self) -> bool:
         return self._h.closed
 
-    def __enter__(self) -> "Pool":
+    def __enter__(self) -> Pool:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -245,12 +246,16 @@ class Pool:
             import numpy as np
 
             buffer = np.empty(n * self._bytes_per_block, dtype=np.uint8)
-        self._call(_c.pkv_pool_swap_blocks, blocks, _host_buffer(buffer, writable=True), _c.PKV_SWAP_OUT, stream_ptr(stream))
+        self._call(
+            _c.pkv_pool_swap_blocks, blocks, _host_buffer(buffer, writable=True), _c.PKV_SWAP_OUT, stream_ptr(stream)
+        )
         return buffer
 
     def swap_in(self, blocks: Tokens, buffer: Any, stream: Any = None) -> None:
         """Copies a buffer written by swap_out back into the given blocks."""
-        self._call(_c.pkv_pool_swap_blocks, blocks, _host_buffer(buffer, writable=False), _c.PKV_SWAP_IN, stream_ptr(stream))
+        self._call(
+            _c.pkv_pool_swap_blocks, blocks, _host_buffer(buffer, writable=False), _c.PKV_SWAP_IN, stream_ptr(stream)
+        )
 
     # ------------------------------------------------------------ sequences
 
@@ -261,13 +266,18 @@ class Pool:
         lora_id: int = 0,
         cache_salt: Optional[str] = None,
         mm_items: Iterable[MMItemLike] = (),
-    ) -> "Sequence":
+    ) -> Sequence:
         """A new empty sequence. It is freed by free(), by leaving its `with`
         block, or when the Sequence object is garbage collected."""
-        opts = {"priority": int(priority), "lora_id": int(lora_id), "cache_salt": cache_salt, "mm_items": mm_tuples(mm_items)}
+        opts = {
+            "priority": int(priority),
+            "lora_id": int(lora_id),
+            "cache_salt": cache_salt,
+            "mm_items": mm_tuples(mm_items),
+        }
         return Sequence(self, self._call(_c.pkv_seq_create, opts))
 
-    def prepare(self, seqs: Seq["Sequence"], query_counts: Union[int, Seq[int]] = 1, stream: Any = None) -> "Batch":
+    def prepare(self, seqs: Seq[Sequence], query_counts: Union[int, Seq[int]] = 1, stream: Any = None) -> Batch:
         """The step plan for seqs, each with query_counts[i] new tokens (an
         int applies to all: 1 for decode)."""
         from ._batch import Batch
@@ -325,7 +335,7 @@ class Sequence:
     (the library sees a stale id).
     """
 
-    __slots__ = ("_pool", "_id", "_freed", "__weakref__")
+    __slots__ = ("__weakref__", "_freed", "_id", "_pool")
 
     def __init__(self, pool: Pool, seq_id: int) -> None:
         self._pool = pool
@@ -361,7 +371,7 @@ class Sequence:
         """Free blocks an append of num_tokens (+ lookahead) would take."""
         return int(self._pool._call(_c.pkv_seq_blocks_needed, self._id, int(num_tokens), int(lookahead)))
 
-    def fork(self) -> "Sequence":
+    def fork(self) -> Sequence:
         """A child sharing every block (copy-on-write on the shared tail)."""
         return Sequence(self._pool, self._pool._call(_c.pkv_seq_fork, self._id))
 
@@ -417,7 +427,7 @@ class Sequence:
             except _c.BufferTooSmallError:
                 cap = max(2 * cap, self.info().num_blocks + 1)
 
-    def __enter__(self) -> "Sequence":
+    def __enter__(self) -> Sequence:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -83,7 +83,7 @@ _DLPACK_READ_ONLY = 1
 class TensorDesc:
     """A checked description of caller memory, ready for the C ABI."""
 
-    __slots__ = ("data", "byte_offset", "dtype", "device", "shape", "strides", "readonly", "keep")
+    __slots__ = ("byte_offset", "data", "device", "dtype", "keep", "readonly", "shape", "strides")
 
     def __init__(
         self,
@@ -149,7 +149,7 @@ def _from_numpy(obj: Any, name: str) -> TensorDesc:
 
 
 def _from_dlpack(obj: Any, name: str, stream: int) -> TensorDesc:
-    dev_type, dev_id = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (_kDLCPU, 0)
+    dev_type, _dev_id = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (_kDLCPU, 0)
     dev_type = int(dev_type)
     if dev_type in (_kDLCUDA, _kDLCUDAManaged):
         # DLPack: None means the legacy default stream, which NULL is too.
@@ -264,7 +264,9 @@ def check(
         want = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
         raise InvalidArgumentError(f"{name}: expected shape {want}, got {list(desc.shape)}")
     if desc.shape and desc.shape[-1] > 1 and desc.strides[-1] != 1:
-        raise InvalidArgumentError(f"{name}: the innermost dimension must be contiguous (stride 1), got stride {desc.strides[-1]}")
+        raise InvalidArgumentError(
+            f"{name}: the innermost dimension must be contiguous (stride 1), got stride {desc.strides[-1]}"
+        )
     numel = math.prod(desc.shape)
     if numel > 1 and all(s == 0 for s in desc.strides):
         raise InvalidArgumentError(f"{name}: broadcast (all-zero stride) tensors are not supported")

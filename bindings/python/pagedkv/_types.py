@@ -24,7 +24,7 @@ class DType(enum.IntEnum):
         return int(_c.pkv_dtype_size(int(self)))
 
     @classmethod
-    def parse(cls, value: Any) -> "DType":
+    def parse(cls, value: Any) -> DType:
         """A DType from a DType/int, a name ("bf16", "float16", ...), a numpy
         dtype (bfloat16 through ml_dtypes) or a torch dtype."""
         if isinstance(value, DType):
@@ -85,7 +85,7 @@ class Device:
     index: int = 0
 
     @classmethod
-    def parse(cls, value: Any) -> "Device":
+    def parse(cls, value: Any) -> Device:
         """From a Device, "cpu", "cuda", "cuda:N", a torch.device or an int
         (a CUDA ordinal)."""
         if isinstance(value, Device):
@@ -118,7 +118,7 @@ class HashAlgo(enum.IntEnum):
         return int(_c.pkv_hash_size(int(self)))
 
     @classmethod
-    def parse(cls, value: Any) -> "HashAlgo":
+    def parse(cls, value: Any) -> HashAlgo:
         if isinstance(value, HashAlgo):
             return value
         if isinstance(value, int) and not isinstance(value, bool):
@@ -145,7 +145,7 @@ class KV(enum.IntEnum):
     VALUE = _c.PKV_KV_VALUE
 
     @classmethod
-    def parse(cls, value: Any) -> "KV":
+    def parse(cls, value: Any) -> KV:
         if isinstance(value, KV):
             return value
         if isinstance(value, int) and not isinstance(value, bool):
@@ -221,7 +221,7 @@ class PoolOptions:
     num_threads: int
 
     @classmethod
-    def _from_c(cls, s: Any) -> "PoolOptions":
+    def _from_c(cls, s: Any) -> PoolOptions:
         return _copy_fields(
             cls,
             s,
@@ -262,7 +262,7 @@ class PoolStats:
         return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
 
     @classmethod
-    def _from_c(cls, s: Any) -> "PoolStats":
+    def _from_c(cls, s: Any) -> PoolStats:
         return _copy_fields(cls, s)
 
 
@@ -278,7 +278,7 @@ class SequenceInfo:
     lora_id: int
 
     @classmethod
-    def _from_c(cls, s: Any) -> "SequenceInfo":
+    def _from_c(cls, s: Any) -> SequenceInfo:
         return _copy_fields(cls, s)
 
 
@@ -294,7 +294,7 @@ class BatchInfo:
     block_size: int
 
     @classmethod
-    def _from_c(cls, s: Any) -> "BatchInfo":
+    def _from_c(cls, s: Any) -> BatchInfo:
         return _copy_fields(cls, s)
 
 
@@ -311,7 +311,7 @@ class Event:
     lora_id: int
 
     @classmethod
-    def _from_c(cls, e: Any, digest_size: int) -> "Event":
+    def _from_c(cls, e: Any, digest_size: int) -> Event:
         return cls(
             seq_no=e.seq_no,
             type=EventType(e.type),
@@ -334,7 +334,7 @@ class Features:
     bits: int
 
     @classmethod
-    def _from_bits(cls, bits: int) -> "Features":
+    def _from_bits(cls, bits: int) -> Features:
         return cls(
             cuda=bool(bits & _c.PKV_FEATURE_CUDA),
             xxhash=bool(bits & _c.PKV_FEATURE_XXHASH),

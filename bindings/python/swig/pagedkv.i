@@ -327,7 +327,7 @@ static int pkv_py_tensor_from_tuple(PyObject* t, const char* name, pkv_tensor* o
 static int pkv_py_apply_dict(PyObject* dict, void* ptr, swig_type_info* ty, const char* name,
                              const char* const* special) {
   if (!PyDict_Check(dict)) {
-    PyErr_Format(PyExc_TypeError, "%s: expected None, a %s or a dict, got %s", name, ty->str,
+    PyErr_Format(PyExc_TypeError, "%s: expected None, a %s or a dict, got %s", name, SWIG_TypePrettyName(ty),
                  Py_TYPE(dict)->tp_name);
     return 0;
   }
@@ -345,7 +345,18 @@ static int pkv_py_apply_dict(PyObject* dict, void* ptr, swig_type_info* ty, cons
     }
     int skip = 0;
     for (const char* const* s = special; s && *s; ++s) skip |= strcmp(*s, k) == 0;
-    if (!skip && PyObject_SetAttr(proxy, key, value) != 0) ok = 0;
+    if (skip) continue;
+    /* Only the struct's fields: proxies would accept any attribute. */
+    PyObject* field = PyObject_GetAttr((PyObject*)Py_TYPE(proxy), key);
+    int is_field = field && PyObject_TypeCheck(field, &PyProperty_Type);
+    Py_XDECREF(field);
+    if (!is_field) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_TypeError, "%s: unknown option '%s' for %s", name, k, SWIG_TypePrettyName(ty));
+      ok = 0;
+    } else if (PyObject_SetAttr(proxy, key, value) != 0) {
+      ok = 0;
+    }
   }
   Py_DECREF(proxy);
   return ok;

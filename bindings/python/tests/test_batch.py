@@ -1,0 +1,227 @@
+"""Step plans, cache writes and paged attention against a float64 reference."""
+
+import numpy as np
+import pytest
+
+import pagedkv
+from conftest import TOLERANCE, np_dtype, random_tensor, reference_attention
+
+
+class Model:
+    """Keeps what was written for every sequence, as the reference sees it."""
+
+    def __init__(self, pool, dtype):
+        self.pool = pool
+        self.dtype = dtype
+        self.k = {}  # seq id -> [layer] -> list of [Hkv, D] rows
+        self.v = {}
+
+    def adopt(self, seq, source=None, upto=0):
+        self.k[seq.id] = [
+            list(self.k[source.id][layer][:upto]) if source else [] for layer in range(self.pool.num_layers)
+        ]
+        self.v[seq.id] = [
+            list(self.v[source.id][layer][:upto]) if source else [] for layer in range(self.pool.num_layers)
+        ]
+
+
+def poison(pool):
+    """NaN in every slot, so reading an unwritten one shows in the output."""
+    for k, v in pool.kv_caches():
+        for arr in (k.numpy(), v.numpy()):
+            arr[...] = np.nan
+
+
+def run_step(rng, pool, model, seqs, counts, params=None, check_lse=True):
+    """Writes fresh K/V for the step, runs attention in every layer and
+    checks every output element (and the LSE) against the reference."""
+    params = params or {}
+    dt = model.dtype
+    heads = pool.num_kv_heads * model.group
+    with pool.prepare(seqs, counts) as step:
+        info = step.info()
+        assert info.num_seqs == len(seqs) and info.num_tokens == sum(counts)
+        plan = {name: view.numpy() for name, view in step.plan_arrays().items()}
+        qptr = plan["query_indptr"]
+        np.testing.assert_array_equal(qptr, np.concatenate([[0], np.cumsum(counts)]))
+        lens = [s.num_tokens for s in seqs]
+        np.testing.assert_array_equal(plan["context_lens"], lens)
+        for i, s in enumerate(seqs):  # CSR page table = the block tables
+            pages = plan["page_indices"][plan["page_indptr"][i] : plan["page_indptr"][i + 1]]
+            np.testing.assert_array_equal(pages, s.block_table()[: len(pages)])
+        bs = pool.block_size
+        n = info.num_tokens
+        for layer in range(pool.num_layers):
+            k = random_tensor(rng, (n, pool.num_kv_heads, pool.head_dim), dt)
+            v = random_tensor(rng, (n, pool.num_kv_heads, pool.head_dim), dt)
+            step.cache_write(layer, k, v)
+            kc, vc = pool.kv_tensor(layer, "k").numpy(), pool.kv_tensor(layer, "v").numpy()
+            slots = plan["slot_mapping"]
+            np.testing.assert_array_equal(kc[slots // bs, :, slots % bs].view(np.uint8), k.view(np.uint8))
+            np.testing.assert_array_equal(vc[slots // bs, :, slots % bs].view(np.uint8), v.view(np.uint8))
+            for i, s in enumerate(seqs):
+                model.k[s.id][layer].extend(k[qptr[i] : qptr[i + 1]])
+                model.v[s.id][layer].extend(v[qptr[i] : qptr[i + 1]])
+            q = random_tensor(rng, (n, heads, pool.head_dim), dt)
+            out, lse = step.attention(layer, q, lse=True, **params)
+            assert out.dtype == dt and out.shape == q.shape and lse.dtype == np.float32
+            assert np.isfinite(out.astype(np.float32)).all()
+            tol = TOLERANCE[model.name]
+            for i, s in enumerate(seqs):
+                kh = np.stack(model.k[s.id][layer])
+                vh = np.stack(model.v[s.id][layer])
+                assert len(kh) == lens[i]
+                rows = slice(qptr[i], qptr[i + 1])
+                ref, ref_lse = reference_attention(
+                    q[rows].astype(np.float64),
+                    kh.astype(np.float64),
+                    vh.astype(np.float64),
+                    scale=params.get("softmax_scale"),
+                    window=params.get("sliding_window", 0),
+                    softcap=params.get("logit_softcap", 0.0),
+                )
+                got = out[rows].astype(np.float64)
+                np.testing.assert_allclose(got, ref, atol=tol, rtol=tol, err_msg=f"seq {i} layer {layer}")
+                if check_lse:
+                    np.testing.assert_allclose(lse[rows], ref_lse, atol=2e-3, rtol=1e-4)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_attention_prefill_prefix_decode(rng, dtype, block_size):
+    dt = np_dtype(dtype)
+    kv_heads = int(rng.integers(1, 3))
+    head_dim = int(rng.choice([64, 128]))
+    with pagedkv.Pool(
+        num_blocks=40,
+        block_size=block_size,
+        num_layers=2,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        num_threads=2,
+    ) as pool:
+        poison(pool)
+        model = Model(pool, dt)
+        model.name = dtype
+        model.group = int(rng.choice([1, 2, 4]))
+        # Prefill two prompts (partial last pages).
+        pa = rng.integers(0, 1000, int(rng.integers(block_size + 1, 3 * block_size))).tolist()
+        pc = rng.integers(0, 1000, int(rng.integers(1, 2 * block_size))).tolist()
+        a, c = pool.create_sequence(), pool.create_sequence()
+        for s, p in ((a, pa), (c, pc)):
+            model.adopt(s)
+            s.append(p)
+        run_step(rng, pool, model, [a, c], [len(pa), len(pc)])
+        # A second request sharing a's prompt hits the prefix cache.
+        b = pool.create_sequence()
+        pb = pa + rng.integers(0, 1000, int(rng.integers(1, block_size))).tolist()
+        cached = b.match_prefix(pb)
+        assert cached >= block_size and cached % block_size == 0
+        model.adopt(b, a, cached)
+        b.append(pb[cached:])
+        # Mixed step: decode for a, the uncached rest for b, a chunk for c.
+        for s, tokens in ((a, [1]), (c, [2, 3, 4, 5, 6])):
+            s.append(tokens)
+        run_step(rng, pool, model, [a, b, c], [1, len(pb) - cached, 5])
+        # A few decode steps, fresh data each time.
+        for _ in range(3):
+            for s in (a, b, c):
+                s.append([7])
+            run_step(rng, pool, model, [c, a, b], [1, 1, 1])
+        pool.validate()
+
+
+def test_attention_params(rng):
+    dt = np.dtype(np.float32)
+    with pagedkv.Pool(num_blocks=24, block_size=16, num_layers=1, num_kv_heads=2, head_dim=64, dtype="f32") as pool:
+        poison(pool)
+        model = Model(pool, dt)
+        model.name, model.group = "f32", 2
+        s = pool.create_sequence()
+        model.adopt(s)
+        s.append(list(range(37)))
+        run_step(rng, pool, model, [s], [37], {"softmax_scale": 0.05, "sliding_window": 9, "logit_softcap": 3.0})
+        s.append([1])
+        run_step(rng, pool, model, [s], [1], {"sliding_window": 20})
+
+
+def test_fork_copy_on_write_keeps_parent_data(rng):
+    dt = np.dtype(np.float32)
+    with pagedkv.Pool(num_blocks=24, block_size=8, num_layers=1, num_kv_heads=1, head_dim=64, dtype="f32") as pool:
+        poison(pool)
+        model = Model(pool, dt)
+        model.name, model.group = "f32", 1
+        parent = pool.create_sequence()
+        model.adopt(parent)
+        parent.append(list(range(12)))  # partial second block
+        run_step(rng, pool, model, [parent], [12])
+        child = parent.fork()
+        model.adopt(child, parent, 12)
+        child.append([100])
+        parent.append([200])
+        # The plan runs the copy-on-write before the writes.
+        run_step(rng, pool, model, [parent, child], [1, 1])
+        assert pool.stats().num_cow_copies >= 1
+
+
+def test_out_and_lse_buffers_are_used_in_place(rng):
+    with pagedkv.Pool(num_blocks=8, block_size=16, num_layers=1, num_kv_heads=1, head_dim=64, dtype="f32") as pool:
+        s = pool.create_sequence()
+        s.append(list(range(5)))
+        with pool.prepare([s], 5) as step:
+            kv = random_tensor(rng, (5, 1, 64), np.float32)
+            step.cache_write(0, kv, kv)
+            q = random_tensor(rng, (5, 2, 64), np.float32)
+            out = np.full((5, 2, 64), np.nan, np.float32)
+            lse = np.full((5, 2), np.nan, np.float32)
+            got_out, got_lse = step.attention(0, q, out, lse=lse)
+            assert got_out is out and got_lse is lse
+            assert np.isfinite(out).all() and np.isfinite(lse).all()
+            assert step.attention(0, q) is not out  # allocates like q
+            # Strided rows: only the innermost dimension must be contiguous.
+            wide = np.full((5, 4, 64), np.nan, np.float32)
+            step.attention(0, q, wide[:, ::2])
+            np.testing.assert_allclose(wide[:, ::2], out, rtol=1e-6, atol=1e-6)
+            assert np.isnan(wide[:, 1::2]).all()
+
+
+def test_stale_plan_and_closed_objects():
+    with pagedkv.Pool(num_blocks=8, block_size=16, num_layers=1, num_kv_heads=1, head_dim=64, dtype="f32") as pool:
+        s = pool.create_sequence()
+        s.append(list(range(3)))
+        step = pool.prepare([s], 3)
+        kv = np.ones((3, 1, 64), np.float32)
+        s.append([9])  # the plan no longer matches the sequence
+        with pytest.raises(pagedkv.InvalidStateError):
+            step.cache_write(0, kv, kv)
+        step.close()
+        step.close()
+        with pytest.raises(pagedkv.InvalidStateError, match="closed"):
+            step.cache_write(0, kv, kv)
+        fresh = pool.prepare([s], 4)
+    # The pool is closed; the plan is still a valid object whose calls fail.
+    slots = fresh.plan(pagedkv.PlanArray.SLOT_MAPPING).numpy()
+    assert slots.shape == (4,)
+    with pytest.raises(pagedkv.InvalidStateError):
+        fresh.cache_write(0, np.ones((4, 1, 64), np.float32), np.ones((4, 1, 64), np.float32))
+    fresh.close()
+
+
+def test_prepare_argument_checks():
+    with pagedkv.Pool(num_blocks=8, block_size=4) as pool, pagedkv.Pool(num_blocks=8, block_size=4) as other:
+        s = pool.create_sequence()
+        s.append([1, 2])
+        t = other.create_sequence()
+        with pytest.raises(pagedkv.InvalidArgumentError, match="another pool"):
+            pool.prepare([s, t])
+        with pytest.raises(pagedkv.InvalidArgumentError, match="query_counts"):
+            pool.prepare([s], [1, 1])
+        with pytest.raises(pagedkv.InvalidArgumentError):
+            pool.prepare([s], [3])  # more queries than tokens
+        with pytest.raises(TypeError):
+            pool.prepare([s.id])
+        b = pool.prepare([s], 2)
+        assert b.sequences == [s] and b.pool is pool and "1 seqs" in repr(b)
+        b.close()

@@ -1,0 +1,154 @@
+"""Every status code raises its own exception class, with the library's message."""
+
+import numpy as np
+import pytest
+
+import pagedkv
+from pagedkv import _pagedkv as raw
+
+CLASSES = {
+    raw.PKV_E_INVALID_ARGUMENT: (pagedkv.InvalidArgumentError, ValueError),
+    raw.PKV_E_NOT_FOUND: (pagedkv.NotFoundError, LookupError),
+    raw.PKV_E_OUT_OF_BLOCKS: (pagedkv.OutOfBlocksError, None),
+    raw.PKV_E_OUT_OF_MEMORY: (pagedkv.OutOfMemoryError, MemoryError),
+    raw.PKV_E_UNSUPPORTED: (pagedkv.UnsupportedError, NotImplementedError),
+    raw.PKV_E_CUDA: (pagedkv.CudaError, RuntimeError),
+    raw.PKV_E_BUFFER_TOO_SMALL: (pagedkv.BufferTooSmallError, None),
+    raw.PKV_E_INVALID_STATE: (pagedkv.InvalidStateError, RuntimeError),
+    raw.PKV_E_INVARIANT: (pagedkv.InvariantError, AssertionError),
+    raw.PKV_E_INTERNAL: (pagedkv.InternalError, RuntimeError),
+}
+
+
+def test_one_class_per_status():
+    assert set(raw.ERROR_CLASSES) == set(CLASSES)
+    seen = set()
+    for code, (cls, py_base) in CLASSES.items():
+        assert raw.ERROR_CLASSES[code] is cls
+        assert issubclass(cls, pagedkv.PagedKVError)
+        if py_base is not None:
+            assert issubclass(cls, py_base)
+        assert cls.status == code
+        assert cls not in seen
+        seen.add(cls)
+        err = cls("text")
+        assert err.status == code and err.message == "text" and str(err) == "text"
+        assert err.status_name == pagedkv.status_string(code).split(":")[0]
+
+
+def expect(cls, fn, *words):
+    with pytest.raises(cls) as info:
+        fn()
+    err = info.value
+    assert type(err) is cls
+    assert err.status == cls.status
+    assert err.message and str(err) == err.message
+    for w in words:
+        assert w in err.message, (w, err.message)
+    return err
+
+
+def test_invalid_argument():
+    expect(pagedkv.InvalidArgumentError, lambda: pagedkv.Pool(num_blocks=8, block_size=0), "block_size")
+    expect(pagedkv.InvalidArgumentError, lambda: pagedkv.Pool(num_blocks=1), "num_blocks")
+
+
+def test_not_found(manager_pool):
+    seq = manager_pool.create_sequence()
+    seq.free()
+    expect(pagedkv.NotFoundError, lambda: seq.append([1, 2, 3]))
+    expect(pagedkv.NotFoundError, lambda: seq.info())
+    expect(pagedkv.NotFoundError, lambda: manager_pool._call(raw.pkv_seq_get_info, 0x12345))
+
+
+def test_out_of_blocks(manager_pool):
+    seq = manager_pool.create_sequence()
+    before = manager_pool.stats()
+    err = expect(pagedkv.OutOfBlocksError, lambda: seq.append(list(range(1000))))
+    assert "free" in err.message
+    assert manager_pool.stats() == before  # nothing changed
+    assert seq.num_tokens == 0
+
+
+def test_out_of_memory():
+    # 2 PiB of host KV storage, more than any address space: a real
+    # allocation failure whatever the overcommit policy, cleanly reported.
+    expect(
+        pagedkv.OutOfMemoryError,
+        lambda: pagedkv.Pool(
+            num_blocks=1024, block_size=1024, num_layers=4096, num_kv_heads=256, head_dim=256, dtype="f32"
+        ),
+    )
+
+
+@pytest.mark.skipif(pagedkv.features().cuda, reason="this build has CUDA")
+def test_unsupported_without_cuda():
+    expect(
+        pagedkv.UnsupportedError,
+        lambda: pagedkv.Pool(num_blocks=8, num_layers=1, num_kv_heads=1, head_dim=64, device="cuda"),
+        "CUDA",
+    )
+
+
+@pytest.mark.skipif(pagedkv.cuda_device_count() == 0, reason="needs a CUDA device")
+def test_cuda_error_on_missing_device():
+    # One past the last ordinal: the CUDA runtime refuses it (the library may
+    # also catch it first as a bad argument); never a crash.
+    with pytest.raises((pagedkv.CudaError, pagedkv.InvalidArgumentError)) as info:
+        pagedkv.Pool(
+            num_blocks=8, num_layers=1, num_kv_heads=1, head_dim=64, dtype="f16", device=pagedkv.cuda_device_count()
+        )
+    assert info.value.message
+
+
+def test_buffer_too_small(manager_pool):
+    seq = manager_pool.create_sequence()
+    seq.append(list(range(9)))
+    expect(pagedkv.BufferTooSmallError, lambda: manager_pool._call(raw.pkv_seq_get_block_table, seq.id, 1))
+    expect(pagedkv.BufferTooSmallError, lambda: raw.pkv_hash_prefix({"block_size": 4}, list(range(9)), 1))
+    assert seq.block_table() == manager_pool._call(raw.pkv_seq_get_block_table, seq.id, 3)
+
+
+def test_invalid_state(manager_pool):
+    expect(pagedkv.InvalidStateError, lambda: manager_pool.kv_tensor(0, "k"), "storage")
+    seq = manager_pool.create_sequence()
+    seq.append([1, 2, 3])
+    manager_pool.close()
+    expect(pagedkv.InvalidStateError, lambda: seq.append([4]), "closed")
+
+
+def test_invariant_and_internal_are_raised_through_the_status_typemap():
+    # No public call can break an invariant or hit a library bug on purpose;
+    # these check the C raise path picks the registered class for the code.
+    for code in (raw.PKV_E_INVARIANT, raw.PKV_E_INTERNAL):
+        cls = raw.ERROR_CLASSES[code]
+        err = cls(pagedkv.status_string(code), code)
+        assert isinstance(err, pagedkv.PagedKVError) and err.status == code
+
+
+def test_message_is_captured_per_call(manager_pool):
+    first = expect(pagedkv.InvalidArgumentError, lambda: pagedkv.Pool(num_blocks=1))
+    seq = manager_pool.create_sequence()
+    seq.append([1])  # a successful call clears the thread's message
+    assert raw.pkv_last_error_message() == ""
+    assert "num_blocks" in first.message  # the exception kept its own copy
+
+
+def test_python_side_checks_raise_before_the_call():
+    with pagedkv.Pool(num_blocks=8, block_size=16, num_layers=1, num_kv_heads=2, head_dim=64, dtype="f32") as pool:
+        seq = pool.create_sequence()
+        seq.append(list(range(5)))
+        with pool.prepare([seq], 5) as b:
+            good = np.ones((5, 2, 64), np.float32)
+            expect(pagedkv.InvalidArgumentError, lambda: b.cache_write(0, good[:4], good), "k:", "shape")
+            expect(pagedkv.InvalidArgumentError, lambda: b.cache_write(0, good, good.astype(np.float16)), "v:", "dtype")
+            strided = np.ones((5, 2, 128), np.float32)[:, :, ::2]
+            expect(pagedkv.InvalidArgumentError, lambda: b.cache_write(0, strided, good), "innermost")
+            ro = np.ones((5, 4, 64), np.float32)
+            ro.setflags(write=False)
+            expect(pagedkv.InvalidArgumentError, lambda: b.attention(0, good.repeat(2, 1), ro), "out:", "read-only")
+            expect(pagedkv.InvalidArgumentError, lambda: b.attention(0, np.ones((5, 3, 64), np.float32)), "multiple")
+            with pytest.raises(TypeError, match="q: expected a tensor"):
+                b.attention(0, [[1.0]])
+            with pytest.raises(TypeError):
+                raw.pkv_pool_create({"bogus_field": 1})

@@ -1,0 +1,165 @@
+"""Sequence operations and prefix hashing."""
+
+import array
+
+import numpy as np
+import pytest
+
+import pagedkv
+
+
+def test_append_info_and_tables(manager_pool):
+    s = manager_pool.create_sequence(priority=7, lora_id=0)
+    assert len(s) == 0 and s.block_table() == []
+    s.append(np.arange(6, dtype=np.int32))  # zero-copy int32 buffer
+    s.append(array.array("i", [6, 7]))
+    s.append([8])
+    info = s.info()
+    assert isinstance(info, pagedkv.SequenceInfo)
+    assert (info.priority, info.num_tokens, info.num_blocks, info.num_slots) == (7, 9, 3, 12)
+    assert s.num_tokens == 9 == len(s)
+    table = s.block_table()
+    assert len(table) == 3 and len(set(table)) == 3 and pagedkv.NULL_BLOCK not in table
+    assert s.block_hashes() == pagedkv.hash_prefix(list(range(9)), block_size=4)
+    assert s.block_hashes() == manager_pool.hash_prefix(list(range(9)))
+    assert s.blocks_needed(3) == 0 and s.blocks_needed(4) == 1 and s.blocks_needed(4, lookahead=4) == 2
+
+
+def test_lookahead_reserves_slots(manager_pool):
+    s = manager_pool.create_sequence()
+    s.append([1, 2, 3], lookahead=6)
+    info = s.info()
+    assert info.num_tokens == 3 and info.num_slots >= 9 and info.num_blocks == 3
+
+
+def test_match_prefix_shares_blocks(manager_pool):
+    prompt = list(range(50, 61))  # 11 tokens: 2 full blocks + 3
+    a = manager_pool.create_sequence()
+    assert a.match_prefix(prompt) == 0
+    a.append(prompt)
+    b = manager_pool.create_sequence()
+    assert b.match_prefix(prompt) == 8
+    assert b.info().num_cached_tokens == 8 and b.num_tokens == 8
+    assert b.block_table() == a.block_table()[:2]
+    b.append(prompt[8:])
+    assert b.block_table()[:2] == a.block_table()[:2] and b.block_table()[2] != a.block_table()[2]
+    # At least one token is always left to compute.
+    c = manager_pool.create_sequence()
+    assert c.match_prefix(prompt[:8]) == 4
+    manager_pool.validate()
+
+
+def test_salt_and_lora_separate_caches(manager_pool):
+    prompt = list(range(9))
+    a = manager_pool.create_sequence(cache_salt="tenant-a")
+    a.append(prompt)
+    assert manager_pool.create_sequence(cache_salt="tenant-b").match_prefix(prompt) == 0
+    assert manager_pool.create_sequence().match_prefix(prompt) == 0
+    assert manager_pool.create_sequence(cache_salt="tenant-a").match_prefix(prompt) == 8
+    lo = manager_pool.create_sequence(lora_id=3)
+    lo.append(prompt)
+    assert manager_pool.create_sequence(lora_id=4).match_prefix(prompt) == 0
+    assert manager_pool.create_sequence(lora_id=3).match_prefix(prompt) == 8
+    assert lo.info().lora_id == 3
+    assert a.block_hashes() == pagedkv.hash_prefix(prompt, block_size=4, cache_salt="tenant-a")
+    assert lo.block_hashes() == pagedkv.hash_prefix(prompt, block_size=4, lora_id=3)
+
+
+def test_multimodal_items_change_hashes(manager_pool):
+    prompt = list(range(12))
+    items = [pagedkv.MMItem(offset=2, length=3, hash="img-1")]
+    s = manager_pool.create_sequence(mm_items=items)
+    s.append(prompt)
+    mm = pagedkv.hash_prefix(prompt, block_size=4, mm_items=[(2, 3, "img-1")])
+    plain = pagedkv.hash_prefix(prompt, block_size=4)
+    assert s.block_hashes() == mm
+    assert mm[0] != plain[0]
+    other = pagedkv.hash_prefix(prompt, block_size=4, mm_items=[(2, 3, "img-2")])
+    assert other[0] != mm[0]
+
+
+def test_fork_shares_then_copies_on_write(manager_pool):
+    parent = manager_pool.create_sequence()
+    parent.append(list(range(6)))  # one full block + 2 tokens
+    child = parent.fork()
+    assert child.block_table() == parent.block_table()
+    assert child.num_tokens == 6
+    used = manager_pool.stats().num_used_blocks
+    child.append([100])  # writes into the shared partial block: copy-on-write
+    assert child.block_table()[0] == parent.block_table()[0]
+    assert child.block_table()[1] != parent.block_table()[1]
+    assert manager_pool.stats().num_used_blocks == used + 1
+    with manager_pool.prepare([child], 1):
+        pass  # executes the pending copy
+    assert manager_pool.stats().num_cow_copies >= 1
+    manager_pool.validate()
+
+
+def test_truncate_releases_blocks(manager_pool):
+    s = manager_pool.create_sequence()
+    s.append(list(range(10)))
+    free = manager_pool.stats().num_free_blocks
+    s.truncate(5)
+    assert s.num_tokens == 5 and len(s.block_table()) == 2
+    assert manager_pool.stats().num_free_blocks == free + 1
+    with pytest.raises(pagedkv.InvalidArgumentError):
+        s.truncate(6)
+    s.truncate(0)
+    assert s.block_table() == []
+    manager_pool.validate()
+
+
+def test_free_is_idempotent_and_returns_blocks(manager_pool):
+    s = manager_pool.create_sequence()
+    s.append(list(range(7)))
+    s.free()
+    s.free()
+    assert s.freed
+    st = manager_pool.stats()
+    assert st.num_seqs == 0 and st.num_free_blocks == 15
+    with manager_pool.create_sequence() as t:
+        t.append([1])
+    assert t.freed and manager_pool.stats().num_seqs == 0
+
+
+def test_sliding_window_releases_to_null_block():
+    with pagedkv.Pool(num_blocks=16, block_size=4, sliding_window=8) as pool:
+        s = pool.create_sequence()
+        s.append(list(range(24)))  # a prefill's queries still see its start
+        assert pagedkv.NULL_BLOCK not in s.block_table()
+        for t in range(24, 32):  # decode steps slide the window
+            s.append([t])
+        table = s.block_table()
+        assert table[0] == pagedkv.NULL_BLOCK
+        assert table[-1] != pagedkv.NULL_BLOCK
+        # Only blocks touching the last 8 tokens are held.
+        assert sum(b != pagedkv.NULL_BLOCK for b in table) <= 3
+        pool.validate()
+
+
+def test_hash_functions():
+    root = pagedkv.hash_root("sha256_cbor", "")
+    assert len(root) == 32
+    assert pagedkv.hash_root("sha256_cbor", "x") != root
+    assert len(pagedkv.hash_root("xxh3_128")) == 16
+    h = pagedkv.hash_prefix(list(range(35)), block_size=16)
+    assert len(h) == 2 and all(len(x) == 32 for x in h)
+    # Chained: the second block's hash depends on the first block's tokens.
+    h2 = pagedkv.hash_prefix([1, *list(range(1, 35))], block_size=16)
+    assert h2[0] != h[0] and h2[1] != h[1]
+    assert pagedkv.hash_prefix(list(range(35)), block_size=16, seed="s") != h
+    x = pagedkv.hash_prefix(np.arange(35, dtype=np.int32), block_size=16, algo="xxh3_128")
+    assert len(x) == 2 and all(len(d) == 16 for d in x)
+    assert pagedkv.hash_prefix([1, 2, 3], block_size=16) == []
+
+
+def test_bad_token_input(manager_pool):
+    s = manager_pool.create_sequence()
+    with pytest.raises(OverflowError, match="tokens"):
+        s.append([2**40])
+    with pytest.raises(TypeError, match="tokens"):
+        s.append(["a"])
+    with pytest.raises(TypeError):
+        s.append(3)
+    s.append(np.arange(4, dtype=np.int64))  # copied and range-checked
+    assert s.num_tokens == 4

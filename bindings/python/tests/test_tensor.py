@@ -1,0 +1,171 @@
+"""Zero-copy tensor descriptors: DLPack, array interfaces, checks, streams."""
+
+import numpy as np
+import pytest
+
+import pagedkv
+from conftest import np_dtype, random_tensor, reference_attention
+from pagedkv import _tensor
+
+
+class DLPackOnly:
+    """Exposes an array through DLPack alone (as a torch/jax tensor would)."""
+
+    def __init__(self, arr):
+        self._arr = arr
+
+    def __dlpack__(self, stream=None):
+        return self._arr.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._arr.__dlpack_device__()
+
+
+class InterfaceOnly:
+    def __init__(self, arr, typestr=None):
+        self._arr = arr
+        ai = dict(arr.__array_interface__)
+        if typestr:
+            ai["typestr"] = typestr
+        self.__array_interface__ = ai
+        self.shape = arr.shape
+
+
+class FakeCuda:
+    """Claims to be CUDA memory (never dereferenced: the checks refuse it)."""
+
+    def __init__(self, shape):
+        self.shape = shape
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": "<f4",
+            "data": (0x1000, False),
+            "version": 3,
+            "strides": None,
+        }
+
+
+def test_describe_numpy_is_zero_copy():
+    a = np.zeros((3, 4, 8), np.float32)
+    d = _tensor.describe(a, "a")
+    assert d.data == a.ctypes.data and d.shape == (3, 4, 8) and d.strides == (32, 8, 1)
+    assert d.dtype == pagedkv.DType.F32 and d.device == pagedkv.Device.parse("cpu")
+    s = a[:, 1:3, ::2]
+    d = _tensor.describe(s, "s")
+    assert d.data == s.ctypes.data and d.strides == (32, 8, 2)
+    bf = np.zeros((2, 2), np_dtype("bf16"))
+    assert _tensor.describe(bf, "bf").dtype == pagedkv.DType.BF16
+    with pytest.raises(pagedkv.InvalidArgumentError, match="float64"):
+        _tensor.describe(np.zeros(3), "x")
+
+
+def test_describe_dlpack_and_interfaces():
+    a = np.arange(24, dtype=np.float16).reshape(2, 3, 4)[:, ::2]
+    d = _tensor.describe(DLPackOnly(a), "a")
+    assert d.data + d.byte_offset == a.ctypes.data
+    assert d.shape == (2, 2, 4) and d.strides == (12, 8, 1) and d.dtype == pagedkv.DType.F16
+    d = _tensor.describe(InterfaceOnly(a), "a")
+    assert d.data == a.ctypes.data and d.strides == (12, 8, 1)
+    raw16 = np.zeros((2, 2), np.uint16)
+    d = _tensor.describe(InterfaceOnly(raw16, "<V2"), "r", expect=pagedkv.DType.BF16)
+    assert d.dtype == pagedkv.DType.BF16
+    with pytest.raises(pagedkv.InvalidArgumentError):
+        _tensor.describe(InterfaceOnly(raw16, "<V2"), "r")
+    with pytest.raises(TypeError, match="x: expected a tensor"):
+        _tensor.describe(object(), "x")
+
+
+def test_checks_name_the_argument():
+    d = _tensor.describe(np.zeros((2, 3), np.float32), "t")
+    cpu = pagedkv.Device.parse("cpu")
+    _tensor.check(d, "t", dtype=pagedkv.DType.F32, device=cpu, shape=(2, None))
+    for kwargs, words in (
+        ({"dtype": pagedkv.DType.F16, "device": cpu, "shape": (2, 3)}, "dtype float16"),
+        ({"dtype": None, "device": pagedkv.Device.parse("cuda:0"), "shape": (2, 3)}, "cuda:0"),
+        ({"dtype": None, "device": cpu, "shape": (2, 4)}, "shape [2, 4]"),
+        ({"dtype": None, "device": cpu, "shape": (2, 3, 1)}, "shape"),
+    ):
+        with pytest.raises(pagedkv.InvalidArgumentError, match="t: ") as info:
+            _tensor.check(d, "t", **kwargs)
+        assert words in str(info.value)
+    b = _tensor.describe(np.broadcast_to(np.float32(1), (2, 3)), "b")
+    with pytest.raises(pagedkv.InvalidArgumentError, match=r"broadcast|stride"):
+        _tensor.check(b, "b", dtype=None, device=cpu, shape=(2, 3))
+
+
+def test_kernels_accept_dlpack_and_interface_objects(rng):
+    with pagedkv.Pool(num_blocks=8, block_size=16, num_layers=1, num_kv_heads=1, head_dim=64, dtype="f32") as pool:
+        s = pool.create_sequence()
+        s.append(list(range(6)))
+        with pool.prepare([s], 6) as step:
+            k = random_tensor(rng, (6, 1, 64), np.float32)
+            v = random_tensor(rng, (6, 1, 64), np.float32)
+            step.cache_write(0, DLPackOnly(k), InterfaceOnly(v))
+            q = random_tensor(rng, (6, 2, 64), np.float32)
+            out = np.empty_like(q)
+            step.attention(0, DLPackOnly(q), InterfaceOnly(out))
+            ref, _ = reference_attention(q, k, v)
+            np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
+            with pytest.raises(pagedkv.InvalidArgumentError, match="q: expected a tensor on cpu"):
+                step.attention(0, FakeCuda((6, 2, 64)), out)
+
+
+def test_stream_conversion():
+    class TorchLike:
+        cuda_stream = 1234
+
+    class CupyLike:
+        ptr = 99
+
+    class Proto:
+        def __cuda_stream__(self):
+            return (0, 77)
+
+    assert _tensor.stream_ptr(None) == 0
+    assert _tensor.stream_ptr(5) == 5
+    assert _tensor.stream_ptr(TorchLike()) == 1234
+    assert _tensor.stream_ptr(CupyLike()) == 99
+    assert _tensor.stream_ptr(Proto()) == 77
+    for bad in (True, "s", object()):
+        with pytest.raises(TypeError):
+            _tensor.stream_ptr(bad)
+    with pytest.raises(ValueError):
+        _tensor.stream_ptr(-1)
+
+
+def test_views_expose_array_interfaces():
+    with pagedkv.Pool(num_blocks=4, block_size=8, num_layers=1, num_kv_heads=2, head_dim=64, dtype="bf16") as pool:
+        view = pool.kv_tensor(0, pagedkv.KV.KEY)
+        assert view.shape == (4, 2, 8, 64) and view.dtype == pagedkv.DType.BF16
+        assert view.nbytes == 4 * 2 * 8 * 64 * 2
+        raw16 = np.asarray(view)
+        assert raw16.dtype == np.int16 and raw16.shape == view.shape
+        arr = view.numpy()
+        assert arr.dtype == np_dtype("bf16")
+        arr[1, 0, 0, 0] = 1.5
+        assert float(pool.kv_tensor(0, "k").numpy()[1, 0, 0, 0]) == 1.5  # same memory
+        with pytest.raises(AttributeError):
+            _ = view.__cuda_array_interface__
+        assert "bfloat16" in repr(view)
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def test_torch_tensors_without_copies(rng):
+    torch = _torch()
+    with pagedkv.Pool(num_blocks=8, block_size=16, num_layers=1, num_kv_heads=1, head_dim=64, dtype="bf16") as pool:
+        s = pool.create_sequence()
+        s.append(list(range(4)))
+        with pool.prepare([s], 4) as step:
+            k = torch.randn(4, 1, 64, dtype=torch.bfloat16)
+            v = torch.randn(4, 1, 64, dtype=torch.bfloat16)
+            step.cache_write(0, k, v)
+            q = torch.randn(4, 2, 64, dtype=torch.bfloat16)
+            out = step.attention(0, q)
+            assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
+            ref, _ = reference_attention(q.float().numpy(), k.float().numpy(), v.float().numpy())
+            np.testing.assert_allclose(out.float().numpy(), ref, atol=3e-2, rtol=3e-2)
+            kt = pool.kv_tensor(0, "k").torch()
+            assert kt.dtype == torch.bfloat16 and torch.equal(kt[s.block_table()[0], :, :4], k.transpose(0, 1))

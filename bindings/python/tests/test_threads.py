@@ -1,0 +1,143 @@
+"""Several Python threads on one pool."""
+
+import threading
+
+import numpy as np
+
+import pagedkv
+from conftest import random_tensor, reference_attention
+
+
+def run_threads(target, n):
+    errors = []
+
+    def wrap(i):
+        try:
+            target(i)
+        except BaseException as e:  # reported in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=wrap, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def test_concurrent_block_management():
+    pool = pagedkv.Pool(num_blocks=64, block_size=4, enable_events=True)
+    shared = list(range(16))
+    counts = [0] * 4
+
+    def work(i):
+        rng = np.random.default_rng(i)
+        live = []
+        for step in range(150):
+            op = rng.integers(0, 5)
+            try:
+                if op == 0 or not live:
+                    s = pool.create_sequence()
+                    s.match_prefix([*shared, i])
+                    s.append(rng.integers(0, 50, int(rng.integers(1, 9))).tolist())
+                    live.append(s)
+                elif op == 1:
+                    live[int(rng.integers(len(live)))].append([int(rng.integers(50))])
+                elif op == 2:
+                    live.append(live[int(rng.integers(len(live)))].fork())
+                elif op == 3:
+                    s = live[int(rng.integers(len(live)))]
+                    s.truncate(int(rng.integers(0, s.num_tokens + 1)))
+                else:
+                    live.pop(int(rng.integers(len(live)))).free()
+            except pagedkv.OutOfBlocksError:
+                if live:
+                    live.pop(0).free()
+            counts[i] += 1
+            if step % 25 == 0:
+                pool.validate()
+        for s in live:
+            s.free()
+
+    run_threads(work, 4)
+    assert counts == [150] * 4
+    pool.validate()
+    st = pool.stats()
+    assert st.num_seqs == 0 and st.num_used_blocks == 0 and st.num_free_blocks == 63
+    seq_nos = [e.seq_no for e in pool.events()]
+    assert seq_nos == sorted(seq_nos)
+
+
+def test_concurrent_attention_on_one_pool():
+    pool = pagedkv.Pool(
+        num_blocks=64, block_size=16, num_layers=1, num_kv_heads=1, head_dim=64, dtype="f32", num_threads=2
+    )
+
+    def work(i):
+        rng = np.random.default_rng(100 + i)
+        s = pool.create_sequence()
+        n = int(rng.integers(5, 40))
+        s.append(list(range(n)))
+        with pool.prepare([s], n) as step:
+            k = random_tensor(rng, (n, 1, 64), np.float32)
+            v = random_tensor(rng, (n, 1, 64), np.float32)
+            step.cache_write(0, k, v)
+            for _ in range(5):
+                q = random_tensor(rng, (n, 2, 64), np.float32)
+                out = step.attention(0, q)
+                ref, _ = reference_attention(q, k, v)
+                np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
+        s.free()
+
+    run_threads(work, 4)
+    pool.validate()
+    pool.close()
+
+
+def test_close_races_with_calls():
+    # Calls in flight keep the pool; calls after close raise cleanly.
+    for _ in range(5):
+        pool = pagedkv.Pool(num_blocks=32, block_size=4)
+        start = threading.Barrier(4)
+
+        def work(i, pool=pool, start=start):
+            start.wait()
+            if i == 0:
+                pool.close()
+                return
+            for _ in range(200):
+                try:
+                    s = pool.create_sequence()
+                    s.append([1, 2, 3])
+                    s.free()
+                except pagedkv.InvalidStateError:
+                    return
+
+        run_threads(work, 4)
+        assert pool.closed
+
+
+def test_the_gil_is_released_during_long_calls():
+    tokens = np.arange(1 << 21, dtype=np.int32)
+    ticks = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        best = 0
+        for _ in range(3):
+            before = ticks[0]
+            pagedkv.hash_prefix(tokens, block_size=16)
+            best = max(best, ticks[0] - before)
+    finally:
+        stop.set()
+        t.join()
+    # With the GIL held for the whole hash, the spinning thread could not
+    # have counted at all between the two reads.
+    assert best > 100
