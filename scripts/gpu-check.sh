@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The one command a GPU session runs on the device machine (see docs/cuda.md):
+#
+#   run(command="bash scripts/gpu-check.sh", carry=[".gpu-debs"], timeout_s=600)
+#
+# (run `bash scripts/gpu-deps-fetch.sh` here first so .gpu-debs exists; the
+# script works without it where the image has the dev packages.)
+#
+# Steps, each logged to a file under $OUT (at most 8 files come back):
+#   env.txt        GPU, driver, toolchain
+#   build.log      configure + build (CUDA arch 90 only, for speed)
+#   tests.log      the gpu-labelled GoogleTest binary, all tests
+#   memcheck.log   compute-sanitizer --tool memcheck over a subset
+#   racecheck.log  compute-sanitizer --tool racecheck over a smaller subset
+#   bench.log      bench/gpu/bench_decode.py (stdout: the table)
+#   bench.md       the results table, to commit as bench/results/<device>.md
+#   summary.txt    one line per step: ok / FAILED / skipped, and timings
+# Env: PKV_ARCH (default 90), PKV_SKIP_BENCH=1, PKV_SKIP_SANITIZERS=1,
+#      PKV_BENCH_ARGS (extra arguments for the benchmark).
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${OUT:-$root/gpu-check-out}
+mkdir -p "$OUT"
+summary=$OUT/summary.txt
+: >"$summary"
+t0=$(date +%s)
+note() { echo "$(($(date +%s) - t0))s $*" | tee -a "$summary"; }
+
+# ---------------------------------------------------------------- environment
+{
+  nvidia-smi || true
+  nvcc --version || true
+  cmake --version | head -1 || true
+  g++ --version | head -1 || true
+  python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' || true
+  command -v compute-sanitizer || echo "compute-sanitizer: not on PATH"
+} >"$OUT/env.txt" 2>&1
+
+# Dev packages carried as .deb files (scripts/gpu-deps-fetch.sh) go into a
+# private prefix, never into /.
+if ls "$root"/.gpu-debs/*.deb >/dev/null 2>&1; then
+  prefix=/tmp/pkvdeps
+  mkdir -p $prefix
+  for f in "$root"/.gpu-debs/*.deb; do dpkg -x "$f" $prefix; done
+  for pc in $prefix/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc; do
+    sed -i "s|^prefix=.*|prefix=$prefix/usr|" "$pc"
+  done
+  export CMAKE_PREFIX_PATH=$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  export OPENSSL_ROOT_DIR=$prefix/usr
+  export PKG_CONFIG_PATH=$prefix/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  command -v pkg-config >/dev/null || export PATH=$PATH:$prefix/usr/bin
+  note "deps: unpacked $(ls "$root"/.gpu-debs/*.deb | wc -l) carried packages into $prefix"
+fi
+
+# ---------------------------------------------------------------- build
+# A private copy of the tree with only tests/gpu among the test folders, so
+# that no other component's test dependencies are needed on this machine.
+src=/tmp/pkv-gpu-src
+build=/tmp/pkv-gpu-build
+rm -rf "$src" && mkdir -p "$src"
+(cd "$root" && tar --exclude='./build*' --exclude='./.git' --exclude='./.gpu-debs' --exclude='./tests' -cf - .) |
+  (cd "$src" && tar -xf -)
+mkdir -p "$src/tests" && cp "$root/tests/CMakeLists.txt" "$src/tests/" && cp -r "$root/tests/gpu" "$src/tests/"
+arch=${PKV_ARCH:-90}
+if cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGEDKV_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$arch" -DPAGEDKV_BUILD_BINDINGS=OFF -DPAGEDKV_BUILD_EXAMPLES=OFF \
+  -DPAGEDKV_BUILD_BENCH=OFF >"$OUT/build.log" 2>&1 &&
+  cmake --build "$build" -j"$(nproc)" --target pagedkv test_gpu >>"$OUT/build.log" 2>&1; then
+  note "build: ok (arch $arch)"
+else
+  note "build: FAILED (see build.log)"
+  tail -40 "$OUT/build.log"
+  exit 1
+fi
+tg=$build/tests/gpu/test_gpu
+lib=$(find "$build" -name 'libpagedkv.so' | head -1)
+
+# ---------------------------------------------------------------- tests
+if "$tg" --gtest_brief=1 >"$OUT/tests.log" 2>&1; then
+  note "tests: ok ($(grep -c '^\[  SKIPPED' "$OUT/tests.log") skipped) $(grep -E '^\[  PASSED' "$OUT/tests.log")"
+else
+  note "tests: FAILED (see tests.log)"
+fi
+if grep -q '^\[  SKIPPED' "$OUT/tests.log"; then note "tests: WARNING some tests skipped: no GPU seen?"; fi
+
+# ---------------------------------------------------------------- sanitizers
+# Subsets keep each under a few minutes; API errors are not reported because
+# the tests provoke some on purpose (impossible allocation, bad device).
+if [ "${PKV_SKIP_SANITIZERS:-0}" != 1 ] && command -v compute-sanitizer >/dev/null; then
+  mem_filter='*f32_D80_G4*:*f16_D256_G1*:*bf16_D128_G8*:*bf16_D64_G4*:*f16_D96_G8*:AttentionShapes.*:CudaWrite.*:CudaCopyBlocks.*:*CudaSwap*:CudaBackendBasics.*:CudaCapi.*'
+  if timeout 240 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+    "$tg" --gtest_brief=1 --gtest_filter="$mem_filter" >"$OUT/memcheck.log" 2>&1; then
+    note "memcheck: ok"
+  else
+    note "memcheck: FAILED or timed out (rc $?, see memcheck.log)"
+  fi
+  race_filter='*bf16_D128_G8*:*f32_D64_G4*:*f16_D256_G4*:CudaWrite.*:CudaCopyBlocks.*'
+  if timeout 200 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
+    "$tg" --gtest_brief=1 --gtest_filter="$race_filter" >"$OUT/racecheck.log" 2>&1; then
+    note "racecheck: ok"
+  else
+    note "racecheck: FAILED or timed out (rc $?, see racecheck.log)"
+  fi
+else
+  note "sanitizers: skipped"
+fi
+
+# ---------------------------------------------------------------- benchmark
+if [ "${PKV_SKIP_BENCH:-0}" != 1 ]; then
+  # shellcheck disable=SC2086
+  if PYTHONUNBUFFERED=1 timeout 300 python3 "$root/bench/gpu/bench_decode.py" --lib "$lib" \
+    --out "$OUT/bench.md" ${PKV_BENCH_ARGS:-} >"$OUT/bench.log" 2>&1; then
+    note "bench: ok (bench.md)"
+  else
+    note "bench: FAILED or timed out (rc $?, see bench.log)"
+  fi
+  tail -45 "$OUT/bench.log"
+fi
+note "done"
+cat "$summary"
