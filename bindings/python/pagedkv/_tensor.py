@@ -231,12 +231,14 @@ def describe(obj: Any, name: str, *, stream: int = 0, expect: Optional[DType] = 
             raise
         except Exception as e:  # e.g. torch refusing tensors that require grad
             errors.append(f"__dlpack__: {e}")
-    cai = getattr(obj, "__cuda_array_interface__", None) if hasattr(obj, "__cuda_array_interface__") else None
-    if cai is not None:
-        return _from_interface(obj, name, cai, _cuda_ordinal(obj), expect)
-    ai = getattr(obj, "__array_interface__", None) if hasattr(obj, "__array_interface__") else None
-    if ai is not None:
-        return _from_interface(obj, name, ai, CPU, expect)
+    for attr, device in (("__cuda_array_interface__", None), ("__array_interface__", CPU)):
+        try:
+            iface = getattr(obj, attr, None)
+        except Exception as e:  # torch: "... requires grad; use detach()"
+            errors.append(f"{attr}: {e}")
+            continue
+        if iface is not None:
+            return _from_interface(obj, name, iface, device or _cuda_ordinal(obj), expect)
     detail = f" ({'; '.join(errors)})" if errors else ""
     raise TypeError(
         f"{name}: expected a tensor (numpy/torch/cupy array or an object with __dlpack__, "
