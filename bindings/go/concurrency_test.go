@@ -221,7 +221,9 @@ func TestCloseWhileInUse(t *testing.T) {
 
 // Step plans of different sequences run their kernels concurrently.
 func TestConcurrentBatches(t *testing.T) {
-	p := storagePool(t, 2)
+	// 4 sequences of 20 tokens take 12 blocks of 8: room for all at once.
+	p := newPool(t, PoolOptions{BlockSize: 8, NumBlocks: 16, NumLayers: 2, NumKVHeads: 2,
+		HeadDim: 64, DType: Float32, NumThreads: 2})
 	var wg sync.WaitGroup
 	errc := make(chan error, 4)
 	for w := 0; w < 4; w++ {
