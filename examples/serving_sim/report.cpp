@@ -66,7 +66,7 @@ void print_report(std::FILE* out, const RunInfo& run, const Summary& s) {
   const double wall = std::max(run.wall_seconds, 1e-9);
   auto p = [out](const std::string& line) { std::fprintf(out, "%s\n", line.c_str()); };
   auto row3 = [out](const std::string& a, const std::string& b, const std::string& cc) {
-    std::fprintf(out, "  %-32s %-26s %s\n", a.c_str(), b.c_str(), cc.c_str());
+    std::fprintf(out, "  %-32s %-28s %s\n", a.c_str(), b.c_str(), cc.c_str());
   };
 
   p("");
@@ -93,9 +93,9 @@ void print_report(std::FILE* out, const RunInfo& run, const Summary& s) {
   row3("  sequences admitted", with_commas(s.paged_peak_running) + " (peak concurrent)",
        with_commas(s.static_capacity) + " (= floor(" + format_bytes(double(o.memory_budget)) +
            " / " + format_bytes(s.static_per_seq_bytes) + "))");
-  row3("  KV memory at that peak", format_bytes(s.paged_peak_bytes) + " (blocks in use)",
-       format_bytes(s.static_needed_at_peak) +
-           fmt(" (%.1fx the budget)", s.static_needed_at_peak / double(o.memory_budget)));
+  row3("  KV memory, peak", format_bytes(s.paged_peak_bytes) + " (blocks in use)",
+       format_bytes(s.static_needed_at_peak) + " to hold as many (" +
+           fmt("%.1fx the budget)", s.static_needed_at_peak / double(o.memory_budget)));
   row3("  utilisation (mean over steps)", percent(s.paged_util), percent(s.static_util));
   if (s.static_capacity > 0)
     row3("  concurrency gain",
