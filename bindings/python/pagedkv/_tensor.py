@@ -137,12 +137,13 @@ def _from_numpy(obj: Any, name: str) -> TensorDesc:
     if dt.name == "bfloat16":
         dtype = DType.BF16
     else:
-        key = dt.str[1:] if dt.byteorder in "<=|" else None
-        dtype = _TYPESTR.get(key) if key else None
-        if dtype is None:
+        key = dt.str[1:] if dt.byteorder in "<=|" else ""
+        found = _TYPESTR.get(key)
+        if found is None:
             raise InvalidArgumentError(
                 f"{name}: numpy dtype {dt} is not supported (float32, float16, bfloat16 via ml_dtypes, int32, int64)"
             )
+        dtype = found
     ai = obj.__array_interface__
     strides = _byte_strides_to_elems(name, obj.strides, dt.itemsize)
     return TensorDesc(ai["data"][0], 0, dtype, CPU, tuple(obj.shape), strides, not obj.flags.writeable, obj)
@@ -157,6 +158,7 @@ def _from_dlpack(obj: Any, name: str, stream: int) -> TensorDesc:
     else:
         capsule = obj.__dlpack__()
     cname = _capsule_name(capsule)
+    mt: Any
     if cname == b"dltensor_versioned":
         mt = _DLManagedTensorVersioned.from_address(_capsule_get(capsule, cname))
         readonly = bool(mt.flags & _DLPACK_READ_ONLY)
