@@ -392,9 +392,11 @@ class Sequence:
             return
         try:
             _c.pkv_seq_free(ptr, self._id)
-            self._freed = True
+        except _c.NotFoundError:
+            pass  # freed by a concurrent free() of this object
         finally:
             h.release()
+        self._freed = True
 
     def info(self) -> SequenceInfo:
         return SequenceInfo._from_c(self._pool._call(_c.pkv_seq_get_info, self._id))

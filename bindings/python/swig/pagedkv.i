@@ -30,6 +30,9 @@
 
 %include <stdint.i>
 
+/* Signatures in the raw functions' docstrings. */
+%feature("autodoc", "1");
+
 /* ------------------------------------------------------------ GIL policy */
 
 /* Built with -threads; accessors and constant-time calls keep the GIL. */
