@@ -132,21 +132,33 @@ def _byte_strides_to_elems(name: str, strides: Sequence[int], itemsize: int) -> 
     return tuple(out)
 
 
-def _from_numpy(obj: Any, name: str) -> TensorDesc:
-    dt = obj.dtype
-    if dt.name == "bfloat16":
-        dtype = DType.BF16
-    else:
-        key = dt.str[1:] if dt.byteorder in "<=|" else ""
-        found = _TYPESTR.get(key)
+_NP_DTYPES: dict = {}  # numpy dtype -> DType, filled on first use
+
+
+def _numpy_dtype(dt: Any, name: str) -> DType:
+    found = _NP_DTYPES.get(dt)
+    if found is None:
+        if dt.name == "bfloat16":
+            found = DType.BF16
+        elif dt.byteorder in "<=|":
+            found = _TYPESTR.get(dt.str[1:])
         if found is None:
             raise InvalidArgumentError(
                 f"{name}: numpy dtype {dt} is not supported (float32, float16, bfloat16 via ml_dtypes, int32, int64)"
             )
-        dtype = found
-    ai = obj.__array_interface__
-    strides = _byte_strides_to_elems(name, obj.strides, dt.itemsize)
-    return TensorDesc(ai["data"][0], 0, dtype, CPU, tuple(obj.shape), strides, not obj.flags.writeable, obj)
+        _NP_DTYPES[dt] = found
+    return found
+
+
+def _from_numpy(obj: Any, name: str) -> TensorDesc:
+    dtype = _numpy_dtype(obj.dtype, name)
+    item = obj.itemsize
+    st = obj.strides
+    strides = tuple(s // item for s in st)
+    if any(s % item for s in st):
+        _byte_strides_to_elems(name, st, item)  # raises, naming the stride
+    ptr = obj.__array_interface__["data"][0]
+    return TensorDesc(ptr, 0, dtype, CPU, obj.shape, strides, not obj.flags.writeable, obj)
 
 
 def _from_dlpack(obj: Any, name: str, stream: int) -> TensorDesc:
