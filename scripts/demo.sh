@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
-# The demo command: sets up, builds, and runs the serving simulation.
+# The demo command: sets up, builds, and runs the serving simulation
+# (examples/serving_sim). Arguments go to the simulation; --help lists them.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$root/scripts/setup.sh"
 bash "$root/scripts/build.sh"
-if [ -x "$root/build/examples/c/quickstart" ] && [ ! -e "$root/examples/serving_sim" ]; then
-  exec "$root/build/examples/c/quickstart" "$@"
-fi
-exec "$root/scripts/run-demo.sh" "$@"
+exec bash "$root/scripts/run-demo.sh" "$@"
