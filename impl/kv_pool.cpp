@@ -63,7 +63,9 @@ Pool::Pool(const PoolOptions& opts, uint64_t bytes_per_block)
       events_(opts.enable_events, opts.max_events),
       blocks_(int32_t(opts.num_blocks), opts.enable_prefix_caching, &events_),
       root_(hash_root(opts.hash_algo, opts.hash_seed)),
-      hasher_(std::make_unique<BlockHasher>(opts.hash_algo)) {}
+      hasher_(std::make_unique<BlockHasher>(opts.hash_algo)) {
+  if ((opts.block_size & (opts.block_size - 1)) == 0) bs_shift_ = __builtin_ctz(opts.block_size);
+}
 
 Pool::~Pool() { close(); }
 
@@ -206,6 +208,11 @@ std::string Pool::validate() const {
     if (blocks_.caching() && q.hashes.size() != q.tokens.size() / bs) {
       bad = "block hashes: " + who + " has " + std::to_string(q.hashes.size()) + " hashes for " +
             std::to_string(q.tokens.size() / bs) + " full blocks";
+      return;
+    }
+    if (!q.tail_shared && !tail_is_exclusive(q)) {
+      bad = "block tables: " + who +
+            " is marked as holding its tail blocks alone, but one is shared or cached";
       return;
     }
     for (size_t j = 0; j < q.blocks.size(); ++j) {

@@ -134,13 +134,21 @@ class Pool {
   };
   AppendNeed append_need(const Sequence& s, uint64_t n, uint32_t lookahead) const;
   void hash_full_blocks(Sequence& s);
+  bool tail_is_exclusive(const Sequence& s) const;
   const std::vector<ExtraKey>& extra_keys(const Sequence& s, uint64_t start);
   void release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin, size_t end);
   void run_pending_copies(void* stream);  // caller holds mu_
   void check_open() const;
   void check_block_ids(const int32_t* ids, uint64_t n, const char* name) const;
 
+  // x / block_size; a shift for the usual power-of-two sizes (a 64-bit
+  // division costs more than the rest of a decode append's arithmetic).
+  uint64_t div_bs(uint64_t x) const {
+    return bs_shift_ >= 0 ? x >> bs_shift_ : x / opts_.block_size;
+  }
+
   mutable std::mutex mu_;
+  int bs_shift_ = -1;
   bool closed_ = false;
   PoolOptions opts_;
   uint64_t bytes_per_block_ = 0;

@@ -43,7 +43,7 @@ const std::vector<ExtraKey>& Pool::extra_keys(const Sequence& s, uint64_t start)
 void Pool::hash_full_blocks(Sequence& s) {
   if (!blocks_.caching()) return;
   const uint64_t bs = opts_.block_size;
-  const uint64_t full = s.tokens.size() / bs;
+  const uint64_t full = div_bs(s.tokens.size());
   grow(s.hashes, full);
   for (uint64_t j = s.hashes.size(); j < full; ++j) {
     const BlockHash& parent = j ? s.hashes[j - 1] : root_;
@@ -135,12 +135,12 @@ Pool::AppendNeed Pool::append_need(const Sequence& s, uint64_t n, uint32_t looka
   const uint64_t bs = opts_.block_size;
   const uint64_t nb = s.blocks.size();
   AppendNeed need;
-  const uint64_t want = (n0 + n + lookahead + bs - 1) / bs;
+  const uint64_t want = div_bs(n0 + n + lookahead + bs - 1);
   need.fresh = want > nb ? want - nb : 0;
-  if (n > 0) {
+  if (n > 0 && s.tail_shared) {
     // Existing blocks that this append writes into and others share.
-    const uint64_t last = std::min<uint64_t>(nb, (n0 + n + bs - 1) / bs);
-    for (uint64_t j = n0 / bs; j < last; ++j)
+    const uint64_t last = std::min<uint64_t>(nb, div_bs(n0 + n + bs - 1));
+    for (uint64_t j = div_bs(n0); j < last; ++j)
       if (blocks_.ref(s.blocks[j]) > 1) ++need.cow;
   }
   need.window_first = need.window_end = s.num_null;
@@ -159,6 +159,22 @@ Pool::AppendNeed Pool::append_need(const Sequence& s, uint64_t n, uint32_t looka
 void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahead) {
   std::lock_guard<std::mutex> lock(mu_);
   Sequence& s = seq_or_throw(id);
+  if (n == 1 && lookahead == 0 && !s.tail_shared && opts_.sliding_window == 0 &&
+      s.tokens.size() < kMaxSeqTokens) {
+    // Decode fast path: one token into a tail that is ours alone (no copy,
+    // no cached hash to drop), at most one new block.
+    const uint64_t n0 = s.tokens.size();
+    const bool new_block = div_bs(n0) >= s.blocks.size();
+    if (!new_block || blocks_.num_free() > 0) {
+      grow(s.tokens, n0 + 1);
+      if (new_block) grow(s.blocks, s.blocks.size() + 1);
+      if (new_block) s.blocks.push_back(blocks_.allocate());
+      s.tokens.push_back(tokens[0]);
+      if (div_bs(n0 + 1) > s.hashes.size()) hash_full_blocks(s);
+      ++s.version;
+      return;
+    }
+  }
   const AppendNeed need = append_need(s, n, lookahead);
   const uint64_t take = need.fresh + need.cow;
   const uint64_t avail = uint64_t(blocks_.num_free()) + need.window_gain;
@@ -171,7 +187,7 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
   // Reserve first so that nothing below can fail half-way.
   grow(s.tokens, n0 + n);
   grow(s.blocks, s.blocks.size() + need.fresh);
-  if (blocks_.caching()) grow(s.hashes, (n0 + n) / bs);
+  if (blocks_.caching()) grow(s.hashes, div_bs(n0 + n));
   if (need.cow) grow(blocks_.pending_copies(), blocks_.pending_copies().size() + need.cow);
 
   // 1. Sliding window: release what no query will read again, tail first.
@@ -184,9 +200,9 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
   // 2. Blocks this append writes into: shared ones are copied first
   // (copy-on-write), exclusive ones drop a cached hash their new content
   // will no longer match.
-  if (n > 0) {
-    const uint64_t last = std::min<uint64_t>(s.blocks.size(), (n0 + n + bs - 1) / bs);
-    for (uint64_t j = n0 / bs; j < last; ++j) {
+  if (n > 0 && s.tail_shared) {
+    const uint64_t last = std::min<uint64_t>(s.blocks.size(), div_bs(n0 + n + bs - 1));
+    for (uint64_t j = div_bs(n0); j < last; ++j) {
       const int32_t b = s.blocks[j];
       if (blocks_.ref(b) > 1) {
         const int32_t fresh = blocks_.allocate();
@@ -206,9 +222,22 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
   for (uint64_t i = 0; i < need.fresh; ++i) s.blocks.push_back(blocks_.allocate());
 
   // 4. Tokens, and the blocks they fill enter the prefix cache.
-  s.tokens.insert(s.tokens.end(), tokens, tokens + n);
-  hash_full_blocks(s);
+  if (n == 1)
+    s.tokens.push_back(tokens[0]);
+  else
+    s.tokens.insert(s.tokens.end(), tokens, tokens + n);
+  if (div_bs(s.tokens.size()) > s.hashes.size()) hash_full_blocks(s);
+  if (s.tail_shared) s.tail_shared = !tail_is_exclusive(s);
   ++s.version;
+}
+
+bool Pool::tail_is_exclusive(const Sequence& s) const {
+  for (size_t j = div_bs(s.tokens.size()); j < s.blocks.size(); ++j) {
+    const int32_t b = s.blocks[j];
+    if (b != BlockPool::kNullBlock && (blocks_.ref(b) > 1 || !blocks_.hash(b).empty()))
+      return false;
+  }
+  return true;
 }
 
 uint64_t Pool::blocks_needed(SeqId id, uint64_t n, uint32_t lookahead) const {
@@ -239,6 +268,7 @@ SeqId Pool::fork(SeqId parent) {
   c.num_null = p.num_null;
   for (int32_t b : c.blocks)
     if (b != BlockPool::kNullBlock) blocks_.share(b);
+  p.tail_shared = c.tail_shared = true;
   return cid;
 }
 
@@ -272,6 +302,7 @@ void Pool::truncate(SeqId id, uint64_t m) {
   if (s.hashes.size() > m / bs) s.hashes.resize(m / bs);
   s.num_null = std::min<uint64_t>(s.num_null, s.blocks.size());
   s.num_cached = std::min(s.num_cached, m);
+  s.tail_shared = !tail_is_exclusive(s);
   ++s.version;
 }
 

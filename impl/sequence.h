@@ -14,27 +14,34 @@ namespace pagedkv {
 
 using SeqId = uint64_t;
 
+// Hot fields first: a decode append touches only the first two cache lines.
 struct Sequence {
   std::vector<int32_t> tokens;    // every token appended, incl. a cached prefix
   std::vector<int32_t> blocks;    // block table; 0 = released by the sliding window
   std::vector<BlockHash> hashes;  // chained hashes of the full blocks (caching on)
-  HashContext ctx;
+  uint64_t version = 0;           // bumped by every change of the table or tokens
+  uint64_t num_null = 0;          // leading table entries released to the null block
+  // False promises that the blocks from index tokens/block_size on (the
+  // partial tail and lookahead blocks) are ours alone and hold no hash, so
+  // the hot append path need not read their ref counts. Set by fork and
+  // truncate; cleared by the append that finds it true again.
+  bool tail_shared = false;
   int32_t priority = 0;
   uint64_t num_cached = 0;  // tokens attached by match_prefix
-  uint64_t version = 0;     // bumped by every change of the table or tokens
-  uint64_t num_null = 0;    // leading table entries released to the null block
   uint64_t plan_mark = 0;   // batch-prepare epoch, to reject duplicates
+  HashContext ctx;
 
   void reset() {
     tokens.clear();
     blocks.clear();
     hashes.clear();
-    ctx = HashContext{};
-    priority = 0;
-    num_cached = 0;
     ++version;
     num_null = 0;
+    tail_shared = false;
+    priority = 0;
+    num_cached = 0;
     plan_mark = 0;
+    ctx = HashContext{};
   }
 };
 
@@ -42,10 +49,10 @@ class SeqTable {
  public:
   // The live sequence named by id, or nullptr.
   Sequence* find(SeqId id) {
-    uint32_t slot = uint32_t(id), gen = uint32_t(id >> 32);
-    if (slot >= slots_.size()) return nullptr;
-    Slot& s = slots_[slot];
-    return s.live && s.gen == gen ? s.seq.get() : nullptr;
+    const uint32_t slot = uint32_t(id), gen = uint32_t(id >> 32);
+    if (slot >= size_) return nullptr;
+    Slot& s = at(slot);
+    return s.live && s.gen == gen ? &s.seq : nullptr;
   }
   const Sequence* find(SeqId id) const { return const_cast<SeqTable*>(this)->find(id); }
 
@@ -56,55 +63,65 @@ class SeqTable {
       slot = free_.back();
       free_.pop_back();
     } else {
-      slots_.emplace_back();
-      slot = uint32_t(slots_.size() - 1);
-      free_.reserve(slots_.capacity());  // so remove() never allocates
+      if (size_ % kChunk == 0) {
+        chunks_.reserve(chunks_.size() + 1);
+        chunks_.push_back(std::make_unique<Chunk>());
+      }
+      if (free_.capacity() <= size_) free_.reserve(2 * size_ + 16);  // remove() never allocates
+      slot = size_++;
     }
-    Slot& s = slots_[slot];
-    if (!s.seq) s.seq = std::make_unique<Sequence>();
-    s.seq->reset();
+    Slot& s = at(slot);
+    s.seq.reset();
     s.live = true;
     ++live_;
     *id = (SeqId(s.gen) << 32) | slot;
-    return *s.seq;
+    return s.seq;
   }
 
   void remove(SeqId id) {
-    uint32_t slot = uint32_t(id);
-    Slot& s = slots_[slot];
+    Slot& s = at(uint32_t(id));
     s.live = false;
     if (++s.gen == 0) s.gen = 1;
     // Keep small buffers for reuse; drop big ones so a finished long
     // request does not pin its memory.
-    if (s.seq->tokens.capacity() > (1u << 16)) {
-      s.seq = std::make_unique<Sequence>();
-    }
-    free_.push_back(slot);
+    if (s.seq.tokens.capacity() > (1u << 16)) s.seq = Sequence();
+    free_.push_back(uint32_t(id));
     --live_;
   }
 
   size_t size() const { return live_; }
-  bool full() const { return slots_.size() >= 0xffffffffu && free_.empty(); }
+  bool full() const { return size_ == 0xffffffffu && free_.empty(); }
 
   template <class F>
   void for_each(F&& f) const {
-    for (size_t i = 0; i < slots_.size(); ++i)
-      if (slots_[i].live) f((SeqId(slots_[i].gen) << 32) | i, *slots_[i].seq);
+    for (uint32_t i = 0; i < size_; ++i) {
+      const Slot& s = const_cast<SeqTable*>(this)->at(i);
+      if (s.live) f((SeqId(s.gen) << 32) | i, s.seq);
+    }
   }
   void clear() {
-    slots_.clear();
+    chunks_.clear();
     free_.clear();
+    size_ = 0;
     live_ = 0;
   }
 
  private:
-  struct Slot {
+  struct alignas(64) Slot {
     uint32_t gen = 1;
     bool live = false;
-    std::unique_ptr<Sequence> seq;
+    Sequence seq;
   };
-  std::vector<Slot> slots_;
+  // Fixed-size chunks keep slot addresses stable as the table grows.
+  static constexpr uint32_t kChunk = 64;
+  struct Chunk {
+    Slot slots[kChunk];
+  };
+  Slot& at(uint32_t slot) { return chunks_[slot / kChunk]->slots[slot % kChunk]; }
+
+  std::vector<std::unique_ptr<Chunk>> chunks_;
   std::vector<uint32_t> free_;
+  uint32_t size_ = 0;  // slots ever used
   size_t live_ = 0;
 };
 
