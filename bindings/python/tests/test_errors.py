@@ -90,6 +90,15 @@ def test_unsupported_without_cuda():
     )
 
 
+@pytest.mark.skipif(pagedkv.cuda_device_count() > 0, reason="a GPU is present")
+def test_cuda_pool_without_a_device():
+    # CPU-only builds say unsupported; CUDA builds on a machine without a GPU
+    # report the runtime's error. Either way a clean exception.
+    with pytest.raises((pagedkv.UnsupportedError, pagedkv.CudaError)) as info:
+        pagedkv.Pool(num_blocks=8, num_layers=1, num_kv_heads=1, head_dim=64, device="cuda")
+    assert info.value.message
+
+
 @pytest.mark.skipif(pagedkv.cuda_device_count() == 0, reason="needs a CUDA device")
 def test_cuda_error_on_missing_device():
     # One past the last ordinal: the CUDA runtime refuses it (the library may
