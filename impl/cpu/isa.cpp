@@ -2,11 +2,25 @@
 #include <cstring>
 #include <string>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+
 #include "cpu/kernels.h"
 #include "error.h"
 
 namespace pagedkv {
 namespace cpu {
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+namespace {
+// clang 14's __builtin_cpu_supports does not know "f16c": read CPUID.1:ECX.29.
+bool has_f16c() {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+}  // namespace
+#endif
 
 bool cpu_isa_supported(CpuIsa isa) {
   switch (isa) {
@@ -16,7 +30,7 @@ bool cpu_isa_supported(CpuIsa isa) {
     // __builtin_cpu_supports also checks that the OS saves the wide state.
     case CpuIsa::kAvx2:
       return avx2_table() != nullptr && __builtin_cpu_supports("avx2") &&
-             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+             __builtin_cpu_supports("fma") && has_f16c();
     case CpuIsa::kAvx512:
       return avx512_table() != nullptr && cpu_isa_supported(CpuIsa::kAvx2) &&
              __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
