@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Bounded libFuzzer run of the operation-sequence harness (tests/fuzz/):
+# configures a clang build with ASan+UBSan and libFuzzer coverage, builds
+# fuzz_ops only, fuzzes for PKV_FUZZ_SECONDS (default 60) starting from the
+# committed seed corpus, and fails on any crash, leak, timeout or model
+# disagreement. Skips (exit 0, with a notice) when clang cannot link
+# -fsanitize=fuzzer. Long runs: tests/fuzz/README.md.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${PKV_FUZZ_BUILD_DIR:-$root/build-fuzz}
+seconds=${PKV_FUZZ_SECONDS:-60}
+cc=${PKV_FUZZ_CC:-clang}
+cxx=${PKV_FUZZ_CXX:-clang++}
+
+if ! command -v "$cxx" >/dev/null; then
+  echo "test-fuzz: $cxx not found; fuzzing skipped"
+  exit 0
+fi
+probe=$(mktemp -d)
+trap 'rm -rf "$probe"' EXIT
+printf '#include <cstddef>\n#include <cstdint>\nextern "C" int LLVMFuzzerTestOneInput(const uint8_t*, size_t) { return 0; }\n' \
+  >"$probe/p.cpp"
+if ! "$cxx" -fsanitize=fuzzer "$probe/p.cpp" -o "$probe/p" 2>/dev/null; then
+  echo "test-fuzz: $cxx cannot link -fsanitize=fuzzer (libclang-rt-dev missing?); fuzzing skipped"
+  exit 0
+fi
+
+# The library gets coverage instrumentation (fuzzer-no-link) so libFuzzer
+# steers by what happens inside pagedkv, not just inside the harness.
+CC=$cc CXX=$cxx cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DPAGEDKV_CUDA=OFF -DPAGEDKV_BUILD_BENCH=OFF -DPAGEDKV_BUILD_BINDINGS=OFF \
+  -DPAGEDKV_BUILD_EXAMPLES=OFF -DPAGEDKV_SANITIZE=address -DPAGEDKV_FUZZER=ON \
+  -DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link -DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link >/dev/null
+cmake --build "$build" -j"$(nproc)" --target fuzz_ops
+
+work="$build/fuzz-work"
+mkdir -p "$work/corpus" "$work/artifacts"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+# New inputs go to the scratch corpus; the committed seeds are only read.
+# -timeout: one input running over 10 s is reported as a hang.
+status=0
+"$build/tests/fuzz/fuzz_ops" "$work/corpus" "$root/tests/fuzz/corpus" \
+  -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
+  -artifact_prefix="$work/artifacts/" -print_final_stats=1 >"$work/log.txt" 2>&1 || status=$?
+grep -E "^#[0-9]+ +(INITED|DONE)|stat::number_of_executed_units|stat::peak_rss|ERROR|SUMMARY|pkv_fuzz|Test unit written" \
+  "$work/log.txt" || true
+if [ "$status" -ne 0 ]; then
+  echo "test-fuzz: fuzz_ops failed (exit $status); log: $work/log.txt, reproducer in $work/artifacts/"
+  echo "  replay: $build/tests/fuzz/fuzz_ops $work/artifacts/<file>  (PKV_FUZZ_TRACE=1 prints the ops)"
+  tail -40 "$work/log.txt"
+  exit 1
+fi
+echo "test-fuzz: no crash in ${seconds}s"
