@@ -226,7 +226,7 @@ int main(int argc, char** argv) {
     if (!cpu::cpu_isa_supported(isa)) continue;
     for (int t : thread_counts) {
       ThreadPool pool(t);
-      const Rate read = read_bandwidth(pool, bw, bw_floats, reps);
+      const Rate read = read_bandwidth(pool, bw, bw_floats, std::min(reps, 5));
       CpuBackendOptions opts;
       opts.num_threads = t;
       opts.isa = isa;

@@ -206,22 +206,25 @@ class Attention {
     const int64_t head_off = int64_t(t.head) * bs_ * d_;
     const int64_t block_elems = int64_t(hkv_) * bs_ * d_;
     const size_t slice_bytes = size_t(bs_) * d_ * esize_;
-    auto prefetch_page = [&](int32_t pg) {
-      const int64_t off = (int64_t(pages[pg]) * block_elems + head_off) * int64_t(esize_);
-      prefetch(kplane_ + off, slice_bytes);
-      prefetch(vplane_ + off, slice_bytes);
+    auto page_offset = [&](int32_t pg) {
+      return (int64_t(pages[pg]) * block_elems + head_off) * int64_t(esize_);
     };
-    if (t.page_begin < t.page_end) prefetch_page(t.page_begin);
+    if (t.page_begin < t.page_end) {
+      prefetch(kplane_ + page_offset(t.page_begin), slice_bytes);
+      prefetch(vplane_ + page_offset(t.page_begin), slice_bytes);
+    }
     for (int32_t pg = t.page_begin; pg < t.page_end; ++pg) {
       // Pages sit at random places, so the hardware prefetcher cannot run
-      // ahead across them: fetch the next page's K and V slices while this
-      // one is computed.
-      if (pg + 1 < t.page_end) prefetch_page(pg + 1);
+      // ahead across them: the leaf kernels fetch the next page's K and V
+      // slices while they compute this one.
+      const bool more = pg + 1 < t.page_end;
+      const int64_t next = more ? page_offset(pg + 1) : 0;
       const int32_t base = pg * bs_;
       const int32_t j0 = std::max(klo - base, 0), j1 = std::min(khi - base, bs_);
       if (j0 >= j1) continue;
-      const int64_t off = (int64_t(pages[pg]) * block_elems + head_off) * int64_t(esize_);
-      qk(s.q, d_, kplane_ + off, j0, j1, s.logits, ldl_, args_.logit_softcap);
+      const int64_t off = page_offset(pg);
+      qk(s.q, d_, kplane_ + off, j0, j1, s.logits, ldl_, args_.logit_softcap,
+         more ? kplane_ + next : nullptr, slice_bytes);
       const int32_t a0 = j0 / w * w, a1 = (j1 + w - 1) / w * w;
       for (int32_t r = 0; r < R; ++r) {
         float* x = s.logits + size_t(r) * ldl_;
@@ -235,7 +238,8 @@ class Attention {
         std::fill(x + vis1, x + a1, kNegInf);
       }
       kt_->softmax(s.logits, ldl_, R, a0, a1, s.m, s.l, s.alpha);
-      pv(s.logits, ldl_, vplane_ + off, j0, j1, d_, s.acc, s.alpha);
+      pv(s.logits, ldl_, vplane_ + off, j0, j1, d_, s.acc, s.alpha, more ? vplane_ + next : nullptr,
+         slice_bytes);
     }
 
     if (t.part >= 0) {

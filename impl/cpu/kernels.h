@@ -17,12 +17,16 @@ namespace cpu {
 // head_dim): logits[r * ldl + j] = q_r . k_j, then, if softcap > 0,
 // softcap * tanh(logit / softcap). Entries outside [j0, j1) of the vector
 // span covering them may be overwritten with garbage.
+// The pf_bytes at pf (a page read next; may be null) are prefetched, spread
+// over the keys, so that those loads overlap this page's arithmetic.
 using QkFn = void (*)(const float* q, int64_t head_dim, const void* page, int32_t j0, int32_t j1,
-                      float* logits, int32_t ldl, float softcap);
+                      float* logits, int32_t ldl, float softcap, const void* pf, size_t pf_bytes);
 
 // acc[r] = acc[r] * alpha[r] + sum_{j in [j0, j1)} p[r * ldp + j] * v_j.
+// Prefetches like QkFn.
 using PvFn = void (*)(const float* p, int32_t ldp, const void* page, int32_t j0, int32_t j1,
-                      int64_t head_dim, float* acc, const float* alpha);
+                      int64_t head_dim, float* acc, const float* alpha, const void* pf,
+                      size_t pf_bytes);
 
 // One online-softmax step over rows r < R, entries [a0, a1) of each row
 // (masked entries hold -inf; a0, a1 multiples of the table width): m_new =
