@@ -19,6 +19,8 @@ struct CopyPair {
   int32_t src, dst;
 };
 
+struct BlockPoolTestPeer;  // tests corrupt state to prove validate() notices
+
 class BlockPool {
  public:
   static constexpr int32_t kNullBlock = 0;
@@ -92,6 +94,7 @@ class BlockPool {
   std::string check() const;
 
  private:
+  friend struct BlockPoolTestPeer;
   void evict(int32_t id);
 
   int32_t num_blocks_ = 0;

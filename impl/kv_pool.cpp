@@ -193,7 +193,7 @@ std::string Pool::validate() const {
   const int32_t nb = blocks_.num_blocks();
   const uint64_t bs = opts_.block_size;
   std::vector<int32_t> refs(nb, 0);
-  std::string bad;
+  std::string bad, tail_bad;  // tail_bad is reported after the ref counts agree
   seqs_.for_each([&](SeqId id, const Sequence& q) {
     if (!bad.empty()) return;
     const std::string who = seq_name(id);
@@ -210,11 +210,9 @@ std::string Pool::validate() const {
             std::to_string(q.tokens.size() / bs) + " full blocks";
       return;
     }
-    if (!q.tail_shared && !tail_is_exclusive(q)) {
-      bad = "block tables: " + who +
-            " is marked as holding its tail blocks alone, but one is shared or cached";
-      return;
-    }
+    if (!q.tail_shared && !tail_is_exclusive(q) && tail_bad.empty())
+      tail_bad = "block tables: " + who +
+                 " is marked as holding its tail blocks alone, but one is shared or cached";
     for (size_t j = 0; j < q.blocks.size(); ++j) {
       int32_t b = q.blocks[j];
       if ((j < q.num_null) != (b == BlockPool::kNullBlock)) {
@@ -241,7 +239,7 @@ std::string Pool::validate() const {
       return "ref counts: block " + std::to_string(b) + " has ref " +
              std::to_string(blocks_.ref(b)) + " but " + std::to_string(refs[b]) +
              " table references";
-  return "";
+  return tail_bad;
 }
 
 // ------------------------------------------------------------------ storage

@@ -119,6 +119,7 @@ class Pool {
 
   // For tests and benchmarks of the internals.
   const BlockPool& block_pool() const { return blocks_; }
+  BlockPool& block_pool_for_testing() { return blocks_; }
   std::vector<CopyPair> pending_copies() const;
 
  private:
