@@ -101,3 +101,75 @@ TEST(Threads, EightThreadsOnOnePoolKeepEveryInvariant) {
 }
 
 }  // namespace
+
+namespace {
+
+// Kernels run outside the pool lock (docs/threading.md): four threads each
+// step their own sequences (append, prepare, write, attention) on one
+// storage pool while the others do the same.
+TEST(Threads, ConcurrentStepsOnOneStoragePool) {
+  pkv_pool_options o;
+  pkv_pool_options_init(&o);
+  o.block_size = 16;
+  o.num_blocks = 129;
+  o.num_layers = 2;
+  o.num_kv_heads = 2;
+  o.head_dim = 64;
+  o.dtype = PKV_DTYPE_F32;
+  o.num_threads = 2;
+  pkv_pool* pool = nullptr;
+  ASSERT_EQ(pkv_pool_create(&o, &pool), PKV_OK) << pkv_last_error_message();
+  std::atomic<int> unexpected{0};
+  auto worker = [&](int t) {
+    std::mt19937 rng(t);
+    std::uniform_real_distribution<float> d(-1, 1);
+    pkv_seq_id s[2];
+    for (auto& id : s) {
+      if (pkv_seq_create(pool, nullptr, &id) != PKV_OK) ++unexpected;
+      std::vector<int32_t> prompt(20 + t);
+      for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(t * 1000 + i);
+      if (pkv_seq_append(pool, id, prompt.data(), prompt.size(), 0) != PKV_OK) ++unexpected;
+    }
+    uint32_t q[2] = {uint32_t(20 + t), uint32_t(20 + t)};
+    for (int step = 0; step < 12; ++step) {
+      pkv_batch* b = nullptr;
+      if (pkv_batch_prepare(pool, s, q, 2, nullptr, &b) != PKV_OK) {
+        ++unexpected;
+        break;
+      }
+      const int64_t n = q[0] + q[1];
+      std::vector<float> kv(size_t(n) * 2 * 64), qs(size_t(n) * 4 * 64), out(qs.size());
+      for (auto& x : kv) x = d(rng);
+      for (auto& x : qs) x = d(rng);
+      int64_t kshape[3] = {n, 2, 64}, qshape[3] = {n, 4, 64};
+      pkv_tensor kt, qt, ot;
+      pkv_tensor_init(kv.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 3, kshape, &kt);
+      pkv_tensor_init(qs.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 3, qshape, &qt);
+      pkv_tensor_init(out.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 3, qshape, &ot);
+      for (uint32_t layer = 0; layer < 2; ++layer) {
+        if (pkv_cache_write(b, layer, &kt, &kt, nullptr) != PKV_OK) ++unexpected;
+        if (pkv_attention_forward(b, layer, &qt, &ot, nullptr, nullptr, nullptr) != PKV_OK)
+          ++unexpected;
+      }
+      for (float x : out)
+        if (!(x >= -1.001f && x <= 1.001f)) {  // a convex mix of values in [-1, 1]
+          ++unexpected;
+          break;
+        }
+      pkv_batch_destroy(b);
+      int32_t next[2] = {int32_t(rng() % 100), int32_t(rng() % 100)};
+      for (int i = 0; i < 2; ++i)
+        if (pkv_seq_append(pool, s[i], &next[i], 1, 0) != PKV_OK) ++unexpected;
+      q[0] = q[1] = 1;
+    }
+    for (auto id : s) pkv_seq_free(pool, id);
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(unexpected.load(), 0) << pkv_last_error_message();
+  EXPECT_EQ(pkv_pool_validate(pool), PKV_OK) << pkv_last_error_message();
+  pkv_pool_destroy(pool);
+}
+
+}  // namespace
