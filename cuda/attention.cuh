@@ -22,7 +22,9 @@
 // scale * q.k, soft-capped as c * tanh(logit / c); LSE is natural-log.
 #pragma once
 
+#ifndef PKV_CUDA_EMULATION
 #include <mma.h>
+#endif
 
 #include <atomic>
 #include <type_traits>
@@ -80,7 +82,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
   constexpr int kRowsPerWarp = ROWS / kAttnWarps;
   constexpr bool kTensorCores = !std::is_same<T, float>::value;
 
-  extern __shared__ __align__(128) unsigned char smem[];
+  PKV_EXTERN_SMEM(smem);
   T* k_s = reinterpret_cast<T*>(smem + L::kK);
   T* v_s = reinterpret_cast<T*>(smem + L::kV);
   T* q_s = reinterpret_cast<T*>(smem + L::kQ);
@@ -349,6 +351,7 @@ __global__ void __launch_bounds__(128) merge_splits_kernel(const AttnParams p, i
   }
 }
 
+#ifndef PKV_CUDA_EMULATION
 // Raises a kernel's dynamic shared-memory limit once per device.
 template <typename Kernel>
 cudaError_t ensure_smem(Kernel kernel, size_t bytes, std::atomic<uint64_t>& done) {
@@ -405,6 +408,8 @@ cudaError_t launch_attention_typed(const AttnParams& p, const AttnLaunch& l, cud
       return cudaErrorInvalidValue;
   }
 }
+
+#endif  // PKV_CUDA_EMULATION
 
 }  // namespace cuda
 }  // namespace pagedkv

@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "check.h"
 #include "launch.h"
+#include "plan.h"
 
 namespace pagedkv {
 
@@ -167,15 +168,6 @@ class ScratchBuffer {
   void* ptr_;
 };
 
-bool valid_head_dim(int d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
-
-// Widest power-of-two access (<= 16 bytes) every address of a row allows.
-int access_unit(const void* base, int64_t s0_bytes, int64_t s1_bytes, int64_t row_bytes) {
-  const uint64_t bits = reinterpret_cast<uintptr_t>(base) | uint64_t(s0_bytes) |
-                        uint64_t(s1_bytes) | uint64_t(row_bytes) | 16u;
-  return int(bits & (~bits + 1));  // lowest set bit
-}
-
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int32_t device) : device_(device), scratch_(init_device(device)) {}
@@ -215,120 +207,40 @@ class CudaBackend final : public Backend {
 
   void write(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& k,
              const Tensor3& v, void* stream) override {
-    const KvLayout& lay = arena.layout;
-    check_rows(k, lay, "k");
-    check_rows(v, lay, "v");
+    const cuda::WriteParams p = cuda::plan_write(arena, layer, plan, k, v);
     if (plan.num_tokens == 0) return;
-    const int64_t elt = int64_t(dtype_size(lay.dtype));
-    cuda::WriteParams p{};
-    p.k_plane = static_cast<char*>(arena.plane(layer, 0));
-    p.v_plane = static_cast<char*>(arena.plane(layer, 1));
-    p.k = static_cast<const char*>(k.data);
-    p.v = static_cast<const char*>(v.data);
-    p.k_s0 = k.s0 * elt;
-    p.k_s1 = k.s1 * elt;
-    p.v_s0 = v.s0 * elt;
-    p.v_s1 = v.s1 * elt;
-    p.slot_mapping = plan.slot_mapping;
-    p.num_tokens = plan.num_tokens;
-    p.num_kv_heads = lay.num_kv_heads;
-    p.block_size = lay.block_size;
-    p.row_bytes = int32_t(lay.head_dim * elt);
-    p.unit = std::min(access_unit(k.data, p.k_s0, p.k_s1, p.row_bytes),
-                      access_unit(v.data, p.v_s0, p.v_s1, p.row_bytes));
     DeviceGuard g(device_);
     check(cuda::launch_write(p, as_stream(stream)), "write_kv_kernel launch");
   }
 
   void attend(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& q,
               const Tensor3& out, const AttentionArgs& args, void* stream) override {
-    const KvLayout& lay = arena.layout;
-    const int D = lay.head_dim;
-    if (!valid_head_dim(D)) {
-      fail(Errc::kUnsupported,
-           "head_dim " + str(D) + ": the CUDA attention kernels support 64, 80, 96, 128, 256");
-    }
-    if (q.dtype != lay.dtype || out.dtype != lay.dtype) {
-      fail(Errc::kInvalidArgument, "q and out must have the pool's dtype");
-    }
-    if (q.n2 != D || out.n2 != D || q.n1 != out.n1 || q.n0 != out.n0 || q.n0 != plan.num_tokens) {
-      fail(Errc::kInvalidArgument, "q/out shape does not match the plan and the pool");
-    }
-    if (q.n1 <= 0 || q.n1 % lay.num_kv_heads != 0) {
-      fail(Errc::kInvalidArgument, "num_q_heads " + str(q.n1) +
-                                       " is not a multiple of num_kv_heads " +
-                                       str(lay.num_kv_heads));
-    }
+    cuda::AttnPlan ap = cuda::plan_attention(arena, layer, plan, q, out, args, sm_count_);
     if (plan.num_seqs <= 0 || plan.num_tokens <= 0) return;
-
-    const int elt = int(dtype_size(lay.dtype));
-    const int group = int(q.n1 / lay.num_kv_heads);
-    const int64_t max_rows = int64_t(plan.max_query) * group;
-    const bool large = max_rows > cuda::attn_small_rows();
-    const int rows = large ? cuda::attn_large_rows(elt, D) : cuda::attn_small_rows();
-    const size_t smem = cuda::attn_smem_bytes(elt, D, large);
-    if (smem > max_smem_) {
+    if (ap.smem_bytes > max_smem_) {
       fail(Errc::kUnsupported, "CUDA device " + str(device_) + " offers " +
                                    str(int64_t(max_smem_)) +
                                    " bytes of shared memory per block; attention needs " +
-                                   str(int64_t(smem)) + " (sm_80 or newer)");
+                                   str(int64_t(ap.smem_bytes)) + " (sm_80 or newer)");
     }
-
-    cuda::AttnParams p{};
-    p.k_plane = arena.plane(layer, 0);
-    p.v_plane = arena.plane(layer, 1);
-    p.num_kv_heads = lay.num_kv_heads;
-    p.block_size = lay.block_size;
-    p.query_indptr = plan.query_indptr;
-    p.page_indptr = plan.page_indptr;
-    p.page_indices = plan.page_indices;
-    p.context_lens = plan.context_lens;
-    p.q = q.data;
-    p.q_s0 = q.s0;
-    p.q_s1 = q.s1;
-    p.out = out.data;
-    p.o_s0 = out.s0;
-    p.o_s1 = out.s1;
-    p.lse = args.lse;
-    p.lse_s0 = args.lse_stride0;
-    p.num_q_heads = int32_t(q.n1);
-    p.group = group;
-    p.softmax_scale = args.softmax_scale;
-    p.softcap = args.logit_softcap;
-    p.window = args.sliding_window;
-    p.tiles_per_seq = int32_t((max_rows + rows - 1) / rows);
-    p.num_tokens = plan.num_tokens;
-
-    const int64_t ctas = int64_t(plan.num_seqs) * p.tiles_per_seq * lay.num_kv_heads;
-    p.num_splits = plan_splits(ctas, plan, args, D);
-
-    cuda::AttnLaunch l{};
-    l.head_dim = D;
-    l.large_tile = large;
-    l.num_seqs = plan.num_seqs;
-
     DeviceGuard g(device_);
     const cudaStream_t s = as_stream(stream);
     std::unique_ptr<ScratchBuffer> work;
-    if (p.num_splits > 1) {
-      const size_t rows_total = size_t(plan.num_tokens) * size_t(q.n1) * size_t(p.num_splits);
-      work = std::make_unique<ScratchBuffer>(scratch_, rows_total * (size_t(D) + 1) * 4, s);
-      p.part_o = work->as<float>();
-      p.part_lse = p.part_o + rows_total * size_t(D);
+    if (ap.scratch_bytes > 0) {
+      work = std::make_unique<ScratchBuffer>(scratch_, ap.scratch_bytes, s);
+      cuda::attach_scratch(ap, work->as<void>());
     }
     cudaError_t e = cudaSuccess;
-    switch (lay.dtype) {
+    switch (arena.layout.dtype) {
       case DType::kF32:
-        e = cuda::launch_attention_f32(p, l, s);
+        e = cuda::launch_attention_f32(ap.params, ap.launch, s);
         break;
       case DType::kF16:
-        e = cuda::launch_attention_f16(p, l, s);
-        break;
-      case DType::kBF16:
-        e = cuda::launch_attention_bf16(p, l, s);
+        e = cuda::launch_attention_f16(ap.params, ap.launch, s);
         break;
       default:
-        fail(Errc::kUnsupported, "attention: unsupported dtype");
+        e = cuda::launch_attention_bf16(ap.params, ap.launch, s);
+        break;
     }
     check(e, "paged_attention_kernel launch");
   }
@@ -395,8 +307,6 @@ class CudaBackend final : public Backend {
 
  private:
   static constexpr int64_t kSwapChunkBytes = int64_t(64) << 20;
-  static constexpr int kMinSplitKeys = 256;
-  static constexpr int kMaxSplits = 64;
 
   // Runs before the members that need the device (the scratch pool).
   int init_device(int32_t device) {
@@ -417,34 +327,10 @@ class CudaBackend final : public Backend {
     return device;
   }
 
-  static void check_rows(const Tensor3& t, const KvLayout& lay, const char* name) {
-    if (t.dtype != lay.dtype || t.n1 != lay.num_kv_heads || t.n2 != lay.head_dim) {
-      fail(Errc::kInvalidArgument,
-           std::string(name) + " must be [num_tokens, num_kv_heads, head_dim] of the pool's dtype");
-    }
-  }
-
   static void check_block_count(int64_t n, const char* name) {
     if (n > int64_t(std::numeric_limits<int32_t>::max())) {
       fail(Errc::kInvalidArgument, std::string(name) + " is too large for one launch");
     }
-  }
-
-  // Split-KV: when the (sequence, KV head, row tile) CTAs cannot fill the
-  // GPU twice over, split each one's keys into chunks of at least
-  // kMinSplitKeys so that about 2 CTAs per SM run; partials are merged.
-  int plan_splits(int64_t ctas, const PlanView& plan, const AttentionArgs& args, int) const {
-    const int forced = cuda::forced_splits();
-    if (forced > 0) return std::min(forced, kMaxSplits);
-    const int64_t target = 2 * int64_t(sm_count_);
-    if (ctas >= target) return 1;
-    int64_t keys = plan.max_context;
-    if (args.sliding_window > 0) {
-      keys = std::min<int64_t>(keys, int64_t(args.sliding_window) + plan.max_query);
-    }
-    const int64_t by_len = keys / kMinSplitKeys;
-    const int64_t want = (target + ctas - 1) / ctas;
-    return int(std::max<int64_t>(1, std::min<int64_t>({want, by_len, kMaxSplits})));
   }
 
   int32_t device_;

@@ -2,6 +2,12 @@
 // warp reductions. Requires sm_80 or newer (bf16 arithmetic, cp.async).
 #pragma once
 
+#ifdef PKV_CUDA_EMULATION
+#include "emulation.h"
+#else
+#define PKV_EXTERN_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -41,6 +47,26 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+#ifdef PKV_CUDA_EMULATION
+inline void cp_async16(void* smem_dst, const void* gmem_src, int src_bytes) {
+  ::pkv_emu::check_align(smem_dst, 16, "cp.async destination");
+  ::pkv_emu::check_align(gmem_src, 16, "cp.async source");
+  if (src_bytes == 16) {
+    std::memcpy(smem_dst, gmem_src, 16);
+  } else {
+    std::memset(smem_dst, 0, 16);
+  }
+}
+inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}
+inline float warp_max(float v) {
+  return ::pkv_emu::warp_reduce(v, [](float a, float b) { return fmaxf(a, b); });
+}
+inline float warp_sum(float v) {
+  return ::pkv_emu::warp_reduce(v, [](float a, float b) { return a + b; });
+}
+#else
 // 16-byte global -> shared copy that bypasses L1; src_bytes == 0 fills the
 // destination with zeros without reading src (used for masked keys, so that
 // NaN garbage in unused slots can never reach the arithmetic).
@@ -68,6 +94,8 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+
+#endif  // PKV_CUDA_EMULATION
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;

@@ -1,0 +1,277 @@
+// Host emulation of the few CUDA primitives the kernels use, so that the
+// kernel templates in *.cuh compile with the host compiler and run, unchanged,
+// on the CPU (tests/gpu/emulation_test.cpp compares them with the CPU backend
+// on machines without a GPU). Included by common.cuh when
+// PKV_CUDA_EMULATION is defined; never part of the library.
+//
+// A CTA's threads are fibers on one OS thread, run in thread order between
+// barriers (x86-64 only: a 6-register stack switch, see PKV_EMU_DEFINE_SWITCH).
+// __syncthreads parks a fiber until every live fiber of the block is parked.
+// Warp reductions go through a block-wide exchange (they are called
+// uniformly by every thread in the kernels). cp.async copies synchronously.
+// WMMA fragments hold whole 16x16 tiles; lane 0 of a warp computes and stores
+// them. Shared memory starts as 0xFF bytes (NaN in every float type), so a
+// read of anything not written shows up in the results. Misaligned cp.async
+// or WMMA addresses and bad ldm values are recorded as errors.
+#pragma once
+
+#if !defined(__x86_64__)
+#error "the CUDA kernel emulation needs x86-64"
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#define __launch_bounds__(...)
+#define PKV_EXTERN_SMEM(name) unsigned char* name = ::pkv_emu::state().smem
+
+extern "C" void pkv_emu_switch(void** save_sp, void* load_sp);
+
+// Exactly one translation unit of a test defines the stack switch.
+#define PKV_EMU_DEFINE_SWITCH            \
+  asm(".text\n"                          \
+      ".globl pkv_emu_switch\n"          \
+      ".type pkv_emu_switch,@function\n" \
+      "pkv_emu_switch:\n"                \
+      "  pushq %rbp\n"                   \
+      "  pushq %rbx\n"                   \
+      "  pushq %r12\n"                   \
+      "  pushq %r13\n"                   \
+      "  pushq %r14\n"                   \
+      "  pushq %r15\n"                   \
+      "  movq %rsp, (%rdi)\n"            \
+      "  movq %rsi, %rsp\n"              \
+      "  popq %r15\n"                    \
+      "  popq %r14\n"                    \
+      "  popq %r13\n"                    \
+      "  popq %r12\n"                    \
+      "  popq %rbx\n"                    \
+      "  popq %rbp\n"                    \
+      "  ret\n"                          \
+      ".size pkv_emu_switch, .-pkv_emu_switch\n");
+
+namespace pkv_emu {
+
+struct State {
+  dim3 grid{1, 1, 1}, block{1, 1, 1}, block_idx{0, 0, 0};
+  int nthreads = 0;
+  int cur = 0;
+  void* main_sp = nullptr;
+  std::vector<void*> sp;
+  std::vector<int> status;  // 0 runnable, 1 at a barrier, 2 finished
+  std::vector<char> stacks;
+  std::vector<unsigned char> smem_store;
+  unsigned char* smem = nullptr;
+  std::vector<float> xchg;
+  std::function<void()> body;
+  long errors = 0;
+  std::string first_error;
+  static constexpr size_t kStack = size_t(1) << 18;
+};
+
+inline State& state() {
+  static State s;
+  return s;
+}
+
+inline void report(const std::string& what) {
+  State& s = state();
+  if (s.errors++ == 0) s.first_error = what;
+}
+
+inline uint3 thread_idx() {
+  const State& s = state();
+  const unsigned t = unsigned(s.cur);
+  return uint3{t % s.block.x, (t / s.block.x) % s.block.y, t / (s.block.x * s.block.y)};
+}
+
+inline void park(int status) {
+  State& s = state();
+  s.status[s.cur] = status;
+  pkv_emu_switch(&s.sp[s.cur], s.main_sp);
+}
+
+inline void fiber_entry() {
+  state().body();
+  park(2);
+  for (;;) {
+  }  // never resumed
+}
+
+// Runs body() as every thread of every block of the grid.
+inline void launch(dim3 grid, dim3 block, size_t smem_bytes, std::function<void()> body) {
+  State& s = state();
+  s.grid = grid;
+  s.block = block;
+  s.nthreads = int(block.x * block.y * block.z);
+  s.body = std::move(body);
+  s.sp.assign(s.nthreads, nullptr);
+  s.status.assign(s.nthreads, 0);
+  s.stacks.resize(size_t(s.nthreads) * State::kStack);
+  s.smem_store.assign(smem_bytes + 256, 0);
+  s.smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(s.smem_store.data()) + 127) & ~uintptr_t(127));
+  s.xchg.assign(s.nthreads, 0.f);
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) {
+        s.block_idx = dim3(x, y, z);
+        std::memset(s.smem, 0xFF, smem_bytes);
+        for (int t = 0; t < s.nthreads; ++t) {
+          char* top = s.stacks.data() + size_t(t + 1) * State::kStack;
+          void** p = reinterpret_cast<void**>(reinterpret_cast<uintptr_t>(top) & ~uintptr_t(15));
+          *--p = nullptr;  // fiber_entry's (never used) return address
+          *--p = reinterpret_cast<void*>(&fiber_entry);
+          for (int r = 0; r < 6; ++r) *--p = nullptr;  // callee-saved registers
+          s.sp[t] = p;
+          s.status[t] = 0;
+        }
+        for (;;) {
+          for (int t = 0; t < s.nthreads; ++t) {
+            if (s.status[t] != 0) continue;
+            s.cur = t;
+            pkv_emu_switch(&s.main_sp, s.sp[t]);
+          }
+          bool waiting = false;
+          for (int& st : s.status) {
+            if (st == 1) {
+              st = 0;
+              waiting = true;
+            }
+          }
+          if (!waiting) break;
+        }
+      }
+    }
+  }
+}
+
+template <typename F>
+inline float warp_reduce(float v, F op) {
+  State& s = state();
+  s.xchg[s.cur] = v;
+  park(1);
+  const int base = s.cur & ~31;
+  float r = s.xchg[base];
+  for (int l = base + 1; l < std::min(base + 32, s.nthreads); ++l) r = op(r, s.xchg[l]);
+  park(1);
+  return r;
+}
+
+inline float emu_float(float x) { return x; }
+inline float emu_float(__half x) { return __half2float(x); }
+inline float emu_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+inline void check_align(const void* p, uintptr_t a, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % a != 0) report(std::string(what) + ": misaligned address");
+}
+
+}  // namespace pkv_emu
+
+#define threadIdx (::pkv_emu::thread_idx())
+#define blockIdx (::pkv_emu::state().block_idx)
+#define blockDim (::pkv_emu::state().block)
+#define gridDim (::pkv_emu::state().grid)
+
+inline void __syncthreads() { ::pkv_emu::park(1); }
+
+namespace pagedkv {
+namespace cuda {
+using std::max;
+using std::min;
+}  // namespace cuda
+}  // namespace pagedkv
+
+// ------------------------------------------------------------------ WMMA
+namespace nvcuda {
+namespace wmma {
+
+struct row_major {};
+struct col_major {};
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static_assert(M == 16 && N == 16 && K == 16, "emulated shape");
+  float x[16 * 16];  // element (row, col) of the tile at x[row * 16 + col]
+};
+
+template <typename Use, typename T, typename L>
+inline void fill_fragment(fragment<Use, 16, 16, 16, T, L>& f, float v) {
+  std::fill(f.x, f.x + 256, v);
+}
+
+// ldm: elements, a multiple of 16 bytes; pointers 32-byte aligned (PTX rules).
+template <typename T>
+inline void check_tile(const T* p, unsigned ldm, const char* what) {
+  ::pkv_emu::check_align(p, 32, what);
+  if ((ldm * sizeof(T)) % 16 != 0) ::pkv_emu::report(std::string(what) + ": bad ldm");
+}
+
+template <typename T>
+inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, row_major>& f, const T* p,
+                             unsigned ldm) {
+  check_tile(p, ldm, "wmma load a");
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = ::pkv_emu::emu_float(p[r * ldm + c]);
+}
+template <typename T>
+inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, row_major>& f, const T* p,
+                             unsigned ldm) {
+  check_tile(p, ldm, "wmma load b (row major)");
+  for (int k = 0; k < 16; ++k)
+    for (int n = 0; n < 16; ++n) f.x[k * 16 + n] = ::pkv_emu::emu_float(p[k * ldm + n]);
+}
+template <typename T>
+inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, col_major>& f, const T* p,
+                             unsigned ldm) {
+  check_tile(p, ldm, "wmma load b (col major)");
+  for (int k = 0; k < 16; ++k)
+    for (int n = 0; n < 16; ++n) f.x[k * 16 + n] = ::pkv_emu::emu_float(p[n * ldm + k]);
+}
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
+                             unsigned ldm, layout_t layout) {
+  check_tile(p, ldm, "wmma load accumulator");
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c)
+      f.x[r * 16 + c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
+}
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
+                              unsigned ldm, layout_t layout) {
+  check_tile(p, ldm, "wmma store");
+  if (::pkv_emu::state().cur % 32 != 0) return;  // one lane stores the warp's tile
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c)
+      (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * 16 + c];
+}
+template <typename T, typename LA, typename LB>
+inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
+                     const fragment<matrix_a, 16, 16, 16, T, LA>& a,
+                     const fragment<matrix_b, 16, 16, 16, T, LB>& b,
+                     const fragment<accumulator, 16, 16, 16, float>& c) {
+  if (::pkv_emu::state().cur % 32 != 0) return;  // lane 0 computes for the warp
+  float out[256];
+  for (int r = 0; r < 16; ++r) {
+    for (int n = 0; n < 16; ++n) {
+      float acc = c.x[r * 16 + n];
+      for (int k = 0; k < 16; ++k) acc = std::fma(a.x[r * 16 + k], b.x[k * 16 + n], acc);
+      out[r * 16 + n] = acc;
+    }
+  }
+  std::memcpy(d.x, out, sizeof(out));
+}
+
+}  // namespace wmma
+}  // namespace nvcuda

@@ -1,0 +1,153 @@
+// Host-side launch planning (see plan.h).
+#include "plan.h"
+
+#include <algorithm>
+#include <string>
+
+namespace pagedkv {
+namespace cuda {
+
+namespace {
+
+constexpr int kMinSplitKeys = 256;
+constexpr int kMaxSplits = 64;
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+bool valid_head_dim(int d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
+
+// Widest power-of-two access (<= 16 bytes) every address of a row allows.
+int access_unit(const void* base, int64_t s0_bytes, int64_t s1_bytes, int64_t row_bytes) {
+  const uint64_t bits = reinterpret_cast<uintptr_t>(base) | uint64_t(s0_bytes) |
+                        uint64_t(s1_bytes) | uint64_t(row_bytes) | 16u;
+  return int(bits & (~bits + 1));  // lowest set bit
+}
+
+void check_rows(const Tensor3& t, const KvLayout& lay, const char* name) {
+  if (t.dtype != lay.dtype || t.n1 != lay.num_kv_heads || t.n2 != lay.head_dim) {
+    fail(Errc::kInvalidArgument,
+         std::string(name) + " must be [num_tokens, num_kv_heads, head_dim] of the pool's dtype");
+  }
+}
+
+// Split-KV: when the (sequence, KV head, row tile) CTAs cannot fill the GPU
+// twice over, split each one's keys into chunks of at least kMinSplitKeys so
+// that about two CTAs per SM run; the partials are merged afterwards.
+int plan_splits(int64_t ctas, const PlanView& plan, const AttentionArgs& args, int sm_count) {
+  const int forced = forced_splits();
+  if (forced > 0) return std::min(forced, kMaxSplits);
+  const int64_t target = 2 * int64_t(std::max(sm_count, 1));
+  if (ctas >= target) return 1;
+  int64_t keys = plan.max_context;
+  if (args.sliding_window > 0) {
+    keys = std::min<int64_t>(keys, int64_t(args.sliding_window) + plan.max_query);
+  }
+  const int64_t by_len = keys / kMinSplitKeys;
+  const int64_t want = (target + ctas - 1) / ctas;
+  return int(std::max<int64_t>(1, std::min<int64_t>({want, by_len, kMaxSplits})));
+}
+
+}  // namespace
+
+AttnPlan plan_attention(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& q,
+                        const Tensor3& out, const AttentionArgs& args, int sm_count) {
+  const KvLayout& lay = arena.layout;
+  const int D = lay.head_dim;
+  if (!valid_head_dim(D)) {
+    fail(Errc::kUnsupported,
+         "head_dim " + str(D) + ": the CUDA attention kernels support 64, 80, 96, 128, 256");
+  }
+  if (lay.dtype != DType::kF32 && lay.dtype != DType::kF16 && lay.dtype != DType::kBF16) {
+    fail(Errc::kUnsupported, "attention: the cache dtype must be f32, f16 or bf16");
+  }
+  if (q.dtype != lay.dtype || out.dtype != lay.dtype) {
+    fail(Errc::kInvalidArgument, "q and out must have the pool's dtype");
+  }
+  if (q.n2 != D || out.n2 != D || q.n1 != out.n1 || q.n0 != out.n0 || q.n0 != plan.num_tokens) {
+    fail(Errc::kInvalidArgument, "q/out shape does not match the plan and the pool");
+  }
+  if (q.n1 <= 0 || q.n1 % lay.num_kv_heads != 0) {
+    fail(Errc::kInvalidArgument, "num_q_heads " + str(q.n1) +
+                                     " is not a multiple of num_kv_heads " + str(lay.num_kv_heads));
+  }
+
+  const int elt = int(dtype_size(lay.dtype));
+  const int group = int(q.n1 / lay.num_kv_heads);
+  const int64_t max_rows = int64_t(std::max(plan.max_query, 1)) * group;
+  const bool large = max_rows > attn_small_rows();
+  const int rows = large ? attn_large_rows(elt, D) : attn_small_rows();
+
+  AttnPlan r{};
+  AttnParams& p = r.params;
+  p.k_plane = arena.plane(layer, 0);
+  p.v_plane = arena.plane(layer, 1);
+  p.num_kv_heads = lay.num_kv_heads;
+  p.block_size = lay.block_size;
+  p.query_indptr = plan.query_indptr;
+  p.page_indptr = plan.page_indptr;
+  p.page_indices = plan.page_indices;
+  p.context_lens = plan.context_lens;
+  p.q = q.data;
+  p.q_s0 = q.s0;
+  p.q_s1 = q.s1;
+  p.out = out.data;
+  p.o_s0 = out.s0;
+  p.o_s1 = out.s1;
+  p.lse = args.lse;
+  p.lse_s0 = args.lse_stride0;
+  p.num_q_heads = int32_t(q.n1);
+  p.group = group;
+  p.softmax_scale = args.softmax_scale;
+  p.softcap = args.logit_softcap;
+  p.window = args.sliding_window;
+  p.tiles_per_seq = int32_t((max_rows + rows - 1) / rows);
+  p.num_tokens = plan.num_tokens;
+  const int64_t ctas = int64_t(plan.num_seqs) * p.tiles_per_seq * lay.num_kv_heads;
+  p.num_splits = plan_splits(ctas, plan, args, sm_count);
+
+  r.launch.head_dim = D;
+  r.launch.large_tile = large;
+  r.launch.num_seqs = plan.num_seqs;
+  r.smem_bytes = attn_smem_bytes(elt, D, large);
+  if (p.num_splits > 1) {
+    r.scratch_bytes = size_t(plan.num_tokens) * size_t(q.n1) * size_t(p.num_splits) *
+                      (size_t(D) + 1) * sizeof(float);
+  }
+  return r;
+}
+
+void attach_scratch(AttnPlan& plan, void* scratch) {
+  AttnParams& p = plan.params;
+  if (p.num_splits <= 1) return;
+  const size_t rows = size_t(p.num_tokens) * size_t(p.num_q_heads) * size_t(p.num_splits);
+  p.part_o = static_cast<float*>(scratch);
+  p.part_lse = p.part_o + rows * size_t(plan.launch.head_dim);
+}
+
+WriteParams plan_write(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& k,
+                       const Tensor3& v) {
+  const KvLayout& lay = arena.layout;
+  check_rows(k, lay, "k");
+  check_rows(v, lay, "v");
+  const int64_t elt = int64_t(dtype_size(lay.dtype));
+  WriteParams p{};
+  p.k_plane = static_cast<char*>(arena.plane(layer, 0));
+  p.v_plane = static_cast<char*>(arena.plane(layer, 1));
+  p.k = static_cast<const char*>(k.data);
+  p.v = static_cast<const char*>(v.data);
+  p.k_s0 = k.s0 * elt;
+  p.k_s1 = k.s1 * elt;
+  p.v_s0 = v.s0 * elt;
+  p.v_s1 = v.s1 * elt;
+  p.slot_mapping = plan.slot_mapping;
+  p.num_tokens = plan.num_tokens;
+  p.num_kv_heads = lay.num_kv_heads;
+  p.block_size = lay.block_size;
+  p.row_bytes = int32_t(lay.head_dim * elt);
+  p.unit = std::min(access_unit(k.data, p.k_s0, p.k_s1, p.row_bytes),
+                    access_unit(v.data, p.v_s0, p.v_s1, p.row_bytes));
+  return p;
+}
+
+}  // namespace cuda
+}  // namespace pagedkv

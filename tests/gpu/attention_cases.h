@@ -1,0 +1,313 @@
+// The attention test cases shared by the GPU tests and the CPU-side
+// emulation tests: scenarios, their random inputs (random page permutations,
+// NaN-poisoned unused slots and outputs), a runner over any Backend, and the
+// element-by-element comparison with the CPU backend.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <tuple>
+
+#include "gpu_test_util.h"
+
+namespace pkvtest {
+
+using pagedkv::AttentionArgs;
+using pagedkv::Backend;
+using pagedkv::KvArena;
+using pagedkv::KvLayout;
+using pagedkv::PlanView;
+using pagedkv::Tensor3;
+
+struct SeqSpec {
+  int ctx;
+  int nq;
+};
+
+struct Scenario {
+  std::string name;
+  int block_size;
+  std::vector<SeqSpec> seqs;
+  int window = 0;
+  float softcap = 0.f;
+  float scale = 0.f;  // 0 = 1/sqrt(D)
+  bool lse = true;
+  int splits = 0;  // forced KV splits on the GPU, 0 = heuristic
+};
+
+// Everything both backends get, as host bytes.
+struct Inputs {
+  KvLayout layout{};
+  int num_layers = 2;
+  int layer = 1;  // not the first plane pair, so plane offsets are exercised
+  int num_q_heads = 0;
+  int64_t num_tokens = 0;
+  int max_query = 0, max_context = 0;
+  std::vector<int32_t> query_indptr{0}, page_indptr{0}, page_indices, last_page_len, context_lens;
+  std::vector<int64_t> slot_mapping;
+  std::vector<uint8_t> arena, k_new, v_new, q;
+  int64_t kv_s0 = 0, q_s0 = 0;  // padded token strides (elements)
+};
+
+inline size_t arena_bytes(const Inputs& s) {
+  return s.layout.layer_bytes() * 2 * size_t(s.num_layers);
+}
+
+inline Inputs build(const Scenario& sc, DType dt, int D, int hkv, int group, std::mt19937_64& rng) {
+  Inputs s;
+  const int bs = sc.block_size;
+  const size_t es = pagedkv::dtype_size(dt);
+  int total_pages = 0;
+  for (const SeqSpec& q : sc.seqs) total_pages += (q.ctx + bs - 1) / bs;
+  const int num_blocks = total_pages + 4;  // null block + spare blocks that stay NaN
+  s.layout = KvLayout{num_blocks, hkv, bs, D, dt};
+  s.num_q_heads = hkv * group;
+  s.arena.resize(arena_bytes(s));
+  fill_nan(s.arena.data(), s.arena.size(), dt);
+
+  std::vector<int32_t> ids(num_blocks - 1);
+  std::iota(ids.begin(), ids.end(), 1);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  size_t next = 0;
+
+  auto put_row = [&](int which, int block, int h, int off, const std::vector<uint8_t>& row) {
+    const size_t at = (size_t(2) * s.layer + which) * s.layout.layer_bytes() +
+                      ((size_t(block) * hkv + h) * bs + off) * D * es;
+    std::memcpy(&s.arena[at], row.data(), row.size());
+  };
+
+  for (const SeqSpec& q : sc.seqs) {
+    const int pages = (q.ctx + bs - 1) / bs;
+    const int first = q.ctx - q.nq;
+    for (int i = 0; i < pages; ++i) {
+      // The pool nulls pages wholly before the window of the step's first query.
+      const bool outside = sc.window > 0 && (i + 1) * bs - 1 < first - sc.window + 1;
+      s.page_indices.push_back(outside ? 0 : ids[next++]);
+    }
+    const int32_t* table = s.page_indices.data() + s.page_indptr.back();
+    for (int pos = 0; pos < first; ++pos) {  // the cached prefix
+      const int block = table[pos / bs];
+      if (block == 0) continue;
+      for (int h = 0; h < hkv; ++h) {
+        put_row(0, block, h, pos % bs, encode(uniform(rng, D, -1.f, 1.f), dt));
+        put_row(1, block, h, pos % bs, encode(uniform(rng, D, -1.f, 1.f), dt));
+      }
+    }
+    for (int pos = first; pos < q.ctx; ++pos) {
+      s.slot_mapping.push_back(int64_t(table[pos / bs]) * bs + pos % bs);
+    }
+    s.page_indptr.push_back(int32_t(s.page_indices.size()));
+    s.query_indptr.push_back(s.query_indptr.back() + q.nq);
+    s.context_lens.push_back(q.ctx);
+    s.last_page_len.push_back(q.ctx - (pages - 1) * bs);
+    s.max_query = std::max(s.max_query, q.nq);
+    s.max_context = std::max(s.max_context, q.ctx);
+  }
+  s.num_tokens = s.query_indptr.back();
+
+  // New K/V and Q rows with padded token strides (still 16-byte aligned).
+  const int pad = 8;
+  s.kv_s0 = int64_t(hkv) * D + pad;
+  s.q_s0 = int64_t(s.num_q_heads) * D + pad;
+  s.k_new = encode(uniform(rng, size_t(s.num_tokens * s.kv_s0), -1.f, 1.f), dt);
+  s.v_new = encode(uniform(rng, size_t(s.num_tokens * s.kv_s0), -1.f, 1.f), dt);
+  // Larger queries make the softmax peaked, so masking errors cannot hide.
+  s.q = encode(uniform(rng, size_t(s.num_tokens * s.q_s0), -2.5f, 2.5f), dt);
+  return s;
+}
+
+struct Outputs {
+  std::vector<uint8_t> arena, out;
+  std::vector<float> lse;
+};
+
+// Runs write + attend on one backend through the Backend interface only
+// (allocate/upload included), and reads the results back.
+inline Outputs run(Backend& b, const Inputs& s, const AttentionArgs& proto, bool want_lse) {
+  const bool device = b.device_type() == 2;
+  std::vector<void*> owned;
+  auto put = [&](const void* host, size_t bytes) {
+    void* p = b.allocate(bytes);
+    owned.push_back(p);
+    if (bytes > 0) b.upload(p, host, bytes, nullptr);
+    return p;
+  };
+  auto get = [&](const void* p, size_t bytes) {
+    std::vector<uint8_t> h(bytes);
+    if (device) {
+      h = read_device(p, bytes);
+    } else if (bytes > 0) {
+      std::memcpy(h.data(), p, bytes);
+    }
+    return h;
+  };
+  const DType dt = s.layout.dtype;
+  const size_t es = pagedkv::dtype_size(dt);
+  const int D = s.layout.head_dim;
+
+  KvArena arena{put(s.arena.data(), s.arena.size()), s.num_layers, s.layout};
+  PlanView plan{};
+  plan.num_seqs = int32_t(s.context_lens.size());
+  plan.num_tokens = s.num_tokens;
+  plan.max_query = s.max_query;
+  plan.max_context = s.max_context;
+  plan.slot_mapping =
+      static_cast<const int64_t*>(put(s.slot_mapping.data(), s.slot_mapping.size() * 8));
+  plan.query_indptr =
+      static_cast<const int32_t*>(put(s.query_indptr.data(), s.query_indptr.size() * 4));
+  plan.page_indptr =
+      static_cast<const int32_t*>(put(s.page_indptr.data(), s.page_indptr.size() * 4));
+  plan.page_indices =
+      static_cast<const int32_t*>(put(s.page_indices.data(), s.page_indices.size() * 4));
+  plan.last_page_len =
+      static_cast<const int32_t*>(put(s.last_page_len.data(), s.last_page_len.size() * 4));
+  plan.context_lens =
+      static_cast<const int32_t*>(put(s.context_lens.data(), s.context_lens.size() * 4));
+
+  const int hkv = s.layout.num_kv_heads;
+  Tensor3 k{put(s.k_new.data(), s.k_new.size()), dt, s.num_tokens, hkv, D, s.kv_s0, D};
+  Tensor3 v{put(s.v_new.data(), s.v_new.size()), dt, s.num_tokens, hkv, D, s.kv_s0, D};
+  Tensor3 q{put(s.q.data(), s.q.size()), dt, s.num_tokens, s.num_q_heads, D, s.q_s0, D};
+  const size_t out_bytes = size_t(s.num_tokens) * s.num_q_heads * D * es;
+  std::vector<uint8_t> poison(out_bytes);
+  fill_nan(poison.data(), poison.size(), dt);
+  Tensor3 out{put(poison.data(), poison.size()), dt, s.num_tokens, s.num_q_heads, D,
+              int64_t(s.num_q_heads) * D,        D};
+  AttentionArgs args = proto;
+  std::vector<float> lse_poison(size_t(s.num_tokens) * s.num_q_heads, std::nanf(""));
+  if (want_lse) {
+    args.lse = static_cast<float*>(put(lse_poison.data(), lse_poison.size() * 4));
+    args.lse_stride0 = s.num_q_heads;
+  } else {
+    args.lse = nullptr;
+  }
+
+  b.write(arena, s.layer, plan, k, v, nullptr);
+  b.attend(arena, s.layer, plan, q, out, args, nullptr);
+  b.synchronize(nullptr);
+
+  Outputs o;
+  o.arena = get(arena.base, s.arena.size());
+  o.out = get(out.data, out_bytes);
+  if (want_lse) {
+    const std::vector<uint8_t> l = get(args.lse, lse_poison.size() * 4);
+    o.lse.resize(lse_poison.size());
+    std::memcpy(o.lse.data(), l.data(), l.size());
+  }
+  for (void* p : owned) b.deallocate(p);
+  return o;
+}
+
+struct Tolerance {
+  float atol, rtol;
+};
+inline Tolerance out_tolerance(DType t) {
+  // f16/bf16 run P through the tensor cores in the cache dtype; the CPU
+  // keeps P in f32. Both round the output to the dtype.
+  return t == DType::kF32   ? Tolerance{1e-4f, 1e-4f}
+         : t == DType::kF16 ? Tolerance{4e-3f, 4e-3f}
+                            : Tolerance{2e-2f, 2e-2f};
+}
+
+inline void compare(const Inputs& s, const Outputs& gpu, const Outputs& cpu,
+                    const std::string& what) {
+  // The write is a byte copy: the arenas must agree bit for bit (NaN
+  // poison in the slots nobody wrote included).
+  const auto mismatch = std::mismatch(gpu.arena.begin(), gpu.arena.end(), cpu.arena.begin());
+  EXPECT_TRUE(mismatch.first == gpu.arena.end())
+      << what << ": arena differs at byte " << (mismatch.first - gpu.arena.begin());
+
+  const DType dt = s.layout.dtype;
+  const size_t es = pagedkv::dtype_size(dt);
+  const Tolerance tol = out_tolerance(dt);
+  const int D = s.layout.head_dim;
+  int64_t bad = 0;
+  std::ostringstream first;
+  const size_t n = gpu.out.size() / es;
+  for (size_t i = 0; i < n; ++i) {
+    const float g = decode_one(&gpu.out[i * es], dt);
+    const float c = decode_one(&cpu.out[i * es], dt);
+    const bool ok = std::isfinite(g) && std::isfinite(c) &&
+                    std::fabs(g - c) <= tol.atol + tol.rtol * std::fabs(c);
+    if (!ok && bad++ < 5) {
+      const size_t row = i / D;
+      first << " [token " << row / s.num_q_heads << " head " << row % s.num_q_heads << " d "
+            << i % D << ": gpu " << g << " cpu " << c << "]";
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << n << " outputs differ;" << first.str();
+
+  ASSERT_EQ(gpu.lse.size(), cpu.lse.size());
+  int64_t bad_lse = 0;
+  std::ostringstream first_lse;
+  for (size_t i = 0; i < gpu.lse.size(); ++i) {
+    const float g = gpu.lse[i], c = cpu.lse[i];
+    const bool ok =
+        std::isfinite(g) && std::isfinite(c) && std::fabs(g - c) <= 1e-3f + 1e-3f * std::fabs(c);
+    if (!ok && bad_lse++ < 5) {
+      first_lse << " [token " << i / s.num_q_heads << " head " << i % s.num_q_heads << ": gpu " << g
+                << " cpu " << c << "]";
+    }
+  }
+  EXPECT_EQ(bad_lse, 0) << what << ": " << bad_lse << " LSE values differ;" << first_lse.str();
+}
+
+inline std::vector<Scenario> scenarios(std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> ctx(1, 300);
+  std::vector<Scenario> v;
+  {
+    Scenario s{"decode", 16, {}};
+    s.lse = false;
+    for (int i = 0; i < 5; ++i) s.seqs.push_back({ctx(rng), 1});
+    s.seqs.push_back({1, 1});  // the first token of a sequence
+    v.push_back(s);
+  }
+  {
+    Scenario s{"prefill", 8, {}};
+    std::uniform_int_distribution<int> len(1, 90);
+    for (int i = 0; i < 3; ++i) {
+      const int n = len(rng);
+      s.seqs.push_back({n, n});
+    }
+    v.push_back(s);
+  }
+  {
+    Scenario s{"chunked+decode", 32, {{150, 40}, {77, 1}, {64, 64}, {33, 17}}};
+    v.push_back(s);
+  }
+  {
+    Scenario s{"window", 16, {{200, 1}, {180, 30}, {45, 45}, {97, 1}}};
+    s.window = 37;
+    v.push_back(s);
+  }
+  {
+    Scenario s{"softcap+scale", 64, {{130, 1}, {70, 20}, {5, 5}}};
+    s.softcap = 2.f;
+    s.scale = 0.3f;
+    v.push_back(s);
+  }
+  {
+    Scenario s{"forced-splits", 16, {{700, 1}, {333, 1}, {90, 12}, {3, 1}}};
+    s.splits = 5;
+    s.window = 0;
+    v.push_back(s);
+  }
+  {
+    Scenario s{"split-window-softcap", 8, {{900, 1}, {400, 3}}};
+    s.splits = 7;
+    s.window = 300;
+    s.softcap = 5.f;
+    v.push_back(s);
+  }
+  {
+    Scenario s{"heuristic-splits", 32, {{3000, 1}}};  // few CTAs, long context
+    v.push_back(s);
+  }
+  return v;
+}
+
+}  // namespace pkvtest
