@@ -170,7 +170,7 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
       if (new_block) grow(s.blocks, s.blocks.size() + 1);
       if (new_block) s.blocks.push_back(blocks_.allocate());
       s.tokens.push_back(tokens[0]);
-      if (div_bs(n0 + 1) > s.hashes.size()) hash_full_blocks(s);
+      if (div_bs(n0 + 1) > div_bs(n0)) hash_full_blocks(s);  // this token fills a block
       ++s.version;
       return;
     }

@@ -3,6 +3,7 @@
 // freed, so a stale id never reaches a reused slot, and ids are never 0.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -14,18 +15,21 @@ namespace pagedkv {
 
 using SeqId = uint64_t;
 
-// Hot fields first: a decode append touches only the first two cache lines.
+// Hot fields first: with the slot header, tokens, blocks, version and
+// tail_shared fill the slot's first 64-byte line, all a decode append reads.
 struct Sequence {
-  std::vector<int32_t> tokens;    // every token appended, incl. a cached prefix
-  std::vector<int32_t> blocks;    // block table; 0 = released by the sliding window
-  std::vector<BlockHash> hashes;  // chained hashes of the full blocks (caching on)
-  uint64_t version = 0;           // bumped by every change of the table or tokens
-  uint64_t num_null = 0;          // leading table entries released to the null block
+  std::vector<int32_t> tokens;  // every token appended, incl. a cached prefix
+  std::vector<int32_t> blocks;  // block table; 0 = released by the sliding window
+  // Bumped by every change of the table or tokens; plans compare it for
+  // equality, so 32 bits suffice (a plan would have to outlive 2^32 changes).
+  uint32_t version = 0;
   // False promises that the blocks from index tokens/block_size on (the
   // partial tail and lookahead blocks) are ours alone and hold no hash, so
   // the hot append path need not read their ref counts. Set by fork and
   // truncate; cleared by the append that finds it true again.
   bool tail_shared = false;
+  std::vector<BlockHash> hashes;  // chained hashes of the full blocks (caching on)
+  uint64_t num_null = 0;          // leading table entries released to the null block
   int32_t priority = 0;
   uint64_t num_cached = 0;  // tokens attached by match_prefix
   uint64_t plan_mark = 0;   // batch-prepare epoch, to reject duplicates
@@ -112,6 +116,8 @@ class SeqTable {
     bool live = false;
     Sequence seq;
   };
+  static_assert(offsetof(Slot, seq) + offsetof(Sequence, tail_shared) < 64,
+                "a decode append's fields must share the slot's first cache line");
   // Fixed-size chunks keep slot addresses stable as the table grows.
   static constexpr uint32_t kChunk = 64;
   struct Chunk {

@@ -64,7 +64,7 @@ class Batch {
 
   std::shared_ptr<Pool> pool_;
   std::vector<SeqId> seqs_;
-  std::vector<uint64_t> versions_;
+  std::vector<uint32_t> versions_;
   BatchInfo info_;
   std::vector<int64_t> host_;  // every array, 8-byte aligned, one buffer
   void* device_ = nullptr;     // the same bytes on the device (non-CPU pools)
