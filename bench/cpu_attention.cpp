@@ -10,6 +10,7 @@
 //   --reps N      calls timed per row, best kept (default 5)
 //   --context N   --batch N   --dtype f32|f16|bf16
 //   --ordered 1   pages in address order (the cost of paging, by contrast)
+//   --isa avx512|avx2|scalar   only that kernel set (default: each supported)
 // Plain program (no Google Benchmark harness): ratios need both numbers
 // from the same run, side by side.
 #include <immintrin.h>
@@ -129,6 +130,7 @@ int main(int argc, char** argv) {
   int reps = 5, batch = 16, context = 4096;
   DType dt = DType::kBF16;
   bool ordered = false;
+  std::string only_isa;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
     if (a == "--threads") threads = std::atoi(v.c_str());
@@ -136,6 +138,7 @@ int main(int argc, char** argv) {
     if (a == "--batch") batch = std::atoi(v.c_str());
     if (a == "--context") context = std::atoi(v.c_str());
     if (a == "--ordered") ordered = v == "1";
+    if (a == "--isa") only_isa = v;
     if (a == "--dtype") dt = v == "f32" ? DType::kF32 : v == "f16" ? DType::kF16 : DType::kBF16;
   }
   const int hq = 32, hkv = 8, d = 128, bs = 16;
@@ -224,6 +227,7 @@ int main(int argc, char** argv) {
   if (threads > 1) thread_counts.push_back(threads);
   for (CpuIsa isa : {CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kScalar}) {
     if (!cpu::cpu_isa_supported(isa)) continue;
+    if (!only_isa.empty() && only_isa != cpu::kernel_table(isa).name) continue;
     for (int t : thread_counts) {
       ThreadPool pool(t);
       const Rate read = read_bandwidth(pool, bw, bw_floats, std::min(reps, 5));

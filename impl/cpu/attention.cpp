@@ -73,6 +73,9 @@ class Attention {
     kt_ = config.table;
     if (d_ % kt_->width != 0) kt_ = &scalar_table();
     kv_dt_ = dtype_index(lay.dtype);
+    pair_ =
+        kv_dt_ == 2 && kt_->pair_width > 0 && d_ % (2 * kt_->pair_width) == 0 ? kt_->pair_width : 0;
+    if (pair_ > 0) kv_dt_ = kBf16Paired;
     esize_ = dtype_size(lay.dtype);
     kplane_ = static_cast<const char*>(arena.plane(layer, 0));
     vplane_ = static_cast<const char*>(arena.plane(layer, 1));
@@ -190,6 +193,7 @@ class Attention {
       const int32_t ri = t.row0 + r, i = ri / group_, g = ri % group_;
       kt_->to_f32[dtype_index(q_.dtype)](q_row(qbeg + i, t.head * group_ + g), qr, d_);
       for (int32_t d = 0; d < d_; ++d) qr[d] *= scale;
+      if (pair_ > 0) to_paired(qr, s.row);
       const int32_t pos = position(t.seq, i);
       s.lo[r] = window_lo(pos);
       s.hi[r] = pos + 1;
@@ -257,13 +261,39 @@ class Attention {
     }
   }
 
-  // acc is unnormalised; l == 0 only for a row that saw no key, which the
-  // pool never plans (it would need n_q > L): zeros and -inf then.
+  // The paired layout of KernelTable::pair_width, in place (tmp: scratch).
+  void to_paired(float* x, float* tmp) const {
+    const int32_t w = pair_;
+    for (int32_t c = 0; c < d_; c += 2 * w) {
+      for (int32_t i = 0; i < w; ++i) {
+        tmp[c + i] = x[c + 2 * i];
+        tmp[c + w + i] = x[c + 2 * i + 1];
+      }
+    }
+    std::memcpy(x, tmp, sizeof(float) * d_);
+  }
+  void from_paired(const float* x, float* out) const {
+    const int32_t w = pair_;
+    for (int32_t c = 0; c < d_; c += 2 * w) {
+      for (int32_t i = 0; i < w; ++i) {
+        out[c + 2 * i] = x[c + i];
+        out[c + 2 * i + 1] = x[c + w + i];
+      }
+    }
+  }
+
+  // acc is unnormalised (and in paired order if pair_ > 0); l == 0 only for a row that saw no key,
+  // which the pool never plans (it would need n_q > L): zeros and -inf then.
   void finish_row(const Tile& t, int32_t r, const float* acc, float m, float l, float* tmp) {
     const int32_t ri = t.row0 + r, i = ri / group_, g = ri % group_;
     const int32_t token = plan_.query_indptr[t.seq] + i, head = t.head * group_ + g;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    for (int32_t d = 0; d < d_; ++d) tmp[d] = acc[d] * inv;
+    if (pair_ > 0) {
+      from_paired(acc, tmp);
+      for (int32_t d = 0; d < d_; ++d) tmp[d] *= inv;
+    } else {
+      for (int32_t d = 0; d < d_; ++d) tmp[d] = acc[d] * inv;
+    }
     kt_->from_f32[dtype_index(out_.dtype)](tmp, out_row(token, head), d_);
     if (args_.lse != nullptr) {
       args_.lse[int64_t(token) * args_.lse_stride0 + head] = l > 0.0f ? m + std::log(l) : kNegInf;
@@ -302,7 +332,8 @@ class Attention {
   const AttentionArgs& args_;
   const KernelTable* kt_;
   int32_t d_, bs_, hkv_, group_, ldl_, max_rows_, min_split_keys_;
-  int kv_dt_;
+  int kv_dt_;         // kernel variant: dtype index, or kBf16Paired
+  int32_t pair_ = 0;  // > 0: q and acc rows in paired order of this width
   size_t esize_;
   const char* kplane_;
   const char* vplane_;

@@ -41,6 +41,10 @@ using FromF32Fn = void (*)(const float* src, void* dst, int64_t n);
 constexpr int kMaxTileRows = 16;
 constexpr int kNumRowSizes = 5;  // R = 1, 2, 4, 8, 16
 constexpr int kNumDTypes = 3;    // f32, f16, bf16
+// Kernel variants by cache layout: the three dtypes, plus bf16 read in
+// pairs (see KernelTable::pair_width).
+constexpr int kNumKvKinds = 4;
+constexpr int kBf16Paired = 3;
 
 inline int dtype_index(DType t) { return t == DType::kF32 ? 0 : t == DType::kF16 ? 1 : 2; }
 
@@ -49,8 +53,14 @@ struct KernelTable {
   const char* name;
   int32_t width;     // f32 lanes per vector; head_dim must be a multiple
   int32_t max_rows;  // largest R worth using (register budget)
-  QkFn qk[kNumRowSizes][kNumDTypes];
-  PvFn pv[kNumRowSizes][kNumDTypes];
+  // pair_width > 0: qk/pv[.][kBf16Paired] read a bf16 page 2 * pair_width
+  // values at a time, widening the even and the odd elements separately
+  // (a shift and a mask, no shuffle). q and acc rows are then in paired
+  // order: within each group of 2 * pair_width values, the even elements
+  // first, then the odd ones. Needs head_dim % (2 * pair_width) == 0.
+  int32_t pair_width;
+  QkFn qk[kNumRowSizes][kNumKvKinds];
+  PvFn pv[kNumRowSizes][kNumKvKinds];
   SoftmaxFn softmax;
   ToF32Fn to_f32[kNumDTypes];
   FromF32Fn from_f32[kNumDTypes];

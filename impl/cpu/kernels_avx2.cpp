@@ -24,8 +24,17 @@ namespace cpu {
 namespace avx2_isa {
 
 struct Ops {
-  static constexpr int W = 8;
   using V = __m256;
+  static constexpr int W = 8;
+  static constexpr int kAcc = 8;  // of 16 ymm registers
+  static constexpr bool kHasReduce16 = false;
+  static constexpr bool kPairBf16 = true;
+  static void load_bf16_pair(const uint16_t* p, V* even, V* odd) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    *even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(int32_t(0xffff0000u))));
+  }
+  static void reduce16(const V*, float*) {}
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }

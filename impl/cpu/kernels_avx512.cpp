@@ -29,8 +29,40 @@ namespace cpu {
 namespace avx512_isa {
 
 struct Ops {
-  static constexpr int W = 16;
   using V = __m512;
+  static constexpr int W = 16;
+  static constexpr int kAcc = 16;  // of 32 zmm registers
+  static constexpr bool kHasReduce16 = true;
+  static constexpr bool kPairBf16 = true;
+  static void load_bf16_pair(const uint16_t* p, V* even, V* odd) {
+    const __m512i x = _mm512_loadu_si512(p);
+    *even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    *odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(int32_t(0xffff0000u))));
+  }
+  // out[i] = sum of the lanes of x[i], i < 16: a transpose-and-add tree
+  // (45 instructions instead of 16 separate reductions). Fed in 4x4
+  // transposed order, the tree's lane 4i+k sum of y[4k+i] comes out as
+  // x[4i+k], i.e. in natural order.
+  static void reduce16(const V* x, float* out) {
+    V y[16];
+    for (int k = 0; k < 4; ++k)
+      for (int i = 0; i < 4; ++i) y[4 * k + i] = x[4 * i + k];
+    V c[8], e[4], g[2];
+    for (int m = 0; m < 8; ++m) {
+      c[m] = _mm512_add_ps(_mm512_shuffle_f32x4(y[2 * m], y[2 * m + 1], 0x44),
+                           _mm512_shuffle_f32x4(y[2 * m], y[2 * m + 1], 0xEE));
+    }
+    for (int m = 0; m < 4; ++m) {
+      e[m] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * m], c[2 * m + 1], 0x88),
+                           _mm512_shuffle_f32x4(c[2 * m], c[2 * m + 1], 0xDD));
+    }
+    for (int m = 0; m < 2; ++m) {
+      g[m] = _mm512_add_ps(_mm512_shuffle_ps(e[2 * m], e[2 * m + 1], 0x44),
+                           _mm512_shuffle_ps(e[2 * m], e[2 * m + 1], 0xEE));
+    }
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_ps(g[0], g[1], 0x88),
+                                        _mm512_shuffle_ps(g[0], g[1], 0xDD)));
+  }
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float x) { return _mm512_set1_ps(x); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }

@@ -12,8 +12,13 @@ namespace cpu {
 namespace scalar_isa {
 
 struct Ops {
-  static constexpr int W = 1;
   using V = float;
+  static constexpr int W = 1;
+  static constexpr int kAcc = 4;
+  static constexpr bool kHasReduce16 = false;
+  static constexpr bool kPairBf16 = false;
+  static void load_bf16_pair(const uint16_t*, V*, V*) {}
+  static void reduce16(const V*, float*) {}
   static V zero() { return 0.0f; }
   static V set1(float x) { return x; }
   static V load(const float* p) { return *p; }
