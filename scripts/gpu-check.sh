@@ -15,8 +15,13 @@
 #   bench.log      bench/gpu/bench_decode.py (stdout: the table)
 #   bench.md       the results table, to commit as bench/results/<device>.md
 #   summary.txt    one line per step: ok / FAILED / skipped, and timings
-# Env: PKV_ARCH (default 90), PKV_SKIP_BENCH=1, PKV_SKIP_SANITIZERS=1,
-#      PKV_BENCH_ARGS (extra arguments for the benchmark).
+# Each step after the build gets a time limit from what is left of
+# PKV_BUDGET seconds (default 570, inside the device call's 600), in the
+# order tests, memcheck, bench, racecheck; a step that gets too little is
+# skipped and says so in summary.txt (then run a second call with
+# PKV_SKIP_BENCH=1 or PKV_SKIP_SANITIZERS=1).
+# Env: PKV_ARCH (default 90), PKV_BUDGET, PKV_SKIP_BENCH=1,
+#      PKV_SKIP_SANITIZERS=1, PKV_BENCH_ARGS (extra benchmark arguments).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$root/gpu-check-out}
@@ -25,6 +30,13 @@ summary=$OUT/summary.txt
 : >"$summary"
 t0=$(date +%s)
 note() { echo "$(($(date +%s) - t0))s $*" | tee -a "$summary"; }
+budget=${PKV_BUDGET:-570}
+# Seconds a step may take: at most $1, leaving $2 for the steps after it.
+limit() {
+  local left=$((budget - ($(date +%s) - t0) - $2))
+  [ "$left" -lt 1 ] && left=1  # timeout 0 would mean no limit
+  [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
 
 # ---------------------------------------------------------------- environment
 {
@@ -77,45 +89,57 @@ tg=$build/tests/gpu/test_gpu
 lib=$(find "$build" -name 'libpagedkv.so' | head -1)
 
 # ---------------------------------------------------------------- tests
-if "$tg" --gtest_brief=1 >"$OUT/tests.log" 2>&1; then
+if timeout "$(limit 240 60)" "$tg" --gtest_brief=1 >"$OUT/tests.log" 2>&1; then
   note "tests: ok ($(grep -c '^\[  SKIPPED' "$OUT/tests.log") skipped) $(grep -E '^\[  PASSED' "$OUT/tests.log")"
 else
   note "tests: FAILED (see tests.log)"
 fi
 if grep -q '^\[  SKIPPED' "$OUT/tests.log"; then note "tests: WARNING some tests skipped: no GPU seen?"; fi
 
-# ---------------------------------------------------------------- sanitizers
-# Subsets keep each under a few minutes; API errors are not reported because
-# the tests provoke some on purpose (impossible allocation, bad device).
-if [ "${PKV_SKIP_SANITIZERS:-0}" != 1 ] && command -v compute-sanitizer >/dev/null; then
-  mem_filter='*f32_D80_G4*:*f16_D256_G1*:*bf16_D128_G8*:*bf16_D64_G4*:*f16_D96_G8*:AttentionShapes.*:CudaWrite.*:CudaCopyBlocks.*:*CudaSwap*:CudaBackendBasics.*:CudaCapi.*'
-  if timeout 240 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
-    "$tg" --gtest_brief=1 --gtest_filter="$mem_filter" >"$OUT/memcheck.log" 2>&1; then
-    note "memcheck: ok"
-  else
-    note "memcheck: FAILED or timed out (rc $?, see memcheck.log)"
+# ---------------------------------------------------------------- sanitizers, bench
+# Subsets keep the sanitizers short; API errors are not reported because the
+# tests provoke some on purpose (impossible allocation, bad device).
+sanitize() {  # tool, filter, log, cap seconds, seconds to leave for later steps
+  local t
+  t=$(limit "$4" "$5")
+  if [ "${PKV_SKIP_SANITIZERS:-0}" = 1 ] || ! command -v compute-sanitizer >/dev/null; then
+    note "$1: skipped"
+    return
   fi
-  race_filter='*bf16_D128_G8*:*f32_D64_G4*:*f16_D256_G4*:CudaWrite.*:CudaCopyBlocks.*'
-  if timeout 200 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 \
-    "$tg" --gtest_brief=1 --gtest_filter="$race_filter" >"$OUT/racecheck.log" 2>&1; then
-    note "racecheck: ok"
+  if [ "$t" -lt 30 ]; then
+    note "$1: skipped (time budget)"
+    return
+  fi
+  if timeout "$t" compute-sanitizer --tool "$1" --report-api-errors no --error-exitcode 9 \
+    $([ "$1" = racecheck ] && echo --racecheck-report all) \
+    "$tg" --gtest_brief=1 --gtest_filter="$2" >"$OUT/$3" 2>&1; then
+    note "$1: ok"
   else
-    note "racecheck: FAILED or timed out (rc $?, see racecheck.log)"
+    note "$1: FAILED or timed out after ${t}s (see $3)"
+  fi
+}
+mem_filter='*f32_D80_G4*:*f16_D256_G1*:*bf16_D128_G8*:*bf16_D64_G4*:*f16_D96_G8*:AttentionShapes.*:CudaWrite.*:CudaCopyBlocks.*:*CudaSwap*:CudaBackendBasics.*:CudaCapi.*'
+race_filter='*bf16_D128_G8*:*f32_D64_G4*:*f16_D256_G4*:CudaWrite.*:CudaCopyBlocks.*'
+sanitize memcheck "$mem_filter" memcheck.log 180 "$([ "${PKV_SKIP_BENCH:-0}" = 1 ] && echo 100 || echo 260)"
+
+if [ "${PKV_SKIP_BENCH:-0}" != 1 ]; then
+  t=$(limit 280 60)
+  if [ "$t" -lt 60 ]; then
+    note "bench: skipped (time budget)"
+  else
+    # shellcheck disable=SC2086
+    if PYTHONUNBUFFERED=1 timeout "$t" python3 "$root/bench/gpu/bench_decode.py" --lib "$lib" \
+      --out "$OUT/bench.md" --time-budget $((t - 50)) ${PKV_BENCH_ARGS:-} >"$OUT/bench.log" 2>&1; then
+      note "bench: ok (bench.md)"
+    else
+      note "bench: FAILED or timed out after ${t}s (see bench.log)"
+    fi
+    tail -45 "$OUT/bench.log"
   fi
 else
-  note "sanitizers: skipped"
+  note "bench: skipped"
 fi
 
-# ---------------------------------------------------------------- benchmark
-if [ "${PKV_SKIP_BENCH:-0}" != 1 ]; then
-  # shellcheck disable=SC2086
-  if PYTHONUNBUFFERED=1 timeout 300 python3 "$root/bench/gpu/bench_decode.py" --lib "$lib" \
-    --out "$OUT/bench.md" ${PKV_BENCH_ARGS:-} >"$OUT/bench.log" 2>&1; then
-    note "bench: ok (bench.md)"
-  else
-    note "bench: FAILED or timed out (rc $?, see bench.log)"
-  fi
-  tail -45 "$OUT/bench.log"
-fi
+sanitize racecheck "$race_filter" racecheck.log 200 0
 note "done"
 cat "$summary"
