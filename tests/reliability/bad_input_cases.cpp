@@ -1,0 +1,747 @@
+#include "bad_input_cases.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace pkv_rel {
+namespace {
+
+void must(pkv_status s, const char* what) {
+  if (s != PKV_OK) {
+    std::fprintf(stderr, "bad_input env: %s failed: %d %s\n", what, int(s),
+                 pkv_last_error_message());
+    std::abort();
+  }
+}
+
+pkv_tensor dense(std::vector<float>& buf, int64_t n0, int64_t n1, int64_t n2) {
+  buf.assign(size_t(n0 * n1 * n2), 0.f);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = float(int((i * 2654435761u) % 129) - 64) / 64.f;
+  const int64_t shape[3] = {n0, n1, n2};
+  pkv_tensor t;
+  must(pkv_tensor_init(buf.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 3, shape, &t), "tensor_init");
+  return t;
+}
+
+constexpr uint64_t k2_62 = uint64_t(1) << 62;
+constexpr uint64_t k2_60 = uint64_t(1) << 60;
+
+pkv_pool_options storage_opts() {
+  pkv_pool_options o;
+  pkv_pool_options_init(&o);
+  o.block_size = 16;
+  o.num_blocks = 32;
+  o.num_layers = 2;
+  o.num_kv_heads = 2;
+  o.head_dim = 64;
+  o.dtype = PKV_DTYPE_F32;
+  o.enable_events = 1;
+  o.max_events = 4;
+  o.num_threads = 1;
+  return o;
+}
+
+pkv_status create_with(pkv_pool_options o, Env& e) {
+  pkv_pool* p = nullptr;
+  pkv_status s = pkv_pool_create(&o, &p);
+  pkv_pool_destroy(p);  // in case it unexpectedly succeeded
+  (void)e;
+  return s;
+}
+
+pkv_status hash_with(pkv_hash_options o, const int32_t* tokens, uint64_t n, Env& e) {
+  return pkv_hash_prefix(&o, tokens, n, e.hashes, 8, &e.u64);
+}
+
+pkv_hash_options hopts() {
+  pkv_hash_options o;
+  pkv_hash_options_init(&o);
+  return o;
+}
+
+pkv_status seq_with(const pkv_seq_options& o, Env& e) {
+  return pkv_seq_create(e.pool, &o, &e.id_out);
+}
+
+pkv_seq_options sopts() {
+  pkv_seq_options o;
+  pkv_seq_options_init(&o);
+  return o;
+}
+
+pkv_status write_k(Env& e, pkv_tensor k) { return pkv_cache_write(e.batch, 0, &k, &e.vt, nullptr); }
+pkv_status attend_q(Env& e, pkv_tensor q) {
+  return pkv_attention_forward(e.batch, 0, &q, &e.ot, nullptr, nullptr, nullptr);
+}
+pkv_status attend_out(Env& e, pkv_tensor o) {
+  return pkv_attention_forward(e.batch, 0, &e.qt, &o, nullptr, nullptr, nullptr);
+}
+pkv_status attend_lse(Env& e, pkv_tensor l) {
+  return pkv_attention_forward(e.batch, 0, &e.qt, &e.ot, &l, nullptr, nullptr);
+}
+pkv_status attend_params(Env& e, pkv_attention_params p) {
+  return pkv_attention_forward(e.batch, 0, &e.qt, &e.ot, nullptr, &p, nullptr);
+}
+pkv_attention_params aparams() {
+  pkv_attention_params p;
+  pkv_attention_params_init(&p);
+  return p;
+}
+
+// Setups that make a plan stale or orphaned before the bad call.
+void append_to_a(Env& e) { pkv_seq_append(e.pool, e.a, e.tokens, 1, 0); }
+void free_b(Env& e) { pkv_seq_free(e.pool, e.b); }
+void destroy_pool(Env& e) {
+  pkv_pool_destroy(e.pool);
+  e.pool = nullptr;
+}
+Case with_setup(Case c, void (*setup)(Env&)) {
+  c.setup = setup;
+  return c;
+}
+
+// A value check: PKV_OK when the documented result holds.
+pkv_status holds(bool ok) { return ok ? PKV_OK : PKV_E_INTERNAL; }
+
+#define S(fn, cls, what, want, needle, ...)                          \
+  Case {                                                             \
+    fn, cls, what, want, needle, nullptr, [](Env& e) -> pkv_status { \
+      (void)e;                                                       \
+      __VA_ARGS__                                                    \
+    }                                                                \
+  }
+#define S2(fn, cls, what, want, alt, needle, ...) \
+  Case {                                          \
+    fn, cls, what, want, needle, nullptr,         \
+        [](Env& e) -> pkv_status {                \
+          (void)e;                                \
+          __VA_ARGS__                             \
+        },                                        \
+        alt                                       \
+  }
+#define V(fn, cls, what, result, ...)                                  \
+  Case {                                                               \
+    fn, cls, what, PKV_OK, nullptr, result, [](Env& e) -> pkv_status { \
+      (void)e;                                                         \
+      __VA_ARGS__                                                      \
+    }                                                                  \
+  }
+
+const pkv_status kInv = PKV_E_INVALID_ARGUMENT, kNf = PKV_E_NOT_FOUND, kState = PKV_E_INVALID_STATE,
+                 kSmall = PKV_E_BUFFER_TOO_SMALL, kOob = PKV_E_OUT_OF_BLOCKS;
+
+std::vector<Case> make_cases() {
+  return {
+    // ------------------------------------------------------------ common.h
+    V("pkv_status_string", PKV_CLASS_RANGE, "status = 12345", "static \"unknown pkv_status\"",
+      return holds(pkv_status_string(12345) != nullptr &&
+                   std::strcmp(pkv_status_string(12345), "unknown pkv_status") == 0);),
+        V("pkv_last_error_copy", PKV_CLASS_NULL, "buf = NULL", "writes nothing, returns the length",
+          pkv_status_string(0);
+          return holds(pkv_last_error_copy(nullptr, 100) ==
+                       std::strlen(pkv_last_error_message()));),
+        V("pkv_last_error_copy", PKV_CLASS_CAPACITY, "capacity = 1",
+          "writes \"\" (truncated), returns the length", pkv_pool_validate(nullptr);
+          const uint64_t n = pkv_last_error_copy(e.msg, 1);
+          return holds(e.msg[0] == '\0' && n == std::strlen(pkv_last_error_message()) && n > 0);),
+        S("pkv_tensor_init", PKV_CLASS_NULL, "out = NULL", kInv, "out", const int64_t sh[1] = {4};
+          return pkv_tensor_init(e.k.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 1, sh, nullptr);),
+        S("pkv_tensor_init", PKV_CLASS_NULL, "shape = NULL", kInv, "shape", pkv_tensor t;
+          return pkv_tensor_init(e.k.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 1, nullptr, &t);),
+        S("pkv_tensor_init", PKV_CLASS_RANGE, "ndim = 0 or 7", kInv, "ndim", pkv_tensor t;
+          const int64_t sh[7] = {1, 1, 1, 1, 1, 1, 1};
+          pkv_status s = pkv_tensor_init(e.k.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 0, sh, &t);
+          return s != kInv
+                     ? s
+                     : pkv_tensor_init(e.k.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 7, sh, &t);),
+        S("pkv_tensor_init", PKV_CLASS_SHAPE, "shape[1] = -1", kInv, "shape[1]", pkv_tensor t;
+          const int64_t sh[2] = {2, -1};
+          return pkv_tensor_init(e.k.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 2, sh, &t);),
+        S("pkv_tensor_init", PKV_CLASS_DTYPE, "dtype = 99", kInv, "dtype", pkv_tensor t;
+          const int64_t sh[1] = {4};
+          return pkv_tensor_init(e.k.data(), 99, PKV_DEVICE_CPU, 0, 1, sh, &t);),
+        S("pkv_tensor_init", PKV_CLASS_DEVICE, "device_type = 5", kInv, "device_type", pkv_tensor t;
+          const int64_t sh[1] = {4};
+          return pkv_tensor_init(e.k.data(), PKV_DTYPE_F32, 5, 0, 1, sh, &t);),
+        S("pkv_tensor_init", PKV_CLASS_DEVICE, "device_id = -1", kInv, "device_id", pkv_tensor t;
+          const int64_t sh[1] = {4};
+          return pkv_tensor_init(e.k.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, -1, 1, sh, &t);),
+        V("pkv_dtype_size", PKV_CLASS_DTYPE, "dtype = 0 or 99", "returns 0",
+          return holds(pkv_dtype_size(0) == 0 && pkv_dtype_size(99) == 0);),
+
+        // ------------------------------------------------------------ hash.h
+        V("pkv_hash_size", PKV_CLASS_RANGE, "algo = 0 or 99", "returns 0",
+          return holds(pkv_hash_size(0) == 0 && pkv_hash_size(99) == 0);),
+        V("pkv_hash_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
+          pkv_hash_options_init(nullptr);
+          return PKV_OK;),
+        S("pkv_hash_prefix", PKV_CLASS_NULL, "opts = NULL", kInv, "opts",
+          return pkv_hash_prefix(nullptr, e.tokens, 16, e.hashes, 8, &e.u64);),
+        S("pkv_hash_prefix", PKV_CLASS_NULL, "out_num_blocks = NULL", kInv, "out_num_blocks",
+          pkv_hash_options o = hopts();
+          return pkv_hash_prefix(&o, e.tokens, 16, e.hashes, 8, nullptr);),
+        S("pkv_hash_prefix", PKV_CLASS_NULL, "tokens = NULL, num_tokens = 16", kInv, "tokens",
+          return hash_with(hopts(), nullptr, 16, e);),
+        S("pkv_hash_prefix", PKV_CLASS_NULL, "out_hashes = NULL, capacity = 8", kInv, "out_hashes",
+          pkv_hash_options o = hopts();
+          return pkv_hash_prefix(&o, e.tokens, 32, nullptr, 8, &e.u64);),
+        S("pkv_hash_prefix", PKV_CLASS_NULL, "mm_items = NULL, num_mm_items = 1", kInv, "mm_items",
+          pkv_hash_options o = hopts();
+          o.num_mm_items = 1; return hash_with(o, e.tokens, 16, e);),
+        S("pkv_hash_prefix", PKV_CLASS_NULL, "mm_items[0].hash = NULL", kInv, "mm_items[0]",
+          pkv_hash_options o = hopts();
+          pkv_mm_item m{0, 4, nullptr}; o.mm_items = &m; o.num_mm_items = 1;
+          return hash_with(o, e.tokens, 16, e);),
+        S("pkv_hash_prefix", PKV_CLASS_STRUCT, "opts->struct_size = 0", kInv, "struct_size",
+          pkv_hash_options o = hopts();
+          o.struct_size = 0; return hash_with(o, e.tokens, 16, e);),
+        S("pkv_hash_prefix", PKV_CLASS_RANGE, "opts->algo = 99", kInv, "algo",
+          pkv_hash_options o = hopts();
+          o.algo = 99; return hash_with(o, e.tokens, 16, e);),
+        S("pkv_hash_prefix", PKV_CLASS_RANGE, "opts->block_size = 0", kInv, "block_size",
+          pkv_hash_options o = hopts();
+          o.block_size = 0; return hash_with(o, e.tokens, 16, e);),
+        S("pkv_hash_prefix", PKV_CLASS_RANGE, "mm item of length 0", kInv, "length",
+          pkv_hash_options o = hopts();
+          pkv_mm_item m{0, 0, "img"}; o.mm_items = &m; o.num_mm_items = 1;
+          return hash_with(o, e.tokens, 16, e);),
+        S("pkv_hash_prefix", PKV_CLASS_RANGE, "overlapping mm items", kInv, "mm_items[1]",
+          pkv_hash_options o = hopts();
+          pkv_mm_item m[2] = {{0, 8, "x"}, {4, 8, "y"}}; o.mm_items = m; o.num_mm_items = 2;
+          return hash_with(o, e.tokens, 16, e);),
+        S("pkv_hash_prefix", PKV_CLASS_ABSURD, "mm item offset + length overflows", kInv,
+          "overflows", pkv_hash_options o = hopts();
+          pkv_mm_item m{~uint64_t(0) - 2, 8, "x"}; o.mm_items = &m; o.num_mm_items = 1;
+          return hash_with(o, e.tokens, 16, e);),
+        S("pkv_hash_prefix", PKV_CLASS_CAPACITY, "capacity = 1 for 2 blocks", kSmall, "out_hashes",
+          pkv_hash_options o = hopts();
+          return pkv_hash_prefix(&o, e.tokens, 32, e.hashes, 1, &e.u64);),
+        S("pkv_hash_prefix", PKV_CLASS_ABSURD, "num_tokens = 2^62 (capacity 8)", kSmall,
+          "out_hashes", pkv_hash_options o = hopts();
+          pkv_status s = pkv_hash_prefix(&o, e.tokens, k2_62, e.hashes, 8, &e.u64);
+          return s == kSmall && e.u64 != k2_62 / 16 ? PKV_E_INTERNAL : s;),
+        S("pkv_hash_root", PKV_CLASS_RANGE, "algo = 0", kInv, "algo",
+          return pkv_hash_root(0, "", e.hashes);),
+        S("pkv_hash_root", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_hash_root(PKV_HASH_SHA256_CBOR, "", nullptr);),
+
+        // ------------------------------------------------------------ pool.h: pools
+        V("pkv_pool_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
+          pkv_pool_options_init(nullptr);
+          return PKV_OK;),
+        S("pkv_pool_create", PKV_CLASS_NULL, "opts = NULL", kInv, "opts", pkv_pool* p = nullptr;
+          return pkv_pool_create(nullptr, &p);),
+        S("pkv_pool_create", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          pkv_pool_options o = storage_opts();
+          return pkv_pool_create(&o, nullptr);),
+        S("pkv_pool_create", PKV_CLASS_STRUCT, "opts->struct_size = 8 or 2^20", kInv, "struct_size",
+          pkv_pool_options o = storage_opts();
+          o.struct_size = 8; pkv_status s = create_with(o, e); o.struct_size = 1u << 20;
+          return s != kInv ? s : create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "block_size = 0 or 1025", kInv, "block_size",
+          pkv_pool_options o = storage_opts();
+          o.block_size = 0; pkv_status s = create_with(o, e); o.block_size = 1025;
+          return s != kInv ? s : create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "num_blocks = 1", kInv, "num_blocks",
+          pkv_pool_options o = storage_opts();
+          o.num_blocks = 1; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_ABSURD, "num_blocks = 2^60", kInv, "num_blocks",
+          pkv_pool_options o = storage_opts();
+          o.num_blocks = k2_60; pkv_status s = create_with(o, e); o.num_layers = 0;
+          return s != kInv ? s : create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_ABSURD, "memory_budget_bytes = 2^62 (num_blocks 0)", kInv,
+          "num_blocks", pkv_pool_options o = storage_opts();
+          o.num_blocks = 0; o.memory_budget_bytes = k2_62; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "memory_budget_bytes below 2 blocks", kInv,
+          "memory_budget_bytes", pkv_pool_options o = storage_opts();
+          o.num_blocks = 0; o.memory_budget_bytes = 100; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_STATE, "num_blocks = 0 without storage", kInv, "num_blocks",
+          pkv_pool_options o = storage_opts();
+          o.num_blocks = 0; o.num_layers = 0; o.memory_budget_bytes = 1 << 20;
+          return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_ABSURD, "bytes per block overflow 64 bits", kInv,
+          "overflows", pkv_pool_options o = storage_opts();
+          o.num_layers = 65536; o.num_kv_heads = 4096; o.head_dim = 4096; o.block_size = 1024;
+          o.num_blocks = 1u << 30; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "hash_algo = 0", kInv, "hash_algo",
+          pkv_pool_options o = storage_opts();
+          o.hash_algo = 0; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "enable_prefix_caching = 2", kInv,
+          "enable_prefix_caching", pkv_pool_options o = storage_opts();
+          o.enable_prefix_caching = 2; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "enable_events = 7", kInv, "enable_events",
+          pkv_pool_options o = storage_opts();
+          o.enable_events = 7; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "max_events = 0 with events", kInv, "max_events",
+          pkv_pool_options o = storage_opts();
+          o.max_events = 0; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "num_kv_heads = 0 with layers", kInv, "num_kv_heads",
+          pkv_pool_options o = storage_opts();
+          o.num_kv_heads = 0; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "head_dim = 0 with layers", kInv, "head_dim",
+          pkv_pool_options o = storage_opts();
+          o.head_dim = 0; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_ABSURD, "num_layers = 2^32 - 1", kInv, "num_layers",
+          pkv_pool_options o = storage_opts();
+          o.num_layers = ~0u; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_DTYPE, "dtype = PKV_DTYPE_I32 or 99", kInv, "dtype",
+          pkv_pool_options o = storage_opts();
+          o.dtype = PKV_DTYPE_I32; pkv_status s = create_with(o, e); o.dtype = 99;
+          return s != kInv ? s : create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_DEVICE, "device_type = 3", kInv, "device_type",
+          pkv_pool_options o = storage_opts();
+          o.device_type = 3; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_DEVICE, "device_id = 1 on CPU, -1 on CUDA", kInv,
+          "device_id", pkv_pool_options o = storage_opts();
+          o.device_id = 1; pkv_status s = create_with(o, e); o.device_type = PKV_DEVICE_CUDA;
+          o.device_id = -1; return s != kInv ? s : create_with(o, e);),
+        S2("pkv_pool_create", PKV_CLASS_DEVICE, "device_type = CUDA, device_id = 4096",
+           PKV_E_UNSUPPORTED, PKV_E_CUDA, "CUDA", pkv_pool_options o = storage_opts();
+           o.device_type = PKV_DEVICE_CUDA; o.device_id = 4096; return create_with(o, e);),
+        V("pkv_pool_destroy", PKV_CLASS_NULL, "pool = NULL", "no-op", pkv_pool_destroy(nullptr);
+          return PKV_OK;),
+        S("pkv_pool_get_options", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", pkv_pool_options o;
+          pkv_pool_options_init(&o); return pkv_pool_get_options(nullptr, &o);),
+        S("pkv_pool_get_options", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_pool_get_options(e.pool, nullptr);),
+        S("pkv_pool_get_options", PKV_CLASS_STRUCT, "out->struct_size = 4", kInv, "struct_size",
+          pkv_pool_options o;
+          pkv_pool_options_init(&o); o.struct_size = 4; return pkv_pool_get_options(e.pool, &o);),
+        S("pkv_pool_bytes_per_block", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_pool_bytes_per_block(nullptr, &e.u64);),
+        S("pkv_pool_bytes_per_block", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_pool_bytes_per_block(e.pool, nullptr);),
+        V("pkv_pool_stats_init", PKV_CLASS_NULL, "stats = NULL", "no-op",
+          pkv_pool_stats_init(nullptr);
+          return PKV_OK;),
+        S("pkv_pool_get_stats", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", pkv_pool_stats s;
+          pkv_pool_stats_init(&s); return pkv_pool_get_stats(nullptr, &s);),
+        S("pkv_pool_get_stats", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_pool_get_stats(e.pool, nullptr);),
+        S("pkv_pool_get_stats", PKV_CLASS_STRUCT, "out->struct_size = 0", kInv, "struct_size",
+          pkv_pool_stats s;
+          pkv_pool_stats_init(&s); s.struct_size = 0; return pkv_pool_get_stats(e.pool, &s);),
+        S("pkv_pool_drain_events", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_pool_drain_events(nullptr, e.events, 8, &e.u64);),
+        S("pkv_pool_drain_events", PKV_CLASS_NULL, "out = NULL, capacity = 8", kInv, "out",
+          return pkv_pool_drain_events(e.pool, nullptr, 8, &e.u64);),
+        S("pkv_pool_drain_events", PKV_CLASS_NULL, "out_count = NULL", kInv, "out_count",
+          return pkv_pool_drain_events(e.pool, e.events, 8, nullptr);),
+        S("pkv_pool_reset_prefix_cache", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_pool_reset_prefix_cache(nullptr);),
+        S("pkv_pool_validate", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_pool_validate(nullptr);),
+        S("pkv_pool_kv_tensor", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", pkv_tensor t;
+          return pkv_pool_kv_tensor(nullptr, 0, 0, &t);),
+        S("pkv_pool_kv_tensor", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_pool_kv_tensor(e.pool, 0, 0, nullptr);),
+        S("pkv_pool_kv_tensor", PKV_CLASS_RANGE, "layer = num_layers", kInv, "layer", pkv_tensor t;
+          return pkv_pool_kv_tensor(e.pool, 2, 0, &t);),
+        S("pkv_pool_kv_tensor", PKV_CLASS_RANGE, "which = 2", kInv, "which", pkv_tensor t;
+          return pkv_pool_kv_tensor(e.pool, 0, 2, &t);),
+        S("pkv_pool_kv_tensor", PKV_CLASS_STATE, "pool without storage", kState, "storage",
+          pkv_tensor t;
+          return pkv_pool_kv_tensor(e.mgr, 0, 0, &t);),
+        S("pkv_pool_copy_blocks", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", int32_t s = 1, d = 2;
+          return pkv_pool_copy_blocks(nullptr, &s, &d, 1, nullptr);),
+        S("pkv_pool_copy_blocks", PKV_CLASS_NULL, "src = NULL, num_pairs = 1", kInv, "src",
+          int32_t d = 2;
+          return pkv_pool_copy_blocks(e.pool, nullptr, &d, 1, nullptr);),
+        S("pkv_pool_copy_blocks", PKV_CLASS_NULL, "dst = NULL, num_pairs = 1", kInv, "dst",
+          int32_t s = 1;
+          return pkv_pool_copy_blocks(e.pool, &s, nullptr, 1, nullptr);),
+        S("pkv_pool_copy_blocks", PKV_CLASS_RANGE, "src[1] = 0 (the null block)", kInv, "src[1]",
+          int32_t s[2] = {1, 0}, d[2] = {2, 3};
+          return pkv_pool_copy_blocks(e.pool, s, d, 2, nullptr);),
+        S("pkv_pool_copy_blocks", PKV_CLASS_RANGE, "dst[0] = num_blocks or -5", kInv, "dst[0]",
+          int32_t s[1] = {1}, d[1] = {32};
+          pkv_status st = pkv_pool_copy_blocks(e.pool, s, d, 1, nullptr); d[0] = -5;
+          return st != kInv ? st : pkv_pool_copy_blocks(e.pool, s, d, 1, nullptr);),
+        S("pkv_pool_copy_blocks", PKV_CLASS_STATE, "pool without storage", kState, "storage",
+          int32_t s = 1, d = 2;
+          return pkv_pool_copy_blocks(e.mgr, &s, &d, 1, nullptr);),
+        S("pkv_pool_swap_blocks", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", int32_t b = 1;
+          return pkv_pool_swap_blocks(nullptr, &b, 1, e.k.data(), 4, PKV_SWAP_OUT, nullptr);),
+        S("pkv_pool_swap_blocks", PKV_CLASS_NULL, "blocks = NULL, num_blocks = 1", kInv, "blocks",
+          return pkv_pool_swap_blocks(e.pool, nullptr, 1, e.k.data(), 1 << 20, PKV_SWAP_OUT,
+                                      nullptr);),
+        S("pkv_pool_swap_blocks", PKV_CLASS_NULL, "host_buffer = NULL", kInv, "host_buffer",
+          int32_t b = 1;
+          return pkv_pool_swap_blocks(e.pool, &b, 1, nullptr, 1 << 20, PKV_SWAP_OUT, nullptr);),
+        S("pkv_pool_swap_blocks", PKV_CLASS_RANGE, "direction = 2", kInv, "direction",
+          int32_t b = 1;
+          return pkv_pool_swap_blocks(e.pool, &b, 1, e.k.data(), 1 << 20, 2, nullptr);),
+        S("pkv_pool_swap_blocks", PKV_CLASS_RANGE, "blocks[0] = 0 (the null block)", kInv,
+          "blocks[0]", int32_t b = 0;
+          return pkv_pool_swap_blocks(e.pool, &b, 1, e.k.data(), 1 << 20, PKV_SWAP_OUT, nullptr);),
+        S("pkv_pool_swap_blocks", PKV_CLASS_CAPACITY,
+          "host_bytes below num_blocks * bytes per block", kInv, "host_bytes", int32_t b = 1;
+          return pkv_pool_swap_blocks(e.pool, &b, 1, e.k.data(), 64, PKV_SWAP_IN, nullptr);),
+        S("pkv_pool_swap_blocks", PKV_CLASS_STATE, "pool without storage", kState, "storage",
+          int32_t b = 1;
+          return pkv_pool_swap_blocks(e.mgr, &b, 1, e.k.data(), 1 << 20, PKV_SWAP_OUT, nullptr);),
+
+        // ------------------------------------------------------------ pool.h: sequences
+        V("pkv_seq_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
+          pkv_seq_options_init(nullptr);
+          return PKV_OK;),
+        S("pkv_seq_create", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_seq_create(nullptr, nullptr, &e.id_out);),
+        S("pkv_seq_create", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_seq_create(e.pool, nullptr, nullptr);),
+        S("pkv_seq_create", PKV_CLASS_NULL, "opts->mm_items = NULL, num_mm_items = 2", kInv,
+          "mm_items", pkv_seq_options o = sopts();
+          o.num_mm_items = 2; return seq_with(o, e);),
+        S("pkv_seq_create", PKV_CLASS_NULL, "opts->mm_items[0].hash = NULL or \"\"", kInv,
+          "mm_items[0]", pkv_seq_options o = sopts();
+          pkv_mm_item m{0, 4, nullptr}; o.mm_items = &m; o.num_mm_items = 1;
+          pkv_status s = seq_with(o, e); m.hash = ""; return s != kInv ? s : seq_with(o, e);),
+        S("pkv_seq_create", PKV_CLASS_STRUCT, "opts->struct_size = 2", kInv, "struct_size",
+          pkv_seq_options o = sopts();
+          o.struct_size = 2; return seq_with(o, e);),
+        S("pkv_seq_create", PKV_CLASS_RANGE, "overlapping or unsorted mm items", kInv,
+          "mm_items[1]", pkv_seq_options o = sopts();
+          pkv_mm_item m[2] = {{10, 8, "x"}, {2, 4, "y"}}; o.mm_items = m; o.num_mm_items = 2;
+          return seq_with(o, e);),
+        S("pkv_seq_create", PKV_CLASS_ABSURD, "mm item offset + length overflows", kInv,
+          "overflows", pkv_seq_options o = sopts();
+          pkv_mm_item m{~uint64_t(0), 2, "x"}; o.mm_items = &m; o.num_mm_items = 1;
+          return seq_with(o, e);),
+        S("pkv_seq_match_prefix", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_seq_match_prefix(nullptr, e.empty, e.tokens, 20, &e.u64);),
+        S("pkv_seq_match_prefix", PKV_CLASS_NULL, "tokens = NULL, num_tokens = 20", kInv, "tokens",
+          return pkv_seq_match_prefix(e.pool, e.empty, nullptr, 20, &e.u64);),
+        S("pkv_seq_match_prefix", PKV_CLASS_NULL, "out_num_cached = NULL", kInv, "out_num_cached",
+          return pkv_seq_match_prefix(e.pool, e.empty, e.tokens, 20, nullptr);),
+        S("pkv_seq_match_prefix", PKV_CLASS_STALE, "seq freed", kNf, "stale",
+          return pkv_seq_match_prefix(e.pool, e.dead, e.tokens, 20, &e.u64);),
+        S("pkv_seq_match_prefix", PKV_CLASS_UNKNOWN, "seq never issued, or 0", kNf,
+          "stale or unknown",
+          pkv_status s = pkv_seq_match_prefix(e.pool, e.unknown, e.tokens, 20, &e.u64);
+          return s != kNf
+                     ? s
+                     : pkv_seq_match_prefix(e.pool, PKV_SEQ_ID_INVALID, e.tokens, 20, &e.u64);),
+        S("pkv_seq_match_prefix", PKV_CLASS_ABSURD, "num_tokens = 2^62", kInv, "num_tokens",
+          return pkv_seq_match_prefix(e.pool, e.empty, e.tokens, k2_62, &e.u64);),
+        S("pkv_seq_match_prefix", PKV_CLASS_STATE, "seq already holds tokens", kState, "empty",
+          return pkv_seq_match_prefix(e.pool, e.a, e.tokens, 20, &e.u64);),
+        S("pkv_seq_append", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_seq_append(nullptr, e.a, e.tokens, 1, 0);),
+        S("pkv_seq_append", PKV_CLASS_NULL, "tokens = NULL, num_tokens = 4", kInv, "tokens",
+          return pkv_seq_append(e.pool, e.a, nullptr, 4, 0);),
+        S("pkv_seq_append", PKV_CLASS_STALE, "seq freed", kNf, "stale",
+          return pkv_seq_append(e.pool, e.dead, e.tokens, 1, 0);),
+        S("pkv_seq_append", PKV_CLASS_UNKNOWN, "seq never issued", kNf, "stale or unknown",
+          return pkv_seq_append(e.pool, e.unknown, e.tokens, 1, 0);),
+        S("pkv_seq_append", PKV_CLASS_ABSURD, "num_tokens = 2^62", kInv, "2^31",
+          return pkv_seq_append(e.pool, e.a, e.tokens, k2_62, 0);),
+        S("pkv_seq_append", PKV_CLASS_ABSURD, "num_lookahead = 2^32 - 1", kInv, "2^31",
+          return pkv_seq_append(e.pool, e.a, e.tokens, 1, ~0u);),
+        S("pkv_seq_append", PKV_CLASS_EXHAUSTED, "more tokens than free slots (64 + 512 lookahead)",
+          kOob, "free", return pkv_seq_append(e.pool, e.a, e.tokens, 64, 512);),
+        S("pkv_seq_blocks_needed", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_seq_blocks_needed(nullptr, e.a, 1, 0, &e.u64);),
+        S("pkv_seq_blocks_needed", PKV_CLASS_NULL, "out_blocks = NULL", kInv, "out_blocks",
+          return pkv_seq_blocks_needed(e.pool, e.a, 1, 0, nullptr);),
+        S("pkv_seq_blocks_needed", PKV_CLASS_STALE, "seq freed", kNf, "stale",
+          return pkv_seq_blocks_needed(e.pool, e.dead, 1, 0, &e.u64);),
+        S("pkv_seq_blocks_needed", PKV_CLASS_UNKNOWN, "seq never issued", kNf, "stale or unknown",
+          return pkv_seq_blocks_needed(e.pool, e.unknown, 1, 0, &e.u64);),
+        S("pkv_seq_blocks_needed", PKV_CLASS_ABSURD, "num_tokens = 2^62", kInv, "2^31",
+          return pkv_seq_blocks_needed(e.pool, e.a, k2_62, 0, &e.u64);),
+        S("pkv_seq_fork", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_seq_fork(nullptr, e.a, &e.id_out);),
+        S("pkv_seq_fork", PKV_CLASS_NULL, "out_child = NULL", kInv, "out_child",
+          return pkv_seq_fork(e.pool, e.a, nullptr);),
+        S("pkv_seq_fork", PKV_CLASS_STALE, "parent freed", kNf, "stale",
+          return pkv_seq_fork(e.pool, e.dead, &e.id_out);),
+        S("pkv_seq_fork", PKV_CLASS_UNKNOWN, "parent never issued", kNf, "stale or unknown",
+          return pkv_seq_fork(e.pool, e.unknown, &e.id_out);),
+        S("pkv_seq_truncate", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_seq_truncate(nullptr, e.a, 1);),
+        S("pkv_seq_truncate", PKV_CLASS_STALE, "seq freed", kNf, "stale",
+          return pkv_seq_truncate(e.pool, e.dead, 0);),
+        S("pkv_seq_truncate", PKV_CLASS_UNKNOWN, "seq never issued", kNf, "stale or unknown",
+          return pkv_seq_truncate(e.pool, e.unknown, 0);),
+        S("pkv_seq_truncate", PKV_CLASS_RANGE, "num_tokens above the sequence's (41, or 2^62)",
+          kInv, "num_tokens", pkv_status s = pkv_seq_truncate(e.pool, e.a, 41);
+          return s != kInv ? s : pkv_seq_truncate(e.pool, e.a, k2_62);),
+        S("pkv_seq_free", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_seq_free(nullptr, e.a);),
+        S("pkv_seq_free", PKV_CLASS_STALE, "seq freed (double free)", kNf, "stale",
+          return pkv_seq_free(e.pool, e.dead);),
+        S("pkv_seq_free", PKV_CLASS_UNKNOWN, "seq never issued, or of another pool", kNf,
+          "stale or unknown", pkv_status s = pkv_seq_free(e.pool, e.unknown);
+          return s != kNf ? s : pkv_seq_free(e.mgr, e.b);),
+        V("pkv_seq_info_init", PKV_CLASS_NULL, "info = NULL", "no-op", pkv_seq_info_init(nullptr);
+          return PKV_OK;),
+        S("pkv_seq_get_info", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", pkv_seq_info i;
+          pkv_seq_info_init(&i); return pkv_seq_get_info(nullptr, e.a, &i);),
+        S("pkv_seq_get_info", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_seq_get_info(e.pool, e.a, nullptr);),
+        S("pkv_seq_get_info", PKV_CLASS_STRUCT, "out->struct_size = 1", kInv, "struct_size",
+          pkv_seq_info i;
+          pkv_seq_info_init(&i); i.struct_size = 1; return pkv_seq_get_info(e.pool, e.a, &i);),
+        S("pkv_seq_get_info", PKV_CLASS_STALE, "seq freed", kNf, "stale", pkv_seq_info i;
+          pkv_seq_info_init(&i); return pkv_seq_get_info(e.pool, e.dead, &i);),
+        S("pkv_seq_get_block_table", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_seq_get_block_table(nullptr, e.a, e.table, 64, &e.u64);),
+        S("pkv_seq_get_block_table", PKV_CLASS_NULL, "out_blocks = NULL, capacity = 64", kInv,
+          "out_blocks", return pkv_seq_get_block_table(e.pool, e.a, nullptr, 64, &e.u64);),
+        S("pkv_seq_get_block_table", PKV_CLASS_NULL, "out_len = NULL", kInv, "out_len",
+          return pkv_seq_get_block_table(e.pool, e.a, e.table, 64, nullptr);),
+        S("pkv_seq_get_block_table", PKV_CLASS_STALE, "seq freed", kNf, "stale",
+          return pkv_seq_get_block_table(e.pool, e.dead, e.table, 64, &e.u64);),
+        S("pkv_seq_get_block_table", PKV_CLASS_CAPACITY, "capacity = 1 for 3 blocks", kSmall,
+          "out_blocks", pkv_status s = pkv_seq_get_block_table(e.pool, e.a, e.table, 1, &e.u64);
+          return s == kSmall && e.u64 != 3 ? PKV_E_INTERNAL : s;),
+        S("pkv_seq_get_block_hashes", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_seq_get_block_hashes(nullptr, e.a, e.hashes, 8, &e.u64);),
+        S("pkv_seq_get_block_hashes", PKV_CLASS_NULL, "out_hashes = NULL, capacity = 8", kInv,
+          "out_hashes", return pkv_seq_get_block_hashes(e.pool, e.a, nullptr, 8, &e.u64);),
+        S("pkv_seq_get_block_hashes", PKV_CLASS_NULL, "out_len = NULL", kInv, "out_len",
+          return pkv_seq_get_block_hashes(e.pool, e.a, e.hashes, 8, nullptr);),
+        S("pkv_seq_get_block_hashes", PKV_CLASS_STALE, "seq freed", kNf, "stale",
+          return pkv_seq_get_block_hashes(e.pool, e.dead, e.hashes, 8, &e.u64);),
+        S("pkv_seq_get_block_hashes", PKV_CLASS_CAPACITY, "capacity = 1 for 2 hashes", kSmall,
+          "out_hashes", pkv_status s = pkv_seq_get_block_hashes(e.pool, e.a, e.hashes, 1, &e.u64);
+          return s == kSmall && e.u64 != 2 ? PKV_E_INTERNAL : s;),
+
+        // ------------------------------------------------------------ batch.h
+        S("pkv_batch_prepare", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", uint32_t q = 1;
+          pkv_batch* b = nullptr; return pkv_batch_prepare(nullptr, &e.a, &q, 1, nullptr, &b);),
+        S("pkv_batch_prepare", PKV_CLASS_NULL, "seqs = NULL, num_seqs = 1", kInv, "seqs",
+          uint32_t q = 1;
+          pkv_batch* b = nullptr; return pkv_batch_prepare(e.pool, nullptr, &q, 1, nullptr, &b);),
+        S("pkv_batch_prepare", PKV_CLASS_NULL, "query_counts = NULL", kInv, "query_counts",
+          pkv_batch* b = nullptr;
+          return pkv_batch_prepare(e.pool, &e.a, nullptr, 1, nullptr, &b);),
+        S("pkv_batch_prepare", PKV_CLASS_NULL, "out = NULL", kInv, "out", uint32_t q = 1;
+          return pkv_batch_prepare(e.pool, &e.a, &q, 1, nullptr, nullptr);),
+        S("pkv_batch_prepare", PKV_CLASS_RANGE, "num_seqs = 0", kInv, "num_seqs",
+          pkv_batch* b = nullptr;
+          return pkv_batch_prepare(e.pool, &e.a, nullptr, 0, nullptr, &b);),
+        S("pkv_batch_prepare", PKV_CLASS_STALE, "seqs[1] freed", kNf, "seqs[1]",
+          pkv_seq_id s[2] = {e.a, e.dead};
+          uint32_t q[2] = {1, 1}; pkv_batch* b = nullptr;
+          return pkv_batch_prepare(e.pool, s, q, 2, nullptr, &b);),
+        S("pkv_batch_prepare", PKV_CLASS_UNKNOWN, "seqs[0] never issued", kNf, "seqs[0]",
+          uint32_t q = 1;
+          pkv_batch* b = nullptr;
+          return pkv_batch_prepare(e.pool, &e.unknown, &q, 1, nullptr, &b);),
+        S("pkv_batch_prepare", PKV_CLASS_RANGE, "seqs[1] repeats seqs[0]", kInv, "seqs[1]",
+          pkv_seq_id s[2] = {e.a, e.a};
+          uint32_t q[2] = {1, 1}; pkv_batch* b = nullptr;
+          return pkv_batch_prepare(e.pool, s, q, 2, nullptr, &b);),
+        S("pkv_batch_prepare", PKV_CLASS_RANGE, "query_counts[0] = 0 or above the tokens", kInv,
+          "query_counts[0]", uint32_t q = 0;
+          pkv_batch* b = nullptr;
+          pkv_status s = pkv_batch_prepare(e.pool, &e.a, &q, 1, nullptr, &b); q = 41;
+          return s != kInv ? s : pkv_batch_prepare(e.pool, &e.a, &q, 1, nullptr, &b);),
+        S("pkv_batch_prepare", PKV_CLASS_RANGE, "an empty sequence (query count 1)", kInv,
+          "query_counts[0]", uint32_t q = 1;
+          pkv_batch* b = nullptr; return pkv_batch_prepare(e.pool, &e.empty, &q, 1, nullptr, &b);),
+        V("pkv_batch_destroy", PKV_CLASS_NULL, "batch = NULL", "no-op", pkv_batch_destroy(nullptr);
+          return PKV_OK;),
+        V("pkv_batch_info_init", PKV_CLASS_NULL, "info = NULL", "no-op",
+          pkv_batch_info_init(nullptr);
+          return PKV_OK;),
+        S("pkv_batch_get_info", PKV_CLASS_NULL, "batch = NULL", kInv, "batch", pkv_batch_info i;
+          pkv_batch_info_init(&i); return pkv_batch_get_info(nullptr, &i);),
+        S("pkv_batch_get_info", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_batch_get_info(e.batch, nullptr);),
+        S("pkv_batch_get_info", PKV_CLASS_STRUCT, "out->struct_size = 0", kInv, "struct_size",
+          pkv_batch_info i;
+          pkv_batch_info_init(&i); i.struct_size = 0; return pkv_batch_get_info(e.batch, &i);),
+        S("pkv_batch_plan_tensor", PKV_CLASS_NULL, "batch = NULL", kInv, "batch", pkv_tensor t;
+          return pkv_batch_plan_tensor(nullptr, 0, &t);),
+        S("pkv_batch_plan_tensor", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_batch_plan_tensor(e.batch, 0, nullptr);),
+        S("pkv_batch_plan_tensor", PKV_CLASS_RANGE, "which = 6", kInv, "which", pkv_tensor t;
+          return pkv_batch_plan_tensor(e.batch, 6, &t);),
+        S("pkv_cache_write", PKV_CLASS_NULL, "batch = NULL", kInv, "batch",
+          return pkv_cache_write(nullptr, 0, &e.kt, &e.vt, nullptr);),
+        S("pkv_cache_write", PKV_CLASS_NULL, "k = NULL", kInv, "k",
+          return pkv_cache_write(e.batch, 0, nullptr, &e.vt, nullptr);),
+        S("pkv_cache_write", PKV_CLASS_NULL, "v = NULL", kInv, "v",
+          return pkv_cache_write(e.batch, 0, &e.kt, nullptr, nullptr);),
+        S("pkv_cache_write", PKV_CLASS_NULL, "k->data = NULL", kInv, "k->data", pkv_tensor k = e.kt;
+          k.data = nullptr; return write_k(e, k);),
+        S("pkv_cache_write", PKV_CLASS_RANGE, "layer = num_layers", kInv, "layer",
+          return pkv_cache_write(e.batch, 2, &e.kt, &e.vt, nullptr);),
+        S("pkv_cache_write", PKV_CLASS_SHAPE, "k rows != plan tokens", kInv, "k has shape",
+          pkv_tensor k = e.kt;
+          k.shape[0] = 10; return write_k(e, k);),
+        S("pkv_cache_write", PKV_CLASS_SHAPE, "v heads != num_kv_heads", kInv, "v has shape",
+          pkv_tensor v = e.vt;
+          v.shape[1] = 1; return pkv_cache_write(e.batch, 0, &e.kt, &v, nullptr);),
+        S("pkv_cache_write", PKV_CLASS_SHAPE, "k head_dim != pool's", kInv, "k has shape",
+          pkv_tensor k = e.kt;
+          k.shape[2] = 32; return write_k(e, k);),
+        S("pkv_cache_write", PKV_CLASS_SHAPE, "k ndim = 2", kInv, "ndim", pkv_tensor k = e.kt;
+          k.ndim = 2; return write_k(e, k);),
+        S("pkv_cache_write", PKV_CLASS_DTYPE, "k dtype f16 on an f32 pool", kInv, "dtype",
+          pkv_tensor k = e.kt;
+          k.dtype = PKV_DTYPE_F16; return write_k(e, k);),
+        S("pkv_cache_write", PKV_CLASS_DEVICE, "k on CUDA for a CPU pool", kInv, "device",
+          pkv_tensor k = e.kt;
+          k.device_type = PKV_DEVICE_CUDA; return write_k(e, k);),
+        S("pkv_cache_write", PKV_CLASS_STRIDE, "k innermost stride 2", kInv, "stride",
+          pkv_tensor k = e.kt;
+          k.strides[2] = 2; return write_k(e, k);),
+        S("pkv_cache_write", PKV_CLASS_STRIDE, "k negative row stride", kInv, "stride",
+          pkv_tensor k = e.kt;
+          k.strides[0] = -128; return write_k(e, k);),
+        with_setup(S("pkv_cache_write", PKV_CLASS_STATE, "plan stale (a sequence appended since)",
+                     kState, "stale", return pkv_cache_write(e.batch, 0, &e.kt, &e.vt, nullptr);),
+                   append_to_a),
+        S("pkv_cache_write", PKV_CLASS_STATE, "plan of a pool without storage", kState, "storage",
+          return pkv_cache_write(e.mgr_batch, 0, &e.kt, &e.vt, nullptr);),
+        with_setup(S("pkv_cache_write", PKV_CLASS_STATE, "pool destroyed before the plan", kState,
+                     "destroyed", return pkv_cache_write(e.batch, 0, &e.kt, &e.vt, nullptr);),
+                   destroy_pool),
+        V("pkv_attention_params_init", PKV_CLASS_NULL, "params = NULL", "no-op",
+          pkv_attention_params_init(nullptr);
+          return PKV_OK;),
+        S("pkv_attention_forward", PKV_CLASS_NULL, "batch = NULL", kInv, "batch",
+          return pkv_attention_forward(nullptr, 0, &e.qt, &e.ot, nullptr, nullptr, nullptr);),
+        S("pkv_attention_forward", PKV_CLASS_NULL, "q = NULL", kInv, "q",
+          return pkv_attention_forward(e.batch, 0, nullptr, &e.ot, nullptr, nullptr, nullptr);),
+        S("pkv_attention_forward", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_attention_forward(e.batch, 0, &e.qt, nullptr, nullptr, nullptr, nullptr);),
+        S("pkv_attention_forward", PKV_CLASS_NULL, "out->data = NULL", kInv, "out->data",
+          pkv_tensor o = e.ot;
+          o.data = nullptr; return attend_out(e, o);),
+        S("pkv_attention_forward", PKV_CLASS_RANGE, "layer = 2^32 - 1", kInv, "layer",
+          return pkv_attention_forward(e.batch, ~0u, &e.qt, &e.ot, nullptr, nullptr, nullptr);),
+        S("pkv_attention_forward", PKV_CLASS_SHAPE, "q heads not a multiple of num_kv_heads", kInv,
+          "q has shape", pkv_tensor q = e.qt;
+          q.shape[1] = 3; return attend_q(e, q);),
+        S("pkv_attention_forward", PKV_CLASS_SHAPE, "q rows != plan tokens", kInv, "q has shape",
+          pkv_tensor q = e.qt;
+          q.shape[0] = 12; return attend_q(e, q);),
+        S("pkv_attention_forward", PKV_CLASS_SHAPE, "out shape != q shape", kInv, "out has shape",
+          pkv_tensor o = e.ot;
+          o.shape[1] = 2; return attend_out(e, o);),
+        S("pkv_attention_forward", PKV_CLASS_SHAPE, "lse shape != [rows, q heads]", kInv,
+          "lse has shape", pkv_tensor l = e.lt;
+          l.shape[1] = 2; return attend_lse(e, l);),
+        S("pkv_attention_forward", PKV_CLASS_DTYPE, "q dtype bf16 on an f32 pool", kInv, "dtype",
+          pkv_tensor q = e.qt;
+          q.dtype = PKV_DTYPE_BF16; return attend_q(e, q);),
+        S("pkv_attention_forward", PKV_CLASS_DTYPE, "lse dtype f16", kInv, "lse has dtype",
+          pkv_tensor l = e.lt;
+          l.dtype = PKV_DTYPE_F16; return attend_lse(e, l);),
+        S("pkv_attention_forward", PKV_CLASS_DEVICE, "out on device id 3", kInv, "device",
+          pkv_tensor o = e.ot;
+          o.device_id = 3; return attend_out(e, o);),
+        S("pkv_attention_forward", PKV_CLASS_STRIDE, "q innermost stride 0 with other strides set",
+          kInv, "stride", pkv_tensor q = e.qt;
+          q.strides[2] = 0; return attend_q(e, q);),
+        S("pkv_attention_forward", PKV_CLASS_STRIDE, "lse head stride 4", kInv,
+          "lse has head stride", pkv_tensor l = e.lt;
+          l.strides[1] = 4; return attend_lse(e, l);),
+        S("pkv_attention_forward", PKV_CLASS_STRUCT, "params->struct_size = 0", kInv, "struct_size",
+          pkv_attention_params p = aparams();
+          p.struct_size = 0; return attend_params(e, p);),
+        S("pkv_attention_forward", PKV_CLASS_RANGE, "params->softmax_scale = NaN or -1", kInv,
+          "softmax_scale", pkv_attention_params p = aparams();
+          p.softmax_scale = std::nanf(""); pkv_status s = attend_params(e, p); p.softmax_scale = -1;
+          return s != kInv ? s : attend_params(e, p);),
+        S("pkv_attention_forward", PKV_CLASS_RANGE, "params->logit_softcap = +inf", kInv,
+          "logit_softcap", pkv_attention_params p = aparams();
+          p.logit_softcap = HUGE_VALF; return attend_params(e, p);),
+        S("pkv_attention_forward", PKV_CLASS_ABSURD, "params->sliding_window = 2^32 - 1", kInv,
+          "sliding_window", pkv_attention_params p = aparams();
+          p.sliding_window = ~0u; return attend_params(e, p);),
+        with_setup(
+            S("pkv_attention_forward", PKV_CLASS_STATE, "plan stale (a sequence freed since)",
+              kState, "stale",
+              return pkv_attention_forward(e.batch, 0, &e.qt, &e.ot, nullptr, nullptr, nullptr);),
+            free_b),
+  };
+}
+
+}  // namespace
+
+Env::Env() {
+  pkv_pool_options o = storage_opts();
+  must(pkv_pool_create(&o, &pool), "pool_create");
+  for (int i = 0; i < 64; ++i) tokens[i] = 1000 + i * 7;
+  must(pkv_seq_create(pool, nullptr, &a), "seq_create a");
+  must(pkv_seq_append(pool, a, tokens, 40, 0), "append a");
+  must(pkv_seq_fork(pool, a, &b), "fork");
+  must(pkv_seq_append(pool, b, tokens + 40, 3, 0), "append b");
+  must(pkv_seq_create(pool, nullptr, &empty), "seq_create empty");
+  must(pkv_seq_create(pool, nullptr, &dead), "seq_create dead");
+  must(pkv_seq_free(pool, dead), "free dead");
+  unknown = (uint64_t(0x7777) << 32) | 999;
+  const pkv_seq_id ids[2] = {a, b};
+  const uint32_t qc[2] = {8, 3};
+  must(pkv_batch_prepare(pool, ids, qc, 2, nullptr, &batch), "prepare");
+  kt = dense(k, rows, 2, 64);
+  vt = dense(v, rows, 2, 64);
+  qt = dense(q, rows, 4, 64);
+  ot = dense(out, rows, 4, 64);
+  lse.assign(size_t(rows) * 4, 0.f);
+  const int64_t lshape[2] = {rows, 4};
+  must(pkv_tensor_init(lse.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 2, lshape, &lt), "lse");
+  for (uint32_t layer = 0; layer < 2; ++layer)
+    must(pkv_cache_write(batch, layer, &kt, &vt, nullptr), "cache_write");
+
+  pkv_pool_options mo;
+  pkv_pool_options_init(&mo);
+  mo.block_size = 4;
+  mo.num_blocks = 16;
+  mo.num_threads = 1;
+  must(pkv_pool_create(&mo, &mgr), "pool_create mgr");
+  must(pkv_seq_create(mgr, nullptr, &m), "seq_create m");
+  must(pkv_seq_append(mgr, m, tokens, 10, 0), "append m");
+  const uint32_t q2 = 2;
+  must(pkv_batch_prepare(mgr, &m, &q2, 1, nullptr, &mgr_batch), "prepare mgr");
+}
+
+Env::~Env() {
+  pkv_batch_destroy(batch);
+  pkv_batch_destroy(mgr_batch);
+  pkv_pool_destroy(pool);
+  pkv_pool_destroy(mgr);
+}
+
+const std::vector<Case>& bad_input_cases() {
+  static const std::vector<Case> cases = make_cases();
+  return cases;
+}
+
+const char* status_name(pkv_status s) {
+  switch (s) {
+    case PKV_OK:
+      return "PKV_OK";
+    case PKV_E_INVALID_ARGUMENT:
+      return "PKV_E_INVALID_ARGUMENT";
+    case PKV_E_NOT_FOUND:
+      return "PKV_E_NOT_FOUND";
+    case PKV_E_OUT_OF_BLOCKS:
+      return "PKV_E_OUT_OF_BLOCKS";
+    case PKV_E_OUT_OF_MEMORY:
+      return "PKV_E_OUT_OF_MEMORY";
+    case PKV_E_UNSUPPORTED:
+      return "PKV_E_UNSUPPORTED";
+    case PKV_E_CUDA:
+      return "PKV_E_CUDA";
+    case PKV_E_BUFFER_TOO_SMALL:
+      return "PKV_E_BUFFER_TOO_SMALL";
+    case PKV_E_INVALID_STATE:
+      return "PKV_E_INVALID_STATE";
+    case PKV_E_INVARIANT:
+      return "PKV_E_INVARIANT";
+    case PKV_E_INTERNAL:
+      return "PKV_E_INTERNAL";
+    default:
+      return "?";
+  }
+}
+
+}  // namespace pkv_rel
