@@ -182,6 +182,7 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
     fail(Errc::kOutOfBlocks, seq_name(id) + " needs " + str(take) + " blocks for " + str(n) +
                                  " tokens + " + str(lookahead) + " lookahead; " + str(avail) +
                                  " are free");
+  if (n == 0 && need.fresh == 0 && need.window_end == need.window_first) return;  // no change
   const uint64_t bs = opts_.block_size;
   const uint64_t n0 = s.tokens.size();
   // Reserve first so that nothing below can fail half-way.

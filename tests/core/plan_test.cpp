@@ -229,7 +229,10 @@ TEST(Plan, StalePlansAndDestroyedPoolsFailCleanly) {
   EXPECT_EQ(code_of([&] { batch->write(0, &kt, &vt, nullptr); }), Errc(0));
   EXPECT_EQ(code_of([&] { batch->write(1, &kt, &vt, nullptr); }), Errc::kInvalidArgument);
   SeqId other = pool->seq_create({});
-  append(*pool, other, {1});  // other sequences do not matter
+  append(*pool, other, {1});       // other sequences do not matter
+  pool->append(a, nullptr, 0, 0);  // nor an append that changes nothing
+  EXPECT_EQ(code_of([&] { batch->write(0, &kt, &vt, nullptr); }), Errc(0));
+  pool->append(a, nullptr, 0, 3);  // nor a reservation the table already covers
   EXPECT_EQ(code_of([&] { batch->write(0, &kt, &vt, nullptr); }), Errc(0));
   append(*pool, a, {5});
   EXPECT_EQ(code_of([&] { batch->write(0, &kt, &vt, nullptr); }), Errc::kInvalidState);
