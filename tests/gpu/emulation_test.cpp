@@ -203,7 +203,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(EmuCase{DType::kBF16, 128, 8}, EmuCase{DType::kBF16, 256, 4},
                       EmuCase{DType::kF16, 80, 1}, EmuCase{DType::kF16, 64, 4},
                       EmuCase{DType::kF32, 96, 8}, EmuCase{DType::kF32, 256, 1},
-                      EmuCase{DType::kF32, 64, 4}, EmuCase{DType::kBF16, 96, 1}),
+                      EmuCase{DType::kF32, 64, 4}, EmuCase{DType::kBF16, 96, 1},
+                      EmuCase{DType::kF16, 64, 24}),
     [](const ::testing::TestParamInfo<EmuCase>& i) {
       return std::string(dtype_name(i.param.dt)) + "_D" + std::to_string(i.param.head_dim) + "_G" +
              std::to_string(i.param.group);
