@@ -145,9 +145,10 @@ Pool::AppendNeed Pool::append_need(const Sequence& s, uint64_t n, uint32_t looka
   }
   need.window_first = need.window_end = s.num_null;
   const uint64_t w = opts_.sliding_window;
-  if (w > 0 && n0 + 1 > w) {
+  if (w > 0 && n > 0 && n0 + 1 > w) {
     // The first new query (position n0) sees keys > n0 - w: blocks wholly
-    // before n0 - w + 1 are never read again.
+    // before n0 - w + 1 are never read again. Without new tokens nothing is
+    // released, so the last token stays queryable.
     const uint64_t end = std::min<uint64_t>(nb, (n0 + 1 - w) / bs);
     for (uint64_t j = s.num_null; j < end; ++j)
       if (blocks_.ref(s.blocks[j]) == 1) ++need.window_gain;
@@ -283,9 +284,9 @@ void Pool::truncate(SeqId id, uint64_t m) {
   const uint64_t bs = opts_.block_size;
   const uint64_t w = opts_.sliding_window;
   if (w > 0 && m > 0 && s.num_null > 0) {
-    // The next query (position m) reads keys > m - w; those must still be
-    // stored.
-    const uint64_t lo = (m + 1 > w ? m + 1 - w : 0) / bs;
+    // The last token left (position m - 1) must stay queryable: it reads
+    // keys from m - w on, and those must still be stored.
+    const uint64_t lo = (m > w ? m - w : 0) / bs;
     if (lo < s.num_null)
       fail(Errc::kInvalidArgument, "num_tokens " + str(m) + " would need keys of " + seq_name(id) +
                                        " that its sliding window already released");

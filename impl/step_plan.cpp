@@ -58,10 +58,15 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
     if (q == 0 || q > n)
       fail(Errc::kInvalidArgument, "query_counts[" + str(i) + "] = " + str(q) + " is outside [1, " +
                                        str(n) + "], the tokens of " + seq_name(seqs[i]));
-    if ((n - q) / bs < s->num_null)
-      fail(Errc::kInvalidArgument, "query_counts[" + str(i) + "] = " + str(q) +
-                                       " reaches positions whose blocks the sliding window "
-                                       "released");
+    // The first query (position n - q) reads keys from n - q - w + 1 on:
+    // none of them may lie in a block the sliding window released.
+    const uint64_t w = p.opts_.sliding_window;
+    const uint64_t first_key = n - q + 1 > w ? n - q + 1 - w : 0;
+    if (w > 0 && first_key / bs < s->num_null)
+      fail(Errc::kInvalidArgument, "query_counts[" + str(i) + "] = " + str(q) + " makes position " +
+                                       str(n - q) + " of " + seq_name(seqs[i]) +
+                                       " a query, which needs keys from " + str(first_key) +
+                                       " on that the sliding window already released");
     live[i] = s;
     b->versions_[i] = s->version;
     tokens += q;

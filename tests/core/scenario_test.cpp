@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "hash/block_hash.h"
+#include "step_plan.h"
 #include "test_util.h"
 
 namespace pagedkv {
@@ -294,9 +295,16 @@ TEST_F(Scenario, SlidingWindowReleasesBlocksToTheNullBlock) {
   EXPECT_EQ(pool->seq_info(a).num_tokens, 17u);
   EXPECT_VALID(*pool);
   // Truncating back into released keys is refused; within the window is fine.
+  // 15 tokens would leave position 14 as the last token, whose window
+  // (7..14) reaches the released block 1 (4..7).
   EXPECT_THROW(pool->truncate(a, 10), Error);
-  pool->truncate(a, 15);
+  EXPECT_THROW(pool->truncate(a, 15), Error);
+  pool->truncate(a, 16);
   EXPECT_EQ(table(*pool, a), (V{0, 0, 3, 4}));
+  uint32_t q = 1;
+  EXPECT_NO_THROW(Batch::prepare(pool, &a, &q, 1, nullptr));  // the last token is queryable
+  append(*pool, a, {}, 4);                                    // a reservation releases nothing
+  EXPECT_EQ(table(*pool, a), (V{0, 0, 3, 4, 5}));
   EXPECT_VALID(*pool);
   pool->free(a);
   EXPECT_VALID(*pool);
