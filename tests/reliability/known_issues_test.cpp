@@ -1,7 +1,8 @@
-// Minimal reproductions of library defects found by the reliability work,
-// kept DISABLED_ so CI stays green until the fix lands; run them with
+// Minimal reproductions of library defects found by the reliability work.
+// A defect not fixed yet is kept as DISABLED_ (so CI stays green) and run with
 //   test_reliability_capi --gtest_also_run_disabled_tests --gtest_filter='KnownIssues.*'
-// and drop the DISABLED_ prefix with the fix. docs/reliability.md lists them.
+// the prefix goes with the fix, and the test stays as a regression test.
+// docs/reliability.md lists them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,14 +17,11 @@ float value_at(int pos, int d) { return float(((pos * 13 + d * 3) % 11) - 5) / 4
 
 // Sliding-window pool, block 8, window 8. After 24 tokens and one more append
 // the window releases blocks 0 and 1 (positions 0..15). A plan with 9 queries
-// (positions 16..24) passes pkv_batch_prepare, whose check only looks at the
-// first query's own block, yet the query at 16 needs keys 9..15 of released
-// block 1: attention silently reads the null block instead. Expected: the
-// plan is rejected with PKV_E_INVALID_ARGUMENT (as pkv_seq_truncate already
-// rejects a length whose next query would need released keys), or attention
-// is correct. Found by: tests/fuzz (window pools), impl/step_plan.cpp
-// Batch::prepare, check "(n - q) / bs < s->num_null".
-TEST(KnownIssues, DISABLED_WindowPlanReadsReleasedBlock) {
+// (positions 16..24) needs keys 9..15 of released block 1 for its first
+// query. It used to pass pkv_batch_prepare (whose check looked only at the
+// query's own block) and attention silently read the null block instead;
+// fixed in d986e98: the plan is rejected with PKV_E_INVALID_ARGUMENT.
+TEST(KnownIssues, WindowPlanReachingReleasedBlockIsRejectedOrCorrect) {
   const int bs = 8, w = 8, D = 64;
   pkv_pool_options o;
   pkv_pool_options_init(&o);
