@@ -199,6 +199,20 @@ class CudaBackend final : public Backend {
     if (prev != device_) (void)cudaSetDevice(prev);
   }
 
+  void* allocate_async(size_t bytes, void* stream) override {
+    DeviceGuard g(device_);
+    return scratch_.get(bytes == 0 ? 1 : bytes, as_stream(stream));
+  }
+
+  void deallocate_async(void* ptr, void* stream) noexcept override {
+    if (ptr == nullptr) return;
+    int prev = 0;
+    if (cudaGetDevice(&prev) != cudaSuccess) return;
+    if (prev != device_) (void)cudaSetDevice(device_);
+    scratch_.put(ptr, as_stream(stream));
+    if (prev != device_) (void)cudaSetDevice(prev);
+  }
+
   void upload(void* dst, const void* src, size_t bytes, void* stream) override {
     if (bytes == 0) return;
     DeviceGuard g(device_);

@@ -35,6 +35,17 @@ class Backend {
   // Device (or host) memory; throws Error(kOutOfMemory / kCuda).
   virtual void* allocate(size_t bytes) = 0;
   virtual void deallocate(void* ptr) noexcept = 0;
+  // Step-plan memory, allocated and released every engine step: stream-ordered
+  // where the device supports it, so neither call synchronises the device.
+  // Defaults to allocate/deallocate (CPU).
+  virtual void* allocate_async(size_t bytes, void* stream) {
+    (void)stream;
+    return allocate(bytes);
+  }
+  virtual void deallocate_async(void* ptr, void* stream) noexcept {
+    (void)stream;
+    deallocate(ptr);
+  }
   // Host -> backend memory, ordered on stream. CPU: memcpy.
   virtual void upload(void* dst, const void* src, size_t bytes, void* stream) = 0;
 

@@ -121,12 +121,13 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   b->host_view_ = view_at(base, b->offsets_, info);
 
   if (p.backend_ && p.backend_->device_type() != kDeviceCpu) {
-    b->device_ = p.backend_->allocate(b->bytes_);
+    b->device_ = p.backend_->allocate_async(b->bytes_, stream);
+    b->stream_ = stream;
     try {
       p.run_pending_copies(stream);
       p.backend_->upload(b->device_, base, b->bytes_, stream);
     } catch (...) {
-      p.backend_->deallocate(b->device_);
+      p.backend_->deallocate_async(b->device_, stream);
       b->device_ = nullptr;
       throw;
     }
@@ -141,7 +142,7 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
 Batch::~Batch() {
   if (!device_) return;
   std::lock_guard<std::mutex> lock(pool_->mu_);
-  pool_->backend_->deallocate(device_);
+  pool_->backend_->deallocate_async(device_, stream_);
 }
 
 TensorArg Batch::plan_tensor(uint32_t which) const {

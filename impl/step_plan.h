@@ -68,6 +68,7 @@ class Batch {
   BatchInfo info_;
   std::vector<int64_t> host_;  // every array, 8-byte aligned, one buffer
   void* device_ = nullptr;     // the same bytes on the device (non-CPU pools)
+  void* stream_ = nullptr;     // device_ is released ordered on the prepare stream
   size_t bytes_ = 0;
   size_t offsets_[6] = {};  // byte offset of each PlanArray in the buffer
   PlanView view_{}, host_view_{};

@@ -29,7 +29,11 @@ PKV_API pkv_status pkv_batch_prepare(pkv_pool* pool, const pkv_seq_id* seqs,
                                      const uint32_t* query_counts, uint32_t num_seqs,
                                      void* stream, pkv_batch** out);
 
-/* NULL is a no-op. */
+/* NULL is a no-op. On a CUDA pool the plan's device arrays are released
+ * stream-ordered on the stream given to pkv_batch_prepare (no device
+ * synchronisation): kernels that read the plan on other streams must be
+ * ordered before later work on that stream, as with any stream-ordered
+ * allocation. */
 PKV_API void pkv_batch_destroy(pkv_batch* batch);
 
 typedef struct pkv_batch_info {
