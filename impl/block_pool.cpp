@@ -10,17 +10,18 @@ BlockPool::BlockPool(int32_t num_blocks, bool enable_caching, EventQueue* events
       ref_(num_blocks, 0),
       hash_(num_blocks),
       lora_(num_blocks, 0),
+      fill_(num_blocks, 0),
       queue_(num_blocks, 1),
       cache_(&hash_, num_blocks),
       events_(events) {}
 
-void BlockPool::evict(int32_t id) {
+void BlockPool::evict(int32_t id) noexcept {
   uncache_block(id);
   ++num_evictions_;
 }
 
 void BlockPool::cache_block(int32_t id, const BlockHash& h, const BlockHash* parent,
-                            uint32_t num_tokens, uint64_t lora_id) {
+                            uint32_t num_tokens, uint64_t lora_id) noexcept {
   if (!caching_ || id == kNullBlock || !hash_[id].empty()) return;
   hash_[id] = h;
   lora_[id] = lora_id;
@@ -37,7 +38,7 @@ void BlockPool::cache_block(int32_t id, const BlockHash& h, const BlockHash* par
   }
 }
 
-void BlockPool::uncache_block(int32_t id) {
+void BlockPool::uncache_block(int32_t id) noexcept {
   if (hash_[id].empty()) return;
   cache_.erase(id);
   if (events_ && events_->enabled()) {
@@ -52,7 +53,7 @@ void BlockPool::uncache_block(int32_t id) {
   lora_[id] = 0;
 }
 
-void BlockPool::reset_cache() {
+void BlockPool::reset_cache() noexcept {
   cache_.clear();
   for (auto& h : hash_) h = BlockHash{};
   std::fill(lora_.begin(), lora_.end(), 0);
@@ -69,9 +70,10 @@ std::string BlockPool::check() const {
   if (const char* q = queue_.check(); *q) return q;
   if (const char* c = cache_.check(); *c) return c;
   int32_t used = 0, hashed = 0;
+  uint64_t filled = 0;
   for (int32_t id = 1; id < num_blocks_; ++id) {
     if (ref_[id] < 0) return "ref counts: block " + std::to_string(id) + " has a negative count";
-    if (ref_[id] > 0) ++used;
+    if (ref_[id] > 0) ++used, filled += fill_[id];
     if (ref_[id] > 0 && queue_.contains(id))
       return "free queue: block " + std::to_string(id) + " is referenced and free";
     if (ref_[id] == 0 && !queue_.contains(id))
@@ -83,6 +85,7 @@ std::string BlockPool::check() const {
     }
   }
   if (used != num_used_) return "ref counts: the used-block count disagrees with the ref counts";
+  if (filled != filled_) return "stats: the filled-slot count disagrees with the blocks' fills";
   if (hashed != cache_.num_blocks())
     return "prefix cache: the map holds blocks whose hash was cleared";
   for (const CopyPair& c : pending_)

@@ -44,28 +44,33 @@ class BlockPool {
 
   // Pops the head of the free queue (evicting its cached hash, lazily) and
   // returns it with ref 1. The caller checks num_free() first.
-  int32_t allocate() {
+  // Never throws (the eviction's event is stored or counted as dropped);
+  // callers reserve event room first so nothing is dropped.
+  int32_t allocate() noexcept {
     int32_t id = queue_.pop_front();
     if (!hash_[id].empty()) evict(id);
     ref_[id] = 1;
+    fill_[id] = 0;
     ++num_used_;
     return id;
   }
   // One more holder of a block that is in use or sits in the free queue
   // (a prefix-cache hit: "touch").
-  void touch(int32_t id) {
+  void touch(int32_t id) noexcept {
     if (ref_[id] == 0) {
       queue_.remove(id);
       ++num_used_;
+      filled_ += fill_[id];
     }
     ++ref_[id];
   }
-  void share(int32_t id) { ++ref_[id]; }  // id already in use
+  void share(int32_t id) noexcept { ++ref_[id]; }  // id already in use
   // Drops one holder; at zero, hashed blocks go to the tail (cached longest),
   // the others to the head (reused first).
-  void release(int32_t id) {
+  void release(int32_t id) noexcept {
     if (--ref_[id] == 0) {
       --num_used_;
+      filled_ -= fill_[id];
       if (hash_[id].empty())
         queue_.push_front(id);
       else
@@ -73,16 +78,33 @@ class BlockPool {
     }
   }
 
+  // Slots of a block holding tokens (kv_bytes_used): [0, fill) was written
+  // for some holder. Set by the writer (appends write only blocks they hold
+  // alone) and by a truncate of the only holder; a shared block keeps the
+  // fill of its fullest holder. filled() sums it over used blocks, so stats
+  // need no walk over the tables.
+  uint32_t fill(int32_t id) const { return fill_[id]; }
+  void set_fill(int32_t id, uint32_t f) noexcept {
+    if (ref_[id] > 0) filled_ += uint64_t(f) - fill_[id];
+    fill_[id] = uint16_t(f);
+  }
+  uint64_t filled() const { return filled_; }
+
+  // Room for n more events, before a caller starts mutating (may throw).
+  void reserve_events(size_t n) {
+    if (events_) events_->reserve(n);
+  }
+
   // Any cached block holding h, or -1.
   int32_t lookup(const BlockHash& h) const { return caching_ ? cache_.find(h) : -1; }
   // Registers a full block under h (no-op if caching is off or the block
   // already holds a hash) and records a STORED event.
   void cache_block(int32_t id, const BlockHash& h, const BlockHash* parent, uint32_t num_tokens,
-                   uint64_t lora_id);
+                   uint64_t lora_id) noexcept;
   // Takes block id's hash out of the cache (REMOVED event).
-  void uncache_block(int32_t id);
+  void uncache_block(int32_t id) noexcept;
   // Forgets every hash (ALL_CLEARED event).
-  void reset_cache();
+  void reset_cache() noexcept;
 
   // Copy-on-write copies recorded but not yet executed on storage.
   void add_pending_copy(int32_t src, int32_t dst) { pending_.push_back({src, dst}); }
@@ -95,7 +117,7 @@ class BlockPool {
 
  private:
   friend struct BlockPoolTestPeer;
-  void evict(int32_t id);
+  void evict(int32_t id) noexcept;
 
   int32_t num_blocks_ = 0;
   bool caching_ = true;
@@ -104,6 +126,8 @@ class BlockPool {
   std::vector<int32_t> ref_;
   std::vector<BlockHash> hash_;
   std::vector<uint64_t> lora_;  // for REMOVED events
+  std::vector<uint16_t> fill_;  // block_size <= 1024
+  uint64_t filled_ = 0;
   FreeBlockQueue queue_;
   PrefixCache cache_;
   std::vector<CopyPair> pending_;

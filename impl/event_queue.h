@@ -28,13 +28,21 @@ class EventQueue {
   EventQueue(bool enabled, uint32_t capacity) : enabled_(enabled), capacity_(capacity) {}
 
   bool enabled() const { return enabled_; }
-  void push(Event e);
+  // Grows the ring so that n more pushes store without allocating. Called
+  // before an operation mutates anything (it may throw std::bad_alloc);
+  // the pushes of its commit phase then cannot fail.
+  void reserve(size_t n);
+  // Never throws: if the ring cannot grow, the oldest event is dropped and
+  // counted, as when the ring is at max_events.
+  void push(Event e) noexcept;
   // Moves up to max oldest events into out; returns how many.
   size_t drain(Event* out, size_t max);
   size_t size() const { return size_; }
   uint64_t dropped() const { return dropped_; }
 
  private:
+  void grow_to(size_t want);  // ring of at least min(want, capacity_) slots
+
   bool enabled_ = false;
   uint32_t capacity_ = 0;
   uint64_t next_seq_no_ = 1;

@@ -2,6 +2,7 @@
 // are in kv_pool_seq.cpp.
 #include "kv_pool.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 
@@ -93,8 +94,14 @@ std::shared_ptr<Pool> Pool::create(const PoolOptions& in) {
   }
   if (o.num_blocks < 2)
     fail(Errc::kInvalidArgument, "num_blocks " + str(o.num_blocks) + " is below 2");
-  if (o.num_blocks > uint64_t(std::numeric_limits<int32_t>::max()) - 2)
+  if (o.num_blocks > uint64_t(std::numeric_limits<int32_t>::max()) - 2) {
+    if (in.num_blocks == 0)  // derived: the caller set the budget, not num_blocks
+      fail(Errc::kInvalidArgument, "memory_budget_bytes " + str(o.memory_budget_bytes) + " holds " +
+                                       str(o.num_blocks) + " blocks of " + str(bpb) +
+                                       " bytes, more than 2^31 - 3; set num_blocks or a smaller "
+                                       "budget");
     fail(Errc::kInvalidArgument, "num_blocks " + str(o.num_blocks) + " exceeds 2^31 - 3");
+  }
   if (bpb) checked_mul(bpb, o.num_blocks, "num_blocks * bytes per block (the KV arena)");
 
   std::shared_ptr<Pool> p(new Pool(o, bpb));
@@ -145,26 +152,11 @@ PoolStats Pool::stats() const {
   s.num_events_dropped = events_.dropped();
   s.kv_bytes_per_block = bytes_per_block_;
   s.kv_bytes_allocated = closed_ ? 0 : bytes_per_block_ * opts_.num_blocks;
-  // Tokens held per used block: the fullest view of it among its holders.
-  const uint64_t bs = opts_.block_size;
-  std::vector<uint32_t> fill;
-  if (bytes_per_block_) fill.assign(opts_.num_blocks, 0);
-  uint64_t tokens = 0;
-  seqs_.for_each([&](SeqId, const Sequence& q) {
-    tokens += q.tokens.size();
-    if (fill.empty()) return;
-    uint64_t n = q.tokens.size();
-    for (uint64_t j = q.num_null; j < q.blocks.size() && j * bs < n; ++j) {
-      uint32_t f = uint32_t(std::min<uint64_t>(bs, n - j * bs));
-      uint32_t& cur = fill[q.blocks[j]];
-      if (f > cur) cur = f;
-    }
-  });
-  s.num_tokens = tokens;
-  if (bytes_per_block_) {
-    uint64_t filled = 0;
-    for (uint32_t f : fill) filled += f;
-    uint64_t per_token = bytes_per_block_ / bs;
+  s.num_tokens = num_tokens_;
+  // Kept up to date by every operation (BlockPool::fill), so this is O(1).
+  if (bytes_per_block_ && !closed_) {
+    const uint64_t bs = opts_.block_size, filled = blocks_.filled();
+    const uint64_t per_token = bytes_per_block_ / bs;
     s.kv_bytes_used = filled * per_token;
     s.kv_bytes_wasted = (s.num_used_blocks * bs - filled) * per_token;
   }
@@ -194,9 +186,15 @@ std::string Pool::validate() const {
   const uint64_t bs = opts_.block_size;
   std::vector<int32_t> refs(nb, 0);
   std::string bad, tail_bad;  // tail_bad is reported after the ref counts agree
+  uint64_t tokens = 0;
   seqs_.for_each([&](SeqId id, const Sequence& q) {
     if (!bad.empty()) return;
     const std::string who = seq_name(id);
+    tokens += q.tokens.size();
+    if (q.num_planned > q.tokens.size()) {
+      bad = "block tables: " + who + " has more planned positions than tokens";
+      return;
+    }
     if (q.blocks.size() * bs < q.tokens.size()) {
       bad = "block tables: " + who + " has fewer slots than tokens";
       return;
@@ -225,6 +223,13 @@ std::string Pool::validate() const {
       }
       if (b == BlockPool::kNullBlock) continue;
       ++refs[b];
+      const uint64_t held = q.tokens.size() > j * bs ? q.tokens.size() - j * bs : 0;
+      if (blocks_.fill(b) < std::min(held, bs) || blocks_.fill(b) > bs) {
+        bad = "stats: block " + std::to_string(b) + " of " + who + " has fill " +
+              std::to_string(blocks_.fill(b)) + " but holds " + std::to_string(std::min(held, bs)) +
+              " of its tokens";
+        return;
+      }
       const BlockHash& h = blocks_.hash(b);
       if (!h.empty() && j < q.hashes.size() && h != q.hashes[j]) {
         bad = "block hashes: block " + std::to_string(b) + " of " + who +
@@ -234,6 +239,9 @@ std::string Pool::validate() const {
     }
   });
   if (!bad.empty()) return bad;
+  if (tokens != num_tokens_)
+    return "stats: the token count " + std::to_string(num_tokens_) + " disagrees with the " +
+           std::to_string(tokens) + " tokens of the sequences";
   for (int32_t b = 0; b < nb; ++b)
     if (refs[b] != blocks_.ref(b))
       return "ref counts: block " + std::to_string(b) + " has ref " +
@@ -289,21 +297,37 @@ void Pool::run_pending_copies(void* stream) {
   // One backend call copies its pairs in parallel, so a copy whose source
   // is an earlier copy's destination (or whose destination another copy
   // reads or writes) starts a new round: rounds keep sequential semantics.
-  std::vector<int32_t> src, dst;
-  std::vector<uint8_t> touched(opts_.num_blocks, 0);  // 1 = read, 2 = written
-  auto flush = [&] {
-    if (src.empty()) return;
-    backend_->copy_blocks(arena_, src.data(), dst.data(), int64_t(src.size()), stream);
-    for (size_t i = 0; i < src.size(); ++i) touched[src[i]] = touched[dst[i]] = 0;
-    src.clear();
-    dst.clear();
+  // A block's stamp says what the current round does with it (2 * round:
+  // read, 2 * round + 1: written; older values: untouched), so starting a
+  // round is one increment, not a clear of a per-block array.
+  if (copy_stamp_.empty()) copy_stamp_.assign(opts_.num_blocks, 0);
+  copy_src_.reserve(pending.size());
+  copy_dst_.reserve(pending.size());
+  copy_src_.clear();
+  copy_dst_.clear();
+  auto next_round = [&] {
+    if (++copy_round_ >= (1u << 31)) {  // stamps would wrap: restart them
+      std::fill(copy_stamp_.begin(), copy_stamp_.end(), 0);
+      copy_round_ = 1;
+    }
   };
+  auto flush = [&] {
+    if (copy_src_.empty()) return;
+    backend_->copy_blocks(arena_, copy_src_.data(), copy_dst_.data(), int64_t(copy_src_.size()),
+                          stream);
+    copy_src_.clear();
+    copy_dst_.clear();
+    next_round();
+  };
+  next_round();
   for (const CopyPair& c : pending) {
-    if (touched[c.src] == 2 || touched[c.dst] != 0) flush();
-    src.push_back(c.src);
-    dst.push_back(c.dst);
-    if (touched[c.src] == 0) touched[c.src] = 1;
-    touched[c.dst] = 2;
+    const uint32_t read = 2 * copy_round_, written = read + 1;
+    if (copy_stamp_[c.src] == written || copy_stamp_[c.dst] >= read) flush();
+    const uint32_t r = 2 * copy_round_;
+    copy_src_.push_back(c.src);
+    copy_dst_.push_back(c.dst);
+    if (copy_stamp_[c.src] < r) copy_stamp_[c.src] = r;
+    copy_stamp_[c.dst] = r + 1;
   }
   flush();
   pending.clear();

@@ -134,10 +134,19 @@ class Pool {
     uint64_t fresh = 0, cow = 0, window_first = 0, window_end = 0, window_gain = 0;
   };
   AppendNeed append_need(const Sequence& s, uint64_t n, uint32_t lookahead) const;
-  void hash_full_blocks(Sequence& s);
+  // Hashes the full blocks of s.tokens that have none yet into s.hashes;
+  // returns the index of the first new one. The only step of an append
+  // that can throw after the tokens went in: on failure s.hashes is as
+  // before (the caller takes its tokens back).
+  size_t hash_new_blocks(Sequence& s);
+  // Registers blocks [from, s.hashes.size()) in the prefix cache; no throw.
+  void cache_new_blocks(const Sequence& s, size_t from) noexcept;
+  // Hashed blocks in [begin, end) of s that no prepared plan covered.
+  size_t count_unplanned(const Sequence& s, size_t begin, size_t end) const;
+  void uncache_unplanned(const Sequence& s, size_t begin, size_t end) noexcept;
   bool tail_is_exclusive(const Sequence& s) const;
-  const std::vector<ExtraKey>& extra_keys(const Sequence& s, uint64_t start);
-  void release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin, size_t end);
+  void release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin,
+                              size_t end) noexcept;
   void run_pending_copies(void* stream);  // caller holds mu_
   void check_open() const;
   void check_block_ids(const int32_t* ids, uint64_t n, const char* name) const;
@@ -160,11 +169,16 @@ class Pool {
   SeqTable seqs_;
   BlockHash root_;
   std::unique_ptr<BlockHasher> hasher_;
-  std::vector<ExtraKey> extra_scratch_;
+  uint64_t num_tokens_ = 0;  // over all sequences, for stats
   uint64_t prefix_query_tokens_ = 0;
   uint64_t prefix_hit_tokens_ = 0;
   uint64_t num_cow_copies_ = 0;
   uint64_t plan_epoch_ = 0;
+  // run_pending_copies: per-block stamps (2 * round = read, + 1 = written)
+  // instead of a per-call array; sized once, on the first copy.
+  std::vector<uint32_t> copy_stamp_;
+  uint32_t copy_round_ = 0;
+  std::vector<int32_t> copy_src_, copy_dst_;
 };
 
 }  // namespace pagedkv

@@ -32,29 +32,57 @@ const Sequence& Pool::seq_or_throw(SeqId id) const {
   return const_cast<Pool*>(this)->seq_or_throw(id);
 }
 
-const std::vector<ExtraKey>& Pool::extra_keys(const Sequence& s, uint64_t start) {
-  static const std::vector<ExtraKey> kNone;
-  const HashContext& c = s.ctx;
-  if (c.lora_id == 0 && c.mm_items.empty() && (c.cache_salt.empty() || start > 0)) return kNone;
-  extra_scratch_ = block_extra_keys(c, start, start + opts_.block_size);
-  return extra_scratch_;
-}
-
-void Pool::hash_full_blocks(Sequence& s) {
-  if (!blocks_.caching()) return;
+size_t Pool::hash_new_blocks(Sequence& s) {
+  const size_t first = s.hashes.size();
+  if (!blocks_.caching()) return first;
   const uint64_t bs = opts_.block_size;
   const uint64_t full = div_bs(s.tokens.size());
+  if (full <= first) return first;
   grow(s.hashes, full);
-  for (uint64_t j = s.hashes.size(); j < full; ++j) {
-    const BlockHash& parent = j ? s.hashes[j - 1] : root_;
-    BlockHash h = hasher_->hash(parent, s.tokens.data() + j * bs, bs, extra_keys(s, j * bs));
-    s.hashes.push_back(h);
-    blocks_.cache_block(s.blocks[j], h, j ? &s.hashes[j - 1] : nullptr, uint32_t(bs),
+  try {
+    for (uint64_t j = first; j < full; ++j) {
+      const BlockHash& parent = j ? s.hashes[j - 1] : root_;
+      s.hashes.push_back(hasher_->hash(parent, s.tokens.data() + j * bs, bs, s.ctx, j * bs));
+    }
+  } catch (...) {
+    s.hashes.resize(first);
+    throw;
+  }
+  return first;
+}
+
+void Pool::cache_new_blocks(const Sequence& s, size_t from) noexcept {
+  const uint32_t bs = opts_.block_size;
+  for (size_t j = from; j < s.hashes.size(); ++j)
+    blocks_.cache_block(s.blocks[j], s.hashes[j], j ? &s.hashes[j - 1] : nullptr, bs,
                         s.ctx.lora_id);
+}
+
+size_t Pool::count_unplanned(const Sequence& s, size_t begin, size_t end) const {
+  size_t count = 0;
+  end = std::min(end, s.hashes.size());
+  for (size_t j = std::max<uint64_t>(begin, div_bs(s.num_planned)); j < end; ++j)
+    count += s.blocks[j] != BlockPool::kNullBlock && blocks_.ref(s.blocks[j]) == 1 &&
+             !blocks_.hash(s.blocks[j]).empty();
+  return count;
+}
+
+void Pool::uncache_unplanned(const Sequence& s, size_t begin, size_t end) noexcept {
+  // Block j became full at position (j + 1) * block_size - 1: it was
+  // computed only if that is below num_planned. Only blocks we hold alone
+  // are concerned: they are about to enter the free queue, where a later
+  // match_prefix would find them. A block another sequence still holds
+  // keeps its hash (a fork relative may have computed it; a sequence that
+  // matched it is as early as we are).
+  end = std::min(end, s.hashes.size());
+  for (size_t j = std::max<uint64_t>(begin, div_bs(s.num_planned)); j < end; ++j) {
+    const int32_t b = s.blocks[j];
+    if (b != BlockPool::kNullBlock && blocks_.ref(b) == 1) blocks_.uncache_block(b);
   }
 }
 
-void Pool::release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin, size_t end) {
+void Pool::release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin,
+                                  size_t end) noexcept {
   for (size_t j = end; j-- > begin;)
     if (blocks[j] != BlockPool::kNullBlock) blocks_.release(blocks[j]);
 }
@@ -98,30 +126,40 @@ uint64_t Pool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
     fail(Errc::kInvalidState, seq_name(id) + " already holds " + str(s.tokens.size()) +
                                   " tokens; match_prefix needs an empty sequence");
   if (n > kMaxSeqTokens) fail(Errc::kInvalidArgument, "num_tokens " + str(n) + " exceeds 2^31 - 1");
-  prefix_query_tokens_ += n;
-  if (!blocks_.caching() || n == 0) return 0;
+  if (!blocks_.caching() || n == 0) {
+    prefix_query_tokens_ += n;
+    return 0;
+  }
   const uint64_t bs = opts_.block_size;
   const uint64_t max_blocks = (n - 1) / bs;
-  s.blocks.reserve(max_blocks);
-  s.hashes.reserve(max_blocks);
-  for (uint64_t j = 0; j < max_blocks; ++j) {
-    const BlockHash& parent = j ? s.hashes[j - 1] : root_;
-    BlockHash h = hasher_->hash(parent, tokens + j * bs, bs, extra_keys(s, j * bs));
-    int32_t b = blocks_.lookup(h);
-    if (b < 0) break;
-    s.hashes.push_back(h);
-    s.blocks.push_back(b);
-  }
-  const uint64_t hit = s.blocks.size() * bs;
+  // Hash and look up into the sequence's empty vectors (what can throw),
+  // undone on failure; the hits are attached only when all of it worked.
   try {
-    s.tokens.assign(tokens, tokens + hit);
+    for (uint64_t j = 0; j < max_blocks; ++j) {
+      const BlockHash& parent = j ? s.hashes[j - 1] : root_;
+      BlockHash h = hasher_->hash(parent, tokens + j * bs, bs, s.ctx, j * bs);
+      int32_t b = blocks_.lookup(h);
+      if (b < 0) break;
+      if (j == 0) {
+        s.blocks.reserve(max_blocks);
+        s.hashes.reserve(max_blocks);
+      }
+      s.hashes.push_back(h);
+      s.blocks.push_back(b);
+    }
+    s.tokens.reserve(s.blocks.size() * bs);
   } catch (...) {
     s.blocks.clear();
     s.hashes.clear();
     throw;
   }
+  // Commit: nothing below throws.
+  const uint64_t hit = s.blocks.size() * bs;
+  s.tokens.assign(tokens, tokens + hit);
   for (int32_t b : s.blocks) blocks_.touch(b);
-  s.num_cached = hit;
+  s.num_cached = s.num_planned = hit;  // hits hold K/V computed before
+  num_tokens_ += hit;
+  prefix_query_tokens_ += n;
   prefix_hit_tokens_ += hit;
   if (hit) ++s.version;
   return hit;
@@ -145,11 +183,14 @@ Pool::AppendNeed Pool::append_need(const Sequence& s, uint64_t n, uint32_t looka
   }
   need.window_first = need.window_end = s.num_null;
   const uint64_t w = opts_.sliding_window;
-  if (w > 0 && n > 0 && n0 + 1 > w) {
-    // The first new query (position n0) sees keys > n0 - w: blocks wholly
-    // before n0 - w + 1 are never read again. Without new tokens nothing is
-    // released, so the last token stays queryable.
-    const uint64_t end = std::min<uint64_t>(nb, (n0 + 1 - w) / bs);
+  // The next plan's first query is the first position no prepared plan
+  // covered (num_planned, at most n0): it sees keys > q0 - w, so blocks
+  // wholly before q0 - w + 1 are never read again. Positions appended by
+  // earlier appends but not yet planned keep their keys. Without new tokens
+  // nothing is released, so the last token stays queryable.
+  const uint64_t q0 = std::min(n0, s.num_planned);
+  if (w > 0 && n > 0 && q0 + 1 > w) {
+    const uint64_t end = std::min<uint64_t>(nb, (q0 + 1 - w) / bs);
     for (uint64_t j = s.num_null; j < end; ++j)
       if (blocks_.ref(s.blocks[j]) == 1) ++need.window_gain;
     need.window_end = std::max(end, need.window_first);
@@ -165,13 +206,28 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
     // Decode fast path: one token into a tail that is ours alone (no copy,
     // no cached hash to drop), at most one new block.
     const uint64_t n0 = s.tokens.size();
-    const bool new_block = div_bs(n0) >= s.blocks.size();
+    const uint64_t j = div_bs(n0);
+    const bool new_block = j >= s.blocks.size();
     if (!new_block || blocks_.num_free() > 0) {
+      const bool fills = div_bs(n0 + 1) > j;  // this token fills a block
+      // What can throw first: room in the vectors and for events, the hash.
       grow(s.tokens, n0 + 1);
       if (new_block) grow(s.blocks, s.blocks.size() + 1);
-      if (new_block) s.blocks.push_back(blocks_.allocate());
+      if (new_block || fills) blocks_.reserve_events(2);
       s.tokens.push_back(tokens[0]);
-      if (div_bs(n0 + 1) > div_bs(n0)) hash_full_blocks(s);  // this token fills a block
+      size_t h0 = s.hashes.size();
+      if (fills) {
+        try {
+          h0 = hash_new_blocks(s);
+        } catch (...) {
+          s.tokens.pop_back();
+          throw;
+        }
+      }
+      if (new_block) s.blocks.push_back(blocks_.allocate());
+      blocks_.set_fill(s.blocks[j], uint32_t(n0 + 1 - j * opts_.block_size));
+      cache_new_blocks(s, h0);
+      ++num_tokens_;
       ++s.version;
       return;
     }
@@ -186,11 +242,22 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
   if (n == 0 && need.fresh == 0 && need.window_end == need.window_first) return;  // no change
   const uint64_t bs = opts_.block_size;
   const uint64_t n0 = s.tokens.size();
-  // Reserve first so that nothing below can fail half-way.
+  // Everything that can throw comes first: room in every vector that grows
+  // and for the events (an eviction per block taken, a dropped and a new
+  // hash per block written), then the new tokens and their hashes, taken
+  // back on failure. The commit below cannot fail half-way.
   grow(s.tokens, n0 + n);
   grow(s.blocks, s.blocks.size() + need.fresh);
-  if (blocks_.caching()) grow(s.hashes, div_bs(n0 + n));
   if (need.cow) grow(blocks_.pending_copies(), blocks_.pending_copies().size() + need.cow);
+  blocks_.reserve_events(take + 2 * (div_bs(n) + 2));
+  s.tokens.insert(s.tokens.end(), tokens, tokens + n);
+  size_t h0;
+  try {
+    h0 = hash_new_blocks(s);
+  } catch (...) {
+    s.tokens.resize(n0);
+    throw;
+  }
 
   // 1. Sliding window: release what no query will read again, tail first.
   for (uint64_t j = need.window_end; j-- > need.window_first;) {
@@ -223,13 +290,13 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
   // 3. New blocks at the end of the table.
   for (uint64_t i = 0; i < need.fresh; ++i) s.blocks.push_back(blocks_.allocate());
 
-  // 4. Tokens, and the blocks they fill enter the prefix cache.
-  if (n == 1)
-    s.tokens.push_back(tokens[0]);
-  else
-    s.tokens.insert(s.tokens.end(), tokens, tokens + n);
-  if (div_bs(s.tokens.size()) > s.hashes.size()) hash_full_blocks(s);
+  // 4. The blocks written hold the new tokens (all ours alone now); the
+  // blocks they fill enter the prefix cache.
+  for (uint64_t j = div_bs(n0), end = n0 + n; n > 0 && j * bs < end; ++j)
+    blocks_.set_fill(s.blocks[j], uint32_t(std::min<uint64_t>(bs, end - j * bs)));
+  cache_new_blocks(s, h0);
   if (s.tail_shared) s.tail_shared = !tail_is_exclusive(s);
+  num_tokens_ += n;
   ++s.version;
 }
 
@@ -246,7 +313,10 @@ uint64_t Pool::blocks_needed(SeqId id, uint64_t n, uint32_t lookahead) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Sequence& s = seq_or_throw(id);
   const AppendNeed need = append_need(s, n, lookahead);
-  return need.fresh + need.cow;
+  // Net of what the window gives back first, as append counts it: the
+  // append fits exactly when this is at most the free blocks.
+  const uint64_t take = need.fresh + need.cow;
+  return take > need.window_gain ? take - need.window_gain : 0;
 }
 
 SeqId Pool::fork(SeqId parent) {
@@ -267,7 +337,9 @@ SeqId Pool::fork(SeqId parent) {
   c.ctx = std::move(copy.ctx);
   c.priority = p.priority;
   c.num_cached = p.num_cached;
+  c.num_planned = p.num_planned;
   c.num_null = p.num_null;
+  num_tokens_ += c.tokens.size();
   for (int32_t b : c.blocks)
     if (b != BlockPool::kNullBlock) blocks_.share(b);
   p.tail_shared = c.tail_shared = true;
@@ -292,26 +364,41 @@ void Pool::truncate(SeqId id, uint64_t m) {
                                        " that its sliding window already released");
   }
   const uint64_t keep = (m + bs - 1) / bs;
+  blocks_.reserve_events(1 + count_unplanned(s, keep, s.blocks.size()));  // may throw: first
   if (m % bs != 0 && m / bs < s.hashes.size()) {
     // A full cached block becomes partial. If it is ours alone its hash goes;
     // if shared, the next write into it copies, so nothing shared is lost.
     const int32_t b = s.blocks[m / bs];
     if (b != BlockPool::kNullBlock && blocks_.ref(b) == 1) blocks_.uncache_block(b);
   }
+  if (m % bs != 0 && m / bs < s.blocks.size()) {
+    const int32_t b = s.blocks[m / bs];
+    if (b != BlockPool::kNullBlock && blocks_.ref(b) == 1) blocks_.set_fill(b, uint32_t(m % bs));
+  }
+  // Full blocks leaving the sequence whose K/V no prepared plan wrote must
+  // not be found by a later match_prefix.
+  uncache_unplanned(s, keep, s.blocks.size());
   release_blocks_reverse(s.blocks, keep, s.blocks.size());
   s.blocks.resize(std::min<uint64_t>(keep, s.blocks.size()));
   s.tokens.resize(m);
   if (s.hashes.size() > m / bs) s.hashes.resize(m / bs);
   s.num_null = std::min<uint64_t>(s.num_null, s.blocks.size());
   s.num_cached = std::min(s.num_cached, m);
+  s.num_planned = std::min(s.num_planned, m);
   s.tail_shared = !tail_is_exclusive(s);
+  num_tokens_ -= n0 - m;
   ++s.version;
 }
 
 void Pool::free(SeqId id) {
   std::lock_guard<std::mutex> lock(mu_);
   Sequence& s = seq_or_throw(id);
+  blocks_.reserve_events(count_unplanned(s, 0, s.blocks.size()));  // may throw: first
+  // Blocks that became full after the last prepared plan hold no K/V: they
+  // leave the prefix cache (and go to the head of the free queue).
+  uncache_unplanned(s, 0, s.blocks.size());
   release_blocks_reverse(s.blocks, 0, s.blocks.size());
+  num_tokens_ -= s.tokens.size();
   seqs_.remove(id);
 }
 

@@ -32,7 +32,13 @@ struct Sequence {
   uint64_t num_null = 0;          // leading table entries released to the null block
   int32_t priority = 0;
   uint64_t num_cached = 0;  // tokens attached by match_prefix
-  uint64_t plan_mark = 0;   // batch-prepare epoch, to reject duplicates
+  // End of the positions covered by the last prepared step plan (or
+  // attached as prefix-cache hits): tokens before it count as computed.
+  // The sliding window releases relative to it, and blocks that became
+  // full past it lose their hash when the sequence lets them go, since
+  // their K/V was never written.
+  uint64_t num_planned = 0;
+  uint64_t plan_mark = 0;  // batch-prepare epoch, to reject duplicates
   HashContext ctx;
 
   void reset() {
@@ -44,6 +50,7 @@ struct Sequence {
     tail_shared = false;
     priority = 0;
     num_cached = 0;
+    num_planned = 0;
     plan_mark = 0;
     ctx = HashContext{};
   }
@@ -67,11 +74,13 @@ class SeqTable {
       slot = free_.back();
       free_.pop_back();
     } else {
+      // Allocate everything before changing anything: a failure leaves the
+      // table as it was.
+      if (free_.capacity() <= size_) free_.reserve(2 * size_ + 16);  // remove() never allocates
       if (size_ % kChunk == 0) {
         chunks_.reserve(chunks_.size() + 1);
         chunks_.push_back(std::make_unique<Chunk>());
       }
-      if (free_.capacity() <= size_) free_.reserve(2 * size_ + 16);  // remove() never allocates
       slot = size_++;
     }
     Slot& s = at(slot);

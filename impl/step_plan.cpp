@@ -39,7 +39,7 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   b->pool_ = pool;
   b->seqs_.assign(seqs, seqs + num_seqs);
   b->versions_.resize(num_seqs);
-  std::vector<const Sequence*> live(num_seqs);
+  std::vector<Sequence*> live(num_seqs);
 
   // Validate everything before touching anything.
   const uint64_t epoch = ++p.plan_epoch_;
@@ -136,6 +136,10 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
     p.run_pending_copies(stream);
     b->view_ = b->host_view_;
   }
+  // The plan is made: its sequences' tokens count as computed (the engine
+  // runs its cache writes), which the sliding window and the prefix cache
+  // go by.
+  for (Sequence* s : live) s->num_planned = s->tokens.size();
   return b;
 }
 

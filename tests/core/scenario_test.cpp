@@ -77,6 +77,7 @@ TEST_F(Scenario, FreeReleasesTailFirstHashedToTailOthersToHead) {
   make(10);
   SeqId a = seq();
   append(*pool, a, iota_tokens(10));
+  test::step(pool, a);  // computed: its full blocks stay cached
   pool->free(a);
   EXPECT_VALID(*pool);
   // 3 (partial, no hash) to the head; then 2 and 1 to the tail in that order.
@@ -90,6 +91,7 @@ TEST_F(Scenario, PrefixHitTouchesFreeCachedBlocksAndIsCappedBeforeTheLastToken) 
   SeqId a = seq();
   auto t = iota_tokens(10);
   append(*pool, a, t);
+  test::step(pool, a);
   pool->free(a);
   SeqId b = seq();
   EXPECT_EQ(pool->match_prefix(b, t.data(), t.size()), 8u);
@@ -137,6 +139,7 @@ TEST_F(Scenario, EvictionFollowsTheFreeQueueAndEmitsRemoved) {
   SeqId a = seq();
   auto t = iota_tokens(10);
   append(*pool, a, t);
+  test::step(pool, a);
   pool->free(a);  // queue: 3 4 5 6 7 8 9 2 1
   drain(*pool);
   SeqId c = seq();
@@ -280,16 +283,22 @@ TEST_F(Scenario, SlidingWindowReleasesBlocksToTheNullBlock) {
   SeqId a = seq();
   append(*pool, a, iota_tokens(12));  // 1 2 3
   EXPECT_EQ(table(*pool, a), (V{1, 2, 3}));
-  // Query at 12 sees keys 5..12: block 0 (tokens 0..3) is done with.
+  // Nothing is computed yet: the next plan starts at 0 and needs every key.
   append(*pool, a, {12});
+  EXPECT_EQ(table(*pool, a), (V{1, 2, 3, 4}));
+  test::step(pool, a);  // 0..12 computed
+  // The next query (13) sees keys 6..13: block 0 (tokens 0..3) is done with.
+  append(*pool, a, {13});
   EXPECT_VALID(*pool);
   EXPECT_EQ(table(*pool, a), (V{0, 2, 3, 4}));
   EXPECT_EQ(free_queue(*pool), (V{5, 6, 7, 8, 9, 1}));  // cached: tail
-  append(*pool, a, {13});
+  test::step(pool, a, 1);
   append(*pool, a, {14});
+  test::step(pool, a, 1);
   EXPECT_EQ(table(*pool, a), (V{0, 2, 3, 4}));
   append(*pool, a, {15});  // query at 15 sees 8..15: block 1 (4..7) goes
   EXPECT_EQ(table(*pool, a), (V{0, 0, 3, 4}));
+  test::step(pool, a, 1);
   append(*pool, a, {16});
   EXPECT_EQ(table(*pool, a), (V{0, 0, 3, 4, 5}));
   EXPECT_EQ(pool->seq_info(a).num_tokens, 17u);

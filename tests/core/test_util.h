@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kv_pool.h"
+#include "step_plan.h"
 
 namespace pagedkv::test {
 
@@ -45,6 +46,14 @@ inline std::vector<Event> drain(Pool& p) {
 
 inline void append(Pool& p, SeqId id, const std::vector<int32_t>& t, uint32_t lookahead = 0) {
   p.append(id, t.data(), t.size(), lookahead);
+}
+
+// One engine step over id: a plan whose queries are its last q tokens (0 =
+// all of them). Once prepared they count as computed: the sliding window
+// releases relative to them and their blocks stay cached when id goes.
+inline void step(const std::shared_ptr<Pool>& p, SeqId id, uint32_t q = 0) {
+  if (q == 0) q = uint32_t(p->seq_info(id).num_tokens);
+  Batch::prepare(p, &id, &q, 1, nullptr);
 }
 
 }  // namespace pagedkv::test

@@ -405,15 +405,25 @@ TEST(Faults, PreemptAndResumeKeepsPrefixHits) {
   ASSERT_EQ(pkv_pool_create(&o, &p), PKV_OK);
   std::mt19937 rng(7);
   auto req = tokens_of(42, 16 * 40 + 5);  // 40 full blocks + 5
+  // Tokens count as computed (and their blocks stay cached past a free)
+  // once a plan covering them was prepared: one step per append.
+  auto compute = [&](pkv_seq_id s, uint64_t q) {
+    pkv_batch* b = nullptr;
+    const uint32_t q32 = uint32_t(q);
+    ASSERT_EQ(pkv_batch_prepare(p, &s, &q32, 1, nullptr, &b), PKV_OK);
+    pkv_batch_destroy(b);
+  };
   pkv_seq_id a;
   ASSERT_EQ(pkv_seq_create(p, nullptr, &a), PKV_OK);
   ASSERT_EQ(pkv_seq_append(p, a, req.data(), 16 * 24 + 3, 0), PKV_OK);
+  compute(a, 16 * 24 + 3);
   uint64_t done = 16 * 24 + 3;
   int full_hits = 0, partial_hits = 0;
   for (int cycle = 0; cycle < 30; ++cycle) {
     // Decode a few tokens of the request.
     const uint64_t step = std::min<uint64_t>(1 + rng() % 20, req.size() - done);
     ASSERT_EQ(pkv_seq_append(p, a, req.data() + done, step, 0), PKV_OK);
+    compute(a, step);
     done += step;
     const std::vector<int32_t> old_table = table_of(p, a);
     const std::vector<std::string> old_hashes = hashes_of(p, a);
@@ -448,6 +458,7 @@ TEST(Faults, PreemptAndResumeKeepsPrefixHits) {
     const std::vector<int32_t> new_table = table_of(p, a);
     for (uint64_t j = 0; j < new_table.size(); ++j) EXPECT_EQ(new_table[j], old_table[j]);
     ASSERT_EQ(pkv_seq_append(p, a, req.data() + cached, done - cached, 0), PKV_OK);
+    compute(a, done - cached);
     EXPECT_EQ(hashes_of(p, a), old_hashes) << "the recomputed blocks hash differently";
     if (survive >= full)
       ++full_hits;
