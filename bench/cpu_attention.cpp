@@ -10,7 +10,7 @@
 //   --reps N      calls timed per row, best kept (default 5)
 //   --context N   --batch N   --dtype f32|f16|bf16
 //   --ordered 1   pages in address order (the cost of paging, by contrast)
-//   --isa avx512|avx2|scalar   only that kernel set (default: each supported)
+//   --isa avx512bf16|avx512|avx2|scalar   only that kernel set (default: each supported)
 // Plain program (no Google Benchmark harness): ratios need both numbers
 // from the same run, side by side.
 #include <immintrin.h>
@@ -218,14 +218,14 @@ int main(int argc, char** argv) {
   std::printf(
       "wall: per wall second; cpu: per CPU second x threads (what the run reaches with\n"
       "its cores to itself; this matters on a shared machine)\n\n");
-  std::printf("%-7s %-7s %10s %10s %7s %10s %10s %7s %9s\n", "isa", "threads", "read", "attn",
+  std::printf("%-10s %-7s %10s %10s %7s %10s %10s %7s %9s\n", "isa", "threads", "read", "attn",
               "ratio", "read", "attn", "ratio", "ms/call");
-  std::printf("%-7s %-7s %10s %10s %7s %10s %10s %7s %9s\n", "", "", "wall GB/s", "wall GB/s",
+  std::printf("%-10s %-7s %10s %10s %7s %10s %10s %7s %9s\n", "", "", "wall GB/s", "wall GB/s",
               "wall", "cpu GB/s", "cpu GB/s", "cpu", "");
 
   std::vector<int> thread_counts{1};
   if (threads > 1) thread_counts.push_back(threads);
-  for (CpuIsa isa : {CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kScalar}) {
+  for (CpuIsa isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kScalar}) {
     if (!cpu::cpu_isa_supported(isa)) continue;
     if (!only_isa.empty() && only_isa != cpu::kernel_table(isa).name) continue;
     for (int t : thread_counts) {
@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
         att.wall = std::max(att.wall, kv_bytes / dt);
         att.cpu = std::max(att.cpu, kv_bytes / dc * t);
       }
-      std::printf("%-7s %-7d %10.2f %10.2f %7.3f %10.2f %10.2f %7.3f %9.2f\n",
+      std::printf("%-10s %-7d %10.2f %10.2f %7.3f %10.2f %10.2f %7.3f %9.2f\n",
                   cpu::kernel_table(isa).name, t, read.wall / 1e9, att.wall / 1e9,
                   att.wall / read.wall, read.cpu / 1e9, att.cpu / 1e9, att.cpu / read.cpu,
                   best * 1e3);

@@ -43,21 +43,17 @@ struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
 
-void prefetch(const char* p, size_t bytes) {
-#if defined(__x86_64__) || defined(__i386__)
-  // Inline asm: GCC 12 -O3 deletes loops of __builtin_prefetch or
-  // _mm_prefetch as if they had no effect.
-  for (size_t o = 0; o < bytes; o += 64) asm volatile("prefetcht0 %0" : : "m"(p[o]));
-#else
-  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
-#endif
-}
-
 int32_t pow2_at_least(int32_t n) {
   int32_t r = 1;
   while (r < n) r *= 2;
   return r;
 }
+// Pages per online-softmax step: enough keys that the per-row rescale and
+// the max/sum reductions are spread over many keys, few enough that the
+// step's K and V stay in L1.
+constexpr int32_t kMaxStepPages = 8;
+constexpr int32_t kStepKeys = 64;
+
 int row_index(int32_t r) { return r == 1 ? 0 : r == 2 ? 1 : r == 4 ? 2 : r == 8 ? 3 : 4; }
 
 class Attention {
@@ -79,7 +75,11 @@ class Attention {
     esize_ = dtype_size(lay.dtype);
     kplane_ = static_cast<const char*>(arena.plane(layer, 0));
     vplane_ = static_cast<const char*>(arena.plane(layer, 1));
-    ldl_ = (bs_ + 15) / 16 * 16;
+    dot_bf16_ = lay.dtype == DType::kBF16 && q.dtype == DType::kBF16 &&
+                kt_->qk_bf16[0] != nullptr && d_ % 32 == 0;
+    ldpg_ = (bs_ + 15) / 16 * 16;
+    step_pages_ = std::max(1, std::min(kMaxStepPages, kStepKeys / bs_));
+    ldl_ = step_pages_ * ldpg_;
     max_rows_ = std::min(kt_->max_rows, kMaxTileRows);
     min_split_keys_ = std::max(1, config.min_split_keys);
   }
@@ -181,19 +181,29 @@ class Attention {
     const int32_t R = pow2_at_least(t.rows);
     const int32_t qbeg = plan_.query_indptr[t.seq];
     const float scale = args_.softmax_scale;
+    uint16_t* qb = reinterpret_cast<uint16_t*>(s.q);  // bf16 rows for qk_bf16
     for (int32_t r = 0; r < R; ++r) {
-      float* qr = s.q + size_t(r) * d_;
       if (r >= t.rows) {
         // Padding rows repeat the last real one; their results are dropped.
-        std::memcpy(qr, s.q + size_t(t.rows - 1) * d_, sizeof(float) * d_);
+        if (dot_bf16_) {
+          std::memcpy(qb + size_t(r) * d_, qb + size_t(t.rows - 1) * d_, sizeof(uint16_t) * d_);
+        } else {
+          std::memcpy(s.q + size_t(r) * d_, s.q + size_t(t.rows - 1) * d_, sizeof(float) * d_);
+        }
         s.lo[r] = s.lo[t.rows - 1];
         s.hi[r] = s.hi[t.rows - 1];
         continue;
       }
       const int32_t ri = t.row0 + r, i = ri / group_, g = ri % group_;
-      kt_->to_f32[dtype_index(q_.dtype)](q_row(qbeg + i, t.head * group_ + g), qr, d_);
-      for (int32_t d = 0; d < d_; ++d) qr[d] *= scale;
-      if (pair_ > 0) to_paired(qr, s.row);
+      const char* src = q_row(qbeg + i, t.head * group_ + g);
+      if (dot_bf16_) {
+        std::memcpy(qb + size_t(r) * d_, src, sizeof(uint16_t) * d_);
+      } else {
+        float* qr = s.q + size_t(r) * d_;
+        kt_->to_f32[dtype_index(q_.dtype)](src, qr, d_);
+        for (int32_t d = 0; d < d_; ++d) qr[d] *= scale;
+        if (pair_ > 0) to_paired(qr, s.row);
+      }
       const int32_t pos = position(t.seq, i);
       s.lo[r] = window_lo(pos);
       s.hi[r] = pos + 1;
@@ -204,8 +214,8 @@ class Attention {
     std::fill(s.acc, s.acc + size_t(R) * d_, 0.0f);
 
     const QkFn qk = kt_->qk[row_index(R)][kv_dt_];
+    const QkBf16Fn qkb = dot_bf16_ ? kt_->qk_bf16[row_index(R)] : nullptr;
     const PvFn pv = kt_->pv[row_index(R)][kv_dt_];
-    const int32_t w = kt_->width;
     const int32_t* pages = plan_.page_indices + plan_.page_indptr[t.seq];
     const int64_t head_off = int64_t(t.head) * bs_ * d_;
     const int64_t block_elems = int64_t(hkv_) * bs_ * d_;
@@ -213,37 +223,56 @@ class Attention {
     auto page_offset = [&](int32_t pg) {
       return (int64_t(pages[pg]) * block_elems + head_off) * int64_t(esize_);
     };
-    if (t.page_begin < t.page_end) {
-      prefetch(kplane_ + page_offset(t.page_begin), slice_bytes);
-      prefetch(vplane_ + page_offset(t.page_begin), slice_bytes);
-    }
-    for (int32_t pg = t.page_begin; pg < t.page_end; ++pg) {
-      // Pages sit at random places, so the hardware prefetcher cannot run
-      // ahead across them: the leaf kernels fetch the next page's K and V
-      // slices while they compute this one.
-      const bool more = pg + 1 < t.page_end;
-      const int64_t next = more ? page_offset(pg + 1) : 0;
-      const int32_t base = pg * bs_;
-      const int32_t j0 = std::max(klo - base, 0), j1 = std::min(khi - base, bs_);
-      if (j0 >= j1) continue;
-      const int64_t off = page_offset(pg);
-      qk(s.q, d_, kplane_ + off, j0, j1, s.logits, ldl_, args_.logit_softcap,
-         more ? kplane_ + next : nullptr, slice_bytes);
-      const int32_t a0 = j0 / w * w, a1 = (j1 + w - 1) / w * w;
-      for (int32_t r = 0; r < R; ++r) {
-        float* x = s.logits + size_t(r) * ldl_;
-        const int32_t vis0 = std::max(j0, s.lo[r] - base);
-        const int32_t vis1 = std::min(j1, s.hi[r] - base);
-        if (vis0 >= vis1) {
-          std::fill(x + a0, x + a1, kNegInf);
-          continue;
-        }
-        std::fill(x + a0, x + vis0, kNegInf);
-        std::fill(x + vis1, x + a1, kNegInf);
+    // Pages sit at random places, so the hardware prefetcher cannot run
+    // ahead across them. Each phase fetches what the next one reads: QK of
+    // a step fetches the step's V slices, PV the next step's K slices, so
+    // that L1 holds little more than the step's K and V.
+    Prefetcher pf;
+    auto add_step = [&](int32_t c0, const char* plane) {
+      for (int32_t pg = c0; pg < std::min(c0 + step_pages_, t.page_end); ++pg) {
+        pf.add(plane + page_offset(pg));
       }
-      kt_->softmax(s.logits, ldl_, R, a0, a1, s.m, s.l, s.alpha);
-      pv(s.logits, ldl_, vplane_ + off, j0, j1, d_, s.acc, s.alpha, more ? vplane_ + next : nullptr,
-         slice_bytes);
+    };
+    pf.reset(slice_bytes);
+    add_step(t.page_begin, kplane_);
+    pf.flush();
+    const char* kpage[kMaxStepPages];
+    const char* vpage[kMaxStepPages];
+    for (int32_t c0 = t.page_begin; c0 < t.page_end; c0 += step_pages_) {
+      const int32_t n = std::min(step_pages_, t.page_end - c0);
+      pf.reset(slice_bytes);
+      add_step(c0, vplane_);
+      pf.plan(int64_t(n) * bs_);
+      const int32_t j0 = std::max(klo - c0 * bs_, 0);
+      const int32_t j1 = std::min(khi - (c0 + n - 1) * bs_, bs_);
+      if (n == 1 && j0 >= j1) continue;
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t base = (c0 + i) * bs_;
+        const int32_t pj0 = i == 0 ? j0 : 0, pj1 = i == n - 1 ? j1 : bs_;
+        const int64_t off = page_offset(c0 + i);
+        kpage[i] = kplane_ + off;
+        vpage[i] = vplane_ + off;
+        float* x = s.logits + i * ldpg_;
+        if (qkb != nullptr) {
+          qkb(qb, d_, kpage[i], pj0, pj1, x, ldl_, scale, args_.logit_softcap, &pf);
+        } else {
+          qk(s.q, d_, kpage[i], pj0, pj1, x, ldl_, args_.logit_softcap, &pf);
+        }
+        // Invisible keys of this page's segment (and its padding) get -inf.
+        for (int32_t r = 0; r < R; ++r) {
+          float* xr = x + size_t(r) * ldl_;
+          const int32_t vis0 = std::min(pj1, std::max(pj0, s.lo[r] - base));
+          const int32_t vis1 = std::max(vis0, std::min(pj1, s.hi[r] - base));
+          std::fill(xr, xr + vis0, kNegInf);
+          std::fill(xr + vis1, xr + ldpg_, kNegInf);
+        }
+      }
+      pf.flush();
+      kt_->softmax(s.logits, ldl_, R, 0, n * ldpg_, s.m, s.l, s.alpha);
+      pf.reset(slice_bytes);
+      add_step(c0 + step_pages_, kplane_);
+      pv(s.logits, ldl_, PvPages{vpage, n, j0, j1, bs_, ldpg_}, d_, s.acc, s.alpha, &pf);
+      pf.flush();
     }
 
     if (t.part >= 0) {
@@ -332,8 +361,11 @@ class Attention {
   const AttentionArgs& args_;
   const KernelTable* kt_;
   int32_t d_, bs_, hkv_, group_, ldl_, max_rows_, min_split_keys_;
-  int kv_dt_;         // kernel variant: dtype index, or kBf16Paired
-  int32_t pair_ = 0;  // > 0: q and acc rows in paired order of this width
+  int32_t ldpg_;        // logits per page in a step (bs rounded up to 16)
+  int32_t step_pages_;  // pages per online-softmax step
+  bool dot_bf16_;       // bf16 q and cache: q . k with the ISA's bf16 dot product
+  int kv_dt_;           // kernel variant: dtype index, or kBf16Paired
+  int32_t pair_ = 0;    // > 0: q and acc rows in paired order of this width
   size_t esize_;
   const char* kplane_;
   const char* vplane_;

@@ -10,9 +10,10 @@
 namespace pagedkv {
 
 // Which vector code the CPU kernels run. kAuto picks the best the CPU
-// supports (env PAGEDKV_CPU_ISA=scalar|avx2|avx512 can lower it); tests pin
-// each supported one so the portable scalar path is always exercised.
-enum class CpuIsa : int32_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
+// supports (env PAGEDKV_CPU_ISA=scalar|avx2|avx512|avx512bf16 can lower
+// it); tests pin each supported one so the portable scalar path is always
+// exercised. kAvx512Bf16 is kAvx512 plus vdpbf16ps for bf16 q . k.
+enum class CpuIsa : int32_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3, kAvx512Bf16 = 4 };
 
 struct CpuBackendOptions {
   int32_t num_threads = 0;  // 0 = hardware concurrency

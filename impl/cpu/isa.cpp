@@ -19,6 +19,12 @@ bool has_f16c() {
   unsigned a, b, c, d;
   return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
 }
+// AVX512_BF16 is CPUID.(7,1):EAX.5 (compilers' __builtin_cpu_supports
+// disagree on its name). The OS-saved-state check is the avx512f one.
+bool has_avx512bf16() {
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5)) != 0;
+}
 }  // namespace
 #endif
 
@@ -35,6 +41,9 @@ bool cpu_isa_supported(CpuIsa isa) {
       return avx512_table() != nullptr && cpu_isa_supported(CpuIsa::kAvx2) &&
              __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl");
+    case CpuIsa::kAvx512Bf16:
+      return avx512bf16_table() != nullptr && cpu_isa_supported(CpuIsa::kAvx512) &&
+             has_avx512bf16();
 #endif
     default:
       return false;
@@ -48,12 +57,13 @@ CpuIsa resolve_cpu_isa(CpuIsa requested) {
     }
     return requested;
   }
-  CpuIsa cap = CpuIsa::kAvx512;
+  CpuIsa cap = CpuIsa::kAvx512Bf16;
   if (const char* env = std::getenv("PAGEDKV_CPU_ISA")) {
     if (std::strcmp(env, "scalar") == 0) cap = CpuIsa::kScalar;
     if (std::strcmp(env, "avx2") == 0) cap = CpuIsa::kAvx2;
+    if (std::strcmp(env, "avx512") == 0) cap = CpuIsa::kAvx512;
   }
-  for (CpuIsa isa : {CpuIsa::kAvx512, CpuIsa::kAvx2}) {
+  for (CpuIsa isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2}) {
     if (static_cast<int32_t>(isa) <= static_cast<int32_t>(cap) && cpu_isa_supported(isa))
       return isa;
   }
@@ -62,6 +72,9 @@ CpuIsa resolve_cpu_isa(CpuIsa requested) {
 
 const KernelTable& kernel_table(CpuIsa resolved) {
   switch (resolved) {
+    case CpuIsa::kAvx512Bf16:
+      if (const KernelTable* t = avx512bf16_table()) return *t;
+      break;
     case CpuIsa::kAvx512:
       if (const KernelTable* t = avx512_table()) return *t;
       break;

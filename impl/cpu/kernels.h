@@ -3,6 +3,7 @@
 // templates (kernels_impl.inc) compiled for scalar, AVX2 or AVX-512 code.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -12,21 +13,93 @@
 namespace pagedkv {
 namespace cpu {
 
+// Software prefetch of a list of memory regions (pages read next), issued
+// a few lines per tick() from inside the leaf kernels so that the loads
+// overlap arithmetic. The driver sizes the step from the ticks it expects
+// and issues whatever is left with flush().
+constexpr int kMaxPrefetchRegions = 32;
+struct Prefetcher {
+  const char* region[kMaxPrefetchRegions];
+  int32_t n = 0;     // regions
+  int32_t cur = 0;   // region being issued
+  size_t bytes = 0;  // bytes per region
+  size_t off = 0;    // next byte in region cur
+  size_t step = 0;   // lines per tick
+
+  void reset(size_t region_bytes) {
+    n = cur = 0;
+    off = step = 0;
+    bytes = region_bytes;
+  }
+  void add(const void* p) {
+    if (n < kMaxPrefetchRegions) region[n++] = static_cast<const char*>(p);
+  }
+  // Spreads the lines over about `ticks` ticks.
+  void plan(int64_t ticks) {
+    const size_t lines = size_t(n) * ((bytes + 63) / 64);
+    step = ticks > 0 ? (lines + size_t(ticks) - 1) / size_t(ticks) : lines;
+  }
+  // Local copies in the loop: the asm statements would otherwise make the
+  // compiler reload every member per line.
+  void issue(size_t lines) {
+    int32_t c = cur;
+    size_t o = off;
+    const size_t len = bytes;
+    while (lines > 0 && c < n) {
+      const size_t k = std::min(lines, (len - o + 63) / 64);
+      const char* p = region[c] + o;
+      // Evenly spread prefetcht0 did best here: bursts, or prefetcht1 /
+      // prefetchnta, or hinting only a slice's first lines to the hardware
+      // prefetcher were all slower (bench_cpu_attention).
+      for (size_t i = 0; i < k; ++i) fetch_l1(p + i * 64);
+      lines -= k;
+      o += k * 64;
+      if (o >= len) {
+        o = 0;
+        ++c;
+      }
+    }
+    cur = c;
+    off = o;
+  }
+  static void fetch_l1(const char* p) {
+#if defined(__x86_64__) || defined(__i386__)
+    // Inline asm: GCC drops prefetch builtins in loops it deems empty.
+    asm volatile("prefetcht0 %0" : : "m"(*p));
+#else
+    __builtin_prefetch(p, 0, 3);
+#endif
+  }
+  void tick(size_t ticks = 1) { issue(step * ticks); }
+  void flush() { issue(~size_t(0)); }
+};
+
 // Logits of R query rows (f32, R x head_dim, row stride head_dim) against
 // keys [j0, j1) of one page of one KV head (cache dtype, row stride
 // head_dim): logits[r * ldl + j] = q_r . k_j, then, if softcap > 0,
 // softcap * tanh(logit / softcap). Entries outside [j0, j1) of the vector
 // span covering them may be overwritten with garbage.
-// The pf_bytes at pf (a page read next; may be null) are prefetched, spread
-// over the keys, so that those loads overlap this page's arithmetic.
 using QkFn = void (*)(const float* q, int64_t head_dim, const void* page, int32_t j0, int32_t j1,
-                      float* logits, int32_t ldl, float softcap, const void* pf, size_t pf_bytes);
+                      float* logits, int32_t ldl, float softcap, Prefetcher* pf);
 
-// acc[r] = acc[r] * alpha[r] + sum_{j in [j0, j1)} p[r * ldp + j] * v_j.
-// Prefetches like QkFn.
-using PvFn = void (*)(const float* p, int32_t ldp, const void* page, int32_t j0, int32_t j1,
-                      int64_t head_dim, float* acc, const float* alpha, const void* pf,
-                      size_t pf_bytes);
+// As QkFn for a bf16 page and bf16 query rows (R x head_dim, natural
+// order, unscaled): logits = scale * (q_r . k_j) (products exact in f32,
+// f32 accumulation), then the soft-cap. Needs head_dim % 32 == 0.
+using QkBf16Fn = void (*)(const uint16_t* q, int64_t head_dim, const void* page, int32_t j0,
+                          int32_t j1, float* logits, int32_t ldl, float scale, float softcap,
+                          Prefetcher* pf);
+
+// The keys a PV step reads: n pages of bs keys, all of page i in [0, n)
+// except keys before j0 of page 0 and from j1 on of page n - 1. The weight
+// of key j of page i for row r is p[r * ldp + i * page_ldp + j].
+struct PvPages {
+  const char* const* page;
+  int32_t n, j0, j1, bs, page_ldp;
+};
+
+// acc[r] = acc[r] * alpha[r] + sum over the keys of pages of weight * v.
+using PvFn = void (*)(const float* p, int32_t ldp, const PvPages& pages, int64_t head_dim,
+                      float* acc, const float* alpha, Prefetcher* pf);
 
 // One online-softmax step over rows r < R, entries [a0, a1) of each row
 // (masked entries hold -inf; a0, a1 multiples of the table width): m_new =
@@ -60,6 +133,7 @@ struct KernelTable {
   // first, then the odd ones. Needs head_dim % (2 * pair_width) == 0.
   int32_t pair_width;
   QkFn qk[kNumRowSizes][kNumKvKinds];
+  QkBf16Fn qk_bf16[kNumRowSizes];  // null where the ISA has no bf16 dot product
   PvFn pv[kNumRowSizes][kNumKvKinds];
   SoftmaxFn softmax;
   ToF32Fn to_f32[kNumDTypes];
@@ -67,8 +141,9 @@ struct KernelTable {
 };
 
 const KernelTable& scalar_table();
-const KernelTable* avx2_table();    // nullptr when not compiled in
-const KernelTable* avx512_table();  // nullptr when not compiled in
+const KernelTable* avx2_table();        // nullptr when not compiled in
+const KernelTable* avx512_table();      // nullptr when not compiled in
+const KernelTable* avx512bf16_table();  // nullptr when not compiled in
 
 // True if this CPU (and OS) can run isa.
 bool cpu_isa_supported(CpuIsa isa);

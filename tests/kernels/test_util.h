@@ -22,12 +22,15 @@ inline const char* dtype_name(DType t) {
   return t == DType::kF32 ? "f32" : t == DType::kF16 ? "f16" : "bf16";
 }
 inline const char* isa_name(CpuIsa isa) {
-  return isa == CpuIsa::kScalar ? "scalar" : isa == CpuIsa::kAvx2 ? "avx2" : "avx512";
+  return isa == CpuIsa::kScalar   ? "scalar"
+         : isa == CpuIsa::kAvx2   ? "avx2"
+         : isa == CpuIsa::kAvx512 ? "avx512"
+                                  : "avx512bf16";
 }
 
 inline std::vector<CpuIsa> supported_isas() {
   std::vector<CpuIsa> out;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
     if (cpu::cpu_isa_supported(isa)) out.push_back(isa);
   }
   return out;
