@@ -45,6 +45,13 @@ void EventQueue::push(Event e) noexcept {
   ++size_;
 }
 
+void EventQueue::shrink_to_fit() {
+  std::vector<Event> exact(size_);
+  for (size_t i = 0; i < size_; ++i) exact[i] = ring_[(head_ + i) % ring_.size()];
+  ring_.swap(exact);
+  head_ = 0;
+}
+
 size_t EventQueue::drain(Event* out, size_t max) {
   size_t n = std::min(max, size_);
   for (size_t i = 0; i < n; ++i) {

@@ -38,6 +38,9 @@ class EventQueue {
   // Moves up to max oldest events into out; returns how many.
   size_t drain(Event* out, size_t max);
   size_t size() const { return size_; }
+  // Shrinks the ring to the events it holds, so the next push must grow
+  // it (tests of allocation failure).
+  void shrink_to_fit();
   uint64_t dropped() const { return dropped_; }
 
  private:

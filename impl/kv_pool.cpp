@@ -178,6 +178,16 @@ std::vector<CopyPair> Pool::pending_copies() const {
   return blocks_.pending_copies();
 }
 
+size_t Pool::num_pending_events() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_.size();
+}
+
+void Pool::shrink_events_for_testing() {
+  std::lock_guard<std::mutex> lock(mu_);
+  events_.shrink_to_fit();
+}
+
 std::string Pool::validate() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string err = blocks_.check();

@@ -121,6 +121,8 @@ class Pool {
   const BlockPool& block_pool() const { return blocks_; }
   BlockPool& block_pool_for_testing() { return blocks_; }
   std::vector<CopyPair> pending_copies() const;
+  size_t num_pending_events() const;  // recorded, not yet drained
+  void shrink_events_for_testing();   // the next event must grow the ring
 
  private:
   friend class Batch;
