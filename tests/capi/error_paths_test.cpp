@@ -189,6 +189,17 @@ TEST_F(ErrorPaths, PoolCreateAndOptions) {
   o.dtype = PKV_DTYPE_I64;
   FAILS(pkv_pool_create(&o, &p), BAD, "opts->dtype");
   fresh();
+  // num_blocks derived from a budget too big for block ids: the message
+  // names the field the caller set.
+  o.num_blocks = 0;
+  o.num_layers = 1;
+  o.num_kv_heads = 1;
+  o.head_dim = 8;
+  o.dtype = PKV_DTYPE_F32;
+  o.memory_budget_bytes = uint64_t(1) << 41;  // 2^31 blocks of 1 KiB
+  FAILS(pkv_pool_create(&o, &p), BAD, "opts->memory_budget_bytes");
+  EXPECT_EQ(p, nullptr);
+  fresh();
   o.device_type = 3;
   FAILS(pkv_pool_create(&o, &p), BAD, "opts->device_type");
   EXPECT_EQ(p, nullptr);
