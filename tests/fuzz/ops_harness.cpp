@@ -1001,6 +1001,7 @@ class Harness {
     const pkv_status want = first_key / bs_ < s->num_null() ? PKV_E_INVALID_ARGUMENT : PKV_OK;
     EXPECT_STATUS(pkv_batch_prepare(pool_, &s->id, &q, 1, nullptr, &b), want);
     if (want != PKV_OK) return;
+    s->planned = s->tokens.size();  // a prepared plan covers every token
     const bool use_free = in_.u8() & 1;
     if (use_free) {
       const size_t i = size_t(s - seqs_.data());
