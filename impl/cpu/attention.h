@@ -21,6 +21,8 @@
 // Logits (all arithmetic in f32; T values are widened exactly):
 //   x = (scale * q) . k              scale = AttentionArgs::softmax_scale
 //   x = c * tanh(x / c)              only if c = logit_softcap > 0
+// (the avx512bf16 kernels compute scale * (q . k) for bf16 q and cache:
+// the same up to f32 rounding; vdpbf16ps reads bf16 subnormals as 0),
 // i.e. the softmax scale is applied BEFORE the soft-cap, as FlashAttention,
 // FlashInfer, vLLM and Gemma-2 do; the softmax itself then uses no further
 // scale. Invisible keys get weight exactly 0 (their logits are -inf after
