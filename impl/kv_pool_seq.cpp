@@ -365,15 +365,17 @@ void Pool::truncate(SeqId id, uint64_t m) {
   }
   const uint64_t keep = (m + bs - 1) / bs;
   blocks_.reserve_events(1 + count_unplanned(s, keep, s.blocks.size()));  // may throw: first
-  if (m % bs != 0 && m / bs < s.hashes.size()) {
-    // A full cached block becomes partial. If it is ours alone its hash goes;
-    // if shared, the next write into it copies, so nothing shared is lost.
-    const int32_t b = s.blocks[m / bs];
-    if (b != BlockPool::kNullBlock && blocks_.ref(b) == 1) blocks_.uncache_block(b);
-  }
   if (m % bs != 0 && m / bs < s.blocks.size()) {
+    // The block of the new last token becomes partial. If it is ours alone,
+    // a hash it holds goes (even one our own hashes no longer cover: an
+    // earlier truncate of it while shared kept it) and its fill follows, so
+    // a cached block is always full; if shared, the next write into it
+    // copies, so nothing shared is lost.
     const int32_t b = s.blocks[m / bs];
-    if (b != BlockPool::kNullBlock && blocks_.ref(b) == 1) blocks_.set_fill(b, uint32_t(m % bs));
+    if (b != BlockPool::kNullBlock && blocks_.ref(b) == 1) {
+      blocks_.uncache_block(b);
+      blocks_.set_fill(b, uint32_t(m % bs));
+    }
   }
   // Full blocks leaving the sequence whose K/V no prepared plan wrote must
   // not be found by a later match_prefix.

@@ -203,6 +203,27 @@ TEST(Planned, TruncateUncachesReleasedBlocksNoPlanCovered) {
   EXPECT_VALID(*pool);
 }
 
+// A cached block is always full: one that a truncate left partial and ours
+// alone loses its hash even when our own hashes stopped covering it at an
+// earlier truncate, made while it was shared (found by the 8-thread stress).
+TEST(Planned, TruncateNeverLeavesAPartialBlockCached) {
+  auto pool = make(10);
+  auto t = iota_tokens(9);
+  SeqId a = pool->seq_create({});
+  append(*pool, a, V(t.begin(), t.begin() + 8));  // 1 2, both cached
+  step(pool, a);
+  SeqId b = pool->seq_create({});
+  EXPECT_EQ(pool->match_prefix(b, t.data(), 9), 8u);  // shares 1 2
+  pool->truncate(a, 6);                               // 2 is shared: it stays cached
+  EXPECT_EQ(pool->stats().num_cached_blocks, 2u);
+  pool->free(b);
+  pool->truncate(a, 6);  // 2 is ours alone now, 2 tokens of it ours: not cached
+  EXPECT_EQ(pool->stats().num_cached_blocks, 1u);
+  SeqId c = pool->seq_create({});
+  EXPECT_EQ(pool->match_prefix(c, t.data(), 9), 4u);
+  EXPECT_VALID(*pool);
+}
+
 // kv_bytes_used counts the slots holding tokens once per block, with the
 // fill of its fullest holder; wasted is the rest of the used blocks.
 TEST(Planned, StatsBytesFollowSharedAndTruncatedBlocks) {
