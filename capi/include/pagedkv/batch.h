@@ -24,7 +24,13 @@ typedef struct pkv_batch pkv_batch;
  * Runs pending copy-on-write block copies on stream (a cudaStream_t for CUDA
  * pools; NULL on CPU). The plan keeps the pool's internals alive; if one of
  * its sequences is appended to, truncated or freed afterwards, the plan is
- * stale and its calls return PKV_E_INVALID_STATE. */
+ * stale and its calls return PKV_E_INVALID_STATE.
+ *
+ * Once prepared, every token of its sequences counts as computed (pool.h):
+ * the engine runs this step's pkv_cache_write for every layer. The next
+ * plan's queries should start at the first token appended after this one;
+ * the sliding window keeps their keys. With a sliding window, queries whose
+ * keys the window released are rejected (PKV_E_INVALID_ARGUMENT). */
 PKV_API pkv_status pkv_batch_prepare(pkv_pool* pool, const pkv_seq_id* seqs,
                                      const uint32_t* query_counts, uint32_t num_seqs,
                                      void* stream, pkv_batch** out);

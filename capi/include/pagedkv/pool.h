@@ -4,6 +4,16 @@
  * never handed out) and the sequences that reference them. Every function
  * here may be called from any thread; the pool serialises them. The block
  * manager contract (allocation order, eviction, hashing) is DESIGN.md §3.
+ *
+ * Computed tokens: a sequence's tokens count as computed (their K/V
+ * written) once a step plan covering them has been prepared with
+ * pkv_batch_prepare (the engine then runs that step's cache writes), or
+ * when pkv_seq_match_prefix attached them as cache hits. The sliding window
+ * and the prefix cache go by this: see sliding_window, pkv_seq_append,
+ * pkv_seq_truncate and pkv_seq_free.
+ *
+ * Failures change nothing: a call that returns an error, PKV_E_OUT_OF_MEMORY
+ * included, leaves the pool, its sequences, stats and events as they were.
  */
 #ifndef PAGEDKV_POOL_H
 #define PAGEDKV_POOL_H
@@ -37,8 +47,11 @@ typedef struct pkv_pool_options {
   uint32_t hash_algo;      /* PKV_HASH_*; default PKV_HASH_SHA256_CBOR */
   uint32_t enable_prefix_caching; /* 1 (default) or 0 */
   const char* hash_seed;   /* root seed string; copied; default "" */
-  uint32_t sliding_window; /* tokens; 0 = none. Blocks wholly outside the
-                              window are released to the null block */
+  uint32_t sliding_window; /* tokens; 0 = none. An append of new tokens
+                              releases to the null block the blocks wholly
+                              outside the window of the sequence's first
+                              token not yet computed (so every token not yet
+                              computed stays queryable) */
   uint32_t enable_events;  /* 1 = record KV events for pkv_pool_drain_events */
   uint32_t max_events;     /* events kept before the oldest are dropped;
                               default 65536 */
@@ -90,35 +103,62 @@ PKV_API pkv_status pkv_seq_create(pkv_pool* pool, const pkv_seq_options* opts,
 
 /* For an empty sequence: attaches the longest run of leading full blocks of
  * tokens[0, num_tokens) already in the prefix cache, capped so at least one
- * token is left to compute. Those tokens become the sequence's first tokens;
- * *out_num_cached tells how many (a multiple of block_size). Never allocates
- * new blocks; hit blocks in the free queue leave it. */
+ * token is left to compute. Those tokens become the sequence's first tokens
+ * and count as computed; *out_num_cached tells how many (a multiple of
+ * block_size). Never allocates new blocks; hit blocks in the free queue
+ * leave it.
+ *
+ * Admission is match_prefix, then pkv_seq_append of the rest. To know
+ * whether the append will fit before making it, call pkv_seq_blocks_needed
+ * after match_prefix (the hits are attached then and no longer count as
+ * free) and compare with pkv_pool_get_stats().num_free_blocks; if an append
+ * fails anyway, pkv_seq_free gives the hits back (to the tail of the free
+ * queue, as the most recently used cached blocks). */
 PKV_API pkv_status pkv_seq_match_prefix(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
                                         uint64_t num_tokens, uint64_t* out_num_cached);
 
 /* Appends num_tokens tokens (their KV is written by the next step) and makes
  * room for num_lookahead further slots (speculative tokens), allocating
  * blocks as needed. Blocks that become full are hashed and registered in the
- * prefix cache. All or nothing: PKV_E_OUT_OF_BLOCKS changes nothing. */
+ * prefix cache at once (a plan prepared in the same step may share them);
+ * if the sequence lets them go before a plan covering them was prepared,
+ * they leave the cache again (pkv_seq_truncate, pkv_seq_free). All or
+ * nothing: PKV_E_OUT_OF_BLOCKS (more blocks needed than free, net of what
+ * the sliding window gives back) and PKV_E_OUT_OF_MEMORY change nothing. */
 PKV_API pkv_status pkv_seq_append(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
                                   uint64_t num_tokens, uint32_t num_lookahead);
 
 /* Blocks an append of num_tokens (+ num_lookahead) would take from the free
- * queue, for schedulers deciding what fits. */
+ * queue, for schedulers deciding what fits: new blocks plus copy-on-write
+ * copies, minus the blocks the sliding window would give back first (0 if
+ * those cover it). The append fits exactly when this is at most
+ * pkv_pool_get_stats().num_free_blocks. */
 PKV_API pkv_status pkv_seq_blocks_needed(const pkv_pool* pool, pkv_seq_id seq,
                                          uint64_t num_tokens, uint32_t num_lookahead,
                                          uint64_t* out_blocks);
 
 /* Creates a child sharing every block of parent (parallel sampling, beam
  * search). Writing into a shared partial block later copies it first
- * (copy-on-write, executed by the next pkv_batch_prepare). */
+ * (copy-on-write, executed by the next pkv_batch_prepare, before that step's
+ * cache writes). Fork after the step that computed the parent's tokens: a
+ * fork before it gives the child a copy of the partial block as it was
+ * before the parent's new tokens were written (their K/V lands only in the
+ * parent's block). The child counts as computed what the parent did. */
 PKV_API pkv_status pkv_seq_fork(pkv_pool* pool, pkv_seq_id parent, pkv_seq_id* out_child);
 
 /* Drops tokens from the tail so num_tokens remain, releasing blocks that
- * become empty (speculative-decoding rollback). */
+ * become empty (speculative-decoding rollback). Released full blocks stay
+ * cached if a prepared plan computed them; those that became full after the
+ * last prepared plan and that no other sequence holds leave the cache
+ * (PKV_EVENT_BLOCK_REMOVED) and go to the head of the free queue. A block
+ * left partial and held by this sequence alone leaves the cache too. */
 PKV_API pkv_status pkv_seq_truncate(pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens);
 
-/* Releases the sequence and its blocks (tail first); the id becomes stale. */
+/* Releases the sequence and its blocks (tail first); the id becomes stale.
+ * Full blocks a prepared plan computed (or that were prefix hits) stay
+ * cached at the tail of the free queue; full blocks that became full after
+ * the last prepared plan and that no other sequence holds hold no K/V: they
+ * leave the cache (PKV_EVENT_BLOCK_REMOVED) and go to the head. */
 PKV_API pkv_status pkv_seq_free(pkv_pool* pool, pkv_seq_id seq);
 
 typedef struct pkv_seq_info {
@@ -164,8 +204,14 @@ typedef struct pkv_pool_stats {
   uint64_t num_events_dropped;  /* events lost to max_events */
   uint64_t kv_bytes_per_block;  /* K+V over all layers */
   uint64_t kv_bytes_allocated;  /* the whole arena */
-  uint64_t kv_bytes_used;       /* bytes holding tokens of live sequences */
-  uint64_t kv_bytes_wasted;     /* reserved in used blocks but holding no token */
+  uint64_t kv_bytes_used;       /* bytes of the slots holding tokens: a used
+                                   block counts once, with the tokens of its
+                                   fullest holder (a shared block truncated
+                                   by one holder keeps its fill until the
+                                   holder that fills it lets it go, or its
+                                   last holder truncates it) */
+  uint64_t kv_bytes_wasted;     /* the other slots of used blocks (partial
+                                   tails, lookahead reservations) */
 } pkv_pool_stats;
 
 PKV_API void pkv_pool_stats_init(pkv_pool_stats* stats);
