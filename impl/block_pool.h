@@ -88,6 +88,10 @@ class BlockPool {
     if (ref_[id] > 0) filled_ += uint64_t(f) - fill_[id];
     fill_[id] = uint16_t(f);
   }
+  void add_filled_slot(int32_t id) noexcept {  // id in use: one more token (decode)
+    ++fill_[id];
+    ++filled_;
+  }
   uint64_t filled() const { return filled_; }
 
   // Room for n more events, before a caller starts mutating (may throw).
