@@ -221,10 +221,10 @@ TEST(Stress, EightThreadsOnePool) {
 }
 
 // The same worker alone, validating before every operation: deterministic,
-// so a broken invariant is reported at the operation that broke it. Kept
-// DISABLED_ as a reproduction aid for EightThreadsOnePool failures:
-//   test_reliability_threads --gtest_also_run_disabled_tests --gtest_filter='*OneThread*'
-TEST(Stress, DISABLED_OneThreadValidatesEveryOperation) {
+// so a broken invariant is reported at the operation that broke it (it caught
+// the short-fill bug fixed in 7484fe8). To replay it alone:
+//   test_reliability_threads --gtest_filter="*OneThread*"
+TEST(Stress, OneThreadValidatesEveryOperation) {
   pkv_pool_options o;
   pkv_pool_options_init(&o);
   o.block_size = 16;
