@@ -40,7 +40,9 @@ type BatchInfo struct {
 // Prepare builds the step plan for seqs with queryCounts[i] new tokens
 // each (1 for decode, the chunk length for prefill): the last queryCounts[i]
 // tokens of each sequence are its queries. Pending copy-on-write copies run
-// here. Close the batch when the step is done.
+// here. Once prepared, every token of its sequences counts as computed
+// (their blocks stay cached when freed; the sliding window may release
+// blocks behind them). Close the batch when the step is done.
 func (p *Pool) Prepare(seqs []Seq, queryCounts []int) (*Batch, error) {
 	return p.PrepareOnStream(seqs, queryCounts, nil)
 }

@@ -56,12 +56,27 @@ func randTokens(r *rand.Rand, n int) []int32 {
 	return out
 }
 
+// seqOf is a sequence whose tokens an engine step has computed: appended,
+// then covered by a prepared plan (see compute).
 func seqOf(t testing.TB, p *Pool, tokens []int32) Seq {
 	t.Helper()
 	s, err := p.CreateSeq(nil)
 	ok(t, err)
 	ok(t, s.Append(tokens))
+	compute(t, s, len(tokens))
 	return s
+}
+
+// compute runs the plan half of an engine step over s: a plan whose queries
+// are s's last n tokens (those just appended), prepared and closed. From
+// then on those tokens count as computed (pool.h): full blocks stay cached
+// when s lets them go, and the sliding window may release blocks behind
+// them. A pool without storage has no cache writes to run.
+func compute(t testing.TB, s Seq, n int) {
+	t.Helper()
+	b, err := s.Pool().Prepare([]Seq{s}, []int{n})
+	ok(t, err)
+	ok(t, b.Close())
 }
 
 func table(t testing.TB, s Seq) []int32 {

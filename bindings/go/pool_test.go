@@ -164,6 +164,60 @@ func TestEvictionEvents(t *testing.T) {
 	if st := stats(t, p); st.NumEvictions != 2 {
 		t.Fatalf("%d evictions", st.NumEvictions)
 	}
+
+	// Blocks that filled after the last prepared plan hold no K/V: freeing
+	// their sequence before any plan covered them takes them out of the
+	// cache at once (REMOVED) and returns them to the head of
+	// the free queue, so they are reused before anything cached and no
+	// later prefix match can hit them (pool.h, pkv_seq_free).
+	q := managerPool(t, 5)
+	toks := randTokens(r, 8)
+	u := seqOf(t, q, randTokens(r, 4)) // block 1, computed
+	ok(t, u.Free())                    // cached, at the tail: 2 3 4 1
+	v, err := q.CreateSeq(nil)
+	ok(t, err)
+	ok(t, v.Append(toks)) // blocks 2, 3; no plan prepared
+	bt := table(t, v)
+	if !equalInt32(bt, []int32{2, 3}) {
+		t.Fatalf("block table %v", bt)
+	}
+	hashes, err := v.BlockHashes()
+	ok(t, err)
+	_, err = q.Events()
+	ok(t, err)
+	ok(t, v.Free())
+	evs, err = q.Events()
+	ok(t, err)
+	if len(evs) != 2 {
+		t.Fatalf("events %+v", evs)
+	}
+	for i, e := range evs {
+		j := int(e.BlockID) - int(bt[0])
+		if e.Type != EventBlockRemoved || j < 0 || j > 1 || e.BlockHash != hashes[j] ||
+			(i == 1 && e.BlockID == evs[0].BlockID) {
+			t.Fatalf("event %d: %+v", i, e)
+		}
+	}
+	if st := stats(t, q); st.NumCachedBlocks != 1 || st.NumEvictions != 0 || st.NumFreeBlocks != 4 {
+		t.Fatalf("stats %+v", st)
+	}
+	w, err := q.CreateSeq(nil)
+	ok(t, err)
+	n, err := w.MatchPrefix(append(toks, 1))
+	ok(t, err)
+	if n != 0 {
+		t.Fatalf("matched %d tokens of blocks that were never computed", n)
+	}
+	// The head now holds 2, 3 (head first), then 4, then the cached 1,
+	// evicted only when nothing else is left.
+	ok(t, w.Append(randTokens(r, 16)))
+	if bt := table(t, w); !equalInt32(bt, []int32{2, 3, 4, 1}) {
+		t.Fatalf("block table %v", bt)
+	}
+	if st := stats(t, q); st.NumEvictions != 1 {
+		t.Fatalf("%d evictions", st.NumEvictions)
+	}
+	ok(t, q.Validate())
 }
 
 func TestEventsDisabledAndDropped(t *testing.T) {

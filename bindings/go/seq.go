@@ -172,7 +172,8 @@ func (s Seq) Fork() (Seq, error) {
 }
 
 // Truncate drops tokens from the tail so numTokens remain, releasing
-// blocks that become empty (speculative-decoding rollback).
+// blocks that become empty (speculative-decoding rollback). Released full
+// blocks that no prepared plan computed leave the prefix cache.
 func (s Seq) Truncate(numTokens int) error {
 	const op = "pkv_seq_truncate"
 	if err := nonNegative(op, "numTokens", numTokens); err != nil {
@@ -186,7 +187,9 @@ func (s Seq) Truncate(numTokens int) error {
 	return check(op, C.pkvgo_seq_truncate(ptr, C.pkv_seq_id(s.id), C.uint64_t(numTokens)))
 }
 
-// Free releases the sequence and its blocks; its id becomes stale.
+// Free releases the sequence and its blocks; its id becomes stale. Full
+// blocks a prepared plan computed (or prefix hits) stay cached; those no
+// plan covered yet leave the cache and are reused first.
 func (s Seq) Free() error {
 	const op = "pkv_seq_free"
 	ptr, err := s.pool.acquire(op)

@@ -20,6 +20,7 @@ func TestSeqLifecycle(t *testing.T) {
 		t.Fatalf("BlocksNeeded(10) = %d", need)
 	}
 	ok(t, s.Append(toks))
+	compute(t, s, len(toks))
 	// Allocation pops the free queue's head: blocks 1, 2, 3 in order.
 	if bt := table(t, s); !equalInt32(bt, []int32{1, 2, 3}) {
 		t.Fatalf("block table %v", bt)
@@ -40,6 +41,7 @@ func TestSeqLifecycle(t *testing.T) {
 		t.Fatalf("BlocksNeeded(3, lookahead 4) = %d", need)
 	}
 	ok(t, s.AppendLookahead([]int32{7}, 5))
+	compute(t, s, 1)
 	info, err = s.Info()
 	ok(t, err)
 	if info.NumTokens != 11 || info.NumSlots < 16 {
@@ -173,6 +175,25 @@ func TestSlidingWindowReleasesBlocks(t *testing.T) {
 	}
 	if st := stats(t, p); st.NumUsedBlocks >= 8 {
 		t.Fatalf("window kept %d blocks", st.NumUsedBlocks)
+	}
+	// The window goes by the first token not yet computed (pool.h): until a
+	// plan covers token 30, appending more releases nothing further, so
+	// every query of the next step still finds its keys.
+	ok(t, s.Append([]int32{2, 3, 4, 5}))
+	if got := table(t, s); !equalInt32(got[:len(bt)], bt) || got[5] == NullBlock {
+		t.Fatalf("block table %v before the step, %v after more appends", bt, got)
+	}
+	compute(t, s, 5)
+	// Now token 35 comes next and sees keys 28..35: blocks 0..6 go.
+	ok(t, s.Append([]int32{6}))
+	bt = table(t, s)
+	if len(bt) != 9 {
+		t.Fatalf("block table %v", bt)
+	}
+	for i, b := range bt {
+		if (b == NullBlock) != (i < 7) {
+			t.Fatalf("block table %v", bt)
+		}
 	}
 	ok(t, p.Validate())
 }

@@ -126,9 +126,9 @@ func (e *engine) admit() error {
 
 // preemptYoungest frees the most recently admitted request that has not
 // been given tokens in this step and queues it for recomputation. (A
-// request appended to in this step is never preempted: its newly full
-// blocks are already in the prefix cache, and their K/V is written only
-// when the step runs.)
+// request appended to in this step is never preempted: it is already part
+// of this step's plan, whose prepare makes its new tokens count as
+// computed.)
 func (e *engine) preemptYoungest(keep *request, appended map[*request]bool) (bool, error) {
 	for i := len(e.running) - 1; i >= 0; i-- {
 		q := e.running[i]

@@ -114,10 +114,21 @@ func (r *replica) serve(prompt []int32, maxRunning int) (int, error) {
 		seq.Free()
 		return 0, err
 	}
-	// Decode a few tokens (the model is not part of this example).
+	// Prefill, then decode a few tokens. The model is not part of this
+	// example, but each step's plan is: tokens count as computed once a
+	// plan covering them is prepared, and only computed blocks stay cached
+	// (and in the router's mirror) after the request finishes.
+	if err := r.step(seq, len(prompt)-hit); err != nil {
+		seq.Free()
+		return 0, err
+	}
 	for i := 0; i < 8; i++ {
 		if err := seq.Append([]int32{int32(i)}); err != nil {
 			break
+		}
+		if err := r.step(seq, 1); err != nil {
+			seq.Free()
+			return 0, err
 		}
 	}
 	r.running = append(r.running, seq)
@@ -127,6 +138,16 @@ func (r *replica) serve(prompt []int32, maxRunning int) (int, error) {
 		}
 	}
 	return hit, nil
+}
+
+// step prepares the plan of one engine step over seq's last n tokens (a
+// real engine would run the model's cache writes and attention on it).
+func (r *replica) step(seq pagedkv.Seq, n int) error {
+	b, err := r.pool.Prepare([]pagedkv.Seq{seq}, []int{n})
+	if err != nil {
+		return err
+	}
+	return b.Close()
 }
 
 func (r *replica) finishOldest() error {
