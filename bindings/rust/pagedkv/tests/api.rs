@@ -6,6 +6,15 @@ mod common;
 use common::{manager, storage, Rng};
 use pagedkv::*;
 
+/// One engine step for `seq`: a plan whose queries are the `n` tokens just
+/// appended, dropped at once. Preparing it is what makes those tokens count
+/// as computed (pool.h): only then does a free keep their full blocks in the
+/// prefix cache, and only then may the sliding window release keys behind
+/// them.
+fn step(pool: &Pool, seq: SeqId, n: u32) {
+    drop(pool.prepare(&[seq], &[n]).unwrap());
+}
+
 #[test]
 fn versions_and_features() {
     let v = version_string();
@@ -246,6 +255,7 @@ fn freed_cached_blocks_are_hit_then_evicted_last() {
     let prompt: Vec<i32> = (0..9).collect();
     let a = pool.create_seq().unwrap();
     pool.append(a, &prompt).unwrap(); // blocks 1,2 (cached), 3
+    step(&pool, a, 9);
     pool.free_seq(a).unwrap();
     let s = pool.stats().unwrap();
     assert_eq!((s.num_free_blocks, s.num_cached_blocks), (5, 2));
@@ -258,8 +268,88 @@ fn freed_cached_blocks_are_hit_then_evicted_last() {
     let c = pool.create_seq().unwrap();
     pool.append(c, &[50; 12]).unwrap();
     assert_eq!(pool.stats().unwrap().num_evictions, 0);
+    step(&pool, c, 12);
     pool.append(c, &[51; 8]).unwrap();
     assert_eq!(pool.stats().unwrap().num_evictions, 2);
+    pool.validate().unwrap();
+}
+
+#[test]
+fn blocks_no_plan_computed_leave_the_cache() {
+    let pool = manager(4, 8); // 7 usable
+    let prompt: Vec<i32> = (0..9).collect();
+    let a = pool.create_seq().unwrap();
+    pool.append(a, &prompt).unwrap();
+    let (table, hashes) = (pool.block_table(a).unwrap(), pool.block_hashes(a).unwrap());
+    // Stored at append, so a plan of this same step may share them...
+    assert_eq!(pool.stats().unwrap().num_cached_blocks, 2);
+    assert_eq!(pool.drain_events(100).unwrap().len(), 2);
+    // ...but freed before any plan covered them they hold no K/V: they
+    // leave the cache (one REMOVED each) and go to the head of the free
+    // queue, so the next allocation takes them before older free blocks.
+    pool.free_seq(a).unwrap();
+    let s = pool.stats().unwrap();
+    assert_eq!((s.num_free_blocks, s.num_cached_blocks), (7, 0));
+    let ev = pool.drain_events(100).unwrap();
+    assert!(ev.iter().all(|e| e.kind == EventKind::BlockRemoved));
+    let mut removed: Vec<_> = ev.iter().map(|e| (e.block_id, e.block_hash)).collect();
+    removed.sort();
+    let mut want = vec![(table[0], hashes[0]), (table[1], hashes[1])];
+    want.sort();
+    assert_eq!(removed, want);
+    let b = pool.create_seq().unwrap();
+    assert_eq!(pool.match_prefix(b, &prompt).unwrap(), 0);
+    pool.append(b, &[5; 8]).unwrap();
+    let mut got = pool.block_table(b).unwrap();
+    got.sort();
+    let mut want = table[..2].to_vec();
+    want.sort();
+    assert_eq!(got, want);
+    pool.free_seq(b).unwrap();
+
+    // Truncate keeps the blocks a plan computed and drops those filled since.
+    let c = pool.create_seq().unwrap();
+    pool.append(c, &prompt).unwrap();
+    step(&pool, c, 9);
+    pool.append(c, &[9; 8]).unwrap(); // fills table[2] and table[3]
+    assert_eq!(pool.stats().unwrap().num_cached_blocks, 4);
+    pool.truncate(c, 9).unwrap();
+    assert_eq!(pool.stats().unwrap().num_cached_blocks, 2);
+    assert_eq!(pool.block_hashes(c).unwrap(), hashes);
+    pool.free_seq(c).unwrap();
+    let d = pool.create_seq().unwrap();
+    assert_eq!(pool.match_prefix(d, &prompt).unwrap(), 8);
+    pool.validate().unwrap();
+}
+
+#[test]
+fn sliding_window_waits_for_a_plan() {
+    let pool = Pool::new(&PoolOptions {
+        block_size: 4,
+        num_blocks: 16,
+        sliding_window: 8,
+        ..PoolOptions::default()
+    })
+    .unwrap();
+    let s = pool.create_seq().unwrap();
+    pool.append(s, &(0..20).collect::<Vec<_>>()).unwrap();
+    // No plan covered tokens 0..20 yet: they are still to be queried, so a
+    // further append releases nothing.
+    pool.append(s, &[20]).unwrap();
+    assert!(pool
+        .block_table(s)
+        .unwrap()
+        .iter()
+        .all(|&b| b != NULL_BLOCK));
+    assert_eq!(pool.stats().unwrap().num_used_blocks, 6);
+    // Once a plan covered all 21, the next query (position 21) sees keys
+    // 14..=21: blocks 0-2 go.
+    step(&pool, s, 21);
+    pool.append(s, &[21]).unwrap();
+    let table = pool.block_table(s).unwrap();
+    assert_eq!(table[..3], [NULL_BLOCK; 3]);
+    assert!(table[3..].iter().all(|&b| b != NULL_BLOCK));
+    assert_eq!(pool.stats().unwrap().num_used_blocks, 3);
     pool.validate().unwrap();
 }
 
@@ -299,6 +389,7 @@ fn sliding_window_releases_old_blocks() {
         .unwrap()
         .iter()
         .all(|&b| b != NULL_BLOCK));
+    step(&pool, s, 20);
     // The next query (position 20) sees keys 13..=20: blocks 0-2 are
     // released and stand as the null block in the table.
     pool.append(s, &[20]).unwrap();
@@ -315,6 +406,9 @@ fn events_in_order_with_parents() {
     let pool = manager(4, 8);
     let a = pool.create_seq().unwrap();
     pool.append(a, &(0..9).collect::<Vec<_>>()).unwrap();
+    // The two events below come from the append (full blocks are stored at
+    // once); preparing the plan adds none.
+    step(&pool, a, 9);
     let hashes = pool.block_hashes(a).unwrap();
     let ev: Vec<Event> = pool.events().collect::<Result<_>>().unwrap();
     assert_eq!(ev.len(), 2);
@@ -341,6 +435,9 @@ fn events_in_order_with_parents() {
     pool.free_seq(a).unwrap();
     let b = pool.create_seq().unwrap();
     pool.append(b, &(100..108).collect::<Vec<_>>()).unwrap();
+    // A plan computed b's blocks, so the free keeps them cached (no REMOVED
+    // yet) and c's eviction reports them.
+    step(&pool, b, 8);
     pool.free_seq(b).unwrap();
     pool.drain_events(100).unwrap();
     let c = pool.create_seq().unwrap();
