@@ -112,6 +112,10 @@ def test_eviction_emits_removed_events():
     with pagedkv.Pool(num_blocks=3, block_size=2, enable_events=True) as pool:
         a = pool.create_sequence()
         a.append([1, 2, 3, 4])
+        # The step that computes them: only blocks a prepared plan covered
+        # stay cached when their sequence is freed (pool.h, pkv_seq_free).
+        with pool.prepare([a], 4):
+            pass
         a.free()  # both blocks cached and free
         list(pool.events())
         b = pool.create_sequence()

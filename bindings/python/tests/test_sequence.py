@@ -127,8 +127,14 @@ def test_sliding_window_releases_to_null_block():
         s = pool.create_sequence()
         s.append(list(range(24)))  # a prefill's queries still see its start
         assert pagedkv.NULL_BLOCK not in s.block_table()
+        # Each step prepares a plan over its new tokens, as an engine does:
+        # the window slides only past tokens a prepared plan computed.
+        with pool.prepare([s], 24):
+            pass
         for t in range(24, 32):  # decode steps slide the window
             s.append([t])
+            with pool.prepare([s], 1):
+                pass
         table = s.block_table()
         assert table[0] == pagedkv.NULL_BLOCK
         assert table[-1] != pagedkv.NULL_BLOCK
