@@ -7,13 +7,13 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from typing import Sequence as Seq
 
 from . import _pagedkv as _c
-from ._handle import Handle
+from ._handle import Handle, HandleOwner
 from ._pool import Pool, Sequence
 from ._tensor import TensorView, check, describe, empty_like, stream_ptr
 from ._types import BatchInfo, DType, PlanArray
 
 
-class Batch:
+class Batch(HandleOwner):
     """The step plan for a set of sequences (``pkv_batch_prepare``): slot
     mapping, CSR page table, context lengths and query offsets, built once;
     pending copy-on-write copies run when it is prepared.
@@ -55,29 +55,7 @@ class Batch:
             self._h.close()
             raise
 
-    # ------------------------------------------------------------ lifetime
-
-    def close(self) -> None:
-        """Destroys the plan (after any call in flight). Idempotent."""
-        h = getattr(self, "_h", None)
-        if h is not None:
-            h.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._h.closed
-
-    def __enter__(self) -> Batch:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+    # ------------------------------------------------------------ calls
 
     def _call(self, fn: Any, *args: Any) -> Any:
         ptr = self._h.acquire()

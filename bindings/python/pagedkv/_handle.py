@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from . import _pagedkv as _c
 
@@ -55,3 +55,36 @@ class Handle:
                 return
             self._closed = True
         self.release()
+
+
+_Owner = TypeVar("_Owner", bound="HandleOwner")
+
+
+class HandleOwner:
+    """The lifetime protocol of an object owning a Handle in ``self._h``:
+    idempotent close(), ``closed``, context manager, close on collection."""
+
+    _h: Handle
+
+    def close(self) -> None:
+        """Releases the object (after any call in flight). Idempotent; every
+        other call raises InvalidStateError afterwards."""
+        h = getattr(self, "_h", None)
+        if h is not None:
+            h.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._h.closed
+
+    def __enter__(self: _Owner) -> _Owner:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

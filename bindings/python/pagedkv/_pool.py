@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Union
 from typing import Sequence as Seq
 
 from . import _pagedkv as _c
-from ._handle import Handle
+from ._handle import Handle, HandleOwner
 from ._tensor import TensorView, describe, stream_ptr
 from ._types import (
     KV,
@@ -31,7 +31,7 @@ Tokens = Union[Seq[int], Any]  # any int sequence or int32 buffer (numpy, array.
 _EVENT_CHUNK = 256
 
 
-class Pool:
+class Pool(HandleOwner):
     """A KV block pool: block manager, prefix cache and (optionally) the KV
     storage of ``num_layers`` layers.
 
@@ -41,7 +41,8 @@ class Pool:
 
     A Pool is a context manager; ``close()`` is idempotent. Sequences and
     step plans keep their pool alive; operations on a closed pool raise
-    :class:`InvalidStateError`. Every method may be called from any thread.
+    :class:`InvalidStateError`; views of its storage keep the memory until
+    they are gone. Every method may be called from any thread.
     """
 
     def __init__(
@@ -101,30 +102,7 @@ class Pool:
             raise
         self._digest = self._options.hash_algo.digest_size
 
-    # ------------------------------------------------------------ lifetime
-
-    def close(self) -> None:
-        """Releases the pool. Idempotent. Views of its storage keep the
-        memory until they are gone; every other call raises afterwards."""
-        h = getattr(self, "_h", None)
-        if h is not None:
-            h.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._h.closed
-
-    def __enter__(self) -> Pool:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+    # ------------------------------------------------------------ calls
 
     def _call(self, fn: Any, *args: Any) -> Any:
         ptr = self._h.acquire()
