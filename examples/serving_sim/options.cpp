@@ -22,7 +22,7 @@ paged attention on a small model; sampled outputs are checked against a float64
 reference. Prints a report and writes an SVG chart.
 
 workload:
-  --requests N          requests to serve                          [320]
+  --requests N          requests to serve                          [2000]
   --shared-prefix F     share (0..1) starting with a system prompt [0.5]
   --system-prompts N    distinct system prompts                    [4]
   --prompt-len N        median user-prompt tokens (lognormal)      [192]

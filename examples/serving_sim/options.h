@@ -8,7 +8,7 @@ namespace sim {
 
 struct Options {
   // Workload.
-  uint32_t requests = 320;
+  uint32_t requests = 2000;
   double shared_prefix = 0.5;   // share of requests starting with a system prompt
   uint32_t system_prompts = 4;  // distinct common system prompts
   double prompt_median = 192;   // user part of the prompt, tokens (lognormal)
