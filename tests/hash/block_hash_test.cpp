@@ -11,6 +11,7 @@
 
 #include "error.h"
 #include "hash/block_hash.h"
+#include "hex.h"
 
 namespace pagedkv {
 namespace {
@@ -80,17 +81,7 @@ std::string unhex(const std::string& h) {
   return out;
 }
 
-std::string hex(const uint8_t* p, size_t n) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; ++i) {
-    s.push_back(d[p[i] >> 4]);
-    s.push_back(d[p[i] & 15]);
-  }
-  return s;
-}
-
-std::string hex(const BlockHash& h) { return hex(h.bytes.data(), h.size); }
+using test::hex;
 std::string hex(const std::vector<uint8_t>& v) { return hex(v.data(), v.size()); }
 
 // Same LCG as pyref.lcg_tokens.
