@@ -347,7 +347,7 @@ void swap_blocks(Env& e, Reader& r) {
   void* ptr = host.mem.get();
   const uint32_t mode = r.pick(8);
   if (mode == 0) ptr = reinterpret_cast<void*>(e.kv0);  // the pool's own storage
-  if (mode == 1) ptr = reinterpret_cast<void*>(~uintptr_t(0) - 4095);  // wraps
+  if (mode == 1) ptr = reinterpret_cast<void*>(~uintptr_t(0) - 15);  // + need wraps
   const uint32_t dir = r.pick(3) == 0 ? PKV_SWAP_IN : PKV_SWAP_OUT;
   const pkv_status s = pkv_pool_swap_blocks(e.pool, ids.data(), n, ptr, have, dir, nullptr);
   ++g_counters.ops;
