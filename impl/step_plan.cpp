@@ -25,10 +25,17 @@ PlanView view_at(const char* base, const size_t* off, const BatchInfo& info) {
   return v;
 }
 
-// The bytes of every layer's K and V planes.
+// The bytes of every layer's K and V planes: no output may land there
+// (attention holds the KV lock shared, so other readers run alongside).
 ByteSpan arena_span(const KvArena& a) {
   const uintptr_t b = reinterpret_cast<uintptr_t>(a.base);
   return ByteSpan{b, b + size_t(2) * size_t(a.num_layers) * a.layout.layer_bytes()};
+}
+
+// Layer l's K and V planes (adjacent).
+ByteSpan layer_span(const KvArena& a, uint32_t l) {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(a.plane(int32_t(l), 0));
+  return ByteSpan{b, b + 2 * a.layout.layer_bytes()};
 }
 
 }  // namespace
@@ -209,9 +216,11 @@ void Batch::write(uint32_t layer, const TensorArg* k, const TensorArg* v, void* 
   ByteSpan ks, vs;
   Tensor3 k3 = check_rows(k, "k", spec, &ks);
   Tensor3 v3 = check_rows(v, "v", spec, &vs);
-  const ByteSpan kv = arena_span(p.arena_);
-  check_disjoint(ks, "k", kv, "the pool's KV storage");
-  check_disjoint(vs, "v", kv, "the pool's KV storage");
+  // k and v may be read from other layers' storage (the write holds the
+  // KV lock exclusively), not from the planes this write fills.
+  const ByteSpan dst = layer_span(p.arena_, layer);
+  check_disjoint(ks, "k", dst, "the pool's KV storage of the layer it writes");
+  check_disjoint(vs, "v", dst, "the pool's KV storage of the layer it writes");
   // The kernel runs outside the lock (docs/threading.md): the arena and
   // backend live until pool destroy, which must not race with this call.
   const KvArena arena = p.arena_;

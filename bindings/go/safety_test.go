@@ -41,7 +41,7 @@ func attendOnce(t *testing.T, tamper func(*Batch)) []float32 {
 	r := rand.New(rand.NewSource(21))
 	a := seqOf(t, p, randTokens(r, 13))
 	b := seqOf(t, p, randTokens(r, 5))
-	batch, err := p.Prepare([]Seq{a, b}, []int{4, 5})
+	batch, err := p.Prepare([]Seq{a, b}, []int{13, 5}) // every key written
 	ok(t, err)
 	defer batch.Close()
 	if tamper != nil {

@@ -619,7 +619,7 @@ std::vector<Case> make_cases() {
         S("pkv_cache_write", PKV_CLASS_ALIGN, "v data at an f32 buffer + 2 bytes", kInv,
           "v->data + byte_offset is not aligned", pkv_tensor v = e.vt;
           v.data = misaligned(e.v); return pkv_cache_write(e.batch, 0, &e.kt, &v, nullptr);),
-        S("pkv_cache_write", PKV_CLASS_ALIAS, "k inside the pool's KV storage", kInv,
+        S("pkv_cache_write", PKV_CLASS_ALIAS, "k inside the storage of the layer it writes", kInv,
           "k overlaps the pool's KV storage", return write_k(e, in_kv_storage(e, e.kt));),
         with_setup(S("pkv_cache_write", PKV_CLASS_STATE, "plan stale (a sequence appended since)",
                      kState, "stale", return pkv_cache_write(e.batch, 0, &e.kt, &e.vt, nullptr);),

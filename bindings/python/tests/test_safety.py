@@ -37,12 +37,20 @@ def test_plan_arrays_are_read_only():
                 assert not arr.flags.writeable, name
                 with pytest.raises(ValueError):
                     arr[0] = 1000
-            # torch has no read-only tensors: torch() is a copy, so writing
-            # it leaves the plan alone.
-            torch = pytest.importorskip("torch")
+            assert b.plan(pagedkv.PlanArray.QUERY_INDPTR).numpy().tolist() == [0, 3]
+
+
+def test_plan_torch_view_is_a_copy():
+    """torch has no read-only tensors: torch() of a plan array is a copy,
+    so writing it leaves the plan alone."""
+    torch = pytest.importorskip("torch")
+    with storage_pool() as pool:
+        s = pool.create_sequence()
+        s.append(list(range(11)))
+        with pool.prepare([s], 3) as b:
             t = b.plan(pagedkv.PlanArray.QUERY_INDPTR).torch()
-            t[1] = 1000
             assert isinstance(t, torch.Tensor)
+            t[1] = 1000
             assert b.plan(pagedkv.PlanArray.QUERY_INDPTR).numpy().tolist() == [0, 3]
 
 
@@ -54,8 +62,10 @@ def test_forced_writes_into_plan_arrays_do_not_reach_the_kernels():
     def force(b):
         for p in (pagedkv.PlanArray.QUERY_INDPTR, pagedkv.PlanArray.PAGE_INDPTR, pagedkv.PlanArray.PAGE_INDICES):
             arr = b.plan(p).numpy()
-            raw = np.ndarray(arr.shape, arr.dtype, buffer=(np.ctypeslib.as_ctypes_type(arr.dtype) * arr.size).from_address(arr.ctypes.data))
+            mem = (np.ctypeslib.as_ctypes_type(arr.dtype) * arr.size).from_address(arr.ctypes.data)
+            raw = np.ndarray(arr.shape, arr.dtype, buffer=mem)
             raw[1:] = 1000
+            assert b.plan(p).numpy()[1] == 1000  # the callers' copy took the write
 
     outs = []
     for tamper in (None, force):
@@ -63,7 +73,8 @@ def test_forced_writes_into_plan_arrays_do_not_reach_the_kernels():
             a, c = pool.create_sequence(), pool.create_sequence()
             a.append(list(range(21)))
             c.append(list(range(100, 113)))
-            outs.append(step(pool, np.random.default_rng(5), [a, c], [5, 13], tamper))
+            outs.append(step(pool, np.random.default_rng(5), [a, c], [21, 13], tamper))
+    assert np.isfinite(outs[0]).all()
     np.testing.assert_array_equal(outs[0], outs[1])
 
 

@@ -76,7 +76,8 @@ PKV_API pkv_status pkv_batch_plan_tensor(const pkv_batch* batch, uint32_t which,
  * (byte_offset and the last element) that fits int64 and the address space,
  * data + byte_offset aligned to the dtype, sizes within int32; outputs (out,
  * lse) with no two elements on one byte and overlapping neither q, each
- * other nor the pool's KV storage (nor, for k and v, the storage).
+ * other nor the pool's KV storage; k and v not overlapping the storage of
+ * the layer they are written to (another layer's storage may be read).
  * PKV_E_INVALID_ARGUMENT names the argument.
  *
  * Threads: cache writes take the pool's KV lock exclusively, attention (and
