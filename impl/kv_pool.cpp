@@ -369,11 +369,13 @@ void Pool::swap_blocks(const int32_t* ids, uint64_t n, void* host, uint64_t host
                                      str(bytes_per_block_) + " bytes per block");
   // The moved bytes must not wrap the address space or overlap the blocks
   // themselves (the pool's own storage handed back as the host buffer).
-  const uintptr_t h = reinterpret_cast<uintptr_t>(host), a = reinterpret_cast<uintptr_t>(arena_.base);
+  const uintptr_t h = reinterpret_cast<uintptr_t>(host),
+                  a = reinterpret_cast<uintptr_t>(arena_.base);
   const uintptr_t a_end = a + size_t(2) * size_t(arena_.num_layers) * arena_.layout.layer_bytes();
   uintptr_t h_end;
   if (__builtin_add_overflow(h, need, &h_end))
-    fail(Errc::kInvalidArgument, "host_buffer + num_blocks * bytes_per_block wraps the address space");
+    fail(Errc::kInvalidArgument,
+         "host_buffer + num_blocks * bytes_per_block wraps the address space");
   if (n && h < a_end && a < h_end)
     fail(Errc::kInvalidArgument, "host_buffer overlaps the pool's KV storage");
   run_pending_copies(stream);

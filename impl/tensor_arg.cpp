@@ -88,7 +88,8 @@ ByteSpan check_extent(const TensorArg& t, const char* name, size_t elem, const i
     for (int i = 0; i < t.ndim; ++i)
       if (t.shape[i] > 1) order[m++] = i;
     for (int a = 1; a < m; ++a)
-      for (int b = a; b > 0 && s[order[b]] < s[order[b - 1]]; --b) std::swap(order[b], order[b - 1]);
+      for (int b = a; b > 0 && s[order[b]] < s[order[b - 1]]; --b)
+        std::swap(order[b], order[b - 1]);
     int64_t inner = 1;  // elements spanned by the dimensions seen so far
     for (int a = 0; a < m; ++a) {
       const int i = order[a];
@@ -135,7 +136,9 @@ Tensor3 check_rows(const TensorArg* t, const char* name, const RowsSpec& spec, B
   for (int i = 0; i < 3; ++i)
     if (sh[i] > std::numeric_limits<int32_t>::max())
       fail(Errc::kInvalidArgument, std::string(name) + " has " + str(sh[i]) + " " +
-                                       (i == 0 ? "rows" : i == 1 ? "heads" : "dims") +
+                                       (i == 0   ? "rows"
+                                        : i == 1 ? "heads"
+                                                 : "dims") +
                                        ", more than 2^31 - 1");
   int64_t s[3];
   effective_strides(*t, name, s);
@@ -174,8 +177,7 @@ float* check_lse(const TensorArg* t, int32_t device_type, int32_t device_id, int
 }
 
 void check_disjoint(const ByteSpan& a, const char* a_name, const ByteSpan& b, const char* b_name) {
-  if (a.overlaps(b))
-    fail(Errc::kInvalidArgument, std::string(a_name) + " overlaps " + b_name);
+  if (a.overlaps(b)) fail(Errc::kInvalidArgument, std::string(a_name) + " overlaps " + b_name);
 }
 
 }  // namespace pagedkv

@@ -66,9 +66,9 @@ struct Step {
     std::vector<float> out(q.size() + size_t(rows) * 4, -7.f);
     pkv_tensor qt = tensor3(q.data(), rows, 4, 16), ot = tensor3(out.data(), rows, 4, 16), lt;
     const int64_t lshape[2] = {rows, 4};
-    EXPECT_EQ(pkv_tensor_init(out.data() + q.size(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 2, lshape,
-                              &lt),
-              PKV_OK);
+    EXPECT_EQ(
+        pkv_tensor_init(out.data() + q.size(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 2, lshape, &lt),
+        PKV_OK);
     EXPECT_EQ(pkv_attention_forward(batch, 0, &qt, &ot, &lt, nullptr, nullptr), PKV_OK)
         << pkv_last_error_message();
     return out;

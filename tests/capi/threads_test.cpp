@@ -105,21 +105,27 @@ TEST(Threads, EightThreadsOnOnePoolKeepEveryInvariant) {
 
 namespace {
 
-// Kernels run outside the pool lock (docs/threading.md): four threads each
-// step their own sequences (append, prepare, write, attention) on one
-// storage pool while the others do the same.
-TEST(Threads, ConcurrentStepsOnOneStoragePool) {
+// A CPU f32 pool: blocks of 16 tokens, 2 KV heads of 64, 2 kernel threads.
+pkv_pool* storage_pool(uint64_t num_blocks, uint32_t num_layers) {
   pkv_pool_options o;
   pkv_pool_options_init(&o);
   o.block_size = 16;
-  o.num_blocks = 129;
-  o.num_layers = 2;
+  o.num_blocks = num_blocks;
+  o.num_layers = num_layers;
   o.num_kv_heads = 2;
   o.head_dim = 64;
   o.dtype = PKV_DTYPE_F32;
   o.num_threads = 2;
   pkv_pool* pool = nullptr;
-  ASSERT_EQ(pkv_pool_create(&o, &pool), PKV_OK) << pkv_last_error_message();
+  return pkv_pool_create(&o, &pool) == PKV_OK ? pool : nullptr;
+}
+
+// Kernels run outside the pool lock (docs/threading.md): four threads each
+// step their own sequences (append, prepare, write, attention) on one
+// storage pool while the others do the same.
+TEST(Threads, ConcurrentStepsOnOneStoragePool) {
+  pkv_pool* pool = storage_pool(129, 2);
+  ASSERT_NE(pool, nullptr) << pkv_last_error_message();
   std::atomic<int> unexpected{0};
   auto worker = [&](int t) {
     std::mt19937 rng(t);
@@ -182,17 +188,8 @@ namespace {
 // hold the pool's KV lock exclusively and reads hold it shared, so a read
 // sees one write's values or the next's, never a mix (and TSan sees no race).
 TEST(Threads, BlockReadsNeverSeeATornCacheWrite) {
-  pkv_pool_options o;
-  pkv_pool_options_init(&o);
-  o.block_size = 16;
-  o.num_blocks = 4;
-  o.num_layers = 1;
-  o.num_kv_heads = 2;
-  o.head_dim = 64;
-  o.dtype = PKV_DTYPE_F32;
-  o.num_threads = 2;
-  pkv_pool* pool = nullptr;
-  ASSERT_EQ(pkv_pool_create(&o, &pool), PKV_OK) << pkv_last_error_message();
+  pkv_pool* pool = storage_pool(4, 1);
+  ASSERT_NE(pool, nullptr) << pkv_last_error_message();
   pkv_seq_id s = 0;
   ASSERT_EQ(pkv_seq_create(pool, nullptr, &s), PKV_OK);
   std::vector<int32_t> tokens(16);

@@ -71,16 +71,16 @@ struct Buffer {
 struct Desc {
   pkv_tensor t{};
   Buffer buf;
-  bool real = false;         // buf backs exactly t's extent
-  bool must_reject = false;  // overflowing extent, empty shape, negative stride
-  bool aliased = false;      // points into another argument or the pool's storage
-  bool skip = false;         // a huge representable extent: no call to make
+  bool real = false;             // buf backs exactly t's extent
+  bool must_reject = false;      // overflowing extent, empty shape, negative stride
+  bool aliased = false;          // points into another argument or the pool's storage
+  bool skip = false;             // a huge representable extent: no call to make
   uintptr_t begin = 0, end = 0;  // harness-computed extent (real or aliased)
   bool callable() const { return !skip && (real || must_reject || aliased); }
 };
 
-const int64_t kOddStrides[] = {0, 1, 2, 3, -1, 7, 64, 1ll << 31, 1ll << 40, 1ll << 62,
-                               std::numeric_limits<int64_t>::max()};
+const int64_t kOddStrides[] = {
+    0, 1, 2, 3, -1, 7, 64, 1ll << 31, 1ll << 40, 1ll << 62, std::numeric_limits<int64_t>::max()};
 
 // Strides the library uses: explicit ones, or dense row-major when all are 0.
 void eff_strides(const pkv_tensor& t, int64_t* s, bool* ovf) {
@@ -221,7 +221,8 @@ void expect_unchanged(const Buffer& b, const char* name) {
 void expect_only_elements_written(const Desc& d, const char* name) {
   const std::vector<uint8_t> mask = coverage(d, true);
   for (size_t i = 0; i < d.buf.bytes; ++i)
-    if (!mask[i] && d.buf.mem[i] != d.buf.before[i]) die("wrote outside the described output:", name);
+    if (!mask[i] && d.buf.mem[i] != d.buf.before[i])
+      die("wrote outside the described output:", name);
 }
 
 bool overlaps(const Desc& a, uintptr_t b0, uintptr_t b1) { return a.begin < b1 && b0 < a.end; }
@@ -351,7 +352,7 @@ void swap_blocks(Env& e, Reader& r) {
   host.make(size_t(need), 9);
   void* ptr = host.mem.get();
   const uint32_t mode = r.pick(8);
-  if (mode == 0) ptr = reinterpret_cast<void*>(e.kv0);  // the pool's own storage
+  if (mode == 0) ptr = reinterpret_cast<void*>(e.kv0);               // the pool's own storage
   if (mode == 1) ptr = reinterpret_cast<void*>(~uintptr_t(0) - 15);  // + need wraps
   const uint32_t dir = r.pick(3) == 0 ? PKV_SWAP_IN : PKV_SWAP_OUT;
   const pkv_status s = pkv_pool_swap_blocks(e.pool, ids.data(), n, ptr, have, dir, nullptr);

@@ -387,8 +387,8 @@ std::vector<Case> make_cases() {
         S("pkv_pool_swap_blocks", PKV_CLASS_CAPACITY,
           "host_bytes below num_blocks * bytes per block", kInv, "host_bytes", int32_t b = 1;
           return pkv_pool_swap_blocks(e.pool, &b, 1, e.k.data(), 64, PKV_SWAP_IN, nullptr);),
-        S("pkv_pool_swap_blocks", PKV_CLASS_ALIAS, "host_buffer inside the pool's KV storage",
-          kInv, "host_buffer overlaps", int32_t b = 1;
+        S("pkv_pool_swap_blocks", PKV_CLASS_ALIAS, "host_buffer inside the pool's KV storage", kInv,
+          "host_buffer overlaps", int32_t b = 1;
           void* h = in_kv_storage(e, e.kt).data;
           return pkv_pool_swap_blocks(e.pool, &b, 1, h, 1 << 20, PKV_SWAP_IN, nullptr);),
         S("pkv_pool_swap_blocks", PKV_CLASS_OVERFLOW, "host_buffer + host_bytes wraps", kInv,
@@ -612,7 +612,8 @@ std::vector<Case> make_cases() {
           k.strides[0] = -128; return write_k(e, k);),
         S("pkv_cache_write", PKV_CLASS_OVERFLOW, "k strides {2^62, 64, 1}: extent overflows int64",
           kInv, "k's extent", pkv_tensor k = e.kt;
-          k.strides[0] = int64_t(k2_62); k.strides[1] = 64; k.strides[2] = 1; return write_k(e, k);),
+          k.strides[0] = int64_t(k2_62); k.strides[1] = 64; k.strides[2] = 1;
+          return write_k(e, k);),
         S("pkv_cache_write", PKV_CLASS_OVERFLOW, "k byte_offset 2^64 - 64: address wraps", kInv,
           "k->byte_offset", pkv_tensor k = e.kt;
           k.byte_offset = ~uint64_t(0) - 63; return write_k(e, k);),
@@ -672,7 +673,8 @@ std::vector<Case> make_cases() {
           l.strides[1] = 4; return attend_lse(e, l);),
         S("pkv_attention_forward", PKV_CLASS_OVERFLOW, "q strides {2^62, 64, 1}: extent overflows",
           kInv, "q's extent", pkv_tensor q = e.qt;
-          q.strides[0] = int64_t(k2_62); q.strides[1] = 64; q.strides[2] = 1; return attend_q(e, q);),
+          q.strides[0] = int64_t(k2_62); q.strides[1] = 64; q.strides[2] = 1;
+          return attend_q(e, q);),
         S("pkv_attention_forward", PKV_CLASS_OVERFLOW, "out byte_offset 2^64 - 64: address wraps",
           kInv, "out->byte_offset", pkv_tensor o = e.ot;
           o.byte_offset = ~uint64_t(0) - 63; return attend_out(e, o);),
