@@ -72,7 +72,8 @@ impl<'pool> Seq<'pool> {
 
     /// [`Pool::append_with_lookahead`].
     pub fn append_with_lookahead(&self, tokens: &[i32], num_lookahead: u32) -> Result<()> {
-        self.pool.append_with_lookahead(self.id, tokens, num_lookahead)
+        self.pool
+            .append_with_lookahead(self.id, tokens, num_lookahead)
     }
 
     /// [`Pool::match_prefix`].

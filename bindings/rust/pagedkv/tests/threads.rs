@@ -164,10 +164,17 @@ fn read_kv_block_never_sees_a_torn_cache_write() {
     while !done.load(std::sync::atomic::Ordering::SeqCst) || reads < 5 {
         for which in [pagedkv::Kv::Key, pagedkv::Kv::Value] {
             let b: Vec<f32> = pool.read_kv_block(0, which, block).unwrap();
-            assert!(b.iter().all(|&x| x == b[0]), "torn block after {reads} reads");
+            assert!(
+                b.iter().all(|&x| x == b[0]),
+                "torn block after {reads} reads"
+            );
         }
         reads += 1;
     }
     writer.join().unwrap();
-    assert_eq!(pool.read_kv_block::<f32>(0, pagedkv::Kv::Key, block).unwrap()[0], 300.0);
+    assert_eq!(
+        pool.read_kv_block::<f32>(0, pagedkv::Kv::Key, block)
+            .unwrap()[0],
+        300.0
+    );
 }
