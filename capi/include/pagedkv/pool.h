@@ -93,6 +93,10 @@ typedef struct pkv_seq_options {
   const pkv_mm_item* mm_items; /* multimodal items of the prompt; copied */
   uint32_t num_mm_items;
   uint32_t reserved0;
+  /* Appended after version 1 (read only when struct_size covers it): */
+  const char* lora_name; /* NULL/"" = none; the LoRA adapter's name, a UTF-8 key of every
+                            block hash, as current vLLM keys adapters (lora_request.lora_name).
+                            Independent of lora_id: set one (both: id first, then name). */
 } pkv_seq_options;
 
 PKV_API void pkv_seq_options_init(pkv_seq_options* opts);
