@@ -71,7 +71,7 @@ def prefix(algo, seed, block_size, tokens, lora_id=0, salt="", mm_items=(), lora
     (default: all) in one pass from the first mm item, then the tokens after
     the prompt one at a time (decode), each pass over new blocks starting from
     the last mm item. mm_items: [(offset, length, hash)]. LoRA keys: the id
-    (vLLM <= 0.10) and/or the name (current vLLM), id first."""
+    (older vLLM) and/or the name (current vLLM), id first."""
     mm_items = list(mm_items)
     parent = root(algo, seed)
     out = []

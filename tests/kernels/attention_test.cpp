@@ -443,6 +443,33 @@ TEST_P(AttentionLarge, WideGroups) {
   run_case(c);
 }
 
+// The sizes a CPU pool accepts beyond the usual ones (README, "Kernels"):
+// head dims that are not a multiple of the vector width (scalar kernels) or
+// are, but unusual, and block sizes from 1 to 128, with masked-key poison.
+TEST_P(AttentionLarge, AnyHeadDimAndBlockSize) {
+  uint32_t seed = 900;
+  for (int32_t d : {7, 48, 320}) {
+    for (int32_t bs : {1, 17, 128}) {
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        std::mt19937 rng(++seed);
+        Case c;
+        c.isa = GetParam();
+        c.dt = dt;
+        c.head_dim = d;
+        c.block_size = bs;
+        c.group = 2;
+        c.seed = seed;
+        c.seqs = mixed_step(bs, rng);
+        c.window = seed % 2 ? 0 : 3 + int32_t(rng() % 40);
+        c.poison_masked = true;
+        c.lse = true;
+        run_case(c);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cpu, AttentionLarge, ::testing::ValuesIn(supported_isas()),
                          [](const ::testing::TestParamInfo<CpuIsa>& info) {
                            return std::string(isa_name(info.param));

@@ -9,7 +9,7 @@
  * deterministic). With PKV_HASH_SHA256_CBOR the bytes equal vLLM's
  * sha256_cbor for the same seed (vLLM's PYTHONHASHSEED) and the same
  * request: current vLLM keys a LoRA adapter by name (set lora_name, leave
- * lora_id 0); vLLM <= 0.10 keyed it by id. docs/vllm-compat.md says which
+ * lora_id 0); older vLLM keyed it by id. docs/vllm-compat.md says which
  * vLLM behaviour is followed and where it differs. Only full blocks are
  * hashed.
  */

@@ -113,9 +113,17 @@ impl SeqId {
     }
 }
 
+/// `seq 0x0000000100000002`: the form every pagedkv message and binding
+/// prints sequence ids in.
 impl fmt::Debug for SeqId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SeqId({}#{})", self.0 & 0xffff_ffff, self.0 >> 32)
+        write!(f, "seq {:#018x}", self.0)
+    }
+}
+
+impl fmt::Display for SeqId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
     }
 }
 
@@ -126,6 +134,9 @@ pub struct SeqOptions {
     pub priority: i32,
     /// 0 = base model; part of every block hash.
     pub lora_id: u64,
+    /// The LoRA adapter's name, part of every block hash as current vLLM
+    /// keys adapters (older vLLM keyed `lora_id`). `None` or "" = none.
+    pub lora_name: Option<String>,
     /// Hashed into the first block: sequences with different salts never
     /// share cached blocks.
     pub cache_salt: Option<String>,
@@ -451,12 +462,14 @@ impl Pool {
     /// Creates an empty sequence.
     pub fn create_seq_with(&self, opts: &SeqOptions) -> Result<SeqId> {
         let salt = opt_c_string(&opts.cache_salt, "cache_salt")?;
+        let lora_name = opt_c_string(&opts.lora_name, "lora_name")?;
         let mm = RawMmItems::new(&opts.mm_items, "mm_items")?;
         let mut raw = sys::pkv_seq_options::default();
         // SAFETY: valid out-parameter.
         unsafe { sys::pkv_seq_options_init(&mut raw) };
         raw.priority = opts.priority;
         raw.lora_id = opts.lora_id;
+        raw.lora_name = opt_ptr(&lora_name);
         raw.cache_salt = opt_ptr(&salt);
         raw.mm_items = mm.ptr();
         raw.num_mm_items = mm.len()?;
