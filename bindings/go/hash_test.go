@@ -3,6 +3,7 @@ package pagedkv
 import (
 	"bytes"
 	"math/rand"
+	"reflect"
 	"testing"
 )
 
@@ -156,18 +157,6 @@ func hexes(hs []BlockHash, n int) []string {
 	return out
 }
 
-func sameStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 func TestLoraNameAndMMOffsetsMatchVLLMVectors(t *testing.T) {
 	p := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 16})
 	prompt := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}
@@ -176,12 +165,12 @@ func TestLoraNameAndMMOffsetsMatchVLLMVectors(t *testing.T) {
 	ok(t, named.Append(prompt))
 	got, err := named.BlockHashes()
 	ok(t, err)
-	if h := hexes(got, 32); !sameStrings(h, loraNameVector) {
+	if h := hexes(got, 32); !reflect.DeepEqual(h, loraNameVector) {
 		t.Fatalf("LoRA-name hashes %v, want %v", h, loraNameVector)
 	}
 	viaHash, err := HashPrefix(&HashOptions{BlockSize: 4, LoraName: "sql-lora"}, prompt)
 	ok(t, err)
-	if !sameStrings(hexes(viaHash, 32), loraNameVector) {
+	if !reflect.DeepEqual(hexes(viaHash, 32), loraNameVector) {
 		t.Fatal("HashPrefix with LoraName differs from the pool")
 	}
 	for _, o := range []*SeqOptions{{LoraName: "other"}, {LoraID: 1}, nil} {
@@ -198,7 +187,7 @@ func TestLoraNameAndMMOffsetsMatchVLLMVectors(t *testing.T) {
 	ok(t, mm.Append([]int32{8}))
 	got, err = mm.BlockHashes()
 	ok(t, err)
-	if h := hexes(got, 32); !sameStrings(h, mmDecodeVector) {
+	if h := hexes(got, 32); !reflect.DeepEqual(h, mmDecodeVector) {
 		t.Fatalf("multimodal hashes %v, want %v", h, mmDecodeVector)
 	}
 	_, err = p.CreateSeq(&SeqOptions{LoraName: "a\x00b"})

@@ -287,6 +287,20 @@ struct MatrixParam {
 
 class AttentionMatrix : public ::testing::TestWithParam<MatrixParam> {};
 
+// A matrix case: the parameter's ISA, dtype and head dim, a mixed step.
+Case matrix_case(const MatrixParam& p, int32_t bs, int32_t group, uint32_t seed,
+                 std::mt19937& rng) {
+  Case c;
+  c.isa = p.isa;
+  c.dt = p.dt;
+  c.head_dim = p.head_dim;
+  c.block_size = bs;
+  c.group = group;
+  c.seed = seed;
+  c.seqs = mixed_step(bs, rng);
+  return c;
+}
+
 // Full cross product on small shapes: block sizes x GQA ratios x features.
 TEST_P(AttentionMatrix, MixedSteps) {
   const MatrixParam p = GetParam();
@@ -295,14 +309,7 @@ TEST_P(AttentionMatrix, MixedSteps) {
     for (int32_t group : {1, 4, 8}) {
       for (int feature = 0; feature < 4; ++feature) {
         std::mt19937 rng(++seed);
-        Case c;
-        c.isa = p.isa;
-        c.dt = p.dt;
-        c.head_dim = p.head_dim;
-        c.block_size = bs;
-        c.group = group;
-        c.seed = seed;
-        c.seqs = mixed_step(bs, rng);
+        Case c = matrix_case(p, bs, group, seed, rng);
         if (feature & 1) c.window = 1 + int32_t(rng() % uint32_t(2 * bs));
         if (feature & 2) {
           // A large scale pushes logits well into the cap's bend.
@@ -328,17 +335,10 @@ TEST_P(AttentionMatrix, MaskedKeysNeverReachOutput) {
     for (int32_t group : {1, 4}) {
       for (int feature = 0; feature < 4; ++feature) {
         std::mt19937 rng(++seed);
-        Case c;
-        c.isa = p.isa;
-        c.dt = p.dt;
-        c.head_dim = p.head_dim;
-        c.block_size = bs;
-        c.group = group;
-        c.seed = seed;
+        Case c = matrix_case(p, bs, group, seed, rng);
         c.poison_masked = true;
         c.threads = 1 + feature % 2 * 2;
         c.min_split_keys = feature % 2 == 1 ? 8 : 512;
-        c.seqs = mixed_step(bs, rng);
         c.seqs.push_back({3 * bs + 5, 2 * bs + 3});  // a prefill crossing pages
         if (feature & 1) c.window = 2 + int32_t(rng() % uint32_t(2 * bs));
         if (feature & 2) {

@@ -5,12 +5,14 @@
 #include <cmath>
 #include <vector>
 
+#include "one_head_pool.h"
 #include "pagedkv/pagedkv.h"
 
 namespace {
 
-float key_at(int pos, int d) { return float(((pos * 31 + d * 7) % 17) - 8) / 8.f; }
-float value_at(int pos, int d) { return float(((pos * 13 + d * 3) % 11) - 5) / 4.f; }
+using pkvrel::key_at;
+using pkvrel::one_head_pool;
+using pkvrel::value_at;
 
 // A key outside a query's sliding window must not influence its output. The
 // CPU kernels computed a whole page and masked the keys before the window
@@ -26,17 +28,8 @@ float value_at(int pos, int d) { return float(((pos * 13 + d * 3) % 11) - 5) / 4
 // (AttentionMatrix.MaskedKeysNeverReachOutput) cover every ISA and dtype.
 TEST(AttentionRegression, MaskedKeyOutsideWindowDoesNotReachOutput) {
   const int bs = 8, D = 64;
-  pkv_pool_options o;
-  pkv_pool_options_init(&o);
-  o.block_size = bs;
-  o.num_blocks = 4;
-  o.num_layers = 1;
-  o.num_kv_heads = 1;
-  o.head_dim = D;
-  o.dtype = PKV_DTYPE_F32;
-  o.num_threads = 1;
-  pkv_pool* p = nullptr;
-  ASSERT_EQ(pkv_pool_create(&o, &p), PKV_OK);
+  pkv_pool* p = one_head_pool(bs, 4, 0, D);
+  ASSERT_NE(p, nullptr) << pkv_last_error_message();
   std::vector<int32_t> tok(8, 3);
   pkv_seq_id s;
   ASSERT_EQ(pkv_seq_create(p, nullptr, &s), PKV_OK);

@@ -8,12 +8,14 @@
 #include <cmath>
 #include <vector>
 
+#include "one_head_pool.h"
 #include "pagedkv/pagedkv.h"
 
 namespace {
 
-float key_at(int pos, int d) { return float(((pos * 31 + d * 7) % 17) - 8) / 8.f; }
-float value_at(int pos, int d) { return float(((pos * 13 + d * 3) % 11) - 5) / 4.f; }
+using pkvrel::key_at;
+using pkvrel::one_head_pool;
+using pkvrel::value_at;
 
 // Sliding-window pool, block 8, window 8. After 24 tokens and one more append
 // the window releases blocks 0 and 1 (positions 0..15). A plan with 9 queries
@@ -23,18 +25,8 @@ float value_at(int pos, int d) { return float(((pos * 13 + d * 3) % 11) - 5) / 4
 // fixed in d986e98: the plan is rejected with PKV_E_INVALID_ARGUMENT.
 TEST(KnownIssues, WindowPlanReachingReleasedBlockIsRejectedOrCorrect) {
   const int bs = 8, w = 8, D = 64;
-  pkv_pool_options o;
-  pkv_pool_options_init(&o);
-  o.block_size = bs;
-  o.num_blocks = 16;
-  o.sliding_window = w;
-  o.num_layers = 1;
-  o.num_kv_heads = 1;
-  o.head_dim = D;
-  o.dtype = PKV_DTYPE_F32;
-  o.num_threads = 1;
-  pkv_pool* p = nullptr;
-  ASSERT_EQ(pkv_pool_create(&o, &p), PKV_OK);
+  pkv_pool* p = one_head_pool(bs, 16, w, D);
+  ASSERT_NE(p, nullptr) << pkv_last_error_message();
   std::vector<int32_t> tok(32, 3);
   pkv_seq_id s;
   ASSERT_EQ(pkv_seq_create(p, nullptr, &s), PKV_OK);
