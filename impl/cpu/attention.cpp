@@ -306,11 +306,13 @@ class Attention {
     }
     chi = std::max(chi, clo);
     auto run = [&](PvFn fn, int32_t r, int32_t a, int32_t b, const float* alpha) {
-      // Pages of [a, b); an empty range still applies alpha.
-      const int32_t i0 = a < b ? a / bs_ - c0 : 0, i1 = a < b ? (b - 1) / bs_ - c0 : 0;
-      const PvPages pg{
-          vpage + i0, i1 - i0 + 1, a < b ? a - (c0 + i0) * bs_ : 0, a < b ? b - (c0 + i1) * bs_ : 0,
-          bs_,        ldpg_};
+      PvPages pg{vpage, 1, 0, 0, bs_, ldpg_};  // no key: still applies alpha
+      int32_t i0 = 0;
+      if (a < b) {
+        i0 = a / bs_ - c0;
+        const int32_t i1 = (b - 1) / bs_ - c0;
+        pg = PvPages{vpage + i0, i1 - i0 + 1, a - (c0 + i0) * bs_, b - (c0 + i1) * bs_, bs_, ldpg_};
+      }
       fn(s.logits + size_t(r) * ldl_ + size_t(i0) * ldpg_, ldl_, pg, d_, s.acc + size_t(r) * d_,
          alpha, pf);
     };

@@ -17,8 +17,7 @@ use crate::types::{BlockHash, DType, Device, Element, HashAlgo};
 /// set the fields you need.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PoolOptions {
-    /// Tokens per block: 1..=1024 for the manager; the kernels support 8,
-    /// 16, 32 and 64.
+    /// Tokens per block: 1..=1024, with storage or without.
     pub block_size: u32,
     /// Total blocks including the null block (>= 2); 0 = derive from
     /// `memory_budget_bytes`.
@@ -38,7 +37,7 @@ pub struct PoolOptions {
     /// 0 makes a manager-only pool without KV storage.
     pub num_layers: u32,
     pub num_kv_heads: u32,
-    /// Kernels support 64, 80, 96, 128 and 256.
+    /// 1..=4096 on a CPU pool; 64, 80, 96, 128 or 256 on a CUDA pool.
     pub head_dim: u32,
     /// Storage dtype: F32, F16 or BF16.
     pub dtype: DType,
