@@ -272,7 +272,7 @@ class Attention {
       pf.reset(slice_bytes);
       add_step(c0 + step_pages_, kplane_);
       const int32_t g0 = c0 * bs_ + j0, g1 = (c0 + n - 1) * bs_ + j1;
-      pv_step(pv, s, R, t.rows, vpage, c0, g0, g1, &pf);
+      pv_step(pv, s, t.rows, vpage, c0, g0, g1, &pf);
       pf.flush();
     }
 
@@ -297,8 +297,8 @@ class Attention {
   // keys it cannot see. Keys every row sees go through the R-row kernel (the
   // whole step in decode: no extra work there); the few keys only some rows
   // see (the causal diagonal, the window's first keys) go row by row.
-  void pv_step(PvFn pv, const Scratch& s, int32_t R, int32_t rows, const char* const* vpage,
-               int32_t c0, int32_t g0, int32_t g1, Prefetcher* pf) const {
+  void pv_step(PvFn pv, const Scratch& s, int32_t rows, const char* const* vpage, int32_t c0,
+               int32_t g0, int32_t g1, Prefetcher* pf) const {
     int32_t clo = g0, chi = g1;
     for (int32_t r = 0; r < rows; ++r) {
       clo = std::max(clo, s.lo[r]);
