@@ -20,8 +20,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=$(cd "${PAGEDKV_BUILD_DIR:-$root/build}" && pwd)
 stages=${PAGEDKV_INSTALL_TESTS:-c rust go python}
 jobs=$(nproc)
-# Caches that survive between runs (the bindgen build, Go's build cache);
-# everything a user would create lives in $work.
+# Kept between runs: the Rust consumer's target dir (bindgen takes a while to
+# build). Everything a user would create lives in $work.
 cache=$build/install-test-cache
 work=$(mktemp -d "${TMPDIR:-/tmp}/pagedkv-install.XXXXXX")
 trap '[ -n "${PAGEDKV_KEEP:-}" ] || rm -rf "$work"' EXIT
@@ -49,7 +49,9 @@ run_stage() { # name, command...
   fi
 }
 
-# needs_libpagedkv BINARY yes|no: checks the binary's DT_NEEDED entries.
+# needs_libpagedkv BINARY yes|no: checks the binary's DT_NEEDED entries and,
+# for a shared link, that the loader resolves libpagedkv inside the test
+# prefix (not some other installed copy) with no LD_LIBRARY_PATH.
 needs_libpagedkv() {
   local has=no
   if readelf -d "$1" | grep -q 'NEEDED.*libpagedkv\.so'; then has=yes; fi
@@ -57,6 +59,17 @@ needs_libpagedkv() {
     echo "$1: expected NEEDED libpagedkv.so: $2, found: $has" >&2
     readelf -d "$1" | grep -E 'NEEDED|RPATH|RUNPATH' >&2
     return 1
+  fi
+  if [ "$has" = yes ]; then
+    local resolved
+    resolved=$(ldd "$1" | sed -n 's/.*libpagedkv\.so[.0-9]* => \([^ ]*\).*/\1/p')
+    case $(realpath -m "$resolved") in
+      "$(realpath "$prefix")"/*) ;;
+      *)
+        echo "$1: libpagedkv resolves to '$resolved', not under $prefix" >&2
+        return 1
+        ;;
+    esac
   fi
 }
 
