@@ -222,7 +222,15 @@ for s in $stages; do
       run_stage "C via pkg-config (shared, pagedkv-static)" c_pkg_config
       run_stage "C via find_package (pagedkv::pagedkv, pagedkv::pagedkv_static)" c_find_package
       ;;
-    rust) run_stage "Rust crate (rpath, --features static)" rust_consumer ;;
+    rust)
+      # ctest skips the Rust tests without cargo (bindings/rust/cargo_env.cmake); so does this.
+      PATH=$PATH:${CARGO_HOME:-$HOME/.cargo}/bin
+      if command -v cargo >/dev/null; then
+        run_stage "Rust crate (rpath, --features static)" rust_consumer
+      else
+        echo "== install test: Rust crate: skipped, no cargo"
+      fi
+      ;;
     go) run_stage "Go module (default, -tags pagedkv_static)" go_consumer ;;
     python) run_stage "pip install into a fresh venv (build isolation)" python_venv ;;
     *) echo "test-install: unknown stage $s" >&2 && exit 2 ;;
