@@ -168,6 +168,13 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   }
   b->host_view_ = view_at(base, b->offsets_, info);
 
+  // Nothing counts as computed yet: commit() (or a cache write of every
+  // layer) says the step's writes happened. Allocated before the copies
+  // run: nothing after them may fail.
+  if (p.has_storage()) {
+    b->layer_written_.assign(p.opts_.num_layers, 0);
+    b->layers_left_ = p.opts_.num_layers;
+  }
   if (p.backend_ && p.backend_->device_type() != kDeviceCpu) {
     b->device_ = p.backend_->allocate_async(b->bytes_, stream);
     b->stream_ = stream;
@@ -183,12 +190,6 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   } else {
     p.run_pending_copies(stream);
     b->view_ = b->host_view_;
-  }
-  // Nothing counts as computed yet: commit() (or a cache write of every
-  // layer) says the step's writes happened.
-  if (p.has_storage()) {
-    b->layer_written_.assign(p.opts_.num_layers, 0);
-    b->layers_left_ = p.opts_.num_layers;
   }
   b->state_ = State::kOpen;
   return b;
