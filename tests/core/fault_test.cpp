@@ -417,8 +417,9 @@ TEST(Faults, BatchPrepareWithCopies) {
       {"batch commit", storage,
        [](Ctx& c) {
          pkv_seq_id a = make_seq(c);
-         append(c, a, 21, 1);
+         append(c, a, 16, 1);
          step(c, a, 16);
+         append(c, a, 5, 17);
        },
        [](Ctx& c) {
          pkv_batch* batch = nullptr;
