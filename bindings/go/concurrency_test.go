@@ -24,11 +24,14 @@ func TestConcurrentGoroutinesOnOnePool(t *testing.T) {
 			r := rand.New(rand.NewSource(int64(100 + w)))
 			var mine []Seq
 			fail := func(err error) { errc <- err }
-			// The plan half of an engine step over s's last n tokens:
-			// they count as computed once it is prepared.
+			// An engine step over s's last n tokens: they count as
+			// computed once it is committed.
 			compute := func(s Seq, n int) error {
 				b, err := p.Prepare([]Seq{s}, []int{n})
 				if err != nil {
+					return err
+				}
+				if err := b.Commit(); err != nil {
 					return err
 				}
 				return b.Close()
