@@ -22,7 +22,7 @@ import pagedkv
 
 BLOCK = 4
 NUM_BLOCKS = 14
-VOCAB = st.integers(0, 3)  # a tiny vocabulary makes prefix hits common
+VOCAB = st.integers(0, 1)  # a tiny vocabulary makes prefix hits (and same-step lookups) common
 TOKENS = st.lists(VOCAB, min_size=1, max_size=11)
 
 
@@ -85,6 +85,17 @@ class PoolMachine(RuleBasedStateMachine):
 
     @rule(target=seqs, prompt=TOKENS, salt=st.sampled_from([None, None, "s"]))
     def create(self, prompt, salt):
+        return self.admit(prompt, salt)
+
+    @rule(target=seqs, other=seqs, extra=VOCAB)
+    def create_like(self, other, extra):
+        """A request with another live request's tokens (the same system
+        prompt admitted in the same step, before either was computed)."""
+        if other not in self.tokens:
+            return other
+        return self.admit(self.tokens[other] + [extra], self.salt[other])
+
+    def admit(self, prompt, salt):
         s = self.pool.create_sequence(cache_salt=salt)
         free_before = self.pool.stats().num_free_blocks
         bound = self.cached_prefix_lower_bound(prompt) if salt is None else 0
