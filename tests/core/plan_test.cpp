@@ -152,25 +152,8 @@ std::shared_ptr<Pool> storage_pool(uint32_t heads = 2, uint32_t dim = 8) {
   return Pool::create(o);
 }
 
-TensorArg rows(std::vector<float>& data, int64_t n0, int64_t n1, int64_t n2) {
-  TensorArg t;
-  t.data = data.data();
-  t.dtype = uint32_t(DType::kF32);
-  t.device_type = kDeviceCpu;
-  t.ndim = 3;
-  t.shape[0] = n0;
-  t.shape[1] = n1;
-  t.shape[2] = n2;
-  return t;
-}
-
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1, 1);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using test::random_floats;
+using test::rows;
 
 TEST(Plan, CacheWriteLandsInThePlannedSlots) {
   auto pool = storage_pool();

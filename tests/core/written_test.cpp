@@ -338,29 +338,12 @@ std::shared_ptr<Pool> storage_pool(uint32_t layers) {
   return p;
 }
 
-TensorArg rows(std::vector<float>& v, int64_t n, int64_t h) {
-  TensorArg t;
-  t.data = v.data();
-  t.dtype = uint32_t(DType::kF32);
-  t.device_type = kDeviceCpu;
-  t.ndim = 3;
-  t.shape[0] = n;
-  t.shape[1] = h;
-  t.shape[2] = 8;
-  return t;
-}
-
-std::vector<float> randoms(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1, 1);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+TensorArg rows(std::vector<float>& v, int64_t n, int64_t h) { return test::rows(v, n, h, 8); }
+using test::random_floats;
 
 void write_layer(Batch& b, uint32_t layer, uint32_t seed) {
   const int64_t n = int64_t(b.info().num_tokens);
-  auto k = randoms(size_t(n) * 8, seed), v = randoms(size_t(n) * 8, seed + 1);
+  auto k = random_floats(size_t(n) * 8, seed), v = random_floats(size_t(n) * 8, seed + 1);
   TensorArg kt = rows(k, n, 1), vt = rows(v, n, 1);
   b.write(layer, &kt, &vt, nullptr);
 }
@@ -368,7 +351,7 @@ void write_layer(Batch& b, uint32_t layer, uint32_t seed) {
 // Every output of a plan over s's last q tokens, layer 0.
 std::vector<float> attend(const std::shared_ptr<Pool>& p, SeqId s, uint32_t q) {
   auto b = plan(p, {s}, {q});
-  auto qv = randoms(q * 8, 9);
+  auto qv = random_floats(q * 8, 9);
   std::vector<float> out(q * 8, 0);
   TensorArg qt = rows(qv, q, 1), ot = rows(out, q, 1);
   b->attend(0, &qt, &ot, nullptr, AttentionParams{}, nullptr);
