@@ -3,10 +3,12 @@
 // no logic: it checks pointers and sizes, converts, and calls impl/.
 #pragma once
 
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <new>
 #include <string>
+#include <type_traits>
 
 #include "error.h"
 #include "kv_pool.h"
@@ -76,6 +78,11 @@ constexpr uint32_t kMaxStructSize = 1u << 16;  // anything beyond is garbage
 void check_struct_size(uint32_t size, uint32_t v1_size, const char* name, const char* type,
                        const char* init);
 
+// Whether a caller's versioned struct (of its struct_size) holds `field`,
+// appended after the first version.
+#define PKV_HAS_FIELD(s, field) \
+  ((s)->struct_size >= offsetof(std::remove_pointer_t<decltype(s)>, field) + sizeof((s)->field))
+
 // Writes src into a caller's out-struct, no byte past its struct_size.
 template <class T>
 void write_out(T* out, const T& src) {
@@ -95,10 +102,10 @@ inline pagedkv::Pool& pool_of(const pkv_pool* p) {
 
 // First released sizes of the versioned structs (ABI 1).
 constexpr uint32_t kPoolOptionsV1 = sizeof(pkv_pool_options);
-constexpr uint32_t kSeqOptionsV1 = sizeof(pkv_seq_options);
+constexpr uint32_t kSeqOptionsV1 = offsetof(pkv_seq_options, lora_name);
 constexpr uint32_t kSeqInfoV1 = offsetof(pkv_seq_info, num_computed_tokens);
 constexpr uint32_t kPoolStatsV1 = sizeof(pkv_pool_stats);
-constexpr uint32_t kHashOptionsV1 = sizeof(pkv_hash_options);
+constexpr uint32_t kHashOptionsV1 = offsetof(pkv_hash_options, lora_name);
 constexpr uint32_t kBatchInfoV1 = sizeof(pkv_batch_info);
 constexpr uint32_t kAttentionParamsV1 = sizeof(pkv_attention_params);
 

@@ -53,6 +53,7 @@ pkv_status pkv_hash_prefix(const pkv_hash_options* opts, const int32_t* tokens, 
       fail(Errc::kInvalidArgument, "opts->mm_items is NULL but opts->num_mm_items is " +
                                        std::to_string(opts->num_mm_items));
     ctx.lora_id = opts->lora_id;
+    if (PKV_HAS_FIELD(opts, lora_name) && opts->lora_name) ctx.lora_name = opts->lora_name;
     if (opts->cache_salt) ctx.cache_salt = opts->cache_salt;
     uint64_t prev_end = 0;
     for (uint32_t i = 0; i < opts->num_mm_items; ++i) {

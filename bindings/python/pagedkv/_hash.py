@@ -28,10 +28,12 @@ def hash_prefix(
     lora_id: int = 0,
     cache_salt: Optional[str] = None,
     mm_items: Iterable[MMItemLike] = (),
+    lora_name: Optional[str] = None,
 ) -> List[bytes]:
     """Chained hashes of the full blocks of tokens, exactly as a pool with the
     same block_size, algo and seed computes them (vLLM-compatible for
-    sha256_cbor). Returns floor(len(tokens) / block_size) digests."""
+    sha256_cbor: current vLLM keys a LoRA adapter by lora_name, older vLLM
+    by lora_id). Returns floor(len(tokens) / block_size) digests."""
     a = HashAlgo.parse(algo)
     opts = {
         "algo": int(a),
@@ -39,6 +41,7 @@ def hash_prefix(
         "seed": seed,
         "lora_id": int(lora_id),
         "cache_salt": cache_salt,
+        "lora_name": lora_name,
         "mm_items": mm_tuples(mm_items),
     }
     capacity = len(tokens) // block_size if block_size > 0 else 0
