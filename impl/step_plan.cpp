@@ -104,8 +104,9 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
     const uint64_t n = s.tokens.size(), ctx_end = n - query_counts[i];
     const uint64_t w = p.opts_.sliding_window;
     const uint64_t first_key = w > 0 && n - query_counts[i] + 1 > w ? ctx_end + 1 - w : 0;
-    // Positions before num_committed are written (validate checks it).
-    uint64_t j = std::max<uint64_t>({s.num_null, first_key / bs, s.num_committed / bs});
+    // Without a window, positions before num_committed are written
+    // (validate checks it); with one, the check reads at most the window.
+    uint64_t j = std::max<uint64_t>({s.num_null, first_key / bs, w ? 0 : s.num_committed / bs});
     for (; j * bs < ctx_end; ++j) {
       const int32_t blk = s.blocks[j];
       const uint32_t need = uint32_t(std::min(bs, ctx_end - j * bs));
@@ -249,11 +250,26 @@ void Batch::commit_locked() {
   const auto after = p.written_after(std::move(rs));  // may throw: before any change
   state_ = State::kCommitted;
   for (const auto& [blk, w] : after) p.blocks_.set_written(blk, w);
+  if (p.opts_.sliding_window == 0) {
+    for (size_t i = 0; i < seqs_.size(); ++i)
+      if (Sequence* s = live[i])
+        s->num_committed =
+            std::max(s->num_committed,
+                     std::min(ends_[i], p.computed_tokens(*s, s->num_committed)));
+    return;
+  }
+  // With a window, tokens before it may never have been computed (nothing
+  // reads them): a sequence whose every query slot is now written counts
+  // up to its end, which lets the window release behind it.
+  std::vector<uint8_t> whole(seqs_.size(), 1);
+  for (const QueryRange& q : ranges_) {
+    const Sequence* s = live[q.seq];
+    const bool ok = s && q.index < s->blocks.size() && s->blocks[q.index] == q.r.block &&
+                    p.blocks_.written(q.r.block) >= q.r.hi;
+    if (!ok) whole[q.seq] = 0;
+  }
   for (size_t i = 0; i < seqs_.size(); ++i)
-    if (Sequence* s = live[i])
-      s->num_committed =
-          std::max(s->num_committed,
-                   std::min(ends_[i], p.computed_tokens(*s, s->num_committed)));
+    if (Sequence* s = live[i]; s && whole[i]) s->num_committed = std::max(s->num_committed, ends_[i]);
 }
 
 TensorArg Batch::plan_tensor(uint32_t which) const {

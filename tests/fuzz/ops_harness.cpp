@@ -524,6 +524,9 @@ class Harness {
     uint64_t predicted = 0;
     EXPECT_STATUS(pkv_seq_blocks_needed(pool_, s->id, n, la, &predicted), PKV_OK);
     const uint64_t net = take - std::min(take, need.gain);  // net of what the window gives back
+    trace("blocks_needed %llx: %llu tokens + %u lookahead at %llu, committed %llu\n",
+          (unsigned long long)s->id, (unsigned long long)n, la, (unsigned long long)n0,
+          (unsigned long long)s->committed);
     CHECK(predicted == net, "blocks_needed says %llu, the model %llu",
           (unsigned long long)predicted, (unsigned long long)net);
     const pkv_status want = take > avail ? PKV_E_OUT_OF_BLOCKS : PKV_OK;
