@@ -50,8 +50,9 @@ inline void append(Pool& p, SeqId id, const std::vector<int32_t>& t, uint32_t lo
 }
 
 // One engine step over id: a plan whose queries are its last q tokens (0 =
-// all of them). Once prepared they count as computed: the sliding window
-// releases relative to them and their blocks stay cached when id goes.
+// all of them), destroyed at once: on these manager-only pools that commits
+// it (ABI 1), so they count as computed: the sliding window releases
+// relative to them and their blocks can be hit and stay cached when id goes.
 inline void step(const std::shared_ptr<Pool>& p, SeqId id, uint32_t q = 0) {
   if (q == 0) q = uint32_t(p->seq_info(id).num_tokens);
   Batch::prepare(p, &id, &q, 1, nullptr);
