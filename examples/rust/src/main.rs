@@ -10,6 +10,9 @@
 //! Build against an installed pagedkv (pkg-config finds `pagedkv.pc`), or
 //! an uninstalled CMake build tree:
 //! `PKG_CONFIG_PATH=<build>/pkgconfig LD_LIBRARY_PATH=<build>/capi cargo run`.
+//! Copied into your own crate, add the `static` feature or an rpath
+//! (bindings/rust/README.md, "Using it from your crate") to run it without
+//! LD_LIBRARY_PATH.
 
 use std::collections::VecDeque;
 
