@@ -11,9 +11,17 @@ BlockPool::BlockPool(int32_t num_blocks, bool enable_caching, EventQueue* events
       hash_(num_blocks),
       lora_(num_blocks, 0),
       fill_(num_blocks, 0),
+      written_(num_blocks, 0),
       queue_(num_blocks, 1),
       cache_(&hash_, num_blocks),
       events_(events) {}
+
+int32_t BlockPool::lookup_written(const BlockHash& h) const {
+  if (!caching_) return -1;
+  for (int32_t b = cache_.find(h); b >= 0; b = cache_.next_duplicate(b))
+    if (fully_written(b)) return b;
+  return -1;
+}
 
 void BlockPool::evict(int32_t id) noexcept {
   uncache_block(id);
@@ -78,6 +86,12 @@ std::string BlockPool::check() const {
       return "free queue: block " + std::to_string(id) + " is referenced and free";
     if (ref_[id] == 0 && !queue_.contains(id))
       return "free queue: block " + std::to_string(id) + " is unreferenced but not free";
+    if (block_size_ && written_[id] > block_size_)
+      return "written state: block " + std::to_string(id) + " has " +
+             std::to_string(written_[id]) + " written slots, more than a block holds";
+    if (!hash_[id].empty() && ref_[id] == 0 && !fully_written(id))
+      return "written state: block " + std::to_string(id) +
+             " sits cached in the free queue but its K/V was never (fully) written";
     if (!hash_[id].empty()) {
       ++hashed;
       if (!cache_.contains(id))

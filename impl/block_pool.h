@@ -51,6 +51,7 @@ class BlockPool {
     if (!hash_[id].empty()) evict(id);
     ref_[id] = 1;
     fill_[id] = 0;
+    written_[id] = 0;
     ++num_used_;
     return id;
   }
@@ -94,6 +95,17 @@ class BlockPool {
   }
   uint64_t filled() const { return filled_; }
 
+  // Leading slots of a block whose K/V was written (DESIGN.md §9): by a
+  // committed step, a block copy or a swap-in. Slots of a sequence are
+  // computed in order (a plan's queries are each sequence's last tokens),
+  // so a count of leading slots is the whole state. Reset by allocate;
+  // lowered by the sole holder that appends new tokens into written slots
+  // or truncates them. Only fully written blocks may be hit by a lookup.
+  uint32_t written(int32_t id) const { return written_[id]; }
+  void set_written(int32_t id, uint32_t w) noexcept { written_[id] = uint16_t(w); }
+  bool fully_written(int32_t id) const { return written_[id] >= block_size_; }
+  void set_block_size(uint32_t bs) { block_size_ = bs; }
+
   // Room for n more events, before a caller starts mutating (may throw).
   void reserve_events(size_t n) {
     if (events_) events_->reserve(n);
@@ -101,6 +113,10 @@ class BlockPool {
 
   // Any cached block holding h, or -1.
   int32_t lookup(const BlockHash& h) const { return caching_ ? cache_.find(h) : -1; }
+  // Any cached, fully written block holding h, or -1: what a prefix hit
+  // may attach (a block registered at append but not yet written, or whose
+  // step was aborted, is skipped).
+  int32_t lookup_written(const BlockHash& h) const;
   // Registers a full block under h (no-op if caching is off or the block
   // already holds a hash) and records a STORED event.
   void cache_block(int32_t id, const BlockHash& h, const BlockHash* parent, uint32_t num_tokens,
@@ -131,6 +147,10 @@ class BlockPool {
   std::vector<BlockHash> hash_;
   std::vector<uint64_t> lora_;  // for REMOVED events
   std::vector<uint16_t> fill_;  // block_size <= 1024
+  std::vector<uint16_t> written_;
+  // Set by the owning Pool; 0 (tests of the block pool alone) counts every
+  // block as written.
+  uint32_t block_size_ = 0;
   uint64_t filled_ = 0;
   FreeBlockQueue queue_;
   PrefixCache cache_;

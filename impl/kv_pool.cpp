@@ -73,6 +73,7 @@ Pool::Pool(const PoolOptions& opts, uint64_t bytes_per_block)
       root_(hash_root(opts.hash_algo, opts.hash_seed)),
       hasher_(std::make_unique<BlockHasher>(opts.hash_algo)) {
   if ((opts.block_size & (opts.block_size - 1)) == 0) bs_shift_ = __builtin_ctz(opts.block_size);
+  blocks_.set_block_size(opts.block_size);
 }
 
 Pool::~Pool() { close(); }
@@ -208,8 +209,8 @@ std::string Pool::validate() const {
     if (!bad.empty()) return;
     const std::string who = seq_name(id);
     tokens += q.tokens.size();
-    if (q.num_planned > q.tokens.size()) {
-      bad = "block tables: " + who + " has more planned positions than tokens";
+    if (q.num_committed > q.tokens.size()) {
+      bad = "written state: " + who + " has more committed positions than tokens";
       return;
     }
     if (q.blocks.size() * bs < q.tokens.size()) {
@@ -256,6 +257,22 @@ std::string Pool::validate() const {
     }
   });
   if (!bad.empty()) return bad;
+  // Written state (DESIGN.md §9): no sequence counts on slots that are not
+  // written (BlockPool::check covers cached blocks in the free queue).
+  seqs_.for_each([&](SeqId id, const Sequence& q) {
+    if (!bad.empty()) return;
+    // With a window, only the keys the next query reads must be written.
+    const uint64_t w = opts_.sliding_window, nc = q.num_committed;
+    const uint64_t from = w && nc + 1 > w ? nc + 1 - w : 0;
+    const uint64_t c = computed_tokens(q, from);
+    if (c < nc)
+      bad = "written state: " + seq_name(id) + " counts " + std::to_string(nc) +
+            " tokens as computed but only its first " + std::to_string(c) +
+            " positions have written slots";
+    else if (q.num_cached > q.tokens.size())
+      bad = "written state: " + seq_name(id) + " has more cached tokens than tokens";
+  });
+  if (!bad.empty()) return bad;
   if (tokens != num_tokens_)
     return "stats: the token count " + std::to_string(num_tokens_) + " disagrees with the " +
            std::to_string(tokens) + " tokens of the sequences";
@@ -265,6 +282,23 @@ std::string Pool::validate() const {
              std::to_string(blocks_.ref(b)) + " but " + std::to_string(refs[b]) +
              " table references";
   return tail_bad;
+}
+
+std::vector<std::pair<int32_t, uint32_t>> Pool::written_after(
+    std::vector<WrittenRange> ranges) const {
+  // A slot is written once the slots before it are: ranges of one block
+  // apply in slot order, each extending the count if it starts within it.
+  std::sort(ranges.begin(), ranges.end(), [](const WrittenRange& a, const WrittenRange& b) {
+    return a.block != b.block ? a.block < b.block : a.lo < b.lo;
+  });
+  std::vector<std::pair<int32_t, uint32_t>> out;
+  for (const WrittenRange& r : ranges) {
+    if (out.empty() || out.back().first != r.block)
+      out.emplace_back(r.block, blocks_.written(r.block));
+    uint32_t& w = out.back().second;
+    if (r.lo <= w) w = std::max(w, r.hi);
+  }
+  return out;
 }
 
 // ------------------------------------------------------------------ storage
@@ -358,9 +392,36 @@ void Pool::copy_blocks(const int32_t* src, const int32_t* dst, uint64_t n, void*
     fail(Errc::kInvalidState, "the pool has no KV storage (created with num_layers 0)");
   check_block_ids(src, n, "src");
   check_block_ids(dst, n, "dst");
+  blocks_.reserve_events(n);  // may throw: first
   run_pending_copies(stream);
   std::unique_lock<std::shared_mutex> kv(kv_mu_);
   if (n) backend_->copy_blocks(arena_, src, dst, int64_t(n), stream);
+  // A copy carries the source's written state (in order: a later pair may
+  // read an earlier one's destination); a cached destination that is no
+  // longer fully written leaves the cache.
+  bool lowered = false;
+  for (uint64_t i = 0; i < n; ++i) {
+    lowered |= blocks_.written(src[i]) < blocks_.written(dst[i]);
+    blocks_.set_written(dst[i], blocks_.written(src[i]));
+    if (!blocks_.fully_written(dst[i])) blocks_.uncache_block(dst[i]);
+  }
+  if (lowered) recount_committed();
+}
+
+void Pool::recount_committed() noexcept {
+  // A sequence's committed count lets plans skip re-checking its context;
+  // after a copy overwrote blocks with less written K/V it must not claim
+  // more than its blocks now hold, so its next plan recomputes the rest.
+  const uint64_t w = opts_.sliding_window;
+  seqs_.for_each([&](SeqId, const Sequence& cq) {
+    Sequence& q = const_cast<Sequence&>(cq);  // our own table, only viewed as const
+    for (;;) {  // with a window, the keys a committed count vouches for move with it
+      const uint64_t nc = q.num_committed, from = w && nc + 1 > w ? nc + 1 - w : 0;
+      const uint64_t c = computed_tokens(q, from);
+      if (c >= nc) break;
+      q.num_committed = c;
+    }
+  });
 }
 
 void Pool::swap_blocks(const int32_t* ids, uint64_t n, void* host, uint64_t host_bytes,
@@ -393,6 +454,10 @@ void Pool::swap_blocks(const int32_t* ids, uint64_t n, void* host, uint64_t host
     std::unique_lock<std::shared_mutex> kv(kv_mu_);
     if (n) backend_->swap(arena_, ids, int64_t(n), host, false, stream);
   }
+  // A swap-in restores the K/V of the tokens each block holds: those slots
+  // (its fill) count as written.
+  if (!to_host)
+    for (uint64_t i = 0; i < n; ++i) blocks_.set_written(ids[i], blocks_.fill(ids[i]));
 }
 
 }  // namespace pagedkv

@@ -53,6 +53,7 @@ struct SeqInfo {
   uint64_t num_blocks = 0;
   uint64_t num_slots = 0;
   uint64_t lora_id = 0;
+  uint64_t num_computed_tokens = 0;
 };
 
 struct PoolStats {
@@ -145,10 +146,32 @@ class Pool {
   size_t hash_new_blocks(Sequence& s);
   // Registers blocks [from, s.hashes.size()) in the prefix cache; no throw.
   void cache_new_blocks(const Sequence& s, size_t from) noexcept;
-  // Hashed blocks in [begin, end) of s that no prepared plan covered.
-  size_t count_unplanned(const Sequence& s, size_t begin, size_t end) const;
-  void uncache_unplanned(const Sequence& s, size_t begin, size_t end) noexcept;
+  // Blocks in [begin, end) of s that we hold alone, that are cached and not
+  // fully written: they must leave the prefix cache when we let them go.
+  size_t count_unwritten(const Sequence& s, size_t begin, size_t end) const;
+  void uncache_unwritten(const Sequence& s, size_t begin, size_t end) noexcept;
+  // Leading positions of s whose slots are written (window-released ones
+  // count: they were computed before the window let them go).
+  // Positions before from are known written (num_committed is a valid
+  // hint), so the walk starts there.
+  uint64_t computed_tokens(const Sequence& s, uint64_t from = 0) const;
+  // Lowers every sequence's committed count to what its blocks hold written
+  // (after a copy overwrote blocks it counted on).
+  void recount_committed() noexcept;
   bool tail_is_exclusive(const Sequence& s) const;
+  // Slots from `from` on of a block about to receive new tokens hold no
+  // K/V of them.
+  void clamp_written(int32_t b, uint64_t from) noexcept {
+    if (blocks_.written(b) > from) blocks_.set_written(b, uint32_t(from));
+  }
+  // Marks the slots a committed step wrote (see Batch::commit); holds mu_.
+  struct WrittenRange {
+    int32_t block;
+    uint32_t lo, hi;  // slots [lo, hi) of block
+  };
+  // The written count of each block in ranges after applying them in slot
+  // order to the current state: sorted by block, one entry per block.
+  std::vector<std::pair<int32_t, uint32_t>> written_after(std::vector<WrittenRange> ranges) const;
   void release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin,
                               size_t end) noexcept;
   void run_pending_copies(void* stream);  // caller holds mu_

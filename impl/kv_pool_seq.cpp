@@ -68,27 +68,38 @@ void Pool::cache_new_blocks(const Sequence& s, size_t from) noexcept {
                         s.ctx.lora_id);
 }
 
-size_t Pool::count_unplanned(const Sequence& s, size_t begin, size_t end) const {
+size_t Pool::count_unwritten(const Sequence& s, size_t begin, size_t end) const {
   size_t count = 0;
-  end = std::min(end, s.hashes.size());
-  for (size_t j = std::max<uint64_t>(begin, div_bs(s.num_planned)); j < end; ++j)
-    count += s.blocks[j] != BlockPool::kNullBlock && blocks_.ref(s.blocks[j]) == 1 &&
-             !blocks_.hash(s.blocks[j]).empty();
+  end = std::min(end, s.blocks.size());
+  for (size_t j = begin; j < end; ++j) {
+    const int32_t b = s.blocks[j];
+    count += b != BlockPool::kNullBlock && blocks_.ref(b) == 1 && !blocks_.hash(b).empty() &&
+             !blocks_.fully_written(b);
+  }
   return count;
 }
 
-void Pool::uncache_unplanned(const Sequence& s, size_t begin, size_t end) noexcept {
-  // Block j became full at position (j + 1) * block_size - 1: it was
-  // computed only if that is below num_planned. Only blocks we hold alone
-  // are concerned: they are about to enter the free queue, where a later
-  // match_prefix would find them. A block another sequence still holds
-  // keeps its hash (a fork relative may have computed it; a sequence that
-  // matched it is as early as we are).
-  end = std::min(end, s.hashes.size());
-  for (size_t j = std::max<uint64_t>(begin, div_bs(s.num_planned)); j < end; ++j) {
+void Pool::uncache_unwritten(const Sequence& s, size_t begin, size_t end) noexcept {
+  // Blocks we hold alone are about to enter the free queue, where a later
+  // lookup would find them: one whose K/V no committed step (copy, swap-in)
+  // wrote leaves the cache (REMOVED) and goes to the head of the queue. A
+  // block another sequence holds keeps its hash: that holder may still
+  // write it, and lookups skip it until then.
+  end = std::min(end, s.blocks.size());
+  for (size_t j = begin; j < end; ++j) {
     const int32_t b = s.blocks[j];
-    if (b != BlockPool::kNullBlock && blocks_.ref(b) == 1) blocks_.uncache_block(b);
+    if (b != BlockPool::kNullBlock && blocks_.ref(b) == 1 && !blocks_.fully_written(b))
+      blocks_.uncache_block(b);
   }
+}
+
+uint64_t Pool::computed_tokens(const Sequence& s, uint64_t from) const {
+  const uint64_t bs = opts_.block_size, n = s.tokens.size();
+  for (size_t j = std::max<uint64_t>(s.num_null, div_bs(from)); j < s.blocks.size(); ++j) {
+    const uint32_t w = blocks_.written(s.blocks[j]);
+    if (w < bs) return std::min<uint64_t>(n, j * bs + w);
+  }
+  return std::min<uint64_t>(n, s.blocks.size() * bs);
 }
 
 void Pool::release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin,
@@ -149,7 +160,7 @@ uint64_t Pool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
     for (uint64_t j = 0; j < max_blocks; ++j) {
       const BlockHash& parent = j ? s.hashes[j - 1] : root_;
       BlockHash h = hasher_->hash(parent, tokens + j * bs, bs, s.ctx, j * bs);
-      int32_t b = blocks_.lookup(h);
+      int32_t b = blocks_.lookup_written(h);  // never a block nobody wrote
       if (b < 0) break;
       if (j == 0) {
         s.blocks.reserve(max_blocks);
@@ -168,7 +179,7 @@ uint64_t Pool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
   const uint64_t hit = s.blocks.size() * bs;
   s.tokens.assign(tokens, tokens + hit);
   for (int32_t b : s.blocks) blocks_.touch(b);
-  s.num_cached = s.num_planned = hit;  // hits hold K/V computed before
+  s.num_cached = s.num_committed = hit;  // hits hold written K/V
   num_tokens_ += hit;
   prefix_query_tokens_ += n;
   prefix_hit_tokens_ += hit;
@@ -194,12 +205,13 @@ Pool::AppendNeed Pool::append_need(const Sequence& s, uint64_t n, uint32_t looka
   }
   need.window_first = need.window_end = s.num_null;
   const uint64_t w = opts_.sliding_window;
-  // The next plan's first query is the first position no prepared plan
-  // covered (num_planned, at most n0): it sees keys > q0 - w, so blocks
-  // wholly before q0 - w + 1 are never read again. Positions appended by
-  // earlier appends but not yet planned keep their keys. Without new tokens
-  // nothing is released, so the last token stays queryable.
-  const uint64_t q0 = std::min(n0, s.num_planned);
+  // The next plan's first query is at the latest the first position no
+  // committed step covered (num_committed, at most n0): it sees keys
+  // > q0 - w, so blocks wholly before q0 - w + 1 are never read again.
+  // Positions appended but not yet computed keep their keys (a step that
+  // was prepared and aborted computed nothing). Without new tokens nothing
+  // is released, so the last token stays queryable.
+  const uint64_t q0 = std::min(n0, s.num_committed);
   if (w > 0 && n > 0 && q0 + 1 > w) {
     const uint64_t end = std::min<uint64_t>(nb, (q0 + 1 - w) / bs);
     for (uint64_t j = s.num_null; j < end; ++j)
@@ -224,6 +236,7 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
       grow(s.tokens, n0 + 1);
       if (!new_block && !fills) {  // most decode appends: nothing else can fail
         s.tokens.push_back(tokens[0]);
+        clamp_written(s.blocks[j], n0 - j * opts_.block_size);
         blocks_.add_filled_slot(s.blocks[j]);
         ++num_tokens_;
         ++s.version;
@@ -243,6 +256,7 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
         }
       }
       if (new_block) s.blocks.push_back(blocks_.allocate());
+      clamp_written(s.blocks[j], n0 - j * opts_.block_size);
       blocks_.add_filled_slot(s.blocks[j]);
       if (fills) cache_new_blocks(s, h0);
       ++num_tokens_;
@@ -267,7 +281,7 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
   grow(s.tokens, n0 + n);
   grow(s.blocks, s.blocks.size() + need.fresh);
   if (need.cow) grow(blocks_.pending_copies(), blocks_.pending_copies().size() + need.cow);
-  blocks_.reserve_events(take + 2 * (div_bs(n) + 2));
+  blocks_.reserve_events(take + 2 * (div_bs(n) + 2) + (need.window_end - need.window_first));
   s.tokens.insert(s.tokens.end(), tokens, tokens + n);
   size_t h0;
   try {
@@ -278,6 +292,7 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
   }
 
   // 1. Sliding window: release what no query will read again, tail first.
+  uncache_unwritten(s, need.window_first, need.window_end);  // none while the invariants hold
   for (uint64_t j = need.window_end; j-- > need.window_first;) {
     blocks_.release(s.blocks[j]);
     s.blocks[j] = BlockPool::kNullBlock;
@@ -295,6 +310,7 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
         const int32_t fresh = blocks_.allocate();
         if (j * bs < n0) {  // it holds tokens of ours: their KV must follow
           blocks_.add_pending_copy(b, fresh);
+          blocks_.set_written(fresh, blocks_.written(b));  // the copy carries them
           ++num_cow_copies_;
         }
         blocks_.release(b);
@@ -310,8 +326,11 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
 
   // 4. The blocks written hold the new tokens (all ours alone now); the
   // blocks they fill enter the prefix cache.
-  for (uint64_t j = div_bs(n0), end = n0 + n; n > 0 && j * bs < end; ++j)
+  // Slots that receive new tokens hold no K/V of them yet.
+  for (uint64_t j = div_bs(n0), end = n0 + n; n > 0 && j * bs < end; ++j) {
     blocks_.set_fill(s.blocks[j], uint32_t(std::min<uint64_t>(bs, end - j * bs)));
+    clamp_written(s.blocks[j], j * bs < n0 ? n0 - j * bs : 0);
+  }
   cache_new_blocks(s, h0);
   if (s.tail_shared) s.tail_shared = !tail_is_exclusive(s);
   num_tokens_ += n;
@@ -355,7 +374,7 @@ SeqId Pool::fork(SeqId parent) {
   c.ctx = std::move(copy.ctx);
   c.priority = p.priority;
   c.num_cached = p.num_cached;
-  c.num_planned = p.num_planned;
+  c.num_committed = p.num_committed;
   c.num_null = p.num_null;
   num_tokens_ += c.tokens.size();
   for (int32_t b : c.blocks)
@@ -382,7 +401,7 @@ void Pool::truncate(SeqId id, uint64_t m) {
                                        " that its sliding window already released");
   }
   const uint64_t keep = (m + bs - 1) / bs;
-  blocks_.reserve_events(1 + count_unplanned(s, keep, s.blocks.size()));  // may throw: first
+  blocks_.reserve_events(1 + count_unwritten(s, keep, s.blocks.size()));  // may throw: first
   if (m % bs != 0 && m / bs < s.blocks.size()) {
     // The block of the new last token becomes partial. If it is ours alone,
     // a hash it holds goes (even one our own hashes no longer cover: an
@@ -393,18 +412,20 @@ void Pool::truncate(SeqId id, uint64_t m) {
     if (b != BlockPool::kNullBlock && blocks_.ref(b) == 1) {
       blocks_.uncache_block(b);
       blocks_.set_fill(b, uint32_t(m % bs));
+      clamp_written(b, m % bs);
     }
   }
-  // Full blocks leaving the sequence whose K/V no prepared plan wrote must
-  // not be found by a later match_prefix.
-  uncache_unplanned(s, keep, s.blocks.size());
+  // Full blocks leaving the sequence whose K/V nobody wrote must not be
+  // found by a later match_prefix.
+  uncache_unwritten(s, keep, s.blocks.size());
   release_blocks_reverse(s.blocks, keep, s.blocks.size());
   s.blocks.resize(std::min<uint64_t>(keep, s.blocks.size()));
   s.tokens.resize(m);
   if (s.hashes.size() > m / bs) s.hashes.resize(m / bs);
   s.num_null = std::min<uint64_t>(s.num_null, s.blocks.size());
   s.num_cached = std::min(s.num_cached, m);
-  s.num_planned = std::min(s.num_planned, m);
+  s.num_committed = std::min(s.num_committed, m);
+  if (m < n0) ++s.writes_epoch;  // a step prepared before may have written tokens now gone
   s.tail_shared = !tail_is_exclusive(s);
   num_tokens_ -= n0 - m;
   ++s.version;
@@ -413,10 +434,10 @@ void Pool::truncate(SeqId id, uint64_t m) {
 void Pool::free(SeqId id) {
   std::lock_guard<std::mutex> lock(mu_);
   Sequence& s = seq_or_throw(id);
-  blocks_.reserve_events(count_unplanned(s, 0, s.blocks.size()));  // may throw: first
-  // Blocks that became full after the last prepared plan hold no K/V: they
-  // leave the prefix cache (and go to the head of the free queue).
-  uncache_unplanned(s, 0, s.blocks.size());
+  blocks_.reserve_events(count_unwritten(s, 0, s.blocks.size()));  // may throw: first
+  // Full blocks whose K/V was never written leave the prefix cache (and go
+  // to the head of the free queue).
+  uncache_unwritten(s, 0, s.blocks.size());
   release_blocks_reverse(s.blocks, 0, s.blocks.size());
   num_tokens_ -= s.tokens.size();
   seqs_.remove(id);
@@ -432,6 +453,7 @@ SeqInfo Pool::seq_info(SeqId id) const {
   i.num_blocks = s.blocks.size();
   i.num_slots = s.blocks.size() * opts_.block_size;
   i.lora_id = s.ctx.lora_id;
+  i.num_computed_tokens = computed_tokens(s);
   return i;
 }
 

@@ -27,6 +27,8 @@ class PrefixCache {
 
   // Any block holding hash h, or -1.
   int32_t find(const BlockHash& h) const;
+  // The next block in block's chain of equal hashes, or -1.
+  int32_t next_duplicate(int32_t block) const { return dup_next_[block]; }
   // Adds block (its hash already set in the hash array; not yet in the map).
   void insert(int32_t block);
   // Removes block (in the map under its current hash).

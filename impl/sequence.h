@@ -32,12 +32,15 @@ struct Sequence {
   uint64_t num_null = 0;          // leading table entries released to the null block
   int32_t priority = 0;
   uint64_t num_cached = 0;  // tokens attached by match_prefix
-  // End of the positions covered by the last prepared step plan (or
-  // attached as prefix-cache hits): tokens before it count as computed.
-  // The sliding window releases relative to it, and blocks that became
-  // full past it lose their hash when the sequence lets them go, since
-  // their K/V was never written.
-  uint64_t num_planned = 0;
+  // End of the positions whose K/V this sequence knows written: a
+  // committed step covered them, or they were attached as written prefix
+  // hits. The sliding window releases relative to it. Whether a slot is
+  // written is the block's state (BlockPool::written); this is the
+  // sequence's own progress, never ahead of it (validate checks).
+  uint64_t num_committed = 0;
+  // Bumped by truncate: a step prepared before it wrote K/V of tokens that
+  // may have been replaced, so its commit must not mark their slots.
+  uint32_t writes_epoch = 0;
   uint64_t plan_mark = 0;  // batch-prepare epoch, to reject duplicates
   HashContext ctx;
 
@@ -50,7 +53,8 @@ struct Sequence {
     tail_shared = false;
     priority = 0;
     num_cached = 0;
-    num_planned = 0;
+    num_committed = 0;
+    ++writes_epoch;
     plan_mark = 0;
     ctx = HashContext{};
   }

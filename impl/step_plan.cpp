@@ -1,5 +1,6 @@
 #include "step_plan.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -92,6 +93,54 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
     fail(Errc::kInvalidArgument, "the batch has " + str(tokens) + " query tokens and " +
                                      str(pages) + " pages; each must fit in int32");
 
+  // The slots this plan writes, and the context it reads: every context
+  // slot must hold written K/V, or be written by this same plan first (a
+  // layer's cache write precedes its attention). Otherwise the engine must
+  // compute those tokens as queries: fail before changing anything.
+  b->epochs_.resize(num_seqs);
+  b->ends_.resize(num_seqs);
+  for (uint32_t i = 0; i < num_seqs; ++i) {
+    const Sequence& s = *live[i];
+    const uint64_t n = s.tokens.size(), start = n - query_counts[i];
+    b->epochs_[i] = s.writes_epoch;
+    b->ends_[i] = n;
+    for (uint64_t j = start / bs; j * bs < n; ++j)
+      b->ranges_.push_back({i, uint32_t(j),
+                            {s.blocks[j], uint32_t(std::max(start, j * bs) - j * bs),
+                             uint32_t(std::min(n, (j + 1) * bs) - j * bs)}});
+  }
+  std::vector<Pool::WrittenRange> rs(b->ranges_.size());
+  for (size_t k = 0; k < rs.size(); ++k) rs[k] = b->ranges_[k].r;
+  const auto after = p.written_after(std::move(rs));
+  for (uint32_t i = 0; i < num_seqs; ++i) {
+    const Sequence& s = *live[i];
+    const uint64_t n = s.tokens.size(), ctx_end = n - query_counts[i];
+    const uint64_t w = p.opts_.sliding_window;
+    const uint64_t first_key = w > 0 && n - query_counts[i] + 1 > w ? ctx_end + 1 - w : 0;
+    // Without a window, positions before num_committed are written
+    // (validate checks it); with one, the check reads at most the window.
+    uint64_t j = std::max<uint64_t>({s.num_null, first_key / bs, w ? 0 : s.num_committed / bs});
+    for (; j * bs < ctx_end; ++j) {
+      const int32_t blk = s.blocks[j];
+      const uint32_t need = uint32_t(std::min(bs, ctx_end - j * bs));
+      uint32_t wr = p.blocks_.written(blk);
+      if (wr < need) {
+        auto it = std::lower_bound(after.begin(), after.end(), std::make_pair(blk, uint32_t(0)));
+        if (it != after.end() && it->first == blk) wr = it->second;
+      }
+      if (wr < need) {
+        const uint64_t from = j * bs + wr;
+        fail(Errc::kInvalidState,
+             "seqs[" + str(i) + "]: " + seq_name(seqs[i]) + " would attend over tokens [" +
+                 str(from) + ", " + str(ctx_end) +
+                 ") whose K/V no committed step wrote (the step meant to compute them was "
+                 "aborted, or the sequence it shared them with went away before writing); "
+                 "compute them in this step: query_counts[" +
+                 str(i) + "] >= " + str(n - from));
+      }
+    }
+  }
+
   BatchInfo& info = b->info_;
   info.num_seqs = num_seqs;
   info.num_tokens = tokens;
@@ -137,6 +186,13 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   std::memcpy(base + off, base, off);
   b->host_view_ = view_at(base, b->offsets_, info);
 
+  // Nothing counts as computed yet: commit() (or a cache write of every
+  // layer) says the step's writes happened. Allocated before the copies
+  // run: nothing after them may fail.
+  if (p.has_storage()) {
+    b->layer_written_.assign(p.opts_.num_layers, 0);
+    b->layers_left_ = p.opts_.num_layers;
+  }
   if (p.backend_ && p.backend_->device_type() != kDeviceCpu) {
     b->device_ = p.backend_->allocate_async(2 * b->bytes_, stream);
     b->stream_ = stream;
@@ -153,17 +209,84 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
     p.run_pending_copies(stream);
     b->view_ = b->host_view_;
   }
-  // The plan is made: its sequences' tokens count as computed (the engine
-  // runs its cache writes), which the sliding window and the prefix cache
-  // go by.
-  for (Sequence* s : live) s->num_planned = s->tokens.size();
+  b->state_ = State::kOpen;
   return b;
 }
 
 Batch::~Batch() {
-  if (!device_) return;
+  const bool count = state_ == State::kOpen && !pool_->has_storage();
+  if (!count && !device_) return;
   std::lock_guard<std::mutex> lock(pool_->mu_);
-  pool_->backend_->deallocate_async(device_, stream_);
+  // ABI 1 compatibility: a manager-only pool's engine writes K/V elsewhere
+  // and older callers never commit, so a step destroyed without abort
+  // counts as done. A pool with storage knows better: unless every layer
+  // was written (or the caller committed), nothing counts.
+  if (count && !pool_->closed_) {
+    try {
+      commit_locked();
+    } catch (...) {  // out of memory: the tokens stay uncomputed, which is safe
+    }
+  }
+  if (device_) pool_->backend_->deallocate_async(device_, stream_);
+}
+
+void Batch::commit() {
+  std::lock_guard<std::mutex> lock(pool_->mu_);
+  if (state_ == State::kAborted)
+    fail(Errc::kInvalidState, "the batch was aborted (pkv_batch_abort); it cannot be committed");
+  if (state_ == State::kCommitted) return;
+  pool_->check_open();
+  commit_locked();
+}
+
+void Batch::abort() {
+  std::lock_guard<std::mutex> lock(pool_->mu_);
+  if (state_ == State::kCommitted)
+    fail(Errc::kInvalidState,
+         "the step is already committed (pkv_batch_commit, or pkv_cache_write of every layer)");
+  state_ = State::kAborted;
+}
+
+void Batch::commit_locked() {
+  Pool& p = *pool_;
+  // A sequence freed or truncated since prepare is skipped (its slots may
+  // hold other tokens now), and so is any block its table no longer names
+  // at that place (a copy-on-write moved it, or it was released): marking
+  // less is always safe, the next plan computes the rest.
+  std::vector<Sequence*> live(seqs_.size());
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    Sequence* s = p.seqs_.find(seqs_[i]);
+    live[i] = s && s->writes_epoch == epochs_[i] ? s : nullptr;
+  }
+  std::vector<Pool::WrittenRange> rs;
+  rs.reserve(ranges_.size());
+  for (const QueryRange& q : ranges_) {
+    const Sequence* s = live[q.seq];
+    if (s && q.index < s->blocks.size() && s->blocks[q.index] == q.r.block) rs.push_back(q.r);
+  }
+  const auto after = p.written_after(std::move(rs));  // may throw: before any change
+  state_ = State::kCommitted;
+  for (const auto& [blk, w] : after) p.blocks_.set_written(blk, w);
+  if (p.opts_.sliding_window == 0) {
+    for (size_t i = 0; i < seqs_.size(); ++i)
+      if (Sequence* s = live[i])
+        s->num_committed =
+            std::max(s->num_committed,
+                     std::min(ends_[i], p.computed_tokens(*s, s->num_committed)));
+    return;
+  }
+  // With a window, tokens before it may never have been computed (nothing
+  // reads them): a sequence whose every query slot is now written counts
+  // up to its end, which lets the window release behind it.
+  std::vector<uint8_t> whole(seqs_.size(), 1);
+  for (const QueryRange& q : ranges_) {
+    const Sequence* s = live[q.seq];
+    const bool ok = s && q.index < s->blocks.size() && s->blocks[q.index] == q.r.block &&
+                    p.blocks_.written(q.r.block) >= q.r.hi;
+    if (!ok) whole[q.seq] = 0;
+  }
+  for (size_t i = 0; i < seqs_.size(); ++i)
+    if (Sequence* s = live[i]; s && whole[i]) s->num_committed = std::max(s->num_committed, ends_[i]);
 }
 
 TensorArg Batch::plan_tensor(uint32_t which) const {
@@ -227,6 +350,15 @@ void Batch::write(uint32_t layer, const TensorArg* k, const TensorArg* v, void* 
   lock.unlock();
   std::unique_lock<std::shared_mutex> kv_lock(p.kv_mu_);
   p.backend_->write(arena, int32_t(layer), view_, k3, v3, stream);
+  // Lock order is mu_ before kv_mu_ (swap_blocks and copy_blocks hold mu_
+  // while they take kv_mu_): let go of the KV lock before taking mu_ again.
+  kv_lock.unlock();
+  lock.lock();
+  if (layer_written_[layer] == 0) {
+    layer_written_[layer] = 1;
+    --layers_left_;
+  }
+  if (layers_left_ == 0 && state_ == State::kOpen && !p.closed_) commit_locked();
 }
 
 void Batch::attend(uint32_t layer, const TensorArg* q, const TensorArg* out, const TensorArg* lse,

@@ -54,6 +54,17 @@ class Batch {
   const PlanView& view() const { return view_; }            // pool-device pointers
   const PlanView& host_view() const { return host_view_; }  // host copies
 
+  // The step's writes happened: its query tokens count as computed (their
+  // slots written, full blocks hittable, the sliding window advances).
+  // Idempotent; fails (kInvalidState) after abort() or on a closed pool.
+  void commit();
+  // The step's writes did not happen: nothing counts. Fails (kInvalidState)
+  // after a commit; idempotent otherwise.
+  void abort();
+  bool committed() const { return state_ == State::kCommitted; }
+  bool aborted() const { return state_ == State::kAborted; }
+
+  // A successful write of the last unwritten layer commits the step.
   void write(uint32_t layer, const TensorArg* k, const TensorArg* v, void* stream);
   void attend(uint32_t layer, const TensorArg* q, const TensorArg* out, const TensorArg* lse,
               const AttentionParams& params, void* stream);
@@ -61,6 +72,24 @@ class Batch {
  private:
   Batch() = default;
   void check_fresh() const;  // pool open and every sequence unchanged; holds pool->mu_
+  void commit_locked();      // holds pool->mu_
+  // The slots a plan's queries write, one range per (sequence, block), with
+  // the sequence each came from.
+  struct QueryRange {
+    uint32_t seq;    // index in seqs_
+    uint32_t index;  // of the block in the sequence's table
+    Pool::WrittenRange r;
+  };
+
+  enum class State : uint8_t { kOpen, kCommitted, kAborted };
+  // Aborted until prepare succeeds, so that a batch dropped by a failing
+  // prepare (which holds the pool's lock) never takes the lock again.
+  State state_ = State::kAborted;
+  std::vector<uint8_t> layer_written_;  // per layer, storage pools
+  uint32_t layers_left_ = 0;
+  std::vector<uint32_t> epochs_;     // writes_epoch of each sequence at prepare
+  std::vector<uint64_t> ends_;       // token count of each sequence at prepare
+  std::vector<QueryRange> ranges_;
 
   std::shared_ptr<Pool> pool_;
   std::vector<SeqId> seqs_;

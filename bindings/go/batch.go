@@ -16,10 +16,17 @@ import (
 // Attention. If one of its sequences changes afterwards (append, truncate,
 // free) the plan is stale and its calls fail with ErrInvalidState. A Batch
 // serialises its own calls, so it is safe (though pointless) to share.
+//
+// The step's tokens count as computed (prefix hits, sliding window) only
+// once it is committed: on a pool with storage by CacheWrite succeeding for
+// every layer, otherwise by Commit (the engine wrote K/V elsewhere). Close
+// (and the finalizer) aborts a step that was not committed, so an error
+// path that returns after `defer b.Close()` never caches K/V nobody wrote.
 type Batch struct {
-	mu   sync.Mutex
-	ptr  *C.pkv_batch
-	info BatchInfo
+	mu        sync.Mutex
+	ptr       *C.pkv_batch
+	info      BatchInfo
+	committed bool
 	// pool keeps the Pool reachable while the batch is: its finalizer must
 	// not destroy the pool under a batch still in use on some goroutine.
 	pool *Pool
@@ -43,9 +50,10 @@ type BatchInfo struct {
 // Prepare builds the step plan for seqs with queryCounts[i] new tokens
 // each (1 for decode, the chunk length for prefill): the last queryCounts[i]
 // tokens of each sequence are its queries. Pending copy-on-write copies run
-// here. Once prepared, every token of its sequences counts as computed
-// (their blocks stay cached when freed; the sliding window may release
-// blocks behind them). Close the batch when the step is done.
+// here. Nothing counts as computed until the step is committed (see Batch);
+// a plan whose context holds tokens nobody wrote fails with ErrInvalidState:
+// compute from SeqInfo.NumComputedTokens on. Close the batch when the step
+// is done.
 func (p *Pool) Prepare(seqs []Seq, queryCounts []int) (*Batch, error) {
 	return p.PrepareOnStream(seqs, queryCounts, nil)
 }
@@ -133,7 +141,37 @@ func (b *Batch) release() {
 	runtime.KeepAlive(b)
 }
 
-// Close destroys the plan; idempotent.
+// Commit says the step's writes happened: its tokens count as computed.
+// Idempotent; ErrInvalidState after Abort.
+func (b *Batch) Commit() error {
+	const op = "pkv_batch_commit"
+	ptr, err := b.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer b.release()
+	if err := check(op, C.pkvgo_batch_commit(ptr)); err != nil {
+		return err
+	}
+	b.committed = true
+	return nil
+}
+
+// Abort says the step failed before its writes: nothing of it counts.
+// Idempotent; ErrInvalidState if the step already committed (every layer
+// written).
+func (b *Batch) Abort() error {
+	const op = "pkv_batch_abort"
+	ptr, err := b.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer b.release()
+	return check(op, C.pkvgo_batch_abort(ptr))
+}
+
+// Close aborts the step unless it was committed, then destroys the plan;
+// idempotent.
 func (b *Batch) Close() error {
 	if b == nil {
 		return nil
@@ -141,6 +179,9 @@ func (b *Batch) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.ptr != nil {
+		if !b.committed {
+			C.pkv_batch_abort(b.ptr) // refused, harmlessly, if every layer was written
+		}
 		C.pkv_batch_destroy(b.ptr)
 		b.ptr = nil
 		runtime.SetFinalizer(b, nil)

@@ -24,11 +24,23 @@ func TestConcurrentGoroutinesOnOnePool(t *testing.T) {
 			r := rand.New(rand.NewSource(int64(100 + w)))
 			var mine []Seq
 			fail := func(err error) { errc <- err }
-			// The plan half of an engine step over s's last n tokens:
-			// they count as computed once it is prepared.
-			compute := func(s Seq, n int) error {
-				b, err := p.Prepare([]Seq{s}, []int{n})
+			// An engine step over what s has not computed yet (an
+			// earlier prefill may have been preempted before its step):
+			// those tokens count as computed once it is committed.
+			compute := func(s Seq, _ int) error {
+				info, err := s.Info()
 				if err != nil {
+					return err
+				}
+				q := int(info.NumTokens - info.NumComputedTokens)
+				if q < 1 {
+					q = 1
+				}
+				b, err := p.Prepare([]Seq{s}, []int{q})
+				if err != nil {
+					return err
+				}
+				if err := b.Commit(); err != nil {
 					return err
 				}
 				return b.Close()
@@ -277,7 +289,12 @@ func TestConcurrentBatches(t *testing.T) {
 				for j := range q {
 					q[j] = r.Float32()
 				}
-				if err = b.CacheWrite(1, kv, kv); err == nil {
+				// Both layers written: the step commits, so the next
+				// step's context is written.
+				if err = b.CacheWrite(0, kv, kv); err == nil {
+					err = b.CacheWrite(1, kv, kv)
+				}
+				if err == nil {
 					err = b.Attention(1, q, out, nil, nil)
 				}
 				for _, x := range out {

@@ -22,6 +22,16 @@ func Example() {
 	}
 	table, _ := a.BlockTable()
 	fmt.Println("a's blocks:", table)
+	// a's step: the engine wrote its K/V (elsewhere: this pool has no
+	// storage) and commits. Only computed blocks can be prefix hits.
+	step, err := pool.Prepare([]pagedkv.Seq{a}, []int{len(prompt)})
+	if err != nil {
+		panic(err)
+	}
+	if err := step.Commit(); err != nil {
+		panic(err)
+	}
+	step.Close()
 
 	// A second request with the same prompt finds its full blocks cached.
 	b, _ := pool.CreateSeq(nil)

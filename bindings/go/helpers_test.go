@@ -67,15 +67,16 @@ func seqOf(t testing.TB, p *Pool, tokens []int32) Seq {
 	return s
 }
 
-// compute runs the plan half of an engine step over s: a plan whose queries
-// are s's last n tokens (those just appended), prepared and closed. From
-// then on those tokens count as computed (pool.h): full blocks stay cached
-// when s lets them go, and the sliding window may release blocks behind
-// them. A pool without storage has no cache writes to run.
+// compute runs an engine step over s whose K/V the engine wrote itself: a
+// plan whose queries are s's last n tokens (those just appended), then
+// Commit. From then on those tokens count as computed (pool.h): their full
+// blocks can be hit and stay cached when s lets them go, and the sliding
+// window may release blocks behind them.
 func compute(t testing.TB, s Seq, n int) {
 	t.Helper()
 	b, err := s.Pool().Prepare([]Seq{s}, []int{n})
 	ok(t, err)
+	ok(t, b.Commit())
 	ok(t, b.Close())
 }
 

@@ -220,6 +220,9 @@ type SeqInfo struct {
 	NumBlocks       uint64 // entries in the block table
 	NumSlots        uint64 // capacity incl. lookahead
 	LoraID          uint64
+	// Leading tokens whose K/V is written (committed steps, written prefix
+	// hits): a step's queries must cover every token from here on.
+	NumComputedTokens uint64
 }
 
 // Info describes the sequence.
@@ -236,12 +239,13 @@ func (s Seq) Info() (SeqInfo, error) {
 		return SeqInfo{}, err
 	}
 	return SeqInfo{
-		Priority:        int32(c.priority),
-		NumTokens:       uint64(c.num_tokens),
-		NumCachedTokens: uint64(c.num_cached_tokens),
-		NumBlocks:       uint64(c.num_blocks),
-		NumSlots:        uint64(c.num_slots),
-		LoraID:          uint64(c.lora_id),
+		Priority:          int32(c.priority),
+		NumTokens:         uint64(c.num_tokens),
+		NumCachedTokens:   uint64(c.num_cached_tokens),
+		NumBlocks:         uint64(c.num_blocks),
+		NumSlots:          uint64(c.num_slots),
+		LoraID:            uint64(c.lora_id),
+		NumComputedTokens: uint64(c.num_computed_tokens),
 	}, nil
 }
 

@@ -27,7 +27,7 @@ func TestSeqLifecycle(t *testing.T) {
 	}
 	info, err := s.Info()
 	ok(t, err)
-	if info != (SeqInfo{Priority: 5, NumTokens: 10, NumBlocks: 3, NumSlots: 12, LoraID: 9}) {
+	if info != (SeqInfo{Priority: 5, NumTokens: 10, NumBlocks: 3, NumSlots: 12, LoraID: 9, NumComputedTokens: 10}) {
 		t.Fatalf("info %+v", info)
 	}
 	need, err = s.BlocksNeeded(2, 0)

@@ -31,6 +31,10 @@ pkv_status pkv_batch_prepare(pkv_pool* pool, const pkv_seq_id* seqs, const uint3
   });
 }
 
+pkv_status pkv_batch_commit(pkv_batch* batch) { PKV_GUARD(batch_of(batch).commit()); }
+
+pkv_status pkv_batch_abort(pkv_batch* batch) { PKV_GUARD(batch_of(batch).abort()); }
+
 void pkv_batch_destroy(pkv_batch* batch) {
   delete batch;  // ~Batch is noexcept and frees its plan memory
 }

@@ -103,7 +103,7 @@ inline pagedkv::Pool& pool_of(const pkv_pool* p) {
 // First released sizes of the versioned structs (ABI 1).
 constexpr uint32_t kPoolOptionsV1 = sizeof(pkv_pool_options);
 constexpr uint32_t kSeqOptionsV1 = offsetof(pkv_seq_options, lora_name);
-constexpr uint32_t kSeqInfoV1 = sizeof(pkv_seq_info);
+constexpr uint32_t kSeqInfoV1 = offsetof(pkv_seq_info, num_computed_tokens);
 constexpr uint32_t kPoolStatsV1 = sizeof(pkv_pool_stats);
 constexpr uint32_t kHashOptionsV1 = offsetof(pkv_hash_options, lora_name);
 constexpr uint32_t kBatchInfoV1 = sizeof(pkv_batch_info);

@@ -117,6 +117,7 @@ pkv_status pkv_seq_get_info(const pkv_pool* pool, pkv_seq_id seq, pkv_seq_info* 
     r.num_blocks = i.num_blocks;
     r.num_slots = i.num_slots;
     r.lora_id = i.lora_id;
+    r.num_computed_tokens = i.num_computed_tokens;
     pc::write_out(out, r);
   });
 }

@@ -1,6 +1,7 @@
 /* pagedkv quickstart: a pool with KV storage, two requests sharing a prompt
- * prefix (the second one hits the prefix cache), one engine step (plan,
- * cache write, attention) on random data, stats, cleanup.
+ * prefix, engine steps (plan, cache write, attention) on random data: the
+ * second request, admitted after the first one's step, hits the prefix
+ * cache. Stats, cleanup.
  *
  * Build: cc -std=c99 quickstart.c $(pkg-config --cflags --libs pagedkv) -lm
  */
@@ -37,6 +38,42 @@ static pkv_tensor rows(float* data, int64_t n0, int64_t n1) {
   return t;
 }
 
+/* One engine step: the plan, then per layer the step's K/V written into the
+ * cache and attention over it. Writing every layer commits the step: only
+ * then do its tokens count as computed (and become prefix-cache hits). If
+ * the model failed half-way, destroying the plan would count nothing. */
+static void run_step(pkv_pool* pool, pkv_seq_id* seqs, uint32_t* queries, uint32_t n) {
+  pkv_batch* batch = NULL;
+  CHECK(pkv_batch_prepare(pool, seqs, queries, n, NULL, &batch));
+  pkv_batch_info info;
+  pkv_batch_info_init(&info);
+  CHECK(pkv_batch_get_info(batch, &info));
+  int64_t T = (int64_t)info.num_tokens;
+  printf("step plan: %llu query tokens, %llu pages\n", (unsigned long long)info.num_tokens,
+         (unsigned long long)info.num_pages);
+
+  float* k = malloc(sizeof(float) * T * KV_HEADS * HEAD_DIM);
+  float* v = malloc(sizeof(float) * T * KV_HEADS * HEAD_DIM);
+  float* q = malloc(sizeof(float) * T * Q_HEADS * HEAD_DIM);
+  float* out = malloc(sizeof(float) * T * Q_HEADS * HEAD_DIM);
+  for (uint32_t layer = 0; layer < LAYERS; ++layer) {
+    fill_random(k, (size_t)T * KV_HEADS * HEAD_DIM);
+    fill_random(v, (size_t)T * KV_HEADS * HEAD_DIM);
+    fill_random(q, (size_t)T * Q_HEADS * HEAD_DIM);
+    pkv_tensor kt = rows(k, T, KV_HEADS), vt = rows(v, T, KV_HEADS);
+    pkv_tensor qt = rows(q, T, Q_HEADS), ot = rows(out, T, Q_HEADS);
+    CHECK(pkv_cache_write(batch, layer, &kt, &vt, NULL));
+    CHECK(pkv_attention_forward(batch, layer, &qt, &ot, NULL, NULL, NULL));
+    printf("layer %u: out[0][0][0..3] = %.4f %.4f %.4f %.4f\n", layer, out[0], out[1], out[2],
+           out[3]);
+  }
+  pkv_batch_destroy(batch);
+  free(k);
+  free(v);
+  free(q);
+  free(out);
+}
+
 int main(void) {
   printf("pagedkv %s (features 0x%x)\n", pkv_version_string(), pkv_features());
 
@@ -65,6 +102,12 @@ int main(void) {
   printf("request A: %llu of %d prompt tokens cached\n", (unsigned long long)cached, PROMPT);
   CHECK(pkv_seq_append(pool, a, prompt_a + cached, PROMPT - cached, 0));
 
+  /* 3. Step 1: A prefills its prompt. */
+  srand(42);
+  uint32_t q_a = PROMPT;
+  run_step(pool, &a, &q_a, 1);
+
+  /* 4. B arrives: its first 80 tokens are A's computed prefix (whole blocks). */
   CHECK(pkv_seq_create(pool, NULL, &b));
   CHECK(pkv_seq_match_prefix(pool, b, prompt_b, PROMPT, &cached));
   printf("request B: %llu of %d prompt tokens cached (shared with A)\n", (unsigned long long)cached,
@@ -79,41 +122,14 @@ int main(void) {
   for (uint64_t i = 0; i < len; ++i) printf(" %d", table[i]);
   printf("\n");
 
-  /* 3. One step: A prefills its whole prompt, B only its uncached tail. */
+  /* 5. Step 2: B prefills only its uncached tail; A decodes a token. */
+  int32_t next = 7;
+  CHECK(pkv_seq_append(pool, a, &next, 1, 0));
   pkv_seq_id seqs[2] = {a, b};
-  uint32_t queries[2] = {PROMPT, (uint32_t)b_new};
-  pkv_batch* batch = NULL;
-  CHECK(pkv_batch_prepare(pool, seqs, queries, 2, NULL, &batch));
-  pkv_batch_info info;
-  pkv_batch_info_init(&info);
-  CHECK(pkv_batch_get_info(batch, &info));
-  int64_t T = (int64_t)info.num_tokens;
-  printf("step plan: %llu query tokens, %llu pages\n", (unsigned long long)info.num_tokens,
-         (unsigned long long)info.num_pages);
+  uint32_t queries[2] = {1, (uint32_t)b_new};
+  run_step(pool, seqs, queries, 2);
 
-  float* k = malloc(sizeof(float) * T * KV_HEADS * HEAD_DIM);
-  float* v = malloc(sizeof(float) * T * KV_HEADS * HEAD_DIM);
-  float* q = malloc(sizeof(float) * T * Q_HEADS * HEAD_DIM);
-  float* out = malloc(sizeof(float) * T * Q_HEADS * HEAD_DIM);
-  srand(42);
-  for (uint32_t layer = 0; layer < LAYERS; ++layer) {
-    fill_random(k, (size_t)T * KV_HEADS * HEAD_DIM);
-    fill_random(v, (size_t)T * KV_HEADS * HEAD_DIM);
-    fill_random(q, (size_t)T * Q_HEADS * HEAD_DIM);
-    pkv_tensor kt = rows(k, T, KV_HEADS), vt = rows(v, T, KV_HEADS);
-    pkv_tensor qt = rows(q, T, Q_HEADS), ot = rows(out, T, Q_HEADS);
-    CHECK(pkv_cache_write(batch, layer, &kt, &vt, NULL));
-    CHECK(pkv_attention_forward(batch, layer, &qt, &ot, NULL, NULL, NULL));
-    printf("layer %u: out[0][0][0..3] = %.4f %.4f %.4f %.4f\n", layer, out[0], out[1], out[2],
-           out[3]);
-  }
-  pkv_batch_destroy(batch);
-  free(k);
-  free(v);
-  free(q);
-  free(out);
-
-  /* 4. Stats, then cleanup. */
+  /* 6. Stats, then cleanup. */
   pkv_pool_stats stats;
   pkv_pool_stats_init(&stats);
   CHECK(pkv_pool_get_stats(pool, &stats));

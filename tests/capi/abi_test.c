@@ -89,14 +89,16 @@ static void test_ownership(void) {
   pkv_pool* pool = make_pool(16);
   pkv_seq_id a, b;
   pkv_batch* batch = NULL;
-  uint32_t one = 1;
+  uint32_t six = 6;
   int32_t tokens[6] = {1, 2, 3, 4, 5, 6};
   pkv_pool_destroy(NULL); /* no-ops */
   pkv_batch_destroy(NULL);
   CHECK_STATUS(pkv_seq_create(pool, NULL, &a), PKV_OK);
   CHECK(a != PKV_SEQ_ID_INVALID);
   CHECK_STATUS(pkv_seq_append(pool, a, tokens, 6, 0), PKV_OK);
-  CHECK_STATUS(pkv_batch_prepare(pool, &a, &one, 1, NULL, &batch), PKV_OK);
+  CHECK_STATUS(pkv_batch_commit(NULL), PKV_E_INVALID_ARGUMENT);
+  CHECK_STATUS(pkv_batch_abort(NULL), PKV_E_INVALID_ARGUMENT);
+  CHECK_STATUS(pkv_batch_prepare(pool, &a, &six, 1, NULL, &batch), PKV_OK);
   /* The plan outlives the pool and then fails cleanly. */
   CHECK_STATUS(pkv_seq_create(pool, NULL, &b), PKV_OK);
   pkv_pool_destroy(pool);
@@ -104,8 +106,10 @@ static void test_ownership(void) {
     pkv_batch_info info;
     pkv_batch_info_init(&info);
     CHECK_STATUS(pkv_batch_get_info(batch, &info), PKV_OK);
-    CHECK(info.num_tokens == 1 && info.num_seqs == 1 && info.block_size == 4);
+    CHECK(info.num_tokens == 6 && info.num_seqs == 1 && info.block_size == 4);
   }
+  CHECK_STATUS(pkv_batch_commit(batch), PKV_E_INVALID_STATE);
+  CHECK_MESSAGE("destroyed");
   CHECK_STATUS(pkv_cache_write(batch, 0, NULL, NULL, NULL), PKV_E_INVALID_ARGUMENT);
   {
     float data[16];
@@ -115,6 +119,7 @@ static void test_ownership(void) {
     CHECK_STATUS(pkv_cache_write(batch, 0, &t, &t, NULL), PKV_E_INVALID_STATE);
     CHECK_MESSAGE("destroyed");
   }
+  CHECK_STATUS(pkv_batch_abort(batch), PKV_OK); /* nothing was counted */
   pkv_batch_destroy(batch);
 }
 
@@ -214,6 +219,18 @@ static void test_prefix_cache_and_events(void) {
   CHECK_STATUS(pkv_seq_match_prefix(pool, a, tokens, 10, &cached), PKV_OK);
   CHECK(cached == 0);
   CHECK_STATUS(pkv_seq_append(pool, a, tokens, 10, 0), PKV_OK);
+  CHECK_STATUS(pkv_seq_create(pool, NULL, &b), PKV_OK);
+  /* a's blocks are registered but not computed: no hit yet. */
+  CHECK_STATUS(pkv_seq_match_prefix(pool, b, tokens, 10, &cached), PKV_OK);
+  CHECK(cached == 0);
+  {
+    pkv_batch* step = NULL;
+    uint32_t ten = 10;
+    CHECK_STATUS(pkv_batch_prepare(pool, &a, &ten, 1, NULL, &step), PKV_OK);
+    CHECK_STATUS(pkv_batch_commit(step), PKV_OK);
+    pkv_batch_destroy(step);
+  }
+  CHECK_STATUS(pkv_seq_free(pool, b), PKV_OK);
   CHECK_STATUS(pkv_seq_create(pool, NULL, &b), PKV_OK);
   CHECK_STATUS(pkv_seq_match_prefix(pool, b, tokens, 10, &cached), PKV_OK);
   CHECK(cached == 8);

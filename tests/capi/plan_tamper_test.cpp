@@ -39,15 +39,28 @@ struct Step {
     EXPECT_EQ(pkv_pool_create(&o, &pool), PKV_OK) << pkv_last_error_message();
     std::mt19937 rng(seed);
     const uint32_t lens[2] = {21, 13}, queries[2] = {5, 13};
+    std::uniform_real_distribution<float> d(-1, 1);
     for (int i = 0; i < 2; ++i) {
       EXPECT_EQ(pkv_seq_create(pool, nullptr, &seqs[i]), PKV_OK);
       std::vector<int32_t> tokens(lens[i]);
       for (auto& t : tokens) t = int32_t(rng() % 1000);
-      EXPECT_EQ(pkv_seq_append(pool, seqs[i], tokens.data(), tokens.size(), 0), PKV_OK);
+      // The context before the queries comes from an earlier step that
+      // wrote it (a plan refuses context nobody wrote).
+      const uint32_t ctx = lens[i] - queries[i];
+      if (ctx) {
+        EXPECT_EQ(pkv_seq_append(pool, seqs[i], tokens.data(), ctx, 0), PKV_OK);
+        pkv_batch* first = nullptr;
+        EXPECT_EQ(pkv_batch_prepare(pool, &seqs[i], &ctx, 1, nullptr, &first), PKV_OK);
+        std::vector<float> kv(size_t(ctx) * 2 * 16);
+        for (auto& x : kv) x = d(rng);
+        const pkv_tensor t = tensor3(kv.data(), ctx, 2, 16);
+        EXPECT_EQ(pkv_cache_write(first, 0, &t, &t, nullptr), PKV_OK);  // commits the step
+        pkv_batch_destroy(first);
+      }
+      EXPECT_EQ(pkv_seq_append(pool, seqs[i], tokens.data() + ctx, queries[i], 0), PKV_OK);
     }
     EXPECT_EQ(pkv_batch_prepare(pool, seqs, queries, 2, nullptr, &batch), PKV_OK);
     rows = queries[0] + queries[1];
-    std::uniform_real_distribution<float> d(-1, 1);
     k.resize(size_t(rows) * 2 * 16);
     v.resize(k.size());
     q.resize(size_t(rows) * 4 * 16);

@@ -60,10 +60,16 @@ TEST(Threads, EightThreadsOnOnePoolKeepEveryInvariant) {
           st = pkv_seq_truncate(pool, id, info.num_tokens - 1 - rng() % info.num_tokens / 2);
       } else if (op == 8) {
         pkv_seq_id id = mine[rng() % mine.size()];
-        uint32_t q = 1;
+        // A step computes what is not computed yet (only this thread
+        // touches its sequences); a quarter of them fail and abort.
+        pkv_seq_info info;
+        pkv_seq_info_init(&info);
+        st = pkv_seq_get_info(pool, id, &info);
+        uint32_t q = uint32_t(std::max<uint64_t>(1, info.num_tokens - info.num_computed_tokens));
         pkv_batch* b = nullptr;
-        st = pkv_batch_prepare(pool, &id, &q, 1, nullptr, &b);
-        if (st == PKV_E_INVALID_ARGUMENT) st = PKV_OK;  // empty after truncate: q > tokens
+        if (st == PKV_OK) st = pkv_batch_prepare(pool, &id, &q, 1, nullptr, &b);
+        if (st == PKV_E_INVALID_ARGUMENT && info.num_tokens == 0) st = PKV_OK;  // empty: q > tokens
+        if (st == PKV_OK && b) st = rng() % 4 ? pkv_batch_commit(b) : pkv_batch_abort(b);
         pkv_batch_destroy(b);
         pkv_pool_stats s;
         pkv_pool_stats_init(&s);

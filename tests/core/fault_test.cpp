@@ -106,6 +106,7 @@ void append(Ctx& c, pkv_seq_id s, int n, int first, uint32_t lookahead = 0) {
 void step(Ctx& c, pkv_seq_id s, uint32_t q) {
   pkv_batch* b = nullptr;
   ASSERT_EQ(pkv_batch_prepare(c.pool, &s, &q, 1, nullptr, &b), PKV_OK) << pkv_last_error_message();
+  ASSERT_EQ(pkv_batch_commit(b), PKV_OK) << pkv_last_error_message();
   pkv_batch_destroy(b);
 }
 
@@ -117,7 +118,8 @@ std::string snapshot(const Ctx& c) {
   bp.queue().for_each([&](int32_t id) { s += std::to_string(id) + ","; });
   s += "\nref:";
   for (int32_t i = 0; i < bp.num_blocks(); ++i)
-    s += std::to_string(bp.ref(i)) + (bp.hash(i).empty() ? "," : "h,");
+    s += std::to_string(bp.ref(i)) + (bp.hash(i).empty() ? "" : "h") + "w" +
+         std::to_string(bp.written(i)) + ",";
   s += "\npending copies:" + std::to_string(p.pending_copies().size());
   s += " events:" + std::to_string(p.num_pending_events());
   pagedkv::PoolStats st = p.stats();
@@ -134,7 +136,8 @@ std::string snapshot(const Ctx& c) {
     try {
       pagedkv::SeqInfo i = p.seq_info(id);
       s += "tokens " + std::to_string(i.num_tokens) + " cached " +
-           std::to_string(i.num_cached_tokens) + " table ";
+           std::to_string(i.num_cached_tokens) + " computed " +
+           std::to_string(i.num_computed_tokens) + " table ";
       std::vector<int32_t> t(p.block_table(id, nullptr, 0));
       p.block_table(id, t.data(), t.size());
       for (int32_t b : t) s += std::to_string(b) + ",";
@@ -406,6 +409,23 @@ TEST(Faults, BatchPrepareWithCopies) {
          pkv_batch* batch = nullptr;
          uint32_t q[3] = {1, 1, 1};
          pkv_status st = pkv_batch_prepare(c.pool, c.seqs.data(), q, 3, nullptr, &batch);
+         pkv_batch_destroy(batch);
+         return st;
+       }},
+      // A commit that fails marks nothing (the storage pool's plan is then
+      // destroyed unwritten: aborted).
+      {"batch commit", storage,
+       [](Ctx& c) {
+         pkv_seq_id a = make_seq(c);
+         append(c, a, 16, 1);
+         step(c, a, 16);
+         append(c, a, 5, 17);
+       },
+       [](Ctx& c) {
+         pkv_batch* batch = nullptr;
+         uint32_t q = 5;
+         pkv_status st = pkv_batch_prepare(c.pool, c.seqs.data(), &q, 1, nullptr, &batch);
+         if (st == PKV_OK) st = pkv_batch_commit(batch);
          pkv_batch_destroy(batch);
          return st;
        }},

@@ -33,6 +33,7 @@ TEST(Plan, MixedDecodeAndPrefillBatch) {
   auto pool = Pool::create(test::manager_options(4, 20));
   SeqId a = pool->seq_create({}), b = pool->seq_create({});
   append(*pool, a, iota_tokens(10));     // 1 2 3
+  test::step(pool, a);                   // a's context below is written
   append(*pool, b, iota_tokens(5, 50));  // 4 5
   SeqId c = pool->fork(a);
   append(*pool, c, {99});  // copy-on-write of 3 into 6
@@ -58,14 +59,18 @@ TEST(Plan, MixedDecodeAndPrefillBatch) {
   EXPECT_EQ(arr(v.context_lens, 3), (V{10, 5, 11}));
   // On the CPU the device view is the host view.
   EXPECT_EQ(batch->view().slot_mapping, v.slot_mapping);
+  // Callers get their own copy of the arrays, never the one the kernels read.
   TensorArg t = batch->plan_tensor(uint32_t(PlanArray::kSlotMapping));
   EXPECT_EQ(t.dtype, uint32_t(DType::kI64));
   EXPECT_EQ(t.ndim, 1);
   EXPECT_EQ(t.shape[0], 7);
-  EXPECT_EQ(t.data, v.slot_mapping);
+  EXPECT_NE(t.data, static_cast<const void*>(v.slot_mapping));
+  EXPECT_EQ(arr(static_cast<const int64_t*>(t.data), 7), arr(v.slot_mapping, 7));
   t = batch->plan_tensor(uint32_t(PlanArray::kPageIndices));
   EXPECT_EQ(t.dtype, uint32_t(DType::kI32));
   EXPECT_EQ(t.shape[0], 8);
+  EXPECT_NE(t.data, static_cast<const void*>(v.page_indices));
+  EXPECT_EQ(arr(static_cast<const int32_t*>(t.data), 8), arr(v.page_indices, 8));
   EXPECT_EQ(code_of([&] { batch->plan_tensor(6); }), Errc::kInvalidArgument);
 }
 
@@ -73,14 +78,18 @@ TEST(Plan, RandomBatchesMatchTheBlockTables) {
   std::mt19937 rng(5);
   auto pool = Pool::create(test::manager_options(16, 4000));
   std::vector<SeqId> ids;
+  std::vector<uint32_t> q;
   for (int i = 0; i < 40; ++i) {
     SeqId s = pool->seq_create({});
-    append(*pool, s, iota_tokens(1 + rng() % 300, i * 1000));
+    const uint32_t n = 1 + rng() % 300, qi = 1 + rng() % n;
+    if (n > qi) {  // the context was computed by an earlier step
+      append(*pool, s, iota_tokens(n - qi, i * 1000));
+      test::step(pool, s);
+    }
+    append(*pool, s, iota_tokens(qi, i * 1000 + int32_t(n - qi)));
     ids.push_back(s);
+    q.push_back(qi);
   }
-  std::vector<uint32_t> q(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i)
-    q[i] = 1 + rng() % uint32_t(pool->seq_info(ids[i]).num_tokens);
   auto batch = Batch::prepare(pool, ids.data(), q.data(), uint32_t(ids.size()), nullptr);
   const PlanView& v = batch->host_view();
   int64_t row = 0;
@@ -147,25 +156,8 @@ std::shared_ptr<Pool> storage_pool(uint32_t heads = 2, uint32_t dim = 8) {
   return Pool::create(o);
 }
 
-TensorArg rows(std::vector<float>& data, int64_t n0, int64_t n1, int64_t n2) {
-  TensorArg t;
-  t.data = data.data();
-  t.dtype = uint32_t(DType::kF32);
-  t.device_type = kDeviceCpu;
-  t.ndim = 3;
-  t.shape[0] = n0;
-  t.shape[1] = n1;
-  t.shape[2] = n2;
-  return t;
-}
-
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(-1, 1);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using test::random_floats;
+using test::rows;
 
 TEST(Plan, CacheWriteLandsInThePlannedSlots) {
   auto pool = storage_pool();
@@ -173,15 +165,15 @@ TEST(Plan, CacheWriteLandsInThePlannedSlots) {
   append(*pool, b, iota_tokens(3));  // b takes block 1 first: a's blocks are not 1..n
   append(*pool, a, iota_tokens(7));
   SeqId ids[2] = {a, b};
-  uint32_t q[2] = {7, 2};
+  uint32_t q[2] = {7, 3};
   auto batch = Batch::prepare(pool, ids, q, 2, nullptr);
-  auto k = random_floats(9 * 2 * 8, 1), v = random_floats(9 * 2 * 8, 2);
-  TensorArg kt = rows(k, 9, 2, 8), vt = rows(v, 9, 2, 8);
+  auto k = random_floats(10 * 2 * 8, 1), v = random_floats(10 * 2 * 8, 2);
+  TensorArg kt = rows(k, 10, 2, 8), vt = rows(v, 10, 2, 8);
   batch->write(0, &kt, &vt, nullptr);
   const float* kp = static_cast<const float*>(pool->kv_tensor(0, 0).data);
   const float* vp = static_cast<const float*>(pool->kv_tensor(0, 1).data);
   const PlanView& pv = batch->host_view();
-  for (int64_t i = 0; i < 9; ++i) {
+  for (int64_t i = 0; i < 10; ++i) {
     const int64_t slot = pv.slot_mapping[i], blk = slot / 4, off = slot % 4;
     for (int64_t h = 0; h < 2; ++h)
       for (int64_t d = 0; d < 8; ++d) {

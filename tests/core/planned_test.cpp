@@ -1,7 +1,8 @@
-// Tokens count as computed once a step plan covering them was prepared
-// (Sequence::num_planned). The sliding window releases relative to that
-// mark, and full blocks that no plan covered leave the prefix cache when
-// their sequence lets them go. Block ids pinned; pools are manager-only,
+// Tokens count as computed once a step covering them is committed (here:
+// manager-only plans destroyed without abort, the ABI-1 default). The
+// sliding window releases relative to that mark (Sequence::num_committed),
+// and full blocks nobody wrote leave the prefix cache when their sequence
+// lets them go. Block ids pinned; pools are manager-only,
 // block_size 4 unless said otherwise.
 #include <gtest/gtest.h>
 

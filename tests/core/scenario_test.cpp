@@ -126,6 +126,7 @@ TEST_F(Scenario, HitStopsAtTheFirstMiss) {
   SeqId a = seq();
   auto t = iota_tokens(12);
   append(*pool, a, t);  // blocks 1 2 3, all full
+  test::step(pool, a);  // computed (written): hits need written blocks
   auto u = t;
   u[5] = 999;  // second block differs
   SeqId b = seq();
@@ -246,6 +247,7 @@ TEST_F(Scenario, TruncateOfASharedFullBlockLosesNothingShared) {
   SeqId a = seq();
   auto t = iota_tokens(8);
   append(*pool, a, t);  // 1 2
+  test::step(pool, a);
   SeqId b = seq();
   auto t9 = iota_tokens(9);
   EXPECT_EQ(pool->match_prefix(b, t9.data(), 9), 8u);  // shares 1 2
@@ -325,6 +327,7 @@ TEST_F(Scenario, SaltAndLoraIsolateTheCache) {
   auto t = iota_tokens(9);
   SeqId a = seq(0, "tenant-a");
   append(*pool, a, t);
+  test::step(pool, a);
   SeqId plain = seq();
   EXPECT_EQ(pool->match_prefix(plain, t.data(), t.size()), 0u);
   SeqId other = seq(0, "tenant-b");
@@ -333,6 +336,7 @@ TEST_F(Scenario, SaltAndLoraIsolateTheCache) {
   EXPECT_EQ(pool->match_prefix(same, t.data(), t.size()), 8u);
   SeqId lora = seq(7);
   append(*pool, lora, t);
+  test::step(pool, lora);
   SeqId lora8 = seq(8);
   EXPECT_EQ(pool->match_prefix(lora8, t.data(), t.size()), 0u);
   SeqId lora7 = seq(7);

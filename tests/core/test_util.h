@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "kv_pool.h"
@@ -49,11 +50,33 @@ inline void append(Pool& p, SeqId id, const std::vector<int32_t>& t, uint32_t lo
 }
 
 // One engine step over id: a plan whose queries are its last q tokens (0 =
-// all of them). Once prepared they count as computed: the sliding window
-// releases relative to them and their blocks stay cached when id goes.
+// all of them), destroyed at once: on these manager-only pools that commits
+// it (ABI 1), so they count as computed: the sliding window releases
+// relative to them and their blocks can be hit and stay cached when id goes.
 inline void step(const std::shared_ptr<Pool>& p, SeqId id, uint32_t q = 0) {
   if (q == 0) q = uint32_t(p->seq_info(id).num_tokens);
   Batch::prepare(p, &id, &q, 1, nullptr);
+}
+
+// An f32 [n0, n1, n2] host tensor over data (dense).
+inline TensorArg rows(std::vector<float>& data, int64_t n0, int64_t n1, int64_t n2) {
+  TensorArg t;
+  t.data = data.data();
+  t.dtype = uint32_t(DType::kF32);
+  t.device_type = kDeviceCpu;
+  t.ndim = 3;
+  t.shape[0] = n0;
+  t.shape[1] = n1;
+  t.shape[2] = n2;
+  return t;
+}
+
+inline std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-1, 1);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
 }
 
 }  // namespace pagedkv::test

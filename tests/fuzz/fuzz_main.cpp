@@ -14,10 +14,11 @@ void print_totals() {
   const pkv_fuzz::Counters& c = pkv_fuzz::counters();
   std::fprintf(stderr,
                "pkv_fuzz totals: %llu inputs, %llu operations, %llu expected error statuses, "
-               "%llu validates, %llu results checked (attention rows; accepted tensor calls)\n",
+               "%llu validates, %llu results checked (attention rows; accepted tensor calls), "
+               "%llu plans over unwritten context refused\n",
                (unsigned long long)c.inputs, (unsigned long long)c.ops,
                (unsigned long long)c.failed_calls, (unsigned long long)c.validates,
-               (unsigned long long)c.attention_checked);
+               (unsigned long long)c.attention_checked, (unsigned long long)c.unwritten_refused);
 }
 
 }  // namespace

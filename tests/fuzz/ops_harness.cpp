@@ -4,9 +4,17 @@
 //  - per sequence: its tokens, its block table (as last observed and
 //    checked), which full blocks were hashed in the current cache epoch;
 //  - per block: how many tables reference it (free = referenced by none);
-//  - per storage slot: a fingerprint of the KV last written there (a mirror
-//    of the arena), so attention can be compared with a float64 reference
-//    whenever every key it reads is known to be in place.
+//  - per storage slot: a fingerprint of the KV this harness wrote there (a
+//    mirror of the arena for storage pools, written through
+//    pkv_cache_write; for manager-only pools, what a step the harness
+//    committed claims to have written), or 0 once a new token was appended
+//    into the slot, its block was newly taken from the free queue, or a
+//    step wrote it only partly. A slot is readable for a sequence when its
+//    fingerprint is that of the sequence's own token there. The library
+//    must never attach, hit or accept a plan over a slot the model says is
+//    not readable (nor refuse one whose context is), and its
+//    num_computed_tokens must equal the model's readable prefix. The model
+//    follows the harness's own calls, never the library's bookkeeping.
 // Statuses are predicted, not observed: OUT_OF_BLOCKS exactly when the
 // blocks an append needs exceed the free ones, NOT_FOUND for stale ids, and
 // so on. After every operation pkv_pool_validate must pass and the pool's
@@ -156,7 +164,7 @@ struct MSeq {
   int salt = 0;  // 0 none, 1 "a", 2 "b"
   int family = 0;
   uint64_t num_cached = 0;
-  uint64_t planned = 0;  // tokens covered by a prepared plan or a prefix hit
+  uint64_t committed = 0;  // end of the tokens a step the harness committed covered (or hits)
 
   uint64_t num_null() const {
     uint64_t k = 0;
@@ -351,9 +359,9 @@ class Harness {
         if (r[s.table[j]] > 1) ++need.cow;
     }
     need.wfirst = need.wend = s.num_null();
-    // The window releases relative to the first position no prepared plan
-    // covered; lookahead alone releases nothing.
-    const uint64_t q0 = std::min(n0, s.planned);
+    // The window releases relative to the first position no committed
+    // step covered; lookahead alone releases nothing.
+    const uint64_t q0 = std::min(n0, s.committed);
     if (cfg_.window > 0 && n > 0 && q0 + 1 > cfg_.window) {
       const uint64_t end = std::min<uint64_t>(len, (q0 + 1 - cfg_.window) / bs_);
       for (uint64_t j = need.wfirst; j < end; ++j)
@@ -457,9 +465,10 @@ class Harness {
       for (const MSeq& o : seqs_) {
         if (o.id == s->id || o.lora != s->lora || o.salt != s->salt) continue;
         uint64_t k = 0;
+        const uint64_t readable = model_computed(o);
         while (
             k < o.hash_epoch.size() && k < (n - 1) / bs_ && o.table[k] != PKV_NULL_BLOCK &&
-            o.hash_epoch[k] == epoch_ &&
+            o.hash_epoch[k] == epoch_ && (k + 1) * bs_ <= readable &&
             std::equal(q.begin() + k * bs_, q.begin() + (k + 1) * bs_, o.tokens.begin() + k * bs_))
           ++k;
         must = std::max(must, k * bs_);
@@ -484,11 +493,18 @@ class Harness {
       // Soundness: the block's content is exactly this prefix.
       const uint64_t want = prefix_key(s->lora, s->salt, q.data(), (j + 1) * bs_);
       CHECK(ckey_[t[j]] == want, "prefix hit on block %d whose content is another prefix", t[j]);
+      // Written: every slot holds the K/V the harness wrote for this token.
+      for (uint64_t o = 0; o < bs_; ++o) {
+        const uint64_t pos = j * bs_ + o;
+        CHECK(fp_[t[j] * bs_ + o] == slot_fp(pos, q[pos], s->lora),
+              "prefix hit on block %d whose slot %llu nobody wrote (read of unwritten K/V)", t[j],
+              (unsigned long long)o);
+      }
     }
     s->tokens.assign(q.begin(), q.begin() + cached);
     s->table = t;
     s->hash_epoch.assign(t.size(), epoch_);
-    s->num_cached = s->planned = cached;
+    s->num_cached = s->committed = cached;
   }
 
   void op_append() {
@@ -508,6 +524,9 @@ class Harness {
     uint64_t predicted = 0;
     EXPECT_STATUS(pkv_seq_blocks_needed(pool_, s->id, n, la, &predicted), PKV_OK);
     const uint64_t net = take - std::min(take, need.gain);  // net of what the window gives back
+    trace("blocks_needed %llx: %llu tokens + %u lookahead at %llu, committed %llu\n",
+          (unsigned long long)s->id, (unsigned long long)n, la, (unsigned long long)n0,
+          (unsigned long long)s->committed);
     CHECK(predicted == net, "blocks_needed says %llu, the model %llu",
           (unsigned long long)predicted, (unsigned long long)net);
     const pkv_status want = take > avail ? PKV_E_OUT_OF_BLOCKS : PKV_OK;
@@ -548,6 +567,8 @@ class Harness {
           if (j * bs_ < n0) {  // holds our tokens: their KV follows the copy
             ++cow_;
             std::copy_n(fp_.begin() + s->table[j] * bs_, bs_, fp_.begin() + t[j] * bs_);
+          } else {
+            std::fill_n(fp_.begin() + t[j] * bs_, bs_, 0);
           }
         } else {
           CHECK(t[j] == s->table[j], "entry %llu changed from %d to %d without cause",
@@ -555,8 +576,10 @@ class Harness {
         }
       } else {
         CHECK(was_free(t[j]) && fresh.insert(t[j]).second, "new block %d was not free", t[j]);
+        std::fill_n(fp_.begin() + t[j] * bs_, bs_, 0);  // whatever it held is not ours
       }
     }
+    for (uint64_t p = n0; p < n0 + n; ++p) fp_[t[p / bs_] * bs_ + p % bs_] = 0;  // not computed yet
     s->tokens.insert(s->tokens.end(), toks.begin(), toks.end());
     s->table = t;
     s->hash_epoch.resize(std::min<uint64_t>(s->hash_epoch.size(), n0 / bs_));
@@ -607,7 +630,7 @@ class Harness {
     s.tokens.resize(m);
     if (s.hash_epoch.size() > m / bs_) s.hash_epoch.resize(m / bs_);
     s.num_cached = std::min(s.num_cached, m);
-    s.planned = std::min(s.planned, m);
+    s.committed = std::min(s.committed, m);
   }
 
   void op_free() {
@@ -735,9 +758,25 @@ class Harness {
   }
 
   // ------------------------------------------------------------ steps
-  // Picks up to 4 distinct sequences and query counts that cover everything
-  // not yet written (so the reference knows every key), builds the plan,
-  // checks its arrays, writes K/V of every layer and runs attention.
+  // Readable: the slot of pos holds what the harness wrote for s's token.
+  bool readable(const MSeq& s, uint64_t pos) const {
+    return fp_at(s, pos) == slot_fp(pos, s.tokens[pos], s.lora);
+  }
+  // Leading positions whose K/V the harness wrote (window-released ones
+  // count: they were computed before the window let them go).
+  uint64_t model_computed(const MSeq& s) const {
+    uint64_t v = s.num_null() * bs_;
+    while (v < s.tokens.size() && readable(s, v)) ++v;
+    return std::min<uint64_t>(v, s.tokens.size());
+  }
+
+  // Picks up to 4 distinct sequences and query counts: usually from the
+  // first position the harness has not written (what an engine schedules),
+  // sometimes fewer, in which case a plan over unwritten context must be
+  // refused. Then one of the ways a step ends: every layer written (storage:
+  // commits), an explicit commit (manager-only: the engine wrote elsewhere),
+  // a model that raises before or half-way through its writes (abort or
+  // destroy), a sequence preempted before the writes.
   void op_step() {
     std::vector<size_t> idx;
     const uint32_t k = 1 + in_.below(4);
@@ -747,15 +786,16 @@ class Harness {
     }
     if (idx.empty()) return op_create();
     const uint8_t mode = in_.u8();
+    const uint8_t end = in_.u8();
     std::vector<pkv_seq_id> ids;
     std::vector<uint32_t> qc;
     pkv_status want = PKV_OK;
     for (size_t j : idx) {
       const MSeq& s = seqs_[j];
       const uint64_t n = s.tokens.size();
-      uint64_t v = s.num_null() * bs_;
-      while (v < n && fp_at(s, v) == slot_fp(v, s.tokens[v], s.lora)) ++v;
+      const uint64_t v = model_computed(s);
       uint64_t q = n > v ? n - v : 1;
+      if ((mode & 0x60) == 0x60 && n > 0) q = 1 + in_.below(uint32_t(n));  // maybe too few
       // Window pools: sometimes stay within what the window kept, so plans
       // succeed; otherwise the plan must be rejected.
       const uint64_t kept = s.num_null() * bs_ + cfg_.window;  // first query position allowed + 1
@@ -774,27 +814,116 @@ class Harness {
       qc.push_back(qc[0]);
       want = PKV_E_INVALID_ARGUMENT;
     }
+    if (want == PKV_OK && !context_readable(idx, qc)) want = PKV_E_INVALID_STATE;
     pkv_batch* batch = nullptr;
     for (size_t i = 0; i < ids.size(); ++i)
       trace("%s %llx q %u", i ? "," : "step", (unsigned long long)ids[i], qc[i]);
-    trace("\n");
+    trace(" (want %d, end %u)\n", int(want), unsigned(end % 8));
     EXPECT_STATUS(
         pkv_batch_prepare(pool_, ids.data(), qc.data(), uint32_t(ids.size()), nullptr, &batch),
         want);
     if (want != PKV_OK) {
       CHECK(batch == nullptr, "failed prepare wrote out");
+      if (want == PKV_E_INVALID_STATE) ++g_counters.unwritten_refused;
       return;
     }
-    for (size_t j : idx) seqs_[j].planned = seqs_[j].tokens.size();
     check_plan(batch, idx, qc);
+    // What the step writes, by query position (the model's side of it).
+    auto committed_now = [&](const std::vector<size_t>& which) {
+      for (size_t i = 0; i < idx.size(); ++i) {
+        if (std::find(which.begin(), which.end(), idx[i]) == which.end()) continue;
+        MSeq& s = seqs_[idx[i]];
+        const uint64_t n = s.tokens.size();
+        for (uint64_t p = n - qc[i]; p < n; ++p)
+          fp_[s.table[p / bs_] * bs_ + p % bs_] = slot_fp(p, s.tokens[p], s.lora);
+        s.committed = std::max(s.committed, n);
+      }
+    };
     if (!cfg_.storage) {
       pkv_tensor k3;
       std::memset(&k3, 0, sizeof k3);
       EXPECT_STATUS(pkv_cache_write(batch, 0, &k3, &k3, nullptr), PKV_E_INVALID_STATE);
+      switch (end % 8) {
+        case 0:  // the model raised before any write
+          EXPECT_STATUS(pkv_batch_abort(batch), PKV_OK);
+          EXPECT_STATUS(pkv_batch_commit(batch), PKV_E_INVALID_STATE);
+          break;
+        case 1:  // ABI 1: destroyed with neither commit nor abort counts
+          committed_now(idx);
+          break;
+        case 2: {  // a sequence preempted before the step's writes: the rest commit
+          const size_t victim = idx[0];
+          EXPECT_STATUS(pkv_seq_free(pool_, seqs_[victim].id), PKV_OK);
+          std::vector<size_t> rest(idx.begin() + 1, idx.end());
+          EXPECT_STATUS(pkv_batch_commit(batch), PKV_OK);
+          committed_now(rest);
+          dead_.push_back(seqs_[victim].id);
+          seqs_.erase(seqs_.begin() + victim);
+          pkv_batch_destroy(batch);
+          return;  // indexes moved
+        }
+        default:
+          EXPECT_STATUS(pkv_batch_commit(batch), PKV_OK);
+          EXPECT_STATUS(pkv_batch_commit(batch), PKV_OK);  // idempotent
+          EXPECT_STATUS(pkv_batch_abort(batch), PKV_E_INVALID_STATE);
+          committed_now(idx);
+          break;
+      }
+    } else if (end % 8 == 0) {  // the model raised before any write
+      EXPECT_STATUS(pkv_batch_abort(batch), PKV_OK);
+    } else if (end % 8 == 1 && cfg_.layers > 1) {  // raised after layer 0: destroyed
+      write_layers(batch, idx, qc, 1);
+      // Slots that held other K/V now hold mixed layers; a slot that held
+      // this token's K/V got the same values again (K/V is a function of
+      // the prefix), so it stays written, as the library keeps it.
+      for (size_t i = 0; i < idx.size(); ++i) {
+        const MSeq& s = seqs_[idx[i]];
+        for (uint64_t p = s.tokens.size() - qc[i]; p < s.tokens.size(); ++p)
+          if (!readable(s, p)) fp_[s.table[p / bs_] * bs_ + p % bs_] = 0;
+      }
+    } else if (end % 8 == 2) {  // preempted before the writes: they fail, nothing counts
+      const size_t victim = idx[0];
+      EXPECT_STATUS(pkv_seq_free(pool_, seqs_[victim].id), PKV_OK);
+      std::vector<uint8_t> buf(64);
+      pkv_tensor t;
+      std::memset(&t, 0, sizeof t);
+      t.data = buf.data();
+      EXPECT_STATUS(pkv_cache_write(batch, 0, &t, &t, nullptr), PKV_E_INVALID_STATE);
+      dead_.push_back(seqs_[victim].id);
+      seqs_.erase(seqs_.begin() + victim);
+      pkv_batch_destroy(batch);
+      return;
     } else {
-      write_and_attend(batch, idx, qc, mode);
+      write_layers(batch, idx, qc, cfg_.layers);  // commits
+      committed_now(idx);
+      EXPECT_STATUS(pkv_batch_abort(batch), PKV_E_INVALID_STATE);
+      if (end & 8) EXPECT_STATUS(pkv_batch_commit(batch), PKV_OK);
+      attend_and_check(batch, idx, qc, mode);
     }
     pkv_batch_destroy(batch);
+  }
+
+  // Whether every context slot of the plan (before each sequence's queries,
+  // from the first block its window reads) is readable or written by a
+  // query of this same plan.
+  bool context_readable(const std::vector<size_t>& idx, const std::vector<uint32_t>& qc) const {
+    std::map<uint64_t, uint64_t> plan;  // slot -> fingerprint this plan writes there
+    for (size_t i = 0; i < idx.size(); ++i) {
+      const MSeq& s = seqs_[idx[i]];
+      for (uint64_t p = s.tokens.size() - qc[i]; p < s.tokens.size(); ++p)
+        plan[uint64_t(s.table[p / bs_]) * bs_ + p % bs_] = slot_fp(p, s.tokens[p], s.lora);
+    }
+    for (size_t i = 0; i < idx.size(); ++i) {
+      const MSeq& s = seqs_[idx[i]];
+      const uint64_t n = s.tokens.size(), ctx_end = n - qc[i];
+      const uint64_t first_key = cfg_.window && ctx_end + 1 > cfg_.window ? ctx_end + 1 - cfg_.window : 0;
+      for (uint64_t p = std::max<uint64_t>(s.num_null(), first_key / bs_) * bs_; p < ctx_end; ++p) {
+        if (readable(s, p)) continue;
+        auto it = plan.find(uint64_t(s.table[p / bs_]) * bs_ + p % bs_);
+        if (it == plan.end() || it->second != slot_fp(p, s.tokens[p], s.lora)) return false;
+      }
+    }
+    return true;
   }
 
   uint64_t fp_at(const MSeq& s, uint64_t pos) const {
@@ -878,23 +1007,30 @@ class Harness {
     return t;
   }
 
-  void write_and_attend(pkv_batch* batch, const std::vector<size_t>& idx,
-                        const std::vector<uint32_t>& qc, uint8_t mode) {
-    const uint32_t D = cfg_.head_dim, Hk = cfg_.kv_heads, Hq = Hk * cfg_.group;
-    const int64_t pad = (mode & 8) ? 8 : 0;
-    struct Row {
-      const MSeq* s;
-      uint64_t pos;
-    };
+  struct Row {
+    const MSeq* s;
+    uint64_t pos;
+  };
+  std::vector<Row> rows_of(const std::vector<size_t>& idx, const std::vector<uint32_t>& qc) const {
     std::vector<Row> rowv;
     for (size_t i = 0; i < idx.size(); ++i) {
       const MSeq& s = seqs_[idx[i]];
       for (uint64_t p = s.tokens.size() - qc[i]; p < s.tokens.size(); ++p) rowv.push_back({&s, p});
     }
+    return rowv;
+  }
+
+  // Writes the K/V of the plan's queries into layers [0, layers) through
+  // the library (the last layer commits the step).
+  void write_layers(pkv_batch* batch, const std::vector<size_t>& idx,
+                    const std::vector<uint32_t>& qc, uint32_t layers) {
+    const uint32_t D = cfg_.head_dim, Hk = cfg_.kv_heads;
+    const int64_t pad = (in_.u8() & 8) ? 8 : 0;
+    const std::vector<Row> rowv = rows_of(idx, qc);
     const int64_t T = int64_t(rowv.size());
-    const size_t kv_row = size_t(Hk) * D + pad, q_row = size_t(Hq) * D + pad;
+    const size_t kv_row = size_t(Hk) * D + pad;
     std::vector<uint8_t> kb(T * kv_row * esize()), vb(kb.size());
-    for (uint32_t layer = 0; layer < cfg_.layers; ++layer) {
+    for (uint32_t layer = 0; layer < layers; ++layer) {
       for (int64_t r = 0; r < T; ++r) {
         const uint64_t fp = slot_fp(rowv[r].pos, rowv[r].s->tokens[rowv[r].pos], rowv[r].s->lora);
         for (uint32_t h = 0; h < Hk; ++h)
@@ -906,11 +1042,15 @@ class Harness {
       pkv_tensor kt = rows(kb, T, Hk, pad), vt = rows(vb, T, Hk, pad);
       EXPECT_STATUS(pkv_cache_write(batch, layer, &kt, &vt, nullptr), PKV_OK);
     }
-    for (const Row& r : rowv) {
-      const int32_t b = r.s->table[r.pos / bs_];
-      fp_[b * bs_ + r.pos % bs_] = slot_fp(r.pos, r.s->tokens[r.pos], r.s->lora);
-    }
+  }
 
+  void attend_and_check(pkv_batch* batch, const std::vector<size_t>& idx,
+                        const std::vector<uint32_t>& qc, uint8_t mode) {
+    const uint32_t D = cfg_.head_dim, Hk = cfg_.kv_heads, Hq = Hk * cfg_.group;
+    const int64_t pad = (mode & 8) ? 8 : 0;
+    const std::vector<Row> rowv = rows_of(idx, qc);
+    const int64_t T = int64_t(rowv.size());
+    const size_t q_row = size_t(Hq) * D + pad;
     // Attention on one layer, against a float64 reference.
     const uint32_t layer = in_.below(cfg_.layers);
     pkv_attention_params ap;
@@ -949,10 +1089,11 @@ class Harness {
       const uint64_t p = rowv[r].pos;
       const uint64_t lo =
           ap.sliding_window && p + 1 > ap.sliding_window ? p + 1 - ap.sliding_window : 0;
-      bool known = true;
-      for (uint64_t kp = lo; kp <= p && known; ++kp)
-        known = fp_at(s, kp) == slot_fp(kp, s.tokens[kp], s.lora);
-      if (!known) continue;  // a key the model cannot vouch for
+      // The plan was accepted, so every key it reads holds what the harness
+      // wrote: the model must vouch for all of them.
+      for (uint64_t kp = std::max(lo, s.num_null() * bs_); kp <= p; ++kp)
+        CHECK(readable(s, kp), "an accepted plan reads position %llu that nobody wrote",
+              (unsigned long long)kp);
       for (uint32_t h = 0; h < Hq; ++h) {
         const uint32_t g = h / cfg_.group;
         logit.assign(p - lo + 1, 0);
@@ -998,22 +1139,24 @@ class Harness {
     pkv_batch* b = nullptr;
     const uint64_t n = s->tokens.size();
     const uint64_t first_key = cfg_.window && n > cfg_.window ? n - cfg_.window : 0;
-    const pkv_status want = first_key / bs_ < s->num_null() ? PKV_E_INVALID_ARGUMENT : PKV_OK;
+    const size_t si = size_t(s - seqs_.data());
+    pkv_status want = first_key / bs_ < s->num_null() ? PKV_E_INVALID_ARGUMENT : PKV_OK;
+    if (want == PKV_OK && !context_readable({si}, {q})) want = PKV_E_INVALID_STATE;
     EXPECT_STATUS(pkv_batch_prepare(pool_, &s->id, &q, 1, nullptr, &b), want);
     if (want != PKV_OK) return;
-    s->planned = s->tokens.size();  // a prepared plan covers every token
     const bool use_free = in_.u8() & 1;
     if (use_free) {
-      const size_t i = size_t(s - seqs_.data());
       EXPECT_STATUS(pkv_seq_free(pool_, s->id), PKV_OK);
       dead_.push_back(s->id);
-      seqs_.erase(seqs_.begin() + i);
+      seqs_.erase(seqs_.begin() + si);
+      s = nullptr;
     } else {
       // Truncating to the current length keeps every token (it drops only
       // lookahead blocks) but still counts as a change for the plan.
       const pkv_status tw = truncate_status(*s, s->tokens.size());
       EXPECT_STATUS(pkv_seq_truncate(pool_, s->id, s->tokens.size()), tw);
-      if (tw != PKV_OK) {  // nothing changed: the plan is still fresh
+      if (tw != PKV_OK) {  // nothing changed: the plan is still fresh; it is dropped
+        if (!cfg_.storage) mark_written(*s, n - 1);  // manager-only: counts (ABI 1)
         pkv_batch_destroy(b);
         return;
       }
@@ -1027,7 +1170,16 @@ class Harness {
     pkv_batch_info bi;
     pkv_batch_info_init(&bi);
     EXPECT_STATUS(pkv_batch_get_info(b, &bi), PKV_OK);  // info stays readable
+    // Manager-only pools count a plan destroyed without abort (ABI 1): the
+    // truncate kept every token, so the step's one query counts; a freed
+    // sequence's does not. Storage pools: nothing was written, nothing counts.
+    if (s && !cfg_.storage) mark_written(*s, n - 1);
     pkv_batch_destroy(b);
+  }
+
+  void mark_written(MSeq& s, uint64_t pos) {
+    fp_[s.table[pos / bs_] * bs_ + pos % bs_] = slot_fp(pos, s.tokens[pos], s.lora);
+    s.committed = std::max(s.committed, pos + 1);
   }
 
   // ------------------------------------------------------------ invariants
@@ -1053,6 +1205,9 @@ class Harness {
         trace("\n");
       }
       CHECK(observed_table(s.id) == s.table, "a block table changed behind the model's back");
+      CHECK(info.num_computed_tokens == model_computed(s),
+            "%llu tokens computed, but the harness wrote the first %llu",
+            (unsigned long long)info.num_computed_tokens, (unsigned long long)model_computed(s));
       CHECK(s.table.size() * bs_ >= s.tokens.size(), "fewer slots than tokens");
       tokens += s.tokens.size();
       for (uint64_t j = 0; j < s.tokens.size() / bs_; ++j) {

@@ -15,6 +15,7 @@ struct Counters {
   uint64_t failed_calls = 0;       // calls that returned an expected error status
   uint64_t attention_checked = 0;  // attention outputs compared with the reference
   uint64_t validates = 0;          // pkv_pool_validate calls (all returned PKV_OK)
+  uint64_t unwritten_refused = 0;  // plans refused because their context was never written
 };
 
 // Runs one input. Returns normally when every check passed; prints what

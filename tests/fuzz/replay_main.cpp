@@ -42,8 +42,10 @@ int main(int argc, char** argv) {
   const pkv_fuzz::Counters& c = pkv_fuzz::counters();
   std::printf(
       "fuzz_replay: %llu inputs, %llu operations, %llu expected error statuses, %llu validates, "
-      "%llu attention rows checked against the reference: all passed\n",
+      "%llu attention rows checked against the reference, %llu plans over unwritten context "
+      "refused: all passed\n",
       (unsigned long long)c.inputs, (unsigned long long)c.ops, (unsigned long long)c.failed_calls,
-      (unsigned long long)c.validates, (unsigned long long)c.attention_checked);
+      (unsigned long long)c.validates, (unsigned long long)c.attention_checked,
+      (unsigned long long)c.unwritten_refused);
   return 0;
 }

@@ -379,6 +379,47 @@ void tamper_plan(Env& e, Reader& r) {
 
 }  // namespace
 
+// Appends ctx[i] leading tokens of each sequence and computes them in one
+// step: cache writes of 0.5 for every layer (which commits the step).
+bool compute_context(Env& e, const std::vector<pkv_seq_id>& seqs,
+                     const std::vector<std::vector<int32_t>>& tokens,
+                     const std::vector<uint32_t>& ctx) {
+  std::vector<pkv_seq_id> ids;
+  std::vector<uint32_t> counts;
+  int64_t rows = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (!ctx[i]) continue;
+    if (pkv_seq_append(e.pool, seqs[i], tokens[i].data(), ctx[i], 0) != PKV_OK) return false;
+    ids.push_back(seqs[i]);
+    counts.push_back(ctx[i]);
+    rows += ctx[i];
+  }
+  if (ids.empty()) return true;
+  pkv_batch* b = nullptr;
+  if (pkv_batch_prepare(e.pool, ids.data(), counts.data(), uint32_t(ids.size()), nullptr, &b) !=
+      PKV_OK)
+    die("prepare (context)");
+  const bool f32 = e.o.dtype == PKV_DTYPE_F32;
+  const int64_t inner = int64_t(e.o.num_kv_heads) * e.o.head_dim;
+  std::vector<float> f(size_t(rows * inner), 0.5f);
+  std::vector<uint16_t> h(size_t(rows * inner), 0x3800);  // f16 0.5
+  pkv_tensor kv{};
+  kv.data = f32 ? static_cast<void*>(f.data()) : static_cast<void*>(h.data());
+  kv.dtype = e.o.dtype;
+  kv.device_type = PKV_DEVICE_CPU;
+  kv.ndim = 3;
+  kv.shape[0] = rows;
+  kv.shape[1] = e.o.num_kv_heads;
+  kv.shape[2] = e.o.head_dim;
+  kv.strides[0] = inner;
+  kv.strides[1] = e.o.head_dim;
+  kv.strides[2] = 1;
+  for (uint32_t layer = 0; layer < e.o.num_layers; ++layer)
+    if (pkv_cache_write(b, layer, &kv, &kv, nullptr) != PKV_OK) die("cache_write (context)");
+  pkv_batch_destroy(b);
+  return true;
+}
+
 void run_one(const uint8_t* data, size_t size) {
   ++g_counters.inputs;
   Reader r{data, size};
@@ -400,15 +441,21 @@ void run_one(const uint8_t* data, size_t size) {
   e.kv1 = e.kv0 + size_t(bpb) * e.o.num_blocks;  // every plane of every block
   const uint32_t nseq = 1 + r.pick(3);
   std::vector<pkv_seq_id> seqs(nseq);
-  std::vector<uint32_t> q(nseq);
+  std::vector<uint32_t> q(nseq), ctx(nseq);
+  std::vector<std::vector<int32_t>> tokens(nseq);
   for (uint32_t i = 0; i < nseq; ++i) {
     if (pkv_seq_create(e.pool, nullptr, &seqs[i]) != PKV_OK) die("seq_create");
-    std::vector<int32_t> tokens(1 + r.pick(12));
-    for (size_t j = 0; j < tokens.size(); ++j) tokens[j] = int32_t(j + 17 * i);
-    if (pkv_seq_append(e.pool, seqs[i], tokens.data(), tokens.size(), 0) != PKV_OK) return;
-    q[i] = 1 + r.pick(uint32_t(tokens.size()));
+    tokens[i].resize(1 + r.pick(12));
+    for (size_t j = 0; j < tokens[i].size(); ++j) tokens[i][j] = int32_t(j + 17 * i);
+    q[i] = 1 + r.pick(uint32_t(tokens[i].size()));
+    ctx[i] = uint32_t(tokens[i].size()) - q[i];
     e.rows += q[i];
   }
+  // The context before each sequence's queries is computed by an earlier,
+  // well-formed step (plans refuse context that nobody wrote).
+  if (!compute_context(e, seqs, tokens, ctx)) return;
+  for (uint32_t i = 0; i < nseq; ++i)
+    if (pkv_seq_append(e.pool, seqs[i], tokens[i].data() + ctx[i], q[i], 0) != PKV_OK) return;
   if (pkv_batch_prepare(e.pool, seqs.data(), q.data(), nseq, nullptr, &e.batch) != PKV_OK)
     die("prepare");
   for (int step = 0; step < 24 && !r.done(); ++step) {

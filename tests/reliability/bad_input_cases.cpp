@@ -101,6 +101,7 @@ pkv_attention_params aparams() {
 // Setups that make a plan stale or orphaned before the bad call.
 void append_to_a(Env& e) { pkv_seq_append(e.pool, e.a, e.tokens, 1, 0); }
 void free_b(Env& e) { pkv_seq_free(e.pool, e.b); }
+void append_a(Env& e) { pkv_seq_append(e.pool, e.a, e.tokens + 40, 2, 0); }
 void destroy_pool(Env& e) {
   pkv_pool_destroy(e.pool);
   e.pool = nullptr;
@@ -562,6 +563,22 @@ std::vector<Case> make_cases() {
         S("pkv_batch_prepare", PKV_CLASS_RANGE, "an empty sequence (query count 1)", kInv,
           "query_counts[0]", uint32_t q = 1;
           pkv_batch* b = nullptr; return pkv_batch_prepare(e.pool, &e.empty, &q, 1, nullptr, &b);),
+        with_setup(S("pkv_batch_prepare", PKV_CLASS_STATE,
+                     "context not computed (query_counts[0] = 1 after appending 2)", kState,
+                     "would attend over tokens [40, 41)", pkv_batch* b = nullptr;
+                     uint32_t q = 1; return pkv_batch_prepare(e.pool, &e.a, &q, 1, nullptr, &b);),
+                   append_a),
+        S("pkv_batch_commit", PKV_CLASS_NULL, "batch = NULL", kInv, "batch",
+          return pkv_batch_commit(nullptr);),
+        S("pkv_batch_commit", PKV_CLASS_STATE, "after pkv_batch_abort", kState, "aborted",
+          pkv_batch* b = nullptr; uint32_t q = 1;
+          pkv_status s = pkv_batch_prepare(e.pool, &e.a, &q, 1, nullptr, &b);
+          if (s == PKV_OK) s = pkv_batch_abort(b); if (s == PKV_OK) s = pkv_batch_commit(b);
+          pkv_batch_destroy(b); return s;),
+        S("pkv_batch_abort", PKV_CLASS_NULL, "batch = NULL", kInv, "batch",
+          return pkv_batch_abort(nullptr);),
+        S("pkv_batch_abort", PKV_CLASS_STATE, "after every layer was written (committed)", kState,
+          "committed", return pkv_batch_abort(e.batch);),
         V("pkv_batch_destroy", PKV_CLASS_NULL, "batch = NULL", "no-op", pkv_batch_destroy(nullptr);
           return PKV_OK;),
         V("pkv_batch_info_init", PKV_CLASS_NULL, "info = NULL", "no-op",
@@ -732,6 +749,16 @@ Env::Env() {
   for (int i = 0; i < 64; ++i) tokens[i] = 1000 + i * 7;
   must(pkv_seq_create(pool, nullptr, &a), "seq_create a");
   must(pkv_seq_append(pool, a, tokens, 40, 0), "append a");
+  {  // one step computes a's 40 tokens (writing every layer commits it)
+    pkv_batch* first = nullptr;
+    const uint32_t all = 40;
+    must(pkv_batch_prepare(pool, &a, &all, 1, nullptr, &first), "prepare a");
+    std::vector<float> kb, vb;
+    pkv_tensor k40 = dense(kb, 40, 2, 64), v40 = dense(vb, 40, 2, 64);
+    for (uint32_t layer = 0; layer < 2; ++layer)
+      must(pkv_cache_write(first, layer, &k40, &v40, nullptr), "cache_write a");
+    pkv_batch_destroy(first);
+  }
   must(pkv_seq_fork(pool, a, &b), "fork");
   must(pkv_seq_append(pool, b, tokens + 40, 3, 0), "append b");
   must(pkv_seq_create(pool, nullptr, &empty), "seq_create empty");
@@ -758,7 +785,15 @@ Env::Env() {
   mo.num_threads = 1;
   must(pkv_pool_create(&mo, &mgr), "pool_create mgr");
   must(pkv_seq_create(mgr, nullptr, &m), "seq_create m");
-  must(pkv_seq_append(mgr, m, tokens, 10, 0), "append m");
+  must(pkv_seq_append(mgr, m, tokens, 8, 0), "append m");
+  {  // an earlier step computed the first 8 (manager-only: committed explicitly)
+    pkv_batch* first = nullptr;
+    const uint32_t q8 = 8;
+    must(pkv_batch_prepare(mgr, &m, &q8, 1, nullptr, &first), "prepare mgr first");
+    must(pkv_batch_commit(first), "commit mgr first");
+    pkv_batch_destroy(first);
+  }
+  must(pkv_seq_append(mgr, m, tokens + 8, 2, 0), "append m 2");
   const uint32_t q2 = 2;
   must(pkv_batch_prepare(mgr, &m, &q2, 1, nullptr, &mgr_batch), "prepare mgr");
 }

@@ -209,6 +209,13 @@ TEST(Faults, BatchPrepareAllocationFailsCleanly) {
       if (pkv_seq_create(p, nullptr, &id) != PKV_OK) return "seq_create";
       if (pkv_seq_append(p, id, toks.data(), toks.size(), 0) != PKV_OK) return "append";
     }
+    {  // computed once, so that the decode plan below has written context
+      pkv_batch* first = nullptr;
+      if (pkv_batch_prepare(p, ids.data(), qc.data(), 8, nullptr, &first) != PKV_OK)
+        return "first step";
+      if (pkv_batch_commit(first) != PKV_OK) return "commit";
+      pkv_batch_destroy(first);
+    }
     pkv_seq_id child;
     if (pkv_seq_fork(p, ids[0], &child) != PKV_OK) return "fork";
     int32_t t = 5;
@@ -371,6 +378,11 @@ TEST(Faults, ExhaustionAfterPrefixHitKeepsTheHit) {
   pkv_seq_id a, b;
   ASSERT_EQ(pkv_seq_create(p, nullptr, &a), PKV_OK);
   ASSERT_EQ(pkv_seq_append(p, a, prompt.data(), 33, 0), PKV_OK);  // 5 blocks, 4 full
+  pkv_batch* step = nullptr;  // computed: hits need written blocks
+  const uint32_t q33 = 33;
+  ASSERT_EQ(pkv_batch_prepare(p, &a, &q33, 1, nullptr, &step), PKV_OK);
+  ASSERT_EQ(pkv_batch_commit(step), PKV_OK);
+  pkv_batch_destroy(step);
   ASSERT_EQ(pkv_seq_create(p, nullptr, &b), PKV_OK);
   uint64_t cached = 0;
   ASSERT_EQ(pkv_seq_match_prefix(p, b, prompt.data(), 40, &cached), PKV_OK);

@@ -8,6 +8,7 @@
 // (total) overrides either.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -153,14 +154,25 @@ std::string worker(pkv_pool* pool, int tid, uint64_t ops, uint32_t bs, std::atom
     } else if (op < 97) {  // a step plan over our sequences, dropped at once
       std::vector<pkv_seq_id> ids;
       std::vector<uint32_t> qc;
-      for (const Local& x : mine)
-        if (x.tokens) ids.push_back(x.id), qc.push_back(1);
+      // Each computes what it has not computed yet (a shared prefix hit
+      // is written; blocks shared by fork are ours); some steps abort.
+      for (const Local& x : mine) {
+        if (!x.tokens) continue;
+        pkv_seq_info info;
+        pkv_seq_info_init(&info);
+        pkv_status s = pkv_seq_get_info(pool, x.id, &info);
+        if (s != PKV_OK) return fail("get_info", s);
+        ids.push_back(x.id);
+        qc.push_back(uint32_t(std::max<uint64_t>(1, info.num_tokens - info.num_computed_tokens)));
+      }
       if (ids.empty()) continue;
       pkv_batch* b = nullptr;
       pkv_status s =
           pkv_batch_prepare(pool, ids.data(), qc.data(), uint32_t(ids.size()), nullptr, &b);
       if (s != PKV_OK) return fail("batch_prepare", s);
+      s = (r >> 20) % 4 ? pkv_batch_commit(b) : pkv_batch_abort(b);
       pkv_batch_destroy(b);
+      if (s != PKV_OK) return fail("batch commit/abort", s);
     } else if (op < 98) {
       pkv_event ev[16];
       uint64_t n = 0;

@@ -23,6 +23,16 @@ class Batch(HandleOwner):
     (InvalidStateError). A Batch keeps its pool and sequences alive; it is a
     context manager and close() is idempotent. One Batch serialises its own
     calls; use one Batch per thread for concurrent kernels.
+
+    The step's tokens count as computed (prefix hits, sliding window) only
+    once it is committed: on a pool with storage, by a successful
+    :meth:`cache_write` of every layer; otherwise by :meth:`commit` (the
+    engine wrote K/V elsewhere). ``with pool.prepare(...) as b:`` commits a
+    manager-only pool's step when the block ends normally and aborts any
+    step when it raises; :meth:`close` (and garbage collection) of a step
+    never committed aborts it. A plan whose context holds tokens nobody
+    wrote raises InvalidStateError: compute from
+    ``seq.num_computed_tokens`` on.
     """
 
     def __init__(
@@ -64,6 +74,35 @@ class Batch(HandleOwner):
                 return fn(ptr, *args)
         finally:
             self._h.release()
+
+    # ------------------------------------------------------------ commit
+
+    def commit(self) -> None:
+        """The step's writes happened: its tokens count as computed.
+        Idempotent; InvalidStateError after :meth:`abort`."""
+        self._call(_c.pkv_batch_commit)
+
+    def abort(self) -> None:
+        """The step failed before its writes: nothing of it counts.
+        Idempotent; InvalidStateError if it was already committed."""
+        self._call(_c.pkv_batch_abort)
+
+    def close(self) -> None:
+        """Aborts the step unless it was committed, then releases the plan."""
+        h = getattr(self, "_h", None)
+        if h is not None and not h.closed:
+            try:
+                self.abort()
+            except _c.PagedKVError:
+                pass  # committed (its writes happened), or closed meanwhile
+        super().close()
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        try:
+            if exc_type is None and self._pool.num_layers == 0 and not self._h.closed:
+                self.commit()  # the engine's own writes ended normally
+        finally:
+            self.close()
 
     # ------------------------------------------------------------ plan
 

@@ -275,7 +275,8 @@ class Pool(HandleOwner):
 
     def prepare(self, seqs: Seq[Sequence], query_counts: Union[int, Seq[int]] = 1, stream: Any = None) -> Batch:
         """The step plan for seqs, each with query_counts[i] new tokens (an
-        int applies to all: 1 for decode)."""
+        int applies to all: 1 for decode). Its tokens count as computed
+        only when the step is committed: see :class:`Batch`."""
         from ._batch import Batch
 
         return Batch(self, seqs, query_counts, stream)
@@ -421,6 +422,12 @@ class Sequence:
 
     def __len__(self) -> int:
         return self.info().num_tokens
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Leading tokens whose K/V is written; a step plan's queries must
+        cover the rest (``len(seq) - seq.num_computed_tokens`` at least)."""
+        return self.info().num_computed_tokens
 
     def block_table(self) -> List[int]:
         """Block ids in order (0, the null block, where a sliding window

@@ -276,6 +276,9 @@ class SequenceInfo:
     num_blocks: int
     num_slots: int
     lora_id: int
+    #: Leading tokens whose K/V is written (committed steps, written prefix
+    #: hits): the next step must compute every token from here on.
+    num_computed_tokens: int
 
     @classmethod
     def _from_c(cls, s: Any) -> SequenceInfo:

@@ -60,6 +60,8 @@
 %thread pkv_pool_swap_blocks;
 %thread pkv_batch_prepare;
 %thread pkv_batch_destroy;
+%thread pkv_batch_commit;
+%thread pkv_batch_abort;
 %thread pkv_batch_get_info;
 %thread pkv_batch_plan_tensor;
 %thread pkv_cache_write;

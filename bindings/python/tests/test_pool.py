@@ -70,6 +70,8 @@ def test_stats_track_usage(manager_pool):
     assert (s1.num_seqs, s1.num_tokens, s1.num_used_blocks, s1.num_free_blocks) == (1, 10, 3, 12)
     assert s1.num_cached_blocks == 2  # the two full blocks
     assert s1.usage == pytest.approx(3 / 15)
+    with manager_pool.prepare([a], 10):
+        pass  # the step computed a (committed on leaving the block): its blocks can be hit
     b = manager_pool.create_sequence()
     assert b.match_prefix(list(range(10))) == 8
     s2 = manager_pool.stats()

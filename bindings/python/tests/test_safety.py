@@ -31,13 +31,13 @@ def test_plan_arrays_are_read_only():
     with storage_pool() as pool:
         s = pool.create_sequence()
         s.append(list(range(11)))
-        with pool.prepare([s], 3) as b:
+        with pool.prepare([s], 11) as b:  # all of it: a plan needs its context written
             for name, view in b.plan_arrays().items():
                 arr = view.numpy()
                 assert not arr.flags.writeable, name
                 with pytest.raises(ValueError):
                     arr[0] = 1000
-            assert b.plan(pagedkv.PlanArray.QUERY_INDPTR).numpy().tolist() == [0, 3]
+            assert b.plan(pagedkv.PlanArray.QUERY_INDPTR).numpy().tolist() == [0, 11]
 
 
 def test_plan_torch_view_is_a_copy():
@@ -47,11 +47,11 @@ def test_plan_torch_view_is_a_copy():
     with storage_pool() as pool:
         s = pool.create_sequence()
         s.append(list(range(11)))
-        with pool.prepare([s], 3) as b:
+        with pool.prepare([s], 11) as b:
             t = b.plan(pagedkv.PlanArray.QUERY_INDPTR).torch()
             assert isinstance(t, torch.Tensor)
             t[1] = 1000
-            assert b.plan(pagedkv.PlanArray.QUERY_INDPTR).numpy().tolist() == [0, 3]
+            assert b.plan(pagedkv.PlanArray.QUERY_INDPTR).numpy().tolist() == [0, 11]
 
 
 def test_forced_writes_into_plan_arrays_do_not_reach_the_kernels():

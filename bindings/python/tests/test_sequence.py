@@ -38,6 +38,11 @@ def test_match_prefix_shares_blocks(manager_pool):
     assert a.match_prefix(prompt) == 0
     a.append(prompt)
     b = manager_pool.create_sequence()
+    assert b.match_prefix(prompt) == 0  # nothing computed yet: never shared
+    b.free()
+    with manager_pool.prepare([a], len(a)):
+        pass  # a's step: committed when the block ends
+    b = manager_pool.create_sequence()
     assert b.match_prefix(prompt) == 8
     assert b.info().num_cached_tokens == 8 and b.num_tokens == 8
     assert b.block_table() == a.block_table()[:2]
@@ -53,11 +58,15 @@ def test_salt_and_lora_separate_caches(manager_pool):
     prompt = list(range(9))
     a = manager_pool.create_sequence(cache_salt="tenant-a")
     a.append(prompt)
+    with manager_pool.prepare([a], len(a)):
+        pass
     assert manager_pool.create_sequence(cache_salt="tenant-b").match_prefix(prompt) == 0
     assert manager_pool.create_sequence().match_prefix(prompt) == 0
     assert manager_pool.create_sequence(cache_salt="tenant-a").match_prefix(prompt) == 8
     lo = manager_pool.create_sequence(lora_id=3)
     lo.append(prompt)
+    with manager_pool.prepare([lo], len(lo)):
+        pass
     assert manager_pool.create_sequence(lora_id=4).match_prefix(prompt) == 0
     assert manager_pool.create_sequence(lora_id=3).match_prefix(prompt) == 8
     assert lo.info().lora_id == 3
@@ -81,6 +90,8 @@ def test_multimodal_items_change_hashes(manager_pool):
 def test_fork_shares_then_copies_on_write(manager_pool):
     parent = manager_pool.create_sequence()
     parent.append(list(range(6)))  # one full block + 2 tokens
+    with manager_pool.prepare([parent], 6):
+        pass  # fork after the step that computed the parent
     child = parent.fork()
     assert child.block_table() == parent.block_table()
     assert child.num_tokens == 6
@@ -187,6 +198,8 @@ def test_lora_name_keys_blocks_as_vllm(manager_pool):
     prompt = list(range(1, 9))
     named = manager_pool.create_sequence(lora_name="sql-lora")
     named.append(prompt + [9])
+    with manager_pool.prepare([named], len(named)):
+        pass  # computed: its blocks can be hit
     assert [h.hex() for h in named.block_hashes()] == LORA_NAME_VECTOR
     assert [h.hex() for h in pagedkv.hash_prefix(prompt, block_size=4, lora_name="sql-lora")] == LORA_NAME_VECTOR
     assert manager_pool.hash_prefix(prompt, lora_name="sql-lora") == named.block_hashes()

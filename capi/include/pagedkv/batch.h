@@ -5,6 +5,19 @@
  * context lengths, query offsets; pending copy-on-write copies run here),
  * then per layer pkv_cache_write followed by pkv_attention_forward. Decode,
  * prefill and chunked prefill mix freely in one plan.
+ *
+ * When tokens count as computed: when the engine says the step's writes
+ * happened, never at prepare. For a pool with storage, a plan on which
+ * pkv_cache_write succeeded for every layer is committed by that last
+ * write; pkv_batch_commit commits explicitly (K/V written by other means);
+ * a plan destroyed otherwise counts as aborted. A manager-only pool
+ * (num_layers 0: the engine writes K/V elsewhere) needs pkv_batch_commit,
+ * or pkv_batch_abort if the step failed; for ABI-1 callers a manager-only
+ * plan destroyed with neither counts as committed. So an engine loop that
+ * destroys its plan on an exception caches nothing it did not write, except
+ * a manager-only engine that neither commits nor aborts. Commit the step
+ * before preparing the next one over the same sequences: the next plan's
+ * context must be written (see pkv_batch_prepare).
  */
 #ifndef PAGEDKV_BATCH_H
 #define PAGEDKV_BATCH_H
@@ -26,16 +39,37 @@ typedef struct pkv_batch pkv_batch;
  * its sequences is appended to, truncated or freed afterwards, the plan is
  * stale and its calls return PKV_E_INVALID_STATE.
  *
- * Once prepared, every token of its sequences counts as computed (pool.h):
- * the engine runs this step's pkv_cache_write for every layer. The next
- * plan's queries should start at the first token appended after this one;
- * the sliding window keeps their keys. With a sliding window, queries whose
- * keys the window released are rejected (PKV_E_INVALID_ARGUMENT). */
+ * Nothing counts as computed until the plan is committed (above). Every
+ * context token (before a sequence's queries) must have written K/V (a
+ * committed step, a written prefix hit, a copy or swap-in) or be a query of
+ * another sequence of this same plan; otherwise PKV_E_INVALID_STATE names
+ * the sequence and the token range, and the engine reschedules those
+ * tokens as queries (pkv_seq_info.num_computed_tokens tells where to
+ * start). With a sliding window, queries whose keys the window released are
+ * rejected (PKV_E_INVALID_ARGUMENT). */
 PKV_API pkv_status pkv_batch_prepare(pkv_pool* pool, const pkv_seq_id* seqs,
                                      const uint32_t* query_counts, uint32_t num_seqs,
                                      void* stream, pkv_batch** out);
 
-/* NULL is a no-op. On a CUDA pool the plan's device arrays are released
+/* The step's cache writes happened (on the engine's streams, in order
+ * before any later plan's reads): its query tokens count as computed, their
+ * slots are written, full blocks become prefix hits, the sliding window can
+ * advance. Sequences freed or truncated since prepare (and blocks their
+ * tables no longer name) are skipped: their tokens stay uncomputed.
+ * Idempotent; PKV_E_INVALID_STATE after pkv_batch_abort or when the pool
+ * was destroyed. A pool with storage commits by itself when
+ * pkv_cache_write succeeded for every layer. */
+PKV_API pkv_status pkv_batch_commit(pkv_batch* batch);
+
+/* The step failed before its writes (e.g. the model raised): nothing of it
+ * counts as computed. Undoes nothing else: appended tokens stay, uncomputed,
+ * and the next plan must compute them. Idempotent; PKV_E_INVALID_STATE if
+ * the step was already committed (its writes happened; they stay valid). */
+PKV_API pkv_status pkv_batch_abort(pkv_batch* batch);
+
+/* NULL is a no-op. Without a prior commit or abort: a pool with storage
+ * counts the step as aborted unless every layer was written; a manager-only
+ * pool counts it as committed (ABI 1). On a CUDA pool the plan's device arrays are released
  * stream-ordered on the stream given to pkv_batch_prepare (no device
  * synchronisation): kernels that read the plan on other streams must be
  * ordered before later work on that stream, as with any stream-ordered
@@ -86,7 +120,7 @@ PKV_API pkv_status pkv_batch_plan_tensor(const pkv_batch* batch, uint32_t which,
 
 /* Scatters the step's new keys and values, k and v [num_tokens, num_kv_heads,
  * head_dim] of the pool's dtype and device (innermost stride 1), into their
- * slots of layer. */
+ * slots of layer. The call that completes every layer commits the step. */
 PKV_API pkv_status pkv_cache_write(pkv_batch* batch, uint32_t layer, const pkv_tensor* k,
                                    const pkv_tensor* v, void* stream);
 

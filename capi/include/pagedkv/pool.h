@@ -5,12 +5,23 @@
  * here may be called from any thread; the pool serialises them. The block
  * manager contract (allocation order, eviction, hashing) is DESIGN.md §3.
  *
- * Computed tokens: a sequence's tokens count as computed (their K/V
- * written) once a step plan covering them has been prepared with
- * pkv_batch_prepare (the engine then runs that step's cache writes), or
- * when pkv_seq_match_prefix attached them as cache hits. The sliding window
- * and the prefix cache go by this: see sliding_window, pkv_seq_append,
- * pkv_seq_truncate and pkv_seq_free.
+ * Written blocks (DESIGN.md §9): the pool tracks, per block, which slots
+ * hold written K/V. Slots become written when the step that computes them
+ * is committed (pkv_batch_commit, or pkv_cache_write of every layer of a
+ * pool with storage; see batch.h), by a copy-on-write or pkv_copy_blocks
+ * copy (the source's state) and by a pkv_swap_blocks swap-in. A sequence's
+ * tokens count as computed when their slots are written
+ * (pkv_seq_info.num_computed_tokens); only then does the sliding window
+ * release what lies behind them. A prefix lookup attaches only fully
+ * written blocks, so two requests admitted in the same step never share a
+ * block that neither has computed yet (the second computes its own copy);
+ * a full block that leaves its last holder unwritten also leaves the
+ * prefix cache (PKV_EVENT_BLOCK_REMOVED). A sequence whose shared blocks
+ * were never written (a fork before its parent's step, whose step was then
+ * aborted or whose parent went away) sees it in num_computed_tokens, and a
+ * plan that would attend over such slots fails with PKV_E_INVALID_STATE
+ * naming the sequence and tokens: the engine schedules them as queries.
+ * No read of K/V that nobody wrote is possible through this API.
  *
  * Failures change nothing: a call that returns an error, PKV_E_OUT_OF_MEMORY
  * included, leaves the pool, its sequences, stats and events as they were.
@@ -50,7 +61,8 @@ typedef struct pkv_pool_options {
   uint32_t sliding_window; /* tokens; 0 = none. An append of new tokens
                               releases to the null block the blocks wholly
                               outside the window of the sequence's first
-                              token not yet computed (so every token not yet
+                              token not yet computed, i.e. not covered by a
+                              committed step (so every token not yet
                               computed stays queryable) */
   uint32_t enable_events;  /* 1 = record KV events for pkv_pool_drain_events */
   uint32_t max_events;     /* events kept before the oldest are dropped;
@@ -125,9 +137,10 @@ PKV_API pkv_status pkv_seq_match_prefix(pkv_pool* pool, pkv_seq_id seq, const in
 /* Appends num_tokens tokens (their KV is written by the next step) and makes
  * room for num_lookahead further slots (speculative tokens), allocating
  * blocks as needed. Blocks that become full are hashed and registered in the
- * prefix cache at once (a plan prepared in the same step may share them);
- * if the sequence lets them go before a plan covering them was prepared,
- * they leave the cache again (pkv_seq_truncate, pkv_seq_free). All or
+ * prefix cache at once (as vLLM does, so KV events keep its order), but a
+ * lookup skips them until their step is committed; if the sequence lets them
+ * go unwritten, they leave the cache again (pkv_seq_truncate, pkv_seq_free).
+ * Slots receiving new tokens count as unwritten until their step commits. All or
  * nothing: PKV_E_OUT_OF_BLOCKS (more blocks needed than free, net of what
  * the sliding window gives back) and PKV_E_OUT_OF_MEMORY change nothing. */
 PKV_API pkv_status pkv_seq_append(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
@@ -153,17 +166,18 @@ PKV_API pkv_status pkv_seq_fork(pkv_pool* pool, pkv_seq_id parent, pkv_seq_id* o
 
 /* Drops tokens from the tail so num_tokens remain, releasing blocks that
  * become empty (speculative-decoding rollback). Released full blocks stay
- * cached if a prepared plan computed them; those that became full after the
- * last prepared plan and that no other sequence holds leave the cache
- * (PKV_EVENT_BLOCK_REMOVED) and go to the head of the free queue. A block
- * left partial and held by this sequence alone leaves the cache too. */
+ * cached if their K/V is written; unwritten ones that no other sequence
+ * holds leave the cache (PKV_EVENT_BLOCK_REMOVED) and go to the head of the
+ * free queue. A block left partial and held by this sequence alone leaves
+ * the cache too. A step prepared before the truncate no longer counts for
+ * this sequence when committed (its slots may hold other tokens now). */
 PKV_API pkv_status pkv_seq_truncate(pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens);
 
 /* Releases the sequence and its blocks (tail first); the id becomes stale.
- * Full blocks a prepared plan computed (or that were prefix hits) stay
- * cached at the tail of the free queue; full blocks that became full after
- * the last prepared plan and that no other sequence holds hold no K/V: they
- * leave the cache (PKV_EVENT_BLOCK_REMOVED) and go to the head. */
+ * Full blocks whose K/V is written (a committed step, prefix hits) stay
+ * cached at the tail of the free queue; unwritten full blocks that no
+ * other sequence holds leave the cache (PKV_EVENT_BLOCK_REMOVED) and go to
+ * the head. */
 PKV_API pkv_status pkv_seq_free(pkv_pool* pool, pkv_seq_id seq);
 
 typedef struct pkv_seq_info {
@@ -174,6 +188,13 @@ typedef struct pkv_seq_info {
   uint64_t num_blocks;        /* entries in the block table */
   uint64_t num_slots;         /* capacity incl. lookahead: num_blocks * block_size */
   uint64_t lora_id;
+  /* Appended field (read when struct_size covers it): leading tokens whose K/V is written
+   * (committed steps, written prefix hits, copies, swap-ins). A plan's
+   * queries must include every token from here on: query_count >=
+   * num_tokens - num_computed_tokens. Can shrink without a call on this
+   * sequence when a fork relative it shared unwritten blocks with is freed
+   * or its step aborted. */
+  uint64_t num_computed_tokens;
 } pkv_seq_info;
 
 PKV_API void pkv_seq_info_init(pkv_seq_info* info);

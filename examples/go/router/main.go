@@ -140,14 +140,16 @@ func (r *replica) serve(prompt []int32, maxRunning int) (int, error) {
 	return hit, nil
 }
 
-// step prepares the plan of one engine step over seq's last n tokens (a
-// real engine would run the model's cache writes and attention on it).
+// step runs one engine step over seq's last n tokens: a real engine would
+// run the model's cache writes and attention on the plan; this one commits
+// it as if it had (only committed tokens can be prefix hits).
 func (r *replica) step(seq pagedkv.Seq, n int) error {
 	b, err := r.pool.Prepare([]pagedkv.Seq{seq}, []int{n})
 	if err != nil {
 		return err
 	}
-	return b.Close()
+	defer b.Close()
+	return b.Commit()
 }
 
 func (r *replica) finishOldest() error {

@@ -90,11 +90,19 @@ impl Default for AttentionParams {
 /// prepare a new plan each step. `Batch` is `Send` but not `Sync`: one
 /// thread at a time.
 ///
+/// The step's tokens count as computed (prefix hits, sliding window) only
+/// when it is committed: on a pool with storage by a successful
+/// [`cache_write`](Batch::cache_write) of every layer, otherwise by
+/// [`commit`](Batch::commit) (the engine wrote K/V elsewhere). Dropping a
+/// batch that was not committed aborts it, so an early return or a panic
+/// between prepare and the writes never caches K/V nobody wrote.
+///
 /// [`Pool`]: crate::Pool
 pub struct Batch {
     raw: NonNull<sys::pkv_batch>,
     device: Device,
     stream: Stream,
+    committed: bool,
 }
 
 // SAFETY: a plan may move between threads; it is not for two threads at
@@ -103,8 +111,14 @@ unsafe impl Send for Batch {}
 
 impl Drop for Batch {
     fn drop(&mut self) {
-        // SAFETY: we own the plan.
-        unsafe { sys::pkv_batch_destroy(self.raw.as_ptr()) }
+        // SAFETY: we own the plan. Aborting a step that committed itself
+        // (every layer written) is refused and changes nothing.
+        unsafe {
+            if !self.committed {
+                sys::pkv_batch_abort(self.raw.as_ptr());
+            }
+            sys::pkv_batch_destroy(self.raw.as_ptr())
+        }
     }
 }
 
@@ -123,7 +137,26 @@ impl Batch {
             raw,
             device,
             stream,
+            committed: false,
         }
+    }
+
+    /// The step's writes happened: its tokens count as computed. Consumes
+    /// the plan (a committed step has nothing left to do).
+    pub fn commit(mut self) -> Result<()> {
+        // SAFETY: we own the plan.
+        check(unsafe { sys::pkv_batch_commit(self.raw.as_ptr()) })?;
+        self.committed = true;
+        Ok(())
+    }
+
+    /// The step failed before its writes: nothing of it counts (what
+    /// dropping an uncommitted batch does, with the status).
+    /// [`ErrorKind::InvalidState`] if the step already committed itself by
+    /// writing every layer.
+    pub fn abort(self) -> Result<()> {
+        // SAFETY: we own the plan.
+        check(unsafe { sys::pkv_batch_abort(self.raw.as_ptr()) })
     }
 
     /// The raw handle; it stays owned by this `Batch`.

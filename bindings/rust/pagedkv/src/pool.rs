@@ -156,6 +156,9 @@ pub struct SeqInfo {
     /// Capacity including lookahead: `num_blocks * block_size`.
     pub num_slots: u64,
     pub lora_id: u64,
+    /// Leading tokens whose K/V is written (committed steps, written prefix
+    /// hits): a step's queries must cover every token from here on.
+    pub num_computed_tokens: u64,
 }
 
 /// Pool-wide counters.
@@ -577,6 +580,7 @@ impl Pool {
             num_blocks: raw.num_blocks,
             num_slots: raw.num_slots,
             lora_id: raw.lora_id,
+            num_computed_tokens: raw.num_computed_tokens,
         })
     }
 
@@ -859,7 +863,10 @@ impl Pool {
 
     /// Builds the step plan for `seqs[i]` with `query_counts[i]` new tokens
     /// each (1 for decode, the chunk length for prefill); pending
-    /// copy-on-write copies run here.
+    /// copy-on-write copies run here. Nothing counts as computed until the
+    /// step is committed (see [`Batch`]); a plan whose context holds tokens
+    /// nobody wrote fails with [`ErrorKind::InvalidState`]: compute from
+    /// [`SeqInfo::num_computed_tokens`] on.
     pub fn prepare(&self, seqs: &[SeqId], query_counts: &[u32]) -> Result<Batch> {
         self.prepare_on(seqs, query_counts, Stream::DEFAULT)
     }

@@ -6,13 +6,13 @@ mod common;
 use common::{manager, storage, Rng};
 use pagedkv::*;
 
-/// One engine step for `seq`: a plan whose queries are the `n` tokens just
-/// appended, dropped at once. Preparing it is what makes those tokens count
-/// as computed (pool.h): only then does a free keep their full blocks in the
-/// prefix cache, and only then may the sliding window release keys behind
-/// them.
+/// One engine step for `seq` whose K/V the engine wrote itself: a plan
+/// whose queries are the `n` tokens just appended, committed. Committing is
+/// what makes those tokens count as computed (pool.h): only then can their
+/// full blocks be hit or stay in the prefix cache when freed, and only then
+/// may the sliding window release keys behind them.
 fn step(pool: &Pool, seq: SeqId, n: u32) {
-    drop(pool.prepare(&[seq], &[n]).unwrap());
+    pool.prepare(&[seq], &[n]).unwrap().commit().unwrap();
 }
 
 #[test]
@@ -300,11 +300,17 @@ fn prefix_cache_hits_and_the_one_token_cap() {
     let a = pool.create_seq().unwrap();
     assert_eq!(pool.match_prefix(a, &prompt).unwrap(), 0);
     pool.append(a, &prompt).unwrap();
+    // Not computed yet: never hit (issue 13), not even in the same step.
+    let early = pool.create_seq().unwrap();
+    assert_eq!(pool.match_prefix(early, &prompt).unwrap(), 0);
+    pool.free_seq(early).unwrap();
+    step(&pool, a, 10);
 
     let b = pool.create_seq().unwrap();
     assert_eq!(pool.match_prefix(b, &prompt).unwrap(), 8);
     let info = pool.seq_info(b).unwrap();
     assert_eq!((info.num_tokens, info.num_cached_tokens), (8, 8));
+    assert_eq!(info.num_computed_tokens, 8);
     pool.append(b, &prompt[8..]).unwrap();
     let (ta, tb) = (pool.block_table(a).unwrap(), pool.block_table(b).unwrap());
     assert_eq!(ta[..2], tb[..2]);
@@ -314,7 +320,7 @@ fn prefix_cache_hits_and_the_one_token_cap() {
     let c = pool.create_seq().unwrap();
     assert_eq!(pool.match_prefix(c, &prompt[..8]).unwrap(), 4);
     let s = pool.stats().unwrap();
-    assert_eq!(s.prefix_query_tokens, 10 + 10 + 8);
+    assert_eq!(s.prefix_query_tokens, 10 + 10 + 10 + 8); // incl. the early miss
     assert_eq!(s.prefix_hit_tokens, 8 + 4);
     pool.validate().unwrap();
 }
@@ -528,7 +534,9 @@ fn step_plan_arrays() {
     let pool = storage(4, 32, 1, 1, 64, DType::F32);
     let a = pool.create_seq().unwrap();
     let b = pool.create_seq().unwrap();
-    pool.append(a, &[1, 2, 3, 4, 5, 6]).unwrap();
+    pool.append(a, &[1, 2, 3, 4, 5]).unwrap();
+    step(&pool, a, 5); // a's context is computed
+    pool.append(a, &[6]).unwrap();
     pool.append(b, &[9, 9, 9]).unwrap();
     let batch = pool.prepare(&[a, b], &[1, 3]).unwrap();
     let info = batch.info().unwrap();
