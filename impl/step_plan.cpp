@@ -198,9 +198,10 @@ void Batch::write(uint32_t layer, const TensorArg* k, const TensorArg* v, void* 
                 int64_t(o.head_dim)};
   Tensor3 k3 = check_rows(k, "k", spec);
   Tensor3 v3 = check_rows(v, "v", spec);
-  // The kernel runs outside the lock (docs/threading.md): the arena and
-  // backend live until pool destroy, which must not race with this call.
+  // The kernel runs outside the lock (docs/threading.md): it holds the
+  // storage, so a pool destroyed meanwhile frees it only when this returns.
   const KvArena arena = p.arena_;
+  const std::shared_ptr<void> hold = p.arena_hold_;
   lock.unlock();
   p.backend_->write(arena, int32_t(layer), view_, k3, v3, stream);
 }
@@ -243,6 +244,7 @@ void Batch::attend(uint32_t layer, const TensorArg* q, const TensorArg* out, con
   args.logit_softcap = params.logit_softcap;
   if (lse) args.lse = check_lse(lse, o.device_type, o.device_id, q3.n0, q3.n1, &args.lse_stride0);
   const KvArena arena = p.arena_;
+  const std::shared_ptr<void> hold = p.arena_hold_;  // as in write()
   lock.unlock();
   p.backend_->attend(arena, int32_t(layer), view_, q3, out3, args, stream);
 }

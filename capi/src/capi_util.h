@@ -3,6 +3,7 @@
 // no logic: it checks pointers and sizes, converts, and calls impl/.
 #pragma once
 
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -70,6 +71,10 @@ void require(const T* p, const char* name) {
   if (!p) fail(Errc::kInvalidArgument, std::string(name) + " is NULL");
 }
 
+// Whether a caller's struct (its struct_size) holds field F of type T,
+// a field appended after the first release.
+#define PKV_HAS_FIELD(ptr, T, F) ((ptr)->struct_size >= offsetof(T, F) + sizeof(((T*)nullptr)->F))
+
 // Versioned structs: struct_size must cover at least the first released
 // version (v1_size); larger sizes come from newer headers and are fine.
 constexpr uint32_t kMaxStructSize = 1u << 16;  // anything beyond is garbage
@@ -94,11 +99,11 @@ inline pagedkv::Pool& pool_of(const pkv_pool* p) {
 }
 
 // First released sizes of the versioned structs (ABI 1).
-constexpr uint32_t kPoolOptionsV1 = sizeof(pkv_pool_options);
+constexpr uint32_t kPoolOptionsV1 = offsetof(pkv_pool_options, strict_key_domains);
 constexpr uint32_t kSeqOptionsV1 = sizeof(pkv_seq_options);
 constexpr uint32_t kSeqInfoV1 = sizeof(pkv_seq_info);
 constexpr uint32_t kPoolStatsV1 = sizeof(pkv_pool_stats);
-constexpr uint32_t kHashOptionsV1 = sizeof(pkv_hash_options);
+constexpr uint32_t kHashOptionsV1 = offsetof(pkv_hash_options, strict_key_domains);
 constexpr uint32_t kBatchInfoV1 = sizeof(pkv_batch_info);
 constexpr uint32_t kAttentionParamsV1 = sizeof(pkv_attention_params);
 

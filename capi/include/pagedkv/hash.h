@@ -51,6 +51,9 @@ typedef struct pkv_hash_options {
   uint64_t lora_id;     /* 0 = no LoRA */
   const char* cache_salt;          /* NULL or "" = no salt */
   const pkv_mm_item* mm_items;     /* sorted by offset, non-overlapping */
+  /* Appended (read only when struct_size covers it; older callers get 0). */
+  uint32_t strict_key_domains;     /* as pkv_pool_options.strict_key_domains:
+                                      hash like a pool created with it */
 } pkv_hash_options;
 
 /* Sets defaults. Always call before filling fields. */
