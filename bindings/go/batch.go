@@ -20,6 +20,11 @@ type Batch struct {
 	mu   sync.Mutex
 	ptr  *C.pkv_batch
 	info BatchInfo
+	// pool keeps the *Pool reachable while the batch is: its finalizer must
+	// not destroy the pool under a goroutine still using the batch (the
+	// library would keep the storage alive, but every batch call would then
+	// fail with ErrInvalidState although the program never closed the pool).
+	pool *Pool
 
 	dtype      DType
 	device     DeviceType
@@ -85,6 +90,7 @@ func (p *Pool) PrepareOnStream(seqs []Seq, queryCounts []int, stream unsafe.Poin
 	}
 	b := &Batch{
 		ptr:        bp,
+		pool:       p,
 		dtype:      p.opts.DType,
 		device:     p.opts.Device,
 		numKVHeads: int(p.opts.NumKVHeads),
@@ -139,6 +145,7 @@ func (b *Batch) Close() error {
 	if b.ptr != nil {
 		C.pkv_batch_destroy(b.ptr)
 		b.ptr = nil
+		b.pool = nil
 		runtime.SetFinalizer(b, nil)
 	}
 	return nil

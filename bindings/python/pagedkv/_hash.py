@@ -28,10 +28,12 @@ def hash_prefix(
     lora_id: int = 0,
     cache_salt: Optional[str] = None,
     mm_items: Iterable[MMItemLike] = (),
+    strict_key_domains: bool = False,
 ) -> List[bytes]:
     """Chained hashes of the full blocks of tokens, exactly as a pool with the
-    same block_size, algo and seed computes them (vLLM-compatible for
-    sha256_cbor). Returns floor(len(tokens) / block_size) digests."""
+    same block_size, algo, seed and strict_key_domains computes them
+    (vLLM-compatible for sha256_cbor without strict_key_domains). Returns
+    floor(len(tokens) / block_size) digests."""
     a = HashAlgo.parse(algo)
     opts = {
         "algo": int(a),
@@ -40,6 +42,7 @@ def hash_prefix(
         "lora_id": int(lora_id),
         "cache_salt": cache_salt,
         "mm_items": mm_tuples(mm_items),
+        "strict_key_domains": int(bool(strict_key_domains)),
     }
     capacity = len(tokens) // block_size if block_size > 0 else 0
     hashes = _c.pkv_hash_prefix(opts, tokens, capacity)

@@ -285,6 +285,7 @@ class Pool(HandleOwner):
             lora_id=lora_id,
             cache_salt=cache_salt,
             mm_items=mm_items,
+            strict_key_domains=o.strict_key_domains,
         )
 
 
