@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Bounded libFuzzer run of the operation-sequence harness (tests/fuzz/):
 # configures a clang build with ASan+UBSan and libFuzzer coverage, builds
-# fuzz_ops only, fuzzes for PKV_FUZZ_SECONDS (default 60) starting from the
+# fuzz_ops only, fuzzes for PKV_FUZZ_SECONDS (default 120) starting from the
 # committed seed corpus, and fails on any crash, leak, timeout or model
 # disagreement. Skips (exit 0, with a notice) when clang cannot link
 # -fsanitize=fuzzer. Long runs: tests/fuzz/README.md.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PKV_FUZZ_BUILD_DIR:-$root/build-fuzz}
-seconds=${PKV_FUZZ_SECONDS:-60}
+seconds=${PKV_FUZZ_SECONDS:-120}
 cc=${PKV_FUZZ_CC:-clang}
 cxx=${PKV_FUZZ_CXX:-clang++}
 

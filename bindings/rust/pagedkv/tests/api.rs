@@ -168,6 +168,7 @@ fn block_hashes_match_hash_prefix() {
             lora_id: 7,
             cache_salt: Some("tenant-a".into()),
             mm_items: vec![],
+            strict_key_domains: false,
         };
         assert_eq!(got, hash_prefix(&opts, &tokens).unwrap());
         assert_eq!(got.len(), 3);

@@ -173,7 +173,11 @@ fn pool_dropped_while_a_batch_runs_attention_on_another_thread() {
                             let (lo, hi) = (0..tokens).fold((f32::MAX, f32::MIN), |(lo, hi), t| {
                                 (lo.min(v[t * 64 + d]), hi.max(v[t * 64 + d]))
                             });
-                            assert!(out[d] >= lo - 1e-4 && out[d] <= hi + 1e-4, "out[{d}] = {}", out[d]);
+                            assert!(
+                                out[d] >= lo - 1e-4 && out[d] <= hi + 1e-4,
+                                "out[{d}] = {}",
+                                out[d]
+                            );
                         }
                         done += 1;
                         if done == 1 {
