@@ -24,6 +24,13 @@ pkv_pool* make_pool(uint32_t strict) {
   return p;
 }
 
+uint32_t strict_of(const pkv_pool* p) {
+  pkv_pool_options got;
+  pkv_pool_options_init(&got);
+  EXPECT_EQ(pkv_pool_get_options(p, &got), PKV_OK);
+  return got.strict_key_domains;
+}
+
 std::vector<int32_t> prompt() {
   std::vector<int32_t> t(33);
   for (size_t i = 0; i < t.size(); ++i) t[i] = int32_t(1000 + 7 * i);
@@ -85,10 +92,7 @@ TEST(KeyDomains, StrictModeKeepsSaltsAndItemHashesApart) {
   EXPECT_EQ(hit(p, &r.aimed), 32u);
   EXPECT_EQ(pkv_seq_free(p, tenant), PKV_OK);
   EXPECT_EQ(pkv_pool_validate(p), PKV_OK);
-  pkv_pool_options got;
-  pkv_pool_options_init(&got);
-  ASSERT_EQ(pkv_pool_get_options(p, &got), PKV_OK);
-  EXPECT_EQ(got.strict_key_domains, 1u);
+  EXPECT_EQ(strict_of(p), 1u);
   pkv_pool_destroy(p);
 }
 
@@ -106,10 +110,7 @@ TEST(KeyDomains, StrictModeIsOptInAndChecked) {
   // A caller built against the first release: the field is not read.
   o.struct_size = offsetof(pkv_pool_options, strict_key_domains);
   ASSERT_EQ(pkv_pool_create(&o, &p), PKV_OK) << pkv_last_error_message();
-  pkv_pool_options got;
-  pkv_pool_options_init(&got);
-  ASSERT_EQ(pkv_pool_get_options(p, &got), PKV_OK);
-  EXPECT_EQ(got.strict_key_domains, 0u);
+  EXPECT_EQ(strict_of(p), 0u);
   pkv_pool_destroy(p);
 }
 
