@@ -27,8 +27,8 @@
 #include <vector>
 
 #include "block_pool.h"
-#include "prefix_cache.h"
 #include "pagedkv/pagedkv.h"
+#include "prefix_cache.h"
 
 namespace {
 
@@ -181,7 +181,8 @@ void BM_PrefixCacheFind(benchmark::State& state) {
   int64_t found = 0;
   for (auto _ : state)
     for (int32_t b = 0; b < n; ++b) found += cache.find(hashes[b]) == b;
-  if (found != int64_t(state.iterations()) * n) state.SkipWithError("a mapped digest was not found");
+  if (found != int64_t(state.iterations()) * n)
+    state.SkipWithError("a mapped digest was not found");
   state.SetItemsProcessed(state.iterations() * n);
 }
 

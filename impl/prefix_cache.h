@@ -56,7 +56,7 @@ class PrefixCache {
 
   const std::vector<BlockHash>* hashes_ = nullptr;
   std::vector<uint8_t> secret_;  // XXH3 secret, random per table
-  std::vector<int32_t> slots_;  // block id heading the chain, -1 = empty
+  std::vector<int32_t> slots_;   // block id heading the chain, -1 = empty
   size_t mask_ = 0;
   std::vector<int32_t> dup_next_, dup_prev_;  // chain links, -1 = none
   int32_t num_entries_ = 0;

@@ -71,8 +71,7 @@ pkv_status pkv_hash_prefix(const pkv_hash_options* opts, const int32_t* tokens, 
     if (PKV_HAS_FIELD(opts, pkv_hash_options, strict_key_domains)) {
       if (opts->strict_key_domains > 1)
         fail(Errc::kInvalidArgument, "opts->strict_key_domains is " +
-                                         std::to_string(opts->strict_key_domains) +
-                                         ", not 0 or 1");
+                                         std::to_string(opts->strict_key_domains) + ", not 0 or 1");
       if (opts->strict_key_domains) pagedkv::apply_strict_key_domains(ctx);
     }
     const uint64_t blocks = num_tokens / opts->block_size;

@@ -21,8 +21,7 @@ constexpr uint32_t kHeadDim = 64, kBlock = 16;
 pkv_tensor rows(float* data, int64_t n, int64_t heads) {
   const int64_t shape[3] = {n, heads, kHeadDim};
   pkv_tensor t;
-  EXPECT_EQ(pkv_tensor_init(data, PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 3, shape, &t),
-            PKV_OK);
+  EXPECT_EQ(pkv_tensor_init(data, PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 3, shape, &t), PKV_OK);
   return t;
 }
 

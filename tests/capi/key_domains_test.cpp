@@ -74,9 +74,9 @@ TEST(KeyDomains, DefaultFollowsVllmWhereAnItemHashCanEqualASalt) {
   pkv_pool* p = make_pool(0);
   Requests r;
   holder(p, &r.salted);
-  EXPECT_EQ(hit(p, &r.salted), 32u);      // same tenant
-  EXPECT_EQ(hit(p, &r.other_salt), 0u);   // another tenant
-  EXPECT_EQ(hit(p, &r.aimed), 32u);       // vLLM's encoding: the salt's blocks
+  EXPECT_EQ(hit(p, &r.salted), 32u);     // same tenant
+  EXPECT_EQ(hit(p, &r.other_salt), 0u);  // another tenant
+  EXPECT_EQ(hit(p, &r.aimed), 32u);      // vLLM's encoding: the salt's blocks
   pkv_pool_destroy(p);
 }
 

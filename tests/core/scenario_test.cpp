@@ -385,7 +385,7 @@ TEST_F(Scenario, StaleIdsAreNotFoundAndSlotsAreReused) {
   SeqId b = seq();
   const uint64_t slot = SeqTable::kMaxSlots - 1;
   EXPECT_EQ(a & slot, b & slot);  // same slot
-  EXPECT_NE(a, b);                      // new generation
+  EXPECT_NE(a, b);                // new generation
   try {
     pool->append(a, nullptr, 0, 0);
     FAIL();

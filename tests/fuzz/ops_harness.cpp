@@ -1140,8 +1140,7 @@ class Harness {
     EXPECT_STATUS(pkv_pool_get_stats(pool_, &st), PKV_OK);
     const uint64_t used = refs().size();
     CHECK(st.num_blocks == cfg_.num_blocks && st.block_size == bs_, "stats geometry");
-    CHECK(st.kv_bytes_used + st.kv_bytes_wasted ==
-                  st.num_used_blocks * st.kv_bytes_per_block &&
+    CHECK(st.kv_bytes_used + st.kv_bytes_wasted == st.num_used_blocks * st.kv_bytes_per_block &&
               st.kv_bytes_wasted <= st.kv_bytes_allocated,
           "stats: kv_bytes_used %llu + wasted %llu do not split %llu used blocks",
           (unsigned long long)st.kv_bytes_used, (unsigned long long)st.kv_bytes_wasted,

@@ -326,7 +326,7 @@ class Sequence:
 
     @property
     def id(self) -> int:
-        """The library's pkv_seq_id (slot and generation)."""
+        """The library's pkv_seq_id: opaque, names its pool, slot and generation."""
         return self._id
 
     @property
