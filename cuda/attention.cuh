@@ -68,7 +68,10 @@ struct AttnSmem {
   static constexpr size_t kS = align_up(kO + size_t(ROWS) * kLdO * 4, 128);
   static constexpr size_t kP = align_up(kS + size_t(ROWS) * kLdS * 4, 128);
   static constexpr size_t kValid = align_up(kP + size_t(ROWS) * kLdP * sizeof(T), 128);
-  static constexpr size_t kBytes = align_up(kValid + 2 * KT * sizeof(int), 128);
+  // Per key of the current tile: its V held a non-finite value that was
+  // zeroed (see "partly visible keys" below); entry KT: any such key.
+  static constexpr size_t kBad = kValid + 2 * KT * sizeof(int);
+  static constexpr size_t kBytes = align_up(kBad + (KT + 1) * sizeof(int), 128);
   static_assert(KT <= 32, "softmax maps one key per lane");
   static_assert(ROWS % (kAttnThreads / KT) == 0, "CUDA-core QK mapping");
   static_assert(ROWS % 16 == 0 && KT % 16 == 0 && D % 16 == 0, "WMMA tiles");
@@ -90,6 +93,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
   float* s_s = reinterpret_cast<float*>(smem + L::kS);
   T* p_s = reinterpret_cast<T*>(smem + L::kP);
   int* valid_s = reinterpret_cast<int*>(smem + L::kValid);
+  int* bad_s = reinterpret_cast<int*>(smem + L::kBad);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int seq = blockIdx.x / p.tiles_per_seq;
@@ -187,7 +191,32 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
     }
     __syncthreads();
     const T* kt = k_s + stage * KT * L::kLdKV;
-    const T* vt = v_s + stage * KT * L::kLdKV;
+    T* const vt = v_s + stage * KT * L::kLdKV;
+
+    // ---- partly visible keys. P V adds 0 * V for a key a row cannot see,
+    // which is NaN when that V holds NaN or Inf (a never-written slot), and
+    // tensor cores cannot skip it per row. So where some rows of this CTA
+    // see a key and others do not (the causal diagonal, the window's first
+    // keys; never in decode, where all rows share one position), a
+    // non-finite V is zeroed here and its exact contribution added back
+    // after P V for the rows that see it.
+    const bool partly = key0 + KT - 1 > pos_lo || (window > 0 && key0 <= pos_hi - window);
+    if (partly) {
+      for (int jj = tid; jj <= KT; jj += kAttnThreads) bad_s[jj] = 0;
+      __syncthreads();
+      for (int e = tid; e < KT * D; e += kAttnThreads) {
+        const int jj = e / D, d = e % D, j = key0 + jj;
+        const bool all_see = j <= pos_lo && (window <= 0 || j > pos_hi - window);
+        if (!valid_s[stage * KT + jj] || all_see) continue;
+        const float x = to_float(vt[jj * L::kLdKV + d]);
+        if (x - x != 0.f) {  // NaN or +-Inf
+          vt[jj * L::kLdKV + d] = from_float<T>(0.f);
+          bad_s[jj] = 1;
+          bad_s[KT] = 1;
+        }
+      }
+      __syncthreads();
+    }
 
     // ---- S = Q K^T
     if constexpr (kTensorCores) {
@@ -292,6 +321,23 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
       }
     }
     __syncthreads();  // stage is free for the load issued next iteration
+    if (partly && bad_s[KT]) {
+      // The zeroed values, read again from the cache, for the rows that see them.
+      for (int e = tid; e < n_rows * D; e += kAttnThreads) {
+        const int r = e / D, d = e % D;
+        const int pos = first_pos + (row0 + r) / group;
+        float acc = o_s[r * L::kLdO + d];
+        for (int jj = 0; jj < KT; ++jj) {
+          const int j = key0 + jj;
+          if (!bad_s[jj] || j > pos || (window > 0 && j <= pos - window)) continue;
+          const int64_t off =
+              int64_t(pages[j / bs]) * block_elems + head_off + int64_t(j % bs) * D + d;
+          acc = fmaf(to_float(p_s[r * L::kLdP + jj]), to_float(v_plane[off]), acc);
+        }
+        o_s[r * L::kLdO + d] = acc;
+      }
+      __syncthreads();
+    }
   }
 
   // ---- normalise and store (directly, or as this split's partial result)

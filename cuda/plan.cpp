@@ -14,8 +14,6 @@ constexpr int kMaxSplits = 64;
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-bool valid_head_dim(int d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
-
 // Widest power-of-two access (<= 16 bytes) every address of a row allows.
 int access_unit(const void* base, int64_t s0_bytes, int64_t s1_bytes, int64_t row_bytes) {
   const uint64_t bits = reinterpret_cast<uintptr_t>(base) | uint64_t(s0_bytes) |
@@ -53,9 +51,9 @@ AttnPlan plan_attention(const KvArena& arena, int32_t layer, const PlanView& pla
                         const Tensor3& out, const AttentionArgs& args, int sm_count) {
   const KvLayout& lay = arena.layout;
   const int D = lay.head_dim;
-  if (!valid_head_dim(D)) {
-    fail(Errc::kUnsupported,
-         "head_dim " + str(D) + ": the CUDA attention kernels support 64, 80, 96, 128, 256");
+  if (!cuda_head_dim_supported(uint64_t(D))) {
+    fail(Errc::kUnsupported, "head_dim " + str(D) + ": the CUDA attention kernels support " +
+                                 std::string(kCudaHeadDims));
   }
   if (lay.dtype != DType::kF32 && lay.dtype != DType::kF16 && lay.dtype != DType::kBF16) {
     fail(Errc::kUnsupported, "attention: the cache dtype must be f32, f16 or bf16");

@@ -12,6 +12,14 @@ namespace pagedkv {
 // Values equal PKV_DTYPE_*.
 enum class DType : uint32_t { kF32 = 1, kF16 = 2, kBF16 = 3, kI32 = 4, kI64 = 5 };
 
+// Head dims the CUDA attention kernels are compiled for (the dispatch in
+// cuda/attention.cuh and cuda/attention_config.cu); a CUDA pool with storage
+// is created only for these. The CPU kernels take any head dim.
+inline constexpr bool cuda_head_dim_supported(uint64_t d) {
+  return d == 64 || d == 80 || d == 96 || d == 128 || d == 256;
+}
+constexpr const char* kCudaHeadDims = "64, 80, 96, 128, 256";
+
 inline constexpr size_t dtype_size(DType t) {
   return t == DType::kF32 || t == DType::kI32 ? 4 : t == DType::kI64 ? 8 : 2;
 }

@@ -47,6 +47,13 @@ void check_options(const PoolOptions& o) {
     if (o.head_dim == 0 || o.head_dim > 4096)
       fail(Errc::kInvalidArgument,
            "head_dim " + str(o.head_dim) + " is outside [1, 4096] with num_layers > 0");
+    // The CPU kernels take any head dim (vectorised when it is a multiple of
+    // the vector width); the CUDA kernels are compiled for a few.
+    if (o.device_type == kDeviceCuda && !cuda_head_dim_supported(o.head_dim))
+      fail(Errc::kInvalidArgument, "head_dim " + str(o.head_dim) +
+                                       " is not supported by the CUDA attention kernels "
+                                       "(allowed on a CUDA pool: " +
+                                       std::string(kCudaHeadDims) + ")");
     if (o.num_layers > 65536)
       fail(Errc::kInvalidArgument, "num_layers " + str(o.num_layers) + " exceeds 65536");
     if (o.dtype != DType::kF32 && o.dtype != DType::kF16 && o.dtype != DType::kBF16)

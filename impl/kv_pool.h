@@ -44,6 +44,7 @@ struct PoolOptions {
 struct SeqOptions {
   int32_t priority = 0;
   uint64_t lora_id = 0;
+  std::string lora_name;
   std::string cache_salt;
   std::vector<MmItem> mm_items;
 };

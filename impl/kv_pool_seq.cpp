@@ -18,7 +18,8 @@ std::string str(uint64_t v) { return std::to_string(v); }
 // block) salt hash with no extra keys: the plain overload is the faster one.
 const std::vector<ExtraKey> kNoExtraKeys;
 bool no_extra_keys(const HashContext& c, uint64_t start) {
-  return c.lora_id == 0 && c.mm_items.empty() && (c.cache_salt.empty() || start > 0);
+  return c.lora_id == 0 && c.lora_name.empty() && c.mm_items.empty() &&
+         (c.cache_salt.empty() || start > 0);
 }
 
 // Amortised growth: reserve() alone would reallocate on every append.
@@ -116,6 +117,7 @@ SeqId Pool::seq_create(const SeqOptions& o) {
   ctx.algo = opts_.hash_algo;
   ctx.block_size = opts_.block_size;
   ctx.lora_id = o.lora_id;
+  ctx.lora_name = o.lora_name;
   ctx.cache_salt = o.cache_salt;
   ctx.mm_items = o.mm_items;
   if (opts_.strict_key_domains) apply_strict_key_domains(ctx);

@@ -6,7 +6,10 @@ package pagedkv
 */
 import "C"
 
-import "unsafe"
+import (
+	"strings"
+	"unsafe"
+)
 
 // check turns a wrapped call's result into an error, freeing the message
 // copy the C side allocated.
@@ -19,6 +22,8 @@ func check(op string, r C.pkvgo_result) error {
 		msg = C.GoString(r.msg)
 		C.free(unsafe.Pointer(r.msg))
 	}
+	// The C message starts with the function's name, which Op already holds.
+	msg = strings.TrimPrefix(msg, op+": ")
 	return &Error{Code: Code(r.status), Op: op, Msg: msg}
 }
 

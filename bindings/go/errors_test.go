@@ -54,6 +54,14 @@ func TestLibraryErrorsCarryMessageAndOp(t *testing.T) {
 	if e.Op != "pkv_seq_get_info" {
 		t.Fatalf("Op = %q", e.Op)
 	}
+	// The operation is named once (Op), the id as everywhere: "seq 0x...".
+	if strings.Count(e.Error(), "pkv_seq_get_info") != 1 || strings.HasPrefix(e.Msg, "pkv_") {
+		t.Fatalf("Error() = %q repeats the operation", e.Error())
+	}
+	if want := SeqID(12345).String(); want != "seq 0x0000000000003039" ||
+		!strings.Contains(e.Msg, want) {
+		t.Fatalf("message %q does not name %q", e.Msg, want)
+	}
 	// A success after a failure carries nothing over.
 	_, err = p.Stats()
 	ok(t, err)

@@ -74,6 +74,7 @@ type HashOptions struct {
 	BlockSize int
 	Seed      string
 	LoraID    uint64
+	LoraName  string // LoRA adapter name, as current vLLM keys adapters; "" = none
 	CacheSalt string
 	MMItems   []MMItem // sorted by offset, non-overlapping
 	// StrictKeyDomains hashes like a pool created with
@@ -113,7 +114,8 @@ func HashPrefix(opts *HashOptions, tokens []int32) ([]BlockHash, error) {
 		if opts.BlockSize < 0 || int64(opts.BlockSize) > 1<<32-1 {
 			return nil, argError(op, "BlockSize %d out of range", opts.BlockSize)
 		}
-		for _, s := range [][2]string{{"Seed", opts.Seed}, {"CacheSalt", opts.CacheSalt}} {
+		for _, s := range [][2]string{{"Seed", opts.Seed}, {"CacheSalt", opts.CacheSalt},
+			{"LoraName", opts.LoraName}} {
 			if err := checkCString(op, s[0], s[1]); err != nil {
 				return nil, err
 			}
@@ -131,6 +133,9 @@ func HashPrefix(opts *HashOptions, tokens []int32) ([]BlockHash, error) {
 			o.seed = arena.str(opts.Seed)
 		}
 		o.lora_id = C.uint64_t(opts.LoraID)
+		if opts.LoraName != "" {
+			o.lora_name = arena.str(opts.LoraName)
+		}
 		if opts.CacheSalt != "" {
 			o.cache_salt = arena.str(opts.CacheSalt)
 		}

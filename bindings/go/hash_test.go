@@ -3,6 +3,7 @@ package pagedkv
 import (
 	"bytes"
 	"math/rand"
+	"reflect"
 	"testing"
 )
 
@@ -132,5 +133,65 @@ func TestPoolHashesMatchHashPrefix(t *testing.T) {
 				t.Fatalf("block %d: pool %v, HashPrefix %v", i, got[i], want[i])
 			}
 		}
+	}
+}
+
+// Digests from tests/hash/pyref.py (vLLM's current block hashing: cbor2
+// canonical + hashlib), seed "", block size 4.
+var (
+	loraNameVector = []string{
+		"57a891e4b6cb6a32257a80070b41e8c2c4be378d75682997a00ddd87bb9f150a",
+		"31c575fbacde4474bd78de3f5395b099a1441ffbad28bb57d4e0a65b81463087",
+	}
+	mmDecodeVector = []string{
+		"f4283c434ecdbd4d07af2439f6d3cf09a926973908760be4f5e9bd4a1c64cfc5",
+		"202b0131f1b2bd1c7b42bd9755db8693dd644c8fb7645086adf68a68310ff122",
+	}
+)
+
+func hexes(hs []BlockHash, n int) []string {
+	out := make([]string, len(hs))
+	for i, h := range hs {
+		out[i] = h.String()[:2*n]
+	}
+	return out
+}
+
+func TestLoraNameAndMMOffsetsMatchVLLMVectors(t *testing.T) {
+	p := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 16})
+	prompt := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	named, err := p.CreateSeq(&SeqOptions{LoraName: "sql-lora"})
+	ok(t, err)
+	ok(t, named.Append(prompt))
+	got, err := named.BlockHashes()
+	ok(t, err)
+	if h := hexes(got, 32); !reflect.DeepEqual(h, loraNameVector) {
+		t.Fatalf("LoRA-name hashes %v, want %v", h, loraNameVector)
+	}
+	viaHash, err := HashPrefix(&HashOptions{BlockSize: 4, LoraName: "sql-lora"}, prompt)
+	ok(t, err)
+	if !reflect.DeepEqual(hexes(viaHash, 32), loraNameVector) {
+		t.Fatal("HashPrefix with LoraName differs from the pool")
+	}
+	for _, o := range []*SeqOptions{{LoraName: "other"}, {LoraID: 1}, nil} {
+		s, err := p.CreateSeq(o)
+		ok(t, err)
+		if n, err := s.MatchPrefix(prompt); err != nil || n != 0 {
+			t.Fatalf("options %+v hit %d tokens (%v)", o, n, err)
+		}
+	}
+	mm, err := p.CreateSeq(&SeqOptions{MMItems: []MMItem{{Offset: 0, Length: 4, Hash: "img"}}})
+	ok(t, err)
+	ok(t, mm.Append([]int32{-1, -1, -1, -1, 5, 6}))
+	ok(t, mm.Append([]int32{7}))
+	ok(t, mm.Append([]int32{8}))
+	got, err = mm.BlockHashes()
+	ok(t, err)
+	if h := hexes(got, 32); !reflect.DeepEqual(h, mmDecodeVector) {
+		t.Fatalf("multimodal hashes %v, want %v", h, mmDecodeVector)
+	}
+	_, err = p.CreateSeq(&SeqOptions{LoraName: "a\x00b"})
+	if e := wantErr(t, err, ErrInvalidArgument); !bytes.Contains([]byte(e.Msg), []byte("LoraName")) {
+		t.Fatalf("message %q does not name LoraName", e.Msg)
 	}
 }

@@ -18,7 +18,7 @@ import (
 // kernel threads as hardware threads. NumLayers == 0 makes a manager-only
 // pool (block tables and plans, no storage).
 type PoolOptions struct {
-	BlockSize            uint32 // tokens per block; kernels support 8, 16, 32, 64
+	BlockSize            uint32 // tokens per block, 1..1024 (storage or not)
 	NumBlocks            uint64 // total blocks incl. the null block; 0 = from MemoryBudgetBytes
 	MemoryBudgetBytes    uint64 // KV bytes to spend when NumBlocks == 0
 	HashAlgo             HashAlgo
@@ -29,7 +29,7 @@ type PoolOptions struct {
 	MaxEvents            uint32
 	NumLayers            uint32
 	NumKVHeads           uint32
-	HeadDim              uint32 // kernels: 64, 80, 96, 128, 256
+	HeadDim              uint32 // 1..4096 on the CPU; 64, 80, 96, 128, 256 on CUDA
 	DType                DType  // Float32, Float16 or BFloat16
 	Device               DeviceType
 	DeviceID             int32

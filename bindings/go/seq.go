@@ -5,7 +5,10 @@ package pagedkv
 */
 import "C"
 
-import "runtime"
+import (
+	"fmt"
+	"runtime"
+)
 
 // SeqID is an opaque sequence handle naming its pool, slot and generation.
 // A freed or unknown id, or one of another pool, gives ErrNotFound, never a
@@ -20,9 +23,13 @@ const NullBlock = C.PKV_NULL_BLOCK
 type SeqOptions struct {
 	Priority  int32  // kept for the caller's scheduler
 	LoraID    uint64 // 0 = base model; part of every block hash
+	LoraName  string // "" = none; keyed in every block hash, as current vLLM keys adapters
 	CacheSalt string // "" = none; hashed into the first block
 	MMItems   []MMItem
 }
+
+// String is "seq 0x%016x", the form every library message prints ids in.
+func (id SeqID) String() string { return fmt.Sprintf("seq 0x%016x", uint64(id)) }
 
 // Seq is a sequence of a pool: a small value (pool and id) that may be
 // copied freely. Its methods are safe for concurrent use like the pool's.
@@ -49,14 +56,19 @@ func (p *Pool) CreateSeq(opts *SeqOptions) (Seq, error) {
 	var co C.pkv_seq_options
 	C.pkv_seq_options_init(&co)
 	if opts != nil {
-		if err := checkCString(op, "CacheSalt", opts.CacheSalt); err != nil {
-			return Seq{}, err
+		for _, s := range [][2]string{{"CacheSalt", opts.CacheSalt}, {"LoraName", opts.LoraName}} {
+			if err := checkCString(op, s[0], s[1]); err != nil {
+				return Seq{}, err
+			}
 		}
 		if err := checkMMItems(op, opts.MMItems); err != nil {
 			return Seq{}, err
 		}
 		co.priority = C.int32_t(opts.Priority)
 		co.lora_id = C.uint64_t(opts.LoraID)
+		if opts.LoraName != "" {
+			co.lora_name = arena.str(opts.LoraName)
+		}
 		if opts.CacheSalt != "" {
 			co.cache_salt = arena.str(opts.CacheSalt)
 		}

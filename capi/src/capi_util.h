@@ -8,6 +8,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <type_traits>
 
 #include "error.h"
 #include "kv_pool.h"
@@ -71,15 +72,16 @@ void require(const T* p, const char* name) {
   if (!p) fail(Errc::kInvalidArgument, std::string(name) + " is NULL");
 }
 
-// Whether a caller's struct (its struct_size) holds field F of type T,
-// a field appended after the first release.
-#define PKV_HAS_FIELD(ptr, T, F) ((ptr)->struct_size >= offsetof(T, F) + sizeof(((T*)nullptr)->F))
-
 // Versioned structs: struct_size must cover at least the first released
 // version (v1_size); larger sizes come from newer headers and are fine.
 constexpr uint32_t kMaxStructSize = 1u << 16;  // anything beyond is garbage
 void check_struct_size(uint32_t size, uint32_t v1_size, const char* name, const char* type,
                        const char* init);
+
+// Whether a caller's versioned struct (of its struct_size) holds `field`,
+// appended after the first version.
+#define PKV_HAS_FIELD(s, field) \
+  ((s)->struct_size >= offsetof(std::remove_pointer_t<decltype(s)>, field) + sizeof((s)->field))
 
 // Writes src into a caller's out-struct, no byte past its struct_size.
 template <class T>
@@ -100,10 +102,10 @@ inline pagedkv::Pool& pool_of(const pkv_pool* p) {
 
 // First released sizes of the versioned structs (ABI 1).
 constexpr uint32_t kPoolOptionsV1 = offsetof(pkv_pool_options, strict_key_domains);
-constexpr uint32_t kSeqOptionsV1 = sizeof(pkv_seq_options);
+constexpr uint32_t kSeqOptionsV1 = offsetof(pkv_seq_options, lora_name);
 constexpr uint32_t kSeqInfoV1 = sizeof(pkv_seq_info);
 constexpr uint32_t kPoolStatsV1 = sizeof(pkv_pool_stats);
-constexpr uint32_t kHashOptionsV1 = offsetof(pkv_hash_options, strict_key_domains);
+constexpr uint32_t kHashOptionsV1 = offsetof(pkv_hash_options, lora_name);
 constexpr uint32_t kBatchInfoV1 = sizeof(pkv_batch_info);
 constexpr uint32_t kAttentionParamsV1 = sizeof(pkv_attention_params);
 

@@ -54,6 +54,7 @@ pkv_status pkv_hash_prefix(const pkv_hash_options* opts, const int32_t* tokens, 
       fail(Errc::kInvalidArgument, "opts->mm_items is NULL but opts->num_mm_items is " +
                                        std::to_string(opts->num_mm_items));
     ctx.lora_id = opts->lora_id;
+    if (PKV_HAS_FIELD(opts, lora_name) && opts->lora_name) ctx.lora_name = opts->lora_name;
     if (opts->cache_salt) ctx.cache_salt = opts->cache_salt;
     uint64_t prev_end = 0;
     for (uint32_t i = 0; i < opts->num_mm_items; ++i) {
@@ -68,7 +69,7 @@ pkv_status pkv_hash_prefix(const pkv_hash_options* opts, const int32_t* tokens, 
       prev_end = m.offset + m.length;
       ctx.mm_items.push_back({m.offset, m.length, m.hash});
     }
-    if (PKV_HAS_FIELD(opts, pkv_hash_options, strict_key_domains)) {
+    if (PKV_HAS_FIELD(opts, strict_key_domains)) {
       if (opts->strict_key_domains > 1)
         fail(Errc::kInvalidArgument, "opts->strict_key_domains is " +
                                          std::to_string(opts->strict_key_domains) + ", not 0 or 1");

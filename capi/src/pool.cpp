@@ -56,7 +56,7 @@ pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out) {
     o.device_type = opts->device_type;
     o.device_id = opts->device_id;
     o.num_threads = opts->num_threads;
-    if (PKV_HAS_FIELD(opts, pkv_pool_options, strict_key_domains))
+    if (PKV_HAS_FIELD(opts, strict_key_domains))
       o.strict_key_domains = flag(opts->strict_key_domains, "opts->strict_key_domains");
     try {
       auto p = std::make_unique<pkv_pool>();

@@ -33,6 +33,7 @@ pkv_status pkv_seq_create(pkv_pool* pool, const pkv_seq_options* opts, pkv_seq_i
                             "pkv_seq_options_init");
       o.priority = opts->priority;
       o.lora_id = opts->lora_id;
+      if (PKV_HAS_FIELD(opts, lora_name) && opts->lora_name) o.lora_name = opts->lora_name;
       if (opts->cache_salt) o.cache_salt = opts->cache_salt;
       if (opts->num_mm_items > 0 && !opts->mm_items)
         fail(Errc::kInvalidArgument,

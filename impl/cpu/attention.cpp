@@ -271,7 +271,8 @@ class Attention {
       kt_->softmax(s.logits, ldl_, R, 0, n * ldpg_, s.m, s.l, s.alpha);
       pf.reset(slice_bytes);
       add_step(c0 + step_pages_, kplane_);
-      pv(s.logits, ldl_, PvPages{vpage, n, j0, j1, bs_, ldpg_}, d_, s.acc, s.alpha, &pf);
+      const int32_t g0 = c0 * bs_ + j0, g1 = (c0 + n - 1) * bs_ + j1;
+      pv_step(pv, s, t.rows, vpage, c0, g0, g1, &pf);
       pf.flush();
     }
 
@@ -287,6 +288,42 @@ class Attention {
     }
     for (int32_t r = 0; r < t.rows; ++r) {
       finish_row(t, r, s.acc + size_t(r) * d_, s.m[r], s.l[r], s.row);
+    }
+  }
+
+  // P V over the step's keys [g0, g1) (global positions; pages from c0).
+  // A masked key has p = 0, but 0 * V is NaN when its slot holds NaN or
+  // Inf (never written, or written by garbage), so a row must never be fed
+  // keys it cannot see. Keys every row sees go through the R-row kernel (the
+  // whole step in decode: no extra work there); the few keys only some rows
+  // see (the causal diagonal, the window's first keys) go row by row.
+  void pv_step(PvFn pv, const Scratch& s, int32_t rows, const char* const* vpage, int32_t c0,
+               int32_t g0, int32_t g1, Prefetcher* pf) const {
+    int32_t clo = g0, chi = g1;
+    for (int32_t r = 0; r < rows; ++r) {
+      clo = std::max(clo, s.lo[r]);
+      chi = std::min(chi, s.hi[r]);
+    }
+    chi = std::max(chi, clo);
+    auto run = [&](PvFn fn, int32_t r, int32_t a, int32_t b, const float* alpha) {
+      PvPages pg{vpage, 1, 0, 0, bs_, ldpg_};  // no key: still applies alpha
+      int32_t i0 = 0;
+      if (a < b) {
+        i0 = a / bs_ - c0;
+        const int32_t i1 = (b - 1) / bs_ - c0;
+        pg = PvPages{vpage + i0, i1 - i0 + 1, a - (c0 + i0) * bs_, b - (c0 + i1) * bs_, bs_, ldpg_};
+      }
+      fn(s.logits + size_t(r) * ldl_ + size_t(i0) * ldpg_, ldl_, pg, d_, s.acc + size_t(r) * d_,
+         alpha, pf);
+    };
+    run(pv, 0, clo, chi, s.alpha);
+    if (clo == g0 && chi == g1) return;
+    const PvFn pv1 = kt_->pv[0][kv_dt_];
+    static const float kOne = 1.0f;
+    for (int32_t r = 0; r < rows; ++r) {
+      const int32_t vlo = std::max(g0, s.lo[r]), vhi = std::min(g1, s.hi[r]);
+      if (vlo < std::min(vhi, clo)) run(pv1, r, vlo, std::min(vhi, clo), &kOne);
+      if (std::max(vlo, chi) < vhi) run(pv1, r, std::max(vlo, chi), vhi, &kOne);
     }
   }
 
@@ -312,11 +349,12 @@ class Attention {
   }
 
   // acc is unnormalised (and in paired order if pair_ > 0); l == 0 only for a row that saw no key,
-  // which the pool never plans (it would need n_q > L): zeros and -inf then.
+  // which the pool never plans (it would need n_q > L): zeros and -inf then. A NaN l (a visible
+  // key held NaN) stays NaN in the output and the LSE.
   void finish_row(const Tile& t, int32_t r, const float* acc, float m, float l, float* tmp) {
     const int32_t ri = t.row0 + r, i = ri / group_, g = ri % group_;
     const int32_t token = plan_.query_indptr[t.seq] + i, head = t.head * group_ + g;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
     if (pair_ > 0) {
       from_paired(acc, tmp);
       for (int32_t d = 0; d < d_; ++d) tmp[d] *= inv;
@@ -325,7 +363,7 @@ class Attention {
     }
     kt_->from_f32[dtype_index(out_.dtype)](tmp, out_row(token, head), d_);
     if (args_.lse != nullptr) {
-      args_.lse[int64_t(token) * args_.lse_stride0 + head] = l > 0.0f ? m + std::log(l) : kNegInf;
+      args_.lse[int64_t(token) * args_.lse_stride0 + head] = l == 0.0f ? kNegInf : m + std::log(l);
     }
   }
 

@@ -2,18 +2,16 @@
 // XXH3-128 (libxxhash).
 //
 // Extra keys follow vLLM's generate_block_hash_extra_keys
-// (vllm/v1/core/kv_cache_utils.py), checked against the upstream source:
+// (vllm/v1/core/kv_cache_utils.py, main as of 2025-11; docs/vllm-compat.md):
 // the tuple is lora_keys + mm_keys + cache_salt_keys (+ prompt_embeds_keys,
 // which we do not support), the salt only when start_token_idx == 0 and the
 // salt is non-empty, and None (CBOR null) when the list is empty; the triple
 // hashed is (parent_block_hash bytes, tuple(token_ids), extra_keys) and the
 // root is hash_fn(PYTHONHASHSEED string). An mm item is keyed in a block when
 // the half-open ranges [offset, offset + length) and [start, end) overlap
-// (upstream: `end > offset` and not `start >= offset + length`).
-// Upstream has since moved on in two ways we deliberately do not follow,
-// because our C ABI pins the older layout (vLLM 0.9/0.10): the LoRA key is
-// now lora_name (a string) rather than lora_int_id, and an mm key is now the
-// pair (identifier, offset - start) rather than the identifier alone.
+// (upstream: `end > offset` and not `start >= offset + length`), as the pair
+// (identifier, offset - start). The LoRA key is lora_name upstream now
+// (lora_int_id before); we key whichever the caller sets, id first.
 #include "hash/block_hash.h"
 
 #include <openssl/evp.h>
@@ -86,10 +84,21 @@ uint8_t* put_head_and_tokens(uint8_t* p, const BlockHash& parent, const int32_t*
   return p;
 }
 
+// An mm key: [hash, offset - start] with the difference as a CBOR signed
+// integer (negative when the item began in an earlier block).
+constexpr size_t kMmKeyOverhead = 1 + 2 * cbor::kMaxHeadSize;
+
+uint8_t* put_mm_key(uint8_t* p, const std::string& hash, uint64_t offset, uint64_t start) {
+  *p++ = cbor::kMajorArray | 2;
+  p = cbor::put_string(p, cbor::kMajorText, hash.data(), hash.size());
+  return offset >= start ? cbor::put_head(p, cbor::kMajorUint, offset - start)
+                         : cbor::put_head(p, cbor::kMajorNegInt, start - offset - 1);
+}
+
 size_t bound_extra(const std::vector<ExtraKey>& extra) {
   size_t b = cbor::kMaxHeadSize;
   for (const ExtraKey& k : extra)
-    b += cbor::kMaxHeadSize + (k.kind == ExtraKey::Kind::kText ? k.text.size() : 0);
+    b += kMmKeyOverhead + (k.kind != ExtraKey::Kind::kUint ? k.text.size() : 0);
   return b;
 }
 
@@ -100,10 +109,16 @@ uint8_t* put_extra(uint8_t* p, const std::vector<ExtraKey>& extra) {
   }
   p = cbor::put_head(p, cbor::kMajorArray, extra.size());
   for (const ExtraKey& k : extra) {
-    if (k.kind == ExtraKey::Kind::kUint)
+    if (k.kind == ExtraKey::Kind::kUint) {
       p = cbor::put_head(p, cbor::kMajorUint, k.uint_value);
-    else
+    } else if (k.kind == ExtraKey::Kind::kText) {
       p = cbor::put_string(p, cbor::kMajorText, k.text.data(), k.text.size());
+    } else {
+      // offset - start as unsigned operands: 0 - |rel| for a negative rel.
+      const uint64_t start = k.offset < 0 ? uint64_t(0) - uint64_t(k.offset) : 0;
+      const uint64_t offset = k.offset < 0 ? 0 : uint64_t(k.offset);
+      p = put_mm_key(p, k.text, offset, start);
+    }
   }
   return p;
 }
@@ -115,14 +130,15 @@ bool salt_applies(const HashContext& ctx, uint64_t start) {
 size_t bound_extra(const HashContext& ctx, uint64_t start, size_t mm_first, size_t mm_last) {
   size_t b = cbor::kMaxHeadSize;
   if (ctx.lora_id != 0) b += cbor::kMaxHeadSize;
-  for (size_t i = mm_first; i < mm_last; ++i) b += cbor::kMaxHeadSize + ctx.mm_items[i].hash.size();
+  if (!ctx.lora_name.empty()) b += cbor::kMaxHeadSize + ctx.lora_name.size();
+  for (size_t i = mm_first; i < mm_last; ++i) b += kMmKeyOverhead + ctx.mm_items[i].hash.size();
   if (salt_applies(ctx, start)) b += cbor::kMaxHeadSize + ctx.cache_salt.size();
   return b;
 }
 
 uint8_t* put_extra(uint8_t* p, const HashContext& ctx, uint64_t start, uint64_t end,
                    size_t mm_first, size_t mm_last) {
-  size_t count = (ctx.lora_id != 0) + salt_applies(ctx, start);
+  size_t count = (ctx.lora_id != 0) + !ctx.lora_name.empty() + salt_applies(ctx, start);
   for (size_t i = mm_first; i < mm_last; ++i) count += mm_overlaps(ctx.mm_items[i], start, end);
   if (count == 0) {
     *p++ = cbor::kNull;
@@ -130,10 +146,11 @@ uint8_t* put_extra(uint8_t* p, const HashContext& ctx, uint64_t start, uint64_t 
   }
   p = cbor::put_head(p, cbor::kMajorArray, count);
   if (ctx.lora_id != 0) p = cbor::put_head(p, cbor::kMajorUint, ctx.lora_id);
+  if (!ctx.lora_name.empty())
+    p = cbor::put_string(p, cbor::kMajorText, ctx.lora_name.data(), ctx.lora_name.size());
   for (size_t i = mm_first; i < mm_last; ++i) {
     const MmItem& m = ctx.mm_items[i];
-    if (mm_overlaps(m, start, end))
-      p = cbor::put_string(p, cbor::kMajorText, m.hash.data(), m.hash.size());
+    if (mm_overlaps(m, start, end)) p = put_mm_key(p, m.hash, m.offset, start);
   }
   if (salt_applies(ctx, start))
     p = cbor::put_string(p, cbor::kMajorText, ctx.cache_salt.data(), ctx.cache_salt.size());
@@ -277,12 +294,16 @@ BlockHash hash_root(HashAlgo algo, std::string_view seed) {
 std::vector<ExtraKey> block_extra_keys(const HashContext& ctx, uint64_t start, uint64_t end) {
   std::vector<ExtraKey> keys;
   if (ctx.lora_id != 0) keys.push_back(ExtraKey::uint(ctx.lora_id));
+  if (!ctx.lora_name.empty()) keys.push_back(ExtraKey::str(ctx.lora_name));
   if (!ctx.mm_items.empty()) {
     size_t first = 0, last = 0;
     mm_range(ctx.mm_items, start, end, &first, &last);
-    for (size_t i = first; i < last; ++i)
-      if (mm_overlaps(ctx.mm_items[i], start, end))
-        keys.push_back(ExtraKey::str(ctx.mm_items[i].hash));
+    for (size_t i = first; i < last; ++i) {
+      const MmItem& m = ctx.mm_items[i];
+      if (mm_overlaps(m, start, end))
+        keys.push_back(ExtraKey::mm(
+            m.hash, m.offset >= start ? int64_t(m.offset - start) : -int64_t(start - m.offset)));
+    }
   }
   if (salt_applies(ctx, start)) keys.push_back(ExtraKey::str(ctx.cache_salt));
   return keys;
@@ -302,7 +323,8 @@ std::vector<BlockHash> hash_prefix(const HashContext& ctx, const BlockHash& root
   if (num_blocks == 0) return out;
 
   BlockHasher hasher(ctx.algo);
-  const bool plain = ctx.lora_id == 0 && ctx.cache_salt.empty() && ctx.mm_items.empty();
+  const bool plain =
+      ctx.lora_id == 0 && ctx.lora_name.empty() && ctx.cache_salt.empty() && ctx.mm_items.empty();
   static const std::vector<ExtraKey> kNoExtra;
   const BlockHash* parent = &root;
   for (size_t b = 0; b < num_blocks; ++b) {

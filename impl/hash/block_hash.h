@@ -31,15 +31,18 @@ struct BlockHashHasher {
   size_t operator()(const BlockHash& h) const noexcept;  // digests are uniform: take 8 bytes
 };
 
-// One extra key: an unsigned integer (LoRA id) or a text string (a
-// multimodal content hash, the cache salt). Encoded in this order.
+// One extra key: an unsigned integer (LoRA id), a text string (LoRA name,
+// cache salt) or a multimodal item: the pair [content hash, item offset
+// minus block start] (a CBOR array of a text string and a signed integer).
 struct ExtraKey {
-  enum class Kind : uint8_t { kUint, kText } kind;
+  enum class Kind : uint8_t { kUint, kText, kMm } kind;
   uint64_t uint_value = 0;
   std::string text;
+  int64_t offset = 0;  // kMm: item offset relative to the block's first token
 
-  static ExtraKey uint(uint64_t v) { return {Kind::kUint, v, {}}; }
-  static ExtraKey str(std::string s) { return {Kind::kText, 0, std::move(s)}; }
+  static ExtraKey uint(uint64_t v) { return {Kind::kUint, v, {}, 0}; }
+  static ExtraKey str(std::string s) { return {Kind::kText, 0, std::move(s), 0}; }
+  static ExtraKey mm(std::string hash, int64_t rel) { return {Kind::kMm, 0, std::move(hash), rel}; }
 };
 
 struct MmItem {
@@ -53,14 +56,16 @@ struct HashContext {
   HashAlgo algo = HashAlgo::kSha256Cbor;
   uint32_t block_size = 16;
   uint64_t lora_id = 0;          // 0 = none
+  std::string lora_name;         // empty = none (vLLM keys adapters by name)
   std::string cache_salt;        // empty = none
   std::vector<MmItem> mm_items;  // sorted by offset
 };
 
 BlockHash hash_root(HashAlgo algo, std::string_view seed);
 
-// Extra keys of the block covering tokens [start, end): LoRA id (if any),
-// hashes of mm items overlapping the block, the salt if start == 0.
+// Extra keys of the block covering tokens [start, end): LoRA id and LoRA
+// name (each if set), [hash, offset - start] of every mm item overlapping the
+// block, the salt if start == 0.
 std::vector<ExtraKey> block_extra_keys(const HashContext& ctx, uint64_t start, uint64_t end);
 
 BlockHash hash_block(HashAlgo algo, const BlockHash& parent, const int32_t* tokens, size_t n,

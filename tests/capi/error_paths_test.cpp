@@ -4,6 +4,8 @@
 // against libpagedkv.so, exactly as a user would be.
 #include <gtest/gtest.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -153,6 +155,19 @@ TEST_F(ErrorPaths, Hashing) {
   FAILS(pkv_hash_prefix(&ho, tok, 8, h, 2, &n), BAD, "opts->mm_items");
   FAILS(pkv_hash_root(9, "", h), BAD, "algo 9");
   FAILS(pkv_hash_root(PKV_HASH_XXH3_128, "", nullptr), BAD, "out");
+  // A version-1 struct (no lora_name) is accepted and lora_name, past its
+  // struct_size, is never read: garbage there changes nothing.
+  pkv_hash_options_init(&ho);
+  ho.block_size = 4;
+  pkv_block_hash plain[2], v1[2], named[2];
+  ASSERT_EQ(pkv_hash_prefix(&ho, tok, 8, plain, 2, &n), PKV_OK);
+  ho.lora_name = "adapter";
+  ASSERT_EQ(pkv_hash_prefix(&ho, tok, 8, named, 2, &n), PKV_OK);
+  EXPECT_NE(0, std::memcmp(plain, named, sizeof plain));
+  ho.struct_size = uint32_t(offsetof(pkv_hash_options, lora_name));
+  ho.lora_name = reinterpret_cast<const char*>(uintptr_t(1));  // would crash if read
+  ASSERT_EQ(pkv_hash_prefix(&ho, tok, 8, v1, 2, &n), PKV_OK) << pkv_last_error_message();
+  EXPECT_EQ(0, std::memcmp(plain, v1, sizeof plain));
 }
 
 TEST_F(ErrorPaths, PoolCreateAndOptions) {
@@ -214,6 +229,31 @@ TEST_F(ErrorPaths, PoolCreateAndOptions) {
     EXPECT_GT(std::strlen(pkv_last_error_message()), 0u);
     EXPECT_EQ(p, nullptr);
   }
+  // Head dims: the CUDA kernels are compiled for five (checked before any
+  // device is touched); the CPU kernels take any, and any block size.
+  fresh();
+  o.device_type = PKV_DEVICE_CUDA;
+  o.num_layers = 1;
+  o.num_kv_heads = 1;
+  o.head_dim = 48;
+  o.dtype = PKV_DTYPE_F16;
+  FAILS(pkv_pool_create(&o, &p), BAD, "opts->head_dim 48");
+  FAILS(pkv_pool_create(&o, &p), BAD, "(allowed on a CUDA pool: 64, 80, 96, 128, 256)");
+  EXPECT_EQ(p, nullptr);
+  for (uint32_t hd : {48u, 320u, 7u}) {
+    for (uint32_t bs : {17u, 128u, 1u}) {
+      fresh();
+      o.num_layers = 1;
+      o.num_kv_heads = 1;
+      o.head_dim = hd;
+      o.block_size = bs;
+      o.dtype = PKV_DTYPE_F32;
+      ASSERT_EQ(pkv_pool_create(&o, &p), PKV_OK)
+          << hd << " " << bs << ": " << pkv_last_error_message();
+      pkv_pool_destroy(p);
+      p = nullptr;
+    }
+  }
 
   FAILS(pkv_pool_get_options(nullptr, &o), BAD, "pool is NULL");
   FAILS(pkv_pool_get_options(pool, nullptr), BAD, "out is NULL");
@@ -246,6 +286,12 @@ TEST_F(ErrorPaths, SeqCreate) {
   items[1].hash = "img-b";
   items[0].length = 0;
   FAILS(pkv_seq_create(pool, &so, &id), BAD, "opts->mm_items[0].length");
+  // Version-1 size: lora_name is past struct_size and never read.
+  pkv_seq_options_init(&so);
+  so.struct_size = uint32_t(offsetof(pkv_seq_options, lora_name));
+  so.lora_name = reinterpret_cast<const char*>(uintptr_t(1));  // would crash if read
+  ASSERT_EQ(pkv_seq_create(pool, &so, &id), PKV_OK) << pkv_last_error_message();
+  EXPECT_EQ(pkv_seq_free(pool, id), PKV_OK);
 }
 
 TEST_F(ErrorPaths, SeqOperations) {

@@ -290,8 +290,8 @@ class Harness {
   // a slot it must not use inside a query's window gets a result far from the
   // reference. PKV_FUZZ_NAN_POISON=1 poisons with NaN instead, which also
   // catches masked keys (outside the window, past the query) whose values
-  // still reach the output as 0 * NaN: see KnownIssues in
-  // tests/reliability/known_issues_test.cpp.
+  // would reach the output as 0 * NaN (fixed; see AttentionRegression in
+  // tests/reliability/attention_regression_test.cpp).
   void poison_arena() {
     static const bool nan_poison = std::getenv("PKV_FUZZ_NAN_POISON") != nullptr;
     for (uint32_t layer = 0; layer < cfg_.layers; ++layer)

@@ -37,6 +37,11 @@ struct Scenario {
   float scale = 0.f;  // 0 = 1/sqrt(D)
   bool lse = true;
   int splits = 0;  // forced KV splits on the GPU, 0 = heuristic
+  // NaN K/V at keys some queries of a sequence see and others must not: the
+  // last position (causally masked for the other queries) and, with a window,
+  // the first key of the first query's window. The queries that see one
+  // give non-finite results on both backends; every other one must match.
+  bool poison = false;
 };
 
 // Everything both backends get, as host bytes.
@@ -89,12 +94,14 @@ inline Inputs build(const Scenario& sc, DType dt, int D, int hkv, int group, std
       s.page_indices.push_back(outside ? 0 : ids[next++]);
     }
     const int32_t* table = s.page_indices.data() + s.page_indptr.back();
+    const int window_first = sc.window > 0 ? std::max(0, first - sc.window + 1) : -1;
     for (int pos = 0; pos < first; ++pos) {  // the cached prefix
       const int block = table[pos / bs];
       if (block == 0) continue;
+      const bool nan = sc.poison && q.nq >= 2 && pos == window_first;
       for (int h = 0; h < hkv; ++h) {
-        put_row(0, block, h, pos % bs, encode(uniform(rng, D, -1.f, 1.f), dt));
-        put_row(1, block, h, pos % bs, encode(uniform(rng, D, -1.f, 1.f), dt));
+        put_row(0, block, h, pos % bs, encode(nan ? nan_row(D) : uniform(rng, D, -1.f, 1.f), dt));
+        put_row(1, block, h, pos % bs, encode(nan ? nan_row(D) : uniform(rng, D, -1.f, 1.f), dt));
       }
     }
     for (int pos = first; pos < q.ctx; ++pos) {
@@ -115,6 +122,25 @@ inline Inputs build(const Scenario& sc, DType dt, int D, int hkv, int group, std
   s.q_s0 = int64_t(s.num_q_heads) * D + pad;
   s.k_new = encode(uniform(rng, size_t(s.num_tokens * s.kv_s0), -1.f, 1.f), dt);
   s.v_new = encode(uniform(rng, size_t(s.num_tokens * s.kv_s0), -1.f, 1.f), dt);
+  if (sc.poison) {
+    const size_t es = pagedkv::dtype_size(dt);
+    const std::vector<uint8_t> nan = encode(nan_row(D), dt);
+    for (size_t i = 0; i < sc.seqs.size(); ++i) {
+      const SeqSpec& q = sc.seqs[i];
+      if (q.nq < 2) continue;
+      const int first = q.ctx - q.nq;
+      const int window_first = sc.window > 0 ? std::max(0, first - sc.window + 1) : -1;
+      for (int pos = first; pos < q.ctx; ++pos) {
+        if (pos != q.ctx - 1 && pos != window_first) continue;
+        const int64_t t = s.query_indptr[i] + (pos - first);
+        for (int h = 0; h < hkv; ++h) {
+          const size_t at = size_t(t * s.kv_s0 + int64_t(h) * D) * es;
+          std::memcpy(&s.k_new[at], nan.data(), nan.size());
+          std::memcpy(&s.v_new[at], nan.data(), nan.size());
+        }
+      }
+    }
+  }
   // Larger queries make the softmax peaked, so masking errors cannot hide.
   s.q = encode(uniform(rng, size_t(s.num_tokens * s.q_s0), -2.5f, 2.5f), dt);
   return s;
@@ -231,8 +257,10 @@ inline void compare(const Inputs& s, const Outputs& gpu, const Outputs& cpu,
   for (size_t i = 0; i < n; ++i) {
     const float g = decode_one(&gpu.out[i * es], dt);
     const float c = decode_one(&cpu.out[i * es], dt);
-    const bool ok = std::isfinite(g) && std::isfinite(c) &&
-                    std::fabs(g - c) <= tol.atol + tol.rtol * std::fabs(c);
+    // NaN only where a poisoned key is visible: then on both backends.
+    const bool ok = (std::isnan(g) && std::isnan(c)) ||
+                    (std::isfinite(g) && std::isfinite(c) &&
+                     std::fabs(g - c) <= tol.atol + tol.rtol * std::fabs(c));
     if (!ok && bad++ < 5) {
       const size_t row = i / D;
       first << " [token " << row / s.num_q_heads << " head " << row % s.num_q_heads << " d "
@@ -247,7 +275,8 @@ inline void compare(const Inputs& s, const Outputs& gpu, const Outputs& cpu,
   for (size_t i = 0; i < gpu.lse.size(); ++i) {
     const float g = gpu.lse[i], c = cpu.lse[i];
     const bool ok =
-        std::isfinite(g) && std::isfinite(c) && std::fabs(g - c) <= 1e-3f + 1e-3f * std::fabs(c);
+        (!std::isfinite(g) && !std::isfinite(c)) ||
+        (std::isfinite(g) && std::isfinite(c) && std::fabs(g - c) <= 1e-3f + 1e-3f * std::fabs(c));
     if (!ok && bad_lse++ < 5) {
       first_lse << " [token " << i / s.num_q_heads << " head " << i % s.num_q_heads << ": gpu " << g
                 << " cpu " << c << "]";
@@ -305,6 +334,18 @@ inline std::vector<Scenario> scenarios(std::mt19937_64& rng) {
   }
   {
     Scenario s{"heuristic-splits", 32, {{3000, 1}}};  // few CTAs, long context
+    v.push_back(s);
+  }
+  {
+    Scenario s{"poison-prefill", 8, {{70, 70}, {45, 21}, {33, 1}}};
+    s.poison = true;
+    v.push_back(s);
+  }
+  {
+    Scenario s{"poison-window-softcap", 16, {{120, 40}, {50, 50}, {80, 1}}};
+    s.poison = true;
+    s.window = 29;
+    s.softcap = 3.f;
     v.push_back(s);
   }
   return v;

@@ -76,6 +76,8 @@ inline void fill_nan(uint8_t* p, size_t bytes, DType t) {
   }
 }
 
+inline std::vector<float> nan_row(int n) { return std::vector<float>(size_t(n), std::nanf("")); }
+
 inline std::vector<float> uniform(std::mt19937_64& rng, size_t n, float lo, float hi) {
   std::uniform_real_distribution<float> d(lo, hi);
   std::vector<float> v(n);

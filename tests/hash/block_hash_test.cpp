@@ -12,6 +12,7 @@
 #include "error.h"
 #include "hash/block_hash.h"
 #include "hex.h"
+#include "pagedkv/pagedkv.h"
 
 namespace pagedkv {
 namespace {
@@ -32,6 +33,8 @@ struct ExtraSpec {
   bool is_text;
   uint64_t uint_value;
   TextSpec text;
+  bool is_mm = false;  // [text, mm_offset]: vLLM's (mm hash, offset - block start)
+  int64_t mm_offset = 0;
 };
 
 struct BlockVector {
@@ -70,6 +73,7 @@ struct PrefixVector {
   std::vector<MmSpec> mm;
   TokenSpec tokens;
   std::vector<const char*> digests;
+  const char* lora_name_hex;
 };
 
 #include "vectors.inc"
@@ -103,6 +107,11 @@ std::string expand(const TextSpec& t) {
   return out;
 }
 
+ExtraKey extra_of(const ExtraSpec& e) {
+  if (e.is_mm) return ExtraKey::mm(expand(e.text), e.mm_offset);
+  return e.is_text ? ExtraKey::str(expand(e.text)) : ExtraKey::uint(e.uint_value);
+}
+
 BlockHash from_hex(const std::string& h) {
   BlockHash b;
   std::string raw = unhex(h);
@@ -118,8 +127,7 @@ TEST(HashVectors, Blocks) {
     const BlockHash parent = from_hex(v.parent_hex);
     const std::vector<int32_t> tokens = expand(v.tokens);
     std::vector<ExtraKey> extra;
-    for (const ExtraSpec& e : v.extra)
-      extra.push_back(e.is_text ? ExtraKey::str(expand(e.text)) : ExtraKey::uint(e.uint_value));
+    for (const ExtraSpec& e : v.extra) extra.push_back(extra_of(e));
     ASSERT_EQ(v.extra_null, extra.empty());
 
     const std::vector<uint8_t> bytes =
@@ -146,8 +154,7 @@ TEST(HashVectors, BlockHasherReuseMatchesOneShot) {
       EXPECT_EQ(hasher.algo(), static_cast<HashAlgo>(v.algo));
       const std::vector<int32_t> tokens = expand(v.tokens);
       std::vector<ExtraKey> extra;
-      for (const ExtraSpec& e : v.extra)
-        extra.push_back(e.is_text ? ExtraKey::str(expand(e.text)) : ExtraKey::uint(e.uint_value));
+      for (const ExtraSpec& e : v.extra) extra.push_back(extra_of(e));
       EXPECT_EQ(hex(hasher.hash(from_hex(v.parent_hex), tokens.data(), tokens.size(), extra)),
                 v.digest_hex);
     }
@@ -172,6 +179,7 @@ HashContext context_of(const PrefixVector& v) {
   ctx.algo = static_cast<HashAlgo>(v.algo);
   ctx.block_size = v.block_size;
   ctx.lora_id = v.lora_id;
+  ctx.lora_name = unhex(v.lora_name_hex);
   ctx.cache_salt = unhex(v.salt_hex);
   for (const MmSpec& m : v.mm) ctx.mm_items.push_back({m.offset, m.length, unhex(m.hash_hex)});
   return ctx;
@@ -204,6 +212,60 @@ TEST(HashVectors, Prefixes) {
   }
 }
 
+// A pool reaches the vectors through the C ABI as an engine drives it: the
+// prompt appended in chunks, then one decode token per step (vLLM hashes the
+// prompt's blocks at once and each later block when decode completes it),
+// with the LoRA name and mm items given as sequence options.
+TEST(HashVectors, PoolSequencesMatchThePrefixVectors) {
+  int checked = 0;
+  for (const PrefixVector& v : kPrefixVectors) {
+    const std::string name = v.name;
+    if (name.find("lora_name") == std::string::npos && name.find("mm_") == std::string::npos)
+      continue;
+    SCOPED_TRACE(v.name);
+    pkv_pool_options po;
+    pkv_pool_options_init(&po);
+    po.block_size = v.block_size;
+    po.num_blocks = 64;
+    po.hash_algo = v.algo;
+    const std::string seed = unhex(v.seed_hex), salt = unhex(v.salt_hex);
+    const std::string lora_name = unhex(v.lora_name_hex);
+    po.hash_seed = seed.c_str();
+    pkv_pool* pool = nullptr;
+    ASSERT_EQ(pkv_pool_create(&po, &pool), PKV_OK) << pkv_last_error_message();
+    std::vector<std::string> mm_hashes;
+    for (const MmSpec& m : v.mm) mm_hashes.push_back(unhex(m.hash_hex));
+    std::vector<pkv_mm_item> mm;
+    for (size_t i = 0; i < v.mm.size(); ++i)
+      mm.push_back({v.mm[i].offset, v.mm[i].length, mm_hashes[i].c_str()});
+    pkv_seq_options so;
+    pkv_seq_options_init(&so);
+    so.lora_id = v.lora_id;
+    so.lora_name = lora_name.c_str();
+    so.cache_salt = salt.c_str();
+    so.mm_items = mm.data();
+    so.num_mm_items = uint32_t(mm.size());
+    pkv_seq_id seq;
+    ASSERT_EQ(pkv_seq_create(pool, &so, &seq), PKV_OK) << pkv_last_error_message();
+    const std::vector<int32_t> tokens = expand(v.tokens);
+    const uint64_t prompt = tokens.size() * 3 / 4, chunk = v.block_size + 1;
+    for (uint64_t i = 0; i < prompt; i += chunk)
+      ASSERT_EQ(pkv_seq_append(pool, seq, tokens.data() + i, std::min(chunk, prompt - i), 0),
+                PKV_OK);
+    for (uint64_t i = prompt; i < tokens.size(); ++i)
+      ASSERT_EQ(pkv_seq_append(pool, seq, tokens.data() + i, 1, 0), PKV_OK);
+    std::vector<pkv_block_hash> got(v.digests.size() + 1);
+    uint64_t n = 0;
+    ASSERT_EQ(pkv_seq_get_block_hashes(pool, seq, got.data(), got.size(), &n), PKV_OK);
+    ASSERT_EQ(n, v.digests.size());
+    for (size_t i = 0; i < n; ++i)
+      EXPECT_EQ(test::hex(got[i].bytes, pkv_hash_size(v.algo)), v.digests[i]) << "block " << i;
+    pkv_pool_destroy(pool);
+    ++checked;
+  }
+  EXPECT_GE(checked, 10);
+}
+
 HashContext rich_context() {
   HashContext ctx;
   ctx.block_size = 16;
@@ -217,7 +279,9 @@ std::vector<std::string> describe(const std::vector<ExtraKey>& keys) {
   std::vector<std::string> out;
   for (const ExtraKey& k : keys)
     out.push_back(k.kind == ExtraKey::Kind::kUint ? "u" + std::to_string(k.uint_value)
-                                                  : "s" + k.text);
+                  : k.kind == ExtraKey::Kind::kText
+                      ? "s" + k.text
+                      : "m" + k.text + "@" + std::to_string(k.offset));
   return out;
 }
 
@@ -225,14 +289,21 @@ using Keys = std::vector<std::string>;
 
 TEST(HashExtraKeys, OrderLoraMmSalt) {
   const HashContext ctx = rich_context();
-  EXPECT_EQ(describe(block_extra_keys(ctx, 0, 16)), (Keys{"u7", "sA", "ssalt"}));
-  EXPECT_EQ(describe(block_extra_keys(ctx, 16, 32)), (Keys{"u7", "sA"}));
+  EXPECT_EQ(describe(block_extra_keys(ctx, 0, 16)), (Keys{"u7", "mA@10", "ssalt"}));
+  EXPECT_EQ(describe(block_extra_keys(ctx, 16, 32)), (Keys{"u7", "mA@-6"}));
   // A ends at 40, B is [40, 48): half-open ranges.
-  EXPECT_EQ(describe(block_extra_keys(ctx, 32, 48)), (Keys{"u7", "sA", "sB"}));
-  EXPECT_EQ(describe(block_extra_keys(ctx, 40, 48)), (Keys{"u7", "sB"}));
-  EXPECT_EQ(describe(block_extra_keys(ctx, 48, 64)), (Keys{"u7", "sC"}));
-  EXPECT_EQ(describe(block_extra_keys(ctx, 64, 80)), (Keys{"u7", "sD"}));
+  EXPECT_EQ(describe(block_extra_keys(ctx, 32, 48)), (Keys{"u7", "mA@-22", "mB@8"}));
+  EXPECT_EQ(describe(block_extra_keys(ctx, 40, 48)), (Keys{"u7", "mB@0"}));
+  EXPECT_EQ(describe(block_extra_keys(ctx, 48, 64)), (Keys{"u7", "mC@0"}));
+  EXPECT_EQ(describe(block_extra_keys(ctx, 64, 80)), (Keys{"u7", "mD@6"}));
   EXPECT_EQ(describe(block_extra_keys(ctx, 80, 96)), (Keys{"u7"}));
+  // The LoRA name follows the id (vLLM keys only the name; set one).
+  HashContext named = ctx;
+  named.lora_id = 0;
+  named.lora_name = "sql";
+  EXPECT_EQ(describe(block_extra_keys(named, 0, 16)), (Keys{"ssql", "mA@10", "ssalt"}));
+  named.lora_id = 7;
+  EXPECT_EQ(describe(block_extra_keys(named, 80, 96)), (Keys{"u7", "ssql"}));
 }
 
 TEST(HashExtraKeys, NoneGivesEmptyAndNull) {
@@ -250,8 +321,9 @@ TEST(HashExtraKeys, ZeroLengthAndSaturatingItems) {
   HashContext ctx;
   ctx.mm_items = {{5, 0, "empty"}, {20, UINT64_MAX, "huge"}};
   EXPECT_TRUE(block_extra_keys(ctx, 0, 16).empty());
-  EXPECT_EQ(describe(block_extra_keys(ctx, 16, 32)), (Keys{"shuge"}));
-  EXPECT_EQ(describe(block_extra_keys(ctx, 1u << 30, (1u << 30) + 16)), (Keys{"shuge"}));
+  EXPECT_EQ(describe(block_extra_keys(ctx, 16, 32)), (Keys{"mhuge@4"}));
+  EXPECT_EQ(describe(block_extra_keys(ctx, 1u << 30, (1u << 30) + 16)),
+            (Keys{"mhuge@" + std::to_string(20 - (int64_t(1) << 30))}));
 }
 
 TEST(HashChain, ChangesPropagateForwardOnly) {

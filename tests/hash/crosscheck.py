@@ -59,18 +59,34 @@ def rand_uint(rng):
     return rng.getrandbits(rng.randint(1, 64)) or 1
 
 
+def rand_key(rng):
+    r = rng.random()
+    if r < 0.3:
+        return rand_uint(rng)
+    if r < 0.6:
+        # (mm hash, offset - block start): past items give negative offsets.
+        rel = rng.choice([0, 1, -1, 23, 24, -24, -25, 2**31, -(2**40)]) if rng.random() < 0.3 \
+            else rng.randint(-5000, 5000)
+        return (rand_text(rng), rel)
+    return rand_text(rng)
+
+
 def block_case(rng):
     algo = rng.choice([pyref.SHA256_CBOR, pyref.XXH3_128])
     parent = bytes(rng.getrandbits(8) for _ in range(rng.choice([32, 16, 16, 0, 5])))
     tokens = [rand_token(rng) for _ in range(rand_len(rng, 40, 400))]
     extra = None
     if rng.random() < 0.6:
-        extra = tuple(rand_uint(rng) if rng.random() < 0.4 else rand_text(rng)
-                      for _ in range(rng.choice([1, 1, 2, 3, 5, 23, 24, 30])))
+        extra = tuple(rand_key(rng) for _ in range(rng.choice([1, 1, 2, 3, 5, 23, 24, 30])))
     line = "B %d %s %d %s %d" % (algo, x(parent), len(tokens), " ".join(map(str, tokens)),
                                  len(extra or ()))
     for k in extra or ():
-        line += " u %d" % k if isinstance(k, int) else " s %s" % x(k.encode())
+        if isinstance(k, int):
+            line += " u %d" % k
+        elif isinstance(k, tuple):
+            line += " m %s %d" % (x(k[0].encode()), k[1])
+        else:
+            line += " s %s" % x(k.encode())
     data = pyref.cbor((parent, tuple(tokens), extra))
     return line, "%s %s" % (data.hex(), pyref.digest(algo, data).hex())
 
@@ -90,6 +106,7 @@ def prefix_case(rng):
     tokens = [rand_token(rng) for _ in range(n)]
     seed = rand_text(rng) if rng.random() < 0.5 else ""
     lora = 0 if rng.random() < 0.5 else rand_uint(rng)
+    lora_name = rand_text(rng) if rng.random() < 0.3 else ""
     salt = rand_text(rng) if rng.random() < 0.4 else ""
     mm = []
     pos = rng.randint(0, 40)
@@ -97,11 +114,12 @@ def prefix_case(rng):
         length = rng.choice([1, 2, bs, bs + 1, rng.randint(1, 120)])
         mm.append((pos, length, rand_text(rng) or "h"))
         pos += length + rng.choice([0, 0, 1, bs, rng.randint(0, 50)])
-    line = "P %d %d %s %d %s %d" % (algo, bs, x(seed.encode()), lora, x(salt.encode()), len(mm))
+    line = "P %d %d %s %d %s %s %d" % (algo, bs, x(seed.encode()), lora, x(lora_name.encode()),
+                                      x(salt.encode()), len(mm))
     for off, length, h in mm:
         line += " %d %d %s" % (off, length, x(h.encode()))
     line += " %d %s" % (n, " ".join(map(str, tokens)))
-    hashes = pyref.prefix(algo, seed, bs, tokens, lora, salt, mm)
+    hashes = pyref.prefix(algo, seed, bs, tokens, lora, salt, mm, lora_name)
     return line, ",".join(h.hex() for h in hashes) or "-"
 
 

@@ -2,8 +2,8 @@
 // and answers each with one line computed by the library. Strings travel as
 // "x" + hex so that empty ones stay visible.
 //   R algo seed                          -> cbor digest
-//   B algo parent n t.. k (u v | s str)..  -> cbor digest
-//   P algo bs seed lora salt m (off len hash).. n t..  -> digest,digest,..
+//   B algo parent n t.. k (u v | s str | m str rel)..  -> cbor digest
+//   P algo bs seed lora lora_name salt m (off len hash).. n t..  -> digest,digest,..
 // The answer is "ERR <message>" if the library throws.
 #include <iostream>
 #include <sstream>
@@ -68,6 +68,11 @@ std::string answer(const std::string& line) {
         uint64_t v = 0;
         in >> v;
         extra.push_back(ExtraKey::uint(v));
+      } else if (tag == "m") {
+        const std::string h = read_str(in);
+        int64_t rel = 0;
+        in >> rel;
+        extra.push_back(ExtraKey::mm(h, rel));
       } else {
         extra.push_back(ExtraKey::str(read_str(in)));
       }
@@ -83,6 +88,7 @@ std::string answer(const std::string& line) {
     in >> ctx.block_size;
     const std::string seed = read_str(in);
     in >> ctx.lora_id;
+    ctx.lora_name = read_str(in);
     ctx.cache_salt = read_str(in);
     size_t m = 0;
     in >> m;

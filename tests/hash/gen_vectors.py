@@ -57,12 +57,22 @@ class Text:
         return "{%s, %d}" % (hexs(self.unit.encode()), self.repeat)
 
 
+class MmKey:
+    """vLLM's multimodal extra key: (content hash, item offset - block start)."""
+
+    def __init__(self, h, rel):
+        self.text, self.rel = Text(h), rel
+        self.value = (h, rel)
+
+
 def extra_c(keys):
     if keys is None:
         return "true, {}"
     parts = []
     for k in keys:
-        if isinstance(k, Text):
+        if isinstance(k, MmKey):
+            parts.append("{true, 0, %s, true, %d}" % (k.text.c(), k.rel))
+        elif isinstance(k, Text):
             parts.append("{true, 0, %s}" % k.c())
         else:
             parts.append("{false, %du, {\"\", 0}}" % k)
@@ -72,7 +82,7 @@ def extra_c(keys):
 def extra_py(keys):
     if keys is None:
         return None
-    return tuple(k.value if isinstance(k, Text) else k for k in keys)
+    return tuple(k.value if isinstance(k, (Text, MmKey)) else k for k in keys)
 
 
 def block_vectors():
@@ -102,6 +112,15 @@ def block_vectors():
     for n in (23, 24, 255, 256, 65536):
         cases.append(("text_len_%d" % n, p32, Tokens([1]), [Text("x", n)]))
     cases.append(("extra_24_keys", p32, Tokens([1]), [Text("mm%02d" % i) for i in range(24)]))
+    # Current vLLM: LoRA name, then (mm hash, offset - block start) pairs.
+    cases.append(("lora_name", p32, Tokens([1, 2]), [Text("sql-adapter")]))
+    cases.append(("mm_pairs", p32, Tokens([1, 2, 3, 4]),
+                  [MmKey("img0", -5), MmKey("img1", 0), MmKey("img2", 3)]))
+    cases.append(("mm_pair_edges", p32, Tokens([1]),
+                  [MmKey("e", r) for r in (23, 24, -24, -25, 255, -256, -257, 65536,
+                                           -65537, 2**32, -(2**32) - 1)]))
+    cases.append(("name_mm_salt", p32, Tokens([9, 10]),
+                  [Text("adapter-\u00e9"), MmKey("a" * 64, 1), Text("salt")]))
     cases.append(("extra_25_keys", p32, Tokens([1]), list(range(25))))
     out = []
     for algo, tag in ALGOS:
@@ -134,7 +153,7 @@ def root_vectors():
 def prefix_vectors():
     out = []
     specs = [
-        # name, block_size, seed, lora, salt, mm items, Tokens
+        # name, block_size, seed, lora, salt, mm items, Tokens[, options]
         ("plain", 16, "", 0, "", [], Tokens(count=200, seed=1, lo=0, hi=151935)),
         ("seed_partial_tail", 16, "1234", 0, "", [], Tokens(count=100, seed=2, lo=0, hi=32000)),
         ("bs1", 1, "x", 0, "", [], Tokens(count=40, seed=3, lo=-5, hi=5)),
@@ -151,14 +170,34 @@ def prefix_vectors():
                                                    (100, 60, "\u56fe\u50cf")],
          Tokens(count=200, seed=9, lo=0, hi=151935)),
         ("too_short", 16, "", 1, "s", [], Tokens(count=15, seed=10, lo=0, hi=10)),
+        # Current vLLM keys a LoRA adapter by name.
+        ("lora_name", 16, "", 0, "", [], Tokens(count=64, seed=11, lo=0, hi=1000),
+         {"lora_name": "sql-lora"}),
+        ("lora_name_mm_salt", 4, "s", 0, "salt", [(2, 7, "img")],
+         Tokens(count=20, seed=12, lo=0, hi=1000), {"lora_name": "\u00e9-lora"}),
+        # issue 13: a block completed by decode that starts where the last mm
+        # item ends. Prompt [-1]*4 + [5, 6], item (0, 4), outputs 7, 8: vLLM
+        # hashes block 0 with the prompt and block 1 after decode.
+        ("mm_offset_decode", 4, "", 0, "", [(0, 4, "img")],
+         Tokens([-1, -1, -1, -1, 5, 6, 7, 8]), {"prompt_len": 6}),
+        # Items starting mid-block and spanning blocks: negative offsets.
+        ("mm_relative_offsets", 4, "", 0, "", [(1, 2, "a"), (3, 6, "b"), (9, 1, "c")],
+         Tokens(count=16, seed=13, lo=0, hi=99), {"prompt_len": 14}),
     ]
     for algo, tag in ALGOS:
-        for name, bs, seed, lora, salt, mm, toks in specs:
-            hashes = pyref.prefix(algo, seed, bs, toks.values, lora, salt, mm)
+        for spec in specs:
+            name, bs, seed, lora, salt, mm, toks = spec[:7]
+            opt = spec[7] if len(spec) > 7 else {}
+            lora_name = opt.get("lora_name", "")
+            hashes = pyref.prefix(algo, seed, bs, toks.values, lora, salt, mm, lora_name,
+                                  opt.get("prompt_len"))
+            # The vectors hold for a whole prompt hashed at once as well (our
+            # hash_prefix and a pool's appends in any chunks).
+            assert hashes == pyref.prefix(algo, seed, bs, toks.values, lora, salt, mm, lora_name)
             mm_c = ", ".join("{%d, %d, %s}" % (o, n, hexs(h.encode())) for o, n, h in mm)
-            out.append("{%s, %d, %d, %s, %du, %s, {%s}, %s, {%s}}," % (
+            out.append("{%s, %d, %d, %s, %du, %s, {%s}, %s, {%s}, %s}," % (
                 cstr(tag + "_" + name), algo, bs, hexs(seed.encode()), lora, hexs(salt.encode()),
-                mm_c, toks.c(), ", ".join(hexs(h) for h in hashes)))
+                mm_c, toks.c(), ", ".join(hexs(h) for h in hashes), hexs(lora_name.encode())))
     return out
 
 

@@ -43,13 +43,19 @@ struct Case {
   int32_t threads = 2;
   int32_t min_split_keys = 512;
   uint32_t seed = 1;
+  // NaN K and V at keys some queries of a prefill see and others must not:
+  // the last position (causally masked for every other query) and, with a
+  // window, the first key of the first query's window (outside every later
+  // query's window). Queries that see one expect NaN, the rest exact values.
+  bool poison_masked = false;
 
   std::string describe() const {
     std::ostringstream os;
     os << isa_name(isa) << " " << dtype_name(dt) << " D=" << head_dim << " bs=" << block_size
        << " G=" << group << " Hkv=" << kv_heads << " W=" << window << " cap=" << softcap
        << " scale=" << scale << " lse=" << lse << " threads=" << threads
-       << " split=" << min_split_keys << " seed=" << seed << " seqs=";
+       << " split=" << min_split_keys << " seed=" << seed << " poison=" << poison_masked
+       << " seqs=";
     for (const auto& s : seqs) os << "(" << s.ctx << "," << s.nq << ")";
     return os.str();
   }
@@ -120,6 +126,11 @@ void run_case(const Case& c) {
   // Cache contents: random values at every position of a non-null page;
   // the reference keeps them gathered contiguously [seq][pos][head][dim].
   std::vector<std::vector<double>> kref(ns), vref(ns);
+  auto poisoned = [&](int32_t s, int32_t pos) {
+    const int32_t nq = c.seqs[s].nq, first = ctx[s] - nq;
+    if (!c.poison_masked || nq < 2) return false;
+    return pos == ctx[s] - 1 || (c.window > 0 && pos == std::max(0, first - c.window + 1));
+  };
   for (int32_t s = 0; s < ns; ++s) {
     kref[s].assign(size_t(ctx[s]) * hkv * D, std::nan(""));
     vref[s].assign(size_t(ctx[s]) * hkv * D, std::nan(""));
@@ -130,8 +141,9 @@ void run_case(const Case& c) {
         const int64_t base = ((int64_t(block) * hkv + h) * bs + pos % bs) * D;
         for (int32_t d = 0; d < D; ++d) {
           const size_t r = (size_t(pos) * hkv + h) * D + d;
-          kref[s][r] = store(kp, c.dt, base + d, unit(rng));
-          vref[s][r] = store(vp, c.dt, base + d, unit(rng));
+          const bool nan = poisoned(s, pos);
+          kref[s][r] = store(kp, c.dt, base + d, nan ? std::nanf("") : unit(rng));
+          vref[s][r] = store(vp, c.dt, base + d, nan ? std::nanf("") : unit(rng));
         }
       }
     }
@@ -196,7 +208,7 @@ void run_case(const Case& c) {
           for (int32_t d = 0; d < D; ++d) x += qv[d] * kv[d];
           x *= scale;
           if (c.softcap > 0) x = c.softcap * std::tanh(x / c.softcap);
-          ASSERT_FALSE(std::isnan(x)) << "reference reads a NaN key: test bug";
+          ASSERT_TRUE(!std::isnan(x) || poisoned(s, k)) << "reference reads a NaN key: test bug";
           logit[k - lo] = x;
           mx = std::max(mx, x);
         }
@@ -209,7 +221,10 @@ void run_case(const Case& c) {
         }
         for (int32_t d = 0; d < D; ++d) {
           const double got = load(obuf.data(), c.dt, t * s0 + h * s1 + d);
-          if (!(std::fabs(got - ref[d]) <= atol + rtol * std::fabs(ref[d]))) {
+          const bool ok = std::isnan(ref[d])
+                              ? std::isnan(got)
+                              : std::fabs(got - ref[d]) <= atol + rtol * std::fabs(ref[d]);
+          if (!ok) {
             report("out[seq " + std::to_string(s) + " q " + std::to_string(i) + " head " +
                    std::to_string(h) + " dim " + std::to_string(d) + "] = " + std::to_string(got) +
                    ", reference " + std::to_string(ref[d]));
@@ -218,7 +233,11 @@ void run_case(const Case& c) {
         if (c.lse) {
           const double want = mx + std::log(sum);
           const double got = lse[size_t(t * lse_stride + h)];
-          if (!(std::fabs(got - want) <= 1e-4 + 1e-5 * std::fabs(want))) {
+          // A query that sees a NaN key gets a NaN output (above) and a
+          // non-finite LSE (the kernels' running max skips NaN logits).
+          const bool ok = std::isnan(want) ? !std::isfinite(got)
+                                           : std::fabs(got - want) <= 1e-4 + 1e-5 * std::fabs(want);
+          if (!ok) {
             report("lse[token " + std::to_string(t) + " head " + std::to_string(h) +
                    "] = " + std::to_string(got) + ", reference " + std::to_string(want));
           }
@@ -268,6 +287,20 @@ struct MatrixParam {
 
 class AttentionMatrix : public ::testing::TestWithParam<MatrixParam> {};
 
+// A matrix case: the parameter's ISA, dtype and head dim, a mixed step.
+Case matrix_case(const MatrixParam& p, int32_t bs, int32_t group, uint32_t seed,
+                 std::mt19937& rng) {
+  Case c;
+  c.isa = p.isa;
+  c.dt = p.dt;
+  c.head_dim = p.head_dim;
+  c.block_size = bs;
+  c.group = group;
+  c.seed = seed;
+  c.seqs = mixed_step(bs, rng);
+  return c;
+}
+
 // Full cross product on small shapes: block sizes x GQA ratios x features.
 TEST_P(AttentionMatrix, MixedSteps) {
   const MatrixParam p = GetParam();
@@ -276,14 +309,7 @@ TEST_P(AttentionMatrix, MixedSteps) {
     for (int32_t group : {1, 4, 8}) {
       for (int feature = 0; feature < 4; ++feature) {
         std::mt19937 rng(++seed);
-        Case c;
-        c.isa = p.isa;
-        c.dt = p.dt;
-        c.head_dim = p.head_dim;
-        c.block_size = bs;
-        c.group = group;
-        c.seed = seed;
-        c.seqs = mixed_step(bs, rng);
+        Case c = matrix_case(p, bs, group, seed, rng);
         if (feature & 1) c.window = 1 + int32_t(rng() % uint32_t(2 * bs));
         if (feature & 2) {
           // A large scale pushes logits well into the cap's bend.
@@ -292,6 +318,34 @@ TEST_P(AttentionMatrix, MixedSteps) {
           c.lse = true;
         }
         if (feature == 0 && group == 4) c.lse = true;
+        run_case(c);
+        if (HasFatalFailure() || HasFailure()) return;
+      }
+    }
+  }
+}
+
+// NaN K/V at masked keys of partially visible pages (causal diagonal,
+// window start), with and without soft-cap, one and several threads, and
+// tiles of one and many rows: no masked key may reach any output element.
+TEST_P(AttentionMatrix, MaskedKeysNeverReachOutput) {
+  const MatrixParam p = GetParam();
+  uint32_t seed = 7000 * uint32_t(p.head_dim) + 10 * uint32_t(p.dt) + uint32_t(p.isa);
+  for (int32_t bs : {8, 16, 32}) {
+    for (int32_t group : {1, 4}) {
+      for (int feature = 0; feature < 4; ++feature) {
+        std::mt19937 rng(++seed);
+        Case c = matrix_case(p, bs, group, seed, rng);
+        c.poison_masked = true;
+        c.threads = 1 + feature % 2 * 2;
+        c.min_split_keys = feature % 2 == 1 ? 8 : 512;
+        c.seqs.push_back({3 * bs + 5, 2 * bs + 3});  // a prefill crossing pages
+        if (feature & 1) c.window = 2 + int32_t(rng() % uint32_t(2 * bs));
+        if (feature & 2) {
+          c.scale = 0.5f;
+          c.softcap = 4.0f + float(rng() % 20);
+        }
+        c.lse = true;
         run_case(c);
         if (HasFatalFailure() || HasFailure()) return;
       }
@@ -387,6 +441,33 @@ TEST_P(AttentionLarge, WideGroups) {
   c.lse = true;
   c.seed = 3;
   run_case(c);
+}
+
+// The sizes a CPU pool accepts beyond the usual ones (README, "Kernels"):
+// head dims that are not a multiple of the vector width (scalar kernels) or
+// are, but unusual, and block sizes from 1 to 128, with masked-key poison.
+TEST_P(AttentionLarge, AnyHeadDimAndBlockSize) {
+  uint32_t seed = 900;
+  for (int32_t d : {7, 48, 320}) {
+    for (int32_t bs : {1, 17, 128}) {
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        std::mt19937 rng(++seed);
+        Case c;
+        c.isa = GetParam();
+        c.dt = dt;
+        c.head_dim = d;
+        c.block_size = bs;
+        c.group = 2;
+        c.seed = seed;
+        c.seqs = mixed_step(bs, rng);
+        c.window = seed % 2 ? 0 : 3 + int32_t(rng() % 40);
+        c.poison_masked = true;
+        c.lse = true;
+        run_case(c);
+        if (HasFailure()) return;
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, AttentionLarge, ::testing::ValuesIn(supported_isas()),

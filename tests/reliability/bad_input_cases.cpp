@@ -289,6 +289,9 @@ std::vector<Case> make_cases() {
         S("pkv_pool_create", PKV_CLASS_RANGE, "head_dim = 0 with layers", kInv, "head_dim",
           pkv_pool_options o = storage_opts();
           o.head_dim = 0; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "head_dim = 48 on a CUDA pool", kInv,
+          "64, 80, 96, 128, 256", pkv_pool_options o = storage_opts();
+          o.device_type = PKV_DEVICE_CUDA; o.head_dim = 48; return create_with(o, e);),
         S("pkv_pool_create", PKV_CLASS_ABSURD, "num_layers = 2^32 - 1", kInv, "num_layers",
           pkv_pool_options o = storage_opts();
           o.num_layers = ~0u; return create_with(o, e);),

@@ -28,11 +28,13 @@ def hash_prefix(
     lora_id: int = 0,
     cache_salt: Optional[str] = None,
     mm_items: Iterable[MMItemLike] = (),
+    lora_name: Optional[str] = None,
     strict_key_domains: bool = False,
 ) -> List[bytes]:
     """Chained hashes of the full blocks of tokens, exactly as a pool with the
     same block_size, algo, seed and strict_key_domains computes them
-    (vLLM-compatible for sha256_cbor without strict_key_domains). Returns
+    (vLLM-compatible for sha256_cbor without strict_key_domains: current vLLM
+    keys a LoRA adapter by lora_name, older vLLM by lora_id). Returns
     floor(len(tokens) / block_size) digests."""
     a = HashAlgo.parse(algo)
     opts = {
@@ -41,6 +43,7 @@ def hash_prefix(
         "seed": seed,
         "lora_id": int(lora_id),
         "cache_salt": cache_salt,
+        "lora_name": lora_name,
         "mm_items": mm_tuples(mm_items),
         "strict_key_domains": int(bool(strict_key_domains)),
     }

@@ -247,12 +247,15 @@ class Pool(HandleOwner):
         lora_id: int = 0,
         cache_salt: Optional[str] = None,
         mm_items: Iterable[MMItemLike] = (),
+        lora_name: Optional[str] = None,
     ) -> Sequence:
         """A new empty sequence. It is freed by free(), by leaving its `with`
-        block, or when the Sequence object is garbage collected."""
+        block, or when the Sequence object is garbage collected. lora_name
+        keys its blocks by LoRA adapter name, as current vLLM does."""
         opts = {
             "priority": int(priority),
             "lora_id": int(lora_id),
+            "lora_name": lora_name,
             "cache_salt": cache_salt,
             "mm_items": mm_tuples(mm_items),
         }
@@ -272,6 +275,7 @@ class Pool(HandleOwner):
         lora_id: int = 0,
         cache_salt: Optional[str] = None,
         mm_items: Iterable[MMItemLike] = (),
+        lora_name: Optional[str] = None,
     ) -> List[bytes]:
         """The block hashes this pool would give tokens' full blocks."""
         from ._hash import hash_prefix
@@ -285,6 +289,7 @@ class Pool(HandleOwner):
             lora_id=lora_id,
             cache_salt=cache_salt,
             mm_items=mm_items,
+            lora_name=lora_name,
             strict_key_domains=o.strict_key_domains,
         )
 
@@ -426,7 +431,8 @@ class Sequence:
 
     def __repr__(self) -> str:
         state = "freed" if self._freed else "live"
-        return f"<pagedkv.Sequence id={self._id:#x} {state}>"
+        # "seq 0x%016x": the form every library message prints ids in.
+        return f"<pagedkv.Sequence seq {self._id:#018x} {state}>"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Sequence) and other._pool is self._pool and other._id == self._id

@@ -169,3 +169,54 @@ def test_bad_token_input(manager_pool):
         s.append(3)
     s.append(np.arange(4, dtype=np.int64))  # copied and range-checked
     assert s.num_tokens == 4
+
+
+# Digests from tests/hash/pyref.py (vLLM's current block hashing in Python:
+# cbor2 canonical + hashlib), seed "" and block size 4.
+LORA_NAME_VECTOR = [
+    "57a891e4b6cb6a32257a80070b41e8c2c4be378d75682997a00ddd87bb9f150a",
+    "31c575fbacde4474bd78de3f5395b099a1441ffbad28bb57d4e0a65b81463087",
+]
+MM_DECODE_VECTOR = [
+    "f4283c434ecdbd4d07af2439f6d3cf09a926973908760be4f5e9bd4a1c64cfc5",
+    "202b0131f1b2bd1c7b42bd9755db8693dd644c8fb7645086adf68a68310ff122",
+]
+
+
+def test_lora_name_keys_blocks_as_vllm(manager_pool):
+    prompt = list(range(1, 9))
+    named = manager_pool.create_sequence(lora_name="sql-lora")
+    named.append(prompt + [9])
+    assert [h.hex() for h in named.block_hashes()] == LORA_NAME_VECTOR
+    assert [h.hex() for h in pagedkv.hash_prefix(prompt, block_size=4, lora_name="sql-lora")] == LORA_NAME_VECTOR
+    assert manager_pool.hash_prefix(prompt, lora_name="sql-lora") == named.block_hashes()
+    # Another name, no name, or an id in place of the name: no hit.
+    assert manager_pool.create_sequence(lora_name="other").match_prefix(prompt + [9]) == 0
+    assert manager_pool.create_sequence().match_prefix(prompt + [9]) == 0
+    assert manager_pool.create_sequence(lora_id=1).match_prefix(prompt + [9]) == 0
+    assert manager_pool.create_sequence(lora_name="sql-lora").match_prefix(prompt + [9]) == 8
+    # "" is no name (the default).
+    assert pagedkv.hash_prefix(prompt, block_size=4, lora_name="") == pagedkv.hash_prefix(prompt, block_size=4)
+
+
+def test_multimodal_block_completed_by_decode_matches_vllm(manager_pool):
+    # issue 13: block 1 starts where the image ends and is completed by decode.
+    s = manager_pool.create_sequence(mm_items=[(0, 4, "img")])
+    s.append([-1, -1, -1, -1, 5, 6])
+    s.append([7])
+    s.append([8])
+    assert [h.hex() for h in s.block_hashes()] == MM_DECODE_VECTOR
+    tokens = [-1, -1, -1, -1, 5, 6, 7, 8]
+    hashes = pagedkv.hash_prefix(tokens, block_size=4, mm_items=[(0, 4, "img")])
+    assert [h.hex() for h in hashes] == MM_DECODE_VECTOR
+
+
+def test_lora_name_bad_type_is_a_type_error(manager_pool):
+    with pytest.raises(TypeError):
+        manager_pool.create_sequence(lora_name=5)
+
+
+def test_ids_print_as_the_library_prints_them(manager_pool):
+    s = manager_pool.create_sequence()
+    text = f"seq {s.id:#018x}"
+    assert text in repr(s) and len(text) == len("seq 0x") + 16

@@ -1,13 +1,17 @@
 /* pagedkv/hash.h: block hashes for prefix caching, usable without a pool.
  *
  * Hashes chain: h_i = H(cbor([h_{i-1} bytes, [tokens of block i], extra])),
- * where extra is null or the array [lora_id?, mm hashes..., cache_salt?]
- * (LoRA id on every block when non-zero, the hashes of the multimodal items
- * the block overlaps, the cache salt on the first block only), and
+ * where extra is null or the array
+ *   [lora_id?, lora_name?, [mm hash, mm offset - block start]..., cache_salt?]
+ * (LoRA id / name on every block when set, one pair per multimodal item the
+ * block overlaps, the cache salt on the first block only), and
  * h_{-1} = H(cbor(seed string)). CBOR is canonical (RFC 8949 core
  * deterministic). With PKV_HASH_SHA256_CBOR the bytes equal vLLM's
- * sha256_cbor for the same seed (vLLM's PYTHONHASHSEED). Only full blocks
- * are hashed.
+ * sha256_cbor for the same seed (vLLM's PYTHONHASHSEED) and the same
+ * request: current vLLM keys a LoRA adapter by name (set lora_name, leave
+ * lora_id 0); older vLLM keyed it by id. docs/vllm-compat.md says which
+ * vLLM behaviour is followed and where it differs. Only full blocks are
+ * hashed.
  */
 #ifndef PAGEDKV_HASH_H
 #define PAGEDKV_HASH_H
@@ -40,7 +44,7 @@ typedef struct pkv_mm_item {
   const char* hash; /* NUL-terminated, non-empty; copied by the callee */
 } pkv_mm_item;
 
-#define PKV_HASH_OPTIONS_VERSION 1
+#define PKV_HASH_OPTIONS_VERSION 3 /* 2: lora_name; 3: strict_key_domains */
 
 typedef struct pkv_hash_options {
   uint32_t struct_size; /* sizeof(pkv_hash_options); set by _init */
@@ -51,9 +55,11 @@ typedef struct pkv_hash_options {
   uint64_t lora_id;     /* 0 = no LoRA */
   const char* cache_salt;          /* NULL or "" = no salt */
   const pkv_mm_item* mm_items;     /* sorted by offset, non-overlapping */
-  /* Appended (read only when struct_size covers it; older callers get 0). */
-  uint32_t strict_key_domains;     /* as pkv_pool_options.strict_key_domains:
-                                      hash like a pool created with it */
+  /* Version 2 (read only when struct_size covers it): */
+  const char* lora_name; /* NULL or "" = none; UTF-8 LoRA adapter name (vLLM's lora_name) */
+  /* Version 3 (read only when struct_size covers it): */
+  uint32_t strict_key_domains; /* as pkv_pool_options.strict_key_domains: hash
+                                  like a pool created with it */
 } pkv_hash_options;
 
 /* Sets defaults. Always call before filling fields. */

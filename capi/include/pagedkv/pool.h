@@ -43,8 +43,8 @@ typedef uint64_t pkv_seq_id;
 
 typedef struct pkv_pool_options {
   uint32_t struct_size;    /* sizeof(pkv_pool_options); set by _init */
-  uint32_t block_size;     /* tokens per block: 1..1024 for the manager;
-                              kernels support 8, 16, 32, 64. Default 16 */
+  uint32_t block_size;     /* tokens per block: 1..1024 (manager-only pools, and the CPU and CUDA
+                              kernels alike; GPU-tested 8..64). Default 16 */
   uint64_t num_blocks;     /* total blocks incl. the null block (>= 2);
                               0 = derive from memory_budget_bytes */
   uint64_t memory_budget_bytes; /* KV bytes to spend when num_blocks == 0 */
@@ -63,7 +63,8 @@ typedef struct pkv_pool_options {
      (block tables, hashing, plans without cache writes or attention). */
   uint32_t num_layers;
   uint32_t num_kv_heads;
-  uint32_t head_dim;       /* kernels: 64, 80, 96, 128, 256 */
+  uint32_t head_dim;       /* 1..4096 on a CPU pool; 64, 80, 96, 128 or 256 on a CUDA pool
+                              (what its kernels are compiled for); ignored without storage */
   uint32_t dtype;          /* PKV_DTYPE_F32, F16 or BF16; default BF16 */
   int32_t device_type;     /* PKV_DEVICE_CPU (default) or PKV_DEVICE_CUDA */
   int32_t device_id;       /* CUDA ordinal; 0 for CPU */
@@ -109,6 +110,10 @@ typedef struct pkv_seq_options {
   const pkv_mm_item* mm_items; /* multimodal items of the prompt; copied */
   uint32_t num_mm_items;
   uint32_t reserved0;
+  /* Appended after version 1 (read only when struct_size covers it): */
+  const char* lora_name; /* NULL/"" = none; the LoRA adapter's name, a UTF-8 key of every
+                            block hash, as current vLLM keys adapters (lora_request.lora_name).
+                            Independent of lora_id: set one (both: id first, then name). */
 } pkv_seq_options;
 
 PKV_API void pkv_seq_options_init(pkv_seq_options* opts);

@@ -79,6 +79,9 @@ pub struct HashOptions {
     pub seed: String,
     /// 0 = no LoRA.
     pub lora_id: u64,
+    /// The LoRA adapter's name, keyed in every block (current vLLM keys
+    /// adapters by name; older vLLM by id). `None` or "" = none.
+    pub lora_name: Option<String>,
     /// Hashed into the first block.
     pub cache_salt: Option<String>,
     /// Sorted by offset, non-overlapping.
@@ -99,6 +102,7 @@ impl Default for HashOptions {
             block_size: raw.block_size,
             seed: unsafe { crate::cstr_to_string(raw.seed) },
             lora_id: raw.lora_id,
+            lora_name: None,
             cache_salt: None,
             mm_items: Vec::new(),
             strict_key_domains: raw.strict_key_domains != 0,
@@ -122,6 +126,7 @@ impl Default for HashOptions {
 pub fn hash_prefix(opts: &HashOptions, tokens: &[i32]) -> Result<Vec<BlockHash>> {
     let seed = c_string(&opts.seed, "seed")?;
     let salt = opt_c_string(&opts.cache_salt, "cache_salt")?;
+    let lora_name = opt_c_string(&opts.lora_name, "lora_name")?;
     let mm = RawMmItems::new(&opts.mm_items, "mm_items")?;
     let mut raw = sys::pkv_hash_options::default();
     // SAFETY: valid out-parameter.
@@ -130,6 +135,7 @@ pub fn hash_prefix(opts: &HashOptions, tokens: &[i32]) -> Result<Vec<BlockHash>>
     raw.block_size = opts.block_size;
     raw.seed = seed.as_ptr();
     raw.lora_id = opts.lora_id;
+    raw.lora_name = opt_ptr(&lora_name);
     raw.cache_salt = opt_ptr(&salt);
     raw.mm_items = mm.ptr();
     raw.num_mm_items = mm.len()?;

@@ -17,8 +17,7 @@ use crate::types::{BlockHash, DType, Device, Element, HashAlgo};
 /// set the fields you need.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PoolOptions {
-    /// Tokens per block: 1..=1024 for the manager; the kernels support 8,
-    /// 16, 32 and 64.
+    /// Tokens per block: 1..=1024, with storage or without.
     pub block_size: u32,
     /// Total blocks including the null block (>= 2); 0 = derive from
     /// `memory_budget_bytes`.
@@ -38,7 +37,7 @@ pub struct PoolOptions {
     /// 0 makes a manager-only pool without KV storage.
     pub num_layers: u32,
     pub num_kv_heads: u32,
-    /// Kernels support 64, 80, 96, 128 and 256.
+    /// 1..=4096 on a CPU pool; 64, 80, 96, 128 or 256 on a CUDA pool.
     pub head_dim: u32,
     /// Storage dtype: F32, F16 or BF16.
     pub dtype: DType,
@@ -120,9 +119,17 @@ impl SeqId {
     }
 }
 
+/// `seq 0x0000000100000002`: the form every pagedkv message and binding
+/// prints sequence ids in.
 impl fmt::Debug for SeqId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SeqId({:#018x})", self.0)
+        write!(f, "seq {:#018x}", self.0)
+    }
+}
+
+impl fmt::Display for SeqId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
     }
 }
 
@@ -133,6 +140,9 @@ pub struct SeqOptions {
     pub priority: i32,
     /// 0 = base model; part of every block hash.
     pub lora_id: u64,
+    /// The LoRA adapter's name, part of every block hash as current vLLM
+    /// keys adapters (older vLLM keyed `lora_id`). `None` or "" = none.
+    pub lora_name: Option<String>,
     /// Hashed into the first block: sequences with different salts never
     /// share cached blocks.
     pub cache_salt: Option<String>,
@@ -459,12 +469,14 @@ impl Pool {
     /// Creates an empty sequence.
     pub fn create_seq_with(&self, opts: &SeqOptions) -> Result<SeqId> {
         let salt = opt_c_string(&opts.cache_salt, "cache_salt")?;
+        let lora_name = opt_c_string(&opts.lora_name, "lora_name")?;
         let mm = RawMmItems::new(&opts.mm_items, "mm_items")?;
         let mut raw = sys::pkv_seq_options::default();
         // SAFETY: valid out-parameter.
         unsafe { sys::pkv_seq_options_init(&mut raw) };
         raw.priority = opts.priority;
         raw.lora_id = opts.lora_id;
+        raw.lora_name = opt_ptr(&lora_name);
         raw.cache_salt = opt_ptr(&salt);
         raw.mm_items = mm.ptr();
         raw.num_mm_items = mm.len()?;

@@ -167,8 +167,7 @@ fn block_hashes_match_hash_prefix() {
             seed: "s".into(),
             lora_id: 7,
             cache_salt: Some("tenant-a".into()),
-            mm_items: vec![],
-            strict_key_domains: false,
+            ..HashOptions::default()
         };
         assert_eq!(got, hash_prefix(&opts, &tokens).unwrap());
         assert_eq!(got.len(), 3);
@@ -189,6 +188,76 @@ fn block_hashes_match_hash_prefix() {
         .unwrap();
         assert_ne!(plain[0], got[0]);
     }
+}
+
+// Digests from tests/hash/pyref.py (vLLM's current block hashing: cbor2
+// canonical + hashlib), seed "", block size 4.
+const LORA_NAME_VECTOR: [&str; 2] = [
+    "57a891e4b6cb6a32257a80070b41e8c2c4be378d75682997a00ddd87bb9f150a",
+    "31c575fbacde4474bd78de3f5395b099a1441ffbad28bb57d4e0a65b81463087",
+];
+const MM_DECODE_VECTOR: [&str; 2] = [
+    "f4283c434ecdbd4d07af2439f6d3cf09a926973908760be4f5e9bd4a1c64cfc5",
+    "202b0131f1b2bd1c7b42bd9755db8693dd644c8fb7645086adf68a68310ff122",
+];
+
+fn hexes(hs: &[BlockHash]) -> Vec<String> {
+    hs.iter().map(|h| h.to_hex()).collect()
+}
+
+#[test]
+fn lora_name_and_mm_offsets_match_vllm_vectors() {
+    let pool = Pool::new(&PoolOptions {
+        block_size: 4,
+        num_blocks: 16,
+        ..PoolOptions::default()
+    })
+    .unwrap();
+    let prompt: Vec<i32> = (1..=9).collect();
+    let named = pool
+        .create_seq_with(&SeqOptions {
+            lora_name: Some("sql-lora".into()),
+            ..SeqOptions::default()
+        })
+        .unwrap();
+    pool.append(named, &prompt).unwrap();
+    let got = pool.block_hashes(named).unwrap();
+    assert_eq!(hexes(&got), LORA_NAME_VECTOR);
+    let opts = HashOptions {
+        block_size: 4,
+        lora_name: Some("sql-lora".into()),
+        ..HashOptions::default()
+    };
+    assert_eq!(hash_prefix(&opts, &prompt).unwrap(), got);
+    // Another name or the id instead of the name: no hit.
+    for other in [
+        SeqOptions {
+            lora_name: Some("other".into()),
+            ..SeqOptions::default()
+        },
+        SeqOptions {
+            lora_id: 1,
+            ..SeqOptions::default()
+        },
+    ] {
+        let s = pool.create_seq_with(&other).unwrap();
+        assert_eq!(pool.match_prefix(s, &prompt).unwrap(), 0);
+    }
+    // A block completed by decode, starting where the image ends.
+    let mm = pool
+        .create_seq_with(&SeqOptions {
+            mm_items: vec![MmItem {
+                offset: 0,
+                length: 4,
+                hash: "img".into(),
+            }],
+            ..SeqOptions::default()
+        })
+        .unwrap();
+    pool.append(mm, &[-1, -1, -1, -1, 5, 6]).unwrap();
+    pool.append(mm, &[7]).unwrap();
+    pool.append(mm, &[8]).unwrap();
+    assert_eq!(hexes(&pool.block_hashes(mm).unwrap()), MM_DECODE_VECTOR);
 }
 
 #[test]
@@ -592,7 +661,10 @@ fn seq_ids_are_values() {
         )
         .unwrap();
     assert_eq!((info.priority, info.lora_id), (-3, 11));
-    assert!(format!("{a:?}").starts_with("SeqId("));
+    // Ids print as every pagedkv message prints them: "seq 0x" + 16 digits.
+    let shown = format!("{a:?}");
+    assert_eq!(shown, format!("seq 0x{:016x}", a.raw()));
+    assert_eq!(shown, a.to_string());
 }
 
 #[test]

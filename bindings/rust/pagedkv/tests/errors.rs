@@ -232,6 +232,14 @@ fn bad_sequence_arguments() {
     );
     assert_kind(
         pool.create_seq_with(&SeqOptions {
+            lora_name: Some("lo\0ra".into()),
+            ..SeqOptions::default()
+        }),
+        ia,
+        "lora_name",
+    );
+    assert_kind(
+        pool.create_seq_with(&SeqOptions {
             mm_items: vec![MmItem {
                 offset: 0,
                 length: 2,
