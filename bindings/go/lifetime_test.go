@@ -164,9 +164,9 @@ func TestAnotherPoolsIDIsNotFound(t *testing.T) {
 	ok(t, sa.Free())
 }
 
-// Issue 14 item 9: the default follows vLLM (an unsalted request whose item
-// hash equals a salt hits the salted blocks); StrictKeyDomains keeps them
-// apart, and HashPrefix follows the mode.
+// Issue 14 item 9: the default follows vLLM (an unsalted request whose LoRA
+// name equals a salt shares the salted first block); StrictKeyDomains keeps
+// them apart, and HashPrefix follows the mode.
 func TestStrictKeyDomains(t *testing.T) {
 	prompt := []int32{10, 11, 12, 13, 14, 15, 16, 17, 18}
 	for _, strict := range []bool{false, true} {
@@ -177,11 +177,13 @@ func TestStrictKeyDomains(t *testing.T) {
 		holder, err := p.CreateSeq(&SeqOptions{CacheSalt: "tenant-a-salt"})
 		ok(t, err)
 		ok(t, holder.Append(prompt[:8]))
-		probe, err := p.CreateSeq(&SeqOptions{MMItems: []MMItem{{Offset: 0, Length: 2, Hash: "tenant-a-salt"}}})
+		// An adapter name reads like the salt in the first block (the name
+		// keys every block, the salt only the first).
+		probe, err := p.CreateSeq(&SeqOptions{LoraName: "tenant-a-salt"})
 		ok(t, err)
 		hit, err := probe.MatchPrefix(prompt)
 		ok(t, err)
-		want := 8
+		want := 4
 		if strict {
 			want = 0
 		}

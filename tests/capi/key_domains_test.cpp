@@ -1,8 +1,9 @@
-// Cache salts and multimodal item hashes (issue 14 item 9): in vLLM's key
-// encoding both are bare text extra keys, so an unsalted request whose item
-// hash equals a tenant's salt hits that tenant's blocks. The default keeps
-// that encoding (byte-compatible with vLLM); strict_key_domains separates
-// the two.
+// Cache salts, LoRA names and multimodal item hashes (issue 14 item 9): in
+// vLLM's key encoding a salt and a LoRA name are both bare text extra keys,
+// so an unsalted request whose adapter name equals a tenant's salt shares
+// that tenant's first block (older vLLM encoded item hashes bare too; current
+// vLLM makes them [hash, offset] pairs, which no salt equals). The default
+// keeps vLLM's encoding; strict_key_domains separates every domain.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -70,13 +71,19 @@ struct Requests {
   }
 };
 
-TEST(KeyDomains, DefaultFollowsVllmWhereAnItemHashCanEqualASalt) {
+TEST(KeyDomains, DefaultFollowsVllmWhereALoraNameCanEqualASalt) {
   pkv_pool* p = make_pool(0);
   Requests r;
   holder(p, &r.salted);
   EXPECT_EQ(hit(p, &r.salted), 32u);     // same tenant
   EXPECT_EQ(hit(p, &r.other_salt), 0u);  // another tenant
-  EXPECT_EQ(hit(p, &r.aimed), 32u);      // vLLM's encoding: the salt's blocks
+  EXPECT_EQ(hit(p, &r.aimed), 0u);       // an item key is a [hash, offset] pair
+  pkv_seq_options named;
+  pkv_seq_options_init(&named);
+  named.lora_name = "tenant-a-salt";
+  // vLLM's encoding: the name reads like the salt in the first block (it
+  // keys every block, the salt only the first).
+  EXPECT_EQ(hit(p, &named), 16u);
   pkv_pool_destroy(p);
 }
 
@@ -147,6 +154,20 @@ TEST(KeyDomains, HashPrefixFollowsTheMode) {
   EXPECT_EQ(pkv_hash_prefix(&ho, nullptr, 0, nullptr, 0, &n), PKV_E_INVALID_ARGUMENT);
   EXPECT_NE(std::string(pkv_last_error_message()).find("opts->strict_key_domains"),
             std::string::npos);
+}
+
+TEST(KeyDomains, StrictModeSeparatesLoraNamesFromSalts) {
+  pkv_pool* p = make_pool(1);
+  Requests r;
+  holder(p, &r.salted);
+  pkv_seq_options named;
+  pkv_seq_options_init(&named);
+  named.lora_name = "tenant-a-salt";
+  EXPECT_EQ(hit(p, &named), 0u);
+  pkv_seq_id own = holder(p, &named);  // names still share with names
+  EXPECT_EQ(hit(p, &named), 32u);
+  EXPECT_EQ(pkv_seq_free(p, own), PKV_OK);
+  pkv_pool_destroy(p);
 }
 
 }  // namespace

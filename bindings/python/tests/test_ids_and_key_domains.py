@@ -1,5 +1,5 @@
-"""Issue 14: sequence ids name their pool; salts and multimodal item hashes
-in vLLM's key encoding versus strict_key_domains."""
+"""Issue 14: sequence ids name their pool; salts, LoRA names and multimodal
+item hashes in vLLM's key encoding versus strict_key_domains."""
 
 import pytest
 
@@ -35,9 +35,13 @@ def test_strict_key_domains(strict):
     prompt = list(range(100, 109))
     holder = pool.create_sequence(cache_salt="tenant-a-salt")
     holder.append(prompt[:8])
+    # vLLM's encoding: an adapter name reads like the salt in the first block
+    # (the name keys every block, the salt only the first); strict: never.
+    named = pool.create_sequence(lora_name="tenant-a-salt")
+    assert named.match_prefix(prompt) == (0 if strict else 4)
+    # Item keys are [hash, offset] pairs: no salt equals one in either mode.
     probe = pool.create_sequence(mm_items=[(0, 2, "tenant-a-salt")])
-    # vLLM's encoding: the item hash reads like the salt; strict: it does not.
-    assert probe.match_prefix(prompt) == (0 if strict else 8)
+    assert probe.match_prefix(prompt) == 0
     assert pool.hash_prefix(prompt[:8], cache_salt="tenant-a-salt") == holder.block_hashes()
     assert (
         pagedkv.hash_prefix(prompt[:8], block_size=4, cache_salt="tenant-a-salt", strict_key_domains=strict)

@@ -70,12 +70,13 @@ typedef struct pkv_pool_options {
   int32_t device_id;       /* CUDA ordinal; 0 for CPU */
   uint32_t num_threads;    /* CPU kernel threads; 0 = hardware concurrency */
   /* Appended (read only when struct_size covers it; older callers get 0). */
-  uint32_t strict_key_domains; /* 1 = a cache salt and a multimodal item hash
-                              never hash alike (blocks of such pools differ
-                              from vLLM's). 0 (default) = vLLM's encoding,
-                              where an unsalted request whose item hash
-                              equals a salt shares that salt's blocks: keep
-                              salts secret and high-entropy and never take
+  uint32_t strict_key_domains; /* 1 = a cache salt, a LoRA name and a
+                              multimodal item hash never hash alike (blocks
+                              of such pools differ from vLLM's). 0 (default)
+                              = vLLM's encoding, where an unsalted request
+                              whose LoRA name equals a salt shares that
+                              salt's first block: keep salts secret and
+                              high-entropy and never take adapter names or
                               item hashes from tenants (README, "Cache
                               salts"). */
 } pkv_pool_options;
