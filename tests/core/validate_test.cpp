@@ -91,13 +91,8 @@ TEST_F(Validate, NullBlockTouched) {
 // found the tail exclusive again let decode appends count slots on top of the
 // stale fill (fill 9 in an 8-token block, kv_bytes_wasted wrapping).
 TEST(ValidateStats, TruncatedSharedTailGetsItsOwnFillBack) {
-  PoolOptions o = test::manager_options(8, 16);
+  PoolOptions o = test::storage_options(8, 16, 64);
   o.enable_prefix_caching = false;
-  o.num_layers = 1;
-  o.num_kv_heads = 1;
-  o.head_dim = 64;
-  o.dtype = DType::kF32;
-  o.num_threads = 1;
   auto pool = Pool::create(o);
   SeqId a = pool->seq_create({});
   test::append(*pool, a, test::iota_tokens(13));
