@@ -345,6 +345,7 @@ void Pool::run_pending_copies(void* stream) {
   };
   auto flush = [&] {
     if (copy_src_.empty()) return;
+    std::unique_lock<std::shared_mutex> kv(kv_mu_);
     backend_->copy_blocks(arena_, copy_src_.data(), copy_dst_.data(), int64_t(copy_src_.size()),
                           stream);
     copy_src_.clear();
@@ -373,6 +374,7 @@ void Pool::copy_blocks(const int32_t* src, const int32_t* dst, uint64_t n, void*
   check_block_ids(src, n, "src");
   check_block_ids(dst, n, "dst");
   run_pending_copies(stream);
+  std::unique_lock<std::shared_mutex> kv(kv_mu_);
   if (n) backend_->copy_blocks(arena_, src, dst, int64_t(n), stream);
 }
 
@@ -387,8 +389,25 @@ void Pool::swap_blocks(const int32_t* ids, uint64_t n, void* host, uint64_t host
   if (__builtin_mul_overflow(n, bytes_per_block_, &need) || host_bytes < need)
     fail(Errc::kInvalidArgument, "host_bytes " + str(host_bytes) + " is below num_blocks * " +
                                      str(bytes_per_block_) + " bytes per block");
+  // The moved bytes must not wrap the address space or overlap the blocks
+  // themselves (the pool's own storage handed back as the host buffer).
+  const uintptr_t h = reinterpret_cast<uintptr_t>(host),
+                  a = reinterpret_cast<uintptr_t>(arena_.base);
+  const uintptr_t a_end = a + size_t(2) * size_t(arena_.num_layers) * arena_.layout.layer_bytes();
+  uintptr_t h_end;
+  if (__builtin_add_overflow(h, need, &h_end))
+    fail(Errc::kInvalidArgument,
+         "host_buffer + num_blocks * bytes_per_block wraps the address space");
+  if (n && h < a_end && a < h_end)
+    fail(Errc::kInvalidArgument, "host_buffer overlaps the pool's KV storage");
   run_pending_copies(stream);
-  if (n) backend_->swap(arena_, ids, int64_t(n), host, to_host, stream);
+  if (to_host) {
+    std::shared_lock<std::shared_mutex> kv(kv_mu_);
+    if (n) backend_->swap(arena_, ids, int64_t(n), host, true, stream);
+  } else {
+    std::unique_lock<std::shared_mutex> kv(kv_mu_);
+    if (n) backend_->swap(arena_, ids, int64_t(n), host, false, stream);
+  }
 }
 
 }  // namespace pagedkv

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -170,6 +171,11 @@ class Pool {
   }
 
   mutable std::mutex mu_;
+  // Orders the kernels that touch the KV arena (docs/threading.md): writers
+  // (cache writes, block copies, swap-in) exclusive, readers (attention,
+  // swap-out) shared, so no read of a block races a write to it from
+  // another thread. Taken after mu_ or with mu_ released, never before mu_.
+  mutable std::shared_mutex kv_mu_;
   int bs_shift_ = -1;
   bool closed_ = false;
   PoolOptions opts_;

@@ -25,6 +25,19 @@ PlanView view_at(const char* base, const size_t* off, const BatchInfo& info) {
   return v;
 }
 
+// The bytes of every layer's K and V planes: no output may land there
+// (attention holds the KV lock shared, so other readers run alongside).
+ByteSpan arena_span(const KvArena& a) {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(a.base);
+  return ByteSpan{b, b + size_t(2) * size_t(a.num_layers) * a.layout.layer_bytes()};
+}
+
+// Layer l's K and V planes (adjacent).
+ByteSpan layer_span(const KvArena& a, uint32_t l) {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(a.plane(int32_t(l), 0));
+  return ByteSpan{b, b + 2 * a.layout.layer_bytes()};
+}
+
 }  // namespace
 
 std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const SeqId* seqs,
@@ -96,7 +109,10 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
     off += (sizes[a] + 7) & ~size_t(7);
   }
   b->bytes_ = off;
-  b->host_.assign(off / 8, 0);
+  // Two copies of the arrays: the kernels read the first, callers get the
+  // second (plan_tensor), so nothing a caller writes into a plan array can
+  // move a kernel's reads or writes out of bounds (DESIGN.md section 9).
+  b->host_.assign(2 * off / 8, 0);
   char* base = reinterpret_cast<char*>(b->host_.data());
   int64_t* slots = reinterpret_cast<int64_t*>(base + b->offsets_[0]);
   int32_t* qptr = reinterpret_cast<int32_t*>(base + b->offsets_[1]);
@@ -118,14 +134,15 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
     last[i] = int32_t(n - (np - 1) * bs);
     ctx[i] = int32_t(n);
   }
+  std::memcpy(base + off, base, off);
   b->host_view_ = view_at(base, b->offsets_, info);
 
   if (p.backend_ && p.backend_->device_type() != kDeviceCpu) {
-    b->device_ = p.backend_->allocate_async(b->bytes_, stream);
+    b->device_ = p.backend_->allocate_async(2 * b->bytes_, stream);
     b->stream_ = stream;
     try {
       p.run_pending_copies(stream);
-      p.backend_->upload(b->device_, base, b->bytes_, stream);
+      p.backend_->upload(b->device_, base, 2 * b->bytes_, stream);
     } catch (...) {
       p.backend_->deallocate_async(b->device_, stream);
       b->device_ = nullptr;
@@ -158,7 +175,7 @@ TensorArg Batch::plan_tensor(uint32_t which) const {
   TensorArg t;
   const char* base =
       device_ ? static_cast<const char*>(device_) : reinterpret_cast<const char*>(host_.data());
-  t.data = const_cast<char*>(base + offsets_[which]);
+  t.data = const_cast<char*>(base + bytes_ + offsets_[which]);  // the callers' copy
   t.dtype = which == 0 ? uint32_t(DType::kI64) : uint32_t(DType::kI32);
   t.device_type = pool_->opts_.device_type;
   t.device_id = pool_->opts_.device_id;
@@ -196,13 +213,20 @@ void Batch::write(uint32_t layer, const TensorArg* k, const TensorArg* v, void* 
                 int64_t(info_.num_tokens),
                 int64_t(o.num_kv_heads),
                 int64_t(o.head_dim)};
-  Tensor3 k3 = check_rows(k, "k", spec);
-  Tensor3 v3 = check_rows(v, "v", spec);
+  ByteSpan ks, vs;
+  Tensor3 k3 = check_rows(k, "k", spec, &ks);
+  Tensor3 v3 = check_rows(v, "v", spec, &vs);
+  // k and v may be read from other layers' storage (the write holds the
+  // KV lock exclusively), not from the planes this write fills.
+  const ByteSpan dst = layer_span(p.arena_, layer);
+  check_disjoint(ks, "k", dst, "the pool's KV storage of the layer it writes");
+  check_disjoint(vs, "v", dst, "the pool's KV storage of the layer it writes");
   // The kernel runs outside the lock (docs/threading.md): it holds the
   // storage, so a pool destroyed meanwhile frees it only when this returns.
   const KvArena arena = p.arena_;
   const std::shared_ptr<void> hold = p.arena_hold_;
   lock.unlock();
+  std::unique_lock<std::shared_mutex> kv_lock(p.kv_mu_);
   p.backend_->write(arena, int32_t(layer), view_, k3, v3, stream);
 }
 
@@ -234,18 +258,29 @@ void Batch::attend(uint32_t layer, const TensorArg* q, const TensorArg* out, con
               int64_t(info_.num_tokens),
               -int64_t(o.num_kv_heads),
               int64_t(o.head_dim)};
-  Tensor3 q3 = check_rows(q, "q", qs);
-  RowsSpec os{o.dtype, o.device_type, o.device_id, q3.n0, q3.n1, q3.n2};
-  Tensor3 out3 = check_rows(out, "out", os);
+  ByteSpan q_span, out_span, lse_span;
+  Tensor3 q3 = check_rows(q, "q", qs, &q_span);
+  RowsSpec os{o.dtype, o.device_type, o.device_id, q3.n0, q3.n1, q3.n2, true};
+  Tensor3 out3 = check_rows(out, "out", os, &out_span);
+  const ByteSpan kv = arena_span(p.arena_);
+  check_disjoint(out_span, "out", q_span, "q");
+  check_disjoint(out_span, "out", kv, "the pool's KV storage");
   AttentionArgs args{};
   args.softmax_scale =
       params.softmax_scale != 0 ? params.softmax_scale : 1.0f / std::sqrt(float(o.head_dim));
   args.sliding_window = int32_t(params.sliding_window);
   args.logit_softcap = params.logit_softcap;
-  if (lse) args.lse = check_lse(lse, o.device_type, o.device_id, q3.n0, q3.n1, &args.lse_stride0);
+  if (lse) {
+    args.lse =
+        check_lse(lse, o.device_type, o.device_id, q3.n0, q3.n1, &args.lse_stride0, &lse_span);
+    check_disjoint(lse_span, "lse", q_span, "q");
+    check_disjoint(lse_span, "lse", out_span, "out");
+    check_disjoint(lse_span, "lse", kv, "the pool's KV storage");
+  }
   const KvArena arena = p.arena_;
   const std::shared_ptr<void> hold = p.arena_hold_;  // as in write()
   lock.unlock();
+  std::shared_lock<std::shared_mutex> kv_lock(p.kv_mu_);
   p.backend_->attend(arena, int32_t(layer), view_, q3, out3, args, stream);
 }
 

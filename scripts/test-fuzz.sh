@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Bounded libFuzzer run of the operation-sequence harness (tests/fuzz/):
-# configures a clang build with ASan+UBSan and libFuzzer coverage, builds
-# fuzz_ops only, fuzzes for PKV_FUZZ_SECONDS (default 120) starting from the
-# committed seed corpus, and fails on any crash, leak, timeout or model
-# disagreement. Skips (exit 0, with a notice) when clang cannot link
-# -fsanitize=fuzzer. Long runs: tests/fuzz/README.md.
+# Bounded libFuzzer runs of the two harnesses (tests/fuzz/): configures a
+# clang build with ASan+UBSan and libFuzzer coverage, builds fuzz_ops and
+# fuzz_tensors only, fuzzes the operation-sequence harness for
+# PKV_FUZZ_SECONDS (default 120) and the tensor/attention entry-point harness
+# for PKV_FUZZ_TENSOR_SECONDS (default 30), each from its committed seed
+# corpus, and fails on any crash, leak, timeout or disagreement. Skips (exit
+# 0, with a notice) when clang cannot link -fsanitize=fuzzer. Long runs:
+# tests/fuzz/README.md.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PKV_FUZZ_BUILD_DIR:-$root/build-fuzz}
 seconds=${PKV_FUZZ_SECONDS:-120}
+tensor_seconds=${PKV_FUZZ_TENSOR_SECONDS:-30}
 cc=${PKV_FUZZ_CC:-clang}
 cxx=${PKV_FUZZ_CXX:-clang++}
 
@@ -31,24 +34,31 @@ CC=$cc CXX=$cxx cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWith
   -DPAGEDKV_CUDA=OFF -DPAGEDKV_BUILD_BENCH=OFF -DPAGEDKV_BUILD_BINDINGS=OFF \
   -DPAGEDKV_BUILD_EXAMPLES=OFF -DPAGEDKV_SANITIZE=address -DPAGEDKV_FUZZER=ON \
   -DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link -DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link >/dev/null
-cmake --build "$build" -j"$(nproc)" --target fuzz_ops
+cmake --build "$build" -j"$(nproc)" --target fuzz_ops fuzz_tensors
 
-work="$build/fuzz-work"
-mkdir -p "$work/corpus" "$work/artifacts"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-# New inputs go to the scratch corpus; the committed seeds are only read.
-# -timeout: one input running over 10 s is reported as a hang.
-status=0
-"$build/tests/fuzz/fuzz_ops" "$work/corpus" "$root/tests/fuzz/corpus" \
-  -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
-  -artifact_prefix="$work/artifacts/" -print_final_stats=1 >"$work/log.txt" 2>&1 || status=$?
-grep -E "^#[0-9]+ +(INITED|DONE)|stat::number_of_executed_units|stat::peak_rss|ERROR|SUMMARY|pkv_fuzz|Test unit written" \
-  "$work/log.txt" || true
-if [ "$status" -ne 0 ]; then
-  echo "test-fuzz: fuzz_ops failed (exit $status); log: $work/log.txt, reproducer in $work/artifacts/"
-  echo "  replay: $build/tests/fuzz/fuzz_ops $work/artifacts/<file>  (PKV_FUZZ_TRACE=1 prints the ops)"
-  tail -40 "$work/log.txt"
-  exit 1
-fi
-echo "test-fuzz: no crash in ${seconds}s"
+
+# fuzz TARGET SEEDS SECONDS: new inputs go to a scratch corpus; the committed
+# seeds are only read. -timeout: one input running over 10 s is a hang.
+fuzz() {
+  local target=$1 seeds=$2 secs=$3
+  local work="$build/fuzz-work/$target"
+  mkdir -p "$work/corpus" "$work/artifacts"
+  local status=0
+  "$build/tests/fuzz/$target" "$work/corpus" "$seeds" \
+    -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
+    -artifact_prefix="$work/artifacts/" -print_final_stats=1 >"$work/log.txt" 2>&1 || status=$?
+  grep -E "^#[0-9]+ +(INITED|DONE)|stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss|ERROR|SUMMARY|pkv_fuzz|Test unit written" \
+    "$work/log.txt" || true
+  if [ "$status" -ne 0 ]; then
+    echo "test-fuzz: $target failed (exit $status); log: $work/log.txt, reproducer in $work/artifacts/"
+    echo "  replay: $build/tests/fuzz/$target $work/artifacts/<file>  (PKV_FUZZ_TRACE=1 prints fuzz_ops' ops)"
+    tail -40 "$work/log.txt"
+    exit 1
+  fi
+  echo "test-fuzz: $target: no crash in ${secs}s"
+}
+
+fuzz fuzz_ops "$root/tests/fuzz/corpus" "$seconds"
+fuzz fuzz_tensors "$root/tests/fuzz/corpus_tensors" "$tensor_seconds"

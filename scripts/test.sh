@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The test command: sets up, builds, and runs every test (C++, C, Python,
-# Rust, Go, examples) with CTest; then the sanitizer and fuzz stages.
+# Rust, Go, examples) with CTest; then the install paths (test-install.sh),
+# the sanitizer and fuzz stages.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$root/scripts/setup.sh"
 bash "$root/scripts/build.sh"
 ctest --test-dir "$root/build" --output-on-failure -j"$(nproc)" --timeout 600
+# The user's paths: install to a temporary prefix and build C, Rust and Go
+# programs against it from outside the tree; pip install into a fresh venv.
+bash "$root/scripts/test-install.sh"
 if [ -x "$root/scripts/test-sanitizers.sh" ]; then
   bash "$root/scripts/test-sanitizers.sh"
 fi

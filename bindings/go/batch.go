@@ -20,10 +20,8 @@ type Batch struct {
 	mu   sync.Mutex
 	ptr  *C.pkv_batch
 	info BatchInfo
-	// pool keeps the *Pool reachable while the batch is: its finalizer must
-	// not destroy the pool under a goroutine still using the batch (the
-	// library would keep the storage alive, but every batch call would then
-	// fail with ErrInvalidState although the program never closed the pool).
+	// pool keeps the Pool reachable while the batch is: its finalizer must
+	// not destroy the pool under a batch still in use on some goroutine.
 	pool *Pool
 
 	dtype      DType
@@ -185,7 +183,9 @@ const (
 
 // PlanTensor describes one of the plan's arrays on the pool's device, for
 // engines bringing their own kernels. The memory belongs to the batch: it
-// is valid until Close.
+// is valid until Close, and read-only (the library's kernels use their own
+// copy, so writing into it through Data only misleads the writer).
+// PlanInt32s and SlotMapping return copies.
 func (b *Batch) PlanTensor(which PlanArray) (Tensor, error) {
 	const op = "pkv_batch_plan_tensor"
 	ptr, err := b.acquire(op)

@@ -1,7 +1,8 @@
 package pagedkv
 
+// Which libpagedkv is linked: link_shared.go / link_static.go.
+
 /*
-#cgo pkg-config: pagedkv
 #include "shim.h"
 */
 import "C"

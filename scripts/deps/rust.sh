@@ -7,6 +7,19 @@
 # no config is written and cargo uses crates.io as usual.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+
+# The toolchain: rustup's cargo where there is one (the CI image), else
+# Debian's `cargo` package (rustc 1.63 on bookworm, the crates'
+# rust-version), so that a fresh Debian machine runs the Rust tests instead
+# of skipping them.
+if ! command -v cargo >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ] &&
+  ! dpkg-query -W -f='${Status}' cargo 2>/dev/null | grep -q "install ok installed"; then
+  sudo=""
+  if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then sudo=sudo; fi
+  echo "rust.sh: no cargo found; installing Debian's cargo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends cargo >/dev/null
+fi
 cfg_dir=$root/bindings/rust/.cargo
 registry=${PAGEDKV_CARGO_REGISTRY_DIR:-/usr/share/cargo/registry}
 

@@ -3,6 +3,7 @@
 // invariant must hold and every block must be back.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <random>
 #include <thread>
@@ -104,21 +105,27 @@ TEST(Threads, EightThreadsOnOnePoolKeepEveryInvariant) {
 
 namespace {
 
-// Kernels run outside the pool lock (docs/threading.md): four threads each
-// step their own sequences (append, prepare, write, attention) on one
-// storage pool while the others do the same.
-TEST(Threads, ConcurrentStepsOnOneStoragePool) {
+// A CPU f32 pool: blocks of 16 tokens, 2 KV heads of 64, 2 kernel threads.
+pkv_pool* storage_pool(uint64_t num_blocks, uint32_t num_layers) {
   pkv_pool_options o;
   pkv_pool_options_init(&o);
   o.block_size = 16;
-  o.num_blocks = 129;
-  o.num_layers = 2;
+  o.num_blocks = num_blocks;
+  o.num_layers = num_layers;
   o.num_kv_heads = 2;
   o.head_dim = 64;
   o.dtype = PKV_DTYPE_F32;
   o.num_threads = 2;
   pkv_pool* pool = nullptr;
-  ASSERT_EQ(pkv_pool_create(&o, &pool), PKV_OK) << pkv_last_error_message();
+  return pkv_pool_create(&o, &pool) == PKV_OK ? pool : nullptr;
+}
+
+// Kernels run outside the pool lock (docs/threading.md): four threads each
+// step their own sequences (append, prepare, write, attention) on one
+// storage pool while the others do the same.
+TEST(Threads, ConcurrentStepsOnOneStoragePool) {
+  pkv_pool* pool = storage_pool(129, 2);
+  ASSERT_NE(pool, nullptr) << pkv_last_error_message();
   std::atomic<int> unexpected{0};
   auto worker = [&](int t) {
     std::mt19937 rng(t);
@@ -169,6 +176,68 @@ TEST(Threads, ConcurrentStepsOnOneStoragePool) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(unexpected.load(), 0) << pkv_last_error_message();
   EXPECT_EQ(pkv_pool_validate(pool), PKV_OK) << pkv_last_error_message();
+  pkv_pool_destroy(pool);
+}
+
+}  // namespace
+
+namespace {
+
+// Issue 14 item 7: a block read (swap-out, which the bindings' read_kv_block
+// uses) racing cache writes to that block on another thread. Cache writes
+// hold the pool's KV lock exclusively and reads hold it shared, so a read
+// sees one write's values or the next's, never a mix (and TSan sees no race).
+TEST(Threads, BlockReadsNeverSeeATornCacheWrite) {
+  pkv_pool* pool = storage_pool(4, 1);
+  ASSERT_NE(pool, nullptr) << pkv_last_error_message();
+  pkv_seq_id s = 0;
+  ASSERT_EQ(pkv_seq_create(pool, nullptr, &s), PKV_OK);
+  std::vector<int32_t> tokens(16);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i * 7 + 3);
+  ASSERT_EQ(pkv_seq_append(pool, s, tokens.data(), tokens.size(), 0), PKV_OK);
+  int32_t block = -1;
+  uint64_t n = 0;
+  ASSERT_EQ(pkv_seq_get_block_table(pool, s, &block, 1, &n), PKV_OK);
+  uint32_t q = 16;
+  pkv_batch* b = nullptr;
+  ASSERT_EQ(pkv_batch_prepare(pool, &s, &q, 1, nullptr, &b), PKV_OK);
+  uint64_t bpb = 0;
+  ASSERT_EQ(pkv_pool_bytes_per_block(pool, &bpb), PKV_OK);
+
+  std::atomic<bool> done{false};
+  std::atomic<int> failures{0}, torn{0};
+  std::thread writer([&] {
+    std::vector<float> kv(16 * 2 * 64);
+    const int64_t shape[3] = {16, 2, 64};
+    pkv_tensor t;
+    pkv_tensor_init(kv.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 3, shape, &t);
+    for (int i = 1; i <= 400; ++i) {
+      std::fill(kv.begin(), kv.end(), float(i));
+      if (pkv_cache_write(b, 0, &t, &t, nullptr) != PKV_OK) ++failures;
+    }
+    done = true;
+  });
+  std::vector<float> host(bpb / sizeof(float));
+  int reads = 0;
+  while (!done || reads < 10) {
+    if (pkv_pool_swap_blocks(pool, &block, 1, host.data(), bpb, PKV_SWAP_OUT, nullptr) != PKV_OK) {
+      ++failures;
+      break;
+    }
+    ++reads;
+    for (float x : host)
+      if (x != host[0]) {
+        ++torn;
+        break;
+      }
+  }
+  writer.join();
+  EXPECT_EQ(failures.load(), 0) << pkv_last_error_message();
+  EXPECT_EQ(torn.load(), 0) << "of " << reads << " reads";
+  ASSERT_EQ(pkv_pool_swap_blocks(pool, &block, 1, host.data(), bpb, PKV_SWAP_OUT, nullptr), PKV_OK);
+  EXPECT_EQ(host[0], 400.f);
+  EXPECT_EQ(host.back(), 400.f);
+  pkv_batch_destroy(b);
   pkv_pool_destroy(pool);
 }
 

@@ -1,4 +1,5 @@
-// libFuzzer entry point: every input is one operation sequence on a fresh pool.
+// libFuzzer entry point of both harnesses (ops_harness.cpp, tensor_harness.cpp):
+// every input runs on a fresh pool.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -13,7 +14,7 @@ void print_totals() {
   const pkv_fuzz::Counters& c = pkv_fuzz::counters();
   std::fprintf(stderr,
                "pkv_fuzz totals: %llu inputs, %llu operations, %llu expected error statuses, "
-               "%llu validates, %llu attention rows checked\n",
+               "%llu validates, %llu results checked (attention rows; accepted tensor calls)\n",
                (unsigned long long)c.inputs, (unsigned long long)c.ops,
                (unsigned long long)c.failed_calls, (unsigned long long)c.validates,
                (unsigned long long)c.attention_checked);

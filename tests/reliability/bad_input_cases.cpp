@@ -84,6 +84,14 @@ pkv_status attend_lse(Env& e, pkv_tensor l) {
 pkv_status attend_params(Env& e, pkv_attention_params p) {
   return pkv_attention_forward(e.batch, 0, &e.qt, &e.ot, nullptr, &p, nullptr);
 }
+// A descriptor of the pool's own layer-0 K storage shaped like t.
+pkv_tensor in_kv_storage(Env& e, pkv_tensor t) {
+  pkv_tensor kv;
+  must(pkv_pool_kv_tensor(e.pool, 0, PKV_KV_KEY, &kv), "kv_tensor");
+  t.data = kv.data;
+  return t;
+}
+char* misaligned(std::vector<float>& buf) { return reinterpret_cast<char*>(buf.data()) + 2; }
 pkv_attention_params aparams() {
   pkv_attention_params p;
   pkv_attention_params_init(&p);
@@ -388,6 +396,14 @@ std::vector<Case> make_cases() {
         S("pkv_pool_swap_blocks", PKV_CLASS_CAPACITY,
           "host_bytes below num_blocks * bytes per block", kInv, "host_bytes", int32_t b = 1;
           return pkv_pool_swap_blocks(e.pool, &b, 1, e.k.data(), 64, PKV_SWAP_IN, nullptr);),
+        S("pkv_pool_swap_blocks", PKV_CLASS_ALIAS, "host_buffer inside the pool's KV storage", kInv,
+          "host_buffer overlaps", int32_t b = 1;
+          void* h = in_kv_storage(e, e.kt).data;
+          return pkv_pool_swap_blocks(e.pool, &b, 1, h, 1 << 20, PKV_SWAP_IN, nullptr);),
+        S("pkv_pool_swap_blocks", PKV_CLASS_OVERFLOW, "host_buffer + host_bytes wraps", kInv,
+          "wraps", int32_t b = 1;
+          void* h = reinterpret_cast<void*>(~uintptr_t(0) - 4095);
+          return pkv_pool_swap_blocks(e.pool, &b, 1, h, 1 << 20, PKV_SWAP_OUT, nullptr);),
         S("pkv_pool_swap_blocks", PKV_CLASS_STATE, "pool without storage", kState, "storage",
           int32_t b = 1;
           return pkv_pool_swap_blocks(e.mgr, &b, 1, e.k.data(), 1 << 20, PKV_SWAP_OUT, nullptr);),
@@ -606,6 +622,18 @@ std::vector<Case> make_cases() {
         S("pkv_cache_write", PKV_CLASS_STRIDE, "k negative row stride", kInv, "stride",
           pkv_tensor k = e.kt;
           k.strides[0] = -128; return write_k(e, k);),
+        S("pkv_cache_write", PKV_CLASS_OVERFLOW, "k strides {2^62, 64, 1}: extent overflows int64",
+          kInv, "k's extent", pkv_tensor k = e.kt;
+          k.strides[0] = int64_t(k2_62); k.strides[1] = 64; k.strides[2] = 1;
+          return write_k(e, k);),
+        S("pkv_cache_write", PKV_CLASS_OVERFLOW, "k byte_offset 2^64 - 64: address wraps", kInv,
+          "k->byte_offset", pkv_tensor k = e.kt;
+          k.byte_offset = ~uint64_t(0) - 63; return write_k(e, k);),
+        S("pkv_cache_write", PKV_CLASS_ALIGN, "v data at an f32 buffer + 2 bytes", kInv,
+          "v->data + byte_offset is not aligned", pkv_tensor v = e.vt;
+          v.data = misaligned(e.v); return pkv_cache_write(e.batch, 0, &e.kt, &v, nullptr);),
+        S("pkv_cache_write", PKV_CLASS_ALIAS, "k inside the storage of the layer it writes", kInv,
+          "k overlaps the pool's KV storage", return write_k(e, in_kv_storage(e, e.kt));),
         with_setup(S("pkv_cache_write", PKV_CLASS_STATE, "plan stale (a sequence appended since)",
                      kState, "stale", return pkv_cache_write(e.batch, 0, &e.kt, &e.vt, nullptr);),
                    append_to_a),
@@ -655,6 +683,35 @@ std::vector<Case> make_cases() {
         S("pkv_attention_forward", PKV_CLASS_STRIDE, "lse head stride 4", kInv,
           "lse has head stride", pkv_tensor l = e.lt;
           l.strides[1] = 4; return attend_lse(e, l);),
+        S("pkv_attention_forward", PKV_CLASS_OVERFLOW, "q strides {2^62, 64, 1}: extent overflows",
+          kInv, "q's extent", pkv_tensor q = e.qt;
+          q.strides[0] = int64_t(k2_62); q.strides[1] = 64; q.strides[2] = 1;
+          return attend_q(e, q);),
+        S("pkv_attention_forward", PKV_CLASS_OVERFLOW, "out byte_offset 2^64 - 64: address wraps",
+          kInv, "out->byte_offset", pkv_tensor o = e.ot;
+          o.byte_offset = ~uint64_t(0) - 63; return attend_out(e, o);),
+        S("pkv_attention_forward", PKV_CLASS_ALIGN, "lse (f32) data at buffer + 2 bytes", kInv,
+          "lse->data + byte_offset is not aligned", pkv_tensor l = e.lt;
+          l.data = misaligned(e.lse); return attend_lse(e, l);),
+        S("pkv_attention_forward", PKV_CLASS_ABSURD, "q, out with 2^32 heads per KV head", kInv,
+          "heads, more than 2^31 - 1", pkv_tensor q = e.qt;
+          pkv_tensor o = e.ot; q.shape[1] = o.shape[1] = int64_t(1) << 33;
+          q.strides[0] = o.strides[0] = 256; q.strides[1] = o.strides[1] = 0;
+          q.strides[2] = o.strides[2] = 1;
+          return pkv_attention_forward(e.batch, 0, &q, &o, nullptr, nullptr, nullptr);),
+        S("pkv_attention_forward", PKV_CLASS_ALIAS, "out row stride 0: all rows alias", kInv,
+          "out is an output whose elements overlap", pkv_tensor o = e.ot;
+          o.strides[0] = 0; o.strides[1] = 64; o.strides[2] = 1; return attend_out(e, o);),
+        S("pkv_attention_forward", PKV_CLASS_ALIAS, "lse row stride 0: all rows alias", kInv,
+          "lse is an output whose elements overlap", pkv_tensor l = e.lt;
+          l.strides[0] = 0; l.strides[1] = 1; return attend_lse(e, l);),
+        S("pkv_attention_forward", PKV_CLASS_ALIAS, "out = q (in place)", kInv, "out overlaps q",
+          return attend_out(e, e.qt);),
+        S("pkv_attention_forward", PKV_CLASS_ALIAS, "lse inside out", kInv, "lse overlaps out",
+          pkv_tensor l = e.lt;
+          l.data = e.out.data(); return attend_lse(e, l);),
+        S("pkv_attention_forward", PKV_CLASS_ALIAS, "out inside the pool's KV storage", kInv,
+          "out overlaps the pool's KV storage", return attend_out(e, in_kv_storage(e, e.ot));),
         S("pkv_attention_forward", PKV_CLASS_STRUCT, "params->struct_size = 0", kInv, "struct_size",
           pkv_attention_params p = aparams();
           p.struct_size = 0; return attend_params(e, p);),

@@ -57,6 +57,9 @@ struct Env {
 #define PKV_CLASS_STATE "wrong state"
 #define PKV_CLASS_CAPACITY "buffer too small"
 #define PKV_CLASS_EXHAUSTED "not enough blocks"
+#define PKV_CLASS_OVERFLOW "extent overflow"
+#define PKV_CLASS_ALIGN "misaligned"
+#define PKV_CLASS_ALIAS "aliasing"
 
 struct Case {
   const char* fn;      // C function

@@ -88,8 +88,9 @@ class Batch(HandleOwner):
         return self._info.num_seqs
 
     def plan(self, which: Union[PlanArray, int]) -> TensorView:
-        """A zero-copy view of one plan array (on the pool's device); it
-        keeps the plan alive while in use."""
+        """A zero-copy, read-only view of one plan array (on the pool's
+        device); it keeps the plan alive while in use. The arrays are the
+        callers' copy: the library's kernels keep their own."""
         ptr = self._h.acquire()
         try:
             with self._lock:
@@ -97,7 +98,7 @@ class Batch(HandleOwner):
         except BaseException:
             self._h.release()
             raise
-        return TensorView(t, self._h)
+        return TensorView(t, self._h, readonly=True)
 
     def plan_arrays(self) -> Dict[str, TensorView]:
         """Every plan array by lower-case name (slot_mapping, query_indptr,

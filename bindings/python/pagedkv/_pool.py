@@ -248,10 +248,15 @@ class Pool(HandleOwner):
         cache_salt: Optional[str] = None,
         mm_items: Iterable[MMItemLike] = (),
         lora_name: Optional[str] = None,
+        owned: bool = True,
     ) -> Sequence:
         """A new empty sequence. It is freed by free(), by leaving its `with`
-        block, or when the Sequence object is garbage collected. lora_name
-        keys its blocks by LoRA adapter name, as current vLLM does."""
+        block, by closing the pool, or (owned=True, the default) when the
+        returned Sequence object is garbage collected. An engine that keeps
+        only ``seq.id`` passes owned=False (or calls ``seq.detach()``): the
+        pool then owns the sequence until it is freed explicitly, and
+        ``pool.sequence(id)`` gives a handle back. lora_name keys its blocks
+        by LoRA adapter name, as current vLLM does."""
         opts = {
             "priority": int(priority),
             "lora_id": int(lora_id),
@@ -259,7 +264,17 @@ class Pool(HandleOwner):
             "cache_salt": cache_salt,
             "mm_items": mm_tuples(mm_items),
         }
-        return Sequence(self, self._call(_c.pkv_seq_create, opts))
+        return Sequence(self, self._call(_c.pkv_seq_create, opts), owned=owned)
+
+    def sequence(self, seq_id: int, *, own: bool = False) -> Sequence:
+        """A handle for an existing sequence id (NotFoundError if it is stale
+        or unknown). The handle borrows: garbage collecting it leaves the
+        sequence alone, unless own=True makes this handle its owner (freed
+        when collected, as create_sequence's). free() on any handle frees
+        the sequence."""
+        seq_id = int(seq_id)
+        self._call(_c.pkv_seq_get_info, seq_id)  # NotFoundError for a stale id
+        return Sequence(self, seq_id, owned=own)
 
     def prepare(self, seqs: Seq[Sequence], query_counts: Union[int, Seq[int]] = 1, stream: Any = None) -> Batch:
         """The step plan for seqs, each with query_counts[i] new tokens (an
@@ -318,16 +333,32 @@ class Sequence:
 
     Holds a reference to its pool, so the pool stays usable while the
     sequence lives. Freed by free() (idempotent), by leaving a `with` block,
-    or when garbage collected. Calls on a freed sequence raise NotFoundError
-    (the library sees a stale id).
+    by closing the pool, or, for an owning handle (create_sequence's and
+    fork's, unless detached), when the handle is garbage collected. A
+    borrowing handle (``pool.sequence(id)``, or after ``detach()``) never
+    frees on collection: the pool owns the sequence until it is freed
+    explicitly. Calls on a freed sequence raise NotFoundError (the library
+    sees a stale id).
     """
 
-    __slots__ = ("__weakref__", "_freed", "_id", "_pool")
+    __slots__ = ("__weakref__", "_freed", "_id", "_owned", "_pool")
 
-    def __init__(self, pool: Pool, seq_id: int) -> None:
+    def __init__(self, pool: Pool, seq_id: int, owned: bool = True) -> None:
         self._pool = pool
         self._id = int(seq_id)
         self._freed = False
+        self._owned = bool(owned)
+
+    @property
+    def owned(self) -> bool:
+        """Whether garbage collecting this handle frees the sequence."""
+        return self._owned
+
+    def detach(self) -> int:
+        """Gives the sequence to the pool (this handle no longer frees it when
+        collected) and returns its id, for engines that keep ids."""
+        self._owned = False
+        return self._id
 
     @property
     def id(self) -> int:
@@ -424,13 +455,13 @@ class Sequence:
 
     def __del__(self) -> None:
         try:
-            if not self._freed:
+            if self._owned and not self._freed:
                 self.free()
         except Exception:
             pass
 
     def __repr__(self) -> str:
-        state = "freed" if self._freed else "live"
+        state = "freed" if self._freed else "live" if self._owned else "live, borrowed"
         # "seq 0x%016x": the form every library message prints ids in.
         return f"<pagedkv.Sequence seq {self._id:#018x} {state}>"
 

@@ -333,10 +333,16 @@ class TensorView:
     library object alive until the view, and every array made from it, are
     gone. bfloat16 is described as 16-bit raw words; ``numpy()`` and
     ``torch()`` return it typed (numpy needs ml_dtypes).
+
+    A read-only view (the plan arrays) describes itself as read-only, so
+    numpy arrays over it have ``flags.writeable == False``; ``torch()``
+    returns a copy of it, torch having no read-only tensors. The library
+    never reads a plan array back from its callers' copy anyway.
     """
 
-    def __init__(self, c_tensor: Any, pin: Any) -> None:
+    def __init__(self, c_tensor: Any, pin: Any, readonly: bool = False) -> None:
         self._pin = pin  # keeps the C object alive; released with the view
+        self.readonly = bool(readonly)
         self.data: int = int(c_tensor.data or 0) + int(c_tensor.byte_offset)
         self.dtype = DType(c_tensor.dtype)
         self.device = Device(DeviceType(c_tensor.device_type), c_tensor.device_id)
@@ -359,7 +365,7 @@ class TensorView:
         return {
             "shape": self.shape,
             "typestr": code,
-            "data": (self.data, False),
+            "data": (self.data, self.readonly),
             "strides": tuple(s * item for s in self.strides),
             "version": 3,
         }
@@ -396,11 +402,13 @@ class TensorView:
         return arr
 
     def torch(self) -> Any:
-        """A torch tensor over the same memory (CPU or CUDA)."""
+        """A torch tensor over the same memory (CPU or CUDA); a copy of a
+        read-only CPU view."""
         import torch
 
         if self.device.type == DeviceType.CPU:
-            t = torch.as_tensor(np_asarray(self))
+            arr = np_asarray(self)
+            t = torch.from_numpy(arr.copy()) if self.readonly else torch.as_tensor(arr)
         else:
             t = torch.as_tensor(self, device=f"cuda:{self.device.index}")
         return t.view(torch.bfloat16) if self.dtype == DType.BF16 else t

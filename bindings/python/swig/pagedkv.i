@@ -450,10 +450,48 @@ static PyObject* pkv_py_hash_list(const pkv_block_hash* h, uint64_t n) {
 
 /* ----------------------------------------------------------- out scalars */
 
+/* Every argout appends through pkv_py_append, never SWIG's
+ * SWIG_Python_AppendOutput: SWIG 4.3 added an is_void argument to it and,
+ * for a non-void C return (our pkv_status, whose typemap leaves None), keeps
+ * that None as the first list element, so one output would come back as
+ * [None, value]. This has the same meaning on every SWIG (4.1 .. 4.5 tested):
+ * None or nothing is replaced by the first output; a second output turns the
+ * result into a list. Steals obj; on failure drops result and returns NULL. */
+%{
+static PyObject* pkv_py_append(PyObject* result, PyObject* obj) {
+  if (!obj) {
+    Py_XDECREF(result);
+    return NULL;
+  }
+  if (!result || result == Py_None) {
+    Py_XDECREF(result);
+    return obj;
+  }
+  if (!PyList_Check(result)) {
+    PyObject* list = PyList_New(1);
+    if (!list) {
+      Py_DECREF(result);
+      Py_DECREF(obj);
+      return NULL;
+    }
+    PyList_SET_ITEM(list, 0, result);
+    result = list;
+  }
+  int rc = PyList_Append(result, obj);
+  Py_DECREF(obj);
+  if (rc != 0) {
+    Py_DECREF(result);
+    return NULL;
+  }
+  return result;
+}
+%}
+
 %define PKV_OUT_U64(TYPE, NAME)
 %typemap(in, numinputs=0) TYPE* NAME (TYPE tmp = 0) { $1 = &tmp; }
 %typemap(argout) TYPE* NAME {
-  $result = SWIG_Python_AppendOutput($result, PyLong_FromUnsignedLongLong((unsigned long long)tmp$argnum));
+  $result = pkv_py_append($result, PyLong_FromUnsignedLongLong((unsigned long long)tmp$argnum));
+  if (!$result) SWIG_fail;
 }
 %enddef
 PKV_OUT_U64(pkv_seq_id, out)
@@ -465,7 +503,8 @@ PKV_OUT_U64(uint64_t, out_blocks)
 %define PKV_OUT_HANDLE(TYPE)
 %typemap(in, numinputs=0) TYPE** out (TYPE* tmp = NULL) { $1 = &tmp; }
 %typemap(argout) TYPE** out {
-  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(tmp$argnum, $descriptor(TYPE*), 0));
+  $result = pkv_py_append($result, SWIG_NewPointerObj(tmp$argnum, $descriptor(TYPE*), 0));
+  if (!$result) SWIG_fail;
 }
 %enddef
 PKV_OUT_HANDLE(pkv_pool)
@@ -486,7 +525,8 @@ PKV_OUT_HANDLE(pkv_batch)
     SWIG_fail;
   }
   *copy = tmp$argnum;
-  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(copy, $descriptor(TYPE*), SWIG_POINTER_OWN));
+  $result = pkv_py_append($result, SWIG_NewPointerObj(copy, $descriptor(TYPE*), SWIG_POINTER_OWN));
+  if (!$result) SWIG_fail;
 }
 %enddef
 PKV_OUT_STRUCT(pkv_pool_options, pkv_pool_options_init(&tmp))
@@ -501,8 +541,9 @@ PKV_OUT_STRUCT(pkv_tensor, (void)0)
   $1 = &tmp;
 }
 %typemap(argout) pkv_block_hash* out {
-  $result = SWIG_Python_AppendOutput($result,
+  $result = pkv_py_append($result,
       PyBytes_FromStringAndSize((const char*)tmp$argnum.bytes, PKV_HASH_MAX_BYTES));
+  if (!$result) SWIG_fail;
 }
 
 /* ------------------------------------------- (buffer, capacity, &len) outs */
@@ -520,7 +561,8 @@ PKV_OUT_STRUCT(pkv_tensor, (void)0)
   PyObject* list = PyList_New((Py_ssize_t)n);
   if (!list) SWIG_fail;
   for (uint64_t i = 0; i < n; ++i) PyList_SET_ITEM(list, (Py_ssize_t)i, PyLong_FromLong($1[i]));
-  $result = SWIG_Python_AppendOutput($result, list);
+  $result = pkv_py_append($result, list);
+  if (!$result) SWIG_fail;
 }
 %typemap(freearg) (int32_t* out_blocks, uint64_t capacity, uint64_t* out_len) { free($1); }
 
@@ -535,7 +577,8 @@ PKV_OUT_STRUCT(pkv_tensor, (void)0)
 %typemap(argout) (pkv_block_hash* out_hashes, uint64_t capacity, uint64_t* out_len) {
   PyObject* list = pkv_py_hash_list($1, len$argnum < $2 ? len$argnum : $2);
   if (!list) SWIG_fail;
-  $result = SWIG_Python_AppendOutput($result, list);
+  $result = pkv_py_append($result, list);
+  if (!$result) SWIG_fail;
 }
 %typemap(freearg) (pkv_block_hash* out_hashes, uint64_t capacity, uint64_t* out_len) { free($1); }
 %apply (pkv_block_hash* out_hashes, uint64_t capacity, uint64_t* out_len) {
@@ -559,7 +602,8 @@ PKV_OUT_STRUCT(pkv_tensor, (void)0)
     *e = $1[i];
     PyList_SET_ITEM(list, (Py_ssize_t)i, SWIG_NewPointerObj(e, $descriptor(pkv_event*), SWIG_POINTER_OWN));
   }
-  $result = SWIG_Python_AppendOutput($result, list);
+  $result = pkv_py_append($result, list);
+  if (!$result) SWIG_fail;
 }
 %typemap(freearg) (pkv_event* out, uint64_t capacity, uint64_t* out_count) { free($1); }
 
@@ -574,7 +618,8 @@ PKV_OUT_STRUCT(pkv_tensor, (void)0)
   $1[0] = 0;
 }
 %typemap(argout) (char* buf, uint64_t capacity) {
-  $result = SWIG_Python_AppendOutput($result, PyUnicode_DecodeUTF8($1, (Py_ssize_t)strlen($1), "replace"));
+  $result = pkv_py_append($result, PyUnicode_DecodeUTF8($1, (Py_ssize_t)strlen($1), "replace"));
+  if (!$result) SWIG_fail;
 }
 %typemap(freearg) (char* buf, uint64_t capacity) { free($1); }
 

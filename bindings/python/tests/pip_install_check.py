@@ -55,11 +55,13 @@ def main() -> int:
     shutil.rmtree(target, ignore_errors=True)
     os.makedirs(work, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LD_LIBRARY_PATH")}
+    # No PAGEDKV_CUDA: the default must be a CPU-only wheel (the smoke test
+    # checks features().cuda) even where nvcc is on PATH.
+    env.pop("PAGEDKV_CUDA", None)
     env["CMAKE_BUILD_PARALLEL_LEVEL"] = env.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     cmd = [
         sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
         "--disable-pip-version-check", "--no-cache-dir", "--target", target,
-        "-C", "cmake.define.PAGEDKV_CUDA=OFF",
         "-C", "build-dir=" + os.path.join(work, "build"),
         os.path.abspath(args.source),
     ]  # fmt: skip

@@ -11,6 +11,18 @@
 //!
 //! The bindings are always regenerated from the headers found (into
 //! OUT_DIR), never checked in, so they cannot drift from the C ABI.
+//!
+//! Linking: the shared libpagedkv by default; with the `static` feature,
+//! libpagedkv.a plus the libraries `pkg-config --static --libs pagedkv`
+//! lists (libcrypto, libxxhash, libstdc++, ...; a fixed list without
+//! pkg-config), so the final binary needs no libpagedkv at run time.
+//!
+//! Finding the shared library at run time: an rpath emitted here
+//! (`rustc-link-arg`) reaches only this package's own tests; cargo passes it
+//! to no dependent. Dependent crates get the directory as
+//! `DEP_PAGEDKV_LIB_DIR` (links metadata) for their own build script to
+//! emit `cargo:rustc-link-arg=-Wl,-rpath,<dir>`; bindings/rust/README.md
+//! shows that and the other ways.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -57,6 +69,32 @@ fn pkg_config_var(var: &str) -> Option<PathBuf> {
     } else {
         Some(PathBuf::from(s))
     }
+}
+
+/// The `-l` and `-L` entries of `pkg-config --static --libs pagedkv`,
+/// without libpagedkv itself; None without a usable pkg-config.
+fn pkg_config_static_deps() -> Option<(Vec<String>, Vec<String>)> {
+    let exe = env::var("PKG_CONFIG").unwrap_or_else(|_| "pkg-config".to_string());
+    let out = Command::new(exe)
+        .args(["--static", "--libs", "pagedkv"])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let s = String::from_utf8(out.stdout).ok()?;
+    let mut libs = Vec::new();
+    let mut dirs = Vec::new();
+    for tok in s.split_whitespace() {
+        if let Some(l) = tok.strip_prefix("-l") {
+            if l != "pagedkv" {
+                libs.push(l.to_string());
+            }
+        } else if let Some(d) = tok.strip_prefix("-L") {
+            dirs.push(d.to_string());
+        }
+    }
+    Some((libs, dirs))
 }
 
 fn has_headers(dir: &Path) -> bool {
@@ -134,14 +172,31 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("bindings.rs");
     bindings.write_to_file(&out).expect("write bindings.rs");
 
+    let static_link = env::var_os("CARGO_FEATURE_STATIC").is_some();
     if let Some(dir) = &lib_dir {
         println!("cargo:rustc-link-search=native={}", dir.display());
-        // Lets this crate's own tests run against an uninstalled library;
-        // dependents read DEP_PAGEDKV_LIB_DIR to do the same.
-        println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
+        if !static_link {
+            // Lets this crate's own tests run against an uninstalled library;
+            // dependents read DEP_PAGEDKV_LIB_DIR to do the same.
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
+        }
         println!("cargo:lib_dir={}", dir.display());
     }
-    println!("cargo:rustc-link-lib=dylib=pagedkv");
+    if static_link {
+        println!("cargo:rustc-link-lib=static=pagedkv");
+        let (libs, dirs) = pkg_config_static_deps().unwrap_or_else(|| {
+            let fixed = ["crypto", "xxhash", "stdc++", "m", "pthread"];
+            (fixed.iter().map(|s| s.to_string()).collect(), Vec::new())
+        });
+        for d in dirs {
+            println!("cargo:rustc-link-search=native={d}");
+        }
+        for l in libs {
+            println!("cargo:rustc-link-lib={l}");
+        }
+    } else {
+        println!("cargo:rustc-link-lib=dylib=pagedkv");
+    }
     println!("cargo:include={}", include_dir.display());
     println!(
         "cargo:rustc-env=PAGEDKV_SYS_INCLUDE_DIR={}",

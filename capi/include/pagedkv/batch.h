@@ -56,7 +56,11 @@ PKV_API void pkv_batch_info_init(pkv_batch_info* info);
 PKV_API pkv_status pkv_batch_get_info(const pkv_batch* batch, pkv_batch_info* out);
 
 /* The plan's arrays, for engines bringing their own kernels. All live on the
- * pool's device and stay valid until pkv_batch_destroy. */
+ * pool's device and stay valid until pkv_batch_destroy. They are READ-ONLY
+ * (treat out->data as const): they are the callers' copy, and the library's
+ * own kernels and checks use a private copy, so a write into them can never
+ * make a library call read or write out of bounds (it only misleads the
+ * writer's own kernels). */
 #define PKV_PLAN_SLOT_MAPPING 0   /* i64 [num_tokens]: block_id*block_size+offset */
 #define PKV_PLAN_QUERY_INDPTR 1   /* i32 [num_seqs+1]: query row offsets */
 #define PKV_PLAN_PAGE_INDPTR 2    /* i32 [num_seqs+1]: offsets into page ids */
@@ -66,6 +70,19 @@ PKV_API pkv_status pkv_batch_get_info(const pkv_batch* batch, pkv_batch_info* ou
 
 PKV_API pkv_status pkv_batch_plan_tensor(const pkv_batch* batch, uint32_t which,
                                          pkv_tensor* out);
+
+/* Every tensor argument below is checked before a kernel sees it: dtype,
+ * device, shape, innermost stride 1, non-negative strides, an extent
+ * (byte_offset and the last element) that fits int64 and the address space,
+ * data + byte_offset aligned to the dtype, sizes within int32; outputs (out,
+ * lse) with no two elements on one byte and overlapping neither q, each
+ * other nor the pool's KV storage; k and v not overlapping the storage of
+ * the layer they are written to (another layer's storage may be read).
+ * PKV_E_INVALID_ARGUMENT names the argument.
+ *
+ * Threads: cache writes take the pool's KV lock exclusively, attention (and
+ * pkv_pool_swap_blocks out) shared, so a read of a block never sees half of
+ * a write another thread makes on a CPU pool (docs/threading.md). */
 
 /* Scatters the step's new keys and values, k and v [num_tokens, num_kv_heads,
  * head_dim] of the pool's dtype and device (innermost stride 1), into their

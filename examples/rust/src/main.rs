@@ -10,6 +10,9 @@
 //! Build against an installed pagedkv (pkg-config finds `pagedkv.pc`), or
 //! an uninstalled CMake build tree:
 //! `PKG_CONFIG_PATH=<build>/pkgconfig LD_LIBRARY_PATH=<build>/capi cargo run`.
+//! Copied into your own crate, add the `static` feature or an rpath
+//! (bindings/rust/README.md, "Using it from your crate") to run it without
+//! LD_LIBRARY_PATH.
 
 use std::collections::VecDeque;
 
@@ -120,18 +123,19 @@ fn main() -> Result<(), pagedkv::Error> {
         //    rest is computed.
         if !preempted {
             while let Some(mut r) = waiting.pop_front() {
-                let seq = pool.create_seq()?;
-                let cached = pool.match_prefix(seq, &r.tokens)? as usize;
+                // An owned Seq: any `?` below frees it instead of leaking it.
+                let seq = pool.sequence()?;
+                let cached = seq.match_prefix(&r.tokens)? as usize;
                 // The cached prefix needs no compute; the rest is this step's
                 // queries (at least the last prompt token).
-                match pool.append(seq, &r.tokens[cached..]) {
+                match seq.append(&r.tokens[cached..]) {
                     Ok(()) => {
                         queries.push((r.tokens.len() - cached) as u32);
-                        r.seq = Some(seq);
+                        r.seq = Some(seq.detach()); // the scheduler keeps the id
                         running.push(r);
                     }
                     Err(e) if e.kind() == ErrorKind::OutOfBlocks => {
-                        pool.free_seq(seq)?;
+                        drop(seq); // frees it
                         waiting.push_front(r);
                         break;
                     }

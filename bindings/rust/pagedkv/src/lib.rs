@@ -60,6 +60,7 @@ mod batch;
 mod error;
 mod hash;
 mod pool;
+mod seq;
 mod tensor;
 mod types;
 
@@ -70,6 +71,7 @@ pub use pool::{
     Event, EventKind, Events, Kv, Pool, PoolOptions, PoolStats, SeqId, SeqInfo, SeqOptions,
     SwapDirection, NULL_BLOCK,
 };
+pub use seq::Seq;
 pub use tensor::{RawTensor, Stream, TensorView, TensorViewMut};
 pub use types::{
     abi_version, cuda_device_count, features, version_number, version_string, BlockHash, DType,

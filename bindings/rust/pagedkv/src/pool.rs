@@ -458,7 +458,10 @@ impl Pool {
 
     // ------------------------------------------------------------ sequences
 
-    /// Creates an empty sequence with default options.
+    /// Creates an empty sequence with default options and returns its bare
+    /// id: the caller frees it ([`free_seq`](Pool::free_seq)), or it lives
+    /// until the pool is dropped. [`sequence`](Pool::sequence) returns a
+    /// [`Seq`](crate::Seq) that frees itself on drop instead.
     pub fn create_seq(&self) -> Result<SeqId> {
         let mut id = 0;
         // SAFETY: NULL options mean defaults.
@@ -466,7 +469,7 @@ impl Pool {
         Ok(SeqId(id))
     }
 
-    /// Creates an empty sequence.
+    /// Creates an empty sequence (a bare id, as [`create_seq`](Pool::create_seq)).
     pub fn create_seq_with(&self, opts: &SeqOptions) -> Result<SeqId> {
         let salt = opt_c_string(&opts.cache_salt, "cache_salt")?;
         let lora_name = opt_c_string(&opts.lora_name, "lora_name")?;
@@ -687,8 +690,10 @@ impl Pool {
     /// `[num_kv_heads, block_size, head_dim]` elements. `T` must be the
     /// pool's dtype.
     ///
-    /// The copy is not synchronised with kernels writing the block on other
-    /// threads: read blocks that no running step writes.
+    /// The copy is made by the library under the pool's KV lock (a
+    /// swap-out of the block), so it never races a cache write running on
+    /// another thread: it sees the block before or after that write, never
+    /// a mix.
     pub fn read_kv_block<T: Element>(&self, layer: u32, which: Kv, block: i32) -> Result<Vec<T>> {
         if self.device != Device::Cpu {
             return Err(Error::new(
@@ -718,12 +723,36 @@ impl Pool {
             )));
         }
         let per_block = (shape[1] * shape[2] * shape[3]) as usize;
-        let mut out = Vec::with_capacity(per_block);
-        // SAFETY: the storage is a dense CPU array of T with shape[0] blocks
-        // that lives as long as the pool; block is in range.
+        let plane = per_block * std::mem::size_of::<T>();
+        let mut out: Vec<T> = Vec::with_capacity(per_block);
+        if block == NULL_BLOCK {
+            // No kernel, copy or swap ever writes the null block, so reading
+            // it in place races nothing.
+            // SAFETY: the storage is a dense CPU array of T with shape[0]
+            // blocks that lives as long as the pool; block 0 is in range.
+            unsafe {
+                let src = t.data_ptr() as *const T;
+                out.extend_from_slice(std::slice::from_raw_parts(src, per_block));
+            }
+            return Ok(out);
+        }
+        // Host layout of a swapped-out block: [layer][K, V][kv_head][slot][dim].
+        let mut host = vec![0u8; self.bytes_per_block()? as usize];
+        self.swap_out(&[block], &mut host)?;
+        let off = (layer as usize * 2 + which.raw() as usize) * plane;
+        if off + plane > host.len() {
+            return Err(Error::new(ErrorKind::Internal, "unexpected swap layout"));
+        }
+        // SAFETY: out has room for per_block elements (plane bytes), the
+        // source range is inside host, and T (f32, f16, bf16) has no invalid
+        // bit patterns.
         unsafe {
-            let src = (t.data_ptr() as *const T).add(block as usize * per_block);
-            out.extend_from_slice(std::slice::from_raw_parts(src, per_block));
+            std::ptr::copy_nonoverlapping(
+                host.as_ptr().add(off),
+                out.as_mut_ptr() as *mut u8,
+                plane,
+            );
+            out.set_len(per_block);
         }
         Ok(out)
     }

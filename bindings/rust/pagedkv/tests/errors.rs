@@ -523,3 +523,66 @@ fn messages_are_per_thread() {
         }
     });
 }
+
+/// Issue 14 item 6 through Rust's raw views: descriptors whose extent
+/// overflows, whose output rows alias, or that are misaligned are refused
+/// with InvalidArgument naming the argument.
+#[test]
+fn descriptor_checks_on_raw_views() {
+    use pagedkv::{AttentionParams, Device, TensorView, TensorViewMut};
+    let pool = common::storage(8, 8, 1, 2, 16, DType::F32);
+    let s = pool.create_seq().unwrap();
+    pool.append(s, &[1, 2, 3, 4, 5]).unwrap();
+    let mut b = pool.prepare(&[s], &[5]).unwrap();
+    let kv = vec![0.5f32; 5 * 2 * 16];
+    let kt = TensorView::new(&kv, &[5, 2, 16]).unwrap();
+    b.cache_write(0, &kt, &kt).unwrap();
+    let q = vec![0.25f32; 5 * 4 * 16];
+    let mut out = vec![0f32; 5 * 4 * 16 + 1];
+    let qt = TensorView::new(&q, &[5, 4, 16]).unwrap();
+    let p = AttentionParams::default();
+    // SAFETY: each view describes memory the library refuses before it
+    // touches it (the call fails); nothing outlives the buffers.
+    unsafe {
+        let huge = TensorView::from_raw_parts(
+            q.as_ptr().cast(),
+            DType::F32,
+            Device::Cpu,
+            &[5, 4, 16],
+            Some(&[1i64 << 62, 16, 1]),
+        )
+        .unwrap();
+        let mut o = TensorViewMut::new(&mut out[..5 * 4 * 16], &[5, 4, 16]).unwrap();
+        assert_kind(
+            b.attention_forward(0, &huge, &mut o, None, &p),
+            ErrorKind::InvalidArgument,
+            "q's extent",
+        );
+        let mut alias = TensorViewMut::from_raw_parts(
+            out.as_mut_ptr().cast(),
+            DType::F32,
+            Device::Cpu,
+            &[5, 4, 16],
+            Some(&[0, 16, 1]),
+        )
+        .unwrap();
+        assert_kind(
+            b.attention_forward(0, &qt, &mut alias, None, &p),
+            ErrorKind::InvalidArgument,
+            "out is an output whose elements overlap",
+        );
+        let mut odd = TensorViewMut::from_raw_parts(
+            out.as_mut_ptr().cast::<u8>().add(2).cast(),
+            DType::F32,
+            Device::Cpu,
+            &[5, 4, 16],
+            None,
+        )
+        .unwrap();
+        assert_kind(
+            b.attention_forward(0, &qt, &mut odd, None, &p),
+            ErrorKind::InvalidArgument,
+            "not aligned",
+        );
+    }
+}

@@ -223,4 +223,45 @@ fn another_pools_id_is_not_found() {
     a.free_seq(ia).unwrap();
     a.validate().unwrap();
     b.validate().unwrap();
+
+/// Issue 14 item 7: `read_kv_block` (safe, `&Pool`) racing `cache_write` on
+/// another thread. The library serialises both on the pool's KV lock, so
+/// every read sees one whole write, never a torn block.
+#[test]
+fn read_kv_block_never_sees_a_torn_cache_write() {
+    let pool = Arc::new(storage(16, 4, 1, 2, 64, DType::F32));
+    let s = pool.create_seq().unwrap();
+    pool.append(s, &(0..16).collect::<Vec<i32>>()).unwrap();
+    let block = pool.block_table(s).unwrap()[0];
+    let mut batch = pool.prepare(&[s], &[16]).unwrap();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let done = Arc::clone(&done);
+        thread::spawn(move || {
+            let mut kv = vec![0f32; 16 * 2 * 64];
+            for i in 1..=300 {
+                kv.iter_mut().for_each(|x| *x = i as f32);
+                let t = pagedkv::TensorView::new(&kv, &[16, 2, 64]).unwrap();
+                batch.cache_write(0, &t, &t).unwrap();
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    let mut reads = 0;
+    while !done.load(std::sync::atomic::Ordering::SeqCst) || reads < 5 {
+        for which in [pagedkv::Kv::Key, pagedkv::Kv::Value] {
+            let b: Vec<f32> = pool.read_kv_block(0, which, block).unwrap();
+            assert!(
+                b.iter().all(|&x| x == b[0]),
+                "torn block after {reads} reads"
+            );
+        }
+        reads += 1;
+    }
+    writer.join().unwrap();
+    assert_eq!(
+        pool.read_kv_block::<f32>(0, pagedkv::Kv::Key, block)
+            .unwrap()[0],
+        300.0
+    );
 }
