@@ -223,6 +223,7 @@ fn another_pools_id_is_not_found() {
     a.free_seq(ia).unwrap();
     a.validate().unwrap();
     b.validate().unwrap();
+}
 
 /// Issue 14 item 7: `read_kv_block` (safe, `&Pool`) racing `cache_write` on
 /// another thread. The library serialises both on the pool's KV lock, so
