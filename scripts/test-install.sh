@@ -12,7 +12,8 @@
 #    static ones must not;
 #  - `pip install ./bindings/python` into a fresh venv with build isolation
 #    (newest scikit-build-core and swig from PyPI; no CUDA by default), then
-#    the numpy example with that venv's interpreter.
+#    tests/pip_install_check.py --smoke-only and the numpy example with that
+#    venv's interpreter.
 # PAGEDKV_INSTALL_TESTS selects stages (default "c rust go python").
 # Prints each stage's time; any failure exits non-zero.
 set -euo pipefail
@@ -211,7 +212,8 @@ python_venv() {
     --no-cache-dir "$root/bindings/python"
   (
     cd "$work"
-    "$d/bin/python" -c 'import pagedkv, sys; assert not pagedkv.features().cuda, "CUDA built by default"'
+    # Where the package and its libpagedkv landed, py.typed, no CUDA, one step.
+    "$d/bin/python" "$root/bindings/python/tests/pip_install_check.py" --smoke-only
     "$d/bin/python" "$root/examples/python/decode_numpy.py" --steps 8 >/dev/null
   )
 }

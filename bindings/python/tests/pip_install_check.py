@@ -1,6 +1,14 @@
-"""pip-installs bindings/python (CPU only) into a temporary target directory
-and uses it from a clean interpreter: the path a user takes. Run by ctest as
-python.pip_install; not collected by pytest."""
+"""Checks a pip-installed pagedkv the way a user meets it: the package, its
+bundled libpagedkv (found next to the extension, not elsewhere), py.typed, a
+CPU-only build by default, and one real step.
+
+  pip_install_check.py --smoke-only   with the interpreter of a venv that
+                                      pip-installed the package (run so by
+                                      scripts/test-install.sh: build isolation)
+  pip_install_check.py --source DIR --work DIR
+                                      pip-installs bindings/python without
+                                      isolation into a scratch target first
+Not collected by pytest."""
 
 from __future__ import annotations
 
@@ -42,9 +50,18 @@ SMOKE = textwrap.dedent(
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--source", required=True, help="bindings/python")
-    ap.add_argument("--work", required=True, help="scratch directory")
+    ap.add_argument("--smoke-only", action="store_true", help="check this interpreter's install")
+    ap.add_argument("--source", help="bindings/python")
+    ap.add_argument("--work", help="scratch directory")
     args = ap.parse_args()
+    if args.smoke_only:
+        import sysconfig
+
+        site = sysconfig.get_paths()["platlib"]
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LD_LIBRARY_PATH")}
+        return subprocess.run([sys.executable, "-c", SMOKE, site], env=env).returncode
+    if not (args.source and args.work):
+        ap.error("--source and --work are required without --smoke-only")
     try:
         import scikit_build_core  # noqa: F401
     except ImportError:
