@@ -12,15 +12,23 @@
 //                         hit); tokens/s
 //   hash_only/<algo>      pkv_hash_prefix of the same prompt: the hashing
 //                         ceiling match_prefix cannot beat
+//   prefix_cache/random   PrefixCache::find of each of 20,000 mapped 32-byte
+//                         digests (random): lookups/s; the table's keyed hash
+//                         plus probing
+//   prefix_cache/aimed    the same with digests whose first 8 bytes share
+//                         their low 20 bits (what an unkeyed table probed on:
+//                         hash flooding, issue 14); should match random
 // Counters: vs_target = measured / goal (>= 1 meets it: 20M pairs/s; 50 us
 // per 1024-sequence step); vs_hash = match_prefix tokens/s over hash_only.
 #include <benchmark/benchmark.h>
 
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "block_pool.h"
 #include "pagedkv/pagedkv.h"
+#include "prefix_cache.h"
 
 namespace {
 
@@ -151,6 +159,33 @@ void BM_HashOnly(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * int64_t(kPrompt));
 }
 
+void BM_PrefixCacheFind(benchmark::State& state) {
+  const bool aimed = state.range(0) != 0;
+  const int32_t n = 20000;
+  std::vector<pagedkv::BlockHash> hashes(n);
+  std::mt19937_64 rng(3);
+  for (auto& h : hashes) {
+    h.size = 32;
+    for (size_t i = 0; i < 32; i += 8) {
+      const uint64_t r = rng();
+      std::memcpy(h.bytes.data() + i, &r, 8);
+    }
+    if (aimed) {  // low 20 bits of the first 8 bytes fixed
+      h.bytes[0] = 0xab;
+      h.bytes[1] = 0xcd;
+      h.bytes[2] = uint8_t((h.bytes[2] & 0xf0) | 0x7);
+    }
+  }
+  pagedkv::PrefixCache cache(&hashes, n);
+  for (int32_t b = 0; b < n; ++b) cache.insert(b);
+  int64_t found = 0;
+  for (auto _ : state)
+    for (int32_t b = 0; b < n; ++b) found += cache.find(hashes[b]) == b;
+  if (found != int64_t(state.iterations()) * n)
+    state.SkipWithError("a mapped digest was not found");
+  state.SetItemsProcessed(state.iterations() * n);
+}
+
 BENCHMARK(BM_AllocFreePool)->Name("alloc_free/pool")->Arg(1)->Arg(64);
 BENCHMARK(BM_AllocFreeStack)->Name("alloc_free/stack")->Arg(1)->Arg(64);
 BENCHMARK(BM_DecodeStep)
@@ -179,6 +214,8 @@ BENCHMARK(BM_HashOnly)
     ->Name("hash_only/xxh3_128")
     ->Arg(PKV_HASH_XXH3_128)
     ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PrefixCacheFind)->Name("prefix_cache/random")->Arg(0)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PrefixCacheFind)->Name("prefix_cache/aimed")->Arg(1)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -70,6 +70,7 @@ Pool::Pool(const PoolOptions& opts, uint64_t bytes_per_block)
       bytes_per_block_(bytes_per_block),
       events_(opts.enable_events, opts.max_events),
       blocks_(int32_t(opts.num_blocks), opts.enable_prefix_caching, &events_),
+      seqs_(tag_.value()),
       root_(hash_root(opts.hash_algo, opts.hash_seed)),
       hasher_(std::make_unique<BlockHasher>(opts.hash_algo)) {
   if ((opts.block_size & (opts.block_size - 1)) == 0) bs_shift_ = __builtin_ctz(opts.block_size);
@@ -124,7 +125,15 @@ std::shared_ptr<Pool> Pool::create(const PoolOptions& in) {
                int32_t(o.head_dim), o.dtype};
     p->arena_.layout = l;
     p->arena_.num_layers = int32_t(o.num_layers);
-    p->arena_.base = p->backend_->allocate(l.layer_bytes() * 2 * o.num_layers);
+    std::shared_ptr<Backend> be = p->backend_;
+    void* base = be->allocate(l.layer_bytes() * 2 * o.num_layers);
+    try {
+      p->arena_hold_ = std::shared_ptr<void>(base, [be](void* m) { be->deallocate(m); });
+    } catch (...) {  // the control block's allocation failed: shared_ptr freed nothing
+      be->deallocate(base);
+      throw;
+    }
+    p->arena_.base = base;
   }
   return p;
 }
@@ -134,9 +143,11 @@ void Pool::close() {
   if (closed_) return;
   closed_ = true;
   seqs_.clear();
-  if (arena_.base) backend_->deallocate(arena_.base);
+  // Frees the storage unless a kernel outside the lock still holds it (then
+  // it goes when that kernel returns). The backend stays: live batches free
+  // their plan memory through it.
   arena_.base = nullptr;
-  // The backend stays: live batches free their plan memory through it.
+  arena_hold_.reset();
 }
 
 void Pool::check_open() const {
@@ -242,7 +253,11 @@ std::string Pool::validate() const {
       if (b == BlockPool::kNullBlock) continue;
       ++refs[b];
       const uint64_t held = q.tokens.size() > j * bs ? q.tokens.size() - j * bs : 0;
-      if (blocks_.fill(b) < std::min(held, bs) || blocks_.fill(b) > bs) {
+      // A tail the sequence holds alone (tail_shared false) has exactly
+      // its fill: the decode fast path adds slots on top of it.
+      const bool own_tail = !q.tail_shared && j >= q.tokens.size() / bs;
+      if (blocks_.fill(b) < std::min(held, bs) || blocks_.fill(b) > bs ||
+          (own_tail && blocks_.fill(b) != std::min(held, bs))) {
         bad = "stats: block " + std::to_string(b) + " of " + who + " has fill " +
               std::to_string(blocks_.fill(b)) + " but holds " + std::to_string(std::min(held, bs)) +
               " of its tokens";

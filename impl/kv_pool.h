@@ -14,6 +14,7 @@
 #include "event_queue.h"
 #include "hash/block_hash.h"
 #include "kernel_types.h"
+#include "pool_tag.h"
 #include "sequence.h"
 #include "tensor_arg.h"
 
@@ -36,6 +37,9 @@ struct PoolOptions {
   int32_t device_type = kDeviceCpu;
   int32_t device_id = 0;
   uint32_t num_threads = 0;
+  // Salt and multimodal item hashes hash in separate domains (never equal);
+  // off = vLLM's encoding, where a salt and an item hash can collide.
+  bool strict_key_domains = false;
 };
 
 struct SeqOptions {
@@ -87,8 +91,9 @@ class Pool {
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
 
-  // pkv_pool_destroy: frees sequences and storage now; batches that still
-  // hold the pool see a closed pool and fail cleanly.
+  // pkv_pool_destroy: frees the sequences now and lets go of the storage;
+  // batches that still hold the pool see a closed pool and fail cleanly. A
+  // kernel already running keeps the storage (arena_hold_) until it returns.
   void close();
 
   const PoolOptions& options() const { return opts_; }  // immutable after create
@@ -123,6 +128,8 @@ class Pool {
   // For tests and benchmarks of the internals.
   const BlockPool& block_pool() const { return blocks_; }
   BlockPool& block_pool_for_testing() { return blocks_; }
+  SeqTable& seq_table_for_testing() { return seqs_; }
+  uint16_t tag() const { return tag_.value(); }
   std::vector<CopyPair> pending_copies() const;
   size_t num_pending_events() const;  // recorded, not yet drained
   void shrink_events_for_testing();   // the next event must grow the ring
@@ -172,6 +179,8 @@ class Pool {
   // The written count of each block in ranges after applying them in slot
   // order to the current state: sorted by block, one entry per block.
   std::vector<std::pair<int32_t, uint32_t>> written_after(std::vector<WrittenRange> ranges) const;
+  // Sets the fill of s's tail blocks (held by s alone) to the tokens s holds.
+  void settle_tail_fill(const Sequence& s) noexcept;
   void release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin,
                               size_t end) noexcept;
   void run_pending_copies(void* stream);  // caller holds mu_
@@ -194,10 +203,17 @@ class Pool {
   bool closed_ = false;
   PoolOptions opts_;
   uint64_t bytes_per_block_ = 0;
-  std::unique_ptr<Backend> backend_;
+  // Shared with the storage's deleter, which outlives the pool while a
+  // kernel still holds the arena.
+  std::shared_ptr<Backend> backend_;
   KvArena arena_{};
+  // Owns arena_.base. A kernel that runs outside mu_ copies it first, so
+  // close() during the kernel only drops the pool's reference and the
+  // memory goes when the last holder lets go (docs/threading.md).
+  std::shared_ptr<void> arena_hold_;
   EventQueue events_;
   BlockPool blocks_;
+  PoolTag tag_;  // before seqs_, which puts it in every id
   SeqTable seqs_;
   BlockHash root_;
   std::unique_ptr<BlockHasher> hasher_;

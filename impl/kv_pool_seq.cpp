@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "key_domains.h"
 #include "kv_pool.h"
 
 namespace pagedkv {
@@ -130,6 +131,7 @@ SeqId Pool::seq_create(const SeqOptions& o) {
   ctx.lora_name = o.lora_name;
   ctx.cache_salt = o.cache_salt;
   ctx.mm_items = o.mm_items;
+  if (opts_.strict_key_domains) apply_strict_key_domains(ctx);
 
   std::lock_guard<std::mutex> lock(mu_);
   check_open();
@@ -332,9 +334,23 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
     clamp_written(s.blocks[j], j * bs < n0 ? n0 - j * bs : 0);
   }
   cache_new_blocks(s, h0);
-  if (s.tail_shared) s.tail_shared = !tail_is_exclusive(s);
+  if (s.tail_shared && tail_is_exclusive(s)) {
+    // The tail became ours alone because its other holders went away. A
+    // shared block's fill is its fullest holder's, which may be more than
+    // we hold (we truncated into it): it must be ours before the decode
+    // fast path counts single slots on top of it.
+    settle_tail_fill(s);
+    s.tail_shared = false;
+  }
   num_tokens_ += n;
   ++s.version;
+}
+
+void Pool::settle_tail_fill(const Sequence& s) noexcept {
+  const uint64_t bs = opts_.block_size, n = s.tokens.size();
+  for (size_t j = div_bs(n); j < s.blocks.size(); ++j)
+    if (s.blocks[j] != BlockPool::kNullBlock)
+      blocks_.set_fill(s.blocks[j], uint32_t(j * bs < n ? n - j * bs : 0));
 }
 
 bool Pool::tail_is_exclusive(const Sequence& s) const {

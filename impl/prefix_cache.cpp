@@ -1,15 +1,48 @@
 #include "prefix_cache.h"
 
+#include <openssl/rand.h>
+#include <xxhash.h>
+
 #include <algorithm>
+#include <random>
 
 namespace pagedkv {
 
+namespace {
+
+constexpr size_t kSecretSize = 192;  // >= XXH3_SECRET_SIZE_MIN (136)
+
+std::vector<uint8_t> random_secret() {
+  std::vector<uint8_t> s(kSecretSize);
+  if (RAND_bytes(s.data(), int(s.size())) != 1) {
+    std::random_device rd;  // OpenSSL's generator is unavailable: the OS's
+    for (uint8_t& b : s) b = uint8_t(rd());
+  }
+  return s;
+}
+
+}  // namespace
+
 PrefixCache::PrefixCache(const std::vector<BlockHash>* hashes, int32_t num_blocks)
-    : hashes_(hashes), dup_next_(num_blocks, -1), dup_prev_(num_blocks, -1) {
+    : hashes_(hashes),
+      secret_(random_secret()),
+      dup_next_(num_blocks, -1),
+      dup_prev_(num_blocks, -1) {
   size_t cap = 16;
   while (cap < size_t(num_blocks) * 2) cap <<= 1;
   slots_.assign(cap, -1);
   mask_ = cap - 1;
+}
+
+uint64_t PrefixCache::key_of(const BlockHash& h) const {
+  return XXH3_64bits_withSecret(h.bytes.data(), h.size, secret_.data(), secret_.size());
+}
+
+size_t PrefixCache::max_displacement() const {
+  size_t worst = 0;
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i] >= 0) worst = std::max(worst, (i - key_of((*hashes_)[slots_[i]])) & mask_);
+  return worst;
 }
 
 size_t PrefixCache::slot_of(const BlockHash& h) const {

@@ -8,10 +8,14 @@
 // never allocates. Keys are not stored: a slot holds a block id and the key
 // is that block's hash in the pool's hash array; blocks sharing a hash hang
 // off the slot's block in an intrusive doubly linked chain.
+//
+// Digests come from what requests send, so an outsider can aim them (forcing
+// some bits of even a SHA-256 digest is cheap): the slot of a key is a hash
+// of the whole digest keyed by a per-table random secret (XXH3 with a secret,
+// which xxHash offers for exactly this), so aimed digests land spread out.
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "hash/block_hash.h"
@@ -41,18 +45,20 @@ class PrefixCache {
   const char* check() const;
   // Whether block is in the map (walks its hash's chain), for validation.
   bool contains(int32_t block) const;
+  // The longest distance of a mapped key from its home slot (probes a
+  // lookup may take), for tests of the table's spread.
+  size_t max_displacement() const;
+  // The slot where h's probe starts (tests build colliding keys with it).
+  size_t home_slot(const BlockHash& h) const { return key_of(h) & mask_; }
 
  private:
-  static uint64_t key_of(const BlockHash& h) {
-    uint64_t k;
-    std::memcpy(&k, h.bytes.data(), sizeof k);
-    return k;
-  }
+  uint64_t key_of(const BlockHash& h) const;
   size_t slot_of(const BlockHash& h) const;  // slot holding h's chain, or npos
   static constexpr size_t npos = ~size_t(0);
 
   const std::vector<BlockHash>* hashes_ = nullptr;
-  std::vector<int32_t> slots_;  // block id heading the chain, -1 = empty
+  std::vector<uint8_t> secret_;  // XXH3 secret, random per table
+  std::vector<int32_t> slots_;   // block id heading the chain, -1 = empty
   size_t mask_ = 0;
   std::vector<int32_t> dup_next_, dup_prev_;  // chain links, -1 = none
   int32_t num_entries_ = 0;

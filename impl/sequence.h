@@ -1,6 +1,9 @@
 // Sequences and the slot table that names them. A sequence id is
-// (generation << 32) | slot; a slot's generation grows each time it is
-// freed, so a stale id never reaches a reused slot, and ids are never 0.
+// tag << 48 | generation << 24 | slot (docs/conventions.md; opaque to
+// users): the tag names the pool (pool_tag.h), so an id used on another
+// pool is unknown; a slot's generation grows each time it is freed, so a
+// stale id never reaches a reused slot; a slot whose generation is used up
+// is retired instead of wrapping. Ids are never 0.
 #pragma once
 
 #include <cstddef>
@@ -62,9 +65,16 @@ struct Sequence {
 
 class SeqTable {
  public:
-  // The live sequence named by id, or nullptr.
+  static constexpr int kSlotBits = 24, kGenBits = 24, kTagShift = kSlotBits + kGenBits;
+  static constexpr uint32_t kMaxSlots = 1u << kSlotBits;
+  static constexpr uint32_t kMaxGen = (1u << kGenBits) - 1;
+
+  explicit SeqTable(uint16_t tag = 0) : tag_(tag) {}
+
+  // The live sequence named by id, or nullptr (another pool's id included).
   Sequence* find(SeqId id) {
-    const uint32_t slot = uint32_t(id), gen = uint32_t(id >> 32);
+    if (uint16_t(id >> kTagShift) != tag_) return nullptr;
+    const uint32_t slot = uint32_t(id) & (kMaxSlots - 1), gen = uint32_t(id >> kSlotBits) & kMaxGen;
     if (slot >= size_) return nullptr;
     Slot& s = at(slot);
     return s.live && s.gen == gen ? &s.seq : nullptr;
@@ -91,29 +101,38 @@ class SeqTable {
     s.seq.reset();
     s.live = true;
     ++live_;
-    *id = (SeqId(s.gen) << 32) | slot;
+    *id = make_id(s.gen, slot);
     return s.seq;
   }
 
   void remove(SeqId id) {
-    Slot& s = at(uint32_t(id));
+    const uint32_t slot = uint32_t(id) & (kMaxSlots - 1);
+    Slot& s = at(slot);
     s.live = false;
-    if (++s.gen == 0) s.gen = 1;
+    --live_;
+    if (s.gen == kMaxGen) {
+      // Its next generation would wrap to one a stale id still holds: the
+      // slot is never used again (one slot per 2^24 - 1 frees of it).
+      s.seq = Sequence();
+      ++retired_;
+      return;
+    }
+    ++s.gen;
     // Keep small buffers for reuse; drop big ones so a finished long
     // request does not pin its memory.
     if (s.seq.tokens.capacity() > (1u << 16)) s.seq = Sequence();
-    free_.push_back(uint32_t(id));
-    --live_;
+    free_.push_back(slot);
   }
 
   size_t size() const { return live_; }
-  bool full() const { return size_ == 0xffffffffu && free_.empty(); }
+  bool full() const { return size_ == kMaxSlots && free_.empty(); }
+  size_t num_retired() const { return retired_; }
 
   template <class F>
   void for_each(F&& f) const {
     for (uint32_t i = 0; i < size_; ++i) {
       const Slot& s = const_cast<SeqTable*>(this)->at(i);
-      if (s.live) f((SeqId(s.gen) << 32) | i, s.seq);
+      if (s.live) f(make_id(s.gen, i), s.seq);
     }
   }
   void clear() {
@@ -121,6 +140,13 @@ class SeqTable {
     free_.clear();
     size_ = 0;
     live_ = 0;
+    retired_ = 0;
+  }
+
+  // Tests reach a used-up generation without 2^24 create/free cycles: sets
+  // the generation of a free slot (the next add() that takes it uses gen).
+  void set_generation_for_testing(uint32_t slot, uint32_t gen) {
+    if (slot < size_ && !at(slot).live && gen >= 1 && gen <= kMaxGen) at(slot).gen = gen;
   }
 
  private:
@@ -137,13 +163,18 @@ class SeqTable {
     Slot slots[kChunk];
   };
   Slot& at(uint32_t slot) { return chunks_[slot / kChunk]->slots[slot % kChunk]; }
+  SeqId make_id(uint32_t gen, uint32_t slot) const {
+    return (SeqId(tag_) << kTagShift) | (SeqId(gen) << kSlotBits) | slot;
+  }
 
+  uint16_t tag_;
   std::vector<std::unique_ptr<Chunk>> chunks_;
   std::vector<uint32_t> free_;
   uint32_t size_ = 0;  // slots ever used
   size_t live_ = 0;
+  size_t retired_ = 0;
 };
 
-std::string seq_name(SeqId id);  // "seq 0x0000000100000002"
+std::string seq_name(SeqId id);  // "seq 0x0001000001000002"
 
 }  // namespace pagedkv

@@ -344,9 +344,10 @@ void Batch::write(uint32_t layer, const TensorArg* k, const TensorArg* v, void* 
   const ByteSpan dst = layer_span(p.arena_, layer);
   check_disjoint(ks, "k", dst, "the pool's KV storage of the layer it writes");
   check_disjoint(vs, "v", dst, "the pool's KV storage of the layer it writes");
-  // The kernel runs outside the lock (docs/threading.md): the arena and
-  // backend live until pool destroy, which must not race with this call.
+  // The kernel runs outside the lock (docs/threading.md): it holds the
+  // storage, so a pool destroyed meanwhile frees it only when this returns.
   const KvArena arena = p.arena_;
+  const std::shared_ptr<void> hold = p.arena_hold_;
   lock.unlock();
   std::unique_lock<std::shared_mutex> kv_lock(p.kv_mu_);
   p.backend_->write(arena, int32_t(layer), view_, k3, v3, stream);
@@ -409,6 +410,7 @@ void Batch::attend(uint32_t layer, const TensorArg* q, const TensorArg* out, con
     check_disjoint(lse_span, "lse", kv, "the pool's KV storage");
   }
   const KvArena arena = p.arena_;
+  const std::shared_ptr<void> hold = p.arena_hold_;  // as in write()
   lock.unlock();
   std::shared_lock<std::shared_mutex> kv_lock(p.kv_mu_);
   p.backend_->attend(arena, int32_t(layer), view_, q3, out3, args, stream);

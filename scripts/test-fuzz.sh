@@ -2,7 +2,7 @@
 # Bounded libFuzzer runs of the two harnesses (tests/fuzz/): configures a
 # clang build with ASan+UBSan and libFuzzer coverage, builds fuzz_ops and
 # fuzz_tensors only, fuzzes the operation-sequence harness for
-# PKV_FUZZ_SECONDS (default 60) and the tensor/attention entry-point harness
+# PKV_FUZZ_SECONDS (default 120) and the tensor/attention entry-point harness
 # for PKV_FUZZ_TENSOR_SECONDS (default 30), each from its committed seed
 # corpus, and fails on any crash, leak, timeout or disagreement. Skips (exit
 # 0, with a notice) when clang cannot link -fsanitize=fuzzer. Long runs:
@@ -10,7 +10,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PKV_FUZZ_BUILD_DIR:-$root/build-fuzz}
-seconds=${PKV_FUZZ_SECONDS:-60}
+seconds=${PKV_FUZZ_SECONDS:-120}
 tensor_seconds=${PKV_FUZZ_TENSOR_SECONDS:-30}
 cc=${PKV_FUZZ_CC:-clang}
 cxx=${PKV_FUZZ_CXX:-clang++}

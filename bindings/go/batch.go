@@ -184,6 +184,7 @@ func (b *Batch) Close() error {
 		}
 		C.pkv_batch_destroy(b.ptr)
 		b.ptr = nil
+		b.pool = nil
 		runtime.SetFinalizer(b, nil)
 	}
 	return nil

@@ -77,6 +77,9 @@ type HashOptions struct {
 	LoraName  string // LoRA adapter name, as current vLLM keys adapters; "" = none
 	CacheSalt string
 	MMItems   []MMItem // sorted by offset, non-overlapping
+	// StrictKeyDomains hashes like a pool created with
+	// PoolOptions.StrictKeyDomains.
+	StrictKeyDomains bool
 }
 
 func checkCString(op, name, s string) error {
@@ -138,6 +141,9 @@ func HashPrefix(opts *HashOptions, tokens []int32) ([]BlockHash, error) {
 		}
 		o.mm_items = arena.mmItems(opts.MMItems)
 		o.num_mm_items = C.uint32_t(len(opts.MMItems))
+		if opts.StrictKeyDomains {
+			o.strict_key_domains = 1
+		}
 	}
 	capacity := 1
 	if o.block_size > 0 {

@@ -34,6 +34,11 @@ type PoolOptions struct {
 	Device               DeviceType
 	DeviceID             int32
 	NumThreads           uint32
+	// StrictKeyDomains keeps cache salts and multimodal item hashes in
+	// separate hash domains (no item hash can equal a salt). Off (default):
+	// vLLM-compatible hashes; keep salts secret and high-entropy and never
+	// take item hashes from tenants.
+	StrictKeyDomains bool
 }
 
 func (o *PoolOptions) toC(op string, arena *cArena, out *C.pkv_pool_options) error {
@@ -80,6 +85,9 @@ func (o *PoolOptions) toC(op string, arena *cArena, out *C.pkv_pool_options) err
 	if o.NumThreads != 0 {
 		out.num_threads = C.uint32_t(o.NumThreads)
 	}
+	if o.StrictKeyDomains {
+		out.strict_key_domains = 1
+	}
 	return nil
 }
 
@@ -100,6 +108,7 @@ func poolOptionsFromC(c *C.pkv_pool_options) PoolOptions {
 		Device:               DeviceType(c.device_type),
 		DeviceID:             int32(c.device_id),
 		NumThreads:           uint32(c.num_threads),
+		StrictKeyDomains:     c.strict_key_domains != 0,
 	}
 	if c.hash_seed != nil {
 		o.HashSeed = C.GoString(c.hash_seed)
@@ -158,9 +167,10 @@ func (p *Pool) release() {
 }
 
 // Close destroys the pool, its sequences and its storage. It waits for
-// calls in flight, is idempotent, and makes later calls fail with
-// ErrClosed. Batches prepared from the pool stay safe to use: their calls
-// fail with ErrInvalidState.
+// calls on the pool in flight, is idempotent, and makes later calls fail
+// with ErrClosed. Batches prepared from the pool stay safe to use: a kernel
+// call already running on another goroutine finishes (the library keeps the
+// storage until it returns) and later calls fail with ErrInvalidState.
 func (p *Pool) Close() error {
 	if p == nil {
 		return nil

@@ -10,8 +10,9 @@ import (
 	"runtime"
 )
 
-// SeqID is a sequence handle (slot and generation). A freed or unknown id
-// gives ErrNotFound, never a crash.
+// SeqID is an opaque sequence handle naming its pool, slot and generation.
+// A freed or unknown id, or one of another pool, gives ErrNotFound, never a
+// crash or another sequence.
 type SeqID uint64
 
 // NullBlock is the block id standing for positions outside a sliding

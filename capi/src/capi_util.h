@@ -101,7 +101,7 @@ inline pagedkv::Pool& pool_of(const pkv_pool* p) {
 }
 
 // First released sizes of the versioned structs (ABI 1).
-constexpr uint32_t kPoolOptionsV1 = sizeof(pkv_pool_options);
+constexpr uint32_t kPoolOptionsV1 = offsetof(pkv_pool_options, strict_key_domains);
 constexpr uint32_t kSeqOptionsV1 = offsetof(pkv_seq_options, lora_name);
 constexpr uint32_t kSeqInfoV1 = offsetof(pkv_seq_info, num_computed_tokens);
 constexpr uint32_t kPoolStatsV1 = sizeof(pkv_pool_stats);

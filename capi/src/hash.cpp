@@ -1,6 +1,7 @@
 // pagedkv/hash.h: block hashes without a pool.
 #include "capi_util.h"
 #include "hash/block_hash.h"
+#include "key_domains.h"
 
 namespace pc = pkv_capi;
 using pagedkv::Errc;
@@ -67,6 +68,12 @@ pkv_status pkv_hash_prefix(const pkv_hash_options* opts, const int32_t* tokens, 
         fail(Errc::kInvalidArgument, at + " overlaps or precedes the previous item");
       prev_end = m.offset + m.length;
       ctx.mm_items.push_back({m.offset, m.length, m.hash});
+    }
+    if (PKV_HAS_FIELD(opts, strict_key_domains)) {
+      if (opts->strict_key_domains > 1)
+        fail(Errc::kInvalidArgument, "opts->strict_key_domains is " +
+                                         std::to_string(opts->strict_key_domains) + ", not 0 or 1");
+      if (opts->strict_key_domains) pagedkv::apply_strict_key_domains(ctx);
     }
     const uint64_t blocks = num_tokens / opts->block_size;
     if (blocks > capacity) {

@@ -56,6 +56,8 @@ pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out) {
     o.device_type = opts->device_type;
     o.device_id = opts->device_id;
     o.num_threads = opts->num_threads;
+    if (PKV_HAS_FIELD(opts, strict_key_domains))
+      o.strict_key_domains = flag(opts->strict_key_domains, "opts->strict_key_domains");
     try {
       auto p = std::make_unique<pkv_pool>();
       p->impl = pagedkv::Pool::create(o);
@@ -103,6 +105,7 @@ pkv_status pkv_pool_get_options(const pkv_pool* pool, pkv_pool_options* out) {
     r.device_type = o.device_type;
     r.device_id = o.device_id;
     r.num_threads = o.num_threads;
+    r.strict_key_domains = o.strict_key_domains;
     pc::write_out(out, r);
   });
 }

@@ -195,6 +195,9 @@ TEST_F(ErrorPaths, PoolCreateAndOptions) {
   o.enable_prefix_caching = 2;
   FAILS(pkv_pool_create(&o, &p), BAD, "opts->enable_prefix_caching");
   fresh();
+  o.strict_key_domains = 2;
+  FAILS(pkv_pool_create(&o, &p), BAD, "opts->strict_key_domains");
+  fresh();
   o.enable_events = 7;
   FAILS(pkv_pool_create(&o, &p), BAD, "opts->enable_events");
   fresh();

@@ -228,13 +228,7 @@ TEST(Planned, TruncateNeverLeavesAPartialBlockCached) {
 // kv_bytes_used counts the slots holding tokens once per block, with the
 // fill of its fullest holder; wasted is the rest of the used blocks.
 TEST(Planned, StatsBytesFollowSharedAndTruncatedBlocks) {
-  PoolOptions o = test::manager_options(4, 16);
-  o.num_layers = 1;
-  o.num_kv_heads = 1;
-  o.head_dim = 8;
-  o.dtype = DType::kF32;
-  o.num_threads = 1;
-  auto pool = Pool::create(o);
+  auto pool = Pool::create(test::storage_options(4, 16, 8));
   const uint64_t per_token = pool->bytes_per_block() / 4;
   auto expect_bytes = [&](uint64_t used, uint64_t wasted) {
     PoolStats s = pool->stats();

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
 #include <random>
 #include <set>
@@ -10,14 +11,24 @@
 namespace pagedkv {
 namespace {
 
-BlockHash make_hash(uint64_t v, uint64_t low = ~0ull) {
+BlockHash make_hash(uint64_t v) {
   BlockHash h;
   h.size = 32;
-  // The table probes on the first 8 bytes; `low` lets tests force collisions.
-  uint64_t first = low == ~0ull ? v * 0x9e3779b97f4a7c15ull : low;
+  uint64_t first = v * 0x9e3779b97f4a7c15ull;
   std::memcpy(h.bytes.data(), &first, 8);
   std::memcpy(h.bytes.data() + 8, &v, 8);
   return h;
+}
+
+// A hash for value v whose probe starts at slot `home` of c: the table's
+// hash is keyed by a random secret, so colliding keys are found by search
+// (bytes 16..23 vary; every v gets the same hash within one table).
+BlockHash make_hash_at(const PrefixCache& c, uint64_t v, size_t home) {
+  BlockHash h = make_hash(v);
+  for (uint64_t salt = 1;; ++salt) {
+    std::memcpy(h.bytes.data() + 16, &salt, 8);
+    if (c.home_slot(h) == home) return h;
+  }
 }
 
 TEST(PrefixCache, FindsInsertedBlocksAndForgetsErasedOnes) {
@@ -65,14 +76,14 @@ TEST(PrefixCache, ProbeCollisionsSurviveBackwardShiftDeletion) {
   PrefixCache c(&hashes, n);
   // Blocks 1..6 all probe from slot 0 or 1.
   for (int32_t b = 1; b <= 6; ++b) {
-    hashes[b] = make_hash(b, b % 2 ? 0 : 1);
+    hashes[b] = make_hash_at(c, uint64_t(b), b % 2 ? 0 : 1);
     c.insert(b);
   }
   c.erase(1);
   c.erase(4);
   EXPECT_STREQ(c.check(), "");
   for (int32_t b : {2, 3, 5, 6}) EXPECT_EQ(c.find(hashes[b]), b);
-  EXPECT_EQ(c.find(make_hash(1, 0)), -1);
+  EXPECT_EQ(c.find(make_hash_at(c, 1, 0)), -1);
 }
 
 TEST(PrefixCache, MatchesAReferenceMultimapUnderRandomOperations) {
@@ -82,12 +93,19 @@ TEST(PrefixCache, MatchesAReferenceMultimapUnderRandomOperations) {
   PrefixCache c(&hashes, n);
   std::map<uint64_t, std::set<int32_t>> ref;  // hash value -> blocks
   std::vector<uint64_t> value(n, 0);          // 0 = not cached
+  // Values divisible by 5 collide on the probe's first slot.
+  std::map<uint64_t, BlockHash> of_value;
+  auto hash_of = [&](uint64_t v) {
+    auto it = of_value.find(v);
+    if (it == of_value.end())
+      it = of_value.emplace(v, v % 5 == 0 ? make_hash_at(c, v, v % 3) : make_hash(v)).first;
+    return it->second;
+  };
   for (int step = 0; step < 20000; ++step) {
     int32_t b = int32_t(rng() % n);
     if (value[b] == 0) {
       uint64_t v = 1 + rng() % 40;  // few values: many duplicates
-      // Values divisible by 5 collide on the probe key (first 8 bytes).
-      hashes[b] = make_hash(v, v % 5 == 0 ? v % 3 : ~0ull);
+      hashes[b] = hash_of(v);
       c.insert(b);
       value[b] = v;
       ref[v].insert(b);
@@ -98,13 +116,54 @@ TEST(PrefixCache, MatchesAReferenceMultimapUnderRandomOperations) {
       hashes[b] = BlockHash{};
     }
     uint64_t probe = 1 + rng() % 40;
-    int32_t got = c.find(make_hash(probe, probe % 5 == 0 ? probe % 3 : ~0ull));
+    int32_t got = c.find(hash_of(probe));
     if (ref[probe].empty())
       ASSERT_EQ(got, -1);
     else
       ASSERT_TRUE(ref[probe].count(got)) << "step " << step;
     if (step % 101 == 0) ASSERT_STREQ(c.check(), "");
   }
+}
+
+// Hash flooding (issue 14): digests an outsider aimed so that the bits an
+// unkeyed table would probe on are equal. Keyed by a per-table secret, the
+// table spreads them like random keys: every key stays a few probes from its
+// home slot (an unkeyed table put all 20,000 in one run: displacement 19,999).
+TEST(PrefixCache, AimedDigestsDoNotShareAProbeRun) {
+  const int32_t n = 20000;
+  std::vector<BlockHash> hashes(n);
+  PrefixCache c(&hashes, n);
+  std::mt19937_64 rng(5);
+  for (int32_t b = 0; b < n; ++b) {
+    BlockHash& h = hashes[b];
+    h.size = 32;
+    for (size_t i = 0; i < 32; i += 8) {
+      uint64_t r = rng();
+      std::memcpy(h.bytes.data() + i, &r, 8);
+    }
+    // The low 20 bits of the first 8 bytes (the old table's key) are fixed,
+    // and so are the last 8 bytes.
+    h.bytes[0] = 0xab;
+    h.bytes[1] = 0xcd;
+    h.bytes[2] = uint8_t((h.bytes[2] & 0xf0) | 0x7);
+    std::memset(h.bytes.data() + 24, 0x5a, 8);
+    c.insert(b);
+  }
+  EXPECT_STREQ(c.check(), "");
+  // 20,000 keys in 65,536 slots: random keys' longest run is a few dozen at
+  // most; an aimed run would be thousands.
+  EXPECT_LT(c.max_displacement(), 64u);
+  for (int32_t b = 0; b < n; b += 97) EXPECT_EQ(c.find(hashes[b]), b);
+}
+
+// Two tables (two pools) get different secrets: what collides in one does
+// not in the other.
+TEST(PrefixCache, EachTableHasItsOwnSecret) {
+  std::vector<BlockHash> hashes(1024);
+  PrefixCache a(&hashes, 1024), b(&hashes, 1024);
+  int same = 0;
+  for (uint64_t v = 1; v <= 64; ++v) same += a.home_slot(make_hash(v)) == b.home_slot(make_hash(v));
+  EXPECT_LT(same, 8);  // 2048 slots: equal homes by chance are rare
 }
 
 }  // namespace

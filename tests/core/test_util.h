@@ -21,6 +21,18 @@ inline PoolOptions manager_options(uint32_t block_size, uint64_t num_blocks) {
   return o;
 }
 
+// A pool with one layer of f32 storage, one KV head of head_dim, one
+// kernel thread: for tests of the storage-byte stats.
+inline PoolOptions storage_options(uint32_t block_size, uint64_t num_blocks, uint32_t head_dim) {
+  PoolOptions o = manager_options(block_size, num_blocks);
+  o.num_layers = 1;
+  o.num_kv_heads = 1;
+  o.head_dim = head_dim;
+  o.dtype = DType::kF32;
+  o.num_threads = 1;
+  return o;
+}
+
 inline std::vector<int32_t> iota_tokens(size_t n, int32_t first = 0) {
   std::vector<int32_t> t(n);
   std::iota(t.begin(), t.end(), first);

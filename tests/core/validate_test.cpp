@@ -86,5 +86,42 @@ TEST_F(Validate, NullBlockTouched) {
   EXPECT_EQ(pool->validate(), "");
 }
 
+// Issue 14 item 3 (found by a long fuzz run): a shared block truncated into
+// kept its other holder's fill; when that holder went away, the append that
+// found the tail exclusive again let decode appends count slots on top of the
+// stale fill (fill 9 in an 8-token block, kv_bytes_wasted wrapping).
+TEST(ValidateStats, TruncatedSharedTailGetsItsOwnFillBack) {
+  PoolOptions o = test::storage_options(8, 16, 64);
+  o.enable_prefix_caching = false;
+  auto pool = Pool::create(o);
+  SeqId a = pool->seq_create({});
+  test::append(*pool, a, test::iota_tokens(13));
+  SeqId b = pool->fork(a);
+  pool->truncate(b, 1);
+  pool->free(a);
+  ASSERT_EQ(pool->validate(), "");
+  pool->append(b, nullptr, 0, 8);
+  ASSERT_EQ(pool->validate(), "");
+  const uint64_t per_token = pool->bytes_per_block() / 8;
+  for (int i = 0; i < 15; ++i) {
+    test::append(*pool, b, {100 + i});
+    ASSERT_EQ(pool->validate(), "") << "after decode append " << i;
+    const PoolStats st = pool->stats();
+    const uint64_t tokens = 2 + uint64_t(i);
+    EXPECT_EQ(st.kv_bytes_used, tokens * per_token);
+    EXPECT_EQ(st.kv_bytes_wasted, (st.num_used_blocks * 8 - tokens) * per_token);
+  }
+}
+
+// The decode fast path counts on the fill of a tail held alone being exactly
+// the tokens it holds: validate says so when it is not.
+TEST_F(Validate, ExclusiveTailWithAStaleFill) {
+  BlockPool& p = bp();
+  p.set_fill(2, 3);  // a holds 2 tokens of block 2
+  EXPECT_NE(pool->validate().find("stats: block 2"), std::string::npos) << pool->validate();
+  p.set_fill(2, 2);
+  EXPECT_EQ(pool->validate(), "");
+}
+
 }  // namespace
 }  // namespace pagedkv

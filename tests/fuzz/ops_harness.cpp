@@ -219,7 +219,7 @@ class Harness {
   bool create_pool() {
     uint8_t b0 = in_.u8(), b1 = in_.u8(), b2 = in_.u8(), b3 = in_.u8();
     cfg_.storage = b0 & 1;
-    cfg_.caching = ((b0 >> 1) & 3) != 0;
+    cfg_.caching = ((b0 >> 1) & 1) != 0;  // half the pools: off is where fills matter most
     cfg_.events = b0 & 8;
     cfg_.algo = (b0 & 16) ? PKV_HASH_XXH3_128 : PKV_HASH_SHA256_CBOR;
     cfg_.num_blocks = 2 + b1 % 32;
@@ -373,7 +373,7 @@ class Harness {
 
   // ------------------------------------------------------------ operations
   void op() {
-    switch (in_.below(16)) {
+    switch (in_.below(18)) {
       case 0:
       case 1:
         op_create();
@@ -410,6 +410,12 @@ class Harness {
       case 13:
       case 14:
         op_step();
+        break;
+      case 16:
+        op_branch();
+        break;
+      case 17:
+        op_decode_run();
         break;
       default:
         op_stale_plan();
@@ -514,10 +520,16 @@ class Harness {
     uint64_t n = in_.below(2 * bs_ + 2);
     if (b & 1) n = in_.below(3);  // decode-sized
     const uint32_t la = (b & 6) == 6 ? in_.below(bs_ + 1) : 0;
+    append_to(s, n, la, b & 0x80);
+  }
+
+  // Appends n tokens of s's family (one foreign token in the middle if
+  // `foreign`) with la lookahead slots; returns whether it succeeded.
+  bool append_to(MSeq* s, uint64_t n, uint32_t la, bool foreign) {
     std::vector<int32_t> toks(n);
     const uint64_t n0 = s->tokens.size();
     for (uint64_t i = 0; i < n; ++i)
-      toks[i] = (b & 0x80) && i == n / 2 ? 400 + in_.u8() : family_token(s->family, n0 + i);
+      toks[i] = foreign && i == n / 2 ? 400 + in_.u8() : family_token(s->family, n0 + i);
 
     const Need need = need_of(*s, n, la);
     const uint64_t take = need.fresh + need.cow, avail = free_blocks() + need.gain;
@@ -537,7 +549,7 @@ class Harness {
         s->table.size(), (unsigned long long)need.fresh, (unsigned long long)need.cow,
         (unsigned long long)free_blocks(), (unsigned long long)need.gain);
     EXPECT_STATUS(pkv_seq_append(pool_, s->id, n ? toks.data() : nullptr, n, la), want);
-    if (want != PKV_OK) return;  // check_all proves nothing changed
+    if (want != PKV_OK) return false;  // check_all proves nothing changed
 
     auto before = refs();
     std::set<int32_t> released;  // blocks the window gave back to the queue
@@ -584,17 +596,73 @@ class Harness {
     s->table = t;
     s->hash_epoch.resize(std::min<uint64_t>(s->hash_epoch.size(), n0 / bs_));
     while (s->hash_epoch.size() < s->tokens.size() / bs_) s->hash_epoch.push_back(epoch_);
+    return true;
   }
 
   void op_fork() {
     MSeq* p = pick();
     if (!p) return op_create();
     if (seqs_.size() >= 12) return op_free();
-    MSeq c = *p;
-    EXPECT_STATUS(pkv_seq_fork(pool_, p->id, &c.id), PKV_OK);
-    trace("fork %llx -> %llx\n", (unsigned long long)p->id, (unsigned long long)c.id);
-    CHECK(observed_table(c.id) == p->table, "the child's table differs from the parent's");
+    fork_of(size_t(p - seqs_.data()));
+  }
+
+  // Forks seqs_[i]; the child is seqs_.back().
+  void fork_of(size_t i) {
+    MSeq c = seqs_[i];
+    EXPECT_STATUS(pkv_seq_fork(pool_, seqs_[i].id, &c.id), PKV_OK);
+    trace("fork %llx -> %llx\n", (unsigned long long)seqs_[i].id, (unsigned long long)c.id);
+    CHECK(observed_table(c.id) == seqs_[i].table, "the child's table differs from the parent's");
     seqs_.push_back(c);
+  }
+
+  // Beam search and speculative decoding: fork, roll one branch back into
+  // a block both share, sometimes drop the other branch, then go on
+  // decoding the survivor (with lookahead slots sometimes). Block fills of
+  // shared, truncated tails are what this reaches (issue 14 item 3).
+  void op_branch() {
+    MSeq* p = pick();
+    if (!p) return op_create();
+    if (seqs_.size() >= 12) return op_free();
+    const uint8_t b = in_.u8();
+    const size_t parent = size_t(p - seqs_.data());
+    fork_of(parent);
+    const size_t child = seqs_.size() - 1;
+    const size_t rolled = (b & 1) ? parent : child, other = (b & 1) ? child : parent;
+    const uint64_t n0 = seqs_[rolled].tokens.size();
+    const uint64_t m = n0 ? in_.below(uint32_t(std::min<uint64_t>(n0, 255))) : 0;
+    if (truncate_status(seqs_[rolled], m) == PKV_OK) {
+      trace("branch: truncate %llx to %llu\n", (unsigned long long)seqs_[rolled].id,
+            (unsigned long long)m);
+      EXPECT_STATUS(pkv_seq_truncate(pool_, seqs_[rolled].id, m), PKV_OK);
+      apply_truncate(seqs_[rolled], m);
+    }
+    check_all();
+    const pkv_seq_id survivor = seqs_[rolled].id;
+    if (b & 2) free_at(other);
+    MSeq* s = nullptr;
+    for (MSeq& q : seqs_)
+      if (q.id == survivor) s = &q;
+    if (b & 4) {
+      if (!append_to(s, 0, 1 + in_.below(bs_), false)) return;
+      check_all();
+    }
+    if (b & 8) decode_run(s);
+  }
+
+  // Single-token appends, as a decode loop makes them: up to two blocks'
+  // worth, until one does not fit.
+  void decode_run(MSeq* s) {
+    const uint32_t k = 1 + in_.below(2 * bs_);
+    for (uint32_t i = 0; i < k; ++i) {
+      if (!append_to(s, 1, 0, false)) return;
+      check_all();
+    }
+  }
+
+  void op_decode_run() {
+    MSeq* s = pick();
+    if (!s) return op_create();
+    decode_run(s);
   }
 
   // Truncation must keep the last remaining token queryable: beyond the
@@ -635,7 +703,10 @@ class Harness {
 
   void op_free() {
     if (seqs_.empty()) return op_create();
-    const size_t i = in_.below(uint32_t(seqs_.size()));
+    free_at(in_.below(uint32_t(seqs_.size())));
+  }
+
+  void free_at(size_t i) {
     EXPECT_STATUS(pkv_seq_free(pool_, seqs_[i].id), PKV_OK);
     trace("free %llx\n", (unsigned long long)seqs_[i].id);
     dead_.push_back(seqs_[i].id);
@@ -1224,6 +1295,11 @@ class Harness {
     EXPECT_STATUS(pkv_pool_get_stats(pool_, &st), PKV_OK);
     const uint64_t used = refs().size();
     CHECK(st.num_blocks == cfg_.num_blocks && st.block_size == bs_, "stats geometry");
+    CHECK(st.kv_bytes_used + st.kv_bytes_wasted == st.num_used_blocks * st.kv_bytes_per_block &&
+              st.kv_bytes_wasted <= st.kv_bytes_allocated,
+          "stats: kv_bytes_used %llu + wasted %llu do not split %llu used blocks",
+          (unsigned long long)st.kv_bytes_used, (unsigned long long)st.kv_bytes_wasted,
+          (unsigned long long)st.num_used_blocks);
     CHECK(st.num_seqs == seqs_.size() && st.num_tokens == tokens, "stats: %llu seqs %llu tokens",
           (unsigned long long)st.num_seqs, (unsigned long long)st.num_tokens);
     CHECK(st.num_used_blocks == used && st.num_free_blocks == cfg_.num_blocks - 1 - used,

@@ -186,6 +186,9 @@ std::vector<Case> make_cases() {
         V("pkv_hash_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
           pkv_hash_options_init(nullptr);
           return PKV_OK;),
+        S("pkv_hash_prefix", PKV_CLASS_RANGE, "strict_key_domains = 2", kInv, "strict_key_domains",
+          pkv_hash_options o = hopts();
+          o.strict_key_domains = 2; return hash_with(o, e.tokens, 16, e);),
         S("pkv_hash_prefix", PKV_CLASS_NULL, "opts = NULL", kInv, "opts",
           return pkv_hash_prefix(nullptr, e.tokens, 16, e.hashes, 8, &e.u64);),
         S("pkv_hash_prefix", PKV_CLASS_NULL, "out_num_blocks = NULL", kInv, "out_num_blocks",
@@ -280,6 +283,9 @@ std::vector<Case> make_cases() {
         S("pkv_pool_create", PKV_CLASS_RANGE, "enable_prefix_caching = 2", kInv,
           "enable_prefix_caching", pkv_pool_options o = storage_opts();
           o.enable_prefix_caching = 2; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "strict_key_domains = 2", kInv, "strict_key_domains",
+          pkv_pool_options o = storage_opts();
+          o.strict_key_domains = 2; return create_with(o, e);),
         S("pkv_pool_create", PKV_CLASS_RANGE, "enable_events = 7", kInv, "enable_events",
           pkv_pool_options o = storage_opts();
           o.enable_events = 7; return create_with(o, e);),
@@ -494,7 +500,10 @@ std::vector<Case> make_cases() {
           return pkv_seq_free(e.pool, e.dead);),
         S("pkv_seq_free", PKV_CLASS_UNKNOWN, "seq never issued, or of another pool", kNf,
           "stale or unknown", pkv_status s = pkv_seq_free(e.pool, e.unknown);
-          return s != kNf ? s : pkv_seq_free(e.mgr, e.b);),
+          if (s == kNf) s = pkv_seq_free(e.mgr, e.b);
+          // m is the first sequence of mgr, a of pool: same slot and
+          // generation, told apart by the pool tag in the id.
+          return s != kNf ? s : pkv_seq_free(e.pool, e.m);),
         V("pkv_seq_info_init", PKV_CLASS_NULL, "info = NULL", "no-op", pkv_seq_info_init(nullptr);
           return PKV_OK;),
         S("pkv_seq_get_info", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", pkv_seq_info i;

@@ -13,7 +13,10 @@ class Handle:
     per live view. close() drops the owner's reference and makes new calls
     fail; the handle is destroyed when the last reference goes, so a call
     racing close() on another thread, or a view still in use, never sees
-    freed memory."""
+    freed memory. Across handles the library does the same: a pool closed
+    while a call on one of its batches runs keeps its storage until that
+    call returns (docs/threading.md), and later batch calls raise
+    InvalidStateError."""
 
     __slots__ = ("_closed", "_destroy", "_lock", "_ptr", "_refs", "_what")
 

@@ -29,11 +29,13 @@ def hash_prefix(
     cache_salt: Optional[str] = None,
     mm_items: Iterable[MMItemLike] = (),
     lora_name: Optional[str] = None,
+    strict_key_domains: bool = False,
 ) -> List[bytes]:
     """Chained hashes of the full blocks of tokens, exactly as a pool with the
-    same block_size, algo and seed computes them (vLLM-compatible for
-    sha256_cbor: current vLLM keys a LoRA adapter by lora_name, older vLLM
-    by lora_id). Returns floor(len(tokens) / block_size) digests."""
+    same block_size, algo, seed and strict_key_domains computes them
+    (vLLM-compatible for sha256_cbor without strict_key_domains: current vLLM
+    keys a LoRA adapter by lora_name, older vLLM by lora_id). Returns
+    floor(len(tokens) / block_size) digests."""
     a = HashAlgo.parse(algo)
     opts = {
         "algo": int(a),
@@ -43,6 +45,7 @@ def hash_prefix(
         "cache_salt": cache_salt,
         "lora_name": lora_name,
         "mm_items": mm_tuples(mm_items),
+        "strict_key_domains": int(bool(strict_key_domains)),
     }
     capacity = len(tokens) // block_size if block_size > 0 else 0
     hashes = _c.pkv_hash_prefix(opts, tokens, capacity)

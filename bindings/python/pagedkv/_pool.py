@@ -63,6 +63,7 @@ class Pool(HandleOwner):
         enable_events: Optional[bool] = None,
         max_events: Optional[int] = None,
         num_threads: Optional[int] = None,
+        strict_key_domains: Optional[bool] = None,
     ) -> None:
         opts: dict = {}
         for key, value in (
@@ -92,6 +93,8 @@ class Pool(HandleOwner):
             opts["enable_prefix_caching"] = int(bool(enable_prefix_caching))
         if enable_events is not None:
             opts["enable_events"] = int(bool(enable_events))
+        if strict_key_domains is not None:
+            opts["strict_key_domains"] = int(bool(strict_key_domains))
         ptr = _c.pkv_pool_create(opts)
         self._h = Handle(ptr, _c.pkv_pool_destroy, "pool")
         try:
@@ -303,6 +306,7 @@ class Pool(HandleOwner):
             cache_salt=cache_salt,
             mm_items=mm_items,
             lora_name=lora_name,
+            strict_key_domains=o.strict_key_domains,
         )
 
 
@@ -359,7 +363,7 @@ class Sequence:
 
     @property
     def id(self) -> int:
-        """The library's pkv_seq_id (slot and generation)."""
+        """The library's pkv_seq_id: opaque, names its pool, slot and generation."""
         return self._id
 
     @property

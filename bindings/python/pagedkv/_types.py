@@ -219,6 +219,7 @@ class PoolOptions:
     dtype: DType
     device: Device
     num_threads: int
+    strict_key_domains: bool
 
     @classmethod
     def _from_c(cls, s: Any) -> PoolOptions:
@@ -231,6 +232,7 @@ class PoolOptions:
             hash_seed=s.hash_seed or "",
             dtype=DType(s.dtype),
             device=Device(DeviceType(s.device_type), s.device_id),
+            strict_key_domains=bool(s.strict_key_domains),
         )
 
 

@@ -3,6 +3,7 @@
 import threading
 
 import numpy as np
+import pytest
 
 import pagedkv
 from conftest import random_tensor, reference_attention
@@ -141,3 +142,53 @@ def test_the_gil_is_released_during_long_calls():
     # With the GIL held for the whole hash, the spinning thread could not
     # have counted at all between the two reads.
     assert best > 100
+
+
+def test_pool_close_during_attention_on_another_thread():
+    # Issue 14: the library keeps the pool's storage until a running kernel
+    # returns; the batch's later calls raise InvalidStateError.
+    import random
+    import time
+
+    rng = np.random.default_rng(14)
+    n = 16384
+    for _ in range(5):
+        pool = pagedkv.Pool(
+            num_blocks=n // 16 + 2, block_size=16, num_layers=1, num_kv_heads=1, head_dim=64, dtype="f32", num_threads=2
+        )
+        s = pool.create_sequence()
+        s.append(rng.integers(0, 50000, n, dtype=np.int32))
+        k = random_tensor(rng, (n, 1, 64), np.float32)
+        v = random_tensor(rng, (n, 1, 64), np.float32)
+        with pool.prepare([s], n) as step:
+            step.cache_write(0, k, v)
+        b = pool.prepare([s], 1)
+        q = random_tensor(rng, (1, 1, 64), np.float32)
+        started = threading.Event()
+        outcome = []
+
+        def attend(b=b, q=q, started=started, outcome=outcome, v=v):
+            lo, hi = v[:, 0, :].min(axis=0), v[:, 0, :].max(axis=0)
+            try:
+                while True:
+                    out = b.attention(0, q)
+                    # a convex combination of the values: within their range
+                    assert np.all(out[0, 0] >= lo - 1e-4) and np.all(out[0, 0] <= hi + 1e-4)
+                    started.set()
+            except pagedkv.InvalidStateError as e:
+                outcome.append(e)
+            except BaseException as e:
+                outcome.append(e)
+                started.set()
+
+        t = threading.Thread(target=attend)
+        t.start()
+        started.wait()
+        time.sleep(random.random() * 0.002)
+        pool.close()
+        t.join()
+        assert len(outcome) == 1 and isinstance(outcome[0], pagedkv.InvalidStateError), outcome
+        with pytest.raises(pagedkv.InvalidStateError):
+            b.attention(0, q)
+        assert b.info().num_tokens == 1
+        b.close()

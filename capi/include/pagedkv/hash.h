@@ -44,7 +44,7 @@ typedef struct pkv_mm_item {
   const char* hash; /* NUL-terminated, non-empty; copied by the callee */
 } pkv_mm_item;
 
-#define PKV_HASH_OPTIONS_VERSION 2 /* 2: lora_name */
+#define PKV_HASH_OPTIONS_VERSION 3 /* 2: lora_name; 3: strict_key_domains */
 
 typedef struct pkv_hash_options {
   uint32_t struct_size; /* sizeof(pkv_hash_options); set by _init */
@@ -57,6 +57,9 @@ typedef struct pkv_hash_options {
   const pkv_mm_item* mm_items;     /* sorted by offset, non-overlapping */
   /* Version 2 (read only when struct_size covers it): */
   const char* lora_name; /* NULL or "" = none; UTF-8 LoRA adapter name (vLLM's lora_name) */
+  /* Version 3 (read only when struct_size covers it): */
+  uint32_t strict_key_domains; /* as pkv_pool_options.strict_key_domains: hash
+                                  like a pool created with it */
 } pkv_hash_options;
 
 /* Sets defaults. Always call before filling fields. */

@@ -38,8 +38,12 @@ extern "C" {
 
 typedef struct pkv_pool pkv_pool;
 
-/* A sequence handle: slot index in the low 32 bits, generation in the high
- * 32 bits. A freed or unknown id yields PKV_E_NOT_FOUND, never a crash. */
+/* A sequence handle, opaque: compare it, store it, pass it back to the pool
+ * that made it. It names its pool as well as a slot and a generation (the
+ * layout is in docs/conventions.md and may change), so a freed id, an id of
+ * another live pool and a never-issued id yield PKV_E_NOT_FOUND, never a
+ * crash; a slot is retired rather than ever naming a new sequence with an
+ * old id. Never 0. */
 typedef uint64_t pkv_seq_id;
 #define PKV_SEQ_ID_INVALID ((pkv_seq_id)0)
 
@@ -77,6 +81,16 @@ typedef struct pkv_pool_options {
   int32_t device_type;     /* PKV_DEVICE_CPU (default) or PKV_DEVICE_CUDA */
   int32_t device_id;       /* CUDA ordinal; 0 for CPU */
   uint32_t num_threads;    /* CPU kernel threads; 0 = hardware concurrency */
+  /* Appended (read only when struct_size covers it; older callers get 0). */
+  uint32_t strict_key_domains; /* 1 = a cache salt, a LoRA name and a
+                              multimodal item hash never hash alike (blocks
+                              of such pools differ from vLLM's). 0 (default)
+                              = vLLM's encoding, where an unsalted request
+                              whose LoRA name equals a salt shares that
+                              salt's first block: keep salts secret and
+                              high-entropy and never take adapter names or
+                              item hashes from tenants (README, "Cache
+                              salts"). */
 } pkv_pool_options;
 
 /* Sets every default. Always call before filling fields. */
@@ -85,8 +99,11 @@ PKV_API void pkv_pool_options_init(pkv_pool_options* opts);
 /* Creates a pool. The caller destroys it with pkv_pool_destroy. */
 PKV_API pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out);
 
-/* Frees the pool, its sequences and storage. NULL is a no-op. Step plans
- * created from it stay valid objects but their calls fail cleanly. */
+/* Frees the pool and its sequences, and lets go of its storage. NULL is a
+ * no-op. Step plans created from it stay valid objects: a kernel of one that
+ * is running on another thread finishes (its storage lives until it
+ * returns), and every later call on them fails with PKV_E_INVALID_STATE;
+ * the memory is freed when the last of them lets go (docs/threading.md). */
 PKV_API void pkv_pool_destroy(pkv_pool* pool);
 
 /* The options the pool was created with, num_blocks resolved. */

@@ -86,6 +86,9 @@ pub struct HashOptions {
     pub cache_salt: Option<String>,
     /// Sorted by offset, non-overlapping.
     pub mm_items: Vec<MmItem>,
+    /// Hash like a pool created with
+    /// [`PoolOptions::strict_key_domains`](crate::PoolOptions::strict_key_domains).
+    pub strict_key_domains: bool,
 }
 
 impl Default for HashOptions {
@@ -102,6 +105,7 @@ impl Default for HashOptions {
             lora_name: None,
             cache_salt: None,
             mm_items: Vec::new(),
+            strict_key_domains: raw.strict_key_domains != 0,
         }
     }
 }
@@ -135,6 +139,7 @@ pub fn hash_prefix(opts: &HashOptions, tokens: &[i32]) -> Result<Vec<BlockHash>>
     raw.cache_salt = opt_ptr(&salt);
     raw.mm_items = mm.ptr();
     raw.num_mm_items = mm.len()?;
+    raw.strict_key_domains = opts.strict_key_domains as u32;
 
     let mut cap = if opts.block_size > 0 {
         tokens.len() / opts.block_size as usize

@@ -44,6 +44,11 @@ pub struct PoolOptions {
     pub device: Device,
     /// CPU kernel threads; 0 = hardware concurrency.
     pub num_threads: u32,
+    /// Keep cache salts and multimodal item hashes in separate hash domains
+    /// (no item hash can equal a salt). Off (default) = vLLM-compatible
+    /// hashes: then keep salts secret and high-entropy and never take item
+    /// hashes from tenants.
+    pub strict_key_domains: bool,
 }
 
 impl Default for PoolOptions {
@@ -82,6 +87,7 @@ impl PoolOptions {
             dtype: DType::from_raw(raw.dtype).ok_or_else(|| unknown("dtype", raw.dtype))?,
             device: Device::from_raw(raw.device_type, raw.device_id)?,
             num_threads: raw.num_threads,
+            strict_key_domains: raw.strict_key_domains != 0,
         })
     }
 }
@@ -90,8 +96,9 @@ impl PoolOptions {
 /// released.
 pub const NULL_BLOCK: i32 = sys::PKV_NULL_BLOCK;
 
-/// A sequence handle: a slot and a generation. Using a freed or unknown id
-/// is a clean [`ErrorKind::NotFound`], never undefined behaviour.
+/// A sequence handle, opaque: it names its pool, a slot and a generation.
+/// Using a freed or unknown id, or one of another pool, is a clean
+/// [`ErrorKind::NotFound`], never undefined behaviour or another sequence.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(transparent)]
 pub struct SeqId(sys::pkv_seq_id);
@@ -409,6 +416,7 @@ impl Pool {
         raw.device_type = device_type;
         raw.device_id = device_id;
         raw.num_threads = opts.num_threads;
+        raw.strict_key_domains = opts.strict_key_domains as u32;
         let mut out = ptr::null_mut();
         // SAFETY: raw and the seed it points to outlive the call.
         check(unsafe { sys::pkv_pool_create(&raw, &mut out) })?;

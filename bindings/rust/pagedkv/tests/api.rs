@@ -57,6 +57,7 @@ fn options_round_trip() {
         device: Device::Cpu,
         num_threads: 1,
         memory_budget_bytes: 0,
+        strict_key_domains: true,
     };
     let pool = Pool::new(&opts).unwrap();
     let got = pool.options().unwrap();
@@ -736,4 +737,49 @@ fn raw_strided_views_over_a_fused_qkv_buffer() {
         )
         .unwrap();
     assert_eq!(out_strided, out_dense);
+}
+
+/// Issue 14: with vLLM's encoding (the default) an unsalted request whose
+/// LoRA name equals a salt shares the salted first block; strict mode keeps
+/// the domains apart, and hash_prefix follows the mode.
+#[test]
+fn strict_key_domains_separate_salts_from_item_hashes() {
+    let prompt: Vec<i32> = (0..9).map(|i| 100 + i).collect();
+    let salted = SeqOptions {
+        cache_salt: Some("tenant-a-salt".into()),
+        ..SeqOptions::default()
+    };
+    // An adapter name reads like the salt in the first block (the name keys
+    // every block, the salt only the first).
+    let aimed = SeqOptions {
+        lora_name: Some("tenant-a-salt".into()),
+        ..SeqOptions::default()
+    };
+    for strict in [false, true] {
+        let pool = Pool::new(&PoolOptions {
+            block_size: 4,
+            num_blocks: 16,
+            strict_key_domains: strict,
+            ..PoolOptions::default()
+        })
+        .unwrap();
+        let holder = pool.create_seq_with(&salted).unwrap();
+        pool.append(holder, &prompt[..8]).unwrap();
+        pool.prepare(&[holder], &[8]).unwrap().commit().unwrap(); // its step ran
+        let probe = pool.create_seq_with(&aimed).unwrap();
+        let hit = pool.match_prefix(probe, &prompt).unwrap();
+        assert_eq!(hit, if strict { 0 } else { 4 }, "strict {strict}");
+        let lib = hash_prefix(
+            &HashOptions {
+                block_size: 4,
+                cache_salt: salted.cache_salt.clone(),
+                strict_key_domains: strict,
+                ..HashOptions::default()
+            },
+            &prompt[..8],
+        )
+        .unwrap();
+        assert_eq!(lib, pool.block_hashes(holder).unwrap(), "strict {strict}");
+        assert_eq!(pool.options().unwrap().strict_key_domains, strict);
+    }
 }

@@ -137,6 +137,94 @@ fn concurrent_steps_with_attention() {
     assert_eq!(pool.stats().unwrap().num_seqs, 0);
 }
 
+/// Issue 14: safe code moves a batch into a thread and drops the pool while
+/// the thread runs attention. The library keeps the KV storage until the
+/// running call returns; every later call fails with InvalidState.
+#[test]
+fn pool_dropped_while_a_batch_runs_attention_on_another_thread() {
+    let tokens = 16384usize;
+    for round in 0..6u64 {
+        let mut rng = Rng::new(900 + round);
+        let pool = storage(16, (tokens / 16 + 2) as u64, 1, 1, 64, DType::F32);
+        let s = pool.create_seq().unwrap();
+        pool.append(s, &rng.tokens(tokens)).unwrap();
+        let k: Vec<f32> = (0..tokens * 64).map(|_| rng.f32()).collect();
+        let v: Vec<f32> = (0..tokens * 64).map(|_| rng.f32()).collect();
+        {
+            let mut all = pool.prepare(&[s], &[tokens as u32]).unwrap();
+            let kt = pagedkv::TensorView::new(&k, &[tokens, 1, 64]).unwrap();
+            let vt = pagedkv::TensorView::new(&v, &[tokens, 1, 64]).unwrap();
+            all.cache_write(0, &kt, &vt).unwrap();
+        }
+        let mut batch = pool.prepare(&[s], &[1]).unwrap();
+        let q: Vec<f32> = (0..64).map(|_| rng.f32()).collect();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let runner = thread::spawn(move || {
+            let qt = pagedkv::TensorView::new(&q, &[1, 1, 64]).unwrap();
+            let mut out = vec![0f32; 64];
+            let mut done = 0u32;
+            loop {
+                let mut ot = pagedkv::TensorViewMut::new(&mut out, &[1, 1, 64]).unwrap();
+                let r = batch.attention_forward(0, &qt, &mut ot, None, &AttentionParams::default());
+                match r {
+                    Ok(()) => {
+                        // A convex combination of the values: finite, within range.
+                        for d in 0..64 {
+                            let (lo, hi) = (0..tokens).fold((f32::MAX, f32::MIN), |(lo, hi), t| {
+                                (lo.min(v[t * 64 + d]), hi.max(v[t * 64 + d]))
+                            });
+                            assert!(
+                                out[d] >= lo - 1e-4 && out[d] <= hi + 1e-4,
+                                "out[{d}] = {}",
+                                out[d]
+                            );
+                        }
+                        done += 1;
+                        if done == 1 {
+                            started_tx.send(()).unwrap();
+                        }
+                    }
+                    Err(e) => return (done, e, batch),
+                }
+            }
+        });
+        started_rx.recv().unwrap();
+        thread::sleep(std::time::Duration::from_micros(rng.range(0, 2000)));
+        drop(pool);
+        let (done, err, mut batch) = runner.join().unwrap();
+        assert!(done >= 1);
+        assert_eq!(err.kind(), ErrorKind::InvalidState, "{err}");
+        // Later calls fail the same way; the plan still describes itself.
+        let q1 = vec![0.5f32; 64];
+        let mut out = vec![0f32; 64];
+        let qt = pagedkv::TensorView::new(&q1, &[1, 1, 64]).unwrap();
+        let mut ot = pagedkv::TensorViewMut::new(&mut out, &[1, 1, 64]).unwrap();
+        let e = batch
+            .attention_forward(0, &qt, &mut ot, None, &AttentionParams::default())
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidState);
+        assert_eq!(batch.info().unwrap().num_tokens, 1);
+    }
+}
+
+/// Ids name their pool: another pool's id is NotFound and changes nothing.
+#[test]
+fn another_pools_id_is_not_found() {
+    let a = manager(4, 16);
+    let b = manager(4, 16);
+    let ia = a.create_seq().unwrap();
+    let ib = b.create_seq().unwrap();
+    assert_ne!(ia, ib);
+    b.append(ib, &[1, 2, 3]).unwrap();
+    assert_eq!(b.free_seq(ia).unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(b.append(ia, &[1]).unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(b.seq_info(ia).unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(b.seq_info(ib).unwrap().num_tokens, 3);
+    a.free_seq(ia).unwrap();
+    a.validate().unwrap();
+    b.validate().unwrap();
+}
+
 /// Issue 14 item 7: `read_kv_block` (safe, `&Pool`) racing `cache_write` on
 /// another thread. The library serialises both on the pool's KV lock, so
 /// every read sees one whole write, never a torn block.

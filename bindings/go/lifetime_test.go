@@ -1,0 +1,205 @@
+package pagedkv
+
+import (
+	"math"
+	"math/rand"
+	"runtime"
+	"testing"
+	"time"
+)
+
+// storageStep returns a pool holding one sequence of n tokens with random
+// K/V written, a decode plan over it and the values written. The pool is
+// not closed by the test framework: callers close it, or drop it.
+func storageStep(t *testing.T, r *rand.Rand, n int) (*Pool, *Batch, []float32) {
+	t.Helper()
+	p, err := NewPool(&PoolOptions{BlockSize: 16, NumBlocks: uint64(n/16 + 2), NumLayers: 1,
+		NumKVHeads: 1, HeadDim: 64, DType: Float32, NumThreads: 2})
+	ok(t, err)
+	s, err := p.CreateSeq(nil)
+	ok(t, err)
+	ok(t, s.Append(randTokens(r, n)))
+	k, v := make([]float32, n*64), make([]float32, n*64)
+	for i := range k {
+		k[i], v[i] = r.Float32()*2-1, r.Float32()*2-1
+	}
+	all, err := p.Prepare([]Seq{s}, []int{n})
+	ok(t, err)
+	ok(t, all.CacheWrite(0, k, v))
+	ok(t, all.Close())
+	b, err := p.Prepare([]Seq{s}, []int{1})
+	ok(t, err)
+	return p, b, v
+}
+
+// convex fails unless out is a convex combination of the value rows, as an
+// attention output over intact storage is.
+func convex(out, v []float32) bool {
+	for d := range out {
+		lo, hi := float32(math.Inf(1)), float32(math.Inf(-1))
+		for t := d; t < len(v); t += len(out) {
+			if v[t] < lo {
+				lo = v[t]
+			}
+			if v[t] > hi {
+				hi = v[t]
+			}
+		}
+		if !(out[d] >= lo-1e-4 && out[d] <= hi+1e-4) {
+			return false
+		}
+	}
+	return true
+}
+
+// Issue 14: Pool.Close while another goroutine runs Batch.Attention. The
+// library keeps the storage until the running call returns; later calls
+// fail with ErrInvalidState.
+func TestPoolCloseDuringAttention(t *testing.T) {
+	r := rand.New(rand.NewSource(31))
+	for round := 0; round < 6; round++ {
+		p, b, v := storageStep(t, r, 16384)
+		q := make([]float32, 64)
+		for i := range q {
+			q[i] = r.Float32()*2 - 1
+		}
+		started := make(chan struct{})
+		errc := make(chan error, 1)
+		go func() {
+			out := make([]float32, 64)
+			for n := 0; ; n++ {
+				if err := b.Attention(0, q, out, nil, nil); err != nil {
+					errc <- err
+					return
+				}
+				if !convex(out, v) {
+					errc <- nil
+					return
+				}
+				if n == 0 {
+					close(started)
+				}
+			}
+		}()
+		<-started
+		time.Sleep(time.Duration(r.Intn(2000)) * time.Microsecond)
+		ok(t, p.Close())
+		err := <-errc
+		if err == nil {
+			t.Fatal("attention returned garbage while the pool was closed")
+		}
+		wantErr(t, err, ErrInvalidState)
+		wantErr(t, b.Attention(0, q, make([]float32, 64), nil, nil), ErrInvalidState)
+		info, err := b.Info()
+		ok(t, err)
+		if info.NumTokens != 1 {
+			t.Fatalf("info %+v", info)
+		}
+		ok(t, b.Close())
+	}
+}
+
+// Issue 14: a *Pool nobody references any more while a goroutine still uses
+// its batch. The batch holds the pool, so its finalizer does not run under
+// the batch: every call succeeds.
+func TestBatchKeepsItsPoolAlive(t *testing.T) {
+	r := rand.New(rand.NewSource(32))
+	b, v := func() (*Batch, []float32) {
+		_, b, v := storageStep(t, r, 2048)
+		return b, v // the *Pool is unreachable from here on, except through b
+	}()
+	q := make([]float32, 64)
+	for i := range q {
+		q[i] = r.Float32()*2 - 1
+	}
+	done := make(chan error)
+	go func() {
+		out := make([]float32, 64)
+		for i := 0; i < 200; i++ {
+			if err := b.Attention(0, q, out, nil, nil); err != nil {
+				done <- err
+				return
+			}
+			if !convex(out, v) {
+				t.Error("attention output out of range")
+			}
+		}
+		done <- nil
+	}()
+	for running := true; running; {
+		runtime.GC() // runs any finalizer that became due
+		select {
+		case err := <-done:
+			ok(t, err)
+			running = false
+		case <-time.After(time.Millisecond):
+		}
+	}
+	ok(t, b.Close())
+	runtime.GC() // now the pool may go (its finalizer closes it)
+}
+
+// Issue 14: sequence ids name their pool; another pool's id is ErrNotFound
+// there and changes nothing.
+func TestAnotherPoolsIDIsNotFound(t *testing.T) {
+	a, b := managerPool(t, 16), managerPool(t, 16)
+	sa, err := a.CreateSeq(nil)
+	ok(t, err)
+	sb, err := b.CreateSeq(nil)
+	ok(t, err)
+	if sa.ID() == sb.ID() {
+		t.Fatalf("two pools handed out the same id %v", sa.ID())
+	}
+	ok(t, sb.Append([]int32{1, 2, 3}))
+	foreign := b.Seq(sa.ID())
+	wantErr(t, foreign.Free(), ErrNotFound)
+	wantErr(t, foreign.Append([]int32{1}), ErrNotFound)
+	_, err = foreign.Info()
+	wantErr(t, err, ErrNotFound)
+	info, err := sb.Info()
+	ok(t, err)
+	if info.NumTokens != 3 {
+		t.Fatalf("b's sequence changed: %+v", info)
+	}
+	ok(t, sa.Free())
+}
+
+// Issue 14 item 9: the default follows vLLM (an unsalted request whose LoRA
+// name equals a salt shares the salted first block); StrictKeyDomains keeps
+// them apart, and HashPrefix follows the mode.
+func TestStrictKeyDomains(t *testing.T) {
+	prompt := []int32{10, 11, 12, 13, 14, 15, 16, 17, 18}
+	for _, strict := range []bool{false, true} {
+		p := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 16, StrictKeyDomains: strict})
+		if p.Options().StrictKeyDomains != strict {
+			t.Fatalf("options %+v", p.Options())
+		}
+		holder, err := p.CreateSeq(&SeqOptions{CacheSalt: "tenant-a-salt"})
+		ok(t, err)
+		ok(t, holder.Append(prompt[:8]))
+		step, err := p.Prepare([]Seq{holder}, []int{8}) // its step ran
+		ok(t, err)
+		ok(t, step.Commit())
+		ok(t, step.Close())
+		// An adapter name reads like the salt in the first block (the name
+		// keys every block, the salt only the first).
+		probe, err := p.CreateSeq(&SeqOptions{LoraName: "tenant-a-salt"})
+		ok(t, err)
+		hit, err := probe.MatchPrefix(prompt)
+		ok(t, err)
+		want := 4
+		if strict {
+			want = 0
+		}
+		if hit != want {
+			t.Fatalf("strict %v: hit %d, want %d", strict, hit, want)
+		}
+		lib, err := HashPrefix(&HashOptions{BlockSize: 4, CacheSalt: "tenant-a-salt", StrictKeyDomains: strict}, prompt[:8])
+		ok(t, err)
+		got, err := holder.BlockHashes()
+		ok(t, err)
+		if len(lib) != 2 || len(got) != 2 || lib[0] != got[0] || lib[1] != got[1] {
+			t.Fatalf("strict %v: HashPrefix %v, pool %v", strict, lib, got)
+		}
+	}
+}
