@@ -87,8 +87,8 @@ std::string BlockPool::check() const {
     if (ref_[id] == 0 && !queue_.contains(id))
       return "free queue: block " + std::to_string(id) + " is unreferenced but not free";
     if (block_size_ && written_[id] > block_size_)
-      return "written state: block " + std::to_string(id) + " has " +
-             std::to_string(written_[id]) + " written slots, more than a block holds";
+      return "written state: block " + std::to_string(id) + " has " + std::to_string(written_[id]) +
+             " written slots, more than a block holds";
     if (!hash_[id].empty() && ref_[id] == 0 && !fully_written(id))
       return "written state: block " + std::to_string(id) +
              " sits cached in the free queue but its K/V was never (fully) written";

@@ -105,7 +105,8 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
     b->epochs_[i] = s.writes_epoch;
     b->ends_[i] = n;
     for (uint64_t j = start / bs; j * bs < n; ++j)
-      b->ranges_.push_back({i, uint32_t(j),
+      b->ranges_.push_back({i,
+                            uint32_t(j),
                             {s.blocks[j], uint32_t(std::max(start, j * bs) - j * bs),
                              uint32_t(std::min(n, (j + 1) * bs) - j * bs)}});
   }
@@ -271,8 +272,7 @@ void Batch::commit_locked() {
     for (size_t i = 0; i < seqs_.size(); ++i)
       if (Sequence* s = live[i])
         s->num_committed =
-            std::max(s->num_committed,
-                     std::min(ends_[i], p.computed_tokens(*s, s->num_committed)));
+            std::max(s->num_committed, std::min(ends_[i], p.computed_tokens(*s, s->num_committed)));
     return;
   }
   // With a window, tokens before it may never have been computed (nothing
@@ -286,7 +286,8 @@ void Batch::commit_locked() {
     if (!ok) whole[q.seq] = 0;
   }
   for (size_t i = 0; i < seqs_.size(); ++i)
-    if (Sequence* s = live[i]; s && whole[i]) s->num_committed = std::max(s->num_committed, ends_[i]);
+    if (Sequence* s = live[i]; s && whole[i])
+      s->num_committed = std::max(s->num_committed, ends_[i]);
 }
 
 TensorArg Batch::plan_tensor(uint32_t which) const {

@@ -87,8 +87,8 @@ class Batch {
   State state_ = State::kAborted;
   std::vector<uint8_t> layer_written_;  // per layer, storage pools
   uint32_t layers_left_ = 0;
-  std::vector<uint32_t> epochs_;     // writes_epoch of each sequence at prepare
-  std::vector<uint64_t> ends_;       // token count of each sequence at prepare
+  std::vector<uint32_t> epochs_;  // writes_epoch of each sequence at prepare
+  std::vector<uint64_t> ends_;    // token count of each sequence at prepare
   std::vector<QueryRange> ranges_;
 
   std::shared_ptr<Pool> pool_;

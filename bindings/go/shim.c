@@ -136,9 +136,7 @@ pkvgo_result pkvgo_batch_prepare(pkv_pool* pool, const pkv_seq_id* seqs,
   return pkvgo_capture(pkv_batch_prepare(pool, seqs, query_counts, num_seqs, stream, out));
 }
 
-pkvgo_result pkvgo_batch_commit(pkv_batch* batch) {
-  return pkvgo_capture(pkv_batch_commit(batch));
-}
+pkvgo_result pkvgo_batch_commit(pkv_batch* batch) { return pkvgo_capture(pkv_batch_commit(batch)); }
 
 pkvgo_result pkvgo_batch_abort(pkv_batch* batch) { return pkvgo_capture(pkv_batch_abort(batch)); }
 

@@ -36,8 +36,8 @@ std::unique_ptr<Batch> plan(const std::shared_ptr<Pool>& p, std::vector<SeqId> i
 
 // The message of the Error a plan fails with, or "" when it is accepted
 // (the accepted plan is aborted: nothing counts).
-std::string refusal(const std::shared_ptr<Pool>& p, std::vector<SeqId> ids,
-                    std::vector<uint32_t> q, Errc want = Errc::kInvalidState) {
+std::string refusal(const std::shared_ptr<Pool>& p, std::vector<SeqId> ids, std::vector<uint32_t> q,
+                    Errc want = Errc::kInvalidState) {
   try {
     plan(p, ids, q)->abort();
     return "";
@@ -105,7 +105,7 @@ TEST(Written, UncomputedBlocksAreNeverHitAndLeaveTheCacheWhenReleased) {
     auto pool = make(16, 8);
     const auto t = iota_tokens(33);
     SeqId a = pool->seq_create({});
-    append(*pool, a, t);  // 1 2 full, 3 partial
+    append(*pool, a, t);                             // 1 2 full, 3 partial
     EXPECT_EQ(pool->stats().num_cached_blocks, 2u);  // registered (vLLM's event order)
     SeqId b = pool->seq_create({});
     EXPECT_EQ(pool->match_prefix(b, t.data(), t.size()), 0u);
@@ -300,8 +300,7 @@ TEST(Written, ValidateCatchesAnUnwrittenCachedBlock) {
   pool->free(a);  // block 1 cached in the free queue, written
   ASSERT_EQ(pool->validate(), "");
   pool->block_pool_for_testing().set_written(1, 2);
-  EXPECT_NE(pool->validate().find("written state: block 1"), std::string::npos)
-      << pool->validate();
+  EXPECT_NE(pool->validate().find("written state: block 1"), std::string::npos) << pool->validate();
   pool->block_pool_for_testing().set_written(1, 4);
   EXPECT_EQ(pool->validate(), "");
 }

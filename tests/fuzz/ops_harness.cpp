@@ -987,7 +987,8 @@ class Harness {
     for (size_t i = 0; i < idx.size(); ++i) {
       const MSeq& s = seqs_[idx[i]];
       const uint64_t n = s.tokens.size(), ctx_end = n - qc[i];
-      const uint64_t first_key = cfg_.window && ctx_end + 1 > cfg_.window ? ctx_end + 1 - cfg_.window : 0;
+      const uint64_t first_key =
+          cfg_.window && ctx_end + 1 > cfg_.window ? ctx_end + 1 - cfg_.window : 0;
       for (uint64_t p = std::max<uint64_t>(s.num_null(), first_key / bs_) * bs_; p < ctx_end; ++p) {
         if (readable(s, p)) continue;
         auto it = plan.find(uint64_t(s.table[p / bs_]) * bs_ + p % bs_);

@@ -580,8 +580,8 @@ std::vector<Case> make_cases() {
         S("pkv_batch_commit", PKV_CLASS_NULL, "batch = NULL", kInv, "batch",
           return pkv_batch_commit(nullptr);),
         S("pkv_batch_commit", PKV_CLASS_STATE, "after pkv_batch_abort", kState, "aborted",
-          pkv_batch* b = nullptr; uint32_t q = 1;
-          pkv_status s = pkv_batch_prepare(e.pool, &e.a, &q, 1, nullptr, &b);
+          pkv_batch* b = nullptr;
+          uint32_t q = 1; pkv_status s = pkv_batch_prepare(e.pool, &e.a, &q, 1, nullptr, &b);
           if (s == PKV_OK) s = pkv_batch_abort(b); if (s == PKV_OK) s = pkv_batch_commit(b);
           pkv_batch_destroy(b); return s;),
         S("pkv_batch_abort", PKV_CLASS_NULL, "batch = NULL", kInv, "batch",

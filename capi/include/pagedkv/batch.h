@@ -48,8 +48,8 @@ typedef struct pkv_batch pkv_batch;
  * start). With a sliding window, queries whose keys the window released are
  * rejected (PKV_E_INVALID_ARGUMENT). */
 PKV_API pkv_status pkv_batch_prepare(pkv_pool* pool, const pkv_seq_id* seqs,
-                                     const uint32_t* query_counts, uint32_t num_seqs,
-                                     void* stream, pkv_batch** out);
+                                     const uint32_t* query_counts, uint32_t num_seqs, void* stream,
+                                     pkv_batch** out);
 
 /* The step's cache writes happened (on the engine's streams, in order
  * before any later plan's reads): its query tokens count as computed, their
@@ -79,10 +79,10 @@ PKV_API void pkv_batch_destroy(pkv_batch* batch);
 typedef struct pkv_batch_info {
   uint32_t struct_size;
   uint32_t num_seqs;
-  uint64_t num_tokens;     /* total queries = rows of q, k, v, out */
-  uint64_t num_pages;      /* entries in the CSR page table */
-  uint64_t max_context;    /* longest sequence in the plan */
-  uint32_t max_query;      /* largest query count */
+  uint64_t num_tokens;  /* total queries = rows of q, k, v, out */
+  uint64_t num_pages;   /* entries in the CSR page table */
+  uint64_t max_context; /* longest sequence in the plan */
+  uint32_t max_query;   /* largest query count */
   uint32_t block_size;
 } pkv_batch_info;
 
@@ -95,15 +95,14 @@ PKV_API pkv_status pkv_batch_get_info(const pkv_batch* batch, pkv_batch_info* ou
  * own kernels and checks use a private copy, so a write into them can never
  * make a library call read or write out of bounds (it only misleads the
  * writer's own kernels). */
-#define PKV_PLAN_SLOT_MAPPING 0   /* i64 [num_tokens]: block_id*block_size+offset */
-#define PKV_PLAN_QUERY_INDPTR 1   /* i32 [num_seqs+1]: query row offsets */
-#define PKV_PLAN_PAGE_INDPTR 2    /* i32 [num_seqs+1]: offsets into page ids */
-#define PKV_PLAN_PAGE_INDICES 3   /* i32 [num_pages]: block ids in order */
-#define PKV_PLAN_LAST_PAGE_LEN 4  /* i32 [num_seqs]: tokens in each last page */
-#define PKV_PLAN_CONTEXT_LENS 5   /* i32 [num_seqs]: tokens of each sequence */
+#define PKV_PLAN_SLOT_MAPPING 0  /* i64 [num_tokens]: block_id*block_size+offset */
+#define PKV_PLAN_QUERY_INDPTR 1  /* i32 [num_seqs+1]: query row offsets */
+#define PKV_PLAN_PAGE_INDPTR 2   /* i32 [num_seqs+1]: offsets into page ids */
+#define PKV_PLAN_PAGE_INDICES 3  /* i32 [num_pages]: block ids in order */
+#define PKV_PLAN_LAST_PAGE_LEN 4 /* i32 [num_seqs]: tokens in each last page */
+#define PKV_PLAN_CONTEXT_LENS 5  /* i32 [num_seqs]: tokens of each sequence */
 
-PKV_API pkv_status pkv_batch_plan_tensor(const pkv_batch* batch, uint32_t which,
-                                         pkv_tensor* out);
+PKV_API pkv_status pkv_batch_plan_tensor(const pkv_batch* batch, uint32_t which, pkv_tensor* out);
 
 /* Every tensor argument below is checked before a kernel sees it: dtype,
  * device, shape, innermost stride 1, non-negative strides, an extent

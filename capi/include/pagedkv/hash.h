@@ -51,10 +51,10 @@ typedef struct pkv_hash_options {
   uint32_t algo;        /* PKV_HASH_*; default PKV_HASH_SHA256_CBOR */
   uint32_t block_size;  /* tokens per block; default 16 */
   uint32_t num_mm_items;
-  const char* seed;     /* root seed string; default "" (never NULL after _init) */
-  uint64_t lora_id;     /* 0 = no LoRA */
-  const char* cache_salt;          /* NULL or "" = no salt */
-  const pkv_mm_item* mm_items;     /* sorted by offset, non-overlapping */
+  const char* seed;            /* root seed string; default "" (never NULL after _init) */
+  uint64_t lora_id;            /* 0 = no LoRA */
+  const char* cache_salt;      /* NULL or "" = no salt */
+  const pkv_mm_item* mm_items; /* sorted by offset, non-overlapping */
   /* Version 2 (read only when struct_size covers it): */
   const char* lora_name; /* NULL or "" = none; UTF-8 LoRA adapter name (vLLM's lora_name) */
   /* Version 3 (read only when struct_size covers it): */

@@ -53,34 +53,34 @@ typedef uint64_t pkv_seq_id;
 /* ------------------------------------------------------------ pool create */
 
 typedef struct pkv_pool_options {
-  uint32_t struct_size;    /* sizeof(pkv_pool_options); set by _init */
-  uint32_t block_size;     /* tokens per block: 1..1024 (manager-only pools, and the CPU and CUDA
-                              kernels alike; GPU-tested 8..64). Default 16 */
-  uint64_t num_blocks;     /* total blocks incl. the null block (>= 2);
-                              0 = derive from memory_budget_bytes */
-  uint64_t memory_budget_bytes; /* KV bytes to spend when num_blocks == 0 */
-  uint32_t hash_algo;      /* PKV_HASH_*; default PKV_HASH_SHA256_CBOR */
+  uint32_t struct_size; /* sizeof(pkv_pool_options); set by _init */
+  uint32_t block_size;  /* tokens per block: 1..1024 (manager-only pools, and the CPU and CUDA
+                           kernels alike; GPU-tested 8..64). Default 16 */
+  uint64_t num_blocks;  /* total blocks incl. the null block (>= 2);
+                           0 = derive from memory_budget_bytes */
+  uint64_t memory_budget_bytes;   /* KV bytes to spend when num_blocks == 0 */
+  uint32_t hash_algo;             /* PKV_HASH_*; default PKV_HASH_SHA256_CBOR */
   uint32_t enable_prefix_caching; /* 1 (default) or 0 */
-  const char* hash_seed;   /* root seed string; copied; default "" */
-  uint32_t sliding_window; /* tokens; 0 = none. An append of new tokens
-                              releases to the null block the blocks wholly
-                              outside the window of the sequence's first
-                              token not yet computed, i.e. not covered by a
-                              committed step (so every token not yet
-                              computed stays queryable) */
-  uint32_t enable_events;  /* 1 = record KV events for pkv_pool_drain_events */
-  uint32_t max_events;     /* events kept before the oldest are dropped;
-                              default 65536 */
+  const char* hash_seed;          /* root seed string; copied; default "" */
+  uint32_t sliding_window;        /* tokens; 0 = none. An append of new tokens
+                                     releases to the null block the blocks wholly
+                                     outside the window of the sequence's first
+                                     token not yet computed, i.e. not covered by a
+                                     committed step (so every token not yet
+                                     computed stays queryable) */
+  uint32_t enable_events;         /* 1 = record KV events for pkv_pool_drain_events */
+  uint32_t max_events;            /* events kept before the oldest are dropped;
+                                     default 65536 */
   /* KV storage. num_layers == 0 makes a manager-only pool without storage
      (block tables, hashing, plans without cache writes or attention). */
   uint32_t num_layers;
   uint32_t num_kv_heads;
-  uint32_t head_dim;       /* 1..4096 on a CPU pool; 64, 80, 96, 128 or 256 on a CUDA pool
-                              (what its kernels are compiled for); ignored without storage */
-  uint32_t dtype;          /* PKV_DTYPE_F32, F16 or BF16; default BF16 */
-  int32_t device_type;     /* PKV_DEVICE_CPU (default) or PKV_DEVICE_CUDA */
-  int32_t device_id;       /* CUDA ordinal; 0 for CPU */
-  uint32_t num_threads;    /* CPU kernel threads; 0 = hardware concurrency */
+  uint32_t head_dim;    /* 1..4096 on a CPU pool; 64, 80, 96, 128 or 256 on a CUDA pool
+                           (what its kernels are compiled for); ignored without storage */
+  uint32_t dtype;       /* PKV_DTYPE_F32, F16 or BF16; default BF16 */
+  int32_t device_type;  /* PKV_DEVICE_CPU (default) or PKV_DEVICE_CUDA */
+  int32_t device_id;    /* CUDA ordinal; 0 for CPU */
+  uint32_t num_threads; /* CPU kernel threads; 0 = hardware concurrency */
   /* Appended (read only when struct_size covers it; older callers get 0). */
   uint32_t strict_key_domains; /* 1 = a cache salt, a LoRA name and a
                               multimodal item hash never hash alike (blocks
@@ -116,10 +116,10 @@ PKV_API pkv_status pkv_pool_bytes_per_block(const pkv_pool* pool, uint64_t* out)
 /* ---------------------------------------------------------------- sequences */
 
 typedef struct pkv_seq_options {
-  uint32_t struct_size;     /* sizeof(pkv_seq_options); set by _init */
-  int32_t priority;         /* kept for the caller's scheduler */
-  uint64_t lora_id;         /* 0 = base model; part of every block hash */
-  const char* cache_salt;   /* NULL/"" = none; hashed into the first block */
+  uint32_t struct_size;        /* sizeof(pkv_seq_options); set by _init */
+  int32_t priority;            /* kept for the caller's scheduler */
+  uint64_t lora_id;            /* 0 = base model; part of every block hash */
+  const char* cache_salt;      /* NULL/"" = none; hashed into the first block */
   const pkv_mm_item* mm_items; /* multimodal items of the prompt; copied */
   uint32_t num_mm_items;
   uint32_t reserved0;
@@ -132,8 +132,7 @@ typedef struct pkv_seq_options {
 PKV_API void pkv_seq_options_init(pkv_seq_options* opts);
 
 /* Creates an empty sequence. opts may be NULL for defaults. */
-PKV_API pkv_status pkv_seq_create(pkv_pool* pool, const pkv_seq_options* opts,
-                                  pkv_seq_id* out);
+PKV_API pkv_status pkv_seq_create(pkv_pool* pool, const pkv_seq_options* opts, pkv_seq_id* out);
 
 /* For an empty sequence: attaches the longest run of leading full blocks of
  * tokens[0, num_tokens) already in the prefix cache, capped so at least one
@@ -168,9 +167,8 @@ PKV_API pkv_status pkv_seq_append(pkv_pool* pool, pkv_seq_id seq, const int32_t*
  * copies, minus the blocks the sliding window would give back first (0 if
  * those cover it). The append fits exactly when this is at most
  * pkv_pool_get_stats().num_free_blocks. */
-PKV_API pkv_status pkv_seq_blocks_needed(const pkv_pool* pool, pkv_seq_id seq,
-                                         uint64_t num_tokens, uint32_t num_lookahead,
-                                         uint64_t* out_blocks);
+PKV_API pkv_status pkv_seq_blocks_needed(const pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens,
+                                         uint32_t num_lookahead, uint64_t* out_blocks);
 
 /* Creates a child sharing every block of parent (parallel sampling, beam
  * search). Writing into a shared partial block later copies it first
@@ -231,15 +229,15 @@ PKV_API pkv_status pkv_seq_get_block_hashes(const pkv_pool* pool, pkv_seq_id seq
 /* ------------------------------------------------------------ stats, events */
 
 typedef struct pkv_pool_stats {
-  uint32_t struct_size;       /* set by _init; fields past it are not written */
+  uint32_t struct_size; /* set by _init; fields past it are not written */
   uint32_t block_size;
   uint64_t num_blocks;        /* total, incl. the null block */
   uint64_t num_free_blocks;   /* in the free queue (incl. cached ones) */
   uint64_t num_used_blocks;   /* ref count > 0 */
   uint64_t num_cached_blocks; /* holding a hash in the prefix cache */
   uint64_t num_seqs;
-  uint64_t num_tokens;        /* over all sequences */
-  double usage;               /* used / usable blocks, in [0, 1] */
+  uint64_t num_tokens;          /* over all sequences */
+  double usage;                 /* used / usable blocks, in [0, 1] */
   uint64_t prefix_query_tokens; /* tokens asked of pkv_seq_match_prefix */
   uint64_t prefix_hit_tokens;   /* tokens it found cached */
   uint64_t num_evictions;       /* cached blocks reused for new content */
@@ -265,8 +263,8 @@ PKV_API pkv_status pkv_pool_get_stats(const pkv_pool* pool, pkv_pool_stats* out)
 #define PKV_EVENT_ALL_CLEARED 3   /* the prefix cache was reset */
 
 typedef struct pkv_event {
-  uint64_t seq_no;      /* 1, 2, 3... per pool, gap-free unless dropped */
-  uint32_t type;        /* PKV_EVENT_* */
+  uint64_t seq_no; /* 1, 2, 3... per pool, gap-free unless dropped */
+  uint32_t type;   /* PKV_EVENT_* */
   int32_t block_id;
   pkv_block_hash block_hash;
   pkv_block_hash parent_hash; /* meaningful when has_parent */
@@ -311,9 +309,9 @@ PKV_API pkv_status pkv_pool_copy_blocks(pkv_pool* pool, const int32_t* src, cons
  * the pool's dtype (pinned memory for CUDA pools, for asynchronous copies).
  * host_bytes must be at least num_blocks * bytes_per_block. Block ids and
  * ref counts are the caller's business; this moves bytes only. */
-PKV_API pkv_status pkv_pool_swap_blocks(pkv_pool* pool, const int32_t* blocks,
-                                        uint64_t num_blocks, void* host_buffer,
-                                        uint64_t host_bytes, uint32_t direction, void* stream);
+PKV_API pkv_status pkv_pool_swap_blocks(pkv_pool* pool, const int32_t* blocks, uint64_t num_blocks,
+                                        void* host_buffer, uint64_t host_bytes, uint32_t direction,
+                                        void* stream);
 
 #ifdef __cplusplus
 }
