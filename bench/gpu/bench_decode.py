@@ -44,7 +44,7 @@ class PoolOptions(C.Structure):
         ("num_layers", C.c_uint32), ("num_kv_heads", C.c_uint32),
         ("head_dim", C.c_uint32), ("dtype", C.c_uint32),
         ("device_type", C.c_int32), ("device_id", C.c_int32),
-        ("num_threads", C.c_uint32),
+        ("num_threads", C.c_uint32), ("strict_key_domains", C.c_uint32),
     ]
 
 

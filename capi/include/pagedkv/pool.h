@@ -55,7 +55,8 @@ typedef uint64_t pkv_seq_id;
 typedef struct pkv_pool_options {
   uint32_t struct_size; /* sizeof(pkv_pool_options); set by _init */
   uint32_t block_size;  /* tokens per block: 1..1024 (manager-only pools, and the CPU and CUDA
-                           kernels alike; GPU-tested 8..64). Default 16 */
+                           kernels alike; the CUDA kernels are emulation-tested with
+                           8..64, not yet run on a GPU). Default 16 */
   uint64_t num_blocks;  /* total blocks incl. the null block (>= 2);
                            0 = derive from memory_budget_bytes */
   uint64_t memory_budget_bytes;   /* KV bytes to spend when num_blocks == 0 */
