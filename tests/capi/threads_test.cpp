@@ -209,12 +209,21 @@ TEST(Threads, BlockReadsNeverSeeATornCacheWrite) {
   ASSERT_EQ(pkv_batch_prepare(pool, &s, &q, 1, nullptr, &b), PKV_OK);
   uint64_t bpb = 0;
   ASSERT_EQ(pkv_pool_bytes_per_block(pool, &bpb), PKV_OK);
+  const int64_t shape[3] = {16, 2, 64};
+  {
+    // One whole write before any read: the bytes before it are whatever the
+    // arena held, not a write that could be torn.
+    std::vector<float> first(16 * 2 * 64, 0.5f);
+    pkv_tensor t;
+    ASSERT_EQ(pkv_tensor_init(first.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 3, shape, &t),
+              PKV_OK);
+    ASSERT_EQ(pkv_cache_write(b, 0, &t, &t, nullptr), PKV_OK);
+  }
 
   std::atomic<bool> done{false};
   std::atomic<int> failures{0}, torn{0};
   std::thread writer([&] {
     std::vector<float> kv(16 * 2 * 64);
-    const int64_t shape[3] = {16, 2, 64};
     pkv_tensor t;
     pkv_tensor_init(kv.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 3, shape, &t);
     for (int i = 1; i <= 400; ++i) {

@@ -235,12 +235,17 @@ fn read_kv_block_never_sees_a_torn_cache_write() {
     pool.append(s, &(0..16).collect::<Vec<i32>>()).unwrap();
     let block = pool.block_table(s).unwrap()[0];
     let mut batch = pool.prepare(&[s], &[16]).unwrap();
+    // One whole write before any read: the block's bytes before it are
+    // whatever the arena held, not a write that could be torn.
+    let first = vec![1f32; 16 * 2 * 64];
+    let t = pagedkv::TensorView::new(&first, &[16, 2, 64]).unwrap();
+    batch.cache_write(0, &t, &t).unwrap();
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
         let done = Arc::clone(&done);
         thread::spawn(move || {
             let mut kv = vec![0f32; 16 * 2 * 64];
-            for i in 1..=300 {
+            for i in 2..=300 {
                 kv.iter_mut().for_each(|x| *x = i as f32);
                 let t = pagedkv::TensorView::new(&kv, &[16, 2, 64]).unwrap();
                 batch.cache_write(0, &t, &t).unwrap();
