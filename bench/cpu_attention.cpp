@@ -220,16 +220,17 @@ double clock_hz() {
 // asm, so that no compiler spills or reorders them), enough chains to cover
 // the latency on every port. Accumulators grow linearly from 0: no
 // denormals, no overflow.
-#define PKV_R16(op) \
-  op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7) op(8) op(9) op(10) op(11) op(12) op(13) op(14) op(15)
+#define PKV_R16(op)                                                                              \
+  op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7) op(8) op(9) op(10) op(11) op(12) op(13) op(14) \
+      op(15)
 #define PKV_R12(op) op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7) op(8) op(9) op(10) op(11)
 
 __attribute__((target("avx512f"))) void fma_loop_avx512(int64_t iters) {
 #define PKV_Z(i) "vfmadd231ps %%zmm30, %%zmm31, %%zmm" #i "\n\t"
 #define PKV_CLR(i) "vpxord %%zmm" #i ", %%zmm" #i ", %%zmm" #i "\n\t"
   const float one = 1.0f, tiny = 1e-6f;
-  asm volatile("vbroadcastss %1, %%zmm30\n\tvbroadcastss %2, %%zmm31\n\t" PKV_R16(PKV_CLR)
-               "1:\n\t" PKV_R16(PKV_Z) "dec %0\n\tjnz 1b\n\t"
+  asm volatile("vbroadcastss %1, %%zmm30\n\tvbroadcastss %2, %%zmm31\n\t" PKV_R16(
+                   PKV_CLR) "1:\n\t" PKV_R16(PKV_Z) "dec %0\n\tjnz 1b\n\t"
                : "+r"(iters)
                : "m"(one), "m"(tiny)
                : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
@@ -240,8 +241,8 @@ __attribute__((target("avx512f"))) void fma_loop_avx512(int64_t iters) {
 __attribute__((target("avx512f,avx512bf16"))) void dpbf16_loop(int64_t iters) {
 #define PKV_Z(i) "vdpbf16ps %%zmm30, %%zmm31, %%zmm" #i "\n\t"
   const float pair = 1.0f;  // as bf16 pairs: (1.0, 0.0)
-  asm volatile("vbroadcastss %1, %%zmm30\n\tvbroadcastss %1, %%zmm31\n\t" PKV_R16(PKV_CLR)
-               "1:\n\t" PKV_R16(PKV_Z) "dec %0\n\tjnz 1b\n\t"
+  asm volatile("vbroadcastss %1, %%zmm30\n\tvbroadcastss %1, %%zmm31\n\t" PKV_R16(
+                   PKV_CLR) "1:\n\t" PKV_R16(PKV_Z) "dec %0\n\tjnz 1b\n\t"
                : "+r"(iters)
                : "m"(pair)
                : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
@@ -254,8 +255,8 @@ __attribute__((target("avx2,fma"))) void fma_loop_avx2(int64_t iters) {
 #define PKV_Y(i) "vfmadd231ps %%ymm14, %%ymm15, %%ymm" #i "\n\t"
 #define PKV_CLR(i) "vxorps %%ymm" #i ", %%ymm" #i ", %%ymm" #i "\n\t"
   const float one = 1.0f, tiny = 1e-6f;
-  asm volatile("vbroadcastss %1, %%ymm14\n\tvbroadcastss %2, %%ymm15\n\t" PKV_R12(PKV_CLR)
-               "1:\n\t" PKV_R12(PKV_Y) "dec %0\n\tjnz 1b\n\t"
+  asm volatile("vbroadcastss %1, %%ymm14\n\tvbroadcastss %2, %%ymm15\n\t" PKV_R12(
+                   PKV_CLR) "1:\n\t" PKV_R12(PKV_Y) "dec %0\n\tjnz 1b\n\t"
                : "+r"(iters)
                : "m"(one), "m"(tiny)
                : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
@@ -270,13 +271,14 @@ void muladd_loop_sse2(int64_t iters) {
 #define PKV_X(i) "mulps %%xmm14, %%xmm" #i "\n\taddps %%xmm15, %%xmm" #i "\n\t"
 #define PKV_CLR(i) "xorps %%xmm" #i ", %%xmm" #i "\n\t"
   const float one = 1.0f, tiny = 1e-6f;
-  asm volatile("movss %1, %%xmm14\n\tshufps $0, %%xmm14, %%xmm14\n\tmovss %2, %%xmm15\n\t"
-               "shufps $0, %%xmm15, %%xmm15\n\t" PKV_R12(PKV_CLR)
-               "1:\n\t" PKV_R12(PKV_X) "dec %0\n\tjnz 1b\n\t"
-               : "+r"(iters)
-               : "m"(one), "m"(tiny)
-               : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-                 "xmm10", "xmm11", "xmm14", "xmm15", "cc");
+  asm volatile(
+      "movss %1, %%xmm14\n\tshufps $0, %%xmm14, %%xmm14\n\tmovss %2, %%xmm15\n\t"
+      "shufps $0, %%xmm15, %%xmm15\n\t" PKV_R12(PKV_CLR) "1:\n\t" PKV_R12(
+          PKV_X) "dec %0\n\tjnz 1b\n\t"
+      : "+r"(iters)
+      : "m"(one), "m"(tiny)
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm14", "xmm15", "cc");
 #undef PKV_X
 #undef PKV_CLR
 }
@@ -300,8 +302,8 @@ double peak_flops(ThreadPool& pool, const PeakLoop& p, int reps) {
   for (int r = 0; r < 10 * reps; ++r) {
     auto t0 = Clock::now();
     pool.parallel_for(pool.size(), [&](int64_t, int32_t) { p.loop(iters); });
-    best = std::max(best, double(pool.size()) * double(iters) * p.flops_per_iter /
-                              seconds_since(t0));
+    best =
+        std::max(best, double(pool.size()) * double(iters) * p.flops_per_iter / seconds_since(t0));
   }
   return best;
 }
@@ -448,9 +450,8 @@ void decode_table(const Options& o) {
   std::printf("%-10s %-5s %-7s %10s %10s %7s %10s %10s %7s %9s %10s %7s\n", "isa", "dtype",
               "threads", "read", "attn", "ratio", "read", "attn", "ratio", "ms/call", "paged",
               "attn/pg");
-  std::printf("%-10s %-5s %-7s %10s %10s %7s %10s %10s %7s %9s %10s %7s\n", "", "", "",
-              "wall GB/s", "wall GB/s", "wall", "cpu GB/s", "cpu GB/s", "cpu", "", "cpu GB/s",
-              "cpu");
+  std::printf("%-10s %-5s %-7s %10s %10s %7s %10s %10s %7s %9s %10s %7s\n", "", "", "", "wall GB/s",
+              "wall GB/s", "wall", "cpu GB/s", "cpu GB/s", "cpu", "", "cpu GB/s", "cpu");
   const Plan plan(o.batch, o.context, 1, o.ordered);
   AttentionArgs args{1.0f / std::sqrt(float(kD)), 0, 0.0f, nullptr, 0};
   for (DType dt : o.dtypes) {
@@ -468,11 +469,11 @@ void decode_table(const Options& o) {
         auto backend = make_cpu_backend(opts);
         const Rate att = time_attend(*backend, arena.arena, plan.view, rows, args, kv_bytes, t,
                                      isa == CpuIsa::kScalar ? std::min(o.reps, 2) : o.reps);
-        std::printf(
-            "%-10s %-5s %-7d %10.2f %10.2f %7.3f %10.2f %10.2f %7.3f %9.2f %10.2f %7.3f\n",
-            cpu::kernel_table(isa).name, dtype_name(dt), t, read.wall / 1e9, att.wall / 1e9,
-            att.wall / read.wall, read.cpu / 1e9, att.cpu / 1e9, att.cpu / read.cpu,
-            kv_bytes / att.wall * 1e3, paged.cpu / 1e9, paged.cpu > 0 ? att.cpu / paged.cpu : 0.0);
+        std::printf("%-10s %-5s %-7d %10.2f %10.2f %7.3f %10.2f %10.2f %7.3f %9.2f %10.2f %7.3f\n",
+                    cpu::kernel_table(isa).name, dtype_name(dt), t, read.wall / 1e9, att.wall / 1e9,
+                    att.wall / read.wall, read.cpu / 1e9, att.cpu / 1e9, att.cpu / read.cpu,
+                    kv_bytes / att.wall * 1e3, paged.cpu / 1e9,
+                    paged.cpu > 0 ? att.cpu / paged.cpu : 0.0);
         std::fflush(stdout);
       }
     }
