@@ -488,9 +488,9 @@ void prefill_table(const Options& o) {
       "one sequence, n_q = L (causal), %d q / %d kv heads, head dim %d, block %d; "
       "flops = 4 * D * visible (query, key) pairs * q heads; best of %d\n"
       "clock (dependent adds): %.2f GHz. peak: register-only loop of the ISA's widest f32\n"
-      "multiply-add on every thread (scalar: SSE2 mul + add); avx512bf16 with bf16 q and\n"
+      "multiply-add on one core x threads (scalar: SSE2 mul + add); avx512bf16 with bf16 q and\n"
       "cache does q.k with vdpbf16ps: its peak is the time-weighted mix of the vdpbf16ps\n"
-      "rate (q.k) and the FMA rate (p.v). flops/cyc: peak per thread per clock cycle.\n"
+      "rate (q.k) and the FMA rate (p.v). flops/cyc: peak per core per clock cycle.\n"
       "cpu: per CPU second x threads (the rate with the cores to itself)\n\n",
       kHq, kHkv, kD, kBs, o.reps, hz / 1e9);
   std::printf("%-10s %-5s %-7s %6s %9s %9s %9s %9s %9s %8s %8s\n", "isa", "dtype", "threads", "L",
@@ -506,20 +506,25 @@ void prefill_table(const Options& o) {
       const Rows rows(len, dt);
       AttentionArgs args{1.0f / std::sqrt(float(kD)), 0, 0.0f, nullptr, 0};
       const double flops = 4.0 * kD * kHq * (double(len) * (len + 1) / 2);
-      for (int t : thread_counts(o)) {
-        ThreadPool pool(t);
-        double peak = 0;
+      // One core's peak, times the threads: the cores are alike, and on a
+      // shared machine all of them are rarely unpreempted at once.
+      double core_peak = 0;
+      {
+        ThreadPool one(1);
         if (isa == CpuIsa::kScalar) {
-          peak = peak_flops(pool, kSse2MulAdd, reps);
+          core_peak = peak_flops(one, kSse2MulAdd, reps);
         } else if (isa == CpuIsa::kAvx2) {
-          peak = peak_flops(pool, kAvx2Fma, reps);
+          core_peak = peak_flops(one, kAvx2Fma, reps);
         } else {
-          peak = peak_flops(pool, kAvx512Fma, reps);
+          core_peak = peak_flops(one, kAvx512Fma, reps);
           if (isa == CpuIsa::kAvx512Bf16 && dt == DType::kBF16) {
-            const double dot = peak_flops(pool, kAvx512Dot, reps);
-            peak = 2.0 / (1.0 / dot + 1.0 / peak);
+            const double dot = peak_flops(one, kAvx512Dot, reps);
+            core_peak = 2.0 / (1.0 / dot + 1.0 / core_peak);
           }
         }
+      }
+      for (int t : thread_counts(o)) {
+        const double peak = core_peak * t;
         CpuBackendOptions opts;
         opts.num_threads = t;
         opts.isa = isa;
