@@ -225,31 +225,29 @@ double clock_hz() {
       op(15)
 #define PKV_R12(op) op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7) op(8) op(9) op(10) op(11)
 
-__attribute__((target("avx512f"))) void fma_loop_avx512(int64_t iters) {
-#define PKV_Z(i) "vfmadd231ps %%zmm30, %%zmm31, %%zmm" #i "\n\t"
-#define PKV_CLR(i) "vpxord %%zmm" #i ", %%zmm" #i ", %%zmm" #i "\n\t"
-  const float one = 1.0f, tiny = 1e-6f;
-  asm volatile("vbroadcastss %1, %%zmm30\n\tvbroadcastss %2, %%zmm31\n\t" PKV_R16(
-                   PKV_CLR) "1:\n\t" PKV_R16(PKV_Z) "dec %0\n\tjnz 1b\n\t"
-               : "+r"(iters)
-               : "m"(one), "m"(tiny)
-               : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-                 "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm30", "xmm31", "cc");
-#undef PKV_Z
-}
-
-__attribute__((target("avx512f,avx512bf16"))) void dpbf16_loop(int64_t iters) {
-#define PKV_Z(i) "vdpbf16ps %%zmm30, %%zmm31, %%zmm" #i "\n\t"
-  const float pair = 1.0f;  // as bf16 pairs: (1.0, 0.0)
-  asm volatile("vbroadcastss %1, %%zmm30\n\tvbroadcastss %1, %%zmm31\n\t" PKV_R16(
-                   PKV_CLR) "1:\n\t" PKV_R16(PKV_Z) "dec %0\n\tjnz 1b\n\t"
-               : "+r"(iters)
-               : "m"(pair)
-               : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-                 "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm30", "xmm31", "cc");
-#undef PKV_Z
-#undef PKV_CLR
-}
+// 16 zmm accumulators, zmm30 and zmm31 the (broadcast) operands.
+#define PKV_ZOP(insn, i) insn " %%zmm30, %%zmm31, %%zmm" #i "\n\t"
+#define PKV_ZCLR(i) "vpxord %%zmm" #i ", %%zmm" #i ", %%zmm" #i "\n\t"
+#define PKV_ZMM_LOOP(name, isa, insn, a_val, b_val)                                                \
+  __attribute__((target(isa))) void name(int64_t iters) {                                          \
+    const float a = a_val, b = b_val;                                                              \
+    asm volatile("vbroadcastss %1, %%zmm30\n\tvbroadcastss %2, %%zmm31\n\t" PKV_R16(               \
+                     PKV_ZCLR) "1:\n\t" PKV_ZOP(insn, 0) PKV_ZOP(insn, 1) PKV_ZOP(insn, 2)         \
+                     PKV_ZOP(insn, 3) PKV_ZOP(insn, 4) PKV_ZOP(insn, 5) PKV_ZOP(insn, 6)           \
+                         PKV_ZOP(insn, 7) PKV_ZOP(insn, 8) PKV_ZOP(insn, 9) PKV_ZOP(insn, 10)      \
+                             PKV_ZOP(insn, 11) PKV_ZOP(insn, 12) PKV_ZOP(insn, 13)                 \
+                                 PKV_ZOP(insn, 14) PKV_ZOP(insn, 15) "dec %0\n\tjnz 1b\n\t"        \
+                 : "+r"(iters)                                                                     \
+                 : "m"(a), "m"(b)                                                                  \
+                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", \
+                   "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm30", "xmm31", "cc");  \
+  }
+PKV_ZMM_LOOP(fma_loop_avx512, "avx512f", "vfmadd231ps", 1.0f, 1e-6f)
+// 1.0f read as bf16 pairs is (0, 1.0): each lane adds 0 * 0 + 1 * 1.
+PKV_ZMM_LOOP(dpbf16_loop, "avx512f,avx512bf16", "vdpbf16ps", 1.0f, 1.0f)
+#undef PKV_ZMM_LOOP
+#undef PKV_ZOP
+#undef PKV_ZCLR
 
 __attribute__((target("avx2,fma"))) void fma_loop_avx2(int64_t iters) {
 #define PKV_Y(i) "vfmadd231ps %%ymm14, %%ymm15, %%ymm" #i "\n\t"
