@@ -165,3 +165,14 @@ def test_run_step_failure_counts_nothing():
         logits = run_step(model, gen.pool, [s], [9], torch.tensor(prompt), torch.tensor([0]))
         assert s.num_computed_tokens == 9
         torch.testing.assert_close(logits[0], full_logits(model, prompt, "eager")[-1], atol=2e-4, rtol=1e-4)
+
+
+def test_requests_that_cannot_run_are_errors():
+    model = tiny_model("llama")
+    with Generator(model, num_blocks=4, block_size=4) as gen:  # 3 usable blocks: 12 tokens
+        with pytest.raises(ValueError, match="empty"):
+            gen.add_request([])
+        with pytest.raises(ValueError, match="n and max_new_tokens"):
+            gen.add_request([1, 2], SamplingParams(n=0))
+        with pytest.raises(RuntimeError, match="more blocks than the pool has"):
+            gen.generate([list(range(20))])

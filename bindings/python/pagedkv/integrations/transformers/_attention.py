@@ -63,7 +63,8 @@ def paged_attention(
     import torch
 
     q = token_rows(query, layout)
-    step.cache_write(layer, token_rows(key, layout), token_rows(value, layout))
+    stream = torch.cuda.current_stream(q.device) if q.is_cuda else None
+    step.cache_write(layer, token_rows(key, layout), token_rows(value, layout), stream=stream)
     if out is None:
         out = torch.empty((1, q.shape[0], q.shape[1], q.shape[2]), dtype=q.dtype, device=q.device)
         rows = out[0]
@@ -76,6 +77,7 @@ def paged_attention(
         softmax_scale=float(scaling or 0.0),
         sliding_window=int(sliding_window or 0),
         logit_softcap=float(softcap or 0.0),
+        stream=stream,
     )
     return out
 

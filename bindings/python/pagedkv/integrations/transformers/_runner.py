@@ -107,7 +107,8 @@ def run_step(
     import torch
 
     device = input_ids.device
-    with pool.prepare(seqs, counts) as step, torch.inference_mode(), pagedkv_attention(model):
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    with pool.prepare(seqs, counts, stream) as step, torch.inference_mode(), pagedkv_attention(model):
         positions = as_torch_i64(step.token_positions(), device)
         last = as_torch_i64(step.last_token_indices(), device)
         keep = last.index_select(0, sample_rows.to(device))
