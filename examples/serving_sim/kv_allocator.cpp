@@ -37,9 +37,7 @@ pkv_pool_stats pool_stats(pkv_pool* pool) {
 
 }  // namespace
 
-const char* server_name(ServerKind kind) {
-  return kind == ServerKind::kPaged ? "paged" : "static";
-}
+const char* server_name(ServerKind kind) { return kind == ServerKind::kPaged ? "paged" : "static"; }
 
 KvAllocator::KvAllocator(PoolPtr pool) : pool_(std::move(pool)) {
   pkv_pool_options got;
@@ -51,8 +49,7 @@ KvAllocator::KvAllocator(PoolPtr pool) : pool_(std::move(pool)) {
 }
 
 PagedAllocator::PagedAllocator(PoolPtr pool)
-    : KvAllocator(std::move(pool)),
-      watermark_blocks_(std::max<uint64_t>(1, usable_blocks_ / 100)) {
+    : KvAllocator(std::move(pool)), watermark_blocks_(std::max<uint64_t>(1, usable_blocks_ / 100)) {
   pkv_pool_options got;
   pkv_pool_options_init(&got);
   check_status(pkv_pool_get_options(pool_.get(), &got), "pkv_pool_get_options");

@@ -88,6 +88,11 @@ std::string pcts(const Percentiles& p, const char* f) {
   return fmt(f, p.p50) + " / " + fmt(f, p.p90) + " / " + fmt(f, p.p99);
 }
 
+std::string step_pcts(const Percentiles& p) {
+  auto c = [](double v) { return with_commas(uint64_t(std::llround(v))); };
+  return c(p.p50) + " / " + c(p.p90) + " / " + c(p.p99) + " steps";
+}
+
 }  // namespace
 
 Summary summarize(const RunInfo& run) {
@@ -130,19 +135,18 @@ void print_report(std::FILE* out, const RunInfo& run, const Summary& s) {
   line("  workload   prompt p50 " + with_commas(run.prompt_p50) + " / p90 " +
        with_commas(run.prompt_p90) + " tokens, output p50 " + with_commas(run.output_p50) +
        " / p90 " + with_commas(run.output_p90) + "; " + with_commas(run.with_system_prompt) +
-       " requests open with one of " + std::to_string(o.system_prompts) +
-       " system prompts; " +
+       " requests open with one of " + std::to_string(o.system_prompts) + " system prompts; " +
        (o.arrival_rate > 0 ? fmt("%g arriving per step", o.arrival_rate)
                            : std::string("all arrive at step 0")) +
        " (seed " + std::to_string(o.seed) + ")");
-  line("  budget     " + format_bytes(double(o.memory_budget)) + " of KV each. paged: " +
-       with_commas(P.usable_blocks) + " blocks of " + std::to_string(o.block_size) +
-       " tokens, taken as tokens arrive, prefix cache on. static: " +
+  line("  budget     " + format_bytes(double(o.memory_budget)) +
+       " of KV each. paged: " + with_commas(P.usable_blocks) + " blocks of " +
+       std::to_string(o.block_size) + " tokens, taken as tokens arrive, prefix cache on. static: " +
        std::to_string(S.static_slots) + " reservations of " + with_commas(o.max_context) +
        " tokens (" + format_bytes(s.static_slot_bytes) + " each), one per running sequence");
   line("  scheduler  the same for both: " + with_commas(o.step_tokens) +
-       " tokens per step (decode first, then chunked prefill), at most " +
-       with_commas(o.max_seqs) + " running");
+       " tokens per step (decode first, then chunked prefill), at most " + with_commas(o.max_seqs) +
+       " running");
   line("");
   row("", "paged (pagedkv)", "static (max-context reservation)");
   row("all requests finished after",
@@ -154,12 +158,10 @@ void print_report(std::FILE* out, const RunInfo& run, const Summary& s) {
   row("output tokens per step (per s)",
       fmt("%.1f", p.tokens_per_step) + " (" + with_commas(uint64_t(p.tokens_per_s)) + "/s)",
       fmt("%.1f", st.tokens_per_step) + " (" + with_commas(uint64_t(st.tokens_per_s)) + "/s)");
-  row("time to first token p50/p90/p99", pcts(p.ttft, "%.0f") + " steps",
-      pcts(st.ttft, "%.0f") + " steps");
+  row("time to first token p50/p90/p99", step_pcts(p.ttft), step_pcts(st.ttft));
   row("time per output token p50/p90/p99", pcts(p.tpot, "%.2f") + " steps",
       pcts(st.tpot, "%.2f") + " steps");
-  row("queueing delay p50/p90/p99", pcts(p.queue, "%.0f") + " steps",
-      pcts(st.queue, "%.0f") + " steps");
+  row("queueing delay p50/p90/p99", step_pcts(p.queue), step_pcts(st.queue));
   row("running sequences median (peak)",
       fmt("%.0f", p.running_median) + " (" + std::to_string(p.running_peak) + ")",
       fmt("%.0f", st.running_median) + " (" + std::to_string(st.running_peak) + ")");
@@ -169,18 +171,16 @@ void print_report(std::FILE* out, const RunInfo& run, const Summary& s) {
   row("KV utilisation (tokens / reserved)", percent(p.util), percent(st.util));
   row("preemptions (tokens recomputed)",
       with_commas(P.counters.preemptions) + " (" + with_commas(P.counters.recomputed_tokens) + ")",
-      with_commas(S.counters.preemptions) + " (" + with_commas(S.counters.recomputed_tokens) +
-          ")");
+      with_commas(S.counters.preemptions) + " (" + with_commas(S.counters.recomputed_tokens) + ")");
   row("prefix-cache hit rate", percent(p.hit_rate), "- (no prefix cache)");
   line("");
-  line("  headline   in the same " + format_bytes(double(o.memory_budget)) + ", paging ran a median " +
-       fmt("%.0f", p.running_median) + " sequences at once against " +
+  line("  headline   in the same " + format_bytes(double(o.memory_budget)) +
+       ", paging ran a median " + fmt("%.0f", p.running_median) + " sequences at once against " +
        fmt("%.0f", st.running_median) + " (" +
        fmt("%.1fx", ratio(p.running_median, st.running_median)) + "; peak " +
        std::to_string(p.running_peak) + ", " +
        fmt("%.1fx", ratio(p.running_peak, st.running_median)) + ") and finished the stream in " +
-       fmt("%.1fx", ratio(double(st.steps), double(p.steps))) + " fewer steps (" +
-       fmt("%.1fx", ratio(st.wall_seconds, p.wall_seconds)) + " less wall time here)");
+       fmt("%.1fx", ratio(double(st.steps), double(p.steps))) + " fewer engine steps");
 
   // Prefix-cache hits by cause (paged only).
   const Counters& c = P.counters;
@@ -192,8 +192,8 @@ void print_report(std::FILE* out, const RunInfo& run, const Summary& s) {
        with_commas(c.readmit_hits_system) + " on re-admissions): " +
        percent(ratio(double(c.first_hits_system), double(c.first_lookup_tokens))) +
        " of first-admission lookups");
-  line("    re-admission after preemption  " + with_commas(c.readmit_hits_own) +
-       " tokens: in " + with_commas(c.readmissions) +
+  line("    re-admission after preemption  " + with_commas(c.readmit_hits_own) + " tokens: in " +
+       with_commas(c.readmissions) +
        " re-admissions, preempted requests found their own earlier blocks still cached (" +
        percent(ratio(double(c.readmit_hits_system + c.readmit_hits_own),
                      double(c.readmit_lookup_tokens))) +
@@ -203,12 +203,12 @@ void print_report(std::FILE* out, const RunInfo& run, const Summary& s) {
          " tokens beyond a system prompt on first admissions (unexpected: user prompts are "
          "random)");
   if (run.with_system_prompt == 0)
-    line("    (no request opens with a system prompt, so every hit is a re-admitted request "
-         "finding the blocks it computed before it was preempted: freed blocks stay in the "
-         "prefix cache until evicted)");
-  line("    stored once for several running sequences: up to " +
-       with_commas(s.shared_tokens_peak) + " tokens (" +
-       format_bytes(double(s.shared_tokens_peak) * run.bytes_per_token) + ")");
+    line(
+        "    (no request opens with a system prompt, so every hit is a re-admitted request "
+        "finding the blocks it computed before it was preempted: freed blocks stay in the "
+        "prefix cache until evicted)");
+  line("    stored once for several running sequences: up to " + with_commas(s.shared_tokens_peak) +
+       " tokens (" + format_bytes(double(s.shared_tokens_peak) * run.bytes_per_token) + ")");
   if (P.stats.prefix_query_tokens - std::min(P.stats.prefix_query_tokens, c.failed_lookup_tokens) !=
       p.lookup_tokens)
     line("    note: pkv_pool_get_stats counted a different number of looked-up tokens");
@@ -219,16 +219,15 @@ void print_report(std::FILE* out, const RunInfo& run, const Summary& s) {
     const std::string name = server_name(r->kind);
     line("  " + name + (r == &P ? "  " : " ") + " time " + fmt("%.1f s", r->wall_seconds) +
          ": library " + fmt("%.1f s", m.kernel_seconds) + " (plan " +
-         fmt("%.2f", r->times.prepare) + ", write " + fmt("%.2f", r->times.write) +
-         ", attention " + fmt("%.2f", r->times.attention) + "), making K/V+queries " +
-         fmt("%.2f", r->times.host) + ", reference check " + fmt("%.2f", r->times.check));
+         fmt("%.2f", r->times.prepare) + ", write " + fmt("%.2f", r->times.write) + ", attention " +
+         fmt("%.2f", r->times.attention) + "), making K/V+queries " + fmt("%.2f", r->times.host) +
+         ", reference check " + fmt("%.2f", r->times.check));
     std::string check = "         attention check " + with_commas(ck.rows) + " rows x " +
                         std::to_string(o.q_heads) + " heads x " + std::to_string(o.head_dim) +
                         " vs float64 (" + with_commas(ck.rows_on_cached_prefix) +
                         " on prefix-cache hits, " + with_commas(ck.rows_after_preemption) +
-                        " after preemption, context up to " +
-                        with_commas(ck.max_context_checked) + "): max abs err " +
-                        fmt("%.2e", ck.max_abs_err);
+                        " after preemption, context up to " + with_commas(ck.max_context_checked) +
+                        "): max abs err " + fmt("%.2e", ck.max_abs_err);
     if (r->lse_checked) check += ", lse " + fmt("%.2e", ck.max_lse_abs_err);
     check += fmt(", worst error/tolerance %.2f", ck.worst_ratio);
     check += ck.rows == 0     ? ": NOT RUN"
@@ -237,8 +236,7 @@ void print_report(std::FILE* out, const RunInfo& run, const Summary& s) {
     line(check);
     line("         pool invariants pkv_pool_validate x" + with_commas(r->validations) + ": " +
          (r->validate_error.empty() ? std::string("PASS") : "FAIL: " + r->validate_error) +
-         "; requests finished " + with_commas(r->requests.size()) + "/" +
-         with_commas(o.requests));
+         "; requests finished " + with_commas(r->requests.size()) + "/" + with_commas(o.requests));
     if (r->stats_mismatch_steps)
       line("         note: pkv_pool_stats.kv_bytes_used differed from the simulator's count in " +
            with_commas(r->stats_mismatch_steps) + " steps");

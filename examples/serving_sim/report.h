@@ -33,9 +33,9 @@ struct Percentiles {
 struct ServerSummary {
   int64_t steps = 0;
   double wall_seconds = 0;
-  double requests_per_s = 0, tokens_per_s = 0;            // generated tokens
-  double requests_per_kstep = 0, tokens_per_step = 0;     // in engine steps
-  Percentiles ttft, tpot, queue;                          // steps
+  double requests_per_s = 0, tokens_per_s = 0;         // generated tokens
+  double requests_per_kstep = 0, tokens_per_step = 0;  // in engine steps
+  Percentiles ttft, tpot, queue;                       // steps
   double running_median = 0;
   uint32_t running_peak = 0;
   double reserved_median = 0, reserved_peak = 0;  // bytes

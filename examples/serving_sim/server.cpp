@@ -118,8 +118,8 @@ ServerRun serve(KvAllocator* alloc, const ServeContext& ctx) {
   run.preemption_steps = sched.preemption_steps;
   for (const Request& r : workload.requests)
     if (r.finished)
-      run.requests.push_back({r.arrival_step, r.first_admit_step, r.first_token_step,
-                              r.finish_step, r.output_len, r.preemptions});
+      run.requests.push_back({r.arrival_step, r.first_admit_step, r.first_token_step, r.finish_step,
+                              r.output_len, r.preemptions});
   return run;
 }
 

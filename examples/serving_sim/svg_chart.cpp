@@ -151,7 +151,8 @@ Line series(const std::vector<StepSample>& samples, F f, const char* color, std:
   const size_t bucket = std::max<size_t>(1, (samples.size() + 999) / 1000);
   for (size_t i = 0; i < samples.size(); i += bucket) {
     double v = 0;
-    for (size_t j = i; j < std::min(samples.size(), i + bucket); ++j) v = std::max(v, f(samples[j]));
+    for (size_t j = i; j < std::min(samples.size(), i + bucket); ++j)
+      v = std::max(v, f(samples[j]));
     l.x.push_back(double(samples[i].step));
     l.y.push_back(v);
   }
@@ -189,7 +190,10 @@ bool write_svg_chart(const std::string& path, const RunInfo& run, const Summary&
   Line s_held = series(
       S, [&](const StepSample& x) { return double(x.physical_tokens) * bpt / mib; }, red,
       "static: holding tokens");
-  Line budget{{0, double(std::max(P.empty() ? 0 : P.back().step, S.empty() ? 0 : S.back().step))},
+  // 3% room on the right, so the last server's finish is not on the frame.
+  const double xmax =
+      nice_top(std::max(1.0, 1.03 * double(std::max(run.paged.steps, run.statik.steps))), 10);
+  Line budget{{0, xmax},
               {double(o.memory_budget) / mib, double(o.memory_budget) / mib},
               "#222222",
               "memory budget",
@@ -204,14 +208,13 @@ bool write_svg_chart(const std::string& path, const RunInfo& run, const Summary&
   Line s_done = series(
       S, [](const StepSample& x) { return double(x.finished); }, red, "static");
 
-  const double xmax = nice_top(std::max(1.0, budget.x[1]), 10);
   const double W = 1120, H = 1010, left = 84, plot_w = 720;
   // Headroom above the highest value, so no line runs along the frame.
   const double room = 1.08;
-  Panel p1{left, 104, plot_w, 290, xmax,
-           nice_top(room * top_of({&p_used, &s_res, &s_held, &budget}), 5)};
-  Panel p2{left, 466, plot_w, 200, xmax,
-           nice_top(room * std::max(1.0, top_of({&p_run, &s_run})), 5)};
+  Panel p1{left, 104,  plot_w,
+           290,  xmax, nice_top(room * top_of({&p_used, &s_res, &s_held, &budget}), 5)};
+  Panel p2{left, 466,  plot_w,
+           200,  xmax, nice_top(room * std::max(1.0, top_of({&p_run, &s_run})), 5)};
   Panel p3{left, 738, plot_w, 200, xmax, nice_top(room * double(o.requests), 5)};
 
   std::string s;
@@ -225,15 +228,14 @@ bool write_svg_chart(const std::string& path, const RunInfo& run, const Summary&
             "pagedkv serving simulation: the same " + with_commas(o.requests) +
                 " requests through a paged and a static KV-cache server",
             "class=\"title\"");
-  s += text(20, 48,
-            format_bytes(double(o.memory_budget)) + " KV budget each, max context " +
-                with_commas(o.max_context) + " (static: " +
-                std::to_string(run.statik.static_slots) + " reservations of " +
-                format_bytes(sm.static_slot_bytes) + "), block " +
-                std::to_string(o.block_size) + " tokens, " + std::to_string(o.layers) +
-                " layers, " + run.dtype_name + " on " + run.device_name + ", seed " +
-                std::to_string(o.seed),
-            "class=\"axis\"");
+  s +=
+      text(20, 48,
+           format_bytes(double(o.memory_budget)) + " KV budget each, max context " +
+               with_commas(o.max_context) + " (static: " + std::to_string(run.statik.static_slots) +
+               " reservations of " + format_bytes(sm.static_slot_bytes) + "), block " +
+               std::to_string(o.block_size) + " tokens, " + std::to_string(o.layers) + " layers, " +
+               run.dtype_name + " on " + run.device_name + ", seed " + std::to_string(o.seed),
+           "class=\"axis\"");
   char buf[200];
   std::snprintf(buf, sizeof buf,
                 "paged finished after %s steps, static after %s (%.1fx as many); median "
@@ -287,6 +289,25 @@ bool write_svg_chart(const std::string& path, const RunInfo& run, const Summary&
   s += axes(p3, "Requests completed", "requests", "engine step");
   s += polyline(p3, s_done);
   s += polyline(p3, p_done);
+  // Where each server finished: a dotted rule through all three panels and
+  // the step written beside the end of its completion line.
+  for (const auto* r : {&run.paged, &run.statik}) {
+    if (r->timeline.samples.empty()) continue;
+    const double end = double(r->steps);
+    const char* color = r == &run.paged ? blue : red;
+    for (const Panel* p : {&p1, &p2, &p3})
+      s += "<line x1=\"" + num(p->px(end)) + "\" x2=\"" + num(p->px(end)) + "\" y1=\"" + num(p->y) +
+           "\" y2=\"" + num(p->y + p->h) + "\" stroke=\"" + color +
+           "\" stroke-width=\"1\" stroke-dasharray=\"2 3\"/>\n";
+    const bool right = p3.px(end) > p3.x + p3.w - 150;
+    // Above and beside the line's end, where the rising line is not.
+    s += text(p3.px(end) + (right ? -6 : 6), p3.py(double(r->requests.size())) - 6,
+              std::string(server_name(r->kind)) + ": all done after " + with_commas(uint64_t(end)) +
+                  " steps",
+              (std::string(right ? "text-anchor=\"end\" " : "") +
+               "class=\"note\" style=\"fill:" + color + "\"")
+                  .c_str());
+  }
   s += legend(lx, p3.y + 12, {&p_done, &s_done});
   ny = p3.y + 58;
   std::snprintf(buf, sizeof buf, "time to first token p50: paged %.0f,", sm.paged.ttft.p50);
