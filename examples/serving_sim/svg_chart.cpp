@@ -215,7 +215,8 @@ bool write_svg_chart(const std::string& path, const RunInfo& run, const Summary&
            290,  xmax, nice_top(room * top_of({&p_used, &s_res, &s_held, &budget}), 5)};
   Panel p2{left, 466,  plot_w,
            200,  xmax, nice_top(room * std::max(1.0, top_of({&p_run, &s_run})), 5)};
-  Panel p3{left, 738, plot_w, 200, xmax, nice_top(room * double(o.requests), 5)};
+  // More room here: the finish labels sit above the completion lines.
+  Panel p3{left, 738, plot_w, 200, xmax, nice_top(1.15 * double(o.requests), 5)};
 
   std::string s;
   s += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W) + "\" height=\"" + num(H) +
@@ -299,12 +300,15 @@ bool write_svg_chart(const std::string& path, const RunInfo& run, const Summary&
       s += "<line x1=\"" + num(p->px(end)) + "\" x2=\"" + num(p->px(end)) + "\" y1=\"" + num(p->y) +
            "\" y2=\"" + num(p->y + p->h) + "\" stroke=\"" + color +
            "\" stroke-width=\"1\" stroke-dasharray=\"2 3\"/>\n";
-    const bool right = p3.px(end) > p3.x + p3.w - 150;
-    // Above and beside the line's end, where the rising line is not.
-    s += text(p3.px(end) + (right ? -6 : 6), p3.py(double(r->requests.size())) - 6,
+    // Paged on the first row, right of its rule (left if near the frame);
+    // static on the second, left of its rule: the two never overlap, and
+    // both stay above the completion lines, which end at the requests count.
+    const bool paged = r == &run.paged;
+    const bool right_of = paged && p3.px(end) < p3.x + p3.w - 230;
+    s += text(p3.px(end) + (right_of ? 6 : -6), p3.y + (paged ? 13 : 27),
               std::string(server_name(r->kind)) + ": all done after " + with_commas(uint64_t(end)) +
                   " steps",
-              (std::string(right ? "text-anchor=\"end\" " : "") +
+              (std::string(right_of ? "" : "text-anchor=\"end\" ") +
                "class=\"note\" style=\"fill:" + color + "\"")
                   .c_str());
   }
