@@ -109,8 +109,10 @@ bool Scheduler::try_admit(Request* r, int64_t step, uint32_t budget, std::vector
   if (!fits) {
     // Gives back the prefix blocks it attached; they stay cached.
     check_status(pkv_seq_free(pool_, seq), "pkv_seq_free");
-    counters_.failed_lookup_tokens += r->tokens.size();
-    counters_.failed_lookup_hits += cached;
+    if (alloc_->prefix_caching()) {
+      counters_.failed_lookup_tokens += r->tokens.size();
+      counters_.failed_lookup_hits += cached;
+    }
     return false;
   }
   alloc_->on_admit(r);
