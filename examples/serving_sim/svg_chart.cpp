@@ -207,6 +207,13 @@ bool write_svg_chart(const std::string& path, const RunInfo& run, const Summary&
       P, [](const StepSample& x) { return double(x.finished); }, blue, "paged");
   Line s_done = series(
       S, [](const StepSample& x) { return double(x.finished); }, red, "static");
+  // Static lines wide and pale, paged narrow and solid: equal values (a
+  // light load) show as a blue line inside a red band, not one line.
+  for (Line* l : {&s_held, &s_run, &s_done}) {
+    l->width = 5;
+    l->opacity = 0.5;
+  }
+  for (Line* l : {&p_used, &p_run, &p_done}) l->width = 1.6;
 
   const double W = 1120, H = 1010, left = 84, plot_w = 720;
   // Headroom above the highest value, so no line runs along the frame.
@@ -249,9 +256,10 @@ bool write_svg_chart(const std::string& path, const RunInfo& run, const Summary&
 
   const double lx = left + plot_w + 22;
   s += axes(p1, "KV-cache memory in use", "MiB", "");
-  // Wide translucent static band first, the paged area over it, the thin
-  // budget line on top: where they coincide all three stay visible.
-  for (const Line* l : {&s_res, &p_used, &s_held, &budget}) s += polyline(p1, *l);
+  // Wide translucent static lines first, the thinner paged line over them,
+  // the thin budget line on top: where lines coincide, each stays visible
+  // (a narrow line inside a wider pale one).
+  for (const Line* l : {&s_res, &s_held, &p_used, &budget}) s += polyline(p1, *l);
   s += legend(lx, p1.y + 12, {&p_used, &s_res, &s_held, &budget});
   double ny = p1.y + 100;
   auto note = [&](const std::string& line) {
