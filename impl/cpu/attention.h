@@ -76,6 +76,15 @@ void attend(ThreadPool& pool, const AttentionConfig& config, const KvArena& aren
 void write_kv(ThreadPool& pool, const KvArena& arena, int32_t layer, const PlanView& plan,
               const Tensor3& k, const Tensor3& v);
 
+// FP8 cache (fp8.h): k and v are f32, f16 or bf16 (each its own); each
+// row is divided by its head's scale and encoded, round to nearest even,
+// saturating. Slots and shapes as write_kv.
+void write_kv_fp8(ThreadPool& pool, const KernelTable& table, const KvArena& arena, int32_t layer,
+                  const PlanView& plan, const Tensor3& k, const Tensor3& v);
+
+// Error kInvalidArgument unless every slot_mapping entry is -1 or a slot.
+void check_write_slots(const KvArena& arena, const PlanView& plan);
+
 void copy_blocks(ThreadPool& pool, const KvArena& arena, const int32_t* src, const int32_t* dst,
                  int64_t num_pairs);
 

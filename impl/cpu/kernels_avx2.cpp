@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "cpu/fp8.h"
 #include "cpu/half.h"
 #include "cpu/kernels.h"
 
@@ -109,6 +110,8 @@ struct Ops {
   }
 };
 
+#include "cpu/fp8_ops_avx2.inc"
+#include "cpu/fp8_kernels.inc"
 #include "cpu/kernels_impl.inc"
 
 const KernelTable& table() {

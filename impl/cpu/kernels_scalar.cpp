@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "cpu/fp8.h"
 #include "cpu/half.h"
 #include "cpu/kernels.h"
 
@@ -38,6 +39,8 @@ struct Ops {
   static V tanh(V x) { return std::tanh(x); }
 };
 
+#include "cpu/fp8_ops_scalar.inc"
+#include "cpu/fp8_kernels.inc"
 #include "cpu/kernels_impl.inc"
 
 }  // namespace scalar_isa
