@@ -54,6 +54,13 @@
 // and v[t, h] are copied (bit-exact, same dtype) to row slot % bs of block
 // slot / bs, KV head h, for every h. slot -1 is padding: skipped. Nothing
 // else is written.
+//
+// FP8 caches (E4M3, E5M2; fp8.h): the write stores each value divided by
+// its head's scale (KvArena::scales), encoded round-to-nearest-even and
+// saturating; attention reads code * scale, with the K scale folded into
+// q's scaling (x = (scale * k_scale * q) . code) and the V scale into the
+// output's normalisation: the same as dequantising every element, up to
+// f32 rounding. q and out are f32, f16 or bf16.
 #pragma once
 
 #include <cstdint>
