@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "attention_check.h"
 #include "device_memory.h"
@@ -147,6 +148,19 @@ int run(Options o) {
   po.num_kv_heads = o.kv_heads;
   po.head_dim = o.head_dim;
   po.dtype = dtype;
+  // FP8 storage: one K and one V scale per layer, 1/256, so that the K/V
+  // values (multiples of 1/128 in [-1, 1)) use the formats' upper range.
+  const std::vector<float> kv_scales(o.layers, 1.0f / 256);
+  const uint32_t kv_dtype = o.kv_dtype == "fp8_e4m3"   ? PKV_DTYPE_FP8_E4M3
+                            : o.kv_dtype == "fp8_e5m2" ? PKV_DTYPE_FP8_E5M2
+                                                       : dtype;
+  if (kv_dtype != dtype) {
+    po.dtype = kv_dtype;
+    po.num_kv_scales = o.layers;
+    po.k_scales = kv_scales.data();
+    po.v_scales = kv_scales.data();
+    run.dtype_name = o.kv_dtype + " KV, " + o.dtype;
+  }
   po.device_type = device_type;
   po.device_id = device_type == PKV_DEVICE_CUDA ? o.device_id : 0;
   po.num_threads = o.threads;
@@ -193,7 +207,7 @@ int run(Options o) {
 
   Scheduler sched(pool.get(), &workload, o, usable);
   ModelRunner runner(pool.get(), o, dtype, device_type);
-  AttentionCheck check(dtype, o.q_heads, o.kv_heads, o.head_dim);
+  AttentionCheck check(kv_dtype != dtype ? kv_dtype : dtype, o.q_heads, o.kv_heads, o.head_dim);
   Rng check_rng(mix64(o.seed ^ 0xC4EC4ull));
   Progress progress(o.quiet);
 
