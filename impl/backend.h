@@ -30,6 +30,14 @@ struct KvArena {
   const float* plane_scales(int32_t layer, int32_t which) const {
     return scales + (size_t(2) * layer + which) * size_t(layout.num_kv_heads);
   }
+  // Offset of the scales from base, and the bytes of the whole allocation.
+  static size_t scales_offset(size_t planes_bytes) { return (planes_bytes + 63) / 64 * 64; }
+  size_t bytes() const {
+    const size_t planes = size_t(2) * size_t(num_layers) * layout.layer_bytes();
+    return scales == nullptr ? planes
+                             : scales_offset(planes) + sizeof(float) * 2 * size_t(num_layers) *
+                                                           size_t(layout.num_kv_heads);
+  }
 };
 
 class Backend {

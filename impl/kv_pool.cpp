@@ -173,7 +173,7 @@ std::shared_ptr<Pool> Pool::create(const PoolOptions& in) {
     // FP8: the per-head scales follow the planes, in the same allocation
     // (so a kernel holding the arena holds them too).
     const size_t planes_bytes = l.layer_bytes() * 2 * o.num_layers;
-    const size_t scales_at = (planes_bytes + 63) / 64 * 64;
+    const size_t scales_at = KvArena::scales_offset(planes_bytes);
     const size_t bytes =
         is_fp8(o.dtype) ? scales_at + sizeof(float) * 2 * o.num_layers * o.num_kv_heads
                         : planes_bytes;
@@ -515,7 +515,7 @@ void Pool::swap_blocks(const int32_t* ids, uint64_t n, void* host, uint64_t host
   // themselves (the pool's own storage handed back as the host buffer).
   const uintptr_t h = reinterpret_cast<uintptr_t>(host),
                   a = reinterpret_cast<uintptr_t>(arena_.base);
-  const uintptr_t a_end = a + size_t(2) * size_t(arena_.num_layers) * arena_.layout.layer_bytes();
+  const uintptr_t a_end = a + arena_.bytes();
   uintptr_t h_end;
   if (__builtin_add_overflow(h, need, &h_end))
     fail(Errc::kInvalidArgument,

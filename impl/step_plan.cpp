@@ -37,11 +37,12 @@ PlanView view_at(const char* base, const size_t* off, const BatchInfo& info) {
   return v;
 }
 
-// The bytes of every layer's K and V planes: no output may land there
-// (attention holds the KV lock shared, so other readers run alongside).
+// The bytes of every layer's K and V planes (and an FP8 pool's scales): no
+// output may land there (attention holds the KV lock shared, so other
+// readers run alongside).
 ByteSpan arena_span(const KvArena& a) {
   const uintptr_t b = reinterpret_cast<uintptr_t>(a.base);
-  return ByteSpan{b, b + size_t(2) * size_t(a.num_layers) * a.layout.layer_bytes()};
+  return ByteSpan{b, b + a.bytes()};
 }
 
 // Layer l's K and V planes (adjacent).

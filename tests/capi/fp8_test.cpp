@@ -600,6 +600,24 @@ TEST(Fp8Pool, WriteAndAttentionTakeAnyFloatInputNotOthers) {
             PKV_OK);
   EXPECT_EQ(pkv_attention_forward(b, 0, &qt, &oft, nullptr, nullptr, nullptr),
             PKV_E_INVALID_ARGUMENT);
+  // An output over the scales (stored after the last plane) is refused
+  // like one over the planes: nothing is written.
+  pkv_tensor last;
+  ASSERT_EQ(pkv_pool_kv_tensor(p, kLayers - 1, PKV_KV_VALUE, &last), PKV_OK);
+  const uintptr_t plane_end =
+      reinterpret_cast<uintptr_t>(last.data) + uint64_t(last.shape[0]) * last.strides[0];
+  pkv_tensor over = ot;
+  over.data = reinterpret_cast<void*>((plane_end + 63) / 64 * 64);
+  // Nothing is written: the check precedes the kernel.
+  EXPECT_EQ(pkv_attention_forward(b, 0, &qt, &over, nullptr, nullptr, nullptr),
+            PKV_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("overlaps the pool's KV storage"),
+            std::string::npos)
+      << pkv_last_error_message();
+  float k1[2], v1[2];
+  uint64_t n = 0;
+  ASSERT_EQ(pkv_pool_get_kv_scales(p, k1, v1, 2, &n), PKV_OK);
+  EXPECT_TRUE(k1[0] == 1.0f && k1[1] == 1.0f && v1[0] == 1.0f && v1[1] == 1.0f);
   ASSERT_EQ(pkv_attention_forward(b, 0, &qt, &ot, nullptr, nullptr, nullptr), PKV_OK);
   for (uint16_t x : out) ASSERT_EQ(x, 0x3f80);  // every key and value is 1.0
   pkv_batch_destroy(b);
