@@ -93,7 +93,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) float sum_gather(const
                                                                            const float* table) {
   __m512 acc = _mm512_setzero_ps();
   for (size_t i = 0; i < n; i += 16) {
-    const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)));
+    const __m512i idx =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)));
     acc = _mm512_add_ps(acc, _mm512_i32gather_ps(idx, table, 4));
   }
   return _mm512_reduce_add_ps(acc);
@@ -233,8 +234,8 @@ int main(int argc, char** argv) {
       std::snprintf(b0, sizeof b0, "%.2f (%.1f)", ms[0], gbs[0]);
       std::snprintf(b1, sizeof b1, "%.2f (%.1f)", ms[1], gbs[1]);
       std::snprintf(b2, sizeof b2, "%.2f (%.1f)", ms[2], gbs[2]);
-      std::printf("%-10s %-7d %12s %12s %12s %9.3f %9.3f\n", cpu::kernel_table(isa).name, t, b0,
-                  b1, b2, ms[1] / ms[0], ms[2] / ms[0]);
+      std::printf("%-10s %-7d %12s %12s %12s %9.3f %9.3f\n", cpu::kernel_table(isa).name, t, b0, b1,
+                  b2, ms[1] / ms[0], ms[2] / ms[0]);
       std::fflush(stdout);
     }
   }

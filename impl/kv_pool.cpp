@@ -50,10 +50,9 @@ void check_kv_scale_options(const PoolOptions& o) {
   const uint64_t n = o.k_scales.size();
   if (n == 0) return;
   if (o.num_layers == 0 || !is_fp8(o.dtype))
-    fail(Errc::kInvalidArgument, "num_kv_scales is " + str(n) + " but dtype " +
-                                     dtype_name(uint32_t(o.dtype)) +
-                                     (o.num_layers == 0 ? " without storage" : "") +
-                                     " takes no scales (fp8 pools only)");
+    fail(Errc::kInvalidArgument,
+         "num_kv_scales is " + str(n) + " but dtype " + dtype_name(uint32_t(o.dtype)) +
+             (o.num_layers == 0 ? " without storage" : "") + " takes no scales (fp8 pools only)");
   if (n != scale_count(o))
     fail(Errc::kInvalidArgument,
          "num_kv_scales is " + str(n) + ", expected " + str(scale_count(o)) +
@@ -174,9 +173,9 @@ std::shared_ptr<Pool> Pool::create(const PoolOptions& in) {
     // (so a kernel holding the arena holds them too).
     const size_t planes_bytes = l.layer_bytes() * 2 * o.num_layers;
     const size_t scales_at = KvArena::scales_offset(planes_bytes);
-    const size_t bytes =
-        is_fp8(o.dtype) ? scales_at + sizeof(float) * 2 * o.num_layers * o.num_kv_heads
-                        : planes_bytes;
+    const size_t bytes = is_fp8(o.dtype)
+                             ? scales_at + sizeof(float) * 2 * o.num_layers * o.num_kv_heads
+                             : planes_bytes;
     void* base = be->allocate(bytes);
     try {
       p->arena_hold_ = std::shared_ptr<void>(base, [be](void* m) { be->deallocate(m); });
@@ -554,19 +553,22 @@ void Pool::upload_scales() {
   backend_->synchronize(nullptr);
 }
 
-void Pool::set_kv_scales(const float* k, const float* v, uint64_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
-  check_open();
+void Pool::check_fp8() const {
   if (!has_storage() || !is_fp8(opts_.dtype))
     fail(Errc::kInvalidState, std::string("the pool's dtype is ") +
                                   (has_storage() ? dtype_name(uint32_t(opts_.dtype)) : "none") +
                                   ", not fp8: it has no KV scales");
+}
+
+void Pool::set_kv_scales(const float* k, const float* v, uint64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  check_fp8();
   if (n != k_scales_.size())
-    fail(Errc::kInvalidArgument, "num_scales is " + str(n) + ", expected " +
-                                     str(k_scales_.size()) +
-                                     (opts_.kv_scale_granularity == 1
-                                          ? " (num_layers * num_kv_heads, per head)"
-                                          : " (num_layers, per tensor)"));
+    fail(Errc::kInvalidArgument,
+         "num_scales is " + str(n) + ", expected " + str(k_scales_.size()) +
+             (opts_.kv_scale_granularity == 1 ? " (num_layers * num_kv_heads, per head)"
+                                              : " (num_layers, per tensor)"));
   check_scales(k, v, n, "k_scales", "v_scales");
   std::vector<float> nk(k, k + n), nv(v, v + n);
   // Writers of the arena are exclusive of every kernel (docs/threading.md).
@@ -585,10 +587,7 @@ void Pool::set_kv_scales(const float* k, const float* v, uint64_t n) {
 void Pool::kv_scales(std::vector<float>* k, std::vector<float>* v) const {
   std::lock_guard<std::mutex> lock(mu_);
   check_open();
-  if (!has_storage() || !is_fp8(opts_.dtype))
-    fail(Errc::kInvalidState, std::string("the pool's dtype is ") +
-                                  (has_storage() ? dtype_name(uint32_t(opts_.dtype)) : "none") +
-                                  ", not fp8: it has no KV scales");
+  check_fp8();
   *k = k_scales_;
   *v = v_scales_;
 }

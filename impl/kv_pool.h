@@ -196,6 +196,7 @@ class Pool {
                               size_t end) noexcept;
   void run_pending_copies(void* stream);  // caller holds mu_
   void check_open() const;
+  void check_fp8() const;  // kInvalidState unless the pool stores FP8
   void check_block_ids(const int32_t* ids, uint64_t n, const char* name) const;
 
   // x / block_size; a shift for the usual power-of-two sizes (a 64-bit

@@ -17,9 +17,9 @@ DType activation_dtype(DType pool, const TensorArg* t, const char* name) {
   if (!is_fp8(pool) || t == nullptr) return pool;
   const DType d = DType(t->dtype);
   if (d == DType::kF32 || d == DType::kF16 || d == DType::kBF16) return d;
-  fail(Errc::kInvalidArgument, std::string(name) + " has dtype " + dtype_name(t->dtype) + " (" +
-                                   str(t->dtype) + "), expected f32, f16 or bf16 (the pool stores " +
-                                   dtype_name(uint32_t(pool)) + ")");
+  fail(Errc::kInvalidArgument,
+       std::string(name) + " has dtype " + dtype_name(t->dtype) + " (" + str(t->dtype) +
+           "), expected f32, f16 or bf16 (the pool stores " + dtype_name(uint32_t(pool)) + ")");
 }
 
 PlanView view_at(const char* base, const size_t* off, const BatchInfo& info) {
@@ -399,12 +399,9 @@ void Batch::attend(uint32_t layer, const TensorArg* q, const TensorArg* out, con
                                      "]: the pool's window released older blocks");
   if (params.sliding_window > uint32_t(std::numeric_limits<int32_t>::max()))
     fail(Errc::kInvalidArgument, "params->sliding_window exceeds 2^31 - 1");
-  RowsSpec qs{activation_dtype(o.dtype, q, "q"),
-              o.device_type,
-              o.device_id,
-              int64_t(info_.num_tokens),
-              -int64_t(o.num_kv_heads),
-              int64_t(o.head_dim)};
+  RowsSpec qs{
+      activation_dtype(o.dtype, q, "q"), o.device_type,      o.device_id, int64_t(info_.num_tokens),
+      -int64_t(o.num_kv_heads),          int64_t(o.head_dim)};
   ByteSpan q_span, out_span, lse_span;
   Tensor3 q3 = check_rows(q, "q", qs, &q_span);
   RowsSpec os{q3.dtype, o.device_type, o.device_id, q3.n0, q3.n1, q3.n2, true};

@@ -280,8 +280,8 @@ pkv_status pkv_pool_get_kv_scales(const pkv_pool* pool, float* k_out, float* v_o
     p.kv_scales(&k, &v);
     *out_len = k.size();
     if (capacity < k.size())
-      fail(Errc::kBufferTooSmall, "capacity " + str(capacity) + " is below the " +
-                                      str(k.size()) + " scales of the pool");
+      fail(Errc::kBufferTooSmall,
+           "capacity " + str(capacity) + " is below the " + str(k.size()) + " scales of the pool");
     pc::require(k_out, "k_out");
     pc::require(v_out, "v_out");
     std::copy(k.begin(), k.end(), k_out);

@@ -81,7 +81,8 @@ template <int F>
 struct Fp8Table {
   std::array<float, 256> v{};
   constexpr Fp8Table() {
-    for (int c = 0; c < 256; ++c) v[size_t(c)] = fp8_to_f32_exact<F>(uint8_t(c)) * fp8_load_factor<F>();
+    for (int c = 0; c < 256; ++c)
+      v[size_t(c)] = fp8_to_f32_exact<F>(uint8_t(c)) * fp8_load_factor<F>();
   }
 };
 

@@ -110,8 +110,10 @@ struct Ops {
   }
 };
 
-#include "cpu/fp8_ops_avx2.inc"
-#include "cpu/fp8_kernels.inc"
+#include "cpu/fp8_ops_avx2.inc"  // after Ops
+
+#include "cpu/fp8_kernels.inc"  // after Fp8Ops
+
 #include "cpu/kernels_impl.inc"
 
 const KernelTable& table() {

@@ -39,8 +39,10 @@ struct Ops {
   static V tanh(V x) { return std::tanh(x); }
 };
 
-#include "cpu/fp8_ops_scalar.inc"
-#include "cpu/fp8_kernels.inc"
+#include "cpu/fp8_ops_scalar.inc"  // after Ops
+
+#include "cpu/fp8_kernels.inc"  // after Fp8Ops
+
 #include "cpu/kernels_impl.inc"
 
 }  // namespace scalar_isa

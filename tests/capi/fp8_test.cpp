@@ -108,7 +108,8 @@ Data make_data(double mag, uint32_t seed, const std::vector<int>& lens) {
   d.mag = mag;
   for (uint32_t l = 0; l < kLayers; ++l) {
     for (int len : lens) {
-      std::vector<float> k(size_t(len) * kHeads * kDim), v(k.size()), q(size_t(len) * kQHeads * kDim);
+      std::vector<float> k(size_t(len) * kHeads * kDim), v(k.size()),
+          q(size_t(len) * kQHeads * kDim);
       for (float& x : k) x = nz(mag);
       for (float& x : v) x = nz(mag);
       for (float& x : q) x = nz(2.0 / mag);  // logits O(1)
@@ -344,8 +345,8 @@ TEST(Fp8Pool, AccuracyAgainstFloat64AndBf16) {
               for (uint32_t h = 0; h < kHeads; ++h)
                 for (uint32_t e = 0; e < kDim; ++e)
                   for (uint32_t w = 0; w < 2; ++w) {
-                    const float x = (w == 0 ? d.k : d.v)[l][size_t(s)][(size_t(pos) * kHeads + h) *
-                                                                          kDim + e];
+                    const float x =
+                        (w == 0 ? d.k : d.v)[l][size_t(s)][(size_t(pos) * kHeads + h) * kDim + e];
                     const uint8_t want = fp8_ref::ref_encode(fmt, double(x / scale_of(l, w, h)));
                     if (stored(p, ids[size_t(s)], l, w, pos, h, e) != want && ++bad <= 3)
                       ADD_FAILURE() << "code of layer " << l << " seq " << s << " pos " << pos;
@@ -360,15 +361,20 @@ TEST(Fp8Pool, AccuracyAgainstFloat64AndBf16) {
         const auto ref_codes = reference(d, st, deq(0), deq(1));
         const double err_codes = max_err(out, ref_codes) / mag;
         const double err_ref = max_err(out, ref) / mag;
-        const double err_bf16 = max_err(out, [&] {
-          std::vector<std::vector<double>> b(kLayers);
-          for (uint32_t l = 0; l < kLayers; ++l) b[l].assign(bout[l].begin(), bout[l].end());
-          return b;
-        }()) / mag;
+        const double err_bf16 = max_err(out,
+                                        [&] {
+                                          std::vector<std::vector<double>> b(kLayers);
+                                          for (uint32_t l = 0; l < kLayers; ++l)
+                                            b[l].assign(bout[l].begin(), bout[l].end());
+                                          return b;
+                                        }()) /
+                                mag;
         std::printf("%-9s %-8s %-10g %12.3e %12.3e %12.3e %12.3e\n",
                     dtype == PKV_DTYPE_FP8_E4M3 ? "e4m3" : "e5m2",
-                    mode == 0 ? "tensor" : mode == 1 ? "head" : "sat/8", mag, err_ref, err_bf16,
-                    bf16_err, err_codes);
+                    mode == 0   ? "tensor"
+                    : mode == 1 ? "head"
+                                : "sat/8",
+                    mag, err_ref, err_bf16, bf16_err, err_codes);
         // Against the codes it read: f32 arithmetic only.
         EXPECT_LT(err_codes, 2e-5);
         // Against the original values: the format's rounding (E4M3: 3

@@ -36,17 +36,18 @@ inline uint8_t ref_encode(int f, double x) {
   if (ax >= ref_decode(f, max_code(f))) return uint8_t(sign | max_code(f));
   // The non-negative finite values increase with the code: the nearest is
   // one of the two around ax.
-  static const std::vector<double> values[2] = {
-      [] {
-        std::vector<double> v;
-        for (int c = 0; c <= 0x7e; ++c) v.push_back(ref_decode(kE4m3, uint8_t(c)));
-        return v;
-      }(),
-      [] {
-        std::vector<double> v;
-        for (int c = 0; c <= 0x7b; ++c) v.push_back(ref_decode(kE5m2, uint8_t(c)));
-        return v;
-      }()};
+  static const std::vector<double> values[2] = {[] {
+                                                  std::vector<double> v;
+                                                  for (int c = 0; c <= 0x7e; ++c)
+                                                    v.push_back(ref_decode(kE4m3, uint8_t(c)));
+                                                  return v;
+                                                }(),
+                                                [] {
+                                                  std::vector<double> v;
+                                                  for (int c = 0; c <= 0x7b; ++c)
+                                                    v.push_back(ref_decode(kE5m2, uint8_t(c)));
+                                                  return v;
+                                                }()};
   const std::vector<double>& vals = values[f];
   const size_t hi = size_t(std::lower_bound(vals.begin(), vals.end(), ax) - vals.begin());
   if (hi == 0) return sign;

@@ -69,8 +69,8 @@ TEST(Fp8Codes, EveryCodeRoundTripsAndDecodesExactly) {
     std::vector<float> values;
     for (int c = 0; c < 256; ++c) {
       const double v = ref_decode(f, uint8_t(c));
-      const float lib = f == kFp8E4m3 ? fp8_to_f32<kFp8E4m3>(uint8_t(c))
-                                      : fp8_to_f32<kFp8E5m2>(uint8_t(c));
+      const float lib =
+          f == kFp8E4m3 ? fp8_to_f32<kFp8E4m3>(uint8_t(c)) : fp8_to_f32<kFp8E5m2>(uint8_t(c));
       if (std::isnan(v)) {
         EXPECT_TRUE(std::isnan(lib)) << fmt_name(f) << " code " << c;
       } else {
@@ -180,8 +180,9 @@ TEST(Fp8Loads, EveryCodeThroughTheAttentionKernels) {
         for (int32_t h = 0; h < hq; ++h) q[size_t(h) * D + h * 16 + j] = 1.0f;
         std::vector<int64_t> slots(1, -1);
         std::vector<int32_t> qptr = {0, 1}, pptr = {0, 1}, pages = {block}, last = {1}, ctx = {1};
-        PlanView plan{1, 1, 1, 1, slots.data(), qptr.data(), pptr.data(), pages.data(),
-                      last.data(), ctx.data()};
+        PlanView plan{
+            1,           1,         1, 1, slots.data(), qptr.data(), pptr.data(), pages.data(),
+            last.data(), ctx.data()};
         Tensor3 qt{q.data(), DType::kF32, 1, hq, D, hq * D, D};
         Tensor3 ot{out.data(), DType::kF32, 1, hq, D, hq * D, D};
         AttentionArgs args{1.0f, 0, 0.0f, lse.data(), hq};
@@ -213,8 +214,9 @@ TEST(Fp8Loads, EveryCodeThroughTheAttentionKernels) {
         std::vector<float> q(size_t(D), 0.25f), out(size_t(D), 0.0f);
         std::vector<int64_t> slots(1, -1);
         std::vector<int32_t> qptr = {0, 1}, pptr = {0, 1}, pages = {block}, last = {2}, ctx = {2};
-        PlanView plan{1, 1, 1, 2, slots.data(), qptr.data(), pptr.data(), pages.data(),
-                      last.data(), ctx.data()};
+        PlanView plan{
+            1,           1,         1, 2, slots.data(), qptr.data(), pptr.data(), pages.data(),
+            last.data(), ctx.data()};
         Tensor3 qt{q.data(), DType::kF32, 1, 1, D, D, D};
         Tensor3 ot{out.data(), DType::kF32, 1, 1, D, D, D};
         AttentionArgs args{1.0f, 0, 0.0f, nullptr, 0};
@@ -459,8 +461,8 @@ void run_case(const Case& c) {
   const int64_t lse_stride = hq + 3;
   std::vector<float> lse(size_t(T * lse_stride), std::nanf(""));
   std::vector<int64_t> slots(T, -1);
-  PlanView plan{ns, T, 0, 0, slots.data(), qptr.data(), pptr.data(), pages.data(), last.data(),
-                ctx.data()};
+  PlanView plan{ns,           T,           0,         0, slots.data(), qptr.data(), pptr.data(),
+                pages.data(), last.data(), ctx.data()};
   for (int32_t s = 0; s < ns; ++s) {
     plan.max_query = std::max(plan.max_query, c.seqs[s].nq);
     plan.max_context = std::max(plan.max_context, ctx[s]);
@@ -512,15 +514,15 @@ void run_case(const Case& c) {
           const double got = load(obuf.data(), c.qdt, t * s0 + h * s1 + d);
           if (!(std::fabs(got - ref[d]) <= atol + rtol * std::fabs(ref[d]))) {
             report("out[seq " + std::to_string(s) + " q " + std::to_string(i) + " head " +
-                   std::to_string(h) + " dim " + std::to_string(d) + "] = " +
-                   std::to_string(got) + ", reference " + std::to_string(ref[d]));
+                   std::to_string(h) + " dim " + std::to_string(d) + "] = " + std::to_string(got) +
+                   ", reference " + std::to_string(ref[d]));
           }
         }
         if (c.lse) {
           const double want = mx + std::log(sum), got = lse[size_t(t * lse_stride + h)];
           if (!(std::fabs(got - want) <= 1e-4 + 1e-5 * std::fabs(want)))
-            report("lse[" + std::to_string(t) + ", " + std::to_string(h) + "] = " +
-                   std::to_string(got) + ", reference " + std::to_string(want));
+            report("lse[" + std::to_string(t) + ", " + std::to_string(h) +
+                   "] = " + std::to_string(got) + ", reference " + std::to_string(want));
         }
       }
     }

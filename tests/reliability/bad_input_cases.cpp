@@ -477,12 +477,12 @@ std::vector<Case> make_cases() {
           "num_kv_scales", pkv_pool_options o = fp8_opts();
           const float k[2] = {1, 1}; o.kv_scale_granularity = PKV_KV_SCALE_PER_HEAD;
           o.num_kv_scales = 2; o.k_scales = k; o.v_scales = k; return create_with(o, e);),
-        S("pkv_pool_create", PKV_CLASS_RANGE, "k_scales[1] = 0, -1, NaN or inf", kInv, "k_scales[1]",
-          return bad_create_scales(e, false);),
-        S("pkv_pool_create", PKV_CLASS_RANGE, "v_scales[0] = 0, -1, NaN or inf", kInv, "v_scales[0]",
-          return bad_create_scales(e, true);),
-        S("pkv_pool_create", PKV_CLASS_NULL, "k_scales = NULL, num_kv_scales = 2", kInv,
-          "k_scales", pkv_pool_options o = fp8_opts();
+        S("pkv_pool_create", PKV_CLASS_RANGE, "k_scales[1] = 0, -1, NaN or inf", kInv,
+          "k_scales[1]", return bad_create_scales(e, false);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "v_scales[0] = 0, -1, NaN or inf", kInv,
+          "v_scales[0]", return bad_create_scales(e, true);),
+        S("pkv_pool_create", PKV_CLASS_NULL, "k_scales = NULL, num_kv_scales = 2", kInv, "k_scales",
+          pkv_pool_options o = fp8_opts();
           const float v[2] = {1, 1}; o.num_kv_scales = 2; o.v_scales = v;
           return create_with(o, e);),
         S("pkv_pool_create", PKV_CLASS_STATE, "k_scales set, num_kv_scales = 0", kInv,
@@ -490,33 +490,40 @@ std::vector<Case> make_cases() {
           const float k[2] = {1, 1}; o.k_scales = k; return create_with(o, e);),
         S("pkv_pool_create", PKV_CLASS_DTYPE, "num_kv_scales = 2 on a bf16 pool", kInv,
           "fp8 pools only", pkv_pool_options o = fp8_opts();
-          const float k[2] = {1, 1}; o.dtype = PKV_DTYPE_BF16; o.num_kv_scales = 2;
-          o.k_scales = k; o.v_scales = k; return create_with(o, e);),
+          const float k[2] = {1, 1}; o.dtype = PKV_DTYPE_BF16; o.num_kv_scales = 2; o.k_scales = k;
+          o.v_scales = k; return create_with(o, e);),
         S("pkv_pool_set_kv_scales", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
-          const float k[2] = {1, 1}; return pkv_pool_set_kv_scales(nullptr, k, k, 2);),
+          const float k[2] = {1, 1};
+          return pkv_pool_set_kv_scales(nullptr, k, k, 2);),
         S("pkv_pool_set_kv_scales", PKV_CLASS_NULL, "k_scales = NULL, num_scales = 2", kInv,
           "k_scales", const float v[2] = {1, 1};
-          return with_fp8_pool([&](pkv_pool* p) { return pkv_pool_set_kv_scales(p, nullptr, v, 2); });),
+          return with_fp8_pool(
+              [&](pkv_pool* p) { return pkv_pool_set_kv_scales(p, nullptr, v, 2); });),
         S("pkv_pool_set_kv_scales", PKV_CLASS_SHAPE, "num_scales = 3 (pool has 2)", kInv,
           "num_scales", const float k[3] = {1, 1, 1};
           return with_fp8_pool([&](pkv_pool* p) { return pkv_pool_set_kv_scales(p, k, k, 3); });),
         S("pkv_pool_set_kv_scales", PKV_CLASS_RANGE, "v_scales[1] = 0, -1, NaN or inf", kInv,
           "v_scales[1]", return bad_set_scales();),
         S("pkv_pool_set_kv_scales", PKV_CLASS_STATE, "an f32 pool", kState, "not fp8",
-          const float k[2] = {1, 1}; return pkv_pool_set_kv_scales(e.pool, k, k, 2);),
-        S("pkv_pool_get_kv_scales", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
-          float k[2], v[2]; return pkv_pool_get_kv_scales(nullptr, k, v, 2, &e.u64);),
-        S("pkv_pool_get_kv_scales", PKV_CLASS_NULL, "out_len = NULL", kInv, "out_len",
-          float k[2], v[2];
-          return with_fp8_pool([&](pkv_pool* p) { return pkv_pool_get_kv_scales(p, k, v, 2, nullptr); });),
+          const float k[2] = {1, 1};
+          return pkv_pool_set_kv_scales(e.pool, k, k, 2);),
+        S("pkv_pool_get_kv_scales", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", float k[2], v[2];
+          return pkv_pool_get_kv_scales(nullptr, k, v, 2, &e.u64);),
+        S("pkv_pool_get_kv_scales", PKV_CLASS_NULL, "out_len = NULL", kInv, "out_len", float k[2],
+          v[2];
+          return with_fp8_pool(
+              [&](pkv_pool* p) { return pkv_pool_get_kv_scales(p, k, v, 2, nullptr); });),
         S("pkv_pool_get_kv_scales", PKV_CLASS_NULL, "k_out = NULL, capacity = 2", kInv, "k_out",
           float v[2];
-          return with_fp8_pool([&](pkv_pool* p) { return pkv_pool_get_kv_scales(p, nullptr, v, 2, &e.u64); });),
+          return with_fp8_pool(
+              [&](pkv_pool* p) { return pkv_pool_get_kv_scales(p, nullptr, v, 2, &e.u64); });),
         S("pkv_pool_get_kv_scales", PKV_CLASS_CAPACITY, "capacity = 1 (pool has 2)", kSmall,
           "capacity", float k[2], v[2];
-          return with_fp8_pool([&](pkv_pool* p) { return pkv_pool_get_kv_scales(p, k, v, 1, &e.u64); });),
-        S("pkv_pool_get_kv_scales", PKV_CLASS_STATE, "an f32 pool", kState, "not fp8",
-          float k[2], v[2]; return pkv_pool_get_kv_scales(e.pool, k, v, 2, &e.u64);),
+          return with_fp8_pool(
+              [&](pkv_pool* p) { return pkv_pool_get_kv_scales(p, k, v, 1, &e.u64); });),
+        S("pkv_pool_get_kv_scales", PKV_CLASS_STATE, "an f32 pool", kState, "not fp8", float k[2],
+          v[2];
+          return pkv_pool_get_kv_scales(e.pool, k, v, 2, &e.u64);),
 
         // ------------------------------------------------------------ pool.h: sequences
         V("pkv_seq_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
