@@ -15,13 +15,28 @@ namespace pagedkv {
 
 // Storage for all layers: plane p = 2 * layer + (0 for K, 1 for V) starts at
 // base + p * layout.layer_bytes().
+// FP8 pools: scales[(2 * layer + which) * num_kv_heads + head] is the
+// dequantisation scale of that plane's head (per-tensor scales repeated),
+// in the same memory as the planes (device memory on CUDA); else null.
 struct KvArena {
   void* base;
   int32_t num_layers;
   KvLayout layout;
+  const float* scales;
 
   void* plane(int32_t layer, int32_t which) const {
     return static_cast<char*>(base) + (size_t(2) * layer + which) * layout.layer_bytes();
+  }
+  const float* plane_scales(int32_t layer, int32_t which) const {
+    return scales + (size_t(2) * layer + which) * size_t(layout.num_kv_heads);
+  }
+  // Offset of the scales from base, and the bytes of the whole allocation.
+  static size_t scales_offset(size_t planes_bytes) { return (planes_bytes + 63) / 64 * 64; }
+  size_t bytes() const {
+    const size_t planes = size_t(2) * size_t(num_layers) * layout.layer_bytes();
+    return scales == nullptr ? planes
+                             : scales_offset(planes) + sizeof(float) * 2 * size_t(num_layers) *
+                                                           size_t(layout.num_kv_heads);
   }
 };
 

@@ -10,7 +10,17 @@
 namespace pagedkv {
 
 // Values equal PKV_DTYPE_*.
-enum class DType : uint32_t { kF32 = 1, kF16 = 2, kBF16 = 3, kI32 = 4, kI64 = 5 };
+enum class DType : uint32_t {
+  kF32 = 1,
+  kF16 = 2,
+  kBF16 = 3,
+  kI32 = 4,
+  kI64 = 5,
+  kFp8E4m3 = 6,  // OCP FP8 E4M3 (max 448, no inf, NaN 0x7f/0xff); KV storage only
+  kFp8E5m2 = 7,  // OCP FP8 E5M2 (max 57344, inf, NaN); KV storage only
+};
+
+inline constexpr bool is_fp8(DType t) { return t == DType::kFp8E4m3 || t == DType::kFp8E5m2; }
 
 // Head dims the CUDA attention kernels are compiled for (the dispatch in
 // cuda/attention.cuh and cuda/attention_config.cu); a CUDA pool with storage
@@ -21,7 +31,7 @@ inline constexpr bool cuda_head_dim_supported(uint64_t d) {
 constexpr const char* kCudaHeadDims = "64, 80, 96, 128, 256";
 
 inline constexpr size_t dtype_size(DType t) {
-  return t == DType::kF32 || t == DType::kI32 ? 4 : t == DType::kI64 ? 8 : 2;
+  return t == DType::kF32 || t == DType::kI32 ? 4 : t == DType::kI64 ? 8 : is_fp8(t) ? 1 : 2;
 }
 
 // One layer's K (or V) storage: [num_blocks, num_kv_heads, block_size,

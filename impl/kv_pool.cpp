@@ -3,6 +3,7 @@
 #include "kv_pool.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 
@@ -23,6 +24,41 @@ uint64_t checked_mul(uint64_t a, uint64_t b, const char* what) {
   if (__builtin_mul_overflow(a, b, &r))
     fail(Errc::kInvalidArgument, std::string(what) + " overflows 64 bits");
   return r;
+}
+
+void check_scales(const float* k, const float* v, uint64_t n, const char* kname,
+                  const char* vname) {
+  for (int w = 0; w < 2; ++w) {
+    const float* x = w == 0 ? k : v;
+    for (uint64_t i = 0; i < n; ++i) {
+      if (!(std::isfinite(x[i]) && x[i] > 0.0f))
+        fail(Errc::kInvalidArgument, std::string(w == 0 ? kname : vname) + "[" + str(i) + "] = " +
+                                         std::to_string(x[i]) + " is not a finite scale > 0");
+    }
+  }
+}
+
+uint64_t scale_count(const PoolOptions& o) {
+  return o.kv_scale_granularity == 1 ? uint64_t(o.num_layers) * o.num_kv_heads : o.num_layers;
+}
+
+void check_kv_scale_options(const PoolOptions& o) {
+  if (o.kv_scale_granularity > 1)
+    fail(Errc::kInvalidArgument, "kv_scale_granularity " + str(o.kv_scale_granularity) +
+                                     " is neither PKV_KV_SCALE_PER_TENSOR nor "
+                                     "PKV_KV_SCALE_PER_HEAD");
+  const uint64_t n = o.k_scales.size();
+  if (n == 0) return;
+  if (o.num_layers == 0 || !is_fp8(o.dtype))
+    fail(Errc::kInvalidArgument,
+         "num_kv_scales is " + str(n) + " but dtype " + dtype_name(uint32_t(o.dtype)) +
+             (o.num_layers == 0 ? " without storage" : "") + " takes no scales (fp8 pools only)");
+  if (n != scale_count(o))
+    fail(Errc::kInvalidArgument,
+         "num_kv_scales is " + str(n) + ", expected " + str(scale_count(o)) +
+             (o.kv_scale_granularity == 1 ? " (num_layers * num_kv_heads, per head)"
+                                          : " (num_layers, per tensor)"));
+  check_scales(o.k_scales.data(), o.v_scales.data(), n, "k_scales", "v_scales");
 }
 
 void check_options(const PoolOptions& o) {
@@ -56,11 +92,18 @@ void check_options(const PoolOptions& o) {
                                        std::string(kCudaHeadDims) + ")");
     if (o.num_layers > 65536)
       fail(Errc::kInvalidArgument, "num_layers " + str(o.num_layers) + " exceeds 65536");
-    if (o.dtype != DType::kF32 && o.dtype != DType::kF16 && o.dtype != DType::kBF16)
+    if (o.dtype != DType::kF32 && o.dtype != DType::kF16 && o.dtype != DType::kBF16 &&
+        !is_fp8(o.dtype))
       fail(Errc::kInvalidArgument, "dtype " + str(uint32_t(o.dtype)) + " (" +
                                        dtype_name(uint32_t(o.dtype)) +
-                                       ") is not a KV storage type (f32, f16, bf16)");
+                                       ") is not a KV storage type (f32, f16, bf16, fp8_e4m3, "
+                                       "fp8_e5m2)");
+    if (is_fp8(o.dtype) && o.device_type == kDeviceCuda)
+      fail(Errc::kUnsupported,
+           "dtype " + std::string(dtype_name(uint32_t(o.dtype))) +
+               ": fp8 KV storage is implemented for CPU pools only in this build");
   }
+  check_kv_scale_options(o);
 }
 
 }  // namespace
@@ -126,7 +169,14 @@ std::shared_ptr<Pool> Pool::create(const PoolOptions& in) {
     p->arena_.layout = l;
     p->arena_.num_layers = int32_t(o.num_layers);
     std::shared_ptr<Backend> be = p->backend_;
-    void* base = be->allocate(l.layer_bytes() * 2 * o.num_layers);
+    // FP8: the per-head scales follow the planes, in the same allocation
+    // (so a kernel holding the arena holds them too).
+    const size_t planes_bytes = l.layer_bytes() * 2 * o.num_layers;
+    const size_t scales_at = KvArena::scales_offset(planes_bytes);
+    const size_t bytes = is_fp8(o.dtype)
+                             ? scales_at + sizeof(float) * 2 * o.num_layers * o.num_kv_heads
+                             : planes_bytes;
+    void* base = be->allocate(bytes);
     try {
       p->arena_hold_ = std::shared_ptr<void>(base, [be](void* m) { be->deallocate(m); });
     } catch (...) {  // the control block's allocation failed: shared_ptr freed nothing
@@ -134,6 +184,16 @@ std::shared_ptr<Pool> Pool::create(const PoolOptions& in) {
       throw;
     }
     p->arena_.base = base;
+    if (is_fp8(o.dtype)) {
+      p->arena_.scales = reinterpret_cast<const float*>(static_cast<char*>(base) + scales_at);
+      p->k_scales_ = o.k_scales;
+      p->v_scales_ = o.v_scales;
+      if (p->k_scales_.empty()) {
+        p->k_scales_.assign(scale_count(o), 1.0f);
+        p->v_scales_.assign(scale_count(o), 1.0f);
+      }
+      p->upload_scales();
+    }
   }
   return p;
 }
@@ -454,7 +514,7 @@ void Pool::swap_blocks(const int32_t* ids, uint64_t n, void* host, uint64_t host
   // themselves (the pool's own storage handed back as the host buffer).
   const uintptr_t h = reinterpret_cast<uintptr_t>(host),
                   a = reinterpret_cast<uintptr_t>(arena_.base);
-  const uintptr_t a_end = a + size_t(2) * size_t(arena_.num_layers) * arena_.layout.layer_bytes();
+  const uintptr_t a_end = a + arena_.bytes();
   uintptr_t h_end;
   if (__builtin_add_overflow(h, need, &h_end))
     fail(Errc::kInvalidArgument,
@@ -473,6 +533,63 @@ void Pool::swap_blocks(const int32_t* ids, uint64_t n, void* host, uint64_t host
   // (its fill) count as written.
   if (!to_host)
     for (uint64_t i = 0; i < n; ++i) blocks_.set_written(ids[i], blocks_.fill(ids[i]));
+}
+
+uint64_t Pool::num_kv_scales() const { return k_scales_.size(); }
+
+void Pool::upload_scales() {
+  const uint32_t heads = opts_.num_kv_heads;
+  const bool per_head = opts_.kv_scale_granularity == 1;
+  std::vector<float> expanded(size_t(2) * opts_.num_layers * heads);
+  for (uint32_t layer = 0; layer < opts_.num_layers; ++layer) {
+    for (uint32_t h = 0; h < heads; ++h) {
+      const size_t i = per_head ? size_t(layer) * heads + h : layer;
+      expanded[(size_t(2) * layer) * heads + h] = k_scales_[i];
+      expanded[(size_t(2) * layer + 1) * heads + h] = v_scales_[i];
+    }
+  }
+  backend_->upload(const_cast<float*>(arena_.scales), expanded.data(),
+                   sizeof(float) * expanded.size(), nullptr);
+  backend_->synchronize(nullptr);
+}
+
+void Pool::check_fp8() const {
+  if (!has_storage() || !is_fp8(opts_.dtype))
+    fail(Errc::kInvalidState, std::string("the pool's dtype is ") +
+                                  (has_storage() ? dtype_name(uint32_t(opts_.dtype)) : "none") +
+                                  ", not fp8: it has no KV scales");
+}
+
+void Pool::set_kv_scales(const float* k, const float* v, uint64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  check_fp8();
+  if (n != k_scales_.size())
+    fail(Errc::kInvalidArgument,
+         "num_scales is " + str(n) + ", expected " + str(k_scales_.size()) +
+             (opts_.kv_scale_granularity == 1 ? " (num_layers * num_kv_heads, per head)"
+                                              : " (num_layers, per tensor)"));
+  check_scales(k, v, n, "k_scales", "v_scales");
+  std::vector<float> nk(k, k + n), nv(v, v + n);
+  // Writers of the arena are exclusive of every kernel (docs/threading.md).
+  std::unique_lock<std::shared_mutex> kv(kv_mu_);
+  std::swap(k_scales_, nk);
+  std::swap(v_scales_, nv);
+  try {
+    upload_scales();
+  } catch (...) {
+    std::swap(k_scales_, nk);
+    std::swap(v_scales_, nv);
+    throw;
+  }
+}
+
+void Pool::kv_scales(std::vector<float>* k, std::vector<float>* v) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  check_fp8();
+  *k = k_scales_;
+  *v = v_scales_;
 }
 
 }  // namespace pagedkv

@@ -40,6 +40,11 @@ struct PoolOptions {
   // Salt and multimodal item hashes hash in separate domains (never equal);
   // off = vLLM's encoding, where a salt and an item hash can collide.
   bool strict_key_domains = false;
+  // FP8 pools: kv_scale_granularity 0 = per tensor (one scale per layer),
+  // 1 = per layer and KV head; k_scales/v_scales hold that many (layer
+  // major) or are empty (all 1.0). The pool's current scales: kv_scales().
+  uint32_t kv_scale_granularity = 0;
+  std::vector<float> k_scales, v_scales;
 };
 
 struct SeqOptions {
@@ -124,6 +129,12 @@ class Pool {
   void copy_blocks(const int32_t* src, const int32_t* dst, uint64_t n, void* stream);
   void swap_blocks(const int32_t* blocks, uint64_t n, void* host, uint64_t host_bytes, bool to_host,
                    void* stream);
+  // FP8 scales (pkv_pool_set_kv_scales / get): n entries each, as many as
+  // the pool's granularity has; Error kInvalidState on a pool that is not
+  // FP8, kInvalidArgument on a wrong count or a scale not finite and > 0.
+  uint64_t num_kv_scales() const;
+  void set_kv_scales(const float* k, const float* v, uint64_t n);
+  void kv_scales(std::vector<float>* k, std::vector<float>* v) const;
 
   // For tests and benchmarks of the internals.
   const BlockPool& block_pool() const { return blocks_; }
@@ -185,6 +196,7 @@ class Pool {
                               size_t end) noexcept;
   void run_pending_copies(void* stream);  // caller holds mu_
   void check_open() const;
+  void check_fp8() const;  // kInvalidState unless the pool stores FP8
   void check_block_ids(const int32_t* ids, uint64_t n, const char* name) const;
 
   // x / block_size; a shift for the usual power-of-two sizes (a 64-bit
@@ -211,6 +223,10 @@ class Pool {
   // close() during the kernel only drops the pool's reference and the
   // memory goes when the last holder lets go (docs/threading.md).
   std::shared_ptr<void> arena_hold_;
+  // FP8 pools: the scales as set (granularity of the options); the
+  // kernels' per-head copy lives after the planes (arena_.scales).
+  std::vector<float> k_scales_, v_scales_;
+  void upload_scales();  // k_scales_/v_scales_ -> arena_.scales
   EventQueue events_;
   BlockPool blocks_;
   PoolTag tag_;  // before seqs_, which puts it in every id

@@ -11,6 +11,17 @@ namespace {
 
 std::string str(uint64_t v) { return std::to_string(v); }
 
+// The dtype a k, v or q tensor must have: the pool's, or on an FP8 pool
+// the tensor's own if it is f32, f16 or bf16.
+DType activation_dtype(DType pool, const TensorArg* t, const char* name) {
+  if (!is_fp8(pool) || t == nullptr) return pool;
+  const DType d = DType(t->dtype);
+  if (d == DType::kF32 || d == DType::kF16 || d == DType::kBF16) return d;
+  fail(Errc::kInvalidArgument,
+       std::string(name) + " has dtype " + dtype_name(t->dtype) + " (" + str(t->dtype) +
+           "), expected f32, f16 or bf16 (the pool stores " + dtype_name(uint32_t(pool)) + ")");
+}
+
 PlanView view_at(const char* base, const size_t* off, const BatchInfo& info) {
   PlanView v{};
   v.num_seqs = int32_t(info.num_seqs);
@@ -26,11 +37,12 @@ PlanView view_at(const char* base, const size_t* off, const BatchInfo& info) {
   return v;
 }
 
-// The bytes of every layer's K and V planes: no output may land there
-// (attention holds the KV lock shared, so other readers run alongside).
+// The bytes of every layer's K and V planes (and an FP8 pool's scales): no
+// output may land there (attention holds the KV lock shared, so other
+// readers run alongside).
 ByteSpan arena_span(const KvArena& a) {
   const uintptr_t b = reinterpret_cast<uintptr_t>(a.base);
-  return ByteSpan{b, b + size_t(2) * size_t(a.num_layers) * a.layout.layer_bytes()};
+  return ByteSpan{b, b + a.bytes()};
 }
 
 // Layer l's K and V planes (adjacent).
@@ -339,7 +351,9 @@ void Batch::write(uint32_t layer, const TensorArg* k, const TensorArg* v, void* 
                 int64_t(o.num_kv_heads),
                 int64_t(o.head_dim)};
   ByteSpan ks, vs;
+  spec.dtype = activation_dtype(o.dtype, k, "k");
   Tensor3 k3 = check_rows(k, "k", spec, &ks);
+  spec.dtype = activation_dtype(o.dtype, v, "v");
   Tensor3 v3 = check_rows(v, "v", spec, &vs);
   // k and v may be read from other layers' storage (the write holds the
   // KV lock exclusively), not from the planes this write fills.
@@ -386,15 +400,12 @@ void Batch::attend(uint32_t layer, const TensorArg* q, const TensorArg* out, con
                                      "]: the pool's window released older blocks");
   if (params.sliding_window > uint32_t(std::numeric_limits<int32_t>::max()))
     fail(Errc::kInvalidArgument, "params->sliding_window exceeds 2^31 - 1");
-  RowsSpec qs{o.dtype,
-              o.device_type,
-              o.device_id,
-              int64_t(info_.num_tokens),
-              -int64_t(o.num_kv_heads),
-              int64_t(o.head_dim)};
+  RowsSpec qs{
+      activation_dtype(o.dtype, q, "q"), o.device_type,      o.device_id, int64_t(info_.num_tokens),
+      -int64_t(o.num_kv_heads),          int64_t(o.head_dim)};
   ByteSpan q_span, out_span, lse_span;
   Tensor3 q3 = check_rows(q, "q", qs, &q_span);
-  RowsSpec os{o.dtype, o.device_type, o.device_id, q3.n0, q3.n1, q3.n2, true};
+  RowsSpec os{q3.dtype, o.device_type, o.device_id, q3.n0, q3.n1, q3.n2, true};
   Tensor3 out3 = check_rows(out, "out", os, &out_span);
   const ByteSpan kv = arena_span(p.arena_);
   check_disjoint(out_span, "out", q_span, "q");

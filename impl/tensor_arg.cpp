@@ -20,12 +20,16 @@ const char* dtype_name(uint32_t dtype) {
       return "i32";
     case 5:
       return "i64";
+    case 6:
+      return "fp8_e4m3";
+    case 7:
+      return "fp8_e5m2";
     default:
       return "unknown";
   }
 }
 
-bool dtype_known(uint32_t dtype) { return dtype >= 1 && dtype <= 5; }
+bool dtype_known(uint32_t dtype) { return dtype >= 1 && dtype <= 7; }
 
 namespace {
 

@@ -45,6 +45,8 @@ class PoolOptions(C.Structure):
         ("head_dim", C.c_uint32), ("dtype", C.c_uint32),
         ("device_type", C.c_int32), ("device_id", C.c_int32),
         ("num_threads", C.c_uint32), ("strict_key_domains", C.c_uint32),
+        ("kv_scale_granularity", C.c_uint32), ("num_kv_scales", C.c_uint32),
+        ("k_scales", C.POINTER(C.c_float)), ("v_scales", C.POINTER(C.c_float)),
     ]
 
 

@@ -359,15 +359,25 @@ func (b *Batch) hostCheck(op string, layer int, want16 bool) error {
 	if want16 && !is16 {
 		return argError(op, "the pool stores %v; pass []float32", b.dtype)
 	}
-	if !want16 && b.dtype != Float32 {
+	if !want16 && b.dtype != Float32 && !isFP8(b.dtype) {
 		return argError(op, "the pool stores %v; pass []uint16 (bit patterns)", b.dtype)
 	}
 	return nil
 }
 
+// hostDType is the dtype of the Go slices of the host calls: the pool's,
+// or float32 for an FP8 pool (which quantises on write).
+func (b *Batch) hostDType() DType {
+	if isFP8(b.dtype) {
+		return Float32
+	}
+	return b.dtype
+}
+
 // CacheWrite scatters the step's new keys and values, k and v of shape
 // [NumTokens, num_kv_heads, head_dim] row-major, into their slots of layer
-// of an f32 CPU pool.
+// of an f32 CPU pool, or of an FP8 CPU pool (stored as x / scale, rounded
+// to nearest even, saturated).
 func (b *Batch) CacheWrite(layer int, k, v []float32) error {
 	const op = "pkv_cache_write"
 	if b == nil {
@@ -417,7 +427,7 @@ func (b *Batch) writeHost(op string, layer int, k, v unsafe.Pointer, keepK, keep
 		return err
 	}
 	defer b.release()
-	r := C.pkvgo_cache_write_host(ptr, C.uint32_t(layer), C.uint32_t(b.dtype), k, v,
+	r := C.pkvgo_cache_write_host(ptr, C.uint32_t(layer), C.uint32_t(b.hostDType()), k, v,
 		C.int64_t(b.NumTokens()), C.int64_t(b.numKVHeads), C.int64_t(b.headDim))
 	runtime.KeepAlive(keepK)
 	runtime.KeepAlive(keepV)
@@ -497,7 +507,7 @@ func (b *Batch) attendHost(op string, layer int, q, out unsafe.Pointer, lse []fl
 		return err
 	}
 	defer b.release()
-	r := C.pkvgo_attention_host(ptr, C.uint32_t(layer), C.uint32_t(b.dtype), q, out, lp,
+	r := C.pkvgo_attention_host(ptr, C.uint32_t(layer), C.uint32_t(b.hostDType()), q, out, lp,
 		C.int64_t(b.NumTokens()), C.int64_t(heads), C.int64_t(b.headDim), &cp)
 	runtime.KeepAlive(keepQ)
 	runtime.KeepAlive(keepOut)

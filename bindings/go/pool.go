@@ -39,6 +39,38 @@ type PoolOptions struct {
 	// vLLM-compatible hashes; keep salts secret and high-entropy and never
 	// take item hashes from tenants.
 	StrictKeyDomains bool
+	// FP8 pools (DType Float8E4M3 or Float8E5M2): the dequantisation scales,
+	// one K and one V scale per layer (KVScalePerTensor, vLLM's
+	// k_scale/v_scale) or per layer and KV head (KVScalePerHead, layer
+	// major); each finite and > 0. Empty = every scale 1.0. PoolOptions
+	// returned by Options() leave them empty: see KVScales.
+	KVScaleGranularity KVScaleGranularity
+	KScales, VScales   []float32
+}
+
+// KVScaleGranularity says how an FP8 pool's K/V scales are given.
+type KVScaleGranularity uint32
+
+const (
+	KVScalePerTensor KVScaleGranularity = C.PKV_KV_SCALE_PER_TENSOR
+	KVScalePerHead   KVScaleGranularity = C.PKV_KV_SCALE_PER_HEAD
+)
+
+// isFP8 reports whether d is an FP8 storage dtype.
+func isFP8(d DType) bool { return d == Float8E4M3 || d == Float8E5M2 }
+
+// floats copies s into C memory owned by the arena (nil for an empty s).
+func (a *cArena) floats(s []float32) *C.float {
+	if len(s) == 0 {
+		return nil
+	}
+	p := C.calloc(C.size_t(len(s)), 4)
+	if p == nil {
+		panic("pagedkv: out of C memory")
+	}
+	a.ptrs = append(a.ptrs, p)
+	copy(unsafe.Slice((*float32)(p), len(s)), s)
+	return (*C.float)(p)
 }
 
 func (o *PoolOptions) toC(op string, arena *cArena, out *C.pkv_pool_options) error {
@@ -88,6 +120,16 @@ func (o *PoolOptions) toC(op string, arena *cArena, out *C.pkv_pool_options) err
 	if o.StrictKeyDomains {
 		out.strict_key_domains = 1
 	}
+	out.kv_scale_granularity = C.uint32_t(o.KVScaleGranularity)
+	if len(o.KScales) != len(o.VScales) {
+		return argError(op, "KScales and VScales differ in length (%d vs %d)", len(o.KScales), len(o.VScales))
+	}
+	if int64(len(o.KScales)) > 1<<32-1 {
+		return argError(op, "KScales: %d scales", len(o.KScales))
+	}
+	out.num_kv_scales = C.uint32_t(len(o.KScales))
+	out.k_scales = arena.floats(o.KScales)
+	out.v_scales = arena.floats(o.VScales)
 	return nil
 }
 
@@ -109,6 +151,7 @@ func poolOptionsFromC(c *C.pkv_pool_options) PoolOptions {
 		DeviceID:             int32(c.device_id),
 		NumThreads:           uint32(c.num_threads),
 		StrictKeyDomains:     c.strict_key_domains != 0,
+		KVScaleGranularity:   KVScaleGranularity(c.kv_scale_granularity),
 	}
 	if c.hash_seed != nil {
 		o.HashSeed = C.GoString(c.hash_seed)
@@ -196,6 +239,56 @@ func (p *Pool) Options() PoolOptions {
 
 // BlockSize is the number of tokens per block.
 func (p *Pool) BlockSize() int { return int(p.Options().BlockSize) }
+
+// KVScales returns an FP8 pool's K and V scales (the granularity it was
+// created with); CodeInvalidState for other dtypes.
+func (p *Pool) KVScales() (k, v []float32, err error) {
+	const op = "pkv_pool_get_kv_scales"
+	o := p.Options()
+	n := int(o.NumLayers)
+	if o.KVScaleGranularity == KVScalePerHead {
+		n *= int(o.NumKVHeads)
+	}
+	if n == 0 {
+		n = 1
+	}
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer p.release()
+	k, v = make([]float32, n), make([]float32, n)
+	var got C.uint64_t
+	if err := check(op, C.pkvgo_pool_get_kv_scales(ptr, (*C.float)(unsafe.Pointer(&k[0])),
+		(*C.float)(unsafe.Pointer(&v[0])), C.uint64_t(n), &got)); err != nil {
+		return nil, nil, err
+	}
+	return k[:got], v[:got], nil
+}
+
+// SetKVScales replaces an FP8 pool's scales (as many of each as KVScales
+// returns; finite and > 0). Safe while other goroutines run kernels on the
+// pool: they finish with the old scales. Stored codes stay and are read
+// with the new scales.
+func (p *Pool) SetKVScales(k, v []float32) error {
+	const op = "pkv_pool_set_kv_scales"
+	if len(k) != len(v) {
+		return argError(op, "k and v differ in length (%d vs %d)", len(k), len(v))
+	}
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer p.release()
+	var kp, vp *C.float
+	if len(k) > 0 {
+		kp, vp = (*C.float)(unsafe.Pointer(&k[0])), (*C.float)(unsafe.Pointer(&v[0]))
+	}
+	r := C.pkvgo_pool_set_kv_scales(ptr, kp, vp, C.uint64_t(len(k)))
+	runtime.KeepAlive(k)
+	runtime.KeepAlive(v)
+	return check(op, r)
+}
 
 // BytesPerBlock is the K plus V storage one block takes over all layers (0
 // for a manager-only pool).

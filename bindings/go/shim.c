@@ -50,6 +50,16 @@ pkvgo_result pkvgo_pool_bytes_per_block(const pkv_pool* pool, uint64_t* out) {
   return pkvgo_capture(pkv_pool_bytes_per_block(pool, out));
 }
 
+pkvgo_result pkvgo_pool_set_kv_scales(pkv_pool* pool, const float* k_scales, const float* v_scales,
+                                      uint64_t num_scales) {
+  return pkvgo_capture(pkv_pool_set_kv_scales(pool, k_scales, v_scales, num_scales));
+}
+
+pkvgo_result pkvgo_pool_get_kv_scales(const pkv_pool* pool, float* k_out, float* v_out,
+                                      uint64_t capacity, uint64_t* out_len) {
+  return pkvgo_capture(pkv_pool_get_kv_scales(pool, k_out, v_out, capacity, out_len));
+}
+
 pkvgo_result pkvgo_seq_create(pkv_pool* pool, const pkv_seq_options* opts, pkv_seq_id* out) {
   return pkvgo_capture(pkv_seq_create(pool, opts, out));
 }

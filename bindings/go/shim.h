@@ -34,6 +34,10 @@ pkvgo_result pkvgo_hash_root(uint32_t algo, const char* seed, pkv_block_hash* ou
 pkvgo_result pkvgo_pool_create(const pkv_pool_options* opts, pkv_pool** out);
 pkvgo_result pkvgo_pool_get_options(const pkv_pool* pool, pkv_pool_options* out);
 pkvgo_result pkvgo_pool_bytes_per_block(const pkv_pool* pool, uint64_t* out);
+pkvgo_result pkvgo_pool_set_kv_scales(pkv_pool* pool, const float* k_scales, const float* v_scales,
+                                      uint64_t num_scales);
+pkvgo_result pkvgo_pool_get_kv_scales(const pkv_pool* pool, float* k_out, float* v_out,
+                                      uint64_t capacity, uint64_t* out_len);
 pkvgo_result pkvgo_seq_create(pkv_pool* pool, const pkv_seq_options* opts, pkv_seq_id* out);
 pkvgo_result pkvgo_seq_match_prefix(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
                                     uint64_t num_tokens, uint64_t* out_num_cached);

@@ -160,6 +160,20 @@ func (t *Tensor) Uint16s() ([]uint16, error) {
 	return unsafe.Slice((*uint16)(unsafe.Add(t.Data, t.ByteOffset)), n), nil
 }
 
+// Codes is a []uint8 over a dense CPU FP8 tensor's memory (the stored
+// codes; their values are code * the pool's K or V scale).
+func (t *Tensor) Codes() ([]uint8, error) {
+	dt := t.DType
+	if !isFP8(dt) {
+		return nil, argError("Tensor.Codes", "tensor dtype is %v, not fp8", dt)
+	}
+	n, err := t.hostView("Tensor.Codes", dt)
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	return unsafe.Slice((*uint8)(unsafe.Add(t.Data, t.ByteOffset)), n), nil
+}
+
 // Int32s copies a dense CPU i32 tensor into a new slice.
 func (t *Tensor) Int32s() ([]int32, error) {
 	n, err := t.hostView("Tensor.Int32s", Int32)

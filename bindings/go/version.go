@@ -55,6 +55,11 @@ const (
 	BFloat16 DType = C.PKV_DTYPE_BF16
 	Int32    DType = C.PKV_DTYPE_I32
 	Int64    DType = C.PKV_DTYPE_I64
+	// OCP FP8 KV storage (pool dtype only): E4M3 (max 448) and E5M2 (max
+	// 57344); cache writes and attention then take float32 (or, through
+	// the Tensor variants, f16/bf16) activations.
+	Float8E4M3 DType = C.PKV_DTYPE_FP8_E4M3
+	Float8E5M2 DType = C.PKV_DTYPE_FP8_E5M2
 )
 
 // Size is the size of one element in bytes, 0 for an unknown dtype.
@@ -72,6 +77,10 @@ func (d DType) String() string {
 		return "i32"
 	case Int64:
 		return "i64"
+	case Float8E4M3:
+		return "fp8_e4m3"
+	case Float8E5M2:
+		return "fp8_e5m2"
 	}
 	return "dtype(" + strconv.FormatInt(int64(d), 10) + ")"
 }

@@ -25,6 +25,8 @@ static_assert(uint32_t(pagedkv::DType::kF16) == PKV_DTYPE_F16, "DType drifted");
 static_assert(uint32_t(pagedkv::DType::kBF16) == PKV_DTYPE_BF16, "DType drifted");
 static_assert(uint32_t(pagedkv::DType::kI32) == PKV_DTYPE_I32, "DType drifted");
 static_assert(uint32_t(pagedkv::DType::kI64) == PKV_DTYPE_I64, "DType drifted");
+static_assert(uint32_t(pagedkv::DType::kFp8E4m3) == PKV_DTYPE_FP8_E4M3, "DType drifted");
+static_assert(uint32_t(pagedkv::DType::kFp8E5m2) == PKV_DTYPE_FP8_E5M2, "DType drifted");
 static_assert(uint32_t(pagedkv::HashAlgo::kSha256Cbor) == PKV_HASH_SHA256_CBOR, "algo drifted");
 static_assert(uint32_t(pagedkv::HashAlgo::kXxh3_128) == PKV_HASH_XXH3_128, "algo drifted");
 static_assert(pagedkv::kDeviceCpu == PKV_DEVICE_CPU && pagedkv::kDeviceCuda == PKV_DEVICE_CUDA,
@@ -91,7 +93,7 @@ uint32_t pkv_version_number(void) { return PKV_VERSION_NUMBER; }
 uint32_t pkv_abi_version(void) { return PKV_ABI_VERSION; }
 
 uint32_t pkv_features(void) {
-  uint32_t f = PKV_FEATURE_XXHASH | PKV_FEATURE_SHA256 | PKV_FEATURE_BF16;
+  uint32_t f = PKV_FEATURE_XXHASH | PKV_FEATURE_SHA256 | PKV_FEATURE_BF16 | PKV_FEATURE_FP8;
   if (pagedkv::cuda_compiled_in()) f |= PKV_FEATURE_CUDA;
   return f;
 }

@@ -1,4 +1,7 @@
 // pagedkv/pool.h: pool lifetime, stats, events, validation, storage.
+#include <algorithm>
+#include <vector>
+
 #include "capi_util.h"
 
 namespace pc = pkv_capi;
@@ -12,6 +15,23 @@ std::string str(uint64_t v) { return std::to_string(v); }
 uint32_t flag(uint32_t v, const char* name) {
   if (v > 1) fail(Errc::kInvalidArgument, std::string(name) + " is " + str(v) + ", not 0 or 1");
   return v;
+}
+
+// The FP8 scale fields; their values are checked by the pool.
+void read_kv_scales(const pkv_pool_options& in, pagedkv::PoolOptions* o) {
+  o->kv_scale_granularity = in.kv_scale_granularity;
+  const uint64_t n = in.num_kv_scales;
+  if (n == 0) {
+    if (in.k_scales || in.v_scales)
+      fail(Errc::kInvalidArgument, "opts->num_kv_scales is 0 but k_scales or v_scales is set");
+    return;
+  }
+  pc::require(in.k_scales, "opts->k_scales");
+  pc::require(in.v_scales, "opts->v_scales");
+  if (n > (uint64_t(1) << 28))  // more than 65536 layers * 4096 heads
+    fail(Errc::kInvalidArgument, "opts->num_kv_scales " + str(n) + " is too large");
+  o->k_scales.assign(in.k_scales, in.k_scales + n);
+  o->v_scales.assign(in.v_scales, in.v_scales + n);
 }
 
 }  // namespace
@@ -58,6 +78,7 @@ pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out) {
     o.num_threads = opts->num_threads;
     if (PKV_HAS_FIELD(opts, strict_key_domains))
       o.strict_key_domains = flag(opts->strict_key_domains, "opts->strict_key_domains");
+    if (PKV_HAS_FIELD(opts, v_scales)) read_kv_scales(*opts, &o);
     try {
       auto p = std::make_unique<pkv_pool>();
       p->impl = pagedkv::Pool::create(o);
@@ -106,6 +127,8 @@ pkv_status pkv_pool_get_options(const pkv_pool* pool, pkv_pool_options* out) {
     r.device_id = o.device_id;
     r.num_threads = o.num_threads;
     r.strict_key_domains = o.strict_key_domains;
+    r.kv_scale_granularity = o.kv_scale_granularity;
+    r.num_kv_scales = uint32_t(p.num_kv_scales());
     pc::write_out(out, r);
   });
 }
@@ -233,6 +256,36 @@ pkv_status pkv_pool_swap_blocks(pkv_pool* pool, const int32_t* blocks, uint64_t 
       pc::require(host_buffer, "host_buffer");
     }
     p.swap_blocks(blocks, num_blocks, host_buffer, host_bytes, direction == PKV_SWAP_OUT, stream);
+  });
+}
+
+pkv_status pkv_pool_set_kv_scales(pkv_pool* pool, const float* k_scales, const float* v_scales,
+                                  uint64_t num_scales) {
+  PKV_GUARD({
+    pagedkv::Pool& p = pc::pool_of(pool);
+    if (num_scales > 0) {
+      pc::require(k_scales, "k_scales");
+      pc::require(v_scales, "v_scales");
+    }
+    p.set_kv_scales(k_scales, v_scales, num_scales);
+  });
+}
+
+pkv_status pkv_pool_get_kv_scales(const pkv_pool* pool, float* k_out, float* v_out,
+                                  uint64_t capacity, uint64_t* out_len) {
+  PKV_GUARD({
+    const pagedkv::Pool& p = pc::pool_of(pool);
+    pc::require(out_len, "out_len");
+    std::vector<float> k, v;
+    p.kv_scales(&k, &v);
+    *out_len = k.size();
+    if (capacity < k.size())
+      fail(Errc::kBufferTooSmall,
+           "capacity " + str(capacity) + " is below the " + str(k.size()) + " scales of the pool");
+    pc::require(k_out, "k_out");
+    pc::require(v_out, "v_out");
+    std::copy(k.begin(), k.end(), k_out);
+    std::copy(v.begin(), v.end(), v_out);
   });
 }
 

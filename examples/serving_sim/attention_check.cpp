@@ -15,7 +15,12 @@ AttentionCheck::AttentionCheck(uint32_t dtype, uint32_t q_heads, uint32_t kv_hea
   // precision and the rounding of the output (bf16 keeps 8 significant
   // bits, f16 11). A wrong or stale K/V entry moves outputs by about their
   // own magnitude, far beyond these.
-  if (dtype == PKV_DTYPE_BF16) {
+  if (dtype == PKV_DTYPE_FP8_E4M3 || dtype == PKV_DTYPE_FP8_E5M2) {
+    // FP8 storage rounds each K/V value to 3 (E4M3) or 2 (E5M2) mantissa
+    // bits: up to 6% / 12% of its magnitude (values are at most 1).
+    stats_.atol = dtype == PKV_DTYPE_FP8_E4M3 ? 0.1 : 0.2;
+    stats_.rtol = 0.0;
+  } else if (dtype == PKV_DTYPE_BF16) {
     stats_.atol = 1e-3;
     stats_.rtol = 1.6e-2;
   } else if (dtype == PKV_DTYPE_F16) {
@@ -25,7 +30,8 @@ AttentionCheck::AttentionCheck(uint32_t dtype, uint32_t q_heads, uint32_t kv_hea
     stats_.atol = 5e-5;
     stats_.rtol = 5e-5;
   }
-  stats_.lse_tol = 2e-3;
+  // FP8 keys move the logits by about |q| |k| 2^-4 / sqrt(D) each.
+  stats_.lse_tol = dtype == PKV_DTYPE_FP8_E4M3 ? 0.5 : dtype == PKV_DTYPE_FP8_E5M2 ? 1.0 : 2e-3;
 }
 
 void AttentionCheck::check_row(const Request& r, uint64_t pos, uint32_t layer, const float* q_row,

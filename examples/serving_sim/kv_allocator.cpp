@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <vector>
 
 #include "scheduler.h"
 
@@ -20,6 +21,15 @@ PoolPtr create_pool(const Options& o, const PoolShape& shape, uint64_t num_block
   po.num_kv_heads = o.kv_heads;
   po.head_dim = o.head_dim;
   po.dtype = shape.dtype;
+  // FP8 storage: one K and one V scale per layer, 1/256, so that the K/V
+  // values (multiples of 1/128 in [-1, 1)) use the formats' upper range.
+  const std::vector<float> kv_scales(o.layers, 1.0f / 256);
+  if (shape.kv_dtype) {
+    po.dtype = shape.kv_dtype;
+    po.num_kv_scales = o.layers;
+    po.k_scales = kv_scales.data();
+    po.v_scales = kv_scales.data();
+  }
   po.device_type = shape.device_type;
   po.device_id = shape.device_type == PKV_DEVICE_CUDA ? o.device_id : 0;
   po.num_threads = o.threads;

@@ -96,7 +96,8 @@ class StaticAllocator : public KvAllocator {
 };
 
 struct PoolShape {
-  uint32_t dtype = PKV_DTYPE_F32;
+  uint32_t dtype = PKV_DTYPE_F32;  // the model's K/V/q dtype
+  uint32_t kv_dtype = 0;           // storage dtype when it differs (FP8), else 0
   int32_t device_type = PKV_DEVICE_CPU;
 };
 

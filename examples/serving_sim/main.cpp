@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "attention_check.h"
 #include "device_memory.h"
@@ -113,6 +114,10 @@ int run(Options o) {
   PoolShape shape;
   int rc = resolve_environment(&o, &run, &shape.dtype, &shape.device_type);
   if (rc >= 0) return rc;
+  if (!o.kv_dtype.empty()) {
+    shape.kv_dtype = o.kv_dtype == "fp8_e4m3" ? PKV_DTYPE_FP8_E4M3 : PKV_DTYPE_FP8_E5M2;
+    run.dtype_name = o.kv_dtype + " KV, " + o.dtype;
+  }
   run.opts = o;
 
   pkv_status ps = PKV_OK;
@@ -159,7 +164,7 @@ int run(Options o) {
 
   // The same request stream through the same scheduler, once per memory
   // policy; each server has its own pool, so the two runs share nothing.
-  ServeContext ctx{&run.opts, shape.dtype, shape.device_type, run.bytes_per_token, "paged"};
+  ServeContext ctx{&run.opts, shape.dtype, shape.kv_dtype, shape.device_type, run.bytes_per_token, "paged"};
   run.paged = serve(paged.get(), ctx);
   paged.reset();
   ctx.label = "static";

@@ -43,6 +43,8 @@ server:
 model and device:
   --layers N --q-heads N --kv-heads N --head-dim N        [4, 8, 2, 64]
   --dtype bf16|f16|f32  KV, query and output element type          [bf16]
+  --kv-dtype fp8_e4m3|fp8_e5m2  FP8 KV storage (scale 1/256), --dtype
+                        activations                                [as --dtype]
   --device cpu|cuda     where the cache and kernels live           [cpu]
   --device-id N         CUDA device ordinal                        [0]
   --threads N           CPU kernel threads, 0 = all cores          [0]
@@ -159,6 +161,12 @@ int parse_options(int argc, char** argv, Options* o) {
           return s == "bf16" || s == "f16" || s == "f32";
         },
         "bf16, f16 or f32"}},
+      {"--kv-dtype",
+       {[o](const std::string& s) {
+          o->kv_dtype = s;
+          return s == "fp8_e4m3" || s == "fp8_e5m2";
+        },
+        "fp8_e4m3 or fp8_e5m2"}},
       {"--device",
        {[o](const std::string& s) {
           o->device = s;

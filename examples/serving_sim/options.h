@@ -28,6 +28,7 @@ struct Options {
   uint32_t head_dim = 64;
   std::string dtype = "bf16";
   bool dtype_given = false;
+  std::string kv_dtype;  // "" = --dtype; fp8_e4m3 or fp8_e5m2: FP8 KV storage
   std::string device = "cpu";
   int32_t device_id = 0;
   uint32_t threads = 0;  // 0 = the library's default (hardware concurrency)

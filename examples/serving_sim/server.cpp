@@ -38,7 +38,7 @@ ServerRun serve(KvAllocator* alloc, const ServeContext& ctx) {
   Workload workload = make_workload(o);
   Scheduler sched(alloc, &workload, o);
   ModelRunner runner(alloc->pool(), o, ctx.dtype, ctx.device_type);
-  AttentionCheck check(ctx.dtype, o.q_heads, o.kv_heads, o.head_dim);
+  AttentionCheck check(ctx.kv_dtype ? ctx.kv_dtype : ctx.dtype, o.q_heads, o.kv_heads, o.head_dim);
   Rng check_rng(mix64(o.seed ^ 0xC4EC4ull ^ (uint64_t(run.kind) << 32)));
   Progress progress(o.quiet);
 

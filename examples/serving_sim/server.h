@@ -47,6 +47,7 @@ struct ServerRun {
 struct ServeContext {
   const Options* opts;
   uint32_t dtype;
+  uint32_t kv_dtype;  // storage dtype when it differs (FP8), else 0
   int32_t device_type;
   double bytes_per_token;
   const char* label;  // progress line prefix

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpu/attention.h"
+#include "cpu/fp8.h"
 #include "error.h"
 
 namespace pagedkv {
@@ -86,7 +87,18 @@ class Attention {
     group_ = int32_t(q.n1 / hkv_);
     kt_ = config.table;
     if (d_ % kt_->width != 0) kt_ = &scalar_table();
-    kv_dt_ = dtype_index(lay.dtype);
+    kv_dt_ = lay.dtype == DType::kFp8E4m3   ? kFp8E4m3Kind
+             : lay.dtype == DType::kFp8E5m2 ? kFp8E5m2Kind
+                                            : dtype_index(lay.dtype);
+    if (is_fp8(lay.dtype)) {
+      // Dequantisation: the K scale goes into q's scaling, the V scale into
+      // the output's normalisation (with the loads' fp8_load_factor).
+      const float f = 1.0f / (lay.dtype == DType::kFp8E4m3 ? fp8_load_factor<kFp8E4m3>()
+                                                           : fp8_load_factor<kFp8E5m2>());
+      k_scales_ = arena.plane_scales(layer, 0);
+      v_scales_ = arena.plane_scales(layer, 1);
+      load_factor_ = f;
+    }
     pair_ =
         kv_dt_ == 2 && kt_->pair_width > 0 && d_ % (2 * kt_->pair_width) == 0 ? kt_->pair_width : 0;
     if (pair_ > 0) kv_dt_ = kBf16Paired;
@@ -200,6 +212,7 @@ class Attention {
     const int32_t R = pow2_at_least(t.rows);
     const int32_t qbeg = plan_.query_indptr[t.seq];
     const float scale = args_.softmax_scale;
+    const float qscale = k_scales_ ? scale * (k_scales_[t.head] * load_factor_) : scale;
     uint16_t* qb = reinterpret_cast<uint16_t*>(s.q);  // bf16 rows for qk_bf16
     for (int32_t r = 0; r < R; ++r) {
       if (r >= t.rows) {
@@ -220,7 +233,7 @@ class Attention {
       } else {
         float* qr = s.q + size_t(r) * d_;
         kt_->to_f32[dtype_index(q_.dtype)](src, qr, d_);
-        for (int32_t d = 0; d < d_; ++d) qr[d] *= scale;
+        for (int32_t d = 0; d < d_; ++d) qr[d] *= qscale;
         if (pair_ > 0) to_paired(qr, s.row);
       }
       const int32_t pos = position(t.seq, i);
@@ -385,7 +398,8 @@ class Attention {
   void finish_row(const Tile& t, int32_t r, const float* acc, float m, float l, float* tmp) {
     const int32_t ri = t.row0 + r, i = ri / group_, g = ri % group_;
     const int32_t token = plan_.query_indptr[t.seq] + i, head = t.head * group_ + g;
-    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+    float inv = l == 0.0f ? 0.0f : 1.0f / l;
+    if (v_scales_) inv *= v_scales_[t.head] * load_factor_;
     if (pair_ > 0) {
       from_paired(acc, tmp);
       for (int32_t d = 0; d < d_; ++d) tmp[d] *= inv;
@@ -433,6 +447,9 @@ class Attention {
   int32_t ldpg_;        // logits per page in a step (bs rounded up to 16)
   int32_t step_pages_;  // pages per online-softmax step
   bool dot_bf16_;       // bf16 q and cache: q . k with the ISA's bf16 dot product
+  const float* k_scales_ = nullptr;  // FP8 cache: this layer's per-head scales
+  const float* v_scales_ = nullptr;
+  float load_factor_ = 1.0f;  // 1 / fp8_load_factor of the cache's format
   int kv_dt_;           // kernel variant: dtype index, or kBf16Paired
   int32_t pair_ = 0;    // > 0: q and acc rows in paired order of this width
   size_t esize_;
@@ -449,6 +466,7 @@ class Attention {
 };
 
 bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+bool is_cache_dtype(DType t) { return is_float_dtype(t) || (is_fp8(t)); }
 
 void check_pages(const KvArena& arena, const PlanView& plan) {
   const int64_t num_pages = plan.num_seqs > 0 ? plan.page_indptr[plan.num_seqs] : 0;
@@ -474,8 +492,12 @@ void check_pages(const KvArena& arena, const PlanView& plan) {
 void attend(ThreadPool& pool, const AttentionConfig& config, const KvArena& arena, int32_t layer,
             const PlanView& plan, const Tensor3& q, const Tensor3& out, const AttentionArgs& args) {
   const KvLayout& lay = arena.layout;
-  if (!is_float_dtype(lay.dtype) || !is_float_dtype(q.dtype) || !is_float_dtype(out.dtype)) {
-    fail(Errc::kInvalidArgument, "attention: q, out and the cache must be f32, f16 or bf16");
+  if (!is_cache_dtype(lay.dtype) || !is_float_dtype(q.dtype) || !is_float_dtype(out.dtype)) {
+    fail(Errc::kInvalidArgument,
+         "attention: q and out must be f32, f16 or bf16, the cache that or fp8");
+  }
+  if (is_fp8(lay.dtype) && arena.scales == nullptr) {
+    fail(Errc::kInvalidArgument, "attention: an fp8 cache needs scales");
   }
   if (q.n2 != lay.head_dim || out.n2 != lay.head_dim || q.n1 != out.n1 || q.n0 != out.n0 ||
       q.n1 <= 0 || q.n1 % lay.num_kv_heads != 0 || q.n0 < plan.num_tokens) {

@@ -54,6 +54,13 @@
 // and v[t, h] are copied (bit-exact, same dtype) to row slot % bs of block
 // slot / bs, KV head h, for every h. slot -1 is padding: skipped. Nothing
 // else is written.
+//
+// FP8 caches (E4M3, E5M2; fp8.h): the write stores each value divided by
+// its head's scale (KvArena::scales), encoded round-to-nearest-even and
+// saturating; attention reads code * scale, with the K scale folded into
+// q's scaling (x = (scale * k_scale * q) . code) and the V scale into the
+// output's normalisation: the same as dequantising every element, up to
+// f32 rounding. q and out are f32, f16 or bf16.
 #pragma once
 
 #include <cstdint>
@@ -75,6 +82,15 @@ void attend(ThreadPool& pool, const AttentionConfig& config, const KvArena& aren
 
 void write_kv(ThreadPool& pool, const KvArena& arena, int32_t layer, const PlanView& plan,
               const Tensor3& k, const Tensor3& v);
+
+// FP8 cache (fp8.h): k and v are f32, f16 or bf16 (each its own); each
+// row is divided by its head's scale and encoded, round to nearest even,
+// saturating. Slots and shapes as write_kv.
+void write_kv_fp8(ThreadPool& pool, const KernelTable& table, const KvArena& arena, int32_t layer,
+                  const PlanView& plan, const Tensor3& k, const Tensor3& v);
+
+// Error kInvalidArgument unless every slot_mapping entry is -1 or a slot.
+void check_write_slots(const KvArena& arena, const PlanView& plan);
 
 void copy_blocks(ThreadPool& pool, const KvArena& arena, const int32_t* src, const int32_t* dst,
                  int64_t num_pairs);

@@ -24,6 +24,17 @@ void check_block(const KvArena& arena, int32_t id, const char* what, int64_t i) 
 
 }  // namespace
 
+void check_write_slots(const KvArena& arena, const PlanView& plan) {
+  const int64_t num_slots = int64_t(arena.layout.num_blocks) * arena.layout.block_size;
+  for (int64_t t = 0; t < plan.num_tokens; ++t) {
+    const int64_t slot = plan.slot_mapping[t];
+    if (slot < -1 || slot >= num_slots) {
+      fail(Errc::kInvalidArgument, "cache write: slot_mapping[" + std::to_string(t) +
+                                       "] = " + std::to_string(slot) + " is out of range");
+    }
+  }
+}
+
 void write_kv(ThreadPool& pool, const KvArena& arena, int32_t layer, const PlanView& plan,
               const Tensor3& k, const Tensor3& v) {
   const KvLayout& lay = arena.layout;
@@ -35,14 +46,7 @@ void write_kv(ThreadPool& pool, const KvArena& arena, int32_t layer, const PlanV
                                        " does not match the cache dtype/shape or the plan");
     }
   }
-  const int64_t num_slots = int64_t(lay.num_blocks) * lay.block_size;
-  for (int64_t t = 0; t < plan.num_tokens; ++t) {
-    const int64_t slot = plan.slot_mapping[t];
-    if (slot < -1 || slot >= num_slots) {
-      fail(Errc::kInvalidArgument, "cache write: slot_mapping[" + std::to_string(t) +
-                                       "] = " + std::to_string(slot) + " is out of range");
-    }
-  }
+  check_write_slots(arena, plan);
   const size_t es = dtype_size(lay.dtype);
   const size_t row_bytes = size_t(lay.head_dim) * es;
   char* planes[2] = {static_cast<char*>(arena.plane(layer, 0)),

@@ -53,7 +53,11 @@ class CpuBackend final : public Backend {
 
   void write(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& k,
              const Tensor3& v, void*) override {
-    cpu::write_kv(pool_, arena, layer, plan, k, v);
+    if (is_fp8(arena.layout.dtype)) {
+      cpu::write_kv_fp8(pool_, *table_, arena, layer, plan, k, v);
+    } else {
+      cpu::write_kv(pool_, arena, layer, plan, k, v);
+    }
   }
   void attend(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& q,
               const Tensor3& out, const AttentionArgs& args, void*) override {

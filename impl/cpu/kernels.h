@@ -115,9 +115,15 @@ constexpr int kMaxTileRows = 16;
 constexpr int kNumRowSizes = 5;  // R = 1, 2, 4, 8, 16
 constexpr int kNumDTypes = 3;    // f32, f16, bf16
 // Kernel variants by cache layout: the three dtypes, plus bf16 read in
-// pairs (see KernelTable::pair_width).
-constexpr int kNumKvKinds = 4;
+// pairs (see KernelTable::pair_width), plus the two FP8 formats (loads
+// scaled by fp8_load_factor, fp8.h).
+constexpr int kNumKvKinds = 6;
 constexpr int kBf16Paired = 3;
+constexpr int kFp8E4m3Kind = 4;
+constexpr int kFp8E5m2Kind = 5;
+
+// dst[i] = FP8 encoding (format kFp8E4m3 / kFp8E5m2 of fp8.h) of src[i] / scale.
+using QuantizeFp8Fn = void (*)(const float* src, uint8_t* dst, int64_t n, float scale);
 
 inline int dtype_index(DType t) { return t == DType::kF32 ? 0 : t == DType::kF16 ? 1 : 2; }
 
@@ -138,6 +144,7 @@ struct KernelTable {
   SoftmaxFn softmax;
   ToF32Fn to_f32[kNumDTypes];
   FromF32Fn from_f32[kNumDTypes];
+  QuantizeFp8Fn quantize_fp8[2];  // by format
 };
 
 const KernelTable& scalar_table();

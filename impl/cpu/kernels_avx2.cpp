@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "cpu/fp8.h"
 #include "cpu/half.h"
 #include "cpu/kernels.h"
 
@@ -108,6 +109,10 @@ struct Ops {
     return _mm256_or_ps(y, _mm256_and_ps(x, sign_mask));
   }
 };
+
+#include "cpu/fp8_ops_avx2.inc"  // after Ops
+
+#include "cpu/fp8_kernels.inc"  // after Fp8Ops
 
 #include "cpu/kernels_impl.inc"
 

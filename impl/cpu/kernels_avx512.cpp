@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "cpu/fp8.h"
 #include "cpu/half.h"
 #include "cpu/kernels.h"
 
@@ -29,6 +30,10 @@ namespace cpu {
 namespace avx512_isa {
 
 #include "cpu/ops_avx512.inc"
+
+#include "cpu/fp8_ops_avx512.inc"  // after Ops
+
+#include "cpu/fp8_kernels.inc"  // after Fp8Ops
 
 #include "cpu/kernels_impl.inc"
 

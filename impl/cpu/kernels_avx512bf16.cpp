@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "cpu/fp8.h"
 #include "cpu/half.h"
 #include "cpu/kernels.h"
 
@@ -31,6 +32,10 @@ namespace cpu {
 namespace avx512bf16_isa {
 
 #include "cpu/ops_avx512.inc"
+
+#include "cpu/fp8_ops_avx512.inc"  // after Ops
+
+#include "cpu/fp8_kernels.inc"  // after Fp8Ops
 
 #define PKV_KERNELS_BF16DOT 1
 #include "cpu/kernels_impl.inc"

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "cpu/fp8.h"
 #include "cpu/half.h"
 #include "cpu/kernels.h"
 
@@ -37,6 +38,10 @@ struct Ops {
   static V exp(V x) { return std::exp(x); }
   static V tanh(V x) { return std::tanh(x); }
 };
+
+#include "cpu/fp8_ops_scalar.inc"  // after Ops
+
+#include "cpu/fp8_kernels.inc"  // after Fp8Ops
 
 #include "cpu/kernels_impl.inc"
 

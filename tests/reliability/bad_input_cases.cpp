@@ -51,6 +51,61 @@ pkv_status create_with(pkv_pool_options o, Env& e) {
   return s;
 }
 
+// FP8 pools (per tensor: 2 layers -> 2 scales each).
+pkv_pool_options fp8_opts() {
+  pkv_pool_options o = storage_opts();
+  o.dtype = PKV_DTYPE_FP8_E4M3;
+  return o;
+}
+
+// Runs f on a fresh FP8 pool and checks that a failure left its scales as
+// they were; returns f's status.
+template <class F>
+pkv_status with_fp8_pool(F f) {
+  pkv_pool_options o = fp8_opts();
+  const float k0[2] = {0.5f, 2.0f}, v0[2] = {4.0f, 0.25f};
+  o.num_kv_scales = 2;
+  o.k_scales = k0;
+  o.v_scales = v0;
+  pkv_pool* p = nullptr;
+  must(pkv_pool_create(&o, &p), "fp8 pool_create");
+  const pkv_status s = f(p);
+  float k[2] = {0, 0}, v[2] = {0, 0};
+  uint64_t n = 0;
+  must(pkv_pool_get_kv_scales(p, k, v, 2, &n), "get_kv_scales");
+  const bool same = n == 2 && k[0] == k0[0] && k[1] == k0[1] && v[0] == v0[0] && v[1] == v0[1];
+  // Again, for the message (the check above cleared it): the same status.
+  const pkv_status again = f(p);
+  pkv_pool_destroy(p);
+  if ((s != PKV_OK && !same) || again != s) return PKV_E_INTERNAL;
+  return s;
+}
+
+// Each bad value in turn, in k_scales[1] (or v_scales[0]); all must fail alike.
+pkv_status bad_create_scales(Env& e, bool in_v) {
+  for (float bad : {0.0f, -1.0f, std::nanf(""), INFINITY}) {
+    pkv_pool_options o = fp8_opts();
+    float k[2] = {1, 1}, v[2] = {1, 1};
+    (in_v ? v[0] : k[1]) = bad;
+    o.num_kv_scales = 2;
+    o.k_scales = k;
+    o.v_scales = v;
+    const pkv_status s = create_with(o, e);
+    if (s != PKV_E_INVALID_ARGUMENT) return s;
+  }
+  return PKV_E_INVALID_ARGUMENT;
+}
+
+pkv_status bad_set_scales() {
+  for (float bad : {0.0f, -1.0f, std::nanf(""), -INFINITY}) {
+    const float k[2] = {1, 1}, v[2] = {1, bad};
+    const pkv_status s =
+        with_fp8_pool([&](pkv_pool* p) { return pkv_pool_set_kv_scales(p, k, v, 2); });
+    if (s != PKV_E_INVALID_ARGUMENT) return s;
+  }
+  return PKV_E_INVALID_ARGUMENT;
+}
+
 pkv_status hash_with(pkv_hash_options o, const int32_t* tokens, uint64_t n, Env& e) {
   return pkv_hash_prefix(&o, tokens, n, e.hashes, 8, &e.u64);
 }
@@ -408,6 +463,67 @@ std::vector<Case> make_cases() {
         S("pkv_pool_swap_blocks", PKV_CLASS_STATE, "pool without storage", kState, "storage",
           int32_t b = 1;
           return pkv_pool_swap_blocks(e.mgr, &b, 1, e.k.data(), 1 << 20, PKV_SWAP_OUT, nullptr);),
+        S("pkv_pool_create", PKV_CLASS_DTYPE, "dtype = PKV_DTYPE_FP8_E4M3 on a CUDA pool",
+          PKV_E_UNSUPPORTED, "fp8", pkv_pool_options o = fp8_opts();
+          o.device_type = PKV_DEVICE_CUDA; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "kv_scale_granularity = 2", kInv,
+          "kv_scale_granularity", pkv_pool_options o = fp8_opts();
+          o.kv_scale_granularity = 2; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_SHAPE, "num_kv_scales = 3 (per tensor: num_layers 2)", kInv,
+          "num_kv_scales", pkv_pool_options o = fp8_opts();
+          const float k[3] = {1, 1, 1}; o.num_kv_scales = 3; o.k_scales = k; o.v_scales = k;
+          return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_SHAPE, "num_kv_scales = 2, per head (needs 4)", kInv,
+          "num_kv_scales", pkv_pool_options o = fp8_opts();
+          const float k[2] = {1, 1}; o.kv_scale_granularity = PKV_KV_SCALE_PER_HEAD;
+          o.num_kv_scales = 2; o.k_scales = k; o.v_scales = k; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "k_scales[1] = 0, -1, NaN or inf", kInv,
+          "k_scales[1]", return bad_create_scales(e, false);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "v_scales[0] = 0, -1, NaN or inf", kInv,
+          "v_scales[0]", return bad_create_scales(e, true);),
+        S("pkv_pool_create", PKV_CLASS_NULL, "k_scales = NULL, num_kv_scales = 2", kInv, "k_scales",
+          pkv_pool_options o = fp8_opts();
+          const float v[2] = {1, 1}; o.num_kv_scales = 2; o.v_scales = v;
+          return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_STATE, "k_scales set, num_kv_scales = 0", kInv,
+          "num_kv_scales", pkv_pool_options o = fp8_opts();
+          const float k[2] = {1, 1}; o.k_scales = k; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_DTYPE, "num_kv_scales = 2 on a bf16 pool", kInv,
+          "fp8 pools only", pkv_pool_options o = fp8_opts();
+          const float k[2] = {1, 1}; o.dtype = PKV_DTYPE_BF16; o.num_kv_scales = 2; o.k_scales = k;
+          o.v_scales = k; return create_with(o, e);),
+        S("pkv_pool_set_kv_scales", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          const float k[2] = {1, 1};
+          return pkv_pool_set_kv_scales(nullptr, k, k, 2);),
+        S("pkv_pool_set_kv_scales", PKV_CLASS_NULL, "k_scales = NULL, num_scales = 2", kInv,
+          "k_scales", const float v[2] = {1, 1};
+          return with_fp8_pool(
+              [&](pkv_pool* p) { return pkv_pool_set_kv_scales(p, nullptr, v, 2); });),
+        S("pkv_pool_set_kv_scales", PKV_CLASS_SHAPE, "num_scales = 3 (pool has 2)", kInv,
+          "num_scales", const float k[3] = {1, 1, 1};
+          return with_fp8_pool([&](pkv_pool* p) { return pkv_pool_set_kv_scales(p, k, k, 3); });),
+        S("pkv_pool_set_kv_scales", PKV_CLASS_RANGE, "v_scales[1] = 0, -1, NaN or inf", kInv,
+          "v_scales[1]", return bad_set_scales();),
+        S("pkv_pool_set_kv_scales", PKV_CLASS_STATE, "an f32 pool", kState, "not fp8",
+          const float k[2] = {1, 1};
+          return pkv_pool_set_kv_scales(e.pool, k, k, 2);),
+        S("pkv_pool_get_kv_scales", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", float k[2], v[2];
+          return pkv_pool_get_kv_scales(nullptr, k, v, 2, &e.u64);),
+        S("pkv_pool_get_kv_scales", PKV_CLASS_NULL, "out_len = NULL", kInv, "out_len", float k[2],
+          v[2];
+          return with_fp8_pool(
+              [&](pkv_pool* p) { return pkv_pool_get_kv_scales(p, k, v, 2, nullptr); });),
+        S("pkv_pool_get_kv_scales", PKV_CLASS_NULL, "k_out = NULL, capacity = 2", kInv, "k_out",
+          float v[2];
+          return with_fp8_pool(
+              [&](pkv_pool* p) { return pkv_pool_get_kv_scales(p, nullptr, v, 2, &e.u64); });),
+        S("pkv_pool_get_kv_scales", PKV_CLASS_CAPACITY, "capacity = 1 (pool has 2)", kSmall,
+          "capacity", float k[2], v[2];
+          return with_fp8_pool(
+              [&](pkv_pool* p) { return pkv_pool_get_kv_scales(p, k, v, 1, &e.u64); });),
+        S("pkv_pool_get_kv_scales", PKV_CLASS_STATE, "an f32 pool", kState, "not fp8", float k[2],
+          v[2];
+          return pkv_pool_get_kv_scales(e.pool, k, v, 2, &e.u64);),
 
         // ------------------------------------------------------------ pool.h: sequences
         V("pkv_seq_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",

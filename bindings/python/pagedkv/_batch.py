@@ -170,12 +170,15 @@ class Batch(HandleOwner):
 
     def cache_write(self, layer: int, k: Any, v: Any, stream: Any = None) -> None:
         """Scatters the step's new keys and values, each [num_tokens,
-        num_kv_heads, head_dim] of the pool's dtype and device, into layer."""
+        num_kv_heads, head_dim] of the pool's dtype and device, into layer.
+        An FP8 pool takes float32, float16 or bfloat16 k and v and stores
+        x / scale, rounded to nearest even and saturated."""
         s = stream_ptr(stream)
         p = self._pool
         shape = (self._info.num_tokens, p.num_kv_heads, p.head_dim)
-        kd = self._tensor(k, "k", p.dtype, shape, s)
-        vd = self._tensor(v, "v", p.dtype, shape, s)
+        act = _activation_dtype(p.dtype)
+        kd = self._tensor(k, "k", act, shape, s)
+        vd = self._tensor(v, "v", act, shape, s)
         self._call(_c.pkv_cache_write, int(layer), kd.as_c(p.device), vd.as_c(p.device), s)
 
     def attention(
@@ -200,7 +203,7 @@ class Batch(HandleOwner):
         """
         s = stream_ptr(stream)
         p = self._pool
-        qd = self._tensor(q, "q", p.dtype, (self._info.num_tokens, None, p.head_dim), s)
+        qd = self._tensor(q, "q", _activation_dtype(p.dtype), (self._info.num_tokens, None, p.head_dim), s)
         heads = qd.shape[1]
         if p.num_kv_heads and heads % p.num_kv_heads:
             raise _c.InvalidArgumentError(
@@ -209,7 +212,7 @@ class Batch(HandleOwner):
             )
         if out is None:
             out = empty_like(q)
-        od = self._tensor(out, "out", p.dtype, qd.shape, s, writable=True)
+        od = self._tensor(out, "out", qd.dtype, qd.shape, s, writable=True)
         want_lse = lse is not None and lse is not False
         ld = None
         if want_lse:
@@ -236,3 +239,9 @@ class Batch(HandleOwner):
     def __repr__(self) -> str:
         i = self._info
         return f"<pagedkv.Batch {i.num_seqs} seqs, {i.num_tokens} tokens, {i.num_pages} pages>"
+
+
+def _activation_dtype(pool_dtype: DType) -> Optional[DType]:
+    """The dtype k, v and q must have: the pool's, or for an FP8 pool any
+    of float32, float16, bfloat16 (the library checks which)."""
+    return None if pool_dtype in (DType.FP8_E4M3, DType.FP8_E5M2) else pool_dtype

@@ -64,6 +64,9 @@ class Pool(HandleOwner):
         max_events: Optional[int] = None,
         num_threads: Optional[int] = None,
         strict_key_domains: Optional[bool] = None,
+        kv_scale_granularity: Optional[str] = None,
+        k_scales: Optional[Seq[float]] = None,
+        v_scales: Optional[Seq[float]] = None,
     ) -> None:
         opts: dict = {}
         for key, value in (
@@ -95,6 +98,11 @@ class Pool(HandleOwner):
             opts["enable_events"] = int(bool(enable_events))
         if strict_key_domains is not None:
             opts["strict_key_domains"] = int(bool(strict_key_domains))
+        if kv_scale_granularity is not None:
+            opts["kv_scale_granularity"] = _scale_granularity(kv_scale_granularity)
+        if k_scales is not None or v_scales is not None:
+            opts["k_scales"] = _floats(k_scales)
+            opts["v_scales"] = _floats(v_scales)
         ptr = _c.pkv_pool_create(opts)
         self._h = Handle(ptr, _c.pkv_pool_destroy, "pool")
         try:
@@ -238,6 +246,22 @@ class Pool(HandleOwner):
             _c.pkv_pool_swap_blocks, blocks, _host_buffer(buffer, writable=False), _c.PKV_SWAP_IN, stream_ptr(stream)
         )
 
+    # ------------------------------------------------------------ FP8 scales
+
+    def kv_scales(self) -> tuple:
+        """(k_scales, v_scales) of an FP8 pool: lists of num_layers floats
+        (per tensor) or num_layers * num_kv_heads (per head, layer major).
+        InvalidStateError on other dtypes."""
+        k, v = self._call(_c.pkv_pool_get_kv_scales, max(1, self._options.num_kv_scales))
+        return list(k), list(v)
+
+    def set_kv_scales(self, k_scales: Seq[float], v_scales: Seq[float]) -> None:
+        """Replaces an FP8 pool's scales (as many as kv_scales() returns;
+        each finite and > 0). Safe while other threads run kernels on the
+        pool: they finish with the old scales (docs/threading.md). Stored
+        codes stay: they are read with the new scales from now on."""
+        self._call(_c.pkv_pool_set_kv_scales, (_floats(k_scales), _floats(v_scales)))
+
     # ------------------------------------------------------------ sequences
 
     def create_sequence(
@@ -308,6 +332,25 @@ class Pool(HandleOwner):
             lora_name=lora_name,
             strict_key_domains=o.strict_key_domains,
         )
+
+
+def _floats(values: Any) -> List[float]:
+    """A list of floats from any float sequence or 1-d array (None: [])."""
+    if values is None:
+        return []
+    tolist = getattr(values, "tolist", None)
+    return [float(x) for x in (tolist() if tolist is not None else values)]
+
+
+def _scale_granularity(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    key = str(value).lower()
+    if key in ("tensor", "per_tensor"):
+        return int(_c.PKV_KV_SCALE_PER_TENSOR)
+    if key in ("head", "per_head"):
+        return int(_c.PKV_KV_SCALE_PER_HEAD)
+    raise ValueError(f"kv_scale_granularity {value!r}: expected 'tensor' or 'head'")
 
 
 def _host_buffer(buffer: Any, writable: bool) -> Any:

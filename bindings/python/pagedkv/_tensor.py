@@ -361,7 +361,15 @@ class TensorView:
 
     def _interface(self) -> dict:
         item = self.dtype.itemsize
-        code = {DType.F32: "<f4", DType.F16: "<f2", DType.BF16: "<i2", DType.I32: "<i4", DType.I64: "<i8"}[self.dtype]
+        code = {
+            DType.F32: "<f4",
+            DType.F16: "<f2",
+            DType.BF16: "<i2",
+            DType.I32: "<i4",
+            DType.I64: "<i8",
+            DType.FP8_E4M3: "|u1",  # raw FP8 codes (numpy has no float8)
+            DType.FP8_E5M2: "|u1",
+        }[self.dtype]
         return {
             "shape": self.shape,
             "typestr": code,
@@ -400,6 +408,16 @@ class TensorView:
                 raise ImportError("bfloat16 views as numpy arrays need ml_dtypes (pip install ml_dtypes)") from e
             arr = arr.view(ml_dtypes.bfloat16)
         return arr
+
+    def codes(self) -> Any:
+        """An FP8 view's raw codes as a numpy uint8 array over the same
+        memory (decode with ml_dtypes' float8_e4m3fn / float8_e5m2 views,
+        times the pool's kv_scales())."""
+        import numpy as np
+
+        if self.dtype not in (DType.FP8_E4M3, DType.FP8_E5M2):
+            raise TypeError(f"codes(): the view is {self.dtype}, not fp8")
+        return np.asarray(self)
 
     def torch(self) -> Any:
         """A torch tensor over the same memory (CPU or CUDA); a copy of a

@@ -17,6 +17,8 @@ class DType(enum.IntEnum):
     BF16 = _c.PKV_DTYPE_BF16
     I32 = _c.PKV_DTYPE_I32
     I64 = _c.PKV_DTYPE_I64
+    FP8_E4M3 = _c.PKV_DTYPE_FP8_E4M3  # KV storage only
+    FP8_E5M2 = _c.PKV_DTYPE_FP8_E5M2  # KV storage only
 
     @property
     def itemsize(self) -> int:
@@ -38,7 +40,7 @@ class DType(enum.IntEnum):
         try:
             return _DTYPE_NAMES[key]
         except KeyError:
-            raise ValueError(f"unknown dtype {value!r}; expected one of f32, f16, bf16, i32, i64") from None
+            raise ValueError(f"unknown dtype {value!r}; expected one of f32, f16, bf16, i32, i64, fp8_e4m3, fp8_e5m2") from None
 
     def __str__(self) -> str:
         return _DTYPE_STR[self]
@@ -60,6 +62,12 @@ _DTYPE_NAMES = {
     "i64": DType.I64,
     "int64": DType.I64,
     "long": DType.I64,
+    "fp8_e4m3": DType.FP8_E4M3,
+    "e4m3": DType.FP8_E4M3,
+    "float8_e4m3fn": DType.FP8_E4M3,
+    "fp8_e5m2": DType.FP8_E5M2,
+    "e5m2": DType.FP8_E5M2,
+    "float8_e5m2": DType.FP8_E5M2,
 }
 _DTYPE_STR = {
     DType.F32: "float32",
@@ -67,6 +75,8 @@ _DTYPE_STR = {
     DType.BF16: "bfloat16",
     DType.I32: "int32",
     DType.I64: "int64",
+    DType.FP8_E4M3: "float8_e4m3fn",
+    DType.FP8_E5M2: "float8_e5m2",
 }
 
 
@@ -220,6 +230,8 @@ class PoolOptions:
     device: Device
     num_threads: int
     strict_key_domains: bool
+    kv_scale_granularity: str  # "tensor" or "head" (FP8 pools' k/v scales)
+    num_kv_scales: int  # scales per K (and per V) of an FP8 pool; 0 otherwise
 
     @classmethod
     def _from_c(cls, s: Any) -> PoolOptions:
@@ -233,6 +245,7 @@ class PoolOptions:
             dtype=DType(s.dtype),
             device=Device(DeviceType(s.device_type), s.device_id),
             strict_key_domains=bool(s.strict_key_domains),
+            kv_scale_granularity="head" if s.kv_scale_granularity == _c.PKV_KV_SCALE_PER_HEAD else "tensor",
         )
 
 

@@ -58,6 +58,8 @@
 %thread pkv_pool_kv_tensor;
 %thread pkv_pool_copy_blocks;
 %thread pkv_pool_swap_blocks;
+%thread pkv_pool_set_kv_scales;
+%thread pkv_pool_get_kv_scales;
 %thread pkv_batch_prepare;
 %thread pkv_batch_destroy;
 %thread pkv_batch_commit;
@@ -384,6 +386,57 @@ static int pkv_py_dict_str(PyObject* dict, const char* key, PyObject* keep, cons
   return 1;
 }
 
+/* A sequence of floats -> a float array owned by a bytes object kept in
+ * keep (alive for the call); *n its length. None/absent: NULL, 0. */
+static int pkv_py_floats(PyObject* v, const char* name, PyObject* keep, const float** out,
+                         Py_ssize_t* n) {
+  *out = NULL;
+  *n = 0;
+  if (!v || v == Py_None) return 1;
+  PyObject* seq = PySequence_Fast(v, "expected a sequence of floats");
+  if (!seq) return 0;
+  const Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+  PyObject* store = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(float) * (len > 0 ? len : 1));
+  if (!store) {
+    Py_DECREF(seq);
+    return 0;
+  }
+  float* arr = (float*)PyBytes_AS_STRING(store);
+  for (Py_ssize_t i = 0; i < len; ++i) {
+    const double x = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+    if (x == -1.0 && PyErr_Occurred()) {
+      PyErr_Format(PyExc_TypeError, "%s[%zd]: expected a float", name, i);
+      Py_DECREF(seq);
+      Py_DECREF(store);
+      return 0;
+    }
+    arr[i] = (float)x;
+  }
+  Py_DECREF(seq);
+  const int rc = PyList_Append(keep, store);
+  Py_DECREF(store);
+  if (rc != 0) return 0;
+  *out = arr;
+  *n = len;
+  return 1;
+}
+
+/* Pool options k_scales / v_scales: float sequences of one length, which
+ * becomes num_kv_scales (so the count can never exceed the arrays). */
+static int pkv_py_dict_scales(PyObject* dict, PyObject* keep, pkv_pool_options* o) {
+  Py_ssize_t nk = 0, nv = 0;
+  if (!pkv_py_floats(PyDict_GetItemString(dict, "k_scales"), "k_scales", keep, &o->k_scales, &nk))
+    return 0;
+  if (!pkv_py_floats(PyDict_GetItemString(dict, "v_scales"), "v_scales", keep, &o->v_scales, &nv))
+    return 0;
+  if (nk != nv || nk > 0xffffffffLL) {
+    PyErr_Format(PyExc_ValueError, "k_scales and v_scales differ in length (%zd vs %zd)", nk, nv);
+    return 0;
+  }
+  if (o->k_scales || o->v_scales) o->num_kv_scales = (uint32_t)nk;
+  return 1;
+}
+
 /* mm_items: a sequence of (offset, length, hash str) -> malloc'd array. */
 static int pkv_py_dict_mm(PyObject* dict, PyObject* keep, pkv_mm_item** items, uint32_t* n) {
   PyObject* v = PyDict_GetItemString(dict, "mm_items");
@@ -660,6 +713,56 @@ PKV_OUT_STRUCT(pkv_tensor, (void)0)
   if ($2 || dv$argnum.obj) pkv_py_int32_release((int32_t*)$2, &dv$argnum, down$argnum);
 }
 
+/* pkv_pool_set_kv_scales: one argument (k_scales, v_scales), two equally
+ * long float sequences. */
+%typemap(in) (const float* k_scales, const float* v_scales, uint64_t num_scales)
+    (PyObject* keep = NULL, Py_ssize_t nk = 0, Py_ssize_t nv = 0) {
+  if (!PyTuple_Check($input) || PyTuple_GET_SIZE($input) != 2) {
+    PyErr_SetString(PyExc_TypeError, "scales: expected a tuple (k_scales, v_scales) of two float sequences");
+    SWIG_fail;
+  }
+  keep = PyList_New(0);
+  if (!keep) SWIG_fail;
+  if (!pkv_py_floats(PyTuple_GET_ITEM($input, 0), "k_scales", keep, (const float**)&$1, &nk)) SWIG_fail;
+  if (!pkv_py_floats(PyTuple_GET_ITEM($input, 1), "v_scales", keep, (const float**)&$2, &nv)) SWIG_fail;
+  if (nk != nv) {
+    PyErr_Format(PyExc_ValueError, "k_scales and v_scales differ in length (%zd vs %zd)", nk, nv);
+    SWIG_fail;
+  }
+  $3 = (uint64_t)nk;
+}
+%typemap(freearg) (const float* k_scales, const float* v_scales, uint64_t num_scales) {
+  Py_XDECREF(keep$argnum);
+}
+
+/* pkv_pool_get_kv_scales: takes the capacity, returns (k list, v list). */
+%typemap(in) (float* k_out, float* v_out, uint64_t capacity, uint64_t* out_len) (uint64_t len = 0) {
+  unsigned long long cap = PyLong_AsUnsignedLongLong($input);
+  if (PyErr_Occurred()) SWIG_fail;
+  if (cap > (1ULL << 28)) cap = 1ULL << 28;  /* more scales than any pool has */
+  $3 = cap;
+  $1 = (float*)calloc((size_t)(cap > 0 ? cap : 1), sizeof(float));
+  $2 = (float*)calloc((size_t)(cap > 0 ? cap : 1), sizeof(float));
+  if (!$1 || !$2) { PyErr_NoMemory(); SWIG_fail; }
+  $4 = &len;
+}
+%typemap(argout) (float* k_out, float* v_out, uint64_t capacity, uint64_t* out_len) {
+  uint64_t n = len$argnum < $3 ? len$argnum : $3;
+  PyObject* kl = PyList_New((Py_ssize_t)n);
+  PyObject* vl = PyList_New((Py_ssize_t)n);
+  if (!kl || !vl) { Py_XDECREF(kl); Py_XDECREF(vl); SWIG_fail; }
+  for (uint64_t i = 0; i < n; ++i) {
+    PyList_SET_ITEM(kl, (Py_ssize_t)i, PyFloat_FromDouble($1[i]));
+    PyList_SET_ITEM(vl, (Py_ssize_t)i, PyFloat_FromDouble($2[i]));
+  }
+  $result = pkv_py_append($result, Py_BuildValue("(NN)", kl, vl));
+  if (!$result) SWIG_fail;
+}
+%typemap(freearg) (float* k_out, float* v_out, uint64_t capacity, uint64_t* out_len) {
+  free($1);
+  free($2);
+}
+
 /* pkv_batch_prepare: one argument (seqs, query_counts). */
 %typemap(in) (const pkv_seq_id* seqs, const uint32_t* query_counts, uint32_t num_seqs)
     (Py_ssize_t ns = 0, Py_ssize_t nq = 0) {
@@ -768,10 +871,11 @@ PKV_OUT_STRUCT(pkv_tensor, (void)0)
 %enddef
 
 %define PKV_NO_SPECIAL {NULL} %enddef
-PKV_OPTIONS_IN(pkv_pool_options, pkv_pool_options_init, %arg({"hash_seed", NULL}), %arg(
+PKV_OPTIONS_IN(pkv_pool_options, pkv_pool_options_init, %arg({"hash_seed", "k_scales", "v_scales", NULL}), %arg(
   { const char* s = NULL;
     if (!pkv_py_dict_str($input, "hash_seed", keep, &s)) SWIG_fail;
-    if (s) tmp.hash_seed = s; }))
+    if (s) tmp.hash_seed = s;
+    if (!pkv_py_dict_scales($input, keep, &tmp)) SWIG_fail; }))
 PKV_OPTIONS_IN(pkv_seq_options, pkv_seq_options_init, %arg({"cache_salt", "lora_name", "mm_items", "num_mm_items", NULL}), %arg(
   { if (!pkv_py_dict_str($input, "cache_salt", keep, &tmp.cache_salt)) SWIG_fail;
     if (!pkv_py_dict_str($input, "lora_name", keep, &tmp.lora_name)) SWIG_fail;
@@ -790,6 +894,8 @@ PKV_OPTIONS_IN(pkv_attention_params, pkv_attention_params_init, PKV_NO_SPECIAL, 
 /* Borrowed pointers in option structs can only be set through the dict
  * form above; proxies expose them read-only. */
 %immutable pkv_pool_options::hash_seed;
+%immutable pkv_pool_options::k_scales;
+%immutable pkv_pool_options::v_scales;
 %immutable pkv_seq_options::cache_salt;
 %immutable pkv_seq_options::lora_name;
 %immutable pkv_seq_options::mm_items;

@@ -119,7 +119,12 @@ PKV_API pkv_status pkv_batch_plan_tensor(const pkv_batch* batch, uint32_t which,
 
 /* Scatters the step's new keys and values, k and v [num_tokens, num_kv_heads,
  * head_dim] of the pool's dtype and device (innermost stride 1), into their
- * slots of layer. The call that completes every layer commits the step. */
+ * slots of layer. The call that completes every layer commits the step.
+ * FP8 pools take f32, f16 or bf16 k and v (each its own) and store
+ * x / scale (the layer's, or the layer and head's, k or v scale) rounded
+ * to nearest even, saturated to the finite maximum (448 for E4M3, 57344
+ * for E5M2; infinities too); NaN is stored as the NaN code 0x7f, as CUDA's
+ * __NV_SATFINITE conversion does. */
 PKV_API pkv_status pkv_cache_write(pkv_batch* batch, uint32_t layer, const pkv_tensor* k,
                                    const pkv_tensor* v, void* stream);
 
@@ -138,7 +143,10 @@ PKV_API void pkv_attention_params_init(pkv_attention_params* params);
  * the same shape and dtype. Each query attends causally over its sequence's
  * cached tokens and the new ones up to itself. lse (NULL = not wanted) gets
  * f32 [num_tokens, num_q_heads] natural-log sum-exp of the scaled logits.
- * params NULL = defaults. */
+ * params NULL = defaults. On an FP8 pool q is f32, f16 or bf16 and out has
+ * q's dtype; keys and values are read as code * scale (the K scale is
+ * folded into q's scaling and the V scale into the output's normalisation,
+ * which equals dequantising every element up to f32 rounding). */
 PKV_API pkv_status pkv_attention_forward(pkv_batch* batch, uint32_t layer, const pkv_tensor* q,
                                          const pkv_tensor* out, const pkv_tensor* lse,
                                          const pkv_attention_params* params, void* stream);

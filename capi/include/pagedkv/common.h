@@ -53,6 +53,7 @@ PKV_API uint32_t pkv_abi_version(void);
 #define PKV_FEATURE_XXHASH 0x2u   /* PKV_HASH_XXH3_128 available */
 #define PKV_FEATURE_SHA256 0x4u   /* PKV_HASH_SHA256_CBOR available */
 #define PKV_FEATURE_BF16 0x8u     /* bf16 storage and kernels */
+#define PKV_FEATURE_FP8 0x10u     /* fp8 KV storage (PKV_DTYPE_FP8_*) and kernels */
 
 /* Bit set of PKV_FEATURE_* compiled into this build. */
 PKV_API uint32_t pkv_features(void);
@@ -100,6 +101,12 @@ PKV_API uint64_t pkv_last_error_copy(char* buf, uint64_t capacity);
 #define PKV_DTYPE_BF16 3
 #define PKV_DTYPE_I32 4
 #define PKV_DTYPE_I64 5
+/* OCP FP8, for KV storage only (pkv_pool_options.dtype; pkv_pool_kv_tensor
+ * views): one byte per element, the value times the pool's k/v scale
+ * (pkv_pool_set_kv_scales). E4M3: max 448, no infinity, NaN 0x7f/0xff.
+ * E5M2: max 57344, infinities, IEEE-like NaNs. */
+#define PKV_DTYPE_FP8_E4M3 6
+#define PKV_DTYPE_FP8_E5M2 7
 
 #define PKV_TENSOR_MAX_DIMS 6
 

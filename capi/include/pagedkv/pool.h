@@ -78,7 +78,9 @@ typedef struct pkv_pool_options {
   uint32_t num_kv_heads;
   uint32_t head_dim;    /* 1..4096 on a CPU pool; 64, 80, 96, 128 or 256 on a CUDA pool
                            (what its kernels are compiled for); ignored without storage */
-  uint32_t dtype;       /* PKV_DTYPE_F32, F16 or BF16; default BF16 */
+  uint32_t dtype;       /* PKV_DTYPE_F32, F16, BF16 (default), FP8_E4M3 or FP8_E5M2
+                           (FP8: CPU pools; cache writes and attention then take
+                           f32, f16 or bf16 k, v, q and out) */
   int32_t device_type;  /* PKV_DEVICE_CPU (default) or PKV_DEVICE_CUDA */
   int32_t device_id;    /* CUDA ordinal; 0 for CPU */
   uint32_t num_threads; /* CPU kernel threads; 0 = hardware concurrency */
@@ -92,7 +94,26 @@ typedef struct pkv_pool_options {
                               high-entropy and never take adapter names or
                               item hashes from tenants (README, "Cache
                               salts"). */
+  /* Appended (read only when struct_size covers them; older callers get the
+     defaults): dequantisation scales of an FP8 pool (dtype
+     PKV_DTYPE_FP8_E4M3 or PKV_DTYPE_FP8_E5M2), as vLLM's k_scale/v_scale:
+     a stored code c means the value c * scale; pkv_cache_write stores
+     x / scale. Other dtypes take no scales (num_kv_scales must be 0). */
+  uint32_t kv_scale_granularity; /* PKV_KV_SCALE_PER_TENSOR (default): one K and one V
+                                    scale per layer; PKV_KV_SCALE_PER_HEAD: one per layer
+                                    and KV head */
+  uint32_t num_kv_scales;        /* entries of k_scales and of v_scales: num_layers (per
+                                    tensor) or num_layers * num_kv_heads (per head, layer
+                                    major); 0 (default) = every scale 1.0, with both
+                                    pointers NULL */
+  const float* k_scales;         /* copied; each finite and > 0. NULL in
+                                    pkv_pool_get_options (read them with
+                                    pkv_pool_get_kv_scales) */
+  const float* v_scales;         /* as k_scales */
 } pkv_pool_options;
+
+#define PKV_KV_SCALE_PER_TENSOR 0
+#define PKV_KV_SCALE_PER_HEAD 1
 
 /* Sets every default. Always call before filling fields. */
 PKV_API void pkv_pool_options_init(pkv_pool_options* opts);
@@ -313,6 +334,28 @@ PKV_API pkv_status pkv_pool_copy_blocks(pkv_pool* pool, const int32_t* src, cons
 PKV_API pkv_status pkv_pool_swap_blocks(pkv_pool* pool, const int32_t* blocks, uint64_t num_blocks,
                                         void* host_buffer, uint64_t host_bytes, uint32_t direction,
                                         void* stream);
+
+/* ------------------------------------------------------------ FP8 scales */
+
+/* Replaces the K and V scales of an FP8 pool: num_scales entries each, as
+ * many as the pool has (pkv_pool_options.num_kv_scales semantics with the
+ * granularity it was created with; per tensor: num_layers). Every scale
+ * finite and > 0, checked before anything changes. The call holds the
+ * pool's KV lock exclusively (docs/threading.md), so a cache write or an
+ * attention running on another thread finishes with the old scales and
+ * every later one uses the new ones; on a CUDA pool it also waits for the
+ * device, so kernels queued before it keep the old scales. K/V already
+ * stored keeps its codes: it is read with the new scales from now on.
+ * PKV_E_INVALID_STATE on a pool that is not FP8. */
+PKV_API pkv_status pkv_pool_set_kv_scales(pkv_pool* pool, const float* k_scales,
+                                          const float* v_scales, uint64_t num_scales);
+
+/* Copies the current scales (the granularity the pool was created with)
+ * into k_out and v_out, capacity entries each. *out_len = the number of
+ * scales; PKV_E_BUFFER_TOO_SMALL when capacity is below it.
+ * PKV_E_INVALID_STATE on a pool that is not FP8. */
+PKV_API pkv_status pkv_pool_get_kv_scales(const pkv_pool* pool, float* k_out, float* v_out,
+                                          uint64_t capacity, uint64_t* out_len);
 
 #ifdef __cplusplus
 }

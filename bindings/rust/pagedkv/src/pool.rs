@@ -10,7 +10,7 @@ use crate::batch::Batch;
 use crate::error::{check, Error, ErrorKind, Result};
 use crate::hash::{c_string, opt_c_string, opt_ptr, MmItem, RawMmItems};
 use crate::tensor::{RawTensor, Stream};
-use crate::types::{BlockHash, DType, Device, Element, HashAlgo};
+use crate::types::{BlockHash, DType, Device, Element, HashAlgo, KvScaleGranularity};
 
 /// How to create a [`Pool`]. `PoolOptions::default()` takes the library's
 /// defaults (block size 16, SHA-256 prefix caching, bf16 CPU storage...);
@@ -49,6 +49,15 @@ pub struct PoolOptions {
     /// hashes: then keep salts secret and high-entropy and never take item
     /// hashes from tenants.
     pub strict_key_domains: bool,
+    /// FP8 pools: per tensor (one K and one V scale per layer) or per head.
+    pub kv_scale_granularity: KvScaleGranularity,
+    /// FP8 pools: the dequantisation scales (a stored code c means c *
+    /// scale), `num_layers` (per tensor) or `num_layers * num_kv_heads`
+    /// (per head, layer major) each, finite and > 0; empty = all 1.0.
+    /// [`Pool::options`] returns them empty: read them with
+    /// [`Pool::kv_scales`].
+    pub k_scales: Vec<f32>,
+    pub v_scales: Vec<f32>,
 }
 
 impl Default for PoolOptions {
@@ -88,8 +97,28 @@ impl PoolOptions {
             device: Device::from_raw(raw.device_type, raw.device_id)?,
             num_threads: raw.num_threads,
             strict_key_domains: raw.strict_key_domains != 0,
+            kv_scale_granularity: if raw.kv_scale_granularity == sys::PKV_KV_SCALE_PER_HEAD {
+                KvScaleGranularity::PerHead
+            } else {
+                KvScaleGranularity::PerTensor
+            },
+            k_scales: Vec::new(),
+            v_scales: Vec::new(),
         })
     }
+}
+
+// The common length of a K and a V scale list (the C ABI reads that many
+// of each, so they must match).
+fn scale_count(k: &[f32], v: &[f32]) -> Result<usize> {
+    if k.len() != v.len() {
+        return Err(Error::invalid(format!(
+            "k_scales and v_scales differ in length ({} vs {})",
+            k.len(),
+            v.len()
+        )));
+    }
+    Ok(k.len())
 }
 
 /// The block id standing in a block table for positions a sliding window
@@ -417,6 +446,14 @@ impl Pool {
         raw.device_id = device_id;
         raw.num_threads = opts.num_threads;
         raw.strict_key_domains = opts.strict_key_domains as u32;
+        raw.kv_scale_granularity = opts.kv_scale_granularity.raw();
+        let nscales = scale_count(&opts.k_scales, &opts.v_scales)?;
+        if nscales > 0 {
+            raw.num_kv_scales = u32::try_from(nscales)
+                .map_err(|_| Error::invalid("k_scales: more than 2^32 - 1 scales"))?;
+            raw.k_scales = opts.k_scales.as_ptr();
+            raw.v_scales = opts.v_scales.as_ptr();
+        }
         let mut out = ptr::null_mut();
         // SAFETY: raw and the seed it points to outlive the call.
         check(unsafe { sys::pkv_pool_create(&raw, &mut out) })?;
@@ -457,6 +494,45 @@ impl Pool {
         // SAFETY: valid handle and out-parameter.
         check(unsafe { sys::pkv_pool_bytes_per_block(self.ptr(), &mut n) })?;
         Ok(n)
+    }
+
+    // ------------------------------------------------------------ FP8 scales
+
+    /// The K and V scales of an FP8 pool (the granularity it was created
+    /// with). [`ErrorKind::InvalidState`] for other dtypes.
+    pub fn kv_scales(&self) -> Result<(Vec<f32>, Vec<f32>)> {
+        let mut raw = sys::pkv_pool_options::default();
+        // SAFETY: valid out-parameters.
+        unsafe { sys::pkv_pool_options_init(&mut raw) };
+        check(unsafe { sys::pkv_pool_get_options(self.ptr(), &mut raw) })?;
+        let cap = raw.num_kv_scales.max(1) as usize;
+        let (mut k, mut v) = (vec![0f32; cap], vec![0f32; cap]);
+        let mut n = 0u64;
+        // SAFETY: k and v hold cap floats each.
+        check(unsafe {
+            sys::pkv_pool_get_kv_scales(
+                self.ptr(),
+                k.as_mut_ptr(),
+                v.as_mut_ptr(),
+                cap as u64,
+                &mut n,
+            )
+        })?;
+        k.truncate(n as usize);
+        v.truncate(n as usize);
+        Ok((k, v))
+    }
+
+    /// Replaces an FP8 pool's scales (as many of each as
+    /// [`kv_scales`](Pool::kv_scales) returns; finite and > 0). Safe while
+    /// other threads run kernels on the pool: they finish with the old
+    /// scales. Stored codes stay and are read with the new scales.
+    pub fn set_kv_scales(&self, k_scales: &[f32], v_scales: &[f32]) -> Result<()> {
+        let n = scale_count(k_scales, v_scales)?;
+        // SAFETY: both slices hold n floats.
+        check(unsafe {
+            sys::pkv_pool_set_kv_scales(self.ptr(), k_scales.as_ptr(), v_scales.as_ptr(), n as u64)
+        })
     }
 
     // ------------------------------------------------------------ sequences
@@ -748,8 +824,8 @@ impl Pool {
             return Err(Error::new(ErrorKind::Internal, "unexpected swap layout"));
         }
         // SAFETY: out has room for per_block elements (plane bytes), the
-        // source range is inside host, and T (f32, f16, bf16) has no invalid
-        // bit patterns.
+        // source range is inside host, and T (f32, f16, bf16, the FP8 code
+        // newtypes) has no invalid bit patterns.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 host.as_ptr().add(off),

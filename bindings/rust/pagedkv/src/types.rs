@@ -15,6 +15,10 @@ pub enum DType {
     BF16,
     I32,
     I64,
+    /// OCP FP8 E4M3 (max 448, no infinities): KV storage only.
+    Fp8E4m3,
+    /// OCP FP8 E5M2 (max 57344): KV storage only.
+    Fp8E5m2,
 }
 
 impl DType {
@@ -26,6 +30,8 @@ impl DType {
             DType::BF16 => sys::PKV_DTYPE_BF16,
             DType::I32 => sys::PKV_DTYPE_I32,
             DType::I64 => sys::PKV_DTYPE_I64,
+            DType::Fp8E4m3 => sys::PKV_DTYPE_FP8_E4M3,
+            DType::Fp8E5m2 => sys::PKV_DTYPE_FP8_E5M2,
         }
     }
 
@@ -37,6 +43,8 @@ impl DType {
             sys::PKV_DTYPE_BF16 => DType::BF16,
             sys::PKV_DTYPE_I32 => DType::I32,
             sys::PKV_DTYPE_I64 => DType::I64,
+            sys::PKV_DTYPE_FP8_E4M3 => DType::Fp8E4m3,
+            sys::PKV_DTYPE_FP8_E5M2 => DType::Fp8E5m2,
             _ => return None,
         })
     }
@@ -81,7 +89,8 @@ mod sealed {
 }
 
 /// Rust types that map to a pagedkv dtype: `f32`, [`half::f16`],
-/// [`half::bf16`], `i32`, `i64`. Sealed: the set is the C ABI's.
+/// [`half::bf16`], `i32`, `i64`, and the FP8 code types [`Fp8E4m3`] and
+/// [`Fp8E5m2`] (KV storage only). Sealed: the set is the C ABI's.
 pub trait Element: sealed::Sealed + Copy + Send + Sync + 'static {
     /// The matching dtype.
     const DTYPE: DType;
@@ -100,6 +109,76 @@ element!(half::f16, F16);
 element!(half::bf16, BF16);
 element!(i32, I32);
 element!(i64, I64);
+element!(Fp8E4m3, Fp8E4m3);
+element!(Fp8E5m2, Fp8E5m2);
+
+/// One stored code of an FP8 E4M3 pool, as [`Pool::read_kv_block`](crate::Pool::read_kv_block)
+/// returns it; its value is `to_f32() * scale` (the pool's K or V scale).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[repr(transparent)]
+pub struct Fp8E4m3(pub u8);
+
+/// One stored code of an FP8 E5M2 pool (see [`Fp8E4m3`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[repr(transparent)]
+pub struct Fp8E5m2(pub u8);
+
+// The value of an FP8 code with `mbits` mantissa bits and exponent `bias`
+// (E5M2's top exponent holds infinities and NaN; E4M3's 0x7f is NaN).
+fn fp8_value(code: u8, mbits: u32, bias: i32, ieee_top: bool) -> f32 {
+    let sign = if code & 0x80 != 0 { -1.0f32 } else { 1.0 };
+    let e = i32::from(code & 0x7f) >> mbits;
+    let m = f32::from(code & ((1u8 << mbits) - 1));
+    let top = (1i32 << (7 - mbits)) - 1;
+    if !ieee_top && code & 0x7f == 0x7f {
+        return f32::NAN;
+    }
+    if ieee_top && e == top {
+        return if m != 0.0 {
+            f32::NAN
+        } else {
+            sign * f32::INFINITY
+        };
+    }
+    let scale = (1u32 << mbits) as f32;
+    if e == 0 {
+        sign * m / scale * 2f32.powi(1 - bias)
+    } else {
+        sign * (1.0 + m / scale) * 2f32.powi(e - bias)
+    }
+}
+
+impl Fp8E4m3 {
+    /// The code's value (exact; NaN for 0x7f/0xff).
+    pub fn to_f32(self) -> f32 {
+        fp8_value(self.0, 3, 7, false)
+    }
+}
+
+impl Fp8E5m2 {
+    /// The code's value (exact; infinities and NaN as IEEE).
+    pub fn to_f32(self) -> f32 {
+        fp8_value(self.0, 2, 15, true)
+    }
+}
+
+/// How an FP8 pool's K/V scales are given: one K and one V scale per layer
+/// (as vLLM's k_scale/v_scale), or one per layer and KV head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum KvScaleGranularity {
+    #[default]
+    PerTensor,
+    PerHead,
+}
+
+impl KvScaleGranularity {
+    pub(crate) fn raw(self) -> u32 {
+        match self {
+            KvScaleGranularity::PerTensor => sys::PKV_KV_SCALE_PER_TENSOR,
+            KvScaleGranularity::PerHead => sys::PKV_KV_SCALE_PER_HEAD,
+        }
+    }
+}
 
 /// Block hash function of the prefix cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -194,6 +273,10 @@ impl Features {
     /// bf16 storage and kernels.
     pub fn bf16(self) -> bool {
         self.0 & sys::PKV_FEATURE_BF16 != 0
+    }
+    /// FP8 (E4M3, E5M2) KV storage and kernels.
+    pub fn fp8(self) -> bool {
+        self.0 & sys::PKV_FEATURE_FP8 != 0
     }
     /// The raw `PKV_FEATURE_*` bit set.
     pub fn bits(self) -> u32 {

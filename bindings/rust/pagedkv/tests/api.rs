@@ -58,6 +58,9 @@ fn options_round_trip() {
         num_threads: 1,
         memory_budget_bytes: 0,
         strict_key_domains: true,
+        kv_scale_granularity: pagedkv::KvScaleGranularity::PerTensor,
+        k_scales: Vec::new(),
+        v_scales: Vec::new(),
     };
     let pool = Pool::new(&opts).unwrap();
     let got = pool.options().unwrap();
