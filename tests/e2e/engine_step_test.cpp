@@ -386,7 +386,7 @@ TEST(EngineE2E, PrefixCacheHitGivesIdenticalAttention) {
 }
 
 // A partial-block hit (issue 22): b's prompt agrees with a's in 37 tokens,
-// 5 of them into a's third block. b attaches two full blocks and gets a
+// 5 of them into a's third (full, cached) block. b attaches two full blocks and gets a
 // copy of the third's first 5 slots in a fresh block; its next step attends
 // over exactly the K/V a from-scratch sequence would have (a's K/V for
 // tokens 0..36, then its own), every output element against the float64
@@ -398,8 +398,8 @@ TEST_P(EngineStep, PartialHitAttendsOverTheSameKvAsFromScratch) {
   Engine e(c);
   pkv_seq_id a = e.create();
   std::vector<int32_t> prompt;
-  e.append(a, 40, &prompt);
-  e.step({a}, {40});
+  e.append(a, 50, &prompt);  // three full blocks cached
+  e.step({a}, {50});
 
   std::vector<int32_t> pb(prompt.begin(), prompt.begin() + 37);
   for (int i = 0; i < 11; ++i) pb.push_back(60000 + i);  // diverges at token 37
