@@ -19,6 +19,8 @@ from ._types import (
     MMItemLike,
     PoolOptions,
     PoolStats,
+    PrefixMatch,
+    RetentionRange,
     SequenceInfo,
     mm_tuples,
 )
@@ -64,6 +66,9 @@ class Pool(HandleOwner):
         max_events: Optional[int] = None,
         num_threads: Optional[int] = None,
         strict_key_domains: Optional[bool] = None,
+        enable_partial_reuse: Optional[bool] = None,
+        enable_retention: Optional[bool] = None,
+        max_pinned_blocks: Optional[int] = None,
     ) -> None:
         opts: dict = {}
         for key, value in (
@@ -76,6 +81,7 @@ class Pool(HandleOwner):
             ("sliding_window", sliding_window),
             ("max_events", max_events),
             ("num_threads", num_threads),
+            ("max_pinned_blocks", max_pinned_blocks),
         ):
             if value is not None:
                 opts[key] = int(value)
@@ -95,6 +101,10 @@ class Pool(HandleOwner):
             opts["enable_events"] = int(bool(enable_events))
         if strict_key_domains is not None:
             opts["strict_key_domains"] = int(bool(strict_key_domains))
+        if enable_partial_reuse is not None:
+            opts["enable_partial_reuse"] = int(bool(enable_partial_reuse))
+        if enable_retention is not None:
+            opts["enable_retention"] = int(bool(enable_retention))
         ptr = _c.pkv_pool_create(opts)
         self._h = Handle(ptr, _c.pkv_pool_destroy, "pool")
         try:
@@ -190,6 +200,15 @@ class Pool(HandleOwner):
     def validate(self) -> None:
         """Checks every invariant; raises InvariantError naming a broken one."""
         self._call(_c.pkv_pool_validate)
+
+    def set_clock(self, now_ns: int) -> None:
+        """From now on the pool's clock for retention durations reads now_ns
+        (tests, simulations; it never runs back); expiries due now apply."""
+        self._call(_c.pkv_pool_set_clock, int(now_ns))
+
+    def priority_counts(self) -> List[int]:
+        """Cached blocks per retention priority: index p for p in 0..100."""
+        return list(self._call(_c.pkv_pool_get_priority_counts, _c.PKV_PRIORITY_MAX + 1))
 
     def reset_prefix_cache(self) -> None:
         """Forgets every cached hash (an ALL_CLEARED event is recorded)."""
@@ -379,6 +398,20 @@ class Sequence:
         full blocks of tokens (leaving at least one token to compute) and
         returns how many tokens it covers."""
         return int(self._pool._call(_c.pkv_seq_match_prefix, self._id, tokens))
+
+    def match_prefix_partial(self, tokens: Tokens) -> PrefixMatch:
+        """match_prefix, then (pool created with enable_partial_reuse) a
+        partial hit: the first k tokens of a cached block that the next
+        tokens agree with are copied into a new block and count as computed."""
+        return PrefixMatch._from_c(self._pool._call(_c.pkv_seq_match_prefix_partial, self._id, tokens))
+
+    def set_retention(self, ranges: Iterable[Union[RetentionRange, tuple]]) -> None:
+        """Replaces this sequence's retention ranges (pool created with
+        enable_retention): RetentionRange objects or (begin, end, priority,
+        duration_ns) tuples. Pins beyond max_pinned_blocks raise
+        OutOfBlocksError and change nothing."""
+        rs = [r._as_tuple() if isinstance(r, RetentionRange) else tuple(r) for r in ranges]
+        self._pool._call(_c.pkv_seq_set_retention, self._id, rs)
 
     def append(self, tokens: Tokens, lookahead: int = 0) -> None:
         """Appends tokens (their KV is written by the next step) and reserves
