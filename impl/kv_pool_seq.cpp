@@ -631,6 +631,15 @@ void Pool::truncate(SeqId id, uint64_t m) {
   s.num_null = std::min<uint64_t>(s.num_null, s.blocks.size());
   s.num_cached = std::min(s.num_cached, m);
   s.num_committed = std::min(s.num_committed, m);
+  // With a window, a committed count vouches only for the keys its next
+  // query reads; cut back, it may reach slots a step never wrote (a prefill
+  // whose early context the window made unnecessary): lower it to what is
+  // written.
+  for (uint64_t nc = s.num_committed; w > 0; nc = s.num_committed) {
+    const uint64_t c = computed_tokens(s, nc + 1 > w ? nc + 1 - w : 0);
+    if (c >= nc) break;
+    s.num_committed = c;
+  }
   if (m < n0) ++s.writes_epoch;  // a step prepared before may have written tokens now gone
   s.tail_shared = !tail_is_exclusive(s);
   num_tokens_ -= n0 - m;

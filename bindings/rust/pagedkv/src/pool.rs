@@ -141,6 +141,8 @@ impl RetentionRange {
     pub const PRIORITY_DEFAULT: u32 = sys::PKV_PRIORITY_DEFAULT;
     pub const PRIORITY_MAX: u32 = sys::PKV_PRIORITY_MAX;
     pub const PINNED: u32 = sys::PKV_PRIORITY_PINNED;
+    /// The most ranges [`Pool::set_retention`] takes.
+    pub const MAX_RANGES: usize = sys::PKV_RETENTION_MAX_RANGES as usize;
 
     /// Tokens `token_begin..token_end` at `priority`, for good.
     pub fn new(token_begin: u64, token_end: u64, priority: u32) -> RetentionRange {
@@ -765,10 +767,14 @@ impl Pool {
 
     /// Cached blocks per retention priority (index = priority, 0..=100).
     pub fn priority_counts(&self) -> Result<Vec<u64>> {
-        read_vec(0u64, (RetentionRange::PRIORITY_MAX + 1) as usize, |out, cap, len| {
-            // SAFETY: out is valid for cap entries (or NULL with cap 0).
-            unsafe { sys::pkv_pool_get_priority_counts(self.ptr(), out, cap, len) }
-        })
+        read_vec(
+            0u64,
+            (RetentionRange::PRIORITY_MAX + 1) as usize,
+            |out, cap, len| {
+                // SAFETY: out is valid for cap entries (or NULL with cap 0).
+                unsafe { sys::pkv_pool_get_priority_counts(self.ptr(), out, cap, len) }
+            },
+        )
     }
 
     /// From now on the pool's clock for retention durations reads `now_ns`

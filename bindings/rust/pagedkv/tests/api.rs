@@ -58,6 +58,9 @@ fn options_round_trip() {
         num_threads: 1,
         memory_budget_bytes: 0,
         strict_key_domains: true,
+        enable_partial_reuse: true,
+        enable_retention: true,
+        max_pinned_blocks: 4,
     };
     let pool = Pool::new(&opts).unwrap();
     let got = pool.options().unwrap();

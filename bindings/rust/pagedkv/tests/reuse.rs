@@ -1,6 +1,5 @@
 //! Partial-block prefix hits and retention priorities (issue 22).
 
-
 use pagedkv::{ErrorKind, EventKind, Pool, PoolOptions, RetentionRange, SeqId};
 
 fn pool(partial: bool, retention: bool, max_pinned: u64) -> Pool {
@@ -79,7 +78,10 @@ fn retention_pins_priorities_and_the_clock() {
     assert_eq!(err.kind(), ErrorKind::OutOfBlocks);
     assert!(err.message().contains("max_pinned_blocks"), "{err}");
     let bad = [RetentionRange::new(0, 4, 101)];
-    assert_eq!(p.set_retention(b, &bad).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        p.set_retention(b, &bad).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
     p.validate().unwrap();
 }
 
@@ -87,6 +89,8 @@ fn retention_pins_priorities_and_the_clock() {
 fn retention_needs_the_pool_option() {
     let p = pool(false, false, 0);
     let s = p.create_seq().unwrap();
-    let err = p.set_retention(s, &[RetentionRange::new(0, 8, 90)]).unwrap_err();
+    let err = p
+        .set_retention(s, &[RetentionRange::new(0, 8, 90)])
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidState);
 }
