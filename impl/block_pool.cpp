@@ -116,6 +116,7 @@ void BlockPool::enable_retention(uint64_t max_pinned) {
   r->prio.assign(size_t(num_blocks_), uint8_t(kPriorityDefault));
   r->dur.assign(size_t(num_blocks_), 0);
   r->arm.assign(size_t(num_blocks_), 0);
+  r->released.assign(size_t(num_blocks_), 0);
   // A block has at most one live entry; stale ones are dropped by a rebuild
   // before the heap outgrows this, so a push never allocates.
   r->heap.reserve(2 * size_t(num_blocks_) + 1);
@@ -150,13 +151,21 @@ void BlockPool::set_priority(int32_t id, uint32_t p, uint64_t duration_ns) noexc
     r.prio[id] = uint8_t(p);
     ++r.arm[id];  // an expiry armed for the old priority no longer applies
   }
-  // A free block whose level changes (expiry, lost content) rejoins its new
-  // level as its least recently used block; one without content goes where
-  // every empty block goes, the head.
+  // A free block without content goes where every empty block goes, the
+  // head; one whose priority ran out joins its new level where its last
+  // release puts it (each level is in release order: LRU), found from the
+  // tail, past the blocks freed since.
   const int32_t level = hash_[id].empty() ? 0 : int32_t(p);
   if (queue_.contains(id) && queue_.level_of(id) != level) {
     queue_.remove(id);
-    queue_.push_front(id, level);
+    if (hash_[id].empty()) {
+      queue_.push_front(id, 0);
+    } else {
+      int32_t prev = queue_.prev_of(queue_.tail(level));
+      while (prev != queue_.head(level) && r.released[prev] > r.released[id])
+        prev = queue_.prev_of(prev);
+      queue_.insert_after(prev, id, level);
+    }
   }
   if (old != p && !hash_[id].empty()) push_event_priority(id);
 }
@@ -168,6 +177,7 @@ void BlockPool::release_retained(int32_t id) noexcept {
     return;
   }
   queue_.push_back(id, r.prio[id]);
+  r.released[id] = ++r.releases;
   // The duration counts from the moment the block is free (as TensorRT-LLM
   // counts it): a priority protects content nobody holds.
   if (r.prio[id] != kPriorityDefault && r.dur[id] > 0) {

@@ -174,7 +174,7 @@ class BlockPool {
   uint64_t num_pinned() const { return ret_ ? ret_->pinned : 0; }
   uint64_t max_pinned() const { return ret_ ? ret_->max_pinned : 0; }
   // The pool's clock: expires the priorities whose time came (they fall back
-  // to the default, as the least recently used blocks of the default level).
+  // to the default level, in it by when they were last freed: LRU).
   void advance_clock(uint64_t now_ns) noexcept;
   // Cached blocks per priority (out[0..100]).
   void priority_counts(uint64_t* out) const;
@@ -206,6 +206,8 @@ class BlockPool {
     std::vector<uint8_t> prio;
     std::vector<uint64_t> dur;   // ns a priority lasts once the block is free; 0 = for good
     std::vector<uint32_t> arm;   // bumped when a pending expiry stops applying
+    std::vector<uint64_t> released;  // per block: when it was last freed (a counter)
+    uint64_t releases = 0;
     std::vector<Expiry> heap;    // min-heap on at_ns; capacity reserved up front
     uint64_t pinned = 0, max_pinned = 0, now_ns = 0;
   };

@@ -54,6 +54,8 @@ class FreeBlockQueue {
   void push_back(int32_t id, int32_t level = 0) { link_after(prev_[tail(level)], id, level); }
   // Removes id from anywhere in the queue; id must be queued.
   void remove(int32_t id) { unlink(id); }
+  // Links id right after prev (a block of level, or the level's head).
+  void insert_after(int32_t prev, int32_t id, int32_t level) { link_after(prev, id, level); }
 
   // Walks the queue; returns "" when links, sentinels and count agree,
   // otherwise a description of the first inconsistency.
@@ -67,6 +69,7 @@ class FreeBlockQueue {
       for (int32_t id = next_[head(l)]; id != tail(l); id = next_[id]) f(id);
   }
   int32_t next_of(int32_t id) const { return next_[id]; }
+  int32_t prev_of(int32_t id) const { return prev_[id]; }
   int32_t head(int32_t level = 0) const { return num_blocks_ + 2 * level; }
   int32_t tail(int32_t level = 0) const { return num_blocks_ + 2 * level + 1; }
 

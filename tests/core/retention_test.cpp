@@ -103,33 +103,35 @@ TEST(Retention, LeastRecentlyUsedWithinAPriority) {
 }
 
 // A duration starts when the block is free; when it runs out the block is
-// back at the default, as its least recently used block.
+// back at the default, placed by when it was freed (LRU within the level).
 TEST(Retention, ExpiredPrioritiesFallBackToTheDefault) {
-  auto p = make(7);
-  p->set_clock(1000);
-  SeqId sys = cached(p, kSys, {{0, kEnd, 90, 500}}), doc = cached(p, kDoc);
-  drain(*p);
-  p->free(doc);
-  p->free(sys);  // at 1000: expires at 1500
-  EXPECT_EQ(counts(*p)[90], 2u);
-  EXPECT_EQ(counts(*p)[kPriorityDefault], 2u);
-  p->set_clock(1499);
-  EXPECT_EQ(counts(*p)[90], 2u);
-  p->set_clock(1500);
-  EXPECT_EQ(counts(*p)[90], 0u);
-  EXPECT_EQ(counts(*p)[kPriorityDefault], 4u);
-  auto ev = drain(*p);
-  ASSERT_EQ(ev.size(), 2u);
-  for (const Event& e : ev) {
-    EXPECT_EQ(e.type, EventType::kPriority);
-    EXPECT_EQ(e.num_tokens, kPriorityDefault);
+  for (bool sys_first : {true, false}) {
+    auto p = make(7);
+    p->set_clock(1000);
+    SeqId sys = cached(p, kSys, {{0, kEnd, 90, 500}}), doc = cached(p, kDoc);
+    drain(*p);
+    p->free(sys_first ? sys : doc);
+    p->free(sys_first ? doc : sys);  // at 1000: the 90 lasts until 1500
+    EXPECT_EQ(counts(*p)[90], 2u);
+    EXPECT_EQ(counts(*p)[kPriorityDefault], 2u);
+    p->set_clock(1499);
+    EXPECT_EQ(counts(*p)[90], 2u);
+    p->set_clock(1500);
+    EXPECT_EQ(counts(*p)[90], 0u);
+    EXPECT_EQ(counts(*p)[kPriorityDefault], 4u);
+    auto ev = drain(*p);
+    ASSERT_EQ(ev.size(), 2u);
+    for (const Event& e : ev) {
+      EXPECT_EQ(e.type, EventType::kPriority);
+      EXPECT_EQ(e.num_tokens, kPriorityDefault);
+    }
+    // Whichever was freed first is now evicted first.
+    SeqId x = p->seq_create({});
+    append(*p, x, iota_tokens(16, 300));
+    EXPECT_EQ(hit(*p, kSys), sys_first ? 0u : 8u);
+    EXPECT_EQ(hit(*p, kDoc), sys_first ? 8u : 0u);
+    EXPECT_VALID(*p);
   }
-  // LRU of the default level now: the document (freed before it) outlives it.
-  SeqId x = p->seq_create({});
-  append(*p, x, iota_tokens(16, 300));
-  EXPECT_EQ(hit(*p, kSys), 0u);
-  EXPECT_EQ(hit(*p, kDoc), 8u);
-  EXPECT_VALID(*p);
 }
 
 // While a sequence holds the block, its duration does not run.

@@ -307,8 +307,8 @@ typedef struct pkv_retention_range {
  * shared, only if that raises its priority (another request may count on
  * it). Set ranges before appending: blocks take them as they are cached.
  * Evicting takes the free blocks of the lowest priority first, least
- * recently used first within one; a priority whose duration ran out makes
- * its block the least recently used of the default level. Pinned blocks are
+ * recently used first within one; a block whose priority ran out joins the
+ * default level where its last release puts it. Pinned blocks are
  * never evicted; at most max_pinned_blocks are: a call whose ranges would
  * pin more of the sequence's cached blocks than the budget has left fails
  * with PKV_E_OUT_OF_BLOCKS and changes nothing; a block cached later when
