@@ -204,11 +204,11 @@ class BlockPool {
   };
   struct Retention {
     std::vector<uint8_t> prio;
-    std::vector<uint64_t> dur;   // ns a priority lasts once the block is free; 0 = for good
-    std::vector<uint32_t> arm;   // bumped when a pending expiry stops applying
+    std::vector<uint64_t> dur;       // ns a priority lasts once the block is free; 0 = for good
+    std::vector<uint32_t> arm;       // bumped when a pending expiry stops applying
     std::vector<uint64_t> released;  // per block: when it was last freed (a counter)
     uint64_t releases = 0;
-    std::vector<Expiry> heap;    // min-heap on at_ns; capacity reserved up front
+    std::vector<Expiry> heap;  // min-heap on at_ns; capacity reserved up front
     uint64_t pinned = 0, max_pinned = 0, now_ns = 0;
   };
   std::unique_ptr<Partial> partial_;

@@ -33,7 +33,8 @@ const char* FreeBlockQueue::check() const {
       if (id < 0 || id >= num_blocks_) return "free queue: a link points outside the block range";
       if (prev_[id] != prev)
         return "free queue: a block's prev link disagrees with its predecessor";
-      if (++in_level > size_ + held_) return "free queue: more blocks linked than its count (or a cycle)";
+      if (++in_level > size_ + held_)
+        return "free queue: more blocks linked than its count (or a cycle)";
       if (num_levels_ > 1 && level_[id] != l)
         return "free queue: a block is linked into a level other than its own";
       prev = id;

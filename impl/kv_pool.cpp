@@ -41,8 +41,8 @@ void check_options(const PoolOptions& o) {
   if (o.device_id < 0)
     fail(Errc::kInvalidArgument, "device_id " + std::to_string(o.device_id) + " is negative");
   if (o.max_pinned_blocks > 0 && !o.enable_retention)
-    fail(Errc::kInvalidArgument, "max_pinned_blocks " + str(o.max_pinned_blocks) +
-                                     " is set but enable_retention is 0");
+    fail(Errc::kInvalidArgument,
+         "max_pinned_blocks " + str(o.max_pinned_blocks) + " is set but enable_retention is 0");
   if (o.num_layers > 0) {
     if (o.num_kv_heads == 0 || o.num_kv_heads > 4096)
       fail(Errc::kInvalidArgument,

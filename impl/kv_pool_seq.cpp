@@ -67,8 +67,8 @@ size_t Pool::hash_new_blocks(Sequence& s) {
 void Pool::cache_new_blocks(const Sequence& s, size_t from) noexcept {
   const uint32_t bs = opts_.block_size;
   for (size_t j = from; j < s.hashes.size(); ++j) {
-    blocks_.cache_block(s.blocks[j], s.hashes[j], j ? &s.hashes[j - 1] : nullptr, bs,
-                        s.ctx.lora_id, s.tokens.data() + j * bs);
+    blocks_.cache_block(s.blocks[j], s.hashes[j], j ? &s.hashes[j - 1] : nullptr, bs, s.ctx.lora_id,
+                        s.tokens.data() + j * bs);
     if (blocks_.retention()) assign_priority(s, j, blocks_.ref(s.blocks[j]) == 1);
   }
 }
@@ -166,7 +166,8 @@ std::pair<int32_t, uint32_t> Pool::find_partial(const Sequence& s, const int32_t
   if (cap == 0) return {-1, 0};
   const BlockHash* parent = m ? &s.hashes[m - 1] : nullptr;
   const int32_t* q = tokens + hit;
-  std::vector<std::tuple<uint32_t, int32_t, const int32_t*>> found;  // (matching tokens, block, its tokens)
+  std::vector<std::tuple<uint32_t, int32_t, const int32_t*>>
+      found;  // (matching tokens, block, its tokens)
   // Children of a popular prefix can be many (every request that diverges
   // right after a system prompt): the scan is bounded.
   constexpr size_t kMaxCandidates = 256;
@@ -291,7 +292,8 @@ std::pair<uint32_t, uint64_t> Pool::block_retention(const Sequence& s, size_t j)
   // ending mid-block keeps the whole block: its first tokens need it).
   for (const RetentionRange& r : s.retention) {
     if (r.begin >= hi || r.end <= lo) continue;
-    if (!any || r.priority > p || (r.priority == p && d != 0 && (r.duration_ns == 0 || r.duration_ns > d))) {
+    if (!any || r.priority > p ||
+        (r.priority == p && d != 0 && (r.duration_ns == 0 || r.duration_ns > d))) {
       p = r.priority;
       d = r.duration_ns;
     }
@@ -329,18 +331,16 @@ void Pool::set_retention(SeqId id, const RetentionRange* ranges, uint64_t n) {
   if (!blocks_.retention())
     fail(Errc::kInvalidState, "the pool was created without enable_retention");
   if (n > kMaxRetentionRanges)
-    fail(Errc::kInvalidArgument,
-         "num_ranges " + str(n) + " exceeds " + str(kMaxRetentionRanges));
+    fail(Errc::kInvalidArgument, "num_ranges " + str(n) + " exceeds " + str(kMaxRetentionRanges));
   bool pins = false;
   for (uint64_t i = 0; i < n; ++i) {
     const RetentionRange& r = ranges[i];
     const std::string at = "ranges[" + str(i) + "]";
     if (r.begin >= r.end)
-      fail(Errc::kInvalidArgument, at + ".token_begin " + str(r.begin) +
-                                       " is not below its token_end " + str(r.end));
-    if (r.priority > kPriorityPinned)
       fail(Errc::kInvalidArgument,
-           at + ".priority " + str(r.priority) + " is outside [0, 100]");
+           at + ".token_begin " + str(r.begin) + " is not below its token_end " + str(r.end));
+    if (r.priority > kPriorityPinned)
+      fail(Errc::kInvalidArgument, at + ".priority " + str(r.priority) + " is outside [0, 100]");
     pins |= r.priority == kPriorityPinned;
   }
   std::vector<RetentionRange> next(ranges, ranges + n);  // may throw: first
@@ -354,11 +354,11 @@ void Pool::set_retention(SeqId id, const RetentionRange* ranges, uint64_t n) {
   for (size_t j = 0; j < s.blocks.size(); ++j) {
     const int32_t b = s.blocks[j];
     if (b != BlockPool::kNullBlock && !blocks_.hash(b).empty() &&
-        blocks_.priority(b) != kPriorityPinned &&
-        block_retention(s, j).first == kPriorityPinned)
+        blocks_.priority(b) != kPriorityPinned && block_retention(s, j).first == kPriorityPinned)
       ++new_pins;
   }
-  if ((pins && blocks_.max_pinned() == 0) || blocks_.num_pinned() + new_pins > blocks_.max_pinned()) {
+  if ((pins && blocks_.max_pinned() == 0) ||
+      blocks_.num_pinned() + new_pins > blocks_.max_pinned()) {
     s.retention.swap(prev);
     fail(Errc::kOutOfBlocks,
          "ranges pin " + str(new_pins) + " more cached blocks of " + seq_name(id) + " but " +

@@ -184,19 +184,19 @@ pkv_status pkv_seq_match_prefix_partial(pkv_pool* pool, pkv_seq_id seq, const in
   });
 }
 
-pkv_status pkv_seq_set_retention(pkv_pool* pool, pkv_seq_id seq,
-                                 const pkv_retention_range* ranges, uint64_t num_ranges) {
+pkv_status pkv_seq_set_retention(pkv_pool* pool, pkv_seq_id seq, const pkv_retention_range* ranges,
+                                 uint64_t num_ranges) {
   PKV_GUARD({
     pagedkv::Pool& p = pc::pool_of(pool);
     if (num_ranges > 0) pc::require(ranges, "ranges");
     if (num_ranges > PKV_RETENTION_MAX_RANGES)
-      fail(Errc::kInvalidArgument, "num_ranges " + str(num_ranges) + " exceeds " +
-                                       str(PKV_RETENTION_MAX_RANGES));
+      fail(Errc::kInvalidArgument,
+           "num_ranges " + str(num_ranges) + " exceeds " + str(PKV_RETENTION_MAX_RANGES));
     std::vector<pagedkv::RetentionRange> rs(num_ranges);
     for (uint64_t i = 0; i < num_ranges; ++i) {
       if (ranges[i].reserved != 0)
-        fail(Errc::kInvalidArgument, "ranges[" + str(i) + "].reserved is " +
-                                         str(ranges[i].reserved) + ", not 0");
+        fail(Errc::kInvalidArgument,
+             "ranges[" + str(i) + "].reserved is " + str(ranges[i].reserved) + ", not 0");
       rs[i] = {ranges[i].token_begin, ranges[i].token_end, ranges[i].priority,
                ranges[i].duration_ns};
     }

@@ -514,7 +514,8 @@ TEST_F(ErrorPaths, PartialHitsAndRetention) {
   FAILS(pkv_seq_set_retention(pool, live, &r, 1), PKV_E_INVALID_STATE, "enable_retention");
   r.reserved = 2;
   FAILS(pkv_seq_set_retention(pool, live, &r, 1), BAD, "ranges[0].reserved");
-  std::vector<pkv_retention_range> many(PKV_RETENTION_MAX_RANGES + 1, pkv_retention_range{0, 4, 50, 0, 0});
+  std::vector<pkv_retention_range> many(PKV_RETENTION_MAX_RANGES + 1,
+                                        pkv_retention_range{0, 4, 50, 0, 0});
   FAILS(pkv_seq_set_retention(pool, live, many.data(), many.size()), BAD, "num_ranges");
 
   uint64_t counts[PKV_PRIORITY_MAX + 1], len = 0;

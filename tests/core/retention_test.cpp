@@ -33,7 +33,8 @@ std::shared_ptr<Pool> make(uint64_t num_blocks, uint64_t max_pinned = 0, bool re
 // A step over the tokens s has not computed yet (none: nothing to do).
 void step_rest(const std::shared_ptr<Pool>& p, SeqId s) {
   const SeqInfo i = p->seq_info(s);
-  if (i.num_tokens > i.num_computed_tokens) step(p, s, uint32_t(i.num_tokens - i.num_computed_tokens));
+  if (i.num_tokens > i.num_computed_tokens)
+    step(p, s, uint32_t(i.num_tokens - i.num_computed_tokens));
 }
 
 Errc code_of(const std::function<void()>& f) {

@@ -917,8 +917,7 @@ class Harness {
       const uint32_t last_type = cfg_.reuse ? PKV_EVENT_BLOCK_PRIORITY : PKV_EVENT_ALL_CLEARED;
       CHECK(e.type >= PKV_EVENT_BLOCK_STORED && e.type <= last_type, "event type %u", e.type);
       if (e.type == PKV_EVENT_BLOCK_PRIORITY)
-        CHECK(e.num_tokens < PKV_PRIORITY_PINNED, "priority event with priority %u",
-              e.num_tokens);
+        CHECK(e.num_tokens < PKV_PRIORITY_PINNED, "priority event with priority %u", e.num_tokens);
       if (e.type != PKV_EVENT_ALL_CLEARED)
         CHECK(e.block_id > 0 && uint64_t(e.block_id) < cfg_.num_blocks, "event block %d",
               e.block_id);

@@ -594,8 +594,8 @@ std::vector<Case> make_cases() {
         S("pkv_seq_match_prefix_partial", PKV_CLASS_STALE, "seq freed", kNf, "stale",
           pkv_prefix_match m = pmatch();
           return match_partial(e, e.dead, e.tokens, 20, &m);),
-        S("pkv_seq_match_prefix_partial", PKV_CLASS_ABSURD, "num_tokens = 2^62", kInv,
-          "num_tokens", pkv_prefix_match m = pmatch();
+        S("pkv_seq_match_prefix_partial", PKV_CLASS_ABSURD, "num_tokens = 2^62", kInv, "num_tokens",
+          pkv_prefix_match m = pmatch();
           return match_partial(e, e.empty, e.tokens, k2_62, &m);),
         S("pkv_seq_match_prefix_partial", PKV_CLASS_STATE, "seq already holds tokens", kState,
           "empty", pkv_prefix_match m = pmatch();
@@ -631,8 +631,8 @@ std::vector<Case> make_cases() {
         S("pkv_pool_get_priority_counts", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
           uint64_t c[101];
           return pkv_pool_get_priority_counts(nullptr, c, 101, &e.u64);),
-        S("pkv_pool_get_priority_counts", PKV_CLASS_NULL, "out_counts = NULL, capacity = 101",
-          kInv, "out_counts", return pkv_pool_get_priority_counts(e.pool, nullptr, 101, &e.u64);),
+        S("pkv_pool_get_priority_counts", PKV_CLASS_NULL, "out_counts = NULL, capacity = 101", kInv,
+          "out_counts", return pkv_pool_get_priority_counts(e.pool, nullptr, 101, &e.u64);),
         S("pkv_pool_get_priority_counts", PKV_CLASS_NULL, "out_len = NULL", kInv, "out_len",
           uint64_t c[101];
           return pkv_pool_get_priority_counts(e.pool, c, 101, nullptr);),

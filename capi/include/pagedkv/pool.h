@@ -373,9 +373,9 @@ PKV_API pkv_status pkv_pool_get_stats(const pkv_pool* pool, pkv_pool_stats* out)
 #define PKV_EVENT_BLOCK_STORED 1  /* a full block entered the prefix cache */
 #define PKV_EVENT_BLOCK_REMOVED 2 /* a cached block was evicted */
 #define PKV_EVENT_ALL_CLEARED 3   /* the prefix cache was reset */
-#define PKV_EVENT_BLOCK_PRIORITY 4 /* a cached block's retention priority
-                                      changed (enable_retention); num_tokens
-                                      holds the new priority */
+/* A cached block's retention priority changed (enable_retention);
+ * num_tokens holds the new priority. */
+#define PKV_EVENT_BLOCK_PRIORITY 4
 
 typedef struct pkv_event {
   uint64_t seq_no; /* 1, 2, 3... per pool, gap-free unless dropped */
