@@ -3,8 +3,6 @@
 // slots, and k more tokens count as computed. Block ids pinned; block_size 4.
 #include <gtest/gtest.h>
 
-#include <functional>
-
 #include "step_plan.h"
 #include "test_util.h"
 
@@ -12,9 +10,11 @@ namespace pagedkv {
 namespace {
 
 using test::append;
+using test::code_of;
 using test::drain;
 using test::iota_tokens;
 using test::step;
+using test::step_rest;
 using test::table;
 using V = std::vector<int32_t>;
 
@@ -26,22 +26,6 @@ std::shared_ptr<Pool> make(uint64_t num_blocks, bool partial = true) {
 
 PrefixMatch match(Pool& p, SeqId id, const V& t) {
   return p.match_prefix_partial(id, t.data(), t.size());
-}
-
-// A step over the tokens s has not computed yet (none: nothing to do).
-void step_rest(const std::shared_ptr<Pool>& p, SeqId s) {
-  const SeqInfo i = p->seq_info(s);
-  if (i.num_tokens > i.num_computed_tokens)
-    step(p, s, uint32_t(i.num_tokens - i.num_computed_tokens));
-}
-
-Errc code_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return Errc(0);
 }
 
 // a computed 10 tokens (blocks 1, 2 full; 3 partial). b's prompt agrees with

@@ -4,8 +4,6 @@
 // capped by max_pinned_blocks. Block ids pinned; block_size 4.
 #include <gtest/gtest.h>
 
-#include <functional>
-
 #include "step_plan.h"
 #include "test_util.h"
 
@@ -13,10 +11,12 @@ namespace pagedkv {
 namespace {
 
 using test::append;
+using test::code_of;
 using test::drain;
 using test::free_queue;
 using test::iota_tokens;
 using test::step;
+using test::step_rest;
 using test::table;
 using V = std::vector<int32_t>;
 using Ranges = std::vector<RetentionRange>;
@@ -28,22 +28,6 @@ std::shared_ptr<Pool> make(uint64_t num_blocks, uint64_t max_pinned = 0, bool re
   o.enable_retention = retention;
   o.max_pinned_blocks = max_pinned;
   return Pool::create(o);
-}
-
-// A step over the tokens s has not computed yet (none: nothing to do).
-void step_rest(const std::shared_ptr<Pool>& p, SeqId s) {
-  const SeqInfo i = p->seq_info(s);
-  if (i.num_tokens > i.num_computed_tokens)
-    step(p, s, uint32_t(i.num_tokens - i.num_computed_tokens));
-}
-
-Errc code_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return Errc(0);
 }
 
 // A sequence with these ranges that computed tokens.
