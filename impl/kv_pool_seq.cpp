@@ -347,9 +347,7 @@ void Pool::set_retention(SeqId id, const RetentionRange* ranges, uint64_t n) {
   tick();
   // Pins the budget cannot hold are refused here, where the caller can act
   // on it; blocks the sequence caches later degrade instead (pool.h).
-  std::vector<RetentionRange> prev;
-  prev.swap(s.retention);
-  s.retention = next;
+  next.swap(s.retention);  // no allocation: swapped back on refusal
   uint64_t new_pins = 0;
   for (size_t j = 0; j < s.blocks.size(); ++j) {
     const int32_t b = s.blocks[j];
@@ -359,7 +357,7 @@ void Pool::set_retention(SeqId id, const RetentionRange* ranges, uint64_t n) {
   }
   if ((pins && blocks_.max_pinned() == 0) ||
       blocks_.num_pinned() + new_pins > blocks_.max_pinned()) {
-    s.retention.swap(prev);
+    s.retention.swap(next);
     fail(Errc::kOutOfBlocks,
          "ranges pin " + str(new_pins) + " more cached blocks of " + seq_name(id) + " but " +
              str(blocks_.num_pinned()) + " of max_pinned_blocks " + str(blocks_.max_pinned()) +
