@@ -102,7 +102,8 @@ def run_partial(args: argparse.Namespace, requests, partial: bool) -> dict:
             live.append(s)
         for s in live:
             s.free()
-        pool.validate() if w % (20 * args.concurrency) == 0 else None
+        if w % (20 * args.concurrency) == 0:
+            pool.validate()
     pool.validate()
     st = pool.stats()
     pool.close()
