@@ -258,7 +258,8 @@ TEST(Retention, BadInput) {
 
 // With both options on but no ranges and no partial matches asked for, a
 // pool behaves exactly as one without them: same block ids, free queue,
-// events and stats, op for op.
+// events and stats, op for op (resets and block copies, which empty free
+// blocks in place, are left out: those blocks move to the queue's head).
 TEST(Retention, OptionsWithoutUseChangeNothing) {
   PoolOptions o = test::manager_options(4, 24);
   auto plain = Pool::create(o);
