@@ -216,7 +216,7 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
 
 Batch::~Batch() {
   const bool count = state_ == State::kOpen && !pool_->has_storage();
-  if (!count && !device_) return;
+  if (!count && !device_ && !positions_device_) return;
   std::lock_guard<std::mutex> lock(pool_->mu_);
   // ABI 1 compatibility: a manager-only pool's engine writes K/V elsewhere
   // and older callers never commit, so a step destroyed without abort
@@ -229,6 +229,7 @@ Batch::~Batch() {
     }
   }
   if (device_) pool_->backend_->deallocate_async(device_, stream_);
+  if (positions_device_) pool_->backend_->deallocate_async(positions_device_, stream_);
 }
 
 void Batch::commit() {

@@ -850,6 +850,15 @@ std::vector<Case> make_cases() {
               kState, "stale",
               return pkv_attention_forward(e.batch, 0, &e.qt, &e.ot, nullptr, nullptr, nullptr);),
             free_b),
+        S("pkv_batch_token_positions", PKV_CLASS_NULL, "batch = NULL", kInv, "batch", pkv_tensor t;
+          return pkv_batch_token_positions(nullptr, &t);),
+        S("pkv_batch_token_positions", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_batch_token_positions(e.batch, nullptr);),
+        S("pkv_batch_last_token_indices", PKV_CLASS_NULL, "batch = NULL", kInv, "batch",
+          pkv_tensor t;
+          return pkv_batch_last_token_indices(nullptr, &t);),
+        S("pkv_batch_last_token_indices", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_batch_last_token_indices(e.batch, nullptr);),
   };
 }
 
