@@ -113,6 +113,17 @@ class Engine {
     if (h.k.empty()) h.k.resize(cfg_.layers), h.v.resize(cfg_.layers);
     return h;
   }
+  // to's reference history starts with from's first n tokens (a prefix hit).
+  void share_history(pkv_seq_id from, pkv_seq_id to, int64_t n) {
+    History& hf = history(from);
+    History& ht = history(to);
+    const size_t row = size_t(cfg_.kv_heads) * cfg_.head_dim;
+    for (uint32_t l = 0; l < cfg_.layers; ++l) {
+      ht.k[l].assign(hf.k[l].begin(), hf.k[l].begin() + long(size_t(n) * row));
+      ht.v[l].assign(hf.v[l].begin(), hf.v[l].begin() + long(size_t(n) * row));
+    }
+    ht.len = n;
+  }
 
   // One step: seqs[i] gets its new tokens already appended by the caller;
   // counts[i] queries. kv_for(i, j, layer) may supply the K/V of new token
@@ -340,15 +351,7 @@ TEST(EngineE2E, PrefixCacheHitGivesIdenticalAttention) {
   ASSERT_EQ(nb, 2u);
   EXPECT_EQ(blocks_a[0], blocks_b[0]);
   EXPECT_EQ(blocks_a[1], blocks_b[1]);
-  // The reference history of b: a's first 32 tokens.
-  Engine::History& ha = e.history(a);
-  Engine::History& hb = e.history(b);
-  const size_t row = size_t(c.kv_heads) * c.head_dim;
-  for (uint32_t l = 0; l < c.layers; ++l) {
-    hb.k[l].assign(ha.k[l].begin(), ha.k[l].begin() + 32 * row);
-    hb.v[l].assign(ha.v[l].begin(), ha.v[l].begin() + 32 * row);
-  }
-  hb.len = 32;
+  e.share_history(a, b, 32);  // the reference history of b: a's first 32 tokens
   e.append_tokens(b, std::vector<int32_t>(prompt.begin() + 32, prompt.end()));
   // Same K/V for tokens 32..39 as a wrote; q differs (random), so compare
   // b against a step of a's own last 8 queries with b's q: recompute both.
@@ -436,14 +439,7 @@ TEST_P(EngineStep, PartialHitAttendsOverTheSameKvAsFromScratch) {
         store(kv.data, c.dtype, size_t(tb[2]) * per_block + i, std::nanf(""));
     }
 
-  Engine::History& ha = e.history(a);
-  Engine::History& hb = e.history(b);
-  const size_t row = size_t(c.kv_heads) * c.head_dim;
-  for (uint32_t l = 0; l < c.layers; ++l) {
-    hb.k[l].assign(ha.k[l].begin(), ha.k[l].begin() + 37 * row);
-    hb.v[l].assign(ha.v[l].begin(), ha.v[l].begin() + 37 * row);
-  }
-  hb.len = 37;
+  e.share_history(a, b, 37);
   e.append_tokens(b, std::vector<int32_t>(pb.begin() + 37, pb.end()));
   e.step({b}, {11});  // runs the copy, writes 37..47, checks every output
   e.append(b, 1);
