@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,12 @@ struct CopyPair {
 };
 
 struct BlockPoolTestPeer;  // tests corrupt state to prove validate() notices
+
+// Retention priorities (pkv_seq_set_retention). Only cached blocks carry
+// one; a block without a hash is at the default.
+constexpr uint32_t kPriorityMin = 0;
+constexpr uint32_t kPriorityDefault = 35;  // TensorRT-LLM's default, so configs carry over
+constexpr uint32_t kPriorityPinned = 100;  // never evicted; capped by max_pinned_blocks
 
 class BlockPool {
  public:
@@ -60,6 +67,7 @@ class BlockPool {
   void touch(int32_t id) noexcept {
     if (ref_[id] == 0) {
       queue_.remove(id);
+      if (ret_) ++ret_->arm[id];  // in use: a pending expiry no longer applies
       ++num_used_;
       filled_ += fill_[id];
     }
@@ -72,10 +80,13 @@ class BlockPool {
     if (--ref_[id] == 0) {
       --num_used_;
       filled_ -= fill_[id];
-      if (hash_[id].empty())
+      if (ret_) {
+        release_retained(id);
+      } else if (hash_[id].empty()) {
         queue_.push_front(id);
-      else
+      } else {
         queue_.push_back(id);
+      }
     }
   }
 
@@ -118,9 +129,10 @@ class BlockPool {
   // step was aborted, is skipped).
   int32_t lookup_written(const BlockHash& h) const;
   // Registers a full block under h (no-op if caching is off or the block
-  // already holds a hash) and records a STORED event.
+  // already holds a hash) and records a STORED event. tokens: the block's
+  // token ids, kept for partial hits when they are enabled.
   void cache_block(int32_t id, const BlockHash& h, const BlockHash* parent, uint32_t num_tokens,
-                   uint64_t lora_id) noexcept;
+                   uint64_t lora_id, const int32_t* tokens = nullptr) noexcept;
   // Takes block id's hash out of the cache (REMOVED event).
   void uncache_block(int32_t id) noexcept;
   // Forgets every hash (ALL_CLEARED event).
@@ -131,6 +143,42 @@ class BlockPool {
   std::vector<CopyPair>& pending_copies() { return pending_; }
   const std::vector<CopyPair>& pending_copies() const { return pending_; }
 
+  // ---- Partial-block hits (pkv_pool_options.enable_partial_reuse).
+  // Keeps, per cached block, its parent hash (root for a first block) in a
+  // second table keyed by parent, and its token ids, so that the cached
+  // children of a prefix can be compared token by token.
+  void enable_partial(const BlockHash& root, uint32_t block_size);
+  bool partial_enabled() const { return partial_ != nullptr; }
+  // Calls f(block, tokens) for each cached, fully written block whose
+  // parent is parent (nullptr = a first block), at most max_visits of them.
+  template <class F>
+  void for_each_child(const BlockHash* parent, size_t max_visits, F&& f) const {
+    if (!partial_) return;
+    size_t n = 0;
+    for (int32_t b = partial_->children.find(parent ? *parent : partial_->root);
+         b >= 0 && n < max_visits; b = partial_->children.next_duplicate(b), ++n)
+      if (fully_written(b)) f(b, partial_->tokens.data() + size_t(b) * block_size_);
+  }
+  // Bytes the partial-hit index takes (docs, stats of its cost).
+  uint64_t partial_index_bytes() const;
+
+  // ---- Retention priorities (pkv_pool_options.enable_retention).
+  void enable_retention(uint64_t max_pinned);
+  bool retention() const { return ret_ != nullptr; }
+  uint32_t priority(int32_t id) const { return ret_ ? ret_->prio[id] : kPriorityDefault; }
+  uint64_t priority_duration(int32_t id) const { return ret_ ? ret_->dur[id] : 0; }
+  // Sets a cached block's priority (and the duration it lasts once the
+  // block is free); moves it in the free queue if it sits there; records a
+  // PRIORITY event when it changes. Blocks without a hash stay at the default.
+  void set_priority(int32_t id, uint32_t p, uint64_t duration_ns) noexcept;
+  uint64_t num_pinned() const { return ret_ ? ret_->pinned : 0; }
+  uint64_t max_pinned() const { return ret_ ? ret_->max_pinned : 0; }
+  // The pool's clock: expires the priorities whose time came (they fall back
+  // to the default level, in it by when they were last freed: LRU).
+  void advance_clock(uint64_t now_ns) noexcept;
+  // Cached blocks per priority (out[0..100]).
+  void priority_counts(uint64_t* out) const;
+
   // Structural invariants of the pool alone (queue, cache, ref/queue
   // agreement, null block); "" when all hold.
   std::string check() const;
@@ -138,6 +186,33 @@ class BlockPool {
  private:
   friend struct BlockPoolTestPeer;
   void evict(int32_t id) noexcept;
+  void release_retained(int32_t id) noexcept;  // ref reached 0 with retention on
+  void push_event_priority(int32_t id) noexcept;
+  std::string check_retention() const;
+
+  struct Partial {
+    BlockHash root;
+    std::vector<BlockHash> parent;  // per block, while cached
+    std::vector<int32_t> tokens;    // [num_blocks][block_size]
+    PrefixCache children;           // parent hash -> cached blocks
+  };
+  struct Expiry {
+    uint64_t at_ns;
+    int32_t block;
+    uint32_t arm;
+    bool operator>(const Expiry& o) const { return at_ns > o.at_ns; }
+  };
+  struct Retention {
+    std::vector<uint8_t> prio;
+    std::vector<uint64_t> dur;       // ns a priority lasts once the block is free; 0 = for good
+    std::vector<uint32_t> arm;       // bumped when a pending expiry stops applying
+    std::vector<uint64_t> released;  // per block: when it was last freed (a counter)
+    uint64_t releases = 0;
+    std::vector<Expiry> heap;  // min-heap on at_ns; capacity reserved up front
+    uint64_t pinned = 0, max_pinned = 0, now_ns = 0;
+  };
+  std::unique_ptr<Partial> partial_;
+  std::unique_ptr<Retention> ret_;
 
   int32_t num_blocks_ = 0;
   bool caching_ = true;

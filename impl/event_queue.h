@@ -10,7 +10,8 @@
 
 namespace pagedkv {
 
-enum class EventType : uint32_t { kStored = 1, kRemoved = 2, kAllCleared = 3 };  // PKV_EVENT_*
+// PKV_EVENT_*; kPriority carries the new retention priority in num_tokens.
+enum class EventType : uint32_t { kStored = 1, kRemoved = 2, kAllCleared = 3, kPriority = 4 };
 
 struct Event {
   uint64_t seq_no = 0;

@@ -76,6 +76,9 @@ void check_options(const PoolOptions& o) {
          "device_id " + std::to_string(o.device_id) + " must be 0 for a CPU pool");
   if (o.device_id < 0)
     fail(Errc::kInvalidArgument, "device_id " + std::to_string(o.device_id) + " is negative");
+  if (o.max_pinned_blocks > 0 && !o.enable_retention)
+    fail(Errc::kInvalidArgument,
+         "max_pinned_blocks " + str(o.max_pinned_blocks) + " is set but enable_retention is 0");
   if (o.num_layers > 0) {
     if (o.num_kv_heads == 0 || o.num_kv_heads > 4096)
       fail(Errc::kInvalidArgument,
@@ -156,7 +159,17 @@ std::shared_ptr<Pool> Pool::create(const PoolOptions& in) {
   }
   if (bpb) checked_mul(bpb, o.num_blocks, "num_blocks * bytes per block (the KV arena)");
 
+  // Pinned blocks are never evicted: at least one block must stay
+  // allocatable whatever is pinned.
+  if (o.enable_retention && o.max_pinned_blocks >= o.num_blocks - 1)
+    fail(Errc::kInvalidArgument, "max_pinned_blocks " + str(o.max_pinned_blocks) +
+                                     " leaves no block to allocate (num_blocks " +
+                                     str(o.num_blocks) + ")");
+
   std::shared_ptr<Pool> p(new Pool(o, bpb));
+  if (o.enable_partial_reuse && o.enable_prefix_caching)
+    p->blocks_.enable_partial(p->root_, o.block_size);
+  if (o.enable_retention) p->blocks_.enable_retention(o.max_pinned_blocks);
 
   // Plans of CUDA pools live on the device even without storage.
   if (o.device_type == kDeviceCuda)
@@ -216,6 +229,7 @@ void Pool::check_open() const {
 
 PoolStats Pool::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!closed_) const_cast<Pool*>(this)->tick();  // what the clock already decided
   PoolStats s;
   s.block_size = opts_.block_size;
   s.num_blocks = opts_.num_blocks;
@@ -232,6 +246,10 @@ PoolStats Pool::stats() const {
   s.kv_bytes_per_block = bytes_per_block_;
   s.kv_bytes_allocated = closed_ ? 0 : bytes_per_block_ * opts_.num_blocks;
   s.num_tokens = num_tokens_;
+  s.num_partial_hits = num_partial_hits_;
+  s.partial_hit_tokens = partial_hit_tokens_;
+  s.num_pinned_blocks = blocks_.num_pinned();
+  s.num_pins_degraded = num_pins_degraded_;
   // Kept up to date by every operation (BlockPool::fill), so this is O(1).
   if (bytes_per_block_ && !closed_) {
     const uint64_t bs = opts_.block_size, filled = blocks_.filled();

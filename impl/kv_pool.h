@@ -45,6 +45,22 @@ struct PoolOptions {
   // major) or are empty (all 1.0). The pool's current scales: kv_scales().
   uint32_t kv_scale_granularity = 0;
   std::vector<float> k_scales, v_scales;
+  // Partial-block prefix hits (match_prefix_partial); keeps the token ids
+  // of cached blocks.
+  bool enable_partial_reuse = false;
+  // Retention priorities (set_retention) and the most blocks that may be
+  // pinned (never evicted) at once.
+  bool enable_retention = false;
+  uint64_t max_pinned_blocks = 0;
+};
+
+// What match_prefix_partial attached: full_tokens from whole cached blocks,
+// then partial_tokens copied from the first slots of block copy_src into
+// the sequence's new block copy_dst (-1 when none).
+struct PrefixMatch {
+  uint64_t full_tokens = 0;
+  uint32_t partial_tokens = 0;
+  int32_t copy_src = -1, copy_dst = -1;
 };
 
 struct SeqOptions {
@@ -83,6 +99,10 @@ struct PoolStats {
   uint64_t kv_bytes_allocated = 0;
   uint64_t kv_bytes_used = 0;
   uint64_t kv_bytes_wasted = 0;
+  uint64_t num_partial_hits = 0;
+  uint64_t partial_hit_tokens = 0;
+  uint64_t num_pinned_blocks = 0;
+  uint64_t num_pins_degraded = 0;
 };
 
 class Batch;
@@ -108,6 +128,16 @@ class Pool {
   // Sequences.
   SeqId seq_create(const SeqOptions& opts);
   uint64_t match_prefix(SeqId id, const int32_t* tokens, uint64_t n);
+  // match_prefix, then (with enable_partial_reuse) a partial hit in the
+  // block after the last full hit.
+  PrefixMatch match_prefix_partial(SeqId id, const int32_t* tokens, uint64_t n);
+  // Replaces the sequence's retention ranges (at most kMaxRetentionRanges).
+  void set_retention(SeqId id, const RetentionRange* ranges, uint64_t n);
+  static constexpr uint64_t kMaxRetentionRanges = 64;
+  // From now on the pool's clock reads now_ns (tests, simulations); until
+  // then it is the steady clock.
+  void set_clock(uint64_t now_ns);
+  void priority_counts(uint64_t* out) const;  // out[0..100]
   void append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahead);
   uint64_t blocks_needed(SeqId id, uint64_t n, uint32_t lookahead) const;
   SeqId fork(SeqId parent);
@@ -150,6 +180,20 @@ class Pool {
   Pool(const PoolOptions& opts, uint64_t bytes_per_block);
 
   Sequence& seq_or_throw(SeqId id);
+  PrefixMatch match_locked(SeqId id, const int32_t* tokens, uint64_t n, bool partial);
+  // The partial-hit candidate after s's full hits (k = 0: none).
+  std::pair<int32_t, uint32_t> find_partial(const Sequence& s, const int32_t* tokens,
+                                            uint64_t n) const;
+  // Retention: the pool's clock applied to the blocks' priorities.
+  uint64_t now_ns() const;
+  void tick() noexcept {
+    if (blocks_.retention()) blocks_.advance_clock(now_ns());
+  }
+  // The priority (and duration) s's ranges give its block j.
+  std::pair<uint32_t, uint64_t> block_retention(const Sequence& s, size_t j) const;
+  // Gives s's cached block j (block b) that priority: exactly when s just
+  // filled it, else only raising it (another holder may count on it).
+  void assign_priority(const Sequence& s, size_t j, bool filled) noexcept;
   const Sequence& seq_or_throw(SeqId id) const;
   // What an append would take: fresh blocks, copy-on-write blocks and the
   // blocks the sliding window would give back (ref 1 ones).
@@ -237,6 +281,9 @@ class Pool {
   uint64_t prefix_query_tokens_ = 0;
   uint64_t prefix_hit_tokens_ = 0;
   uint64_t num_cow_copies_ = 0;
+  uint64_t num_partial_hits_ = 0, partial_hit_tokens_ = 0, num_pins_degraded_ = 0;
+  bool manual_clock_ = false;
+  uint64_t manual_now_ns_ = 0;
   uint64_t plan_epoch_ = 0;
   // run_pending_copies: per-block stamps (2 * round = read, + 1 = written)
   // instead of a per-call array; sized once, on the first copy.

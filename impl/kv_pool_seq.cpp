@@ -1,7 +1,9 @@
 // Sequence operations of the pool: create, match_prefix, append (with
 // copy-on-write and the sliding window), fork, truncate, free.
 #include <algorithm>
+#include <chrono>
 #include <limits>
+#include <tuple>
 
 #include "key_domains.h"
 #include "kv_pool.h"
@@ -64,9 +66,11 @@ size_t Pool::hash_new_blocks(Sequence& s) {
 
 void Pool::cache_new_blocks(const Sequence& s, size_t from) noexcept {
   const uint32_t bs = opts_.block_size;
-  for (size_t j = from; j < s.hashes.size(); ++j)
-    blocks_.cache_block(s.blocks[j], s.hashes[j], j ? &s.hashes[j - 1] : nullptr, bs,
-                        s.ctx.lora_id);
+  for (size_t j = from; j < s.hashes.size(); ++j) {
+    blocks_.cache_block(s.blocks[j], s.hashes[j], j ? &s.hashes[j - 1] : nullptr, bs, s.ctx.lora_id,
+                        s.tokens.data() + j * bs);
+    if (blocks_.retention()) assign_priority(s, j, blocks_.ref(s.blocks[j]) == 1);
+  }
 }
 
 size_t Pool::count_unwritten(const Sequence& s, size_t begin, size_t end) const {
@@ -145,17 +149,63 @@ SeqId Pool::seq_create(const SeqOptions& o) {
 
 uint64_t Pool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
   std::lock_guard<std::mutex> lock(mu_);
+  return match_locked(id, tokens, n, false).full_tokens;
+}
+
+PrefixMatch Pool::match_prefix_partial(SeqId id, const int32_t* tokens, uint64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return match_locked(id, tokens, n, opts_.enable_partial_reuse);
+}
+
+std::pair<int32_t, uint32_t> Pool::find_partial(const Sequence& s, const int32_t* tokens,
+                                                uint64_t n) const {
+  const uint64_t bs = opts_.block_size, m = s.blocks.size(), hit = m * bs;
+  // At least one token is left to compute, and a whole block would have
+  // been a full hit.
+  const uint64_t cap = std::min<uint64_t>(bs - 1, n - 1 - hit);
+  if (cap == 0) return {-1, 0};
+  const BlockHash* parent = m ? &s.hashes[m - 1] : nullptr;
+  const int32_t* q = tokens + hit;
+  std::vector<std::tuple<uint32_t, int32_t, const int32_t*>>
+      found;  // (matching tokens, block, its tokens)
+  // Children of a popular prefix can be many (every request that diverges
+  // right after a system prompt): the scan is bounded.
+  constexpr size_t kMaxCandidates = 256;
+  blocks_.for_each_child(parent, kMaxCandidates, [&](int32_t b, const int32_t* bt) {
+    uint32_t c = 0;
+    while (c < cap && bt[c] == q[c]) ++c;
+    if (c > 0) found.emplace_back(c, b, bt);
+  });
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    return std::get<0>(a) != std::get<0>(b) ? std::get<0>(a) > std::get<0>(b)
+                                            : std::get<1>(a) < std::get<1>(b);
+  });
+  for (const auto& [c, b, bt] : found) {
+    // Equal parents and tokens are not enough: the block's extra keys (a
+    // first block's salt, LoRA, multimodal items) must be the request's,
+    // or its K/V is another tenant's or another adapter's. Rehashing the
+    // candidate's own tokens under the request's keys must give its hash.
+    if (hasher_->hash(parent ? *parent : root_, bt, bs, s.ctx, hit) == blocks_.hash(b))
+      return {b, c};
+  }
+  return {-1, 0};
+}
+
+PrefixMatch Pool::match_locked(SeqId id, const int32_t* tokens, uint64_t n, bool partial) {
   Sequence& s = seq_or_throw(id);
   if (!s.tokens.empty() || !s.blocks.empty())
     fail(Errc::kInvalidState, seq_name(id) + " already holds " + str(s.tokens.size()) +
                                   " tokens; match_prefix needs an empty sequence");
   if (n > kMaxSeqTokens) fail(Errc::kInvalidArgument, "num_tokens " + str(n) + " exceeds 2^31 - 1");
+  PrefixMatch r;
   if (!blocks_.caching() || n == 0) {
     prefix_query_tokens_ += n;
-    return 0;
+    return r;
   }
+  tick();
   const uint64_t bs = opts_.block_size;
   const uint64_t max_blocks = (n - 1) / bs;
+  std::pair<int32_t, uint32_t> part{-1, 0};
   // Hash and look up into the sequence's empty vectors (what can throw),
   // undone on failure; the hits are attached only when all of it worked.
   try {
@@ -171,7 +221,13 @@ uint64_t Pool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
       s.hashes.push_back(h);
       s.blocks.push_back(b);
     }
-    s.tokens.reserve(s.blocks.size() * bs);
+    if (partial) part = find_partial(s, tokens, n);
+    if (part.second) {
+      s.blocks.reserve(s.blocks.size() + 1);
+      grow(blocks_.pending_copies(), blocks_.pending_copies().size() + 1);
+      blocks_.reserve_events(1);  // the eviction of the block it takes
+    }
+    s.tokens.reserve(s.blocks.size() * bs + part.second);
   } catch (...) {
     s.blocks.clear();
     s.hashes.clear();
@@ -181,12 +237,140 @@ uint64_t Pool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
   const uint64_t hit = s.blocks.size() * bs;
   s.tokens.assign(tokens, tokens + hit);
   for (int32_t b : s.blocks) blocks_.touch(b);
-  s.num_cached = s.num_committed = hit;  // hits hold written K/V
-  num_tokens_ += hit;
+  if (blocks_.retention())
+    for (size_t j = 0; j < s.blocks.size(); ++j) assign_priority(s, j, false);
+  r.full_tokens = hit;
+  // The hits left the free queue: the partial hit needs one more block.
+  if (const uint32_t k = part.second; k > 0 && blocks_.num_free() > 0) {
+    // The first k slots of the cached block are ours: a fresh block gets
+    // a copy of them (run before the next step's writes, as copy-on-write
+    // copies are; an engine without pool storage is told to make it). If
+    // the fresh block is the cached one itself (it was next in the free
+    // queue), its slots already hold them.
+    const int32_t src = part.first, dst = blocks_.allocate();
+    if (dst != src) blocks_.add_pending_copy(src, dst);
+    blocks_.set_fill(dst, k);
+    blocks_.set_written(dst, k);
+    s.blocks.push_back(dst);
+    s.tokens.insert(s.tokens.end(), tokens + hit, tokens + hit + k);
+    r.partial_tokens = k;
+    r.copy_src = src;
+    r.copy_dst = dst;
+    ++num_partial_hits_;
+    partial_hit_tokens_ += k;
+  }
+  const uint64_t got = hit + r.partial_tokens;
+  s.num_cached = s.num_committed = got;  // hits hold written K/V
+  num_tokens_ += got;
   prefix_query_tokens_ += n;
-  prefix_hit_tokens_ += hit;
-  if (hit) ++s.version;
-  return hit;
+  prefix_hit_tokens_ += got;
+  if (got) ++s.version;
+  return r;
+}
+
+uint64_t Pool::now_ns() const {
+  if (manual_clock_) return manual_now_ns_;
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count());
+}
+
+void Pool::set_clock(uint64_t t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  manual_clock_ = true;
+  manual_now_ns_ = std::max(manual_now_ns_, t);  // a clock never runs back
+  tick();
+}
+
+std::pair<uint32_t, uint64_t> Pool::block_retention(const Sequence& s, size_t j) const {
+  const uint64_t bs = opts_.block_size, lo = j * bs, hi = lo + bs;
+  bool any = false;
+  uint32_t p = kPriorityDefault;
+  uint64_t d = 0;
+  // The block gets the highest priority of the ranges touching it (a range
+  // ending mid-block keeps the whole block: its first tokens need it).
+  for (const RetentionRange& r : s.retention) {
+    if (r.begin >= hi || r.end <= lo) continue;
+    if (!any || r.priority > p ||
+        (r.priority == p && d != 0 && (r.duration_ns == 0 || r.duration_ns > d))) {
+      p = r.priority;
+      d = r.duration_ns;
+    }
+    any = true;
+  }
+  return {p, any ? d : 0};
+}
+
+void Pool::assign_priority(const Sequence& s, size_t j, bool filled) noexcept {
+  const int32_t b = s.blocks[j];
+  if (b == BlockPool::kNullBlock || blocks_.hash(b).empty()) return;
+  auto [p, d] = block_retention(s, j);
+  const uint32_t cur = blocks_.priority(b);
+  if (!filled) {
+    if (p < cur) return;
+    if (p == cur) {  // the longer of the two durations (0 = for good)
+      const uint64_t cd = blocks_.priority_duration(b);
+      d = (d == 0 || cd == 0) ? 0 : std::max(d, cd);
+    }
+  }
+  if (p == kPriorityPinned && cur != kPriorityPinned &&
+      blocks_.num_pinned() >= blocks_.max_pinned()) {
+    // The pinning budget is spent: the block gets the highest priority that
+    // can still be evicted (pool.h, max_pinned_blocks).
+    p = kPriorityPinned - 1;
+    ++num_pins_degraded_;
+    if (!filled && p < cur) return;
+  }
+  blocks_.set_priority(b, p, d);
+}
+
+void Pool::set_retention(SeqId id, const RetentionRange* ranges, uint64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Sequence& s = seq_or_throw(id);
+  if (!blocks_.retention())
+    fail(Errc::kInvalidState, "the pool was created without enable_retention");
+  if (n > kMaxRetentionRanges)
+    fail(Errc::kInvalidArgument, "num_ranges " + str(n) + " exceeds " + str(kMaxRetentionRanges));
+  bool pins = false;
+  for (uint64_t i = 0; i < n; ++i) {
+    const RetentionRange& r = ranges[i];
+    const std::string at = "ranges[" + str(i) + "]";
+    if (r.begin >= r.end)
+      fail(Errc::kInvalidArgument,
+           at + ".token_begin " + str(r.begin) + " is not below its token_end " + str(r.end));
+    if (r.priority > kPriorityPinned)
+      fail(Errc::kInvalidArgument, at + ".priority " + str(r.priority) + " is outside [0, 100]");
+    pins |= r.priority == kPriorityPinned;
+  }
+  std::vector<RetentionRange> next(ranges, ranges + n);  // may throw: first
+  tick();
+  // Pins the budget cannot hold are refused here, where the caller can act
+  // on it; blocks the sequence caches later degrade instead (pool.h).
+  next.swap(s.retention);  // no allocation: swapped back on refusal
+  uint64_t new_pins = 0;
+  for (size_t j = 0; j < s.blocks.size(); ++j) {
+    const int32_t b = s.blocks[j];
+    if (b != BlockPool::kNullBlock && !blocks_.hash(b).empty() &&
+        blocks_.priority(b) != kPriorityPinned && block_retention(s, j).first == kPriorityPinned)
+      ++new_pins;
+  }
+  if ((pins && blocks_.max_pinned() == 0) ||
+      blocks_.num_pinned() + new_pins > blocks_.max_pinned()) {
+    s.retention.swap(next);
+    fail(Errc::kOutOfBlocks,
+         "ranges pin " + str(new_pins) + " more cached blocks of " + seq_name(id) + " but " +
+             str(blocks_.num_pinned()) + " of max_pinned_blocks " + str(blocks_.max_pinned()) +
+             " are pinned" + (blocks_.max_pinned() == 0 ? " (pinning is off)" : ""));
+  }
+  for (size_t j = 0; j < s.blocks.size(); ++j) assign_priority(s, j, false);
+}
+
+void Pool::priority_counts(uint64_t* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  const_cast<Pool*>(this)->tick();  // what the clock already decided
+  blocks_.priority_counts(out);
 }
 
 Pool::AppendNeed Pool::append_need(const Sequence& s, uint64_t n, uint32_t lookahead) const {
@@ -226,6 +410,7 @@ Pool::AppendNeed Pool::append_need(const Sequence& s, uint64_t n, uint32_t looka
 void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahead) {
   std::lock_guard<std::mutex> lock(mu_);
   Sequence& s = seq_or_throw(id);
+  tick();
   if (n == 1 && lookahead == 0 && !s.tail_shared && opts_.sliding_window == 0 &&
       s.tokens.size() < kMaxSeqTokens) {
     // Decode fast path: one token into a tail that is ours alone (no copy,
@@ -382,12 +567,14 @@ SeqId Pool::fork(SeqId parent) {
   copy.blocks = p.blocks;
   copy.hashes = p.hashes;
   copy.ctx = p.ctx;
+  copy.retention = p.retention;
   SeqId cid;
   Sequence& c = seqs_.add(&cid);
   c.tokens.swap(copy.tokens);
   c.blocks.swap(copy.blocks);
   c.hashes.swap(copy.hashes);
   c.ctx = std::move(copy.ctx);
+  c.retention.swap(copy.retention);
   c.priority = p.priority;
   c.num_cached = p.num_cached;
   c.num_committed = p.num_committed;
@@ -417,6 +604,7 @@ void Pool::truncate(SeqId id, uint64_t m) {
                                        " that its sliding window already released");
   }
   const uint64_t keep = (m + bs - 1) / bs;
+  tick();
   blocks_.reserve_events(1 + count_unwritten(s, keep, s.blocks.size()));  // may throw: first
   if (m % bs != 0 && m / bs < s.blocks.size()) {
     // The block of the new last token becomes partial. If it is ours alone,
@@ -441,6 +629,15 @@ void Pool::truncate(SeqId id, uint64_t m) {
   s.num_null = std::min<uint64_t>(s.num_null, s.blocks.size());
   s.num_cached = std::min(s.num_cached, m);
   s.num_committed = std::min(s.num_committed, m);
+  // With a window, a committed count vouches only for the keys its next
+  // query reads; cut back, it may reach slots a step never wrote (a prefill
+  // whose early context the window made unnecessary): lower it to what is
+  // written.
+  for (uint64_t nc = s.num_committed; w > 0; nc = s.num_committed) {
+    const uint64_t c = computed_tokens(s, nc + 1 > w ? nc + 1 - w : 0);
+    if (c >= nc) break;
+    s.num_committed = c;
+  }
   if (m < n0) ++s.writes_epoch;  // a step prepared before may have written tokens now gone
   s.tail_shared = !tail_is_exclusive(s);
   num_tokens_ -= n0 - m;
@@ -451,6 +648,7 @@ void Pool::free(SeqId id) {
   std::lock_guard<std::mutex> lock(mu_);
   Sequence& s = seq_or_throw(id);
   blocks_.reserve_events(count_unwritten(s, 0, s.blocks.size()));  // may throw: first
+  tick();
   // Full blocks whose K/V was never written leave the prefix cache (and go
   // to the head of the free queue).
   uncache_unwritten(s, 0, s.blocks.size());

@@ -50,6 +50,7 @@ class PrefixCache {
   size_t max_displacement() const;
   // The slot where h's probe starts (tests build colliding keys with it).
   size_t home_slot(const BlockHash& h) const { return key_of(h) & mask_; }
+  size_t table_slots() const { return slots_.size(); }
 
  private:
   uint64_t key_of(const BlockHash& h) const;

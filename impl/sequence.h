@@ -18,6 +18,14 @@ namespace pagedkv {
 
 using SeqId = uint64_t;
 
+// A retention priority for tokens [begin, end) of a sequence
+// (pkv_retention_range).
+struct RetentionRange {
+  uint64_t begin = 0, end = 0;
+  uint32_t priority = 0;
+  uint64_t duration_ns = 0;  // 0 = for good
+};
+
 // Hot fields first: with the slot header, tokens, blocks, version and
 // tail_shared fill the slot's first 64-byte line, all a decode append reads.
 struct Sequence {
@@ -46,6 +54,7 @@ struct Sequence {
   uint32_t writes_epoch = 0;
   uint64_t plan_mark = 0;  // batch-prepare epoch, to reject duplicates
   HashContext ctx;
+  std::vector<RetentionRange> retention;  // empty = the default priority
 
   void reset() {
     tokens.clear();
@@ -60,6 +69,7 @@ struct Sequence {
     ++writes_epoch;
     plan_mark = 0;
     ctx = HashContext{};
+    retention.clear();
   }
 };
 

@@ -47,6 +47,8 @@ class PoolOptions(C.Structure):
         ("num_threads", C.c_uint32), ("strict_key_domains", C.c_uint32),
         ("kv_scale_granularity", C.c_uint32), ("num_kv_scales", C.c_uint32),
         ("k_scales", C.POINTER(C.c_float)), ("v_scales", C.POINTER(C.c_float)),
+        ("enable_partial_reuse", C.c_uint32), ("enable_retention", C.c_uint32),
+        ("max_pinned_blocks", C.c_uint64),
     ]
 
 

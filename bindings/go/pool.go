@@ -39,6 +39,15 @@ type PoolOptions struct {
 	// vLLM-compatible hashes; keep salts secret and high-entropy and never
 	// take item hashes from tenants.
 	StrictKeyDomains bool
+	// EnablePartialReuse allows partial-block prefix hits
+	// (Seq.MatchPrefixPartial); it keeps the token ids of cached blocks.
+	EnablePartialReuse bool
+	// EnableRetention turns on retention priorities (Seq.SetRetention):
+	// lower priorities are evicted first, LRU within one.
+	EnableRetention bool
+	// MaxPinnedBlocks caps the cached blocks pinned (never evicted) at once;
+	// below NumBlocks - 1, with EnableRetention. 0 = no pinning.
+	MaxPinnedBlocks uint64
 	// FP8 pools (DType Float8E4M3 or Float8E5M2): the dequantisation scales,
 	// one K and one V scale per layer (KVScalePerTensor, vLLM's
 	// k_scale/v_scale) or per layer and KV head (KVScalePerHead, layer
@@ -130,6 +139,13 @@ func (o *PoolOptions) toC(op string, arena *cArena, out *C.pkv_pool_options) err
 	out.num_kv_scales = C.uint32_t(len(o.KScales))
 	out.k_scales = arena.floats(o.KScales)
 	out.v_scales = arena.floats(o.VScales)
+	if o.EnablePartialReuse {
+		out.enable_partial_reuse = 1
+	}
+	if o.EnableRetention {
+		out.enable_retention = 1
+	}
+	out.max_pinned_blocks = C.uint64_t(o.MaxPinnedBlocks)
 	return nil
 }
 
@@ -152,6 +168,9 @@ func poolOptionsFromC(c *C.pkv_pool_options) PoolOptions {
 		NumThreads:           uint32(c.num_threads),
 		StrictKeyDomains:     c.strict_key_domains != 0,
 		KVScaleGranularity:   KVScaleGranularity(c.kv_scale_granularity),
+		EnablePartialReuse:   c.enable_partial_reuse != 0,
+		EnableRetention:      c.enable_retention != 0,
+		MaxPinnedBlocks:      uint64(c.max_pinned_blocks),
 	}
 	if c.hash_seed != nil {
 		o.HashSeed = C.GoString(c.hash_seed)
@@ -325,6 +344,10 @@ type Stats struct {
 	KVBytesAllocated  uint64
 	KVBytesUsed       uint64
 	KVBytesWasted     uint64
+	NumPartialHits    uint64 // partial-block hits (EnablePartialReuse)
+	PartialHitTokens  uint64 // tokens they reused (also in PrefixHitTokens)
+	NumPinnedBlocks   uint64 // cached blocks at PriorityPinned
+	NumPinsDegraded   uint64 // pins the budget turned into PriorityPinned - 1
 }
 
 // Stats returns the pool's counters.
@@ -358,6 +381,10 @@ func (p *Pool) Stats() (Stats, error) {
 		KVBytesAllocated:  uint64(c.kv_bytes_allocated),
 		KVBytesUsed:       uint64(c.kv_bytes_used),
 		KVBytesWasted:     uint64(c.kv_bytes_wasted),
+		NumPartialHits:    uint64(c.num_partial_hits),
+		PartialHitTokens:  uint64(c.partial_hit_tokens),
+		NumPinnedBlocks:   uint64(c.num_pinned_blocks),
+		NumPinsDegraded:   uint64(c.num_pins_degraded),
 	}, nil
 }
 
@@ -369,6 +396,9 @@ const (
 	EventBlockStored  EventType = C.PKV_EVENT_BLOCK_STORED  // a full block entered the prefix cache
 	EventBlockRemoved EventType = C.PKV_EVENT_BLOCK_REMOVED // a cached block was evicted
 	EventAllCleared   EventType = C.PKV_EVENT_ALL_CLEARED   // the prefix cache was reset
+	// EventBlockPriority: a cached block's retention priority changed;
+	// NumTokens holds the new priority.
+	EventBlockPriority EventType = C.PKV_EVENT_BLOCK_PRIORITY
 )
 
 func (t EventType) String() string {
@@ -379,6 +409,8 @@ func (t EventType) String() string {
 		return "removed"
 	case EventAllCleared:
 		return "all-cleared"
+	case EventBlockPriority:
+		return "priority"
 	}
 	return "event(" + strconv.FormatUint(uint64(t), 10) + ")"
 }

@@ -202,3 +202,22 @@ pkvgo_result pkvgo_attention_host(pkv_batch* batch, uint32_t layer, uint32_t dty
   }
   return pkvgo_capture(st);
 }
+
+pkvgo_result pkvgo_seq_match_prefix_partial(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                                            uint64_t num_tokens, pkv_prefix_match* out) {
+  return pkvgo_capture(pkv_seq_match_prefix_partial(pool, seq, tokens, num_tokens, out));
+}
+
+pkvgo_result pkvgo_seq_set_retention(pkv_pool* pool, pkv_seq_id seq,
+                                     const pkv_retention_range* ranges, uint64_t num_ranges) {
+  return pkvgo_capture(pkv_seq_set_retention(pool, seq, ranges, num_ranges));
+}
+
+pkvgo_result pkvgo_pool_set_clock(pkv_pool* pool, uint64_t now_ns) {
+  return pkvgo_capture(pkv_pool_set_clock(pool, now_ns));
+}
+
+pkvgo_result pkvgo_pool_get_priority_counts(const pkv_pool* pool, uint64_t* out_counts,
+                                            uint64_t capacity, uint64_t* out_len) {
+  return pkvgo_capture(pkv_pool_get_priority_counts(pool, out_counts, capacity, out_len));
+}

@@ -93,4 +93,13 @@ pkvgo_result pkvgo_attention_host(pkv_batch* batch, uint32_t layer, uint32_t dty
                                   void* out, float* lse, int64_t rows, int64_t heads,
                                   int64_t head_dim, const pkv_attention_params* params);
 
+/* pool.h: partial-block hits and retention priorities */
+pkvgo_result pkvgo_seq_match_prefix_partial(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                                            uint64_t num_tokens, pkv_prefix_match* out);
+pkvgo_result pkvgo_seq_set_retention(pkv_pool* pool, pkv_seq_id seq,
+                                     const pkv_retention_range* ranges, uint64_t num_ranges);
+pkvgo_result pkvgo_pool_set_clock(pkv_pool* pool, uint64_t now_ns);
+pkvgo_result pkvgo_pool_get_priority_counts(const pkv_pool* pool, uint64_t* out_counts,
+                                            uint64_t capacity, uint64_t* out_len);
+
 #endif /* PAGEDKV_GO_SHIM_H */

@@ -104,7 +104,8 @@ inline pagedkv::Pool& pool_of(const pkv_pool* p) {
 constexpr uint32_t kPoolOptionsV1 = offsetof(pkv_pool_options, strict_key_domains);
 constexpr uint32_t kSeqOptionsV1 = offsetof(pkv_seq_options, lora_name);
 constexpr uint32_t kSeqInfoV1 = offsetof(pkv_seq_info, num_computed_tokens);
-constexpr uint32_t kPoolStatsV1 = sizeof(pkv_pool_stats);
+constexpr uint32_t kPoolStatsV1 = offsetof(pkv_pool_stats, num_partial_hits);
+constexpr uint32_t kPrefixMatchV1 = sizeof(pkv_prefix_match);
 constexpr uint32_t kHashOptionsV1 = offsetof(pkv_hash_options, lora_name);
 constexpr uint32_t kBatchInfoV1 = sizeof(pkv_batch_info);
 constexpr uint32_t kAttentionParamsV1 = sizeof(pkv_attention_params);

@@ -79,6 +79,11 @@ pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out) {
     if (PKV_HAS_FIELD(opts, strict_key_domains))
       o.strict_key_domains = flag(opts->strict_key_domains, "opts->strict_key_domains");
     if (PKV_HAS_FIELD(opts, v_scales)) read_kv_scales(*opts, &o);
+    if (PKV_HAS_FIELD(opts, enable_partial_reuse))
+      o.enable_partial_reuse = flag(opts->enable_partial_reuse, "opts->enable_partial_reuse");
+    if (PKV_HAS_FIELD(opts, enable_retention))
+      o.enable_retention = flag(opts->enable_retention, "opts->enable_retention");
+    if (PKV_HAS_FIELD(opts, max_pinned_blocks)) o.max_pinned_blocks = opts->max_pinned_blocks;
     try {
       auto p = std::make_unique<pkv_pool>();
       p->impl = pagedkv::Pool::create(o);
@@ -129,6 +134,9 @@ pkv_status pkv_pool_get_options(const pkv_pool* pool, pkv_pool_options* out) {
     r.strict_key_domains = o.strict_key_domains;
     r.kv_scale_granularity = o.kv_scale_granularity;
     r.num_kv_scales = uint32_t(p.num_kv_scales());
+    r.enable_partial_reuse = o.enable_partial_reuse;
+    r.enable_retention = o.enable_retention;
+    r.max_pinned_blocks = o.max_pinned_blocks;
     pc::write_out(out, r);
   });
 }
@@ -174,6 +182,10 @@ pkv_status pkv_pool_get_stats(const pkv_pool* pool, pkv_pool_stats* out) {
     r.kv_bytes_allocated = s.kv_bytes_allocated;
     r.kv_bytes_used = s.kv_bytes_used;
     r.kv_bytes_wasted = s.kv_bytes_wasted;
+    r.num_partial_hits = s.num_partial_hits;
+    r.partial_hit_tokens = s.partial_hit_tokens;
+    r.num_pinned_blocks = s.num_pinned_blocks;
+    r.num_pins_degraded = s.num_pins_degraded;
     pc::write_out(out, r);
   });
 }
@@ -286,6 +298,25 @@ pkv_status pkv_pool_get_kv_scales(const pkv_pool* pool, float* k_out, float* v_o
     pc::require(v_out, "v_out");
     std::copy(k.begin(), k.end(), k_out);
     std::copy(v.begin(), v.end(), v_out);
+  });
+}
+
+pkv_status pkv_pool_set_clock(pkv_pool* pool, uint64_t now_ns) {
+  PKV_GUARD(pc::pool_of(pool).set_clock(now_ns));
+}
+
+pkv_status pkv_pool_get_priority_counts(const pkv_pool* pool, uint64_t* out_counts,
+                                        uint64_t capacity, uint64_t* out_len) {
+  PKV_GUARD({
+    const pagedkv::Pool& p = pc::pool_of(pool);
+    if (capacity > 0) pc::require(out_counts, "out_counts");
+    pc::require(out_len, "out_len");
+    constexpr uint64_t kLevels = PKV_PRIORITY_MAX + 1;
+    *out_len = kLevels;
+    if (capacity < kLevels)
+      fail(Errc::kBufferTooSmall, "out_counts holds " + str(capacity) + " entries, " +
+                                      str(kLevels) + " priorities are counted");
+    p.priority_counts(out_counts);
   });
 }
 

@@ -156,4 +156,52 @@ pkv_status pkv_seq_get_block_hashes(const pkv_pool* pool, pkv_seq_id seq,
   });
 }
 
+void pkv_prefix_match_init(pkv_prefix_match* out) {
+  if (!out) return;
+  std::memset(out, 0, sizeof *out);
+  out->struct_size = sizeof *out;
+}
+
+pkv_status pkv_seq_match_prefix_partial(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                                        uint64_t num_tokens, pkv_prefix_match* out) {
+  PKV_GUARD({
+    pagedkv::Pool& p = pc::pool_of(pool);
+    check_tokens(tokens, num_tokens);
+    pc::require(out, "out");
+    pc::check_struct_size(out->struct_size, pc::kPrefixMatchV1, "out", "pkv_prefix_match",
+                          "pkv_prefix_match_init");
+    const pagedkv::PrefixMatch m = p.match_prefix_partial(seq, tokens, num_tokens);
+    pkv_prefix_match r;
+    std::memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.partial_tokens = m.partial_tokens;
+    r.num_cached = m.full_tokens + m.partial_tokens;
+    // No copy to make (none, or the block was reused in place): both null.
+    const bool copy = m.partial_tokens > 0 && m.copy_src != m.copy_dst;
+    r.copy_src = copy ? m.copy_src : PKV_NULL_BLOCK;
+    r.copy_dst = copy ? m.copy_dst : PKV_NULL_BLOCK;
+    pc::write_out(out, r);
+  });
+}
+
+pkv_status pkv_seq_set_retention(pkv_pool* pool, pkv_seq_id seq, const pkv_retention_range* ranges,
+                                 uint64_t num_ranges) {
+  PKV_GUARD({
+    pagedkv::Pool& p = pc::pool_of(pool);
+    if (num_ranges > 0) pc::require(ranges, "ranges");
+    if (num_ranges > PKV_RETENTION_MAX_RANGES)
+      fail(Errc::kInvalidArgument,
+           "num_ranges " + str(num_ranges) + " exceeds " + str(PKV_RETENTION_MAX_RANGES));
+    std::vector<pagedkv::RetentionRange> rs(num_ranges);
+    for (uint64_t i = 0; i < num_ranges; ++i) {
+      if (ranges[i].reserved != 0)
+        fail(Errc::kInvalidArgument,
+             "ranges[" + str(i) + "].reserved is " + str(ranges[i].reserved) + ", not 0");
+      rs[i] = {ranges[i].token_begin, ranges[i].token_end, ranges[i].priority,
+               ranges[i].duration_ns};
+    }
+    p.set_retention(seq, rs.data(), rs.size());
+  });
+}
+
 }  // extern "C"

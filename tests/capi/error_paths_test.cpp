@@ -497,6 +497,40 @@ TEST_F(ErrorPaths, Attention) {
         "stale");
 }
 
+// Partial-block hits and retention priorities (issue 22).
+TEST_F(ErrorPaths, PartialHitsAndRetention) {
+  int32_t t[4] = {1, 2, 3, 4};
+  pkv_prefix_match m;
+  pkv_prefix_match_init(&m);
+  FAILS(pkv_seq_match_prefix_partial(nullptr, live, t, 4, &m), BAD, "pool is NULL");
+  FAILS(pkv_seq_match_prefix_partial(pool, stale, t, 4, &m), PKV_E_NOT_FOUND, "stale");
+  FAILS(pkv_seq_match_prefix_partial(pool, live, nullptr, 4, &m), BAD, "tokens is NULL");
+  FAILS(pkv_seq_match_prefix_partial(pool, live, t, 4, nullptr), BAD, "out is NULL");
+  m.struct_size = 3;
+  FAILS(pkv_seq_match_prefix_partial(pool, live, t, 4, &m), BAD, "struct_size");
+  pkv_prefix_match_init(&m);
+  FAILS(pkv_seq_match_prefix_partial(pool, live, t, 4, &m), PKV_E_INVALID_STATE, "empty sequence");
+
+  pkv_retention_range r = {0, 4, 50, 0, 0};
+  FAILS(pkv_seq_set_retention(nullptr, live, &r, 1), BAD, "pool is NULL");
+  FAILS(pkv_seq_set_retention(pool, live, nullptr, 1), BAD, "ranges is NULL");
+  FAILS(pkv_seq_set_retention(pool, stale, &r, 1), PKV_E_NOT_FOUND, "stale");
+  FAILS(pkv_seq_set_retention(pool, live, &r, 1), PKV_E_INVALID_STATE, "enable_retention");
+  r.reserved = 2;
+  FAILS(pkv_seq_set_retention(pool, live, &r, 1), BAD, "ranges[0].reserved");
+  std::vector<pkv_retention_range> many(PKV_RETENTION_MAX_RANGES + 1,
+                                        pkv_retention_range{0, 4, 50, 0, 0});
+  FAILS(pkv_seq_set_retention(pool, live, many.data(), many.size()), BAD, "num_ranges");
+
+  uint64_t counts[PKV_PRIORITY_MAX + 1], len = 0;
+  FAILS(pkv_pool_set_clock(nullptr, 1), BAD, "pool is NULL");
+  FAILS(pkv_pool_get_priority_counts(nullptr, counts, 101, &len), BAD, "pool is NULL");
+  FAILS(pkv_pool_get_priority_counts(pool, nullptr, 101, &len), BAD, "out_counts is NULL");
+  FAILS(pkv_pool_get_priority_counts(pool, counts, 101, nullptr), BAD, "out_len is NULL");
+  FAILS(pkv_pool_get_priority_counts(pool, counts, 100, &len), PKV_E_BUFFER_TOO_SMALL, "101");
+  EXPECT_EQ(len, 101u);
+}
+
 TEST(NonFallible, NullArgumentsAreHarmless) {
   pkv_pool_options_init(nullptr);
   pkv_seq_options_init(nullptr);

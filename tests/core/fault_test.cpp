@@ -65,6 +65,7 @@ struct Cfg {
   uint64_t num_blocks = 32;
   uint32_t window = 0;
   bool storage = false;
+  bool reuse = false;  // partial-block hits and retention priorities on
 };
 
 std::vector<int32_t> toks(int n, int first) {
@@ -130,7 +131,10 @@ std::string snapshot(const Ctx& c) {
        std::to_string(st.prefix_hit_tokens) + " evictions " + std::to_string(st.num_evictions) +
        " cow " + std::to_string(st.num_cow_copies) + " dropped " +
        std::to_string(st.num_events_dropped) + " used bytes " + std::to_string(st.kv_bytes_used) +
-       " wasted " + std::to_string(st.kv_bytes_wasted);
+       " wasted " + std::to_string(st.kv_bytes_wasted) + " partial " +
+       std::to_string(st.num_partial_hits) + " pinned " + std::to_string(st.num_pinned_blocks);
+  if (bp.retention())
+    for (int32_t i = 1; i < bp.num_blocks(); ++i) s += " p" + std::to_string(bp.priority(i));
   for (pkv_seq_id id : c.seqs) {
     s += "\nseq " + std::to_string(id) + ": ";
     try {
@@ -168,6 +172,9 @@ pkv_pool* make_pool(const Cfg& cfg) {
   o.sliding_window = cfg.window;
   o.enable_events = 1;
   o.max_events = 1 << 16;
+  o.enable_partial_reuse = cfg.reuse;
+  o.enable_retention = cfg.reuse;
+  o.max_pinned_blocks = cfg.reuse ? 4 : 0;
   if (cfg.storage) {
     o.num_layers = 1;
     o.num_kv_heads = 1;
@@ -294,6 +301,37 @@ TEST(Faults, MatchPrefix) {
        cached(0, nullptr, true),
        [](Ctx& c) { return do_match(c, 0, 22, 1); }},
 
+  });
+}
+
+// Partial-block hits and retention ranges (issue 22).
+TEST(Faults, PartialMatchAndRetention) {
+  Cfg reuse;
+  reuse.reuse = true;
+  auto computed = [](Ctx& c) {
+    make_seq(c, 0, nullptr);  // a fresh slot: its vectors must grow
+    pkv_seq_id a = make_seq(c, 0, nullptr);
+    append(c, a, 22, 1);
+    step(c, a, 22);
+  };
+  run_all({
+      {"match_prefix_partial",
+       reuse,
+       computed,
+       [](Ctx& c) {
+         pkv_prefix_match m;
+         pkv_prefix_match_init(&m);
+         // 16 tokens of full blocks, then 3 of the fifth block.
+         return pkv_seq_match_prefix_partial(c.pool, c.seqs[0], g_tokens.data() + 1, 20, &m);
+       }},
+      {"set_retention",
+       reuse,
+       computed,
+       [](Ctx& c) {
+         const pkv_retention_range r[2] = {{0, 8, PKV_PRIORITY_PINNED, 0, 0},
+                                           {8, PKV_TOKEN_END, 80, 0, 1000}};
+         return pkv_seq_set_retention(c.pool, c.seqs[1], r, 2);
+       }},
   });
 }
 

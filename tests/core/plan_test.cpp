@@ -11,6 +11,7 @@ namespace pagedkv {
 namespace {
 
 using test::append;
+using test::code_of;
 using test::iota_tokens;
 using test::table;
 using V = std::vector<int32_t>;
@@ -18,15 +19,6 @@ using V = std::vector<int32_t>;
 template <class T>
 std::vector<T> arr(const T* p, size_t n) {
   return std::vector<T>(p, p + n);
-}
-
-Errc code_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return Errc(0);
 }
 
 TEST(Plan, MixedDecodeAndPrefillBatch) {

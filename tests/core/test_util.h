@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -68,6 +69,23 @@ inline void append(Pool& p, SeqId id, const std::vector<int32_t>& t, uint32_t lo
 inline void step(const std::shared_ptr<Pool>& p, SeqId id, uint32_t q = 0) {
   if (q == 0) q = uint32_t(p->seq_info(id).num_tokens);
   Batch::prepare(p, &id, &q, 1, nullptr);
+}
+
+// A step over the tokens id has not computed yet (none: nothing to do).
+inline void step_rest(const std::shared_ptr<Pool>& p, SeqId id) {
+  const SeqInfo i = p->seq_info(id);
+  if (i.num_tokens > i.num_computed_tokens)
+    step(p, id, uint32_t(i.num_tokens - i.num_computed_tokens));
+}
+
+// The code of the Error f throws, or Errc(0) when it returns.
+inline Errc code_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return Errc(0);
 }
 
 // An f32 [n0, n1, n2] host tensor over data (dense).

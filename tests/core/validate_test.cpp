@@ -10,6 +10,8 @@ struct BlockPoolTestPeer {
   static int32_t& ref(BlockPool& p, int32_t id) { return p.ref_[id]; }
   static BlockHash& hash(BlockPool& p, int32_t id) { return p.hash_[id]; }
   static FreeBlockQueue& queue(BlockPool& p) { return p.queue_; }
+  static uint8_t& priority(BlockPool& p, int32_t id) { return p.ret_->prio[id]; }
+  static BlockHash& indexed_parent(BlockPool& p, int32_t id) { return p.partial_->parent[id]; }
 };
 
 namespace {
@@ -120,6 +122,35 @@ TEST_F(Validate, ExclusiveTailWithAStaleFill) {
   p.set_fill(2, 3);  // a holds 2 tokens of block 2
   EXPECT_NE(pool->validate().find("stats: block 2"), std::string::npos) << pool->validate();
   p.set_fill(2, 2);
+  EXPECT_EQ(pool->validate(), "");
+}
+
+// Retention priorities: the pinned count and the free queue's levels agree
+// with the blocks' priorities; the partial-hit index with the cache.
+TEST(ValidateReuse, RetentionAndPartialIndexCorruption) {
+  PoolOptions o = test::manager_options(4, 10);
+  o.enable_retention = true;
+  o.max_pinned_blocks = 2;
+  o.enable_partial_reuse = true;
+  auto pool = Pool::create(o);
+  SeqId a = pool->seq_create({});
+  test::append(*pool, a, test::iota_tokens(9));  // blocks 1, 2 full and cached
+  test::step(pool, a);
+  pool->free(a);
+  ASSERT_EQ(pool->validate(), "");
+  BlockPool& p = pool->block_pool_for_testing();
+  Peer::priority(p, 1) = 50;  // queued at the default level
+  EXPECT_NE(pool->validate().find("level other than its priority"), std::string::npos)
+      << pool->validate();
+  Peer::priority(p, 1) = kPriorityDefault;
+  Peer::priority(p, 3) = kPriorityPinned;  // block 3 holds nothing cached
+  EXPECT_NE(pool->validate().find("no cached content"), std::string::npos) << pool->validate();
+  Peer::priority(p, 3) = kPriorityDefault;
+  ASSERT_EQ(pool->validate(), "");
+  const BlockHash saved = Peer::indexed_parent(p, 2);
+  Peer::indexed_parent(p, 2) = BlockHash{};
+  EXPECT_NE(pool->validate().find("partial index"), std::string::npos) << pool->validate();
+  Peer::indexed_parent(p, 2) = saved;
   EXPECT_EQ(pool->validate(), "");
 }
 

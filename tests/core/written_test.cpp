@@ -472,5 +472,23 @@ TEST(WrittenStorage, CopyOverACountedBlockUncountsIt) {
   EXPECT_VALID(*pool);
 }
 
+// A prefill whose early context the sliding window made unnecessary (only
+// the last 2 tokens were queries) leaves slots 0 and 1 unwritten; truncating
+// to 1 token must not count token 0 as computed (found by the fuzz harness).
+TEST(Written, TruncateUnderAWindowCountsOnlyWrittenSlots) {
+  auto p = make(2, 3, 1);
+  SeqId x = p->seq_create({});
+  append(*p, x, {1, 2, 3, 4});
+  test::step(p, x, 2);
+  EXPECT_VALID(*p);
+  SeqId c = p->fork(x);
+  p->truncate(c, 1);
+  EXPECT_EQ(p->seq_info(c).num_computed_tokens, 0u);
+  EXPECT_VALID(*p);
+  p->truncate(x, 1);
+  EXPECT_EQ(p->seq_info(x).num_computed_tokens, 0u);
+  EXPECT_VALID(*p);
+}
+
 }  // namespace
 }  // namespace pagedkv

@@ -77,6 +77,7 @@ class Engine {
     uint32_t threads = 2;
     uint32_t window = 0;
     float softcap = 0.0f;
+    uint32_t partial_reuse = 0;
   };
 
   explicit Engine(const Config& c) : cfg_(c), rng_(1234) {
@@ -90,6 +91,7 @@ class Engine {
     o.dtype = c.dtype;
     o.num_threads = c.threads;
     o.sliding_window = c.window;
+    o.enable_partial_reuse = c.partial_reuse;
     EXPECT_EQ(pkv_pool_create(&o, &pool_), PKV_OK) << pkv_last_error_message();
   }
   ~Engine() { pkv_pool_destroy(pool_); }
@@ -110,6 +112,17 @@ class Engine {
     History& h = hist_[s];
     if (h.k.empty()) h.k.resize(cfg_.layers), h.v.resize(cfg_.layers);
     return h;
+  }
+  // to's reference history starts with from's first n tokens (a prefix hit).
+  void share_history(pkv_seq_id from, pkv_seq_id to, int64_t n) {
+    History& hf = history(from);
+    History& ht = history(to);
+    const size_t row = size_t(cfg_.kv_heads) * cfg_.head_dim;
+    for (uint32_t l = 0; l < cfg_.layers; ++l) {
+      ht.k[l].assign(hf.k[l].begin(), hf.k[l].begin() + long(size_t(n) * row));
+      ht.v[l].assign(hf.v[l].begin(), hf.v[l].begin() + long(size_t(n) * row));
+    }
+    ht.len = n;
   }
 
   // One step: seqs[i] gets its new tokens already appended by the caller;
@@ -338,15 +351,7 @@ TEST(EngineE2E, PrefixCacheHitGivesIdenticalAttention) {
   ASSERT_EQ(nb, 2u);
   EXPECT_EQ(blocks_a[0], blocks_b[0]);
   EXPECT_EQ(blocks_a[1], blocks_b[1]);
-  // The reference history of b: a's first 32 tokens.
-  Engine::History& ha = e.history(a);
-  Engine::History& hb = e.history(b);
-  const size_t row = size_t(c.kv_heads) * c.head_dim;
-  for (uint32_t l = 0; l < c.layers; ++l) {
-    hb.k[l].assign(ha.k[l].begin(), ha.k[l].begin() + 32 * row);
-    hb.v[l].assign(ha.v[l].begin(), ha.v[l].begin() + 32 * row);
-  }
-  hb.len = 32;
+  e.share_history(a, b, 32);  // the reference history of b: a's first 32 tokens
   e.append_tokens(b, std::vector<int32_t>(prompt.begin() + 32, prompt.end()));
   // Same K/V for tokens 32..39 as a wrote; q differs (random), so compare
   // b against a step of a's own last 8 queries with b's q: recompute both.
@@ -380,6 +385,71 @@ TEST(EngineE2E, PrefixCacheHitGivesIdenticalAttention) {
     for (size_t i = 0; i < 2 * half; ++i) ASSERT_FALSE(std::isnan(out.at(i)));
   }
   pkv_batch_destroy(batch);
+  EXPECT_EQ(pkv_pool_validate(e.pool()), PKV_OK) << pkv_last_error_message();
+}
+
+// A partial-block hit (issue 22): b's prompt agrees with a's in 37 tokens,
+// 5 of them into a's third (full, cached) block. b attaches two full blocks and gets a
+// copy of the third's first 5 slots in a fresh block; its next step attends
+// over exactly the K/V a from-scratch sequence would have (a's K/V for
+// tokens 0..36, then its own), every output element against the float64
+// reference, for each storage dtype.
+TEST_P(EngineStep, PartialHitAttendsOverTheSameKvAsFromScratch) {
+  Engine::Config c;
+  c.dtype = GetParam();
+  c.partial_reuse = 1;
+  Engine e(c);
+  pkv_seq_id a = e.create();
+  std::vector<int32_t> prompt;
+  e.append(a, 50, &prompt);  // three full blocks cached
+  e.step({a}, {50});
+
+  std::vector<int32_t> pb(prompt.begin(), prompt.begin() + 37);
+  for (int i = 0; i < 11; ++i) pb.push_back(60000 + i);  // diverges at token 37
+  pkv_seq_id b = e.create();
+  pkv_prefix_match m;
+  pkv_prefix_match_init(&m);
+  ASSERT_EQ(pkv_seq_match_prefix_partial(e.pool(), b, pb.data(), pb.size(), &m), PKV_OK)
+      << pkv_last_error_message();
+  ASSERT_EQ(m.num_cached, 37u);
+  ASSERT_EQ(m.partial_tokens, 5u);
+  std::vector<int32_t> ta(8), tb(8);
+  uint64_t na = 0, nb = 0;
+  ASSERT_EQ(pkv_seq_get_block_table(e.pool(), a, ta.data(), 8, &na), PKV_OK);
+  ASSERT_EQ(pkv_seq_get_block_table(e.pool(), b, tb.data(), 8, &nb), PKV_OK);
+  ASSERT_EQ(nb, 3u);
+  EXPECT_EQ(tb[0], ta[0]);
+  EXPECT_EQ(tb[1], ta[1]);
+  EXPECT_EQ(m.copy_src, ta[2]);
+  EXPECT_EQ(m.copy_dst, tb[2]);
+  EXPECT_NE(tb[2], ta[2]);
+  pkv_seq_info info;
+  pkv_seq_info_init(&info);
+  ASSERT_EQ(pkv_seq_get_info(e.pool(), b, &info), PKV_OK);
+  EXPECT_EQ(info.num_computed_tokens, 37u);
+
+  // Poison the fresh block in every layer: the copy must bring tokens
+  // 32..36 (a NaN read anywhere would fail every output it reaches).
+  for (uint32_t l = 0; l < c.layers; ++l)
+    for (uint32_t which : {PKV_KV_KEY, PKV_KV_VALUE}) {
+      pkv_tensor kv;
+      ASSERT_EQ(pkv_pool_kv_tensor(e.pool(), l, which, &kv), PKV_OK);
+      const size_t per_block = size_t(c.kv_heads) * c.block_size * c.head_dim;
+      for (size_t i = 0; i < per_block; ++i)
+        store(kv.data, c.dtype, size_t(tb[2]) * per_block + i, std::nanf(""));
+    }
+
+  e.share_history(a, b, 37);
+  e.append_tokens(b, std::vector<int32_t>(pb.begin() + 37, pb.end()));
+  e.step({b}, {11});  // runs the copy, writes 37..47, checks every output
+  e.append(b, 1);
+  e.append(a, 1);
+  e.step({a, b}, {1, 1});  // a's own third block is untouched
+  pkv_pool_stats s;
+  pkv_pool_stats_init(&s);
+  ASSERT_EQ(pkv_pool_get_stats(e.pool(), &s), PKV_OK);
+  EXPECT_EQ(s.num_partial_hits, 1u);
+  EXPECT_EQ(s.partial_hit_tokens, 5u);
   EXPECT_EQ(pkv_pool_validate(e.pool()), PKV_OK) << pkv_last_error_message();
 }
 

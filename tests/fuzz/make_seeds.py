@@ -28,6 +28,11 @@ HEADERS = [
     (0x0B, 16, 0, 0x21),  # storage + events
     (0x63, 18, 0 | 16, 0x20),  # storage + sliding window
     (0x01, 8, 1, 0x02),   # storage, caching off
+    # Issue 22: 0x04 = partial-block hits and retention priorities on. The
+    # seed-reuse-* files next to these were picked from biased random runs
+    # for the partial hits they reach.
+    (0x06, 6, 3, 0),      # manager, bs 4
+    (0x07, 20, 1, 0x25),  # storage f16, bs 16
 ]
 
 

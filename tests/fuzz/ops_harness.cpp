@@ -15,6 +15,12 @@
 //    not readable (nor refuse one whose context is), and its
 //    num_computed_tokens must equal the model's readable prefix. The model
 //    follows the harness's own calls, never the library's bookkeeping.
+// Pools with partial-block hits and retention priorities (issue 22): a
+// partial hit must give a block that was free whose first k slots hold the
+// K/V the harness wrote for exactly those tokens, positions and keys (copied
+// from a cached block of the same LoRA and salt), the rest unwritten;
+// retention ranges and the clock may only change which cached block an
+// allocation evicts, never what a hit serves.
 // Statuses are predicted, not observed: OUT_OF_BLOCKS exactly when the
 // blocks an append needs exceed the free ones, NOT_FOUND for stale ids, and
 // so on. After every operation pkv_pool_validate must pass and the pool's
@@ -153,6 +159,8 @@ struct Config {
   bool storage = false;
   uint32_t dtype = PKV_DTYPE_F32;
   uint32_t layers = 0, kv_heads = 0, head_dim = 0, group = 1;
+  // Partial-block hits and retention priorities (no pinning budget) on.
+  bool reuse = false;
 };
 
 struct MSeq {
@@ -188,6 +196,9 @@ uint64_t prefix_key(uint64_t lora, int salt, const int32_t* tokens, uint64_t n) 
 
 // The KV a position holds: a function of what the block hash covers for
 // that slot (position, token, LoRA), so equal cached blocks hold equal KV.
+// The keys a block's content was hashed under, apart from its tokens.
+uint64_t key_domain(uint64_t lora, int salt) { return mix(lora * 3 + uint64_t(salt) + 1); }
+
 uint64_t slot_fp(uint64_t pos, int32_t tok, uint64_t lora) {
   return mix(mix(pos + 1) ^ (uint64_t(uint32_t(tok)) << 20) ^ (lora << 40)) | 1;
 }
@@ -238,6 +249,7 @@ class Harness {
     }
     if (((b0 >> 5) & 3) == 3) cfg_.window = 1 + (b2 >> 3) % (3 * cfg_.block_size);
     cfg_.max_events = 4 + b1 / 32;
+    cfg_.reuse = (b0 & 4) != 0 && cfg_.caching;
 
     pkv_pool_options o;
     pkv_pool_options_init(&o);
@@ -250,6 +262,8 @@ class Harness {
     o.enable_events = cfg_.events;
     o.max_events = cfg_.max_events;
     o.num_threads = 1;
+    o.enable_partial_reuse = cfg_.reuse;
+    o.enable_retention = cfg_.reuse;
     if (cfg_.storage) {
       o.num_layers = cfg_.layers;
       o.num_kv_heads = cfg_.kv_heads;
@@ -284,11 +298,13 @@ class Harness {
       CHECK(out == sentinel, "a failed pkv_pool_create wrote its out-parameter");
     }
     EXPECT_STATUS(pkv_pool_create(&o, &pool_), PKV_OK);
-    trace("pool: bs %u blocks %llu caching %d window %u storage %d\n", cfg_.block_size,
-          (unsigned long long)cfg_.num_blocks, int(cfg_.caching), cfg_.window, int(cfg_.storage));
+    trace("pool: bs %u blocks %llu caching %d window %u storage %d reuse %d\n", cfg_.block_size,
+          (unsigned long long)cfg_.num_blocks, int(cfg_.caching), cfg_.window, int(cfg_.storage),
+          int(cfg_.reuse));
     bs_ = cfg_.block_size;
     if (cfg_.storage) poison_arena();
     ckey_.assign(cfg_.num_blocks, 0);
+    cdom_.assign(cfg_.num_blocks, 0);
     fp_.assign(cfg_.num_blocks * bs_, 0);
     return true;
   }
@@ -417,6 +433,13 @@ class Harness {
       case 17:
         op_decode_run();
         break;
+      case 15:
+        if (cfg_.reuse) {
+          op_retention();
+          break;
+        }
+        op_stale_plan();
+        break;
       default:
         op_stale_plan();
         break;
@@ -480,21 +503,35 @@ class Harness {
         must = std::max(must, k * bs_);
       }
     }
-    EXPECT_STATUS(pkv_seq_match_prefix(pool_, s->id, q.data(), n, &cached), PKV_OK);
-    trace("match %llx: %llu tokens, hit %llu (at least %llu)\n", (unsigned long long)s->id,
-          (unsigned long long)n, (unsigned long long)cached, (unsigned long long)must);
+    // With partial hits on, half the matches ask for them.
+    const bool partial = cfg_.reuse && (in_.u8() & 1);
+    pkv_prefix_match pm;
+    pkv_prefix_match_init(&pm);
+    if (partial) {
+      EXPECT_STATUS(pkv_seq_match_prefix_partial(pool_, s->id, q.data(), n, &pm), PKV_OK);
+      cached = pm.num_cached - pm.partial_tokens;
+    } else {
+      EXPECT_STATUS(pkv_seq_match_prefix(pool_, s->id, q.data(), n, &cached), PKV_OK);
+    }
+    const uint64_t k = pm.partial_tokens;
+    trace("match %llx: %llu tokens, hit %llu + %llu partial (at least %llu)\n",
+          (unsigned long long)s->id, (unsigned long long)n, (unsigned long long)cached,
+          (unsigned long long)k, (unsigned long long)must);
     query_tokens_ += n;
-    hit_tokens_ += cached;
+    hit_tokens_ += cached + k;
     CHECK(cached % bs_ == 0, "hit %llu is not whole blocks", (unsigned long long)cached);
     CHECK(cached <= (n - 1) / bs_ * bs_, "hit %llu leaves no token to compute of %llu",
           (unsigned long long)cached, (unsigned long long)n);
     CHECK(cfg_.caching || cached == 0, "hit with prefix caching disabled");
     CHECK(cached >= must, "hit %llu, but a live sequence holds %llu matching cached tokens",
           (unsigned long long)cached, (unsigned long long)must);
+    CHECK(k < bs_ && cached + k < n, "partial hit of %llu tokens after %llu of %llu",
+          (unsigned long long)k, (unsigned long long)cached, (unsigned long long)n);
+    const auto before = refs();
     std::vector<int32_t> t = observed_table(s->id);
-    CHECK(t.size() == cached / bs_, "table of %zu blocks after a %llu-token hit", t.size(),
-          (unsigned long long)cached);
-    for (uint64_t j = 0; j < t.size(); ++j) {
+    CHECK(t.size() == cached / bs_ + (k ? 1 : 0), "table of %zu blocks after a %llu-token hit",
+          t.size(), (unsigned long long)cached);
+    for (uint64_t j = 0; j < cached / bs_; ++j) {
       CHECK(t[j] > 0 && uint64_t(t[j]) < cfg_.num_blocks, "hit block %d out of range", t[j]);
       // Soundness: the block's content is exactly this prefix.
       const uint64_t want = prefix_key(s->lora, s->salt, q.data(), (j + 1) * bs_);
@@ -507,10 +544,69 @@ class Harness {
               (unsigned long long)o);
       }
     }
-    s->tokens.assign(q.begin(), q.begin() + cached);
+    if (k > 0) {
+      // The partial block: a block that was free, whose first k slots now
+      // hold the K/V the harness wrote for exactly these tokens at these
+      // positions under this LoRA, copied from a cached block of the same
+      // keys (or that block itself, reused in place); the rest unwritten.
+      const int32_t dst = t.back();
+      CHECK(dst > 0 && uint64_t(dst) < cfg_.num_blocks && before.count(dst) == 0,
+            "partial-hit block %d was not free", dst);
+      const bool copied = pm.copy_src != PKV_NULL_BLOCK;
+      CHECK(copied == (pm.copy_dst != PKV_NULL_BLOCK) && (!copied || pm.copy_dst == dst),
+            "partial hit names copy %d -> %d, the table's block is %d", pm.copy_src, pm.copy_dst,
+            dst);
+      const int32_t src = copied ? pm.copy_src : dst;
+      CHECK(src > 0 && uint64_t(src) < cfg_.num_blocks, "copy source %d out of range", src);
+      CHECK(cdom_[src] == key_domain(s->lora, s->salt),
+            "partial hit on block %d cached under another LoRA or salt", src);
+      for (uint64_t o = 0; o < k; ++o) {
+        const uint64_t pos = cached + o;
+        CHECK(fp_[src * bs_ + o] == slot_fp(pos, q[pos], s->lora),
+              "partial hit on block %d whose slot %llu does not hold this token's K/V", src,
+              (unsigned long long)o);
+      }
+      std::copy_n(fp_.begin() + src * bs_, k, fp_.begin() + dst * bs_);
+      std::fill(fp_.begin() + dst * bs_ + k, fp_.begin() + (dst + 1) * bs_, 0);
+      ++partial_hits_;
+      partial_tokens_ += k;
+    }
+    s->tokens.assign(q.begin(), q.begin() + cached + k);
     s->table = t;
-    s->hash_epoch.assign(t.size(), epoch_);
-    s->num_cached = s->committed = cached;
+    s->hash_epoch.assign(cached / bs_, epoch_);
+    s->num_cached = s->committed = cached + k;
+  }
+
+  // Retention ranges on a sequence (valid, invalid, or a pin the budget of 0
+  // refuses) and the pool's clock moving on: priorities only decide which
+  // cached block an allocation evicts, which the model never predicts; every
+  // hit must stay sound and every invariant hold.
+  void op_retention() {
+    MSeq* s = pick();
+    const uint8_t b = in_.u8();
+    if (b & 1) {
+      clock_ns_ += uint64_t(in_.u8()) * 1000;
+      EXPECT_STATUS(pkv_pool_set_clock(pool_, clock_ns_), PKV_OK);
+    }
+    if (!s) return;
+    pkv_retention_range r[3];
+    const uint32_t n = 1 + (b >> 1) % 3;
+    pkv_status want = PKV_OK;
+    bool pins = false;
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint8_t c = in_.u8();
+      r[i].token_begin = in_.below(4 * uint32_t(bs_));
+      r[i].token_end = (c & 1) ? PKV_TOKEN_END : r[i].token_begin + in_.below(4 * uint32_t(bs_));
+      r[i].priority = (c & 0x70) == 0x70 ? 100 + (c >> 7) : in_.below(100);
+      r[i].reserved = 0;
+      r[i].duration_ns = (c & 2) ? uint64_t(in_.u8()) * 1000 : 0;
+      if (want == PKV_OK && (r[i].token_begin >= r[i].token_end || r[i].priority > 100))
+        want = PKV_E_INVALID_ARGUMENT;
+      pins |= r[i].priority == 100;
+    }
+    if (want == PKV_OK && pins) want = PKV_E_OUT_OF_BLOCKS;  // max_pinned_blocks is 0
+    trace("retention %llx: %u ranges, expect %d\n", (unsigned long long)s->id, n, int(want));
+    EXPECT_STATUS(pkv_seq_set_retention(pool_, s->id, r, n), want);
   }
 
   void op_append() {
@@ -818,8 +914,10 @@ class Harness {
             (unsigned long long)last_event_);
       CHECK(e.seq_no - last_event_ - 1 <= st.num_events_dropped, "event gap without drops");
       last_event_ = e.seq_no;
-      CHECK(e.type >= PKV_EVENT_BLOCK_STORED && e.type <= PKV_EVENT_ALL_CLEARED, "event type %u",
-            e.type);
+      const uint32_t last_type = cfg_.reuse ? PKV_EVENT_BLOCK_PRIORITY : PKV_EVENT_ALL_CLEARED;
+      CHECK(e.type >= PKV_EVENT_BLOCK_STORED && e.type <= last_type, "event type %u", e.type);
+      if (e.type == PKV_EVENT_BLOCK_PRIORITY)
+        CHECK(e.num_tokens < PKV_PRIORITY_PINNED, "priority event with priority %u", e.num_tokens);
       if (e.type != PKV_EVENT_ALL_CLEARED)
         CHECK(e.block_id > 0 && uint64_t(e.block_id) < cfg_.num_blocks, "event block %d",
               e.block_id);
@@ -1310,6 +1408,7 @@ class Harness {
         const uint64_t key = prefix_key(s.lora, s.salt, s.tokens.data(), (j + 1) * bs_);
         auto it = full_key.emplace(b, key).first;
         CHECK(it->second == key, "block %d is full in two sequences with different content", b);
+        cdom_[b] = key_domain(s.lora, s.salt);
       }
     }
     for (auto& kv : full_key) ckey_[kv.first] = kv.second;
@@ -1338,6 +1437,20 @@ class Harness {
           (unsigned long long)query_tokens_);
     CHECK(st.num_cow_copies == cow_, "cow copies %llu, the model %llu",
           (unsigned long long)st.num_cow_copies, (unsigned long long)cow_);
+    CHECK(st.num_partial_hits == partial_hits_ && st.partial_hit_tokens == partial_tokens_,
+          "partial hits %llu (%llu tokens), the model %llu (%llu)",
+          (unsigned long long)st.num_partial_hits, (unsigned long long)st.partial_hit_tokens,
+          (unsigned long long)partial_hits_, (unsigned long long)partial_tokens_);
+    // Every cached block has one priority; nothing is pinned without a budget.
+    uint64_t counts[PKV_PRIORITY_MAX + 1], len = 0, sum = 0;
+    EXPECT_STATUS(pkv_pool_get_priority_counts(pool_, counts, PKV_PRIORITY_MAX + 1, &len), PKV_OK);
+    for (uint64_t c : counts) sum += c;
+    CHECK(len == PKV_PRIORITY_MAX + 1 && sum == st.num_cached_blocks &&
+              counts[PKV_PRIORITY_PINNED] == 0 && st.num_pinned_blocks == 0,
+          "priority counts: %llu blocks over the levels, %llu cached, %llu pinned",
+          (unsigned long long)sum, (unsigned long long)st.num_cached_blocks,
+          (unsigned long long)counts[PKV_PRIORITY_PINNED]);
+    CHECK(cfg_.reuse || counts[PKV_PRIORITY_DEFAULT] == sum, "a priority without retention");
   }
 
   Bytes& in_;
@@ -1347,7 +1460,9 @@ class Harness {
   std::vector<MSeq> seqs_;
   std::vector<pkv_seq_id> dead_;
   uint64_t epoch_ = 0, query_tokens_ = 0, hit_tokens_ = 0, cow_ = 0, last_event_ = 0, step_no_ = 0;
+  uint64_t partial_hits_ = 0, partial_tokens_ = 0, clock_ns_ = 0;
   std::vector<uint64_t> ckey_;  // per block: content key while it was last full
+  std::vector<uint64_t> cdom_;  // per block: LoRA and salt of that content
   std::vector<uint64_t> fp_;    // per slot: fingerprint of the KV physically there
 };
 

@@ -166,6 +166,35 @@ Case with_setup(Case c, void (*setup)(Env&)) {
   return c;
 }
 
+// A manager-only pool with retention priorities, and a sequence on it, for
+// the cases that need one; set_retention(ranges) on it, then destroyed.
+pkv_status on_retention_pool(const pkv_retention_range* r, uint64_t n, uint64_t max_pinned) {
+  pkv_pool_options o;
+  pkv_pool_options_init(&o);
+  o.block_size = 4;
+  o.num_blocks = 16;
+  o.enable_retention = 1;
+  o.max_pinned_blocks = max_pinned;
+  pkv_pool* p = nullptr;
+  must(pkv_pool_create(&o, &p), "retention pool");
+  pkv_seq_id s = 0;
+  must(pkv_seq_create(p, nullptr, &s), "seq_create");
+  const pkv_status st = pkv_seq_set_retention(p, s, r, n);
+  pkv_pool_destroy(p);
+  return st;
+}
+pkv_retention_range rrange(uint64_t begin, uint64_t end, uint32_t priority) {
+  return pkv_retention_range{begin, end, priority, 0, 0};
+}
+pkv_status match_partial(Env& e, pkv_seq_id s, const int32_t* t, uint64_t n, pkv_prefix_match* m) {
+  return pkv_seq_match_prefix_partial(e.pool, s, t, n, m);
+}
+pkv_prefix_match pmatch() {
+  pkv_prefix_match m;
+  pkv_prefix_match_init(&m);
+  return m;
+}
+
 // A value check: PKV_OK when the documented result holds.
 pkv_status holds(bool ok) { return ok ? PKV_OK : PKV_E_INTERNAL; }
 
@@ -524,6 +553,17 @@ std::vector<Case> make_cases() {
         S("pkv_pool_get_kv_scales", PKV_CLASS_STATE, "an f32 pool", kState, "not fp8", float k[2],
           v[2];
           return pkv_pool_get_kv_scales(e.pool, k, v, 2, &e.u64);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "enable_partial_reuse = 2", kInv,
+          "enable_partial_reuse", pkv_pool_options o = storage_opts();
+          o.enable_partial_reuse = 2; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "enable_retention = 2", kInv, "enable_retention",
+          pkv_pool_options o = storage_opts();
+          o.enable_retention = 2; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE,
+          "max_pinned_blocks = 4 without enable_retention, or = num_blocks - 1", kInv,
+          "max_pinned_blocks", pkv_pool_options o = storage_opts();
+          o.max_pinned_blocks = 4; pkv_status s = create_with(o, e); o.enable_retention = 1;
+          o.max_pinned_blocks = o.num_blocks - 1; return s != kInv ? s : create_with(o, e);),
 
         // ------------------------------------------------------------ pool.h: sequences
         V("pkv_seq_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
@@ -653,6 +693,69 @@ std::vector<Case> make_cases() {
         S("pkv_seq_get_block_hashes", PKV_CLASS_CAPACITY, "capacity = 1 for 2 hashes", kSmall,
           "out_hashes", pkv_status s = pkv_seq_get_block_hashes(e.pool, e.a, e.hashes, 1, &e.u64);
           return s == kSmall && e.u64 != 2 ? PKV_E_INTERNAL : s;),
+        V("pkv_prefix_match_init", PKV_CLASS_NULL, "out = NULL", "no-op",
+          pkv_prefix_match_init(nullptr);
+          return PKV_OK;),
+        S("pkv_seq_match_prefix_partial", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          pkv_prefix_match m = pmatch();
+          return pkv_seq_match_prefix_partial(nullptr, e.empty, e.tokens, 20, &m);),
+        S("pkv_seq_match_prefix_partial", PKV_CLASS_NULL, "tokens = NULL, num_tokens = 20", kInv,
+          "tokens", pkv_prefix_match m = pmatch();
+          return match_partial(e, e.empty, nullptr, 20, &m);),
+        S("pkv_seq_match_prefix_partial", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return match_partial(e, e.empty, e.tokens, 20, nullptr);),
+        S("pkv_seq_match_prefix_partial", PKV_CLASS_STRUCT, "out->struct_size = 0", kInv,
+          "struct_size", pkv_prefix_match m = pmatch();
+          m.struct_size = 0; return match_partial(e, e.empty, e.tokens, 20, &m);),
+        S("pkv_seq_match_prefix_partial", PKV_CLASS_STALE, "seq freed", kNf, "stale",
+          pkv_prefix_match m = pmatch();
+          return match_partial(e, e.dead, e.tokens, 20, &m);),
+        S("pkv_seq_match_prefix_partial", PKV_CLASS_ABSURD, "num_tokens = 2^62", kInv, "num_tokens",
+          pkv_prefix_match m = pmatch();
+          return match_partial(e, e.empty, e.tokens, k2_62, &m);),
+        S("pkv_seq_match_prefix_partial", PKV_CLASS_STATE, "seq already holds tokens", kState,
+          "empty", pkv_prefix_match m = pmatch();
+          return match_partial(e, e.a, e.tokens, 20, &m);),
+        S("pkv_seq_set_retention", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          pkv_retention_range r = rrange(0, 4, 50);
+          return pkv_seq_set_retention(nullptr, e.a, &r, 1);),
+        S("pkv_seq_set_retention", PKV_CLASS_NULL, "ranges = NULL, num_ranges = 1", kInv, "ranges",
+          return pkv_seq_set_retention(e.pool, e.a, nullptr, 1);),
+        S("pkv_seq_set_retention", PKV_CLASS_STALE, "seq freed", kNf, "stale",
+          pkv_retention_range r = rrange(0, 4, 50);
+          return pkv_seq_set_retention(e.pool, e.dead, &r, 1);),
+        S("pkv_seq_set_retention", PKV_CLASS_STATE, "pool without enable_retention", kState,
+          "enable_retention", pkv_retention_range r = rrange(0, 4, 50);
+          return pkv_seq_set_retention(e.pool, e.a, &r, 1);),
+        S("pkv_seq_set_retention", PKV_CLASS_RANGE, "ranges[0].token_begin = token_end", kInv,
+          "ranges[0].token_begin", pkv_retention_range r = rrange(4, 4, 50);
+          return on_retention_pool(&r, 1, 0);),
+        S("pkv_seq_set_retention", PKV_CLASS_RANGE, "ranges[0].priority = 101", kInv,
+          "ranges[0].priority", pkv_retention_range r = rrange(0, 4, 101);
+          return on_retention_pool(&r, 1, 0);),
+        S("pkv_seq_set_retention", PKV_CLASS_RANGE, "ranges[0].reserved = 1", kInv,
+          "ranges[0].reserved", pkv_retention_range r = rrange(0, 4, 50);
+          r.reserved = 1; return on_retention_pool(&r, 1, 0);),
+        S("pkv_seq_set_retention", PKV_CLASS_ABSURD, "num_ranges = 65", kInv, "num_ranges",
+          std::vector<pkv_retention_range> r(65, rrange(0, 4, 50));
+          return on_retention_pool(r.data(), r.size(), 0);),
+        S("pkv_seq_set_retention", PKV_CLASS_RANGE, "a pin with max_pinned_blocks = 0", kOob,
+          "max_pinned_blocks", pkv_retention_range r = rrange(0, 4, PKV_PRIORITY_PINNED);
+          return on_retention_pool(&r, 1, 0);),
+        S("pkv_pool_set_clock", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_pool_set_clock(nullptr, 5);),
+        S("pkv_pool_get_priority_counts", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          uint64_t c[101];
+          return pkv_pool_get_priority_counts(nullptr, c, 101, &e.u64);),
+        S("pkv_pool_get_priority_counts", PKV_CLASS_NULL, "out_counts = NULL, capacity = 101", kInv,
+          "out_counts", return pkv_pool_get_priority_counts(e.pool, nullptr, 101, &e.u64);),
+        S("pkv_pool_get_priority_counts", PKV_CLASS_NULL, "out_len = NULL", kInv, "out_len",
+          uint64_t c[101];
+          return pkv_pool_get_priority_counts(e.pool, c, 101, nullptr);),
+        S("pkv_pool_get_priority_counts", PKV_CLASS_CAPACITY, "capacity = 100", kSmall,
+          "out_counts", uint64_t c[101];
+          pkv_status s = pkv_pool_get_priority_counts(e.pool, c, 100, &e.u64);
+          return s == kSmall && e.u64 != 101 ? PKV_E_INTERNAL : s;),
 
         // ------------------------------------------------------------ batch.h
         S("pkv_batch_prepare", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", uint32_t q = 1;

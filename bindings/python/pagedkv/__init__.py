@@ -43,6 +43,8 @@ from ._types import (
     PlanArray,
     PoolOptions,
     PoolStats,
+    PrefixMatch,
+    RetentionRange,
     SequenceInfo,
 )
 
@@ -51,6 +53,12 @@ __version__: str = _pagedkv.PKV_VERSION_STRING
 
 ABI_VERSION: int = _pagedkv.PKV_ABI_VERSION
 NULL_BLOCK: int = _pagedkv.PKV_NULL_BLOCK
+#: Retention priorities (Sequence.set_retention): blocks without a range sit
+#: at PRIORITY_DEFAULT; PRIORITY_PINNED is never evicted (max_pinned_blocks).
+PRIORITY_MIN: int = _pagedkv.PKV_PRIORITY_MIN
+PRIORITY_DEFAULT: int = _pagedkv.PKV_PRIORITY_DEFAULT
+PRIORITY_MAX: int = _pagedkv.PKV_PRIORITY_MAX
+PRIORITY_PINNED: int = _pagedkv.PKV_PRIORITY_PINNED
 
 
 def version() -> str:
@@ -87,6 +95,10 @@ __all__ = [
     "ABI_VERSION",
     "KV",
     "NULL_BLOCK",
+    "PRIORITY_DEFAULT",
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
+    "PRIORITY_PINNED",
     "Batch",
     "BatchInfo",
     "BufferTooSmallError",
@@ -111,6 +123,8 @@ __all__ = [
     "Pool",
     "PoolOptions",
     "PoolStats",
+    "PrefixMatch",
+    "RetentionRange",
     "Sequence",
     "SequenceInfo",
     "TensorView",

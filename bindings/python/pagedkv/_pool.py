@@ -19,6 +19,8 @@ from ._types import (
     MMItemLike,
     PoolOptions,
     PoolStats,
+    PrefixMatch,
+    RetentionRange,
     SequenceInfo,
     mm_tuples,
 )
@@ -67,6 +69,9 @@ class Pool(HandleOwner):
         kv_scale_granularity: Optional[str] = None,
         k_scales: Optional[Seq[float]] = None,
         v_scales: Optional[Seq[float]] = None,
+        enable_partial_reuse: Optional[bool] = None,
+        enable_retention: Optional[bool] = None,
+        max_pinned_blocks: Optional[int] = None,
     ) -> None:
         opts: dict = {}
         for key, value in (
@@ -79,6 +84,7 @@ class Pool(HandleOwner):
             ("sliding_window", sliding_window),
             ("max_events", max_events),
             ("num_threads", num_threads),
+            ("max_pinned_blocks", max_pinned_blocks),
         ):
             if value is not None:
                 opts[key] = int(value)
@@ -103,6 +109,10 @@ class Pool(HandleOwner):
         if k_scales is not None or v_scales is not None:
             opts["k_scales"] = _floats(k_scales)
             opts["v_scales"] = _floats(v_scales)
+        if enable_partial_reuse is not None:
+            opts["enable_partial_reuse"] = int(bool(enable_partial_reuse))
+        if enable_retention is not None:
+            opts["enable_retention"] = int(bool(enable_retention))
         ptr = _c.pkv_pool_create(opts)
         self._h = Handle(ptr, _c.pkv_pool_destroy, "pool")
         try:
@@ -198,6 +208,15 @@ class Pool(HandleOwner):
     def validate(self) -> None:
         """Checks every invariant; raises InvariantError naming a broken one."""
         self._call(_c.pkv_pool_validate)
+
+    def set_clock(self, now_ns: int) -> None:
+        """From now on the pool's clock for retention durations reads now_ns
+        (tests, simulations; it never runs back); expiries due now apply."""
+        self._call(_c.pkv_pool_set_clock, int(now_ns))
+
+    def priority_counts(self) -> List[int]:
+        """Cached blocks per retention priority: index p for p in 0..100."""
+        return list(self._call(_c.pkv_pool_get_priority_counts, _c.PKV_PRIORITY_MAX + 1))
 
     def reset_prefix_cache(self) -> None:
         """Forgets every cached hash (an ALL_CLEARED event is recorded)."""
@@ -422,6 +441,20 @@ class Sequence:
         full blocks of tokens (leaving at least one token to compute) and
         returns how many tokens it covers."""
         return int(self._pool._call(_c.pkv_seq_match_prefix, self._id, tokens))
+
+    def match_prefix_partial(self, tokens: Tokens) -> PrefixMatch:
+        """match_prefix, then (pool created with enable_partial_reuse) a
+        partial hit: the first k tokens of a cached block that the next
+        tokens agree with are copied into a new block and count as computed."""
+        return PrefixMatch._from_c(self._pool._call(_c.pkv_seq_match_prefix_partial, self._id, tokens))
+
+    def set_retention(self, ranges: Iterable[Union[RetentionRange, tuple]]) -> None:
+        """Replaces this sequence's retention ranges (pool created with
+        enable_retention): RetentionRange objects or (begin, end, priority,
+        duration_ns) tuples. Pins beyond max_pinned_blocks raise
+        OutOfBlocksError and change nothing."""
+        rs = [r._as_tuple() if isinstance(r, RetentionRange) else tuple(r) for r in ranges]
+        self._pool._call(_c.pkv_seq_set_retention, self._id, rs)
 
     def append(self, tokens: Tokens, lookahead: int = 0) -> None:
         """Appends tokens (their KV is written by the next step) and reserves

@@ -146,6 +146,8 @@ class EventType(enum.IntEnum):
     BLOCK_STORED = _c.PKV_EVENT_BLOCK_STORED
     BLOCK_REMOVED = _c.PKV_EVENT_BLOCK_REMOVED
     ALL_CLEARED = _c.PKV_EVENT_ALL_CLEARED
+    #: A cached block's retention priority changed (``num_tokens`` holds it).
+    BLOCK_PRIORITY = _c.PKV_EVENT_BLOCK_PRIORITY
 
 
 class KV(enum.IntEnum):
@@ -232,6 +234,9 @@ class PoolOptions:
     strict_key_domains: bool
     kv_scale_granularity: str  # "tensor" or "head" (FP8 pools' k/v scales)
     num_kv_scales: int  # scales per K (and per V) of an FP8 pool; 0 otherwise
+    enable_partial_reuse: bool
+    enable_retention: bool
+    max_pinned_blocks: int
 
     @classmethod
     def _from_c(cls, s: Any) -> PoolOptions:
@@ -246,6 +251,8 @@ class PoolOptions:
             device=Device(DeviceType(s.device_type), s.device_id),
             strict_key_domains=bool(s.strict_key_domains),
             kv_scale_granularity="head" if s.kv_scale_granularity == _c.PKV_KV_SCALE_PER_HEAD else "tensor",
+            enable_partial_reuse=bool(s.enable_partial_reuse),
+            enable_retention=bool(s.enable_retention),
         )
 
 
@@ -270,6 +277,14 @@ class PoolStats:
     kv_bytes_allocated: int
     kv_bytes_used: int
     kv_bytes_wasted: int
+    #: Partial-block hits (enable_partial_reuse) and the tokens they reused
+    #: (included in prefix_hit_tokens).
+    num_partial_hits: int
+    partial_hit_tokens: int
+    #: Cached blocks at PRIORITY_PINNED, and pins the budget turned into
+    #: PRIORITY_PINNED - 1.
+    num_pinned_blocks: int
+    num_pins_degraded: int
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -279,6 +294,43 @@ class PoolStats:
     @classmethod
     def _from_c(cls, s: Any) -> PoolStats:
         return _copy_fields(cls, s)
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """What ``Sequence.match_prefix_partial`` attached (``pkv_prefix_match``).
+
+    ``num_cached`` tokens count as computed: whole cached blocks plus
+    ``partial_tokens`` reused from the first slots of block ``copy_src``,
+    copied into the sequence's new block ``copy_dst``. A pool with storage
+    makes the copy itself; an engine managing its own K/V (num_layers 0)
+    copies slots ``[0, partial_tokens)`` of every layer before its next
+    step's writes. Both are NULL_BLOCK when no copy is needed."""
+
+    num_cached: int
+    partial_tokens: int
+    copy_src: int
+    copy_dst: int
+
+    @classmethod
+    def _from_c(cls, s: Any) -> PrefixMatch:
+        return _copy_fields(cls, s)
+
+
+@dataclass(frozen=True)
+class RetentionRange:
+    """Keep tokens [begin, end) at a retention priority (0..100; 100 pins),
+    for duration_ns once their blocks are free (0 = for good); end None = to
+    the end of the sequence (``pkv_retention_range``)."""
+
+    begin: int = 0
+    end: Optional[int] = None
+    priority: int = 35
+    duration_ns: int = 0
+
+    def _as_tuple(self) -> tuple:
+        end = (1 << 64) - 1 if self.end is None else int(self.end)  # PKV_TOKEN_END
+        return (int(self.begin), end, int(self.priority), int(self.duration_ns))
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,10 @@
 %thread pkv_hash_prefix;
 %thread pkv_hash_root;
 %thread pkv_cuda_device_count;
+%thread pkv_seq_match_prefix_partial;
+%thread pkv_seq_set_retention;
+%thread pkv_pool_set_clock;
+%thread pkv_pool_get_priority_counts;
 
 /* --------------------------------------------------------- status -> raise */
 
@@ -589,6 +593,7 @@ PKV_OUT_STRUCT(pkv_seq_info, pkv_seq_info_init(&tmp))
 PKV_OUT_STRUCT(pkv_pool_stats, pkv_pool_stats_init(&tmp))
 PKV_OUT_STRUCT(pkv_batch_info, pkv_batch_info_init(&tmp))
 PKV_OUT_STRUCT(pkv_tensor, (void)0)
+PKV_OUT_STRUCT(pkv_prefix_match, pkv_prefix_match_init(&tmp))
 
 /* pkv_hash_root's digest: bytes (PKV_HASH_MAX_BYTES, zero-padded). */
 %typemap(in, numinputs=0) pkv_block_hash* out (pkv_block_hash tmp) {
@@ -661,6 +666,57 @@ PKV_OUT_STRUCT(pkv_tensor, (void)0)
   if (!$result) SWIG_fail;
 }
 %typemap(freearg) (pkv_event* out, uint64_t capacity, uint64_t* out_count) { free($1); }
+
+/* pkv_pool_get_priority_counts: takes the capacity, returns a list of ints. */
+%typemap(in) (uint64_t* out_counts, uint64_t capacity, uint64_t* out_len) (uint64_t len = 0) {
+  unsigned long long cap = PyLong_AsUnsignedLongLong($input);
+  if (PyErr_Occurred()) SWIG_fail;
+  $2 = cap;
+  $1 = (uint64_t*)calloc((size_t)(cap > 0 && cap < 4096 ? cap : 1), sizeof(uint64_t));
+  if (!$1) { PyErr_NoMemory(); SWIG_fail; }
+  if (cap >= 4096) $2 = 1;  /* a bogus capacity still reports the size needed */
+  $3 = &len;
+}
+%typemap(argout) (uint64_t* out_counts, uint64_t capacity, uint64_t* out_len) {
+  uint64_t n = len$argnum < $2 ? len$argnum : $2;
+  PyObject* list = PyList_New((Py_ssize_t)n);
+  if (!list) SWIG_fail;
+  for (uint64_t i = 0; i < n; ++i)
+    PyList_SET_ITEM(list, (Py_ssize_t)i, PyLong_FromUnsignedLongLong((unsigned long long)$1[i]));
+  $result = pkv_py_append($result, list);
+  if (!$result) SWIG_fail;
+}
+%typemap(freearg) (uint64_t* out_counts, uint64_t capacity, uint64_t* out_len) { free($1); }
+
+/* pkv_seq_set_retention's ranges: a sequence of (token_begin, token_end,
+ * priority, duration_ns) tuples. */
+%typemap(in) (const pkv_retention_range* ranges, uint64_t num_ranges) (pkv_retention_range* rs = NULL) {
+  PyObject* seq = PySequence_Fast($input, "ranges: expected a sequence of (begin, end, priority, duration_ns)");
+  if (!seq) SWIG_fail;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  rs = (pkv_retention_range*)calloc((size_t)(n > 0 ? n : 1), sizeof(pkv_retention_range));
+  if (!rs) { Py_DECREF(seq); PyErr_NoMemory(); SWIG_fail; }
+  for (Py_ssize_t i = 0; i < n && !PyErr_Occurred(); ++i) {
+    PyObject* t = PySequence_Fast_GET_ITEM(seq, i);
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
+      PyErr_Format(PyExc_TypeError, "ranges[%zd]: expected a tuple (begin, end, priority, duration_ns)", i);
+      break;
+    }
+    rs[i].token_begin = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 0));
+    if (!PyErr_Occurred()) rs[i].token_end = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 1));
+    if (!PyErr_Occurred()) {
+      unsigned long long pr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 2));
+      /* a priority beyond 32 bits is the library's to refuse, not truncated */
+      rs[i].priority = pr > 0xffffffffULL ? 0xffffffffu : (uint32_t)pr;
+    }
+    if (!PyErr_Occurred()) rs[i].duration_ns = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 3));
+  }
+  Py_DECREF(seq);
+  if (PyErr_Occurred()) SWIG_fail;
+  $1 = rs;
+  $2 = (uint64_t)n;
+}
+%typemap(freearg) (const pkv_retention_range* ranges, uint64_t num_ranges) { free(rs$argnum); }
 
 /* pkv_last_error_copy(buf, capacity): takes the capacity, returns
  * [full length, copied text]. */

@@ -9,8 +9,9 @@
  * hold written K/V. Slots become written when the step that computes them
  * is committed (pkv_batch_commit, or pkv_cache_write of every layer of a
  * pool with storage; see batch.h), by a copy-on-write or pkv_copy_blocks
- * copy (the source's state) and by a pkv_swap_blocks swap-in. A sequence's
- * tokens count as computed when their slots are written
+ * copy (the source's state), by a pkv_swap_blocks swap-in and, for the
+ * copied slots, by a partial prefix hit (pkv_seq_match_prefix_partial).
+ * A sequence's tokens count as computed when their slots are written
  * (pkv_seq_info.num_computed_tokens); only then does the sliding window
  * release what lies behind them. A prefix lookup attaches only fully
  * written blocks, so two requests admitted in the same step never share a
@@ -110,6 +111,23 @@ typedef struct pkv_pool_options {
                                     pkv_pool_get_options (read them with
                                     pkv_pool_get_kv_scales) */
   const float* v_scales;         /* as k_scales */
+  /* Appended (read only when struct_size covers it; older callers get 0). */
+  uint32_t enable_partial_reuse; /* 1 = pkv_seq_match_prefix_partial may reuse the
+                                    first k tokens of a cached block (partial
+                                    hit, copied into a new block). Keeps the
+                                    token ids of every cached block:
+                                    4 * block_size + at most 57 bytes
+                                    per block
+                                    (README, "Partial-block hits"). 0 (default):
+                                    full blocks only. Needs prefix caching. */
+  uint32_t enable_retention;     /* 1 = retention priorities
+                                    (pkv_seq_set_retention): the free queue
+                                    evicts lower priorities first, LRU within
+                                    one. 0 (default) = LRU only. */
+  uint64_t max_pinned_blocks;    /* with enable_retention: the most cached
+                                    blocks pinned (PKV_PRIORITY_PINNED, never
+                                    evicted) at once; below num_blocks - 1.
+                                    0 (default) = no pinning. */
 } pkv_pool_options;
 
 #define PKV_KV_SCALE_PER_TENSOR 0
@@ -248,13 +266,102 @@ PKV_API pkv_status pkv_seq_get_block_hashes(const pkv_pool* pool, pkv_seq_id seq
                                             pkv_block_hash* out_hashes, uint64_t capacity,
                                             uint64_t* out_len);
 
+/* ------------------------------------------------ partial hits, retention */
+
+/* What pkv_seq_match_prefix_partial attached. */
+typedef struct pkv_prefix_match {
+  uint32_t struct_size;    /* set by _init; fields past it are not written */
+  uint32_t partial_tokens; /* k: tokens of a partial hit, 0 = none */
+  uint64_t num_cached;     /* tokens attached: full blocks + partial_tokens */
+  int32_t copy_src;        /* with a partial hit: the cached block whose first
+                              partial_tokens slots the sequence reuses... */
+  int32_t copy_dst;        /* ...and the sequence's new block that receives
+                              them. PKV_NULL_BLOCK (both) when no copy is
+                              needed. A pool with storage copies the K/V
+                              itself (every layer, before the next step's
+                              cache writes: pkv_batch_prepare,
+                              pkv_pool_copy_blocks and pkv_pool_swap_blocks
+                              run it first); a manager-only pool's engine
+                              copies slots [0, partial_tokens) of copy_src to
+                              copy_dst in every layer before its next step's
+                              cache writes. */
+} pkv_prefix_match;
+
+PKV_API void pkv_prefix_match_init(pkv_prefix_match* out);
+
+/* pkv_seq_match_prefix, then, on a pool created with enable_partial_reuse,
+ * a partial hit: if a cached, written block whose parent is the last full
+ * hit (or the root) matches the next tokens in its first k (1 <= k <
+ * block_size, at least one token left to compute) with the sequence's
+ * extra keys (salt, LoRA, multimodal items), the sequence gets a fresh
+ * block holding a copy of those k slots; the k tokens count as computed
+ * (written slots, DESIGN.md §9) and the rest of the block is unwritten.
+ * The longest match wins. No partial hit without a free block. Counted in
+ * pkv_pool_stats (num_partial_hits, partial_hit_tokens; prefix_hit_tokens
+ * includes them). Without enable_partial_reuse it is pkv_seq_match_prefix.
+ * pkv_seq_match_prefix itself never makes partial hits. */
+PKV_API pkv_status pkv_seq_match_prefix_partial(pkv_pool* pool, pkv_seq_id seq,
+                                                const int32_t* tokens, uint64_t num_tokens,
+                                                pkv_prefix_match* out);
+
+#define PKV_PRIORITY_MIN 0
+#define PKV_PRIORITY_DEFAULT 35 /* every block without a range (TensorRT-LLM's default) */
+#define PKV_PRIORITY_MAX 100
+#define PKV_PRIORITY_PINNED 100 /* never evicted; limited by max_pinned_blocks */
+#define PKV_RETENTION_MAX_RANGES 64
+#define PKV_TOKEN_END UINT64_MAX /* token_end for "to the end of the sequence" */
+
+/* A retention priority for tokens [token_begin, token_end) of a sequence. */
+typedef struct pkv_retention_range {
+  uint64_t token_begin;
+  uint64_t token_end;   /* PKV_TOKEN_END = every later token too */
+  uint32_t priority;    /* PKV_PRIORITY_MIN..PKV_PRIORITY_MAX */
+  uint32_t reserved;    /* 0 */
+  uint64_t duration_ns; /* how long the priority lasts once the block is
+                           free (no sequence holds it); then it falls back to
+                           PKV_PRIORITY_DEFAULT. 0 = for good. */
+} pkv_retention_range;
+
+/* Replaces the sequence's retention ranges (num_ranges 0: the default for
+ * all of it; at most PKV_RETENTION_MAX_RANGES). A cached block of the
+ * sequence gets the highest priority of the ranges touching its tokens:
+ * exactly, when this sequence filled it; when it was a prefix hit or is
+ * shared, only if that raises its priority (another request may count on
+ * it). Set ranges before appending: blocks take them as they are cached.
+ * Evicting takes the free blocks of the lowest priority first, least
+ * recently used first within one; a block whose priority ran out joins the
+ * default level where its last release puts it. Pinned blocks are
+ * never evicted; at most max_pinned_blocks are: a call whose ranges would
+ * pin more of the sequence's cached blocks than the budget has left fails
+ * with PKV_E_OUT_OF_BLOCKS and changes nothing; a block cached later when
+ * the budget is spent gets PKV_PRIORITY_PINNED - 1 instead (counted in
+ * pkv_pool_stats.num_pins_degraded). PKV_E_INVALID_STATE on a pool created
+ * without enable_retention. Changes of a cached block's priority are
+ * PKV_EVENT_BLOCK_PRIORITY events. Forks inherit the ranges. */
+PKV_API pkv_status pkv_seq_set_retention(pkv_pool* pool, pkv_seq_id seq,
+                                         const pkv_retention_range* ranges, uint64_t num_ranges);
+
+/* Sets the pool's clock for retention durations to now_ns and keeps it
+ * there (tests, simulations): from the first call on, the pool reads time
+ * only from here (a value below the last one is taken as the last one);
+ * before it, the steady clock. Applies the expiries now due. */
+PKV_API pkv_status pkv_pool_set_clock(pkv_pool* pool, uint64_t now_ns);
+
+/* Cached blocks per retention priority: out_counts[p] for p in
+ * [0, PKV_PRIORITY_MAX]; capacity at least PKV_PRIORITY_MAX + 1 (else
+ * PKV_E_BUFFER_TOO_SMALL; *out_len is set either way). Without
+ * enable_retention every cached block is at PKV_PRIORITY_DEFAULT. */
+PKV_API pkv_status pkv_pool_get_priority_counts(const pkv_pool* pool, uint64_t* out_counts,
+                                                uint64_t capacity, uint64_t* out_len);
+
 /* ------------------------------------------------------------ stats, events */
 
 typedef struct pkv_pool_stats {
   uint32_t struct_size; /* set by _init; fields past it are not written */
   uint32_t block_size;
   uint64_t num_blocks;        /* total, incl. the null block */
-  uint64_t num_free_blocks;   /* in the free queue (incl. cached ones) */
+  uint64_t num_free_blocks;   /* in the free queue (incl. cached ones;
+                                 pinned ones, never allocated, excluded) */
   uint64_t num_used_blocks;   /* ref count > 0 */
   uint64_t num_cached_blocks; /* holding a hash in the prefix cache */
   uint64_t num_seqs;
@@ -275,6 +382,11 @@ typedef struct pkv_pool_stats {
                                    last holder truncates it) */
   uint64_t kv_bytes_wasted;     /* the other slots of used blocks (partial
                                    tails, lookahead reservations) */
+  /* Appended (written when struct_size covers them): */
+  uint64_t num_partial_hits;   /* partial-block hits (enable_partial_reuse) */
+  uint64_t partial_hit_tokens; /* tokens they reused (also in prefix_hit_tokens) */
+  uint64_t num_pinned_blocks;  /* cached blocks at PKV_PRIORITY_PINNED */
+  uint64_t num_pins_degraded;  /* pins the budget refused (given PINNED - 1) */
 } pkv_pool_stats;
 
 PKV_API void pkv_pool_stats_init(pkv_pool_stats* stats);
@@ -283,6 +395,9 @@ PKV_API pkv_status pkv_pool_get_stats(const pkv_pool* pool, pkv_pool_stats* out)
 #define PKV_EVENT_BLOCK_STORED 1  /* a full block entered the prefix cache */
 #define PKV_EVENT_BLOCK_REMOVED 2 /* a cached block was evicted */
 #define PKV_EVENT_ALL_CLEARED 3   /* the prefix cache was reset */
+/* A cached block's retention priority changed (enable_retention);
+ * num_tokens holds the new priority. */
+#define PKV_EVENT_BLOCK_PRIORITY 4
 
 typedef struct pkv_event {
   uint64_t seq_no; /* 1, 2, 3... per pool, gap-free unless dropped */
@@ -291,7 +406,8 @@ typedef struct pkv_event {
   pkv_block_hash block_hash;
   pkv_block_hash parent_hash; /* meaningful when has_parent */
   uint32_t has_parent;        /* 0 for the first block of a sequence */
-  uint32_t num_tokens;        /* tokens in the block (stored) */
+  uint32_t num_tokens;        /* tokens in the block (stored); the new
+                                 priority (PKV_EVENT_BLOCK_PRIORITY) */
   uint64_t lora_id;
 } pkv_event;
 

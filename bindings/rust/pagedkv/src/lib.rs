@@ -68,8 +68,8 @@ pub use batch::{AttentionParams, Batch, BatchInfo, PlanArray};
 pub use error::{status_string, Error, ErrorKind, Result};
 pub use hash::{hash_prefix, hash_root, HashOptions, MmItem};
 pub use pool::{
-    Event, EventKind, Events, Kv, Pool, PoolOptions, PoolStats, SeqId, SeqInfo, SeqOptions,
-    SwapDirection, NULL_BLOCK,
+    Event, EventKind, Events, Kv, Pool, PoolOptions, PoolStats, PrefixMatch, RetentionRange, SeqId,
+    SeqInfo, SeqOptions, SwapDirection, NULL_BLOCK,
 };
 pub use seq::Seq;
 pub use tensor::{RawTensor, Stream, TensorView, TensorViewMut};

@@ -58,6 +58,15 @@ pub struct PoolOptions {
     /// [`Pool::kv_scales`].
     pub k_scales: Vec<f32>,
     pub v_scales: Vec<f32>,
+    /// Partial-block prefix hits through [`Pool::match_prefix_partial`]
+    /// (keeps the token ids of cached blocks). Off by default.
+    pub enable_partial_reuse: bool,
+    /// Retention priorities ([`Pool::set_retention`]): lower priorities are
+    /// evicted first, LRU within one. Off by default (LRU only).
+    pub enable_retention: bool,
+    /// With `enable_retention`: the most cached blocks pinned (never
+    /// evicted) at once; below `num_blocks - 1`. 0 = no pinning.
+    pub max_pinned_blocks: u64,
 }
 
 impl Default for PoolOptions {
@@ -104,6 +113,9 @@ impl PoolOptions {
             },
             k_scales: Vec::new(),
             v_scales: Vec::new(),
+            enable_partial_reuse: raw.enable_partial_reuse != 0,
+            enable_retention: raw.enable_retention != 0,
+            max_pinned_blocks: raw.max_pinned_blocks,
         })
     }
 }
@@ -119,6 +131,57 @@ fn scale_count(k: &[f32], v: &[f32]) -> Result<usize> {
         )));
     }
     Ok(k.len())
+}
+
+/// What [`Pool::match_prefix_partial`] attached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// Tokens attached and counted as computed: whole cached blocks plus
+    /// `partial_tokens`.
+    pub num_cached: u64,
+    /// Tokens of a partial hit (0 = none).
+    pub partial_tokens: u32,
+    /// The cached block whose first `partial_tokens` slots were reused, and
+    /// the sequence's new block receiving them ([`NULL_BLOCK`] both when no
+    /// copy is needed). A pool with storage copies them itself; an engine
+    /// with its own K/V (no storage) copies slots `0..partial_tokens` of
+    /// every layer before its next step's writes.
+    pub copy_src: i32,
+    pub copy_dst: i32,
+}
+
+/// Retention priority of tokens `token_begin..token_end` of a sequence
+/// ([`Pool::set_retention`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetentionRange {
+    pub token_begin: u64,
+    /// [`RetentionRange::END`] = every later token too.
+    pub token_end: u64,
+    /// 0..=100; [`RetentionRange::PINNED`] is never evicted.
+    pub priority: u32,
+    /// How long the priority lasts once the block is free (nanoseconds of
+    /// the pool's clock); 0 = for good.
+    pub duration_ns: u64,
+}
+
+impl RetentionRange {
+    pub const END: u64 = u64::MAX;
+    pub const PRIORITY_MIN: u32 = sys::PKV_PRIORITY_MIN;
+    pub const PRIORITY_DEFAULT: u32 = sys::PKV_PRIORITY_DEFAULT;
+    pub const PRIORITY_MAX: u32 = sys::PKV_PRIORITY_MAX;
+    pub const PINNED: u32 = sys::PKV_PRIORITY_PINNED;
+    /// The most ranges [`Pool::set_retention`] takes.
+    pub const MAX_RANGES: usize = sys::PKV_RETENTION_MAX_RANGES as usize;
+
+    /// Tokens `token_begin..token_end` at `priority`, for good.
+    pub fn new(token_begin: u64, token_end: u64, priority: u32) -> RetentionRange {
+        RetentionRange {
+            token_begin,
+            token_end,
+            priority,
+            duration_ns: 0,
+        }
+    }
 }
 
 /// The block id standing in a block table for positions a sliding window
@@ -228,6 +291,13 @@ pub struct PoolStats {
     pub kv_bytes_allocated: u64,
     pub kv_bytes_used: u64,
     pub kv_bytes_wasted: u64,
+    /// Partial-block hits and the tokens they reused (also counted in
+    /// `prefix_hit_tokens`).
+    pub num_partial_hits: u64,
+    pub partial_hit_tokens: u64,
+    /// Cached blocks pinned, and pins the budget turned into priority 99.
+    pub num_pinned_blocks: u64,
+    pub num_pins_degraded: u64,
 }
 
 /// What happened to a cached block.
@@ -239,6 +309,8 @@ pub enum EventKind {
     BlockRemoved,
     /// The prefix cache was reset.
     AllCleared,
+    /// A cached block's retention priority changed; `num_tokens` holds it.
+    BlockPriority,
     /// A kind this crate does not know (from a newer library).
     Other(u32),
 }
@@ -266,6 +338,7 @@ impl Event {
                 sys::PKV_EVENT_BLOCK_STORED => EventKind::BlockStored,
                 sys::PKV_EVENT_BLOCK_REMOVED => EventKind::BlockRemoved,
                 sys::PKV_EVENT_ALL_CLEARED => EventKind::AllCleared,
+                sys::PKV_EVENT_BLOCK_PRIORITY => EventKind::BlockPriority,
                 other => EventKind::Other(other),
             },
             block_id: e.block_id,
@@ -454,6 +527,9 @@ impl Pool {
             raw.k_scales = opts.k_scales.as_ptr();
             raw.v_scales = opts.v_scales.as_ptr();
         }
+        raw.enable_partial_reuse = opts.enable_partial_reuse as u32;
+        raw.enable_retention = opts.enable_retention as u32;
+        raw.max_pinned_blocks = opts.max_pinned_blocks;
         let mut out = ptr::null_mut();
         // SAFETY: raw and the seed it points to outlive the call.
         check(unsafe { sys::pkv_pool_create(&raw, &mut out) })?;
@@ -587,6 +663,52 @@ impl Pool {
         Ok(cached)
     }
 
+    /// [`match_prefix`](Pool::match_prefix), then (pool created with
+    /// `enable_partial_reuse`) a partial hit: the first k tokens of a cached
+    /// block that the next tokens agree with are copied into a new block
+    /// and count as computed.
+    pub fn match_prefix_partial(&self, seq: SeqId, tokens: &[i32]) -> Result<PrefixMatch> {
+        let mut raw = sys::pkv_prefix_match::default();
+        // SAFETY: valid out-parameter; tokens is valid for its length.
+        unsafe { sys::pkv_prefix_match_init(&mut raw) };
+        check(unsafe {
+            sys::pkv_seq_match_prefix_partial(
+                self.ptr(),
+                seq.0,
+                tokens.as_ptr(),
+                to_u64(tokens.len()),
+                &mut raw,
+            )
+        })?;
+        Ok(PrefixMatch {
+            num_cached: raw.num_cached,
+            partial_tokens: raw.partial_tokens,
+            copy_src: raw.copy_src,
+            copy_dst: raw.copy_dst,
+        })
+    }
+
+    /// Replaces the sequence's retention ranges (pool created with
+    /// `enable_retention`). Pins beyond `max_pinned_blocks` fail with
+    /// [`ErrorKind::OutOfBlocks`] and change nothing.
+    pub fn set_retention(&self, seq: SeqId, ranges: &[RetentionRange]) -> Result<()> {
+        let raw: Vec<sys::pkv_retention_range> = ranges
+            .iter()
+            .map(|r| sys::pkv_retention_range {
+                token_begin: r.token_begin,
+                token_end: r.token_end,
+                priority: r.priority,
+                reserved: 0,
+                duration_ns: r.duration_ns,
+            })
+            .collect();
+        // SAFETY: raw is valid for its length (or empty with a dangling,
+        // unread pointer).
+        check(unsafe {
+            sys::pkv_seq_set_retention(self.ptr(), seq.0, raw.as_ptr(), to_u64(raw.len()))
+        })
+    }
+
     /// Appends tokens (their K/V is written by the next step), allocating
     /// blocks as needed. All or nothing: [`ErrorKind::OutOfBlocks`] changes
     /// nothing, so the caller can preempt a sequence and retry.
@@ -712,7 +834,30 @@ impl Pool {
             kv_bytes_allocated: s.kv_bytes_allocated,
             kv_bytes_used: s.kv_bytes_used,
             kv_bytes_wasted: s.kv_bytes_wasted,
+            num_partial_hits: s.num_partial_hits,
+            partial_hit_tokens: s.partial_hit_tokens,
+            num_pinned_blocks: s.num_pinned_blocks,
+            num_pins_degraded: s.num_pins_degraded,
         })
+    }
+
+    /// Cached blocks per retention priority (index = priority, 0..=100).
+    pub fn priority_counts(&self) -> Result<Vec<u64>> {
+        read_vec(
+            0u64,
+            (RetentionRange::PRIORITY_MAX + 1) as usize,
+            |out, cap, len| {
+                // SAFETY: out is valid for cap entries (or NULL with cap 0).
+                unsafe { sys::pkv_pool_get_priority_counts(self.ptr(), out, cap, len) }
+            },
+        )
+    }
+
+    /// From now on the pool's clock for retention durations reads `now_ns`
+    /// (tests, simulations; it never runs back).
+    pub fn set_clock(&self, now_ns: u64) -> Result<()> {
+        // SAFETY: valid handle.
+        check(unsafe { sys::pkv_pool_set_clock(self.ptr(), now_ns) })
     }
 
     /// Removes and returns up to `max` oldest events, in order.

@@ -81,6 +81,16 @@ impl<'pool> Seq<'pool> {
         self.pool.match_prefix(self.id, tokens)
     }
 
+    /// [`Pool::match_prefix_partial`].
+    pub fn match_prefix_partial(&self, tokens: &[i32]) -> Result<crate::PrefixMatch> {
+        self.pool.match_prefix_partial(self.id, tokens)
+    }
+
+    /// [`Pool::set_retention`].
+    pub fn set_retention(&self, ranges: &[crate::RetentionRange]) -> Result<()> {
+        self.pool.set_retention(self.id, ranges)
+    }
+
     /// [`Pool::fork`], owned like this one.
     pub fn fork(&self) -> Result<Seq<'pool>> {
         Ok(Seq::new(self.pool, self.pool.fork(self.id)?))

@@ -61,6 +61,9 @@ fn options_round_trip() {
         kv_scale_granularity: pagedkv::KvScaleGranularity::PerTensor,
         k_scales: Vec::new(),
         v_scales: Vec::new(),
+        enable_partial_reuse: true,
+        enable_retention: true,
+        max_pinned_blocks: 4,
     };
     let pool = Pool::new(&opts).unwrap();
     let got = pool.options().unwrap();

@@ -19,6 +19,10 @@ const NOT_WRAPPED: &[(&str, &str)] = &[
         "PKV_HASH_OPTIONS_VERSION",
         "struct_size, set by _init, versions the struct",
     ),
+    (
+        "PKV_TOKEN_END",
+        "UINT64_MAX, which bindgen does not evaluate: RetentionRange::END is u64::MAX",
+    ),
 ];
 
 /// Functions the safe crate intentionally does not call.
