@@ -109,6 +109,19 @@ class Pool {
   void truncate(SeqId id, uint64_t num_tokens);
   void free(SeqId id);
   SeqInfo seq_info(SeqId id) const;
+  // Batched and fused calls (kv_pool_batch.cpp): all or nothing, messages
+  // name the offending index. given: the engine's block hashes of tokens
+  // (nullptr = hash here).
+  uint64_t match_prefix_hashes(SeqId id, const int32_t* tokens, uint64_t n, const BlockHash* given,
+                               uint64_t num_given);
+  void append_batch(const SeqId* ids, const int32_t* tokens, uint64_t n);
+  void free_batch(const SeqId* ids, uint64_t n);
+  struct Admitted {
+    SeqId id = 0;
+    uint64_t num_cached = 0;
+  };
+  Admitted admit(const SeqOptions& o, const int32_t* tokens, uint64_t n, const BlockHash* given,
+                 uint64_t num_given, uint32_t lookahead);
   // Copies min(len, capacity) entries; returns the full length.
   uint64_t block_table(SeqId id, int32_t* out, uint64_t capacity) const;
   uint64_t block_hashes(SeqId id, BlockHash* out, uint64_t capacity) const;
@@ -151,6 +164,22 @@ class Pool {
   // that can throw after the tokens went in: on failure s.hashes is as
   // before (the caller takes its tokens back).
   size_t hash_new_blocks(Sequence& s);
+  // A sequence's hash context from its options (validated).
+  HashContext make_ctx(const SeqOptions& o) const;
+  // The leading written blocks of tokens in the prefix cache (capped so a
+  // token is left to compute) and their hashes, appended to hits and
+  // hashes; changes nothing else. given: precomputed hashes (see
+  // match_prefix_hashes), whose first and last links are checked.
+  void find_hits(const HashContext& ctx, const int32_t* tokens, uint64_t n, const BlockHash* given,
+                 uint64_t num_given, std::vector<BlockHash>& hashes,
+                 std::vector<int32_t>& hits) const;
+  // The part of an append that cannot fail, after append_need was checked
+  // against the free blocks, s.tokens holds the new tokens (n0 before) and
+  // hash_new_blocks returned h0.
+  void apply_append(Sequence& s, uint64_t n0, uint64_t n, const AppendNeed& need,
+                    size_t h0) noexcept;
+  // free() once its events are reserved.
+  void free_locked(SeqId id, Sequence& s) noexcept;
   // Registers blocks [from, s.hashes.size()) in the prefix cache; no throw.
   void cache_new_blocks(const Sequence& s, size_t from) noexcept;
   // Blocks in [begin, end) of s that we hold alone, that are cached and not
@@ -227,6 +256,15 @@ class Pool {
   std::vector<uint32_t> copy_stamp_;
   uint32_t copy_round_ = 0;
   std::vector<int32_t> copy_src_, copy_dst_;
+  // append_batch's per-sequence work list, kept between calls.
+  struct BatchItem {
+    Sequence* s;
+    uint64_t n0;
+    AppendNeed need;
+    size_t h0;
+    bool simple;  // the decode fast path: no new block, nothing fills
+  };
+  std::vector<BatchItem> batch_items_;
 };
 
 }  // namespace pagedkv

@@ -5,14 +5,15 @@
 
 #include "key_domains.h"
 #include "kv_pool.h"
+#include "seq_util.h"
 
 namespace pagedkv {
 
 namespace {
 
-constexpr uint64_t kMaxSeqTokens = uint64_t(std::numeric_limits<int32_t>::max());
-
-std::string str(uint64_t v) { return std::to_string(v); }
+using seq_util::grow;
+using seq_util::kMaxSeqTokens;
+using seq_util::str;
 
 // Blocks of requests without LoRA, multimodal items or (past the first
 // block) salt hash with no extra keys: the plain overload is the faster one.
@@ -20,12 +21,6 @@ const std::vector<ExtraKey> kNoExtraKeys;
 bool no_extra_keys(const HashContext& c, uint64_t start) {
   return c.lora_id == 0 && c.lora_name.empty() && c.mm_items.empty() &&
          (c.cache_salt.empty() || start > 0);
-}
-
-// Amortised growth: reserve() alone would reallocate on every append.
-template <class V>
-void grow(V& v, size_t need) {
-  if (need > v.capacity()) v.reserve(std::max(need, v.capacity() * 2));
 }
 
 }  // namespace
@@ -109,7 +104,7 @@ void Pool::release_blocks_reverse(const std::vector<int32_t>& blocks, size_t beg
     if (blocks[j] != BlockPool::kNullBlock) blocks_.release(blocks[j]);
 }
 
-SeqId Pool::seq_create(const SeqOptions& o) {
+HashContext Pool::make_ctx(const SeqOptions& o) const {
   uint64_t prev_end = 0;
   for (size_t i = 0; i < o.mm_items.size(); ++i) {
     const MmItem& m = o.mm_items[i];
@@ -132,7 +127,11 @@ SeqId Pool::seq_create(const SeqOptions& o) {
   ctx.cache_salt = o.cache_salt;
   ctx.mm_items = o.mm_items;
   if (opts_.strict_key_domains) apply_strict_key_domains(ctx);
+  return ctx;
+}
 
+SeqId Pool::seq_create(const SeqOptions& o) {
+  HashContext ctx = make_ctx(o);
   std::lock_guard<std::mutex> lock(mu_);
   check_open();
   if (seqs_.full()) fail(Errc::kOutOfMemory, "the pool's sequence table is full");
@@ -143,34 +142,65 @@ SeqId Pool::seq_create(const SeqOptions& o) {
   return id;
 }
 
+void Pool::find_hits(const HashContext& ctx, const int32_t* tokens, uint64_t n,
+                     const BlockHash* given, uint64_t num_given, std::vector<BlockHash>& hashes,
+                     std::vector<int32_t>& hits) const {
+  if (!blocks_.caching() || n == 0) return;
+  const uint64_t bs = opts_.block_size;
+  const uint64_t max_blocks = given ? std::min((n - 1) / bs, num_given) : (n - 1) / bs;
+  const auto hash_at = [&](uint64_t j, const BlockHash& parent) {
+    return hasher_->hash(parent, tokens + j * bs, bs, ctx, j * bs);
+  };
+  if (given && max_blocks > 0) {
+    // The engine hashed the prompt at arrival: the cache key carries its
+    // domain (seed, algorithm, key-domain mode, salt, LoRA, multimodal
+    // items), so one computed for another domain must not be used here.
+    // Two links are recomputed (not the whole chain, which is what the
+    // caller saves): the first block, which carries every key of the
+    // sequence, and the last one used.
+    if (hash_at(0, root_) != given[0])
+      fail(Errc::kInvalidArgument,
+           "hashes[0] is not the hash of the first block of tokens for this pool and sequence "
+           "(another seed, algorithm, key-domain mode, cache salt, LoRA or multimodal item?)");
+    const uint64_t last = max_blocks - 1;
+    if (last > 0 && hash_at(last, given[last - 1]) != given[last])
+      fail(Errc::kInvalidArgument, "hashes[" + str(last) + "] does not chain from hashes[" +
+                                       str(last - 1) + "] over tokens [" + str(last * bs) + ", " +
+                                       str((last + 1) * bs) + ")");
+  }
+  for (uint64_t j = 0; j < max_blocks; ++j) {
+    BlockHash h = given ? given[j] : hash_at(j, j ? hashes.back() : root_);
+    int32_t b = blocks_.lookup_written(h);  // never a block nobody wrote
+    if (b < 0) break;
+    if (j == 0) {
+      hits.reserve(max_blocks);
+      hashes.reserve(max_blocks);
+    }
+    hashes.push_back(h);
+    hits.push_back(b);
+  }
+}
+
 uint64_t Pool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
+  return match_prefix_hashes(id, tokens, n, nullptr, 0);
+}
+
+uint64_t Pool::match_prefix_hashes(SeqId id, const int32_t* tokens, uint64_t n,
+                                   const BlockHash* given, uint64_t num_given) {
   std::lock_guard<std::mutex> lock(mu_);
   Sequence& s = seq_or_throw(id);
   if (!s.tokens.empty() || !s.blocks.empty())
     fail(Errc::kInvalidState, seq_name(id) + " already holds " + str(s.tokens.size()) +
                                   " tokens; match_prefix needs an empty sequence");
   if (n > kMaxSeqTokens) fail(Errc::kInvalidArgument, "num_tokens " + str(n) + " exceeds 2^31 - 1");
-  if (!blocks_.caching() || n == 0) {
-    prefix_query_tokens_ += n;
-    return 0;
-  }
   const uint64_t bs = opts_.block_size;
-  const uint64_t max_blocks = (n - 1) / bs;
-  // Hash and look up into the sequence's empty vectors (what can throw),
-  // undone on failure; the hits are attached only when all of it worked.
+  if (given && num_given > n / bs)
+    fail(Errc::kInvalidArgument, "num_hashes " + str(num_given) + " exceeds the " + str(n / bs) +
+                                     " full blocks of num_tokens " + str(n));
+  // Look up into the sequence's empty vectors (what can throw), undone on
+  // failure; the hits are attached only when all of it worked.
   try {
-    for (uint64_t j = 0; j < max_blocks; ++j) {
-      const BlockHash& parent = j ? s.hashes[j - 1] : root_;
-      BlockHash h = hasher_->hash(parent, tokens + j * bs, bs, s.ctx, j * bs);
-      int32_t b = blocks_.lookup_written(h);  // never a block nobody wrote
-      if (b < 0) break;
-      if (j == 0) {
-        s.blocks.reserve(max_blocks);
-        s.hashes.reserve(max_blocks);
-      }
-      s.hashes.push_back(h);
-      s.blocks.push_back(b);
-    }
+    find_hits(s.ctx, tokens, n, given, num_given, s.hashes, s.blocks);
     s.tokens.reserve(s.blocks.size() * bs);
   } catch (...) {
     s.blocks.clear();
@@ -274,7 +304,6 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
                                  " tokens + " + str(lookahead) + " lookahead; " + str(avail) +
                                  " are free");
   if (n == 0 && need.fresh == 0 && need.window_end == need.window_first) return;  // no change
-  const uint64_t bs = opts_.block_size;
   const uint64_t n0 = s.tokens.size();
   // Everything that can throw comes first: room in every vector that grows
   // and for the events (an eviction per block taken, a dropped and a new
@@ -293,6 +322,12 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
     throw;
   }
 
+  apply_append(s, n0, n, need, h0);
+}
+
+void Pool::apply_append(Sequence& s, uint64_t n0, uint64_t n, const AppendNeed& need,
+                        size_t h0) noexcept {
+  const uint64_t bs = opts_.block_size;
   // 1. Sliding window: release what no query will read again, tail first.
   uncache_unwritten(s, need.window_first, need.window_end);  // none while the invariants hold
   for (uint64_t j = need.window_end; j-- > need.window_first;) {
@@ -451,6 +486,10 @@ void Pool::free(SeqId id) {
   std::lock_guard<std::mutex> lock(mu_);
   Sequence& s = seq_or_throw(id);
   blocks_.reserve_events(count_unwritten(s, 0, s.blocks.size()));  // may throw: first
+  free_locked(id, s);
+}
+
+void Pool::free_locked(SeqId id, Sequence& s) noexcept {
   // Full blocks whose K/V was never written leave the prefix cache (and go
   // to the head of the free queue).
   uncache_unwritten(s, 0, s.blocks.size());

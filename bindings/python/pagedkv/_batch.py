@@ -68,12 +68,8 @@ class Batch(HandleOwner):
     # ------------------------------------------------------------ calls
 
     def _call(self, fn: Any, *args: Any) -> Any:
-        ptr = self._h.acquire()
-        try:
-            with self._lock:
-                return fn(ptr, *args)
-        finally:
-            self._h.release()
+        with self._lock:  # the handle is pinned for the call by the raw module
+            return fn(self._h, *args)
 
     # ------------------------------------------------------------ commit
 
