@@ -87,4 +87,19 @@ pkvgo_result pkvgo_attention_host(pkv_batch* batch, uint32_t layer, uint32_t dty
                                   void* out, float* lse, int64_t rows, int64_t heads,
                                   int64_t head_dim, const pkv_attention_params* params);
 
+pkvgo_result pkvgo_seq_append_batch(pkv_pool* pool, const pkv_seq_id* seqs, const int32_t* tokens,
+                                    uint64_t num_seqs);
+pkvgo_result pkvgo_seq_free_batch(pkv_pool* pool, const pkv_seq_id* seqs, uint64_t num_seqs);
+pkvgo_result pkvgo_seq_admit(pkv_pool* pool, const pkv_seq_options* opts, const int32_t* tokens,
+                             uint64_t num_tokens, uint32_t num_lookahead, pkv_seq_id* out_seq,
+                             uint64_t* out_num_cached);
+pkvgo_result pkvgo_seq_match_prefix_hashes(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                                           uint64_t num_tokens, const pkv_block_hash* hashes,
+                                           uint64_t num_hashes, uint64_t* out_num_cached);
+pkvgo_result pkvgo_seq_admit_hashes(pkv_pool* pool, const pkv_seq_options* opts,
+                                    const int32_t* tokens, uint64_t num_tokens,
+                                    const pkv_block_hash* hashes, uint64_t num_hashes,
+                                    uint32_t num_lookahead, pkv_seq_id* out_seq,
+                                    uint64_t* out_num_cached);
+
 #endif /* PAGEDKV_GO_SHIM_H */
