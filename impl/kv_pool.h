@@ -81,6 +81,7 @@ struct PoolStats {
 };
 
 class Batch;
+struct PlanHost;
 
 class Pool {
  public:
@@ -146,6 +147,14 @@ class Pool {
   std::vector<CopyPair> pending_copies() const;
   size_t num_pending_events() const;  // recorded, not yet drained
   void shrink_events_for_testing();   // the next event must grow the ring
+  // Replaces the memo of the last step plan (nullptr: the next plan is
+  // built from scratch) and returns the old one; tests compare incremental
+  // and from-scratch plans with it.
+  std::shared_ptr<PlanHost> swap_last_plan_for_testing(std::shared_ptr<PlanHost> p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_plan_.swap(p);
+    return p;
+  }
 
  private:
   friend class Batch;
@@ -208,6 +217,9 @@ class Pool {
   // The written count of each block in ranges after applying them in slot
   // order to the current state: sorted by block, one entry per block.
   std::vector<std::pair<int32_t, uint32_t>> written_after(std::vector<WrittenRange> ranges) const;
+  // Applies ranges as written_after computes them (may throw before any
+  // change); without a sort when every range is in its own block.
+  void apply_written(std::vector<WrittenRange>& ranges);
   // Sets the fill of s's tail blocks (held by s alone) to the tokens s holds.
   void settle_tail_fill(const Sequence& s) noexcept;
   void release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin,
@@ -265,6 +277,13 @@ class Pool {
     bool simple;  // the decode fast path: no new block, nothing fills
   };
   std::vector<BatchItem> batch_items_;
+  // Incremental step plans (step_plan_rows.h): the last plan's memory and
+  // page rows, and a spare buffer for the next plan.
+  std::shared_ptr<PlanHost> last_plan_, spare_plan_;
+  // Batch::commit: per-block stamps telling whether a plan's written
+  // ranges fall in distinct blocks (then no sort is needed).
+  std::vector<uint32_t> written_stamp_;
+  uint32_t written_round_ = 0;
 };
 
 }  // namespace pagedkv

@@ -215,7 +215,10 @@ uint64_t Pool::match_prefix_hashes(SeqId id, const int32_t* tokens, uint64_t n,
   num_tokens_ += hit;
   prefix_query_tokens_ += n;
   prefix_hit_tokens_ += hit;
-  if (hit) ++s.version;
+  if (hit) {
+    ++s.version;
+    ++s.table_version;
+  }
   return hit;
 }
 
@@ -287,7 +290,10 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
           throw;
         }
       }
-      if (new_block) s.blocks.push_back(blocks_.allocate());
+      if (new_block) {
+        s.blocks.push_back(blocks_.allocate());
+        ++s.table_version;
+      }
       clamp_written(s.blocks[j], n0 - j * opts_.block_size);
       blocks_.add_filled_slot(s.blocks[j]);
       if (fills) cache_new_blocks(s, h0);
@@ -379,6 +385,7 @@ void Pool::apply_append(Sequence& s, uint64_t n0, uint64_t n, const AppendNeed& 
   }
   num_tokens_ += n;
   ++s.version;
+  ++s.table_version;
 }
 
 void Pool::settle_tail_fill(const Sequence& s) noexcept {
@@ -480,6 +487,7 @@ void Pool::truncate(SeqId id, uint64_t m) {
   s.tail_shared = !tail_is_exclusive(s);
   num_tokens_ -= n0 - m;
   ++s.version;
+  ++s.table_version;
 }
 
 void Pool::free(SeqId id) {

@@ -39,25 +39,33 @@ class Batch(HandleOwner):
         self, pool: Pool, seqs: Seq[Sequence], query_counts: Union[int, Seq[int]] = 1, stream: Any = None
     ) -> None:
         seqs = list(seqs)
-        for i, s in enumerate(seqs):
-            if not isinstance(s, Sequence):
-                raise TypeError(f"seqs[{i}]: expected a pagedkv.Sequence, got {type(s).__name__}")
-            if s.pool is not pool:
-                raise _c.InvalidArgumentError(
-                    f"seqs[{i}]: the sequence belongs to another pool", _c.PKV_E_INVALID_ARGUMENT
-                )
+        try:  # the common case in one pass; the checks below name the culprit
+            ids = [s._id for s in seqs if s._pool is pool and s.__class__ is Sequence]
+        except AttributeError:
+            ids = []
+        if len(ids) != len(seqs):
+            for i, s in enumerate(seqs):
+                if not isinstance(s, Sequence):
+                    raise TypeError(f"seqs[{i}]: expected a pagedkv.Sequence, got {type(s).__name__}")
+                if s.pool is not pool:
+                    raise _c.InvalidArgumentError(
+                        f"seqs[{i}]: the sequence belongs to another pool", _c.PKV_E_INVALID_ARGUMENT
+                    )
+            ids = [s.id for s in seqs]
         if isinstance(query_counts, int):
-            counts = [query_counts] * len(seqs)
+            if query_counts < 0:
+                raise OverflowError("query_counts: expected an int in [0, 2^32 - 1]")
+            counts: Any = query_counts
         else:
             counts = [int(c) for c in query_counts]
-        if len(counts) != len(seqs):
-            raise _c.InvalidArgumentError(
-                f"query_counts: {len(counts)} counts for {len(seqs)} sequences", _c.PKV_E_INVALID_ARGUMENT
-            )
+            if len(counts) != len(seqs):
+                raise _c.InvalidArgumentError(
+                    f"query_counts: {len(counts)} counts for {len(seqs)} sequences", _c.PKV_E_INVALID_ARGUMENT
+                )
         self._pool = pool
         self._seqs = seqs  # alive while the plan is: their GC would free them
         self._lock = threading.Lock()
-        ptr = pool._call(_c.pkv_batch_prepare, ([s.id for s in seqs], counts), stream_ptr(stream))
+        ptr = _c.pkv_batch_prepare(pool._h, (ids, counts), stream_ptr(stream))
         self._h = Handle(ptr, _c.pkv_batch_destroy, "batch")
         try:
             self._info = BatchInfo._from_c(_c.pkv_batch_get_info(ptr))

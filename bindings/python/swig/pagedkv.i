@@ -1060,26 +1060,56 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
   if ($2 || dv$argnum.obj) pkv_py_int32_release((int32_t*)$2, &dv$argnum, down$argnum);
 }
 
-/* pkv_batch_prepare: one argument (seqs, query_counts). */
+/* pkv_batch_prepare: one argument (seqs, query_counts); the ids as for
+ * pkv_seq_append_batch (a uint64 buffer is borrowed), the counts from a
+ * uint32 buffer (borrowed), an int (the same count for every sequence) or
+ * any sequence of ints. */
 %typemap(in) (const pkv_seq_id* seqs, const uint32_t* query_counts, uint32_t num_seqs)
-    (Py_ssize_t ns = 0, Py_ssize_t nq = 0) {
+    (Py_buffer sv = pkv_py_no_buffer(), Py_buffer qv = pkv_py_no_buffer(), int sown = 0, int qown = 0,
+     uint64_t ns = 0, Py_ssize_t nq = 0) {
   if (!PyTuple_Check($input) || PyTuple_GET_SIZE($input) != 2) {
     PyErr_SetString(PyExc_TypeError, "plan: expected a tuple (seq ids, query counts)");
     SWIG_fail;
   }
-  $1 = (pkv_seq_id*)pkv_py_uint_array(PyTuple_GET_ITEM($input, 0), "seqs", 8, ~0ULL, &ns);
-  if (!$1) SWIG_fail;
-  $2 = (uint32_t*)pkv_py_uint_array(PyTuple_GET_ITEM($input, 1), "query_counts", 4, 0xffffffffULL, &nq);
-  if (!$2) SWIG_fail;
-  if (ns != nq || ns > 0xffffffffLL) {
-    PyErr_Format(PyExc_ValueError, "seqs and query_counts differ in length (%zd vs %zd)", ns, nq);
+  if (!pkv_py_seq_ids(PyTuple_GET_ITEM($input, 0), "seqs", (pkv_seq_id**)&$1, &ns, &sv, &sown)) SWIG_fail;
+  PyObject* qc = PyTuple_GET_ITEM($input, 1);
+  if (PyLong_Check(qc)) {
+    unsigned long long c = PyLong_AsUnsignedLongLong(qc);
+    if (PyErr_Occurred() || c > 0xffffffffULL) {
+      PyErr_Clear();
+      PyErr_SetString(PyExc_OverflowError, "query_counts: expected an int in [0, 2^32 - 1]");
+      SWIG_fail;
+    }
+    uint32_t* arr = (uint32_t*)malloc(sizeof(uint32_t) * (size_t)(ns > 0 ? ns : 1));
+    if (!arr) { PyErr_NoMemory(); SWIG_fail; }
+    for (uint64_t i = 0; i < ns; ++i) arr[i] = (uint32_t)c;
+    $2 = arr;
+    qown = 1;
+    nq = (Py_ssize_t)ns;
+  } else if (PyObject_CheckBuffer(qc) && PyObject_GetBuffer(qc, &qv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0 &&
+             qv.itemsize == 4 && qv.ndim <= 1 && qv.format &&
+             (strcmp(qv.format, "I") == 0 || strcmp(qv.format, "<I") == 0 || strcmp(qv.format, "=I") == 0)) {
+    $2 = (uint32_t*)qv.buf;
+    nq = qv.len / 4;
+  } else {
+    if (qv.obj) PyBuffer_Release(&qv);
+    qv.obj = NULL;
+    PyErr_Clear();
+    $2 = (uint32_t*)pkv_py_uint_array(qc, "query_counts", 4, 0xffffffffULL, &nq);
+    if (!$2) SWIG_fail;
+    qown = 1;
+  }
+  if ((uint64_t)nq != ns || ns > 0xffffffffULL) {
+    PyErr_Format(PyExc_ValueError, "seqs and query_counts differ in length (%llu vs %zd)",
+                 (unsigned long long)ns, nq);
     SWIG_fail;
   }
   $3 = (uint32_t)ns;
 }
 %typemap(freearg) (const pkv_seq_id* seqs, const uint32_t* query_counts, uint32_t num_seqs) {
-  free((void*)$1);
-  free((void*)$2);
+  if ($1 || sv$argnum.obj) pkv_py_seq_ids_release((pkv_seq_id*)$1, &sv$argnum, sown$argnum);
+  if (qown$argnum) free((void*)$2);
+  if (qv$argnum.obj) PyBuffer_Release(&qv$argnum);
 }
 
 /* pkv_tensor_init's (ndim, shape): one sequence of ints. */
