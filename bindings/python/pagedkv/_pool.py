@@ -254,8 +254,19 @@ class Pool(HandleOwner):
         pool then owns the sequence until it is freed explicitly, and
         ``pool.sequence(id)`` gives a handle back. lora_name keys its blocks
         by LoRA adapter name, as current vLLM does."""
-        opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name)
-        return _new_seq(self, _seq_create(self._h, opts), owned)
+        if priority or lora_id or cache_salt is not None or lora_name is not None or mm_items != ():
+            opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name)
+        else:
+            opts = None  # the C defaults: no conversion at all
+        h = self._h
+        seq = _new_object(Sequence)  # __init__'s conversions are not needed here
+        seq._pool = self
+        seq._h = h
+        seq._freed = False
+        seq._owned = False  # until the sequence exists (__del__ reads it)
+        seq._id = _seq_create(h, opts)
+        seq._owned = owned is True or bool(owned)
+        return seq
 
     def sequence(self, seq_id: int, *, own: bool = False) -> Sequence:
         """A handle for an existing sequence id (NotFoundError if it is stale
@@ -383,10 +394,11 @@ class Sequence:
     __slots__ = ("__weakref__", "_freed", "_h", "_id", "_owned", "_pool")
 
     def __init__(self, pool: Pool, seq_id: int, owned: bool = True) -> None:
+        self._freed = False
+        self._owned = False  # until every field is set (__del__ reads them)
         self._pool = pool
         self._h = pool._h
         self._id = int(seq_id)
-        self._freed = False
         self._owned = bool(owned)
 
     @property
@@ -498,9 +510,10 @@ class Sequence:
         self.free()
 
     def __del__(self) -> None:
+        if self._freed or not self._owned:
+            return
         try:
-            if self._owned and not self._freed:
-                self.free()
+            self.free()
         except Exception:
             pass
 
@@ -553,10 +566,10 @@ def _new_seq(pool: Pool, seq_id: int, owned: bool) -> Sequence:
     """A Sequence handle without __init__'s argument conversions (seq_id is
     the raw module's int)."""
     seq = _new_object(Sequence)
+    seq._freed = False
     seq._pool = pool
     seq._h = pool._h
     seq._id = seq_id
-    seq._freed = False
     seq._owned = owned is True or bool(owned)
     return seq
 

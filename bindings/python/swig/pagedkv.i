@@ -347,6 +347,14 @@ static int pkv_py_as_ptr(PyObject* obj, const char* name, void** out) {
 
 static int pkv_py_long_range(PyObject* item, const char* name, Py_ssize_t i, long long lo,
                              long long hi, long long* out) {
+  if (PyLong_CheckExact(item)) { /* the common case, without PyNumber_Index's new reference */
+    int ovf = 0;
+    long long v = PyLong_AsLongLongAndOverflow(item, &ovf);
+    if (!ovf && v >= lo && v <= hi) {
+      *out = v;
+      return 1;
+    }
+  }
   if (!PyLong_Check(item) && !PyIndex_Check(item)) {
     PyErr_Format(PyExc_TypeError, "%s[%zd]: expected an int, got %s", name, i,
                  Py_TYPE(item)->tp_name);
@@ -433,6 +441,7 @@ static int pkv_py_int32_array(PyObject* obj, const char* name, int32_t** data, u
                               Py_buffer* view, int* owned) {
   *owned = 0;
   view->obj = NULL;
+  if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) goto sequence; /* the common case */
   if (PyObject_CheckBuffer(obj) &&
       PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
     const char* f = view->format ? view->format : "B";
@@ -487,6 +496,7 @@ static int pkv_py_int32_array(PyObject* obj, const char* name, int32_t** data, u
       return ok;
     }
   }
+sequence:;
   PyObject* seq = PySequence_Fast(obj, "expected a sequence of ints");
   if (!seq) {
     PyErr_Format(PyExc_TypeError, "%s: expected a sequence or buffer of ints, got %s", name,
