@@ -259,14 +259,7 @@ class Pool(HandleOwner):
         else:
             opts = None  # the C defaults: no conversion at all
         h = self._h
-        seq = _new_object(Sequence)  # __init__'s conversions are not needed here
-        seq._pool = self
-        seq._h = h
-        seq._freed = False
-        seq._owned = False  # until the sequence exists (__del__ reads it)
-        seq._id = _seq_create(h, opts)
-        seq._owned = owned is True or bool(owned)
-        return seq
+        return _make_seq(self, h, _seq_create(h, opts), owned)
 
     def sequence(self, seq_id: int, *, own: bool = False) -> Sequence:
         """A handle for an existing sequence id (NotFoundError if it is stale
@@ -378,7 +371,7 @@ def _host_buffer(buffer: Any, writable: bool) -> Any:
     return (desc.data + desc.byte_offset, desc.nbytes)
 
 
-class Sequence:
+class Sequence(_c._SeqBase):
     """One request's tokens and block table in a pool.
 
     Holds a reference to its pool, so the pool stays usable while the
@@ -391,7 +384,9 @@ class Sequence:
     sees a stale id).
     """
 
-    __slots__ = ("__weakref__", "_freed", "_h", "_id", "_owned", "_pool")
+    # _h, _id, _freed and _owned live in the C base, whose deallocation frees
+    # an owned sequence not freed yet.
+    __slots__ = ("_pool",)
 
     def __init__(self, pool: Pool, seq_id: int, owned: bool = True) -> None:
         self._freed = False
@@ -509,14 +504,6 @@ class Sequence:
     def __exit__(self, *exc: Any) -> None:
         self.free()
 
-    def __del__(self) -> None:
-        if self._freed or not self._owned:
-            return
-        try:
-            self.free()
-        except Exception:
-            pass
-
     def __repr__(self) -> str:
         state = "freed" if self._freed else "live" if self._owned else "live, borrowed"
         # "seq 0x%016x": the form every library message prints ids in.
@@ -543,7 +530,6 @@ _seq_fork = _c.pkv_seq_fork
 _seq_blocks_needed = _c.pkv_seq_blocks_needed
 _seq_match_prefix = _c.pkv_seq_match_prefix
 _seq_match_prefix_hashes = _c.pkv_seq_match_prefix_hashes
-_new_object = object.__new__
 
 
 def _seq_opts(
@@ -565,13 +551,7 @@ def _seq_opts(
 def _new_seq(pool: Pool, seq_id: int, owned: bool) -> Sequence:
     """A Sequence handle without __init__'s argument conversions (seq_id is
     the raw module's int)."""
-    seq = _new_object(Sequence)
-    seq._freed = False
-    seq._pool = pool
-    seq._h = pool._h
-    seq._id = seq_id
-    seq._owned = owned is True or bool(owned)
-    return seq
+    return _make_seq(pool, pool._h, seq_id, owned)
 
 
 def _ids(seqs: Any) -> Any:
@@ -580,3 +560,6 @@ def _ids(seqs: Any) -> Any:
     if isinstance(seqs, (list, tuple)) and seqs and isinstance(seqs[0], Sequence):
         return [s._id for s in seqs]
     return seqs
+
+
+_make_seq = Sequence._make

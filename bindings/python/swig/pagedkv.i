@@ -25,6 +25,7 @@
 %{
 #include <stdlib.h>
 #include <string.h>
+#include <structmember.h>
 #include "pagedkv/pagedkv.h"
 %}
 
@@ -282,6 +283,77 @@ static PyObject* pkv_py_handle_closed(pkv_py_handle* h, void* unused) {
   return PyBool_FromLong(h->closed);
 }
 
+/* _SeqBase: the C part of the package's Sequence handle (its pool's
+ * _Handle, the id, freed/owned flags). Its deallocation frees an owned,
+ * not yet freed sequence in C: a Python __del__ costs more than the
+ * pkv_seq_free itself. */
+typedef struct {
+  PyObject_HEAD
+  PyObject* h;  /* the pool's _Handle */
+  PyObject* id; /* the pkv_seq_id, a Python int (read on every call) */
+  char freed;
+  char owned;
+  PyObject* weakrefs;
+} pkv_py_seq;
+
+static PyTypeObject pkv_py_seq_type;
+
+static void pkv_py_seq_dealloc(pkv_py_seq* s) {
+  if (s->weakrefs) PyObject_ClearWeakRefs((PyObject*)s);
+  if (s->owned && !s->freed && s->h && Py_TYPE(s->h) == &pkv_py_handle_type) {
+    pkv_py_handle* h = (pkv_py_handle*)s->h;
+    if (!h->closed && h->raw) { /* a closed pool released every sequence */
+      PyObject *et, *ev, *tb;
+      PyErr_Fetch(&et, &ev, &tb);
+      unsigned long long id = s->id ? PyLong_AsUnsignedLongLong(s->id) : 0;
+      if (PyErr_Occurred()) PyErr_Clear();
+      ++h->refs;
+      if (id) (void)pkv_seq_free((pkv_pool*)h->raw, (pkv_seq_id)id); /* stale: freed elsewhere */
+      pkv_py_handle_unpin(h);
+      PyErr_Restore(et, ev, tb);
+    }
+  }
+  Py_CLEAR(s->h);
+  Py_CLEAR(s->id);
+  Py_TYPE(s)->tp_free((PyObject*)s);
+}
+
+/* cls._make(pool, handle, id, owned): a handle without __init__'s
+ * conversions, in one call (the package's create_sequence, fork, admit). */
+static PyObject* pkv_py_seq_make(PyTypeObject* cls, PyObject* const* args, Py_ssize_t nargs) {
+  static PyObject* pool_name = NULL;
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "_make(pool, handle, id, owned)");
+    return NULL;
+  }
+  if (!pool_name && !(pool_name = PyUnicode_InternFromString("_pool"))) return NULL;
+  pkv_py_seq* s = (pkv_py_seq*)cls->tp_alloc(cls, 0);
+  if (!s) return NULL;
+  int owned = PyObject_IsTrue(args[3]);
+  if (owned < 0 || PyObject_SetAttr((PyObject*)s, pool_name, args[0]) != 0) {
+    Py_DECREF(s);
+    return NULL;
+  }
+  Py_INCREF(args[1]);
+  s->h = args[1];
+  Py_INCREF(args[2]);
+  s->id = args[2];
+  s->owned = (char)owned;
+  return (PyObject*)s;
+}
+
+static PyMethodDef pkv_py_seq_methods[] = {
+    {"_make", (PyCFunction)(void (*)(void))pkv_py_seq_make, METH_FASTCALL | METH_CLASS,
+     "_make(pool, handle, id, owned)"},
+    {NULL, NULL, 0, NULL}};
+
+static PyMemberDef pkv_py_seq_members[] = {
+    {"_h", T_OBJECT_EX, offsetof(pkv_py_seq, h), 0, "the pool's handle"},
+    {"_id", T_OBJECT_EX, offsetof(pkv_py_seq, id), 0, "the pkv_seq_id"},
+    {"_freed", T_BOOL, offsetof(pkv_py_seq, freed), 0, "freed through this handle"},
+    {"_owned", T_BOOL, offsetof(pkv_py_seq, owned), 0, "freed when collected"},
+    {NULL, 0, 0, 0, NULL}};
+
 static PyMethodDef pkv_py_handle_methods[] = {
     {"acquire", (PyCFunction)pkv_py_handle_acquire, METH_NOARGS,
      "The pointer, pinned until the matching release()."},
@@ -307,6 +379,18 @@ static PyGetSetDef pkv_py_handle_getset[] = {
   if (PyType_Ready(&pkv_py_handle_type) < 0) return NULL;
   Py_INCREF(&pkv_py_handle_type);
   PyModule_AddObject(m, "_Handle", (PyObject*)&pkv_py_handle_type);
+  pkv_py_seq_type.tp_name = "pagedkv._pagedkv._SeqBase";
+  pkv_py_seq_type.tp_basicsize = sizeof(pkv_py_seq);
+  pkv_py_seq_type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE;
+  pkv_py_seq_type.tp_doc = "The C part of pagedkv.Sequence.";
+  pkv_py_seq_type.tp_new = PyType_GenericNew;
+  pkv_py_seq_type.tp_dealloc = (destructor)pkv_py_seq_dealloc;
+  pkv_py_seq_type.tp_members = pkv_py_seq_members;
+  pkv_py_seq_type.tp_methods = pkv_py_seq_methods;
+  pkv_py_seq_type.tp_weaklistoffset = offsetof(pkv_py_seq, weakrefs);
+  if (PyType_Ready(&pkv_py_seq_type) < 0) return NULL;
+  Py_INCREF(&pkv_py_seq_type);
+  PyModule_AddObject(m, "_SeqBase", (PyObject*)&pkv_py_seq_type);
 %}
 
 %define PKV_HANDLE_IN(TYPE)
@@ -1285,6 +1369,7 @@ PKV_OPTIONS_IN(pkv_attention_params, pkv_attention_params_init, PKV_NO_SPECIAL, 
 
 %pythoncode %{
 _Handle = _pagedkv_ext._Handle
+_SeqBase = _pagedkv_ext._SeqBase
 
 
 class PagedKVError(Exception):
