@@ -138,7 +138,7 @@ def pagedkv_traces():
 
     def pkg_step():
         pool.append_batch(ids, next_tokens())
-        with pool.prepare(seqs, 1) as b:
+        with pool.prepare(ids, 1) as b:  # the id array: no per-sequence Python work
             b.commit()
 
     out["decode_plan"] = (best(raw_step, STEPS), best(pkg_step, STEPS))

@@ -274,10 +274,10 @@ class Pool(HandleOwner):
     def prepare(self, seqs: Seq[Sequence], query_counts: Union[int, Seq[int]] = 1, stream: Any = None) -> Batch:
         """The step plan for seqs, each with query_counts[i] new tokens (an
         int applies to all: 1 for decode). Its tokens count as computed
-        only when the step is committed: see :class:`Batch`."""
-        from ._batch import Batch
-
-        return Batch(self, seqs, query_counts, stream)
+        only when the step is committed: see :class:`Batch`. seqs may be a
+        uint64 numpy array of ids (the fastest; the engine then keeps the
+        sequences alive while the plan is in use)."""
+        return _batch_class()(self, seqs, query_counts, stream)
 
     def admit(
         self,
@@ -563,3 +563,17 @@ def _ids(seqs: Any) -> Any:
 
 
 _make_seq = Sequence._make
+
+
+def _batch_class() -> Any:
+    """pagedkv.Batch (its module imports this one: bound on first use, not
+    imported again on every prepare)."""
+    global _Batch
+    if _Batch is None:
+        from ._batch import Batch
+
+        _Batch = Batch
+    return _Batch
+
+
+_Batch: Any = None

@@ -222,3 +222,22 @@ def test_closed_pool_rejects_batched_calls():
         pool.append_batch([s.id], [1])
     with pytest.raises(pagedkv.InvalidStateError, match="closed"):
         pool.admit([1, 2])
+
+
+def test_prepare_from_an_id_array_equals_prepare_from_sequences():
+    pool = pagedkv.Pool(num_blocks=64, block_size=4)
+    seqs = [pool.create_sequence() for _ in range(3)]
+    for i, s in enumerate(seqs):
+        s.append(list(range(5 + i)))
+    ids = np.array([s.id for s in seqs], dtype=np.uint64)
+    a = pool.prepare(seqs, [5, 6, 7])
+    b = pool.prepare(ids, np.array([5, 6, 7], dtype=np.uint32))
+    for name, view in a.plan_arrays().items():
+        assert np.array_equal(np.asarray(view), np.asarray(b.plan_arrays()[name])), name
+    assert [s.id for s in b.sequences] == [s.id for s in seqs]
+    b.abort()
+    b.close()
+    a.commit()
+    a.close()
+    with pytest.raises(pagedkv.NotFoundError, match=r"seqs\[1\]"):
+        pool.prepare(np.array([seqs[0].id, 999], dtype=np.uint64), 1)
