@@ -232,7 +232,7 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
 
 Batch::~Batch() {
   const bool count = state_ == State::kOpen && !pool_->has_storage();
-  if (!recyclable_) return;  // prepare failed (and holds the lock)
+  if (!recyclable_) return;  // prepare failed (and holds the lock); nothing on the device yet
   std::lock_guard<std::mutex> lock(pool_->mu_);
   // The plan memory goes back to the pool for the next plan.
   if (!pool_->closed_) recycle_plan_host(pool_->spare_plan_, std::move(host_));
@@ -247,6 +247,7 @@ Batch::~Batch() {
     }
   }
   if (device_) pool_->backend_->deallocate_async(device_, stream_);
+  if (positions_device_) pool_->backend_->deallocate_async(positions_device_, stream_);
 }
 
 void Batch::commit() {

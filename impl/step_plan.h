@@ -59,6 +59,14 @@ class Batch {
   // read from the sequences' tables), for tests and benchmarks.
   size_t rows_reused() const { return rows_reused_; }
 
+  // What a model needs besides the page table (step_plan_positions.cpp):
+  // i64 [num_tokens] position of each query row in its sequence, and i64
+  // [num_seqs] the row of each sequence's last query (its logits row).
+  // Built from the host plan on first request, so steps that never ask
+  // pay nothing; on device pools uploaded then on the prepare stream.
+  TensorArg token_positions() const;
+  TensorArg last_token_indices() const;
+
   // The step's writes happened: its query tokens count as computed (their
   // slots written, full blocks hittable, the sliding window advances).
   // Idempotent; fails (kInvalidState) after abort() or on a closed pool.
@@ -107,11 +115,19 @@ class Batch {
   // On the CPU the callers' copy is made when first asked for.
   mutable std::once_flag callers_copy_;
   size_t rows_reused_ = 0;  // page rows copied from the previous plan
-  void* device_ = nullptr;     // the same bytes on the device (non-CPU pools)
-  void* stream_ = nullptr;     // device_ is released ordered on the prepare stream
+  void* device_ = nullptr;  // the same bytes on the device (non-CPU pools)
+  void* stream_ = nullptr;  // device_ is released ordered on the prepare stream
   size_t bytes_ = 0;
   size_t offsets_[6] = {};  // byte offset of each PlanArray in the buffer
   PlanView view_{}, host_view_{};
+
+  // token_positions() and last_token_indices(), one buffer: positions, then
+  // last rows. Separate from the page-table arrays above (built lazily).
+  const char* positions_base() const;  // pool-device pointer
+  TensorArg positions_arg(size_t offset_elems, int64_t len) const;
+  mutable std::once_flag positions_once_;
+  mutable std::vector<int64_t> positions_host_;
+  mutable void* positions_device_ = nullptr;
 };
 
 }  // namespace pagedkv

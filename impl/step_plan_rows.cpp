@@ -14,9 +14,8 @@ std::shared_ptr<PlanHost> take_plan_host(std::shared_ptr<PlanHost>& spare, size_
   return h;
 }
 
-size_t fill_page_rows(const PlanHost* prev, PlanHost& now, const SeqId* seqs,
-                      Sequence* const* live, const int32_t* pptr, int32_t* pidx,
-                      uint32_t num_seqs) noexcept {
+size_t fill_page_rows(const PlanHost* prev, PlanHost& now, const SeqId* seqs, Sequence* const* live,
+                      const int32_t* pptr, int32_t* pidx, uint32_t num_seqs) noexcept {
   const uint32_t prev_n = prev ? uint32_t(prev->seqs.size()) : 0;
   const char* pbase = prev ? reinterpret_cast<const char*>(prev->data.get()) : nullptr;
   const int32_t* prev_pptr =

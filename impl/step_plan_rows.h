@@ -39,9 +39,8 @@ std::shared_ptr<PlanHost> take_plan_host(std::shared_ptr<PlanHost>& spare, size_
 // version and page count, read from live[i]->blocks otherwise. Records the
 // ids and versions in now. Returns how many rows were copied. No throw once
 // now's vectors are sized (num_seqs).
-size_t fill_page_rows(const PlanHost* prev, PlanHost& now, const SeqId* seqs,
-                      Sequence* const* live, const int32_t* pptr, int32_t* pidx,
-                      uint32_t num_seqs) noexcept;
+size_t fill_page_rows(const PlanHost* prev, PlanHost& now, const SeqId* seqs, Sequence* const* live,
+                      const int32_t* pptr, int32_t* pidx, uint32_t num_seqs) noexcept;
 
 // now becomes the pool's last plan; the previous one's memory becomes the
 // spare when no plan holds it any more.

@@ -272,6 +272,61 @@ func (b *Batch) SlotMapping() ([]int64, error) {
 	return gt.Int64s()
 }
 
+// TokenPositionsTensor describes the position in its sequence of each query
+// row (i64 [num_tokens]: a model's rotary position ids) on the pool's
+// device, zero-copy: valid until Close, read-only, like PlanTensor. Built on
+// the first call (on a CUDA pool uploaded on the prepare stream).
+func (b *Batch) TokenPositionsTensor() (Tensor, error) {
+	return b.positionsView("pkv_batch_token_positions", false, nil)
+}
+
+// LastTokenIndicesTensor describes the query row of each sequence's last
+// scheduled token (i64 [num_seqs]: the rows to compute logits for), like
+// TokenPositionsTensor.
+func (b *Batch) LastTokenIndicesTensor() (Tensor, error) {
+	return b.positionsView("pkv_batch_last_token_indices", true, nil)
+}
+
+// TokenPositions copies a CPU plan's token positions into a new slice (a Go
+// slice must not outlive Close; TokenPositionsTensor is the zero-copy form).
+func (b *Batch) TokenPositions() ([]int64, error) {
+	var out []int64
+	_, err := b.positionsView("pkv_batch_token_positions", false, &out)
+	return out, err
+}
+
+// LastTokenIndices copies a CPU plan's last-token rows into a new slice.
+func (b *Batch) LastTokenIndices() ([]int64, error) {
+	var out []int64
+	_, err := b.positionsView("pkv_batch_last_token_indices", true, &out)
+	return out, err
+}
+
+// positionsView gets one of the two arrays and, with copyTo, copies it while
+// the batch is held (Close cannot free it mid-copy).
+func (b *Batch) positionsView(op string, last bool, copyTo *[]int64) (Tensor, error) {
+	ptr, err := b.acquire(op)
+	if err != nil {
+		return Tensor{}, err
+	}
+	defer b.release()
+	var t C.pkv_tensor
+	var r C.pkvgo_result
+	if last {
+		r = C.pkvgo_batch_last_token_indices(ptr, &t)
+	} else {
+		r = C.pkvgo_batch_token_positions(ptr, &t)
+	}
+	if err := check(op, r); err != nil {
+		return Tensor{}, err
+	}
+	gt := fromC(&t)
+	if copyTo != nil {
+		*copyTo, err = gt.Int64s()
+	}
+	return gt, err
+}
+
 // AttentionParams tunes Attention; the zero value is the default.
 type AttentionParams struct {
 	SoftmaxScale  float32 // 0 = 1/sqrt(head_dim)

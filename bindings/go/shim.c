@@ -148,6 +148,14 @@ pkvgo_result pkvgo_batch_plan_tensor(const pkv_batch* batch, uint32_t which, pkv
   return pkvgo_capture(pkv_batch_plan_tensor(batch, which, out));
 }
 
+pkvgo_result pkvgo_batch_token_positions(const pkv_batch* batch, pkv_tensor* out) {
+  return pkvgo_capture(pkv_batch_token_positions(batch, out));
+}
+
+pkvgo_result pkvgo_batch_last_token_indices(const pkv_batch* batch, pkv_tensor* out) {
+  return pkvgo_capture(pkv_batch_last_token_indices(batch, out));
+}
+
 pkvgo_result pkvgo_cache_write(pkv_batch* batch, uint32_t layer, const pkv_tensor* k,
                                const pkv_tensor* v, void* stream) {
   return pkvgo_capture(pkv_cache_write(batch, layer, k, v, stream));

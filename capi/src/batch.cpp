@@ -111,4 +111,20 @@ pkv_status pkv_attention_forward(pkv_batch* batch, uint32_t layer, const pkv_ten
   });
 }
 
+pkv_status pkv_batch_token_positions(const pkv_batch* batch, pkv_tensor* out) {
+  PKV_GUARD({
+    const pagedkv::Batch& b = batch_of(batch);
+    pc::require(out, "out");
+    pc::from_arg(b.token_positions(), out);
+  });
+}
+
+pkv_status pkv_batch_last_token_indices(const pkv_batch* batch, pkv_tensor* out) {
+  PKV_GUARD({
+    const pagedkv::Batch& b = batch_of(batch);
+    pc::require(out, "out");
+    pc::from_arg(b.last_token_indices(), out);
+  });
+}
+
 }  // extern "C"

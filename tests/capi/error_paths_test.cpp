@@ -431,6 +431,10 @@ TEST_F(ErrorPaths, BatchPrepareAndQueries) {
   FAILS(pkv_batch_plan_tensor(nullptr, 0, &t), BAD, "batch is NULL");
   FAILS(pkv_batch_plan_tensor(batch, 6, &t), BAD, "which 6");
   FAILS(pkv_batch_plan_tensor(batch, 0, nullptr), BAD, "out is NULL");
+  FAILS(pkv_batch_token_positions(nullptr, &t), BAD, "batch is NULL");
+  FAILS(pkv_batch_token_positions(batch, nullptr), BAD, "out is NULL");
+  FAILS(pkv_batch_last_token_indices(nullptr, &t), BAD, "batch is NULL");
+  FAILS(pkv_batch_last_token_indices(batch, nullptr), BAD, "out is NULL");
 }
 
 TEST_F(ErrorPaths, CacheWrite) {

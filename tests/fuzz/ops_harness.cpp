@@ -1040,6 +1040,28 @@ class Harness {
     CHECK(bi.num_seqs == idx.size() && bi.num_tokens == t && bi.num_pages == pg &&
               bi.block_size == bs_,
           "batch info");
+    check_positions(b, idx, qc);
+  }
+
+  // Each query row's position and each sequence's last row, from the model.
+  void check_positions(pkv_batch* b, const std::vector<size_t>& idx,
+                       const std::vector<uint32_t>& qc) {
+    pkv_tensor pt, lt;
+    EXPECT_STATUS(pkv_batch_token_positions(b, &pt), PKV_OK);
+    EXPECT_STATUS(pkv_batch_last_token_indices(b, &lt), PKV_OK);
+    CHECK(pt.dtype == PKV_DTYPE_I64 && lt.dtype == PKV_DTYPE_I64 &&
+              lt.shape[0] == int64_t(idx.size()),
+          "positions tensors");
+    const int64_t* pos = static_cast<const int64_t*>(pt.data);
+    const int64_t* last = static_cast<const int64_t*>(lt.data);
+    int64_t t = 0;
+    for (size_t i = 0; i < idx.size(); ++i) {
+      const uint64_t n = seqs_[idx[i]].tokens.size();
+      for (uint64_t p = n - qc[i]; p < n; ++p, ++t)
+        CHECK(t < pt.shape[0] && pos[t] == int64_t(p), "position of row %lld", (long long)t);
+      CHECK(last[i] == t - 1, "last row of seq %zu", i);
+    }
+    CHECK(pt.shape[0] == t, "positions size");
   }
 
   size_t esize() const { return cfg_.dtype == PKV_DTYPE_F32 ? 4 : 2; }

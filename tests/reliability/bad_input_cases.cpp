@@ -749,9 +749,10 @@ std::vector<Case> make_cases() {
             free_b),
         // Batched and fused sequence calls (all or nothing).
         S("pkv_seq_append_batch", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
-          const pkv_seq_id ids[1] = {e.a}; return pkv_seq_append_batch(nullptr, ids, e.tokens, 1);),
-        S("pkv_seq_append_batch", PKV_CLASS_NULL, "seqs = NULL or tokens = NULL, num_seqs = 1", kInv,
-          "is NULL", const pkv_seq_id ids[1] = {e.a};
+          const pkv_seq_id ids[1] = {e.a};
+          return pkv_seq_append_batch(nullptr, ids, e.tokens, 1);),
+        S("pkv_seq_append_batch", PKV_CLASS_NULL, "seqs = NULL or tokens = NULL, num_seqs = 1",
+          kInv, "is NULL", const pkv_seq_id ids[1] = {e.a};
           pkv_status s = pkv_seq_append_batch(e.pool, nullptr, e.tokens, 1);
           return s != kInv ? s : pkv_seq_append_batch(e.pool, ids, nullptr, 1);),
         S("pkv_seq_append_batch", PKV_CLASS_STALE, "seqs[1] freed", kNf, "seqs[1]",
@@ -761,13 +762,16 @@ std::vector<Case> make_cases() {
           const pkv_seq_id ids[3] = {e.a, e.b, e.a};
           return pkv_seq_append_batch(e.pool, ids, e.tokens, 3);),
         S("pkv_seq_free_batch", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
-          const pkv_seq_id ids[1] = {e.a}; return pkv_seq_free_batch(nullptr, ids, 1);),
+          const pkv_seq_id ids[1] = {e.a};
+          return pkv_seq_free_batch(nullptr, ids, 1);),
         S("pkv_seq_free_batch", PKV_CLASS_NULL, "seqs = NULL, num_seqs = 1", kInv, "seqs",
           return pkv_seq_free_batch(e.pool, nullptr, 1);),
         S("pkv_seq_free_batch", PKV_CLASS_STALE, "seqs[1] freed", kNf, "seqs[1]",
-          const pkv_seq_id ids[2] = {e.a, e.dead}; return pkv_seq_free_batch(e.pool, ids, 2);),
+          const pkv_seq_id ids[2] = {e.a, e.dead};
+          return pkv_seq_free_batch(e.pool, ids, 2);),
         S("pkv_seq_free_batch", PKV_CLASS_RANGE, "seqs[1] repeats seqs[0]", kInv, "seqs[1]",
-          const pkv_seq_id ids[2] = {e.b, e.b}; return pkv_seq_free_batch(e.pool, ids, 2);),
+          const pkv_seq_id ids[2] = {e.b, e.b};
+          return pkv_seq_free_batch(e.pool, ids, 2);),
         S("pkv_seq_admit", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
           return pkv_seq_admit(nullptr, nullptr, e.tokens, 20, 0, &e.id_out, &e.u64);),
         S("pkv_seq_admit", PKV_CLASS_NULL, "tokens = NULL, num_tokens = 20", kInv, "tokens",
@@ -777,7 +781,8 @@ std::vector<Case> make_cases() {
         S("pkv_seq_admit", PKV_CLASS_ABSURD, "num_tokens = 2^62", kInv, "2^31",
           return pkv_seq_admit(e.pool, nullptr, e.tokens, k2_62, 0, &e.id_out, &e.u64);),
         S("pkv_seq_admit", PKV_CLASS_EXHAUSTED, "prompt larger than the free blocks (64 + 512)",
-          kOob, "free", return pkv_seq_admit(e.pool, nullptr, e.tokens, 64, 512, &e.id_out, &e.u64);),
+          kOob, "free",
+          return pkv_seq_admit(e.pool, nullptr, e.tokens, 64, 512, &e.id_out, &e.u64);),
         S("pkv_seq_match_prefix_hashes", PKV_CLASS_NULL, "hashes = NULL, num_hashes = 1", kInv,
           "hashes is NULL",
           return pkv_seq_match_prefix_hashes(e.pool, e.empty, e.tokens, 20, nullptr, 1, &e.u64);),
@@ -797,6 +802,15 @@ std::vector<Case> make_cases() {
           "hashes[0]",
           return pkv_seq_admit_hashes(e.pool, nullptr, e.tokens, 40, e.hashes, 2, 0, &e.id_out,
                                       &e.u64);),
+        S("pkv_batch_token_positions", PKV_CLASS_NULL, "batch = NULL", kInv, "batch", pkv_tensor t;
+          return pkv_batch_token_positions(nullptr, &t);),
+        S("pkv_batch_token_positions", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_batch_token_positions(e.batch, nullptr);),
+        S("pkv_batch_last_token_indices", PKV_CLASS_NULL, "batch = NULL", kInv, "batch",
+          pkv_tensor t;
+          return pkv_batch_last_token_indices(nullptr, &t);),
+        S("pkv_batch_last_token_indices", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_batch_last_token_indices(e.batch, nullptr);),
   };
 }
 

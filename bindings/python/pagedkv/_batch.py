@@ -149,10 +149,25 @@ class Batch(HandleOwner):
         """A zero-copy, read-only view of one plan array (on the pool's
         device); it keeps the plan alive while in use. The arrays are the
         callers' copy: the library's kernels keep their own."""
+        return self._view(_c.pkv_batch_plan_tensor, int(PlanArray(which)))
+
+    def token_positions(self) -> TensorView:
+        """int64 [num_tokens]: each query row's position in its sequence (the
+        position ids a model's rotary embedding takes). A zero-copy,
+        read-only view like plan()."""
+        return self._view(_c.pkv_batch_token_positions)
+
+    def last_token_indices(self) -> TensorView:
+        """int64 [num_seqs]: the query row of each sequence's last scheduled
+        token (the rows to compute logits for). A zero-copy, read-only view
+        like plan()."""
+        return self._view(_c.pkv_batch_last_token_indices)
+
+    def _view(self, fn: Any, *args: Any) -> TensorView:
         ptr = self._h.acquire()
         try:
             with self._lock:
-                t = _c.pkv_batch_plan_tensor(ptr, int(PlanArray(which)))
+                t = fn(ptr, *args)
         except BaseException:
             self._h.release()
             raise

@@ -143,6 +143,23 @@ PKV_API pkv_status pkv_attention_forward(pkv_batch* batch, uint32_t layer, const
                                          const pkv_tensor* out, const pkv_tensor* lse,
                                          const pkv_attention_params* params, void* stream);
 
+/* What a model needs besides the page table, as read-only views like the
+ * PKV_PLAN_* arrays (on the pool's device, valid until pkv_batch_destroy;
+ * the library never reads them). Built on the first call for a plan (steps
+ * that never ask pay nothing); on a CUDA pool uploaded then, ordered on the
+ * stream given to pkv_batch_prepare.
+ *
+ * pkv_batch_token_positions: i64 [num_tokens], the position in its
+ * sequence (0-based token index) of each query row: the position ids for a
+ * model's rotary embedding. Row r of sequence s is position
+ * context_lens[s] - (query_indptr[s+1] - r).
+ *
+ * pkv_batch_last_token_indices: i64 [num_seqs], the query row of each
+ * sequence's last scheduled token (query_indptr[s+1] - 1): the rows whose
+ * hidden states give the logits to sample from. */
+PKV_API pkv_status pkv_batch_token_positions(const pkv_batch* batch, pkv_tensor* out);
+PKV_API pkv_status pkv_batch_last_token_indices(const pkv_batch* batch, pkv_tensor* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -250,9 +250,8 @@ PKV_API pkv_status pkv_seq_free_batch(pkv_pool* pool, const pkv_seq_id* seqs, ui
  * created and no hit is taken. *out_seq is the new sequence and
  * *out_num_cached the tokens found cached (computed; a multiple of
  * block_size, at most num_tokens - 1). */
-PKV_API pkv_status pkv_seq_admit(pkv_pool* pool, const pkv_seq_options* opts,
-                                 const int32_t* tokens, uint64_t num_tokens,
-                                 uint32_t num_lookahead, pkv_seq_id* out_seq,
+PKV_API pkv_status pkv_seq_admit(pkv_pool* pool, const pkv_seq_options* opts, const int32_t* tokens,
+                                 uint64_t num_tokens, uint32_t num_lookahead, pkv_seq_id* out_seq,
                                  uint64_t* out_num_cached);
 
 /* pkv_seq_match_prefix with the prompt's block hashes computed beforehand

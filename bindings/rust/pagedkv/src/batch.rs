@@ -199,19 +199,61 @@ impl Batch {
         Ok(RawTensor::new(t))
     }
 
+    /// Descriptor of the position of each query row in its sequence (i64
+    /// `[num_tokens]`, the position ids of a model's rotary embedding), on
+    /// the pool's device; valid while the plan lives. Built on the first
+    /// call (on a CUDA pool uploaded on the prepare stream).
+    pub fn token_positions_tensor(&self) -> Result<RawTensor> {
+        let mut t = sys::pkv_tensor::default();
+        // SAFETY: valid out-parameter.
+        check(unsafe { sys::pkv_batch_token_positions(self.raw.as_ptr(), &mut t) })?;
+        Ok(RawTensor::new(t))
+    }
+
+    /// Descriptor of the query row of each sequence's last scheduled token
+    /// (i64 `[num_seqs]`, the rows to compute logits for), like
+    /// [`token_positions_tensor`](Batch::token_positions_tensor).
+    pub fn last_token_indices_tensor(&self) -> Result<RawTensor> {
+        let mut t = sys::pkv_tensor::default();
+        // SAFETY: valid out-parameter.
+        check(unsafe { sys::pkv_batch_last_token_indices(self.raw.as_ptr(), &mut t) })?;
+        Ok(RawTensor::new(t))
+    }
+
+    /// Position of each query row in its sequence (CPU pools).
+    pub fn token_positions(&self) -> Result<&[i64]> {
+        self.host_slice("token positions", || self.token_positions_tensor())
+    }
+
+    /// Query row of each sequence's last scheduled token (CPU pools).
+    pub fn last_token_indices(&self) -> Result<&[i64]> {
+        self.host_slice("last token indices", || self.last_token_indices_tensor())
+    }
+
     fn host_array<T: Element>(&self, which: PlanArray) -> Result<&[T]> {
+        self.host_slice(&format!("plan array {which:?}"), || self.plan_tensor(which))
+    }
+
+    /// A host view of a plan array as a slice tied to the plan's lifetime.
+    fn host_slice<T: Element>(
+        &self,
+        what: &str,
+        get: impl FnOnce() -> Result<RawTensor>,
+    ) -> Result<&[T]> {
         if self.device != Device::Cpu {
             return Err(Error::new(
                 ErrorKind::Unsupported,
-                "plan arrays of a CUDA pool live on the device; use plan_tensor",
+                format!(
+                    "{what}: plan arrays of a CUDA pool live on the device; use the _tensor form"
+                ),
             ));
         }
-        let t = self.plan_tensor(which)?;
+        let t = get()?;
         if t.dtype() != Some(T::DTYPE) || t.shape().len() != 1 || !t.is_dense() {
             return Err(Error::new(
                 ErrorKind::Internal,
                 format!(
-                    "plan array {which:?}: unexpected dtype {:?} / shape {:?}",
+                    "{what}: unexpected dtype {:?} / shape {:?}",
                     t.dtype(),
                     t.shape()
                 ),

@@ -1,0 +1,133 @@
+"""Attention through a pagedkv step plan, as a transformers attention function.
+
+transformers' attention modules call ``ALL_ATTENTION_FUNCTIONS[name](module,
+query, key, value, attention_mask, scaling=..., **kwargs)`` with head-major
+tensors ``[batch, heads, tokens, head_dim]``; the kwargs given to the model's
+forward reach it. The generator packs every scheduled token of the step into
+one row (batch 1) and passes the step plan as ``pagedkv_step``: this function
+writes the layer's new K/V into the paged cache (``Batch.cache_write``) and
+runs paged attention over each sequence's cached tokens (``Batch.attention``).
+pagedkv's tensor descriptors take any non-negative strides with a contiguous
+innermost dimension, so head-major and token-major inputs both go to the
+kernels as strided views, never copied.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+ATTN_IMPLEMENTATION = "pagedkv"
+
+_registered = False
+
+
+def token_rows(x: Any, layout: str) -> Any:
+    """A ``[tokens, heads, head_dim]`` view of x (no copy).
+
+    layout: ``"bhtd"`` (transformers' head-major ``[1, heads, tokens, dim]``),
+    ``"bthd"`` (token-major ``[1, tokens, heads, dim]``), ``"htd"`` or ``"thd"``
+    (the same without the batch dimension)."""
+    if layout in ("bhtd", "bthd"):
+        if x.dim() != 4 or x.shape[0] != 1:
+            raise ValueError(
+                f"expected [1, ...] with the step's tokens packed into one row, got shape {list(x.shape)}"
+            )
+        x = x[0]
+        layout = layout[1:]
+    if x.dim() != 3:
+        raise ValueError(f"expected a 3-d tensor for layout {layout!r}, got shape {list(x.shape)}")
+    if layout == "htd":
+        return x.transpose(0, 1)
+    if layout == "thd":
+        return x
+    raise ValueError(f"layout must be one of bhtd, bthd, htd, thd; got {layout!r}")
+
+
+def paged_attention(
+    step: Any,
+    layer: int,
+    query: Any,
+    key: Any,
+    value: Any,
+    *,
+    layout: str = "bhtd",
+    scaling: Optional[float] = None,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
+    out: Any = None,
+) -> Any:
+    """Writes key/value into layer's cache slots of the step and returns the
+    attention output ``[1, tokens, heads, head_dim]`` (token-major, what
+    transformers reshapes to ``[1, tokens, hidden]``), or into ``out`` when
+    given (any layout :func:`token_rows` takes)."""
+    import torch
+
+    q = token_rows(query, layout)
+    stream = torch.cuda.current_stream(q.device) if q.is_cuda else None
+    step.cache_write(layer, token_rows(key, layout), token_rows(value, layout), stream=stream)
+    if out is None:
+        out = torch.empty((1, q.shape[0], q.shape[1], q.shape[2]), dtype=q.dtype, device=q.device)
+        rows = out[0]
+    else:
+        rows = token_rows(out, layout)
+    step.attention(
+        layer,
+        q,
+        rows,
+        softmax_scale=float(scaling or 0.0),
+        sliding_window=int(sliding_window or 0),
+        logit_softcap=float(softcap or 0.0),
+        stream=stream,
+    )
+    return out
+
+
+def pagedkv_attention_forward(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    scaling: Optional[float] = None,
+    dropout: float = 0.0,
+    sliding_window: Optional[int] = None,
+    softcap: Optional[float] = None,
+    pagedkv_step: Any = None,
+    **kwargs: Any,
+) -> Tuple[Any, None]:
+    """The transformers attention function (see the module docstring)."""
+    if pagedkv_step is None:
+        raise RuntimeError(
+            "attn_implementation 'pagedkv' needs the step plan: call the model with pagedkv_step=<pagedkv.Batch> "
+            "(pagedkv.integrations.transformers.Generator does)"
+        )
+    if attention_mask is not None:
+        raise ValueError(
+            "attn_implementation 'pagedkv' computes causal attention per sequence from the step plan; "
+            "pass no attention_mask"
+        )
+    if dropout:
+        raise ValueError("attn_implementation 'pagedkv' is for inference: dropout must be 0 (model.eval())")
+    out = paged_attention(
+        pagedkv_step,
+        module.layer_idx,
+        query,
+        key,
+        value,
+        scaling=scaling,
+        sliding_window=sliding_window,
+        softcap=softcap,
+    )
+    return out, None
+
+
+def register() -> str:
+    """Registers ``"pagedkv"`` in transformers' attention-function registry
+    (idempotent) and returns the name to pass as ``attn_implementation``."""
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(ATTN_IMPLEMENTATION, pagedkv_attention_forward)
+        _registered = True
+    return ATTN_IMPLEMENTATION

@@ -1,0 +1,371 @@
+"""A continuous-batching generator for transformers decoder models on pagedkv.
+
+Each step schedules, under a token budget, every running sequence's next
+tokens (one for decode, a chunk of the prompt for chunked prefill), then
+admits waiting requests; runs the model once over all of them (see
+_runner.py) and samples a token for each sequence whose known tokens are now
+all computed. What pagedkv does for it:
+
+- prefix caching: an admitted sequence first attaches the cached blocks of
+  its prompt's longest cached prefix (``Sequence.match_prefix``); only the
+  rest is computed;
+- preemption: when an append finds no free block, the most recently admitted
+  running sequence is freed (its committed full blocks stay in the prefix
+  cache) and requeued first; on readmission it recomputes only what the
+  cache lost (recompute preemption, as vLLM's);
+- parallel sampling: a request for n samples is prefilled once; at its first
+  sample the sequence is forked n - 1 times (``Sequence.fork``: the children
+  share every block, copy-on-write on the shared tail).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence
+
+import pagedkv
+
+from ._runner import pool_for_model, run_step
+
+
+@dataclasses.dataclass
+class SamplingParams:
+    """How to sample one request.
+
+    temperature 0 is greedy (argmax, as ``generate(do_sample=False)``).
+    stop_token_ids None takes the model's ``generation_config.eos_token_id``;
+    ignore_eos generates exactly max_new_tokens."""
+
+    max_new_tokens: int = 16
+    n: int = 1
+    temperature: float = 0.0
+    top_k: int = 0
+    seed: Optional[int] = None
+    stop_token_ids: Optional[Sequence[int]] = None
+    ignore_eos: bool = False
+
+
+@dataclasses.dataclass
+class Completion:
+    """One finished sample: ``tokens`` are the generated ids (no prompt).
+    ``logits`` (with ``keep_logits``) holds the logits each token was
+    sampled from, f32 [len(tokens), vocab]."""
+
+    request_id: int
+    index: int
+    prompt: List[int]
+    tokens: List[int]
+    finish_reason: str  # "length" or "stop"
+    logits: Any = None
+
+
+@dataclasses.dataclass
+class GeneratorStats:
+    steps: int = 0
+    scheduled_tokens: int = 0
+    admitted_tokens: int = 0  # tokens of sequences at admission (readmissions after preemption too)
+    prefix_hit_tokens: int = 0  # of those, tokens attached from the prefix cache
+    chunked_prefills: int = 0  # steps that computed part of a prompt, leaving the rest
+    preemptions: int = 0
+    forks: int = 0
+    max_batch_seqs: int = 0  # most sequences in one step
+
+
+class _Request:
+    __slots__ = ("done", "id", "params", "prompt", "stop")
+
+    def __init__(self, rid: int, prompt: List[int], params: SamplingParams, stop: frozenset) -> None:
+        self.id = rid
+        self.prompt = prompt
+        self.params = params
+        self.stop = stop
+        self.done: List[Completion] = []
+
+
+class _Seq:
+    """One sample of a request: its tokens and where the pool is with them."""
+
+    __slots__ = ("appended", "computed", "forks_left", "handle", "index", "logits", "req", "rng", "tokens")
+
+    def __init__(self, req: _Request, index: int, tokens: List[int], rng: Any) -> None:
+        self.req = req
+        self.index = index
+        self.tokens = tokens  # prompt + generated
+        self.handle: Optional[pagedkv.Sequence] = None  # None while waiting
+        self.appended = 0  # tokens in the pool's sequence
+        self.computed = 0  # of those, tokens whose K/V a committed step wrote
+        self.forks_left = req.params.n - 1 if index == 0 else 0
+        self.rng = rng
+        self.logits: List[Any] = []
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - len(self.req.prompt)
+
+
+class Generator:
+    """Continuous batching of a transformers causal LM over a pagedkv pool.
+
+    model: a ``*ForCausalLM`` whose attention modules call transformers'
+    attention-function registry (Llama, Qwen2, Mistral, ... : the models
+    with ``attn_implementation`` support). num_blocks: KV blocks of
+    block_size tokens for all sequences together. max_num_batched_tokens:
+    the token budget of one step (prompts longer than what is left are
+    prefilled in chunks). keep_logits: each Completion carries the logits its
+    tokens were sampled from (for tests and scoring).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        num_blocks: int = 1024,
+        block_size: int = 16,
+        max_num_batched_tokens: int = 512,
+        max_num_seqs: int = 64,
+        enable_prefix_caching: bool = True,
+        num_threads: Optional[int] = None,
+        keep_logits: bool = False,
+    ) -> None:
+        import torch
+
+        if max_num_batched_tokens < 1 or max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be at least 1")
+        self.model = model.eval()
+        self.pool = pool_for_model(
+            model,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            num_threads=num_threads,
+        )
+        self.device = next(model.parameters()).device
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.prefix_caching = enable_prefix_caching
+        self.keep_logits = keep_logits
+        self.stats = GeneratorStats()
+        self._torch = torch
+        self._ids = itertools.count()
+        self._waiting: Deque[_Seq] = collections.deque()
+        self._running: List[_Seq] = []
+        self._requests: Dict[int, _Request] = {}
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self._default_stop = frozenset([eos] if isinstance(eos, int) else (eos or []))
+
+    # ------------------------------------------------------------ requests
+
+    def add_request(self, prompt: Iterable[int], params: Optional[SamplingParams] = None) -> int:
+        """Queues a prompt (token ids); returns its request id."""
+        params = params or SamplingParams()
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("prompt is empty")
+        if params.n < 1 or params.max_new_tokens < 1:
+            raise ValueError("n and max_new_tokens must be at least 1")
+        stop = frozenset() if params.ignore_eos else (
+            frozenset(params.stop_token_ids) if params.stop_token_ids is not None else self._default_stop
+        )
+        rid = next(self._ids)
+        req = _Request(rid, prompt, params, stop)
+        self._requests[rid] = req
+        rng = None
+        if params.temperature > 0:
+            rng = self._torch.Generator(device="cpu")
+            rng.manual_seed(params.seed if params.seed is not None else rid)
+        self._waiting.append(_Seq(req, 0, list(prompt), rng))
+        return rid
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def generate(
+        self, prompts: Iterable[Iterable[int]], params: Optional[SamplingParams] = None
+    ) -> List[List[Completion]]:
+        """Runs prompts to completion; result[i] holds prompt i's n samples
+        in sample order."""
+        ids = [self.add_request(p, params) for p in prompts]
+        while self.has_unfinished():
+            self.step()
+        out = []
+        for rid in ids:
+            req = self._requests.pop(rid)
+            out.append(sorted(req.done, key=lambda c: c.index))
+        return out
+
+    def close(self) -> None:
+        for s in self._running:
+            if s.handle is not None:
+                s.handle.free()
+        self._running.clear()
+        self._waiting.clear()
+        self.pool.close()
+
+    def __enter__(self) -> "Generator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ scheduling
+
+    def _preempt(self, victim: _Seq) -> None:
+        assert victim.handle is not None
+        victim.handle.free()
+        victim.handle = None
+        victim.appended = victim.computed = 0
+        self._running.remove(victim)
+        self._waiting.appendleft(victim)
+        self.stats.preemptions += 1
+
+    def _grow(self, s: _Seq, upto: int) -> bool:
+        """Appends s's tokens up to upto, preempting the most recently
+        admitted sequences while blocks run out; False if s itself had to go."""
+        while True:
+            try:
+                s.handle.append(s.tokens[s.appended : upto])
+                s.appended = upto
+                return True
+            except pagedkv.OutOfBlocksError:
+                victim = self._running[-1]
+                self._preempt(victim)
+                if victim is s:
+                    return False
+
+    def _admit(self, s: _Seq, budget: int) -> int:
+        """Starts a waiting sequence; returns the tokens it schedules (0 if
+        its first chunk does not fit in the free blocks)."""
+        h = self.pool.create_sequence()
+        hit = h.match_prefix(s.tokens) if self.prefix_caching else 0
+        count = min(len(s.tokens) - hit, budget)
+        if h.blocks_needed(count) > self.pool.stats().num_free_blocks:
+            h.free()
+            return 0
+        h.append(s.tokens[hit : hit + count])
+        s.handle, s.appended, s.computed = h, hit + count, hit
+        self.stats.admitted_tokens += len(s.tokens)
+        self.stats.prefix_hit_tokens += hit
+        return count
+
+    def _schedule(self) -> "tuple[list, list]":
+        budget = self.max_num_batched_tokens
+        seqs: List[_Seq] = []
+        counts: List[int] = []
+        preempted = self.stats.preemptions
+        i = 0
+        while i < len(self._running) and budget > 0:
+            s = self._running[i]
+            count = min(len(s.tokens) - s.computed, budget)
+            if not self._grow(s, s.computed + count):
+                break
+            seqs.append(s)
+            counts.append(count)
+            budget -= count
+            i += 1
+        # Admit only while nothing had to be preempted this step (unless
+        # everything was: then the longest-waiting sequence gets the pool).
+        while (
+            self._waiting
+            and budget > 0
+            and len(self._running) < self.max_num_seqs
+            and (self.stats.preemptions == preempted or not seqs)
+        ):
+            s = self._waiting[0]
+            count = self._admit(s, budget)
+            if count == 0:
+                break
+            self._waiting.popleft()
+            self._running.append(s)
+            seqs.append(s)
+            counts.append(count)
+            budget -= count
+        if not seqs and self._waiting and not self._running:
+            s = self._waiting[0]
+            raise RuntimeError(
+                f"request {s.req.id}: its first {min(len(s.tokens), self.max_num_batched_tokens)} tokens need "
+                f"more blocks than the pool has ({self.pool.num_blocks} of {self.pool.block_size} tokens)"
+            )
+        return seqs, counts
+
+    # ------------------------------------------------------------ stepping
+
+    def step(self) -> List[Completion]:
+        """One engine step; returns the samples that finished in it."""
+        torch = self._torch
+        seqs, counts = self._schedule()
+        if not seqs:
+            return []
+        ids: List[int] = []
+        sampling: List[int] = []
+        for j, (s, c) in enumerate(zip(seqs, counts)):
+            ids.extend(s.tokens[s.computed : s.computed + c])
+            if s.computed + c == len(s.tokens):
+                sampling.append(j)
+            elif s.num_generated == 0:
+                self.stats.chunked_prefills += 1
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        rows = torch.tensor(sampling, dtype=torch.long)
+        logits = run_step(self.model, self.pool, [s.handle for s in seqs], counts, input_ids, rows)
+        self.stats.steps += 1
+        self.stats.scheduled_tokens += len(ids)
+        self.stats.max_batch_seqs = max(self.stats.max_batch_seqs, len(seqs))
+        for s, c in zip(seqs, counts):
+            s.computed += c
+        finished: List[Completion] = []
+        for row, j in enumerate(sampling):
+            s = seqs[j]
+            samples = [s]
+            for _ in range(s.forks_left):  # parallel sampling: children share the prompt's blocks
+                child = _Seq(s.req, s.req.params.n - s.forks_left, list(s.tokens), _child_rng(s, torch))
+                child.handle = s.handle.fork()
+                child.appended, child.computed = s.appended, s.computed
+                self._running.append(child)
+                samples.append(child)
+                s.forks_left -= 1
+                self.stats.forks += 1
+            for x in samples:
+                done = self._sample(x, logits[row])
+                if done:
+                    finished.append(done)
+        return finished
+
+    def _sample(self, s: _Seq, logits: Any) -> Optional[Completion]:
+        torch = self._torch
+        p = s.req.params
+        if p.temperature > 0:
+            scores = logits.float() / p.temperature
+            if p.top_k > 0:
+                kth = torch.topk(scores, min(p.top_k, scores.shape[-1])).values[-1]
+                scores = scores.masked_fill(scores < kth, float("-inf"))
+            tok = int(torch.multinomial(torch.softmax(scores, -1).cpu(), 1, generator=s.rng))
+        else:
+            tok = int(torch.argmax(logits))
+        s.tokens.append(tok)
+        if self.keep_logits:
+            s.logits.append(logits.float().cpu())
+        reason = "stop" if tok in s.req.stop else "length" if s.num_generated >= p.max_new_tokens else None
+        if reason is None:
+            return None
+        s.handle.free()
+        s.handle = None
+        self._running.remove(s)
+        c = Completion(
+            s.req.id,
+            s.index,
+            s.req.prompt,
+            s.tokens[len(s.req.prompt) :],
+            reason,
+            torch.stack(s.logits) if self.keep_logits else None,
+        )
+        s.req.done.append(c)
+        return c
+
+
+def _child_rng(parent: _Seq, torch: Any) -> Any:
+    if parent.rng is None:
+        return None
+    g = torch.Generator(device="cpu")
+    g.manual_seed(int(torch.randint(0, 2**62, (1,), generator=parent.rng)))
+    return g

@@ -1,0 +1,122 @@
+"""One engine step of a transformers decoder model over a pagedkv pool.
+
+The step's tokens of every scheduled sequence are packed into one row
+(``input_ids [1, tokens]``); the plan gives their positions (the model's
+``position_ids``, zero-copy) and each sequence's last row (``logits_to_keep``,
+so the LM head runs only for the sequences that sample). The model runs with
+``use_cache=False`` (pagedkv is the cache) and its attention routed through
+``attn_implementation="pagedkv"`` only for the duration of the call, so the
+same model object still works with ``generate()`` around it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any, Iterator, Optional, Sequence
+
+import pagedkv
+
+from ._attention import register
+
+_DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
+def model_kv_shape(config: Any) -> "tuple[int, int, int]":
+    """(num_layers, num_kv_heads, head_dim) of a decoder config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return text.num_hidden_layers, kv_heads, head_dim
+
+
+def pool_for_model(
+    model: Any,
+    *,
+    num_blocks: int,
+    block_size: int = 16,
+    enable_prefix_caching: bool = True,
+    num_threads: Optional[int] = None,
+) -> pagedkv.Pool:
+    """A CPU pool with storage shaped for model's K/V (its dtype, every layer)."""
+    import torch
+
+    layers, kv_heads, head_dim = model_kv_shape(model.config)
+    dtype = _DTYPES.get(str(model.dtype).replace("torch.", ""))
+    if dtype is None:
+        raise ValueError(f"model dtype {model.dtype}: pagedkv stores f32, bf16 or f16")
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        if not torch.cuda.is_available() or pagedkv.cuda_device_count() == 0:
+            raise ValueError(f"model on {device}: this pagedkv build has no CUDA device")
+    return pagedkv.Pool(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        num_layers=layers,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        device="cpu" if device.type == "cpu" else f"cuda:{device.index or 0}",
+        enable_prefix_caching=enable_prefix_caching,
+        num_threads=num_threads,
+    )
+
+
+@contextlib.contextmanager
+def pagedkv_attention(model: Any) -> Iterator[None]:
+    """Routes model's attention through pagedkv inside the block."""
+    name = register()
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def as_torch_i64(view: pagedkv.TensorView, device: Any) -> Any:
+    """A torch tensor over a read-only int64 plan view, without a copy on
+    the CPU. torch has no read-only tensors and warns about that; the model
+    only reads position ids and logits indices, and the library never reads
+    these arrays back, so nothing can be misled."""
+    import torch
+
+    if view.device.type == pagedkv.DeviceType.CPU:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(view.numpy())
+        return t if device.type == "cpu" else t.to(device)
+    return view.torch()
+
+
+def run_step(
+    model: Any,
+    pool: pagedkv.Pool,
+    seqs: Sequence[pagedkv.Sequence],
+    counts: Sequence[int],
+    input_ids: Any,
+    sample_rows: Any,
+) -> Any:
+    """Runs the model over the last counts[i] tokens of each seqs[i]
+    (input_ids: their ids, packed, int64 [tokens]); returns the logits
+    ``[len(sample_rows), vocab]`` of the sequences listed in sample_rows
+    (indices into seqs). The step commits when every layer's cache write
+    succeeded; on an exception nothing of it counts as computed."""
+    import torch
+
+    device = input_ids.device
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    with pool.prepare(seqs, counts, stream) as step, torch.inference_mode(), pagedkv_attention(model):
+        positions = as_torch_i64(step.token_positions(), device)
+        last = as_torch_i64(step.last_token_indices(), device)
+        keep = last.index_select(0, sample_rows.to(device))
+        out = model(
+            input_ids=input_ids[None],
+            position_ids=positions[None],
+            logits_to_keep=keep,
+            use_cache=False,
+            pagedkv_step=step,
+        )
+    return out.logits[0]

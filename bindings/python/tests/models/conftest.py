@@ -1,0 +1,75 @@
+"""Tiny random-weight transformers models built from configs (no downloads)
+for the pagedkv.integrations.transformers tests. Skips the directory when
+torch or transformers is missing (scripts/deps/models.sh installs them)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_model(kind: str, dtype=None, seed: int = 0, attn: str = "sdpa"):
+    """A Llama-like GQA model (8 query heads, 2 KV heads) or a Qwen2-like
+    one (q/k/v biases, tied embeddings, 6 query heads, 2 KV heads)."""
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=384,
+        num_hidden_layers=3,
+        max_position_embeddings=1024,
+        initializer_range=0.08,  # wider than the default: fewer near-ties in argmax
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(
+            hidden_size=128, intermediate_size=256, num_attention_heads=8, num_key_value_heads=2, **common
+        )
+        cls = transformers.LlamaForCausalLM
+    elif kind == "qwen2":
+        cfg = transformers.Qwen2Config(
+            hidden_size=96,
+            intermediate_size=192,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            **common,
+        )
+        cls = transformers.Qwen2ForCausalLM
+    else:
+        raise ValueError(kind)
+    cfg._attn_implementation = attn
+    model = cls(cfg).eval()
+    if dtype is not None:
+        model = model.to(dtype)
+    return model
+
+
+def random_prompts(seed: int, lengths, vocab: int = 384):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def reference_greedy(model, prompt, max_new_tokens):
+    """transformers' own generate(), greedy, for one prompt."""
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def full_logits(model, tokens, attn: str):
+    """Logits of a whole-sequence forward with attn_implementation attn."""
+    before = model.config._attn_implementation
+    model.config._attn_implementation = attn
+    try:
+        with torch.inference_mode():
+            return model(torch.tensor([tokens]), use_cache=False).logits[0].float()
+    finally:
+        model.config._attn_implementation = before

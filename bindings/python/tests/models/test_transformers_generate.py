@@ -1,0 +1,178 @@
+"""pagedkv.integrations.transformers against transformers itself, on tiny
+random-weight Llama-like (GQA) and Qwen2-like models: greedy tokens equal
+generate() in f32 through chunked prefill, prefix-cache hits, preemption and
+forked parallel samples; bf16 logits stay within transformers' own
+eager-vs-sdpa spread."""
+
+import pytest
+import torch
+from conftest import full_logits, random_prompts, reference_greedy, tiny_model
+
+import pagedkv
+from pagedkv.integrations.transformers import Generator, SamplingParams, register, run_step
+
+KINDS = ["llama", "qwen2"]
+NEW = 10
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_equals_generate_with_chunked_prefill_and_prefix_hits(kind):
+    model = tiny_model(kind)
+    first = random_prompts(1, [3, 21, 40, 9])
+    # Second wave: prompts sharing the first wave's prefixes (whole blocks
+    # of them are prefix-cache hits) plus fresh ones.
+    second = [first[1][:17] + [5, 6, 7], first[2] + [11], random_prompts(2, [30])[0]]
+    with Generator(model, num_blocks=200, block_size=4, max_num_batched_tokens=24) as gen:
+        outs = gen.generate(first, SamplingParams(max_new_tokens=NEW))
+        assert gen.stats.chunked_prefills > 0  # 73 prompt tokens through a 24-token budget
+        assert gen.stats.prefix_hit_tokens == 0
+        outs += gen.generate(second, SamplingParams(max_new_tokens=NEW))
+        assert gen.stats.prefix_hit_tokens >= 16 + 40
+        assert gen.stats.max_batch_seqs >= 3
+        gen.pool.validate()
+    for prompt, (c,) in zip(first + second, outs):
+        assert c.finish_reason == "length"
+        assert c.prompt == prompt
+        assert c.tokens == reference_greedy(model, prompt, NEW), prompt
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_equals_generate_under_preemption(kind):
+    model = tiny_model(kind, seed=3)
+    prompts = random_prompts(3, [14, 7, 19, 11, 5, 16])
+    # 24 blocks of 4 tokens: the six sequences need up to 9 blocks each.
+    with Generator(model, num_blocks=24, block_size=4, max_num_batched_tokens=64) as gen:
+        outs = gen.generate(prompts, SamplingParams(max_new_tokens=20))
+        assert gen.stats.preemptions > 0
+        gen.pool.validate()
+        assert gen.pool.stats().num_used_blocks == 0  # every sequence freed
+    for prompt, (c,) in zip(prompts, outs):
+        assert c.tokens == reference_greedy(model, prompt, 20), prompt
+
+
+def test_stop_token_ends_a_sample():
+    model = tiny_model("llama", seed=4)
+    prompt = random_prompts(4, [12])[0]
+    ref = reference_greedy(model, prompt, 8)
+    stop = ref[3]
+    with Generator(model, num_blocks=64, block_size=4) as gen:
+        (c,), = gen.generate([prompt], SamplingParams(max_new_tokens=8, stop_token_ids=[stop]))
+    assert c.finish_reason == "stop"
+    assert c.tokens == ref[: ref.index(stop) + 1]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_forked_samples_see_their_own_tokens(kind):
+    """n samples share the prompt's blocks (fork, copy-on-write). Each
+    sample's logits at every step must equal a whole-sequence forward over
+    the prompt and that sample's own tokens: a child reading a sibling's K/V
+    would show here."""
+    model = tiny_model(kind, seed=5)
+    prompts = random_prompts(5, [10, 6])  # 10: the fork happens mid-block (block_size 4)
+    params = SamplingParams(max_new_tokens=8, n=3, temperature=1.5, seed=7)
+    with Generator(model, num_blocks=96, block_size=4, keep_logits=True) as gen:
+        outs = gen.generate(prompts, params)
+        assert gen.stats.forks == 2 * len(prompts)
+    for prompt, samples in zip(prompts, outs):
+        assert [c.index for c in samples] == [0, 1, 2]
+        assert len({tuple(c.tokens) for c in samples}) > 1  # they did diverge
+        for c in samples:
+            ref = full_logits(model, prompt + c.tokens, "eager")[len(prompt) - 1 : -1]
+            torch.testing.assert_close(c.logits, ref, atol=2e-4, rtol=1e-4)
+    # Greedy n=2: both samples are generate()'s tokens.
+    with Generator(model, num_blocks=96, block_size=4) as gen:
+        (a, b), = gen.generate([prompts[0]], SamplingParams(max_new_tokens=6, n=2))
+    assert a.tokens == b.tokens == reference_greedy(model, prompts[0], 6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bf16_logits_within_eager_vs_sdpa_spread(kind):
+    """bf16 on every path rounds differently; pagedkv's logits (chunked
+    prefill, then decode steps) must be as close to an f32 forward as
+    transformers' own bf16 eager and sdpa are, with a margin of the spread
+    between those two."""
+    model = tiny_model(kind, dtype=torch.bfloat16, seed=6)
+    ref32 = tiny_model(kind, dtype=torch.float32, seed=6)
+    ref32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    prompts = random_prompts(6, [23, 8, 35])
+    with Generator(model, num_blocks=128, block_size=4, max_num_batched_tokens=16, keep_logits=True) as gen:
+        outs = gen.generate(prompts, SamplingParams(max_new_tokens=8))
+    for prompt, (c,) in zip(prompts, outs):
+        seq = prompt + c.tokens
+        rows = slice(len(prompt) - 1, len(seq) - 1)
+        truth = full_logits(ref32, seq, "eager")[rows]
+        eager = full_logits(model, seq, "eager")[rows]
+        sdpa = full_logits(model, seq, "sdpa")[rows]
+        spread = (eager - sdpa).abs().max().item()
+        theirs = max((eager - truth).abs().max().item(), (sdpa - truth).abs().max().item())
+        ours = (c.logits - truth).abs().max().item()
+        assert spread > 0  # the two really differ in bf16
+        print(f"{kind}: ours {ours:.4g} theirs {theirs:.4g} spread {spread:.4g}")
+        assert ours <= theirs + spread, (ours, theirs, spread)
+
+
+def test_head_major_and_token_major_inputs_are_not_copied():
+    """paged_attention takes transformers' head-major [1, H, T, D] and a
+    token-major [1, T, H, D] as strided views: the descriptors handed to the
+    library point at the caller's memory, and both give the same output as
+    a causal softmax attention computed here."""
+    from pagedkv._tensor import describe
+    from pagedkv.integrations.transformers import paged_attention, token_rows
+
+    g = torch.Generator().manual_seed(9)
+    T, H, KV, D = 7, 4, 2, 16
+    q = torch.randn(1, H, T, D, generator=g)
+    k = torch.randn(1, KV, T, D, generator=g)
+    v = torch.randn(1, KV, T, D, generator=g)
+    rows = token_rows(q, "bhtd")
+    d = describe(rows, "q")
+    assert d.data + d.byte_offset == q.data_ptr()
+    assert rows.data_ptr() == q.data_ptr() and rows.stride() == (D, T * D, 1)
+    assert list(d.strides) == [D, T * D, 1]
+    outs = []
+    for layout, conv in (("bhtd", lambda x: x), ("bthd", lambda x: x.transpose(1, 2).contiguous())):
+        with pagedkv.Pool(num_blocks=8, block_size=4, num_layers=1, num_kv_heads=KV, head_dim=D, dtype="f32") as pool:
+            s = pool.create_sequence()
+            s.append(list(range(T)))
+            with pool.prepare([s], T) as step:
+                outs.append(paged_attention(step, 0, conv(q), conv(k), conv(v), layout=layout))
+    torch.testing.assert_close(outs[0], outs[1])
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1), is_causal=True
+    )
+    torch.testing.assert_close(outs[0], ref.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+def test_model_without_a_step_plan_is_an_error():
+    model = tiny_model("llama")
+    model.config._attn_implementation = register()
+    with pytest.raises(RuntimeError, match="pagedkv_step"):
+        model(torch.tensor([[1, 2, 3]]), use_cache=False)
+
+
+def test_run_step_failure_counts_nothing():
+    """A model that raises mid-step leaves the step uncommitted: the tokens
+    are still to compute, and a retry gives the right logits."""
+    model = tiny_model("llama", seed=8)
+    with Generator(model, num_blocks=32, block_size=4) as gen:
+        s = gen.pool.create_sequence()
+        prompt = random_prompts(8, [9])[0]
+        s.append(prompt)
+        bad = torch.tensor([len(model.model.embed_tokens.weight) + 5] * 9)  # out of the vocabulary
+        with pytest.raises(IndexError):
+            run_step(model, gen.pool, [s], [9], bad, torch.tensor([0]))
+        assert s.num_computed_tokens == 0
+        logits = run_step(model, gen.pool, [s], [9], torch.tensor(prompt), torch.tensor([0]))
+        assert s.num_computed_tokens == 9
+        torch.testing.assert_close(logits[0], full_logits(model, prompt, "eager")[-1], atol=2e-4, rtol=1e-4)
+
+
+def test_requests_that_cannot_run_are_errors():
+    model = tiny_model("llama")
+    with Generator(model, num_blocks=4, block_size=4) as gen:  # 3 usable blocks: 12 tokens
+        with pytest.raises(ValueError, match="empty"):
+            gen.add_request([])
+        with pytest.raises(ValueError, match="n and max_new_tokens"):
+            gen.add_request([1, 2], SamplingParams(n=0))
+        with pytest.raises(RuntimeError, match="more blocks than the pool has"):
+            gen.generate([list(range(20))])
