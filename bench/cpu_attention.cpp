@@ -1,14 +1,28 @@
-// CPU decode attention against the memory-read ceiling measured in the same
-// run. Decode reads every K and V byte of the context once per step, so its
-// speed limit is the read bandwidth; the table reports attention bytes/s
-// (K+V bytes read / wall time of one call) over a multithreaded vectorised
-// sum of a buffer much larger than the LLC, for 1 thread and all threads.
+// CPU paged attention against ceilings measured in the same run.
+//
+// Decode reads every K and V byte of the context once per step, so its
+// speed limit is the read bandwidth; the decode table reports attention
+// bytes/s (K+V bytes read / wall time of one call) over a multithreaded
+// vectorised sum of a buffer much larger than the LLC, per ISA and cache
+// dtype, for 1 thread and all threads.
+//
+// Prefill (n_q = L, causal) is compute bound; the prefill table reports its
+// FLOP/s (4 * D per visible (query, key) pair per query head: q.k and p.v)
+// over the ISA's peak measured in the same run: a register-only FMA loop of
+// the ISA's vector width (scalar: the baseline SSE2 mul + add the scalar
+// kernels compile to), and for avx512bf16 the vdpbf16ps rate its q.k uses.
+// The clock is measured too (a chain of dependent integer adds, one per
+// cycle), so peak / clock gives the flops per cycle the core sustains.
 //
 // Shape (default): batch 16, context 4096, 32 query / 8 KV heads, head dim
-// 128, bf16, block size 16, pages in random order. Flags:
+// 128, block size 16, pages in random order. Flags:
 //   --threads N   all-threads row uses N (default hardware concurrency)
 //   --reps N      calls timed per row, best kept (default 5)
-//   --context N   --batch N   --dtype f32|f16|bf16
+//   --context N   --batch N   (decode shape)
+//   --dtype f32|f16|bf16|all   cache (and q/out) dtype (default all)
+//   --prefill N   prefill length (one sequence; default 1024, 0 = no prefill
+//                 table; the scalar rows use min(N, 256))
+//   --decode 0    no decode table
 //   --ordered 1   pages in address order (the cost of paging, by contrast)
 //   --isa avx512bf16|avx512|avx2|scalar   only that kernel set (default: each supported)
 // Plain program (no Google Benchmark harness): ratios need both numbers
@@ -22,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -182,36 +197,133 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
-}  // namespace
+// ---- same-run compute ceilings ----
 
-int main(int argc, char** argv) {
-  int threads = int(std::thread::hardware_concurrency());
-  int reps = 5, batch = 16, context = 4096;
-  DType dt = DType::kBF16;
-  bool ordered = false;
-  std::string only_isa;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i], v = argv[i + 1];
-    if (a == "--threads") threads = std::atoi(v.c_str());
-    if (a == "--reps") reps = std::atoi(v.c_str());
-    if (a == "--batch") batch = std::atoi(v.c_str());
-    if (a == "--context") context = std::atoi(v.c_str());
-    if (a == "--ordered") ordered = v == "1";
-    if (a == "--isa") only_isa = v;
-    if (a == "--dtype") dt = v == "f32" ? DType::kF32 : v == "f16" ? DType::kF16 : DType::kBF16;
+// Core clock: a chain of dependent integer adds retires one per cycle.
+// Short runs, best kept: on a shared machine some runs are never preempted.
+double clock_hz() {
+  double best = 0;
+  for (int r = 0; r < 30; ++r) {
+    uint64_t x = 0;
+    const int64_t iters = 100000;
+    auto t0 = Clock::now();
+    for (int64_t i = 0; i < iters; ++i) {
+      asm volatile(".rept 100\n\taddq $1, %0\n\t.endr" : "+r"(x));
+    }
+    const double dt = seconds_since(t0);
+    best = std::max(best, 100.0 * double(iters) / dt);
   }
-  const int hq = 32, hkv = 8, d = 128, bs = 16;
-  const int pages_per_seq = (context + bs - 1) / bs;
-  const int num_blocks = batch * pages_per_seq + 1;
+  return best;
+}
 
+// Peak loops: independent multiply-add chains in fixed registers (inline
+// asm, so that no compiler spills or reorders them), enough chains to cover
+// the latency on every port. Accumulators grow linearly from 0: no
+// denormals, no overflow.
+#define PKV_R16(op)                                                                              \
+  op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7) op(8) op(9) op(10) op(11) op(12) op(13) op(14) \
+      op(15)
+#define PKV_R12(op) op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7) op(8) op(9) op(10) op(11)
+
+// 16 zmm accumulators, zmm30 and zmm31 the (broadcast) operands.
+#define PKV_ZOP(insn, i) insn " %%zmm30, %%zmm31, %%zmm" #i "\n\t"
+#define PKV_ZCLR(i) "vpxord %%zmm" #i ", %%zmm" #i ", %%zmm" #i "\n\t"
+#define PKV_ZMM_LOOP(name, isa, insn, a_val, b_val)                                                \
+  __attribute__((target(isa))) void name(int64_t iters) {                                          \
+    const float a = a_val, b = b_val;                                                              \
+    asm volatile("vbroadcastss %1, %%zmm30\n\tvbroadcastss %2, %%zmm31\n\t" PKV_R16(               \
+                     PKV_ZCLR) "1:\n\t" PKV_ZOP(insn, 0) PKV_ZOP(insn, 1) PKV_ZOP(insn, 2)         \
+                     PKV_ZOP(insn, 3) PKV_ZOP(insn, 4) PKV_ZOP(insn, 5) PKV_ZOP(insn, 6)           \
+                         PKV_ZOP(insn, 7) PKV_ZOP(insn, 8) PKV_ZOP(insn, 9) PKV_ZOP(insn, 10)      \
+                             PKV_ZOP(insn, 11) PKV_ZOP(insn, 12) PKV_ZOP(insn, 13)                 \
+                                 PKV_ZOP(insn, 14) PKV_ZOP(insn, 15) "dec %0\n\tjnz 1b\n\t"        \
+                 : "+r"(iters)                                                                     \
+                 : "m"(a), "m"(b)                                                                  \
+                 : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", \
+                   "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm30", "xmm31", "cc");  \
+  }
+PKV_ZMM_LOOP(fma_loop_avx512, "avx512f", "vfmadd231ps", 1.0f, 1e-6f)
+// 1.0f read as bf16 pairs is (0, 1.0): each lane adds 0 * 0 + 1 * 1.
+PKV_ZMM_LOOP(dpbf16_loop, "avx512f,avx512bf16", "vdpbf16ps", 1.0f, 1.0f)
+#undef PKV_ZMM_LOOP
+#undef PKV_ZOP
+#undef PKV_ZCLR
+
+__attribute__((target("avx2,fma"))) void fma_loop_avx2(int64_t iters) {
+#define PKV_Y(i) "vfmadd231ps %%ymm14, %%ymm15, %%ymm" #i "\n\t"
+#define PKV_CLR(i) "vxorps %%ymm" #i ", %%ymm" #i ", %%ymm" #i "\n\t"
+  const float one = 1.0f, tiny = 1e-6f;
+  asm volatile("vbroadcastss %1, %%ymm14\n\tvbroadcastss %2, %%ymm15\n\t" PKV_R12(
+                   PKV_CLR) "1:\n\t" PKV_R12(PKV_Y) "dec %0\n\tjnz 1b\n\t"
+               : "+r"(iters)
+               : "m"(one), "m"(tiny)
+               : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+                 "xmm10", "xmm11", "xmm14", "xmm15", "cc");
+#undef PKV_Y
+#undef PKV_CLR
+}
+
+// The scalar kernels are built for baseline x86-64: SSE2, no FMA. Their
+// ceiling is 4-lane mul + add (what the compiler can vectorise them to).
+void muladd_loop_sse2(int64_t iters) {
+#define PKV_X(i) "mulps %%xmm14, %%xmm" #i "\n\taddps %%xmm15, %%xmm" #i "\n\t"
+#define PKV_CLR(i) "xorps %%xmm" #i ", %%xmm" #i "\n\t"
+  const float one = 1.0f, tiny = 1e-6f;
+  asm volatile(
+      "movss %1, %%xmm14\n\tshufps $0, %%xmm14, %%xmm14\n\tmovss %2, %%xmm15\n\t"
+      "shufps $0, %%xmm15, %%xmm15\n\t" PKV_R12(PKV_CLR) "1:\n\t" PKV_R12(
+          PKV_X) "dec %0\n\tjnz 1b\n\t"
+      : "+r"(iters)
+      : "m"(one), "m"(tiny)
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm14", "xmm15", "cc");
+#undef PKV_X
+#undef PKV_CLR
+}
+#undef PKV_R16
+#undef PKV_R12
+
+struct PeakLoop {
+  void (*loop)(int64_t);
+  double flops_per_iter;
+};
+constexpr PeakLoop kAvx512Fma{fma_loop_avx512, 16 * 16 * 2};
+constexpr PeakLoop kAvx512Dot{dpbf16_loop, 16 * 32 * 2};  // 32 bf16 products + adds each
+constexpr PeakLoop kAvx2Fma{fma_loop_avx2, 12 * 8 * 2};
+constexpr PeakLoop kSse2MulAdd{muladd_loop_sse2, 12 * 4 * 2};
+
+// Best-of-reps flops/s of a peak loop on every thread of the pool at once
+// (short runs: on a shared machine some are never preempted).
+double peak_flops(ThreadPool& pool, const PeakLoop& p, int reps) {
+  const int64_t iters = 100000;
+  double best = 0;
+  for (int r = 0; r < 10 * reps; ++r) {
+    auto t0 = Clock::now();
+    pool.parallel_for(pool.size(), [&](int64_t, int32_t) { p.loop(iters); });
+    best =
+        std::max(best, double(pool.size()) * double(iters) * p.flops_per_iter / seconds_since(t0));
+  }
+  return best;
+}
+
+// ---- workload set-up ----
+
+const char* dtype_name(DType t) {
+  return t == DType::kF32 ? "f32" : t == DType::kF16 ? "f16" : "bf16";
+}
+
+constexpr int kHq = 32, kHkv = 8, kD = 128, kBs = 16;
+
+// A one-layer arena of `pages` blocks (plus the null block 0) filled with
+// random, exactly representable values, written in parallel so that first
+// touch spreads the pages over the threads' memory.
+struct Arena {
+  std::unique_ptr<Backend> owner;
   KvArena arena;
-  arena.num_layers = 1;
-  arena.layout = {num_blocks, hkv, bs, d, dt};
-  auto setup = make_cpu_backend(threads);
-  arena.base = setup->allocate(arena.layout.layer_bytes() * 2);
-  {
-    // Random (exactly representable) contents, written in parallel so
-    // first touch spreads the pages over the threads' memory.
+  Arena(int threads, int32_t pages, DType dt) : owner(make_cpu_backend(threads)) {
+    arena.num_layers = 1;
+    arena.layout = {pages + 1, kHkv, kBs, kD, dt};
+    arena.base = owner->allocate(arena.layout.layer_bytes() * 2);
     ThreadPool fill(threads);
     const int64_t elems = int64_t(arena.layout.layer_bytes() * 2 / dtype_size(dt));
     const int64_t chunk = 1 << 20;
@@ -229,94 +341,225 @@ int main(int argc, char** argv) {
       }
     });
   }
-  std::vector<int32_t> ids(num_blocks - 1);
-  std::iota(ids.begin(), ids.end(), 1);
-  if (!ordered) std::shuffle(ids.begin(), ids.end(), std::mt19937(7));
-  std::vector<int32_t> qptr(batch + 1), pptr(batch + 1), last(batch), ctx(batch);
-  std::vector<int64_t> slots(batch, -1);
-  for (int s = 0; s <= batch; ++s) {
-    qptr[s] = s;
-    pptr[s] = s * pages_per_seq;
-  }
-  for (int s = 0; s < batch; ++s) {
-    ctx[s] = context;
-    last[s] = context - (pages_per_seq - 1) * bs;
-  }
-  PlanView plan{batch,       batch,       1,          context,     slots.data(),
-                qptr.data(), pptr.data(), ids.data(), last.data(), ctx.data()};
-  const size_t es = dtype_size(dt);
-  std::vector<char> qbuf(size_t(batch) * hq * d * es), obuf(qbuf.size());
-  for (size_t i = 0; i < qbuf.size(); ++i) qbuf[i] = char(0x3c + (i % 3));  // small finite values
-  Tensor3 q{qbuf.data(), dt, batch, hq, d, int64_t(hq) * d, d};
-  Tensor3 out{obuf.data(), dt, batch, hq, d, int64_t(hq) * d, d};
-  AttentionArgs args{1.0f / std::sqrt(float(d)), 0, 0.0f, nullptr, 0};
-  const double kv_bytes = double(batch) * context * hkv * d * es * 2;
+  ~Arena() { owner->deallocate(arena.base); }
+};
 
+// Plan arrays of `batch` sequences of `context` tokens, the last `nq` of
+// them queries, on the arena's pages 1.. (shuffled unless ordered).
+struct Plan {
+  std::vector<int32_t> ids, qptr, pptr, last, ctx;
+  std::vector<int64_t> slots;
+  PlanView view{};
+  Plan(int batch, int context, int nq, bool ordered) {
+    const int pages_per_seq = (context + kBs - 1) / kBs;
+    ids.resize(size_t(batch) * pages_per_seq);
+    std::iota(ids.begin(), ids.end(), 1);
+    if (!ordered) std::shuffle(ids.begin(), ids.end(), std::mt19937(7));
+    qptr.resize(size_t(batch) + 1);
+    pptr.resize(size_t(batch) + 1);
+    last.assign(size_t(batch), context - (pages_per_seq - 1) * kBs);
+    ctx.assign(size_t(batch), context);
+    slots.assign(size_t(batch) * nq, -1);
+    for (int s = 0; s <= batch; ++s) {
+      qptr[size_t(s)] = s * nq;
+      pptr[size_t(s)] = s * pages_per_seq;
+    }
+    view = PlanView{batch,       int64_t(batch) * nq, nq,         context,     slots.data(),
+                    qptr.data(), pptr.data(),         ids.data(), last.data(), ctx.data()};
+  }
+};
+
+// q and out of `tokens` rows; q holds small finite values.
+struct Rows {
+  std::vector<char> qbuf, obuf;
+  Tensor3 q, out;
+  Rows(int64_t tokens, DType dt) {
+    const size_t es = dtype_size(dt);
+    qbuf.resize(size_t(tokens) * kHq * kD * es);
+    obuf.resize(qbuf.size());
+    for (size_t i = 0; i < qbuf.size(); ++i) qbuf[i] = char(0x3c + (i % 3));
+    q = Tensor3{qbuf.data(), dt, tokens, kHq, kD, int64_t(kHq) * kD, kD};
+    out = Tensor3{obuf.data(), dt, tokens, kHq, kD, int64_t(kHq) * kD, kD};
+  }
+};
+
+struct Options {
+  int threads = int(std::thread::hardware_concurrency());
+  int reps = 5, batch = 16, context = 4096, prefill = 1024;
+  bool decode = true, ordered = false;
+  std::vector<DType> dtypes{DType::kBF16, DType::kF16, DType::kF32};
+  std::string only_isa;
+};
+
+std::vector<CpuIsa> isas(const Options& o) {
+  std::vector<CpuIsa> out;
+  for (CpuIsa isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kScalar}) {
+    if (!cpu::cpu_isa_supported(isa)) continue;
+    if (!o.only_isa.empty() && o.only_isa != cpu::kernel_table(isa).name) continue;
+    out.push_back(isa);
+  }
+  return out;
+}
+
+std::vector<int> thread_counts(const Options& o) {
+  std::vector<int> t{1};
+  if (o.threads > 1) t.push_back(o.threads);
+  return t;
+}
+
+// Best-of-reps wall and CPU time of backend->attend (after one warm-up).
+Rate time_attend(Backend& backend, const KvArena& arena, const PlanView& plan, const Rows& rows,
+                 const AttentionArgs& args, double work, int threads, int reps) {
+  backend.attend(arena, 0, plan, rows.q, rows.out, args, nullptr);
+  Rate best;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    const double c0 = cpu_seconds();
+    backend.attend(arena, 0, plan, rows.q, rows.out, args, nullptr);
+    const double dt = seconds_since(t0), dc = cpu_seconds() - c0;
+    best.wall = std::max(best.wall, work / dt);
+    best.cpu = std::max(best.cpu, work / dc * threads);
+  }
+  return best;
+}
+
+void decode_table(const Options& o) {
+  const int pages_per_seq = (o.context + kBs - 1) / kBs;
   // The bandwidth buffer: 1 GiB, far beyond any LLC.
   const size_t bw_floats = size_t(1) << 28;
   float* bw = static_cast<float*>(std::aligned_alloc(64, bw_floats * sizeof(float)));
   {
-    ThreadPool fill(threads);
+    ThreadPool fill(o.threads);
     fill.parallel_for(256, [&](int64_t c, int32_t) {
       const size_t per = bw_floats / 256;
       for (size_t i = size_t(c) * per; i < size_t(c + 1) * per; ++i) bw[i] = 1.0f;
     });
   }
-
-  std::printf("CPU decode attention vs memory read bandwidth (same run)\n");
-  std::printf("machine: %s, %u hardware threads\n", cpu_model().c_str(),
-              std::thread::hardware_concurrency());
   std::printf(
-      "shape: batch %d, context %d, %d q / %d kv heads, head dim %d, %s, block %d; "
-      "K+V read per call %.1f MiB; best of %d\n\n",
-      batch, context, hq, hkv, d,
-      dt == DType::kF32   ? "f32"
-      : dt == DType::kF16 ? "f16"
-                          : "bf16",
-      bs, kv_bytes / (1 << 20), reps);
+      "== Decode: attention bytes/s vs read bandwidth (same run) ==\n"
+      "shape: batch %d, context %d, %d q / %d kv heads, head dim %d, block %d, pages %s; "
+      "best of %d\n",
+      o.batch, o.context, kHq, kHkv, kD, kBs, o.ordered ? "in order" : "shuffled", o.reps);
   std::printf(
       "wall: per wall second; cpu: per CPU second x threads (what the run reaches with\n"
       "its cores to itself; this matters on a shared machine)\n"
       "paged: reading only the K/V page slices attention reads, in its order, with\n"
       "prefetch (the ceiling of a paged read); attn/pg: attn cpu / paged cpu\n\n");
-  std::printf("%-10s %-7s %10s %10s %7s %10s %10s %7s %9s %10s %7s\n", "isa", "threads", "read",
-              "attn", "ratio", "read", "attn", "ratio", "ms/call", "paged", "attn/pg");
-  std::printf("%-10s %-7s %10s %10s %7s %10s %10s %7s %9s %10s %7s\n", "", "", "wall GB/s",
+  std::printf("%-10s %-5s %-7s %10s %10s %7s %10s %10s %7s %9s %10s %7s\n", "isa", "dtype",
+              "threads", "read", "attn", "ratio", "read", "attn", "ratio", "ms/call", "paged",
+              "attn/pg");
+  std::printf("%-10s %-5s %-7s %10s %10s %7s %10s %10s %7s %9s %10s %7s\n", "", "", "", "wall GB/s",
               "wall GB/s", "wall", "cpu GB/s", "cpu GB/s", "cpu", "", "cpu GB/s", "cpu");
-
-  std::vector<int> thread_counts{1};
-  if (threads > 1) thread_counts.push_back(threads);
-  for (CpuIsa isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kScalar}) {
-    if (!cpu::cpu_isa_supported(isa)) continue;
-    if (!only_isa.empty() && only_isa != cpu::kernel_table(isa).name) continue;
-    for (int t : thread_counts) {
-      ThreadPool pool(t);
-      const Rate read = read_bandwidth(pool, bw, bw_floats, std::min(reps, 5));
-      const Rate paged = paged_read(pool, arena, plan, std::min(reps, 5));
-      CpuBackendOptions opts;
-      opts.num_threads = t;
-      opts.isa = isa;
-      auto backend = make_cpu_backend(opts);
-      backend->attend(arena, 0, plan, q, out, args, nullptr);  // warm-up
-      double best = 1e30;
-      Rate att;
-      for (int r = 0; r < reps; ++r) {
-        auto t0 = Clock::now();
-        const double c0 = cpu_seconds();
-        backend->attend(arena, 0, plan, q, out, args, nullptr);
-        const double dt = seconds_since(t0), dc = cpu_seconds() - c0;
-        best = std::min(best, dt);
-        att.wall = std::max(att.wall, kv_bytes / dt);
-        att.cpu = std::max(att.cpu, kv_bytes / dc * t);
+  const Plan plan(o.batch, o.context, 1, o.ordered);
+  AttentionArgs args{1.0f / std::sqrt(float(kD)), 0, 0.0f, nullptr, 0};
+  for (DType dt : o.dtypes) {
+    const Arena arena(o.threads, o.batch * pages_per_seq, dt);
+    const Rows rows(o.batch, dt);
+    const double kv_bytes = double(o.batch) * o.context * kHkv * kD * dtype_size(dt) * 2;
+    for (CpuIsa isa : isas(o)) {
+      for (int t : thread_counts(o)) {
+        ThreadPool pool(t);
+        const Rate read = read_bandwidth(pool, bw, bw_floats, std::min(o.reps, 5));
+        const Rate paged = paged_read(pool, arena.arena, plan.view, std::min(o.reps, 5));
+        CpuBackendOptions opts;
+        opts.num_threads = t;
+        opts.isa = isa;
+        auto backend = make_cpu_backend(opts);
+        const Rate att = time_attend(*backend, arena.arena, plan.view, rows, args, kv_bytes, t,
+                                     isa == CpuIsa::kScalar ? std::min(o.reps, 2) : o.reps);
+        std::printf("%-10s %-5s %-7d %10.2f %10.2f %7.3f %10.2f %10.2f %7.3f %9.2f %10.2f %7.3f\n",
+                    cpu::kernel_table(isa).name, dtype_name(dt), t, read.wall / 1e9, att.wall / 1e9,
+                    att.wall / read.wall, read.cpu / 1e9, att.cpu / 1e9, att.cpu / read.cpu,
+                    kv_bytes / att.wall * 1e3, paged.cpu / 1e9,
+                    paged.cpu > 0 ? att.cpu / paged.cpu : 0.0);
+        std::fflush(stdout);
       }
-      std::printf("%-10s %-7d %10.2f %10.2f %7.3f %10.2f %10.2f %7.3f %9.2f %10.2f %7.3f\n",
-                  cpu::kernel_table(isa).name, t, read.wall / 1e9, att.wall / 1e9,
-                  att.wall / read.wall, read.cpu / 1e9, att.cpu / 1e9, att.cpu / read.cpu,
-                  best * 1e3, paged.cpu / 1e9, paged.cpu > 0 ? att.cpu / paged.cpu : 0.0);
-      std::fflush(stdout);
     }
   }
   std::free(bw);
-  setup->deallocate(arena.base);
+}
+
+void prefill_table(const Options& o) {
+  const double hz = clock_hz();
+  std::printf(
+      "\n== Prefill: FLOP/s vs the ISA's peak (same run) ==\n"
+      "one sequence, n_q = L (causal), %d q / %d kv heads, head dim %d, block %d; "
+      "flops = 4 * D * visible (query, key) pairs * q heads; best of %d\n"
+      "clock (dependent adds): %.2f GHz. peak: register-only loop of the ISA's widest f32\n"
+      "multiply-add on one core x threads (scalar: SSE2 mul + add); avx512bf16 with bf16 q and\n"
+      "cache does q.k with vdpbf16ps: its peak is the time-weighted mix of the vdpbf16ps\n"
+      "rate (q.k) and the FMA rate (p.v). flops/cyc: peak per core per clock cycle.\n"
+      "cpu: per CPU second x threads (the rate with the cores to itself)\n\n",
+      kHq, kHkv, kD, kBs, o.reps, hz / 1e9);
+  std::printf("%-10s %-5s %-7s %6s %9s %9s %9s %9s %9s %8s %8s\n", "isa", "dtype", "threads", "L",
+              "attn", "attn", "ms/call", "peak", "flops/cyc", "of peak", "of peak");
+  std::printf("%-10s %-5s %-7s %6s %9s %9s %9s %9s %9s %8s %8s\n", "", "", "", "", "wall GF/s",
+              "cpu GF/s", "", "GF/s", "", "wall", "cpu");
+  const int reps = std::min(o.reps, 3);
+  for (DType dt : o.dtypes) {
+    const Arena arena(o.threads, (o.prefill + kBs - 1) / kBs, dt);
+    for (CpuIsa isa : isas(o)) {
+      const int len = isa == CpuIsa::kScalar ? std::min(o.prefill, 256) : o.prefill;
+      const Plan plan(1, len, len, false);
+      const Rows rows(len, dt);
+      AttentionArgs args{1.0f / std::sqrt(float(kD)), 0, 0.0f, nullptr, 0};
+      const double flops = 4.0 * kD * kHq * (double(len) * (len + 1) / 2);
+      // One core's peak, times the threads: the cores are alike, and on a
+      // shared machine all of them are rarely unpreempted at once.
+      double core_peak = 0;
+      {
+        ThreadPool one(1);
+        if (isa == CpuIsa::kScalar) {
+          core_peak = peak_flops(one, kSse2MulAdd, reps);
+        } else if (isa == CpuIsa::kAvx2) {
+          core_peak = peak_flops(one, kAvx2Fma, reps);
+        } else {
+          core_peak = peak_flops(one, kAvx512Fma, reps);
+          if (isa == CpuIsa::kAvx512Bf16 && dt == DType::kBF16) {
+            const double dot = peak_flops(one, kAvx512Dot, reps);
+            core_peak = 2.0 / (1.0 / dot + 1.0 / core_peak);
+          }
+        }
+      }
+      for (int t : thread_counts(o)) {
+        const double peak = core_peak * t;
+        CpuBackendOptions opts;
+        opts.num_threads = t;
+        opts.isa = isa;
+        auto backend = make_cpu_backend(opts);
+        const Rate att = time_attend(*backend, arena.arena, plan.view, rows, args, flops, t,
+                                     isa == CpuIsa::kScalar ? 1 : reps);
+        std::printf("%-10s %-5s %-7d %6d %9.1f %9.1f %9.2f %9.1f %9.1f %8.3f %8.3f\n",
+                    cpu::kernel_table(isa).name, dtype_name(dt), t, len, att.wall / 1e9,
+                    att.cpu / 1e9, flops / att.wall * 1e3, peak / 1e9, peak / t / hz,
+                    att.wall / peak, att.cpu / peak);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i], v = argv[i + 1];
+    if (a == "--threads") o.threads = std::max(1, std::atoi(v.c_str()));
+    if (a == "--reps") o.reps = std::max(1, std::atoi(v.c_str()));
+    if (a == "--batch") o.batch = std::max(1, std::atoi(v.c_str()));
+    if (a == "--context") o.context = std::max(1, std::atoi(v.c_str()));
+    if (a == "--prefill") o.prefill = std::max(0, std::atoi(v.c_str()));
+    if (a == "--decode") o.decode = v != "0";
+    if (a == "--ordered") o.ordered = v == "1";
+    if (a == "--isa") o.only_isa = v;
+    if (a == "--dtype" && v != "all") {
+      o.dtypes = {v == "f32" ? DType::kF32 : v == "f16" ? DType::kF16 : DType::kBF16};
+    }
+  }
+  std::printf("machine: %s, %u hardware threads\n\n", cpu_model().c_str(),
+              std::thread::hardware_concurrency());
+  if (o.decode) decode_table(o);
+  if (o.prefill > 0) prefill_table(o);
   return 0;
 }

@@ -1,10 +1,10 @@
-// serving_sim: a continuous-batching LLM server simulated on pagedkv, to
-// show what paged KV memory buys over static max-context allocation. It
-// uses only the public C ABI, as an engine would. See docs/demo.md.
+// serving_sim: a continuous-batching LLM server simulated on pagedkv, run
+// twice on the same request stream, once with paged KV memory and once
+// with static max-context reservations, to show what paging buys. It uses
+// only the public C ABI, as an engine would. See docs/demo.md.
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
@@ -13,20 +13,17 @@
 
 #include "attention_check.h"
 #include "device_memory.h"
-#include "model_runner.h"
+#include "kv_allocator.h"
 #include "options.h"
 #include "pagedkv/pagedkv.h"
-#include "progress.h"
 #include "report.h"
-#include "rng.h"
-#include "scheduler.h"
+#include "server.h"
 #include "workload.h"
 
 namespace sim {
 namespace {
 
 constexpr int kExitUsage = 2;
-constexpr uint32_t kValidateEvery = 8;  // steps between pkv_pool_validate calls
 
 uint32_t percentile(std::vector<uint32_t> v, double q) {
   if (v.empty()) return 0;
@@ -97,25 +94,6 @@ int resolve_environment(Options* o, RunInfo* run, uint32_t* dtype, int32_t* devi
   return -1;
 }
 
-std::string progress_line(int64_t step, const Scheduler& sched, const pkv_pool_stats& st,
-                          double seconds, uint64_t rows, uint32_t total) {
-  const Counters& c = sched.counters();
-  // As in the report: lookups of admissions that did not fit left out.
-  const uint64_t looked =
-      st.prefix_query_tokens - std::min(st.prefix_query_tokens, c.failed_lookup_tokens);
-  const uint64_t hits = st.prefix_hit_tokens - std::min(st.prefix_hit_tokens, c.failed_lookup_hits);
-  const double hit = looked ? 100.0 * double(hits) / double(looked) : 0.0;
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "step %lld | running %zu waiting %u done %u/%u | blocks %llu/%llu (%.0f%%) | "
-                "hit %.0f%% | %.0f tok/s | preempted %llu",
-                (long long)step, sched.running().size(), sched.waiting(step), c.finished, total,
-                (unsigned long long)st.num_used_blocks, (unsigned long long)(st.num_blocks - 1),
-                100.0 * st.usage, hit, seconds > 0 ? double(rows) / seconds : 0.0,
-                (unsigned long long)c.preemptions);
-  return buf;
-}
-
 // Fails early, before a long run, if the chart cannot be written.
 bool chart_path_writable(const std::string& path) {
   const bool existed = access(path.c_str(), F_OK) == 0;
@@ -132,53 +110,41 @@ int run(Options o) {
     std::fprintf(stderr, "serving_sim: --out %s: cannot write there\n", o.out.c_str());
     return kExitUsage;
   }
-  uint32_t dtype = PKV_DTYPE_F32;
-  int32_t device_type = PKV_DEVICE_CPU;
-  int rc = resolve_environment(&o, &run, &dtype, &device_type);
+  PoolShape shape;
+  int rc = resolve_environment(&o, &run, &shape.dtype, &shape.device_type);
   if (rc >= 0) return rc;
+  run.opts = o;
 
-  pkv_pool_options po;
-  pkv_pool_options_init(&po);
-  po.block_size = o.block_size;
-  po.num_blocks = 0;  // as many as the budget holds
-  po.memory_budget_bytes = o.memory_budget;
-  po.enable_prefix_caching = 1;
-  po.num_layers = o.layers;
-  po.num_kv_heads = o.kv_heads;
-  po.head_dim = o.head_dim;
-  po.dtype = dtype;
-  po.device_type = device_type;
-  po.device_id = device_type == PKV_DEVICE_CUDA ? o.device_id : 0;
-  po.num_threads = o.threads;
-  pkv_pool* raw_pool = nullptr;
-  const pkv_status ps = pkv_pool_create(&po, &raw_pool);
-  if (ps != PKV_OK) {
+  pkv_status ps = PKV_OK;
+  std::unique_ptr<KvAllocator> paged = make_paged_allocator(o, shape, &ps);
+  if (!paged) {
     std::fprintf(stderr, "serving_sim: cannot create the pool: %s: %s\n", pkv_status_string(ps),
                  pkv_last_error_message());
     return ps == PKV_E_INVALID_ARGUMENT || ps == PKV_E_UNSUPPORTED ? kExitUsage : 1;
   }
-  std::unique_ptr<pkv_pool, void (*)(pkv_pool*)> pool(raw_pool, pkv_pool_destroy);
-
-  pkv_pool_options got;
-  pkv_pool_options_init(&got);
-  check_status(pkv_pool_get_options(pool.get(), &got), "pkv_pool_get_options");
-  check_status(pkv_pool_bytes_per_block(pool.get(), &run.bytes_per_block),
-               "pkv_pool_bytes_per_block");
-  run.num_blocks = got.num_blocks;
-  run.bytes_per_token = double(run.bytes_per_block) / o.block_size;
-  const uint64_t usable = run.num_blocks - 1;
+  run.bytes_per_token = double(paged->bytes_per_block()) / o.block_size;
   const uint64_t blocks_per_max_seq = (o.max_context + o.block_size - 1) / o.block_size;
-  if (usable < blocks_per_max_seq) {
+  std::unique_ptr<StaticAllocator> statik =
+      make_static_allocator(o, shape, paged->bytes_per_block(), &ps);
+  if (!statik || paged->usable_blocks() < blocks_per_max_seq) {
+    if (ps != PKV_OK) {
+      std::fprintf(stderr, "serving_sim: cannot create the static server's pool: %s: %s\n",
+                   pkv_status_string(ps), pkv_last_error_message());
+      return 1;
+    }
     std::fprintf(stderr,
                  "serving_sim: --memory-budget %s holds %llu blocks of %u tokens, but one "
-                 "%u-token sequence needs %llu: raise --memory-budget or lower --max-context\n",
-                 format_bytes(double(o.memory_budget)).c_str(), (unsigned long long)usable,
-                 o.block_size, o.max_context, (unsigned long long)blocks_per_max_seq);
+                 "%u-token sequence needs %llu (%s): raise --memory-budget or lower "
+                 "--max-context\n",
+                 format_bytes(double(o.memory_budget)).c_str(),
+                 (unsigned long long)paged->usable_blocks(), o.block_size, o.max_context,
+                 (unsigned long long)blocks_per_max_seq,
+                 format_bytes(double(blocks_per_max_seq * paged->bytes_per_block())).c_str());
     return kExitUsage;
   }
 
-  Workload workload = make_workload(o);
   {
+    const Workload workload = make_workload(o);
     std::vector<uint32_t> prompts, outputs;
     for (const Request& r : workload.requests) {
       prompts.push_back(r.prompt_len);
@@ -191,76 +157,14 @@ int run(Options o) {
     run.output_p90 = percentile(outputs, 0.9);
   }
 
-  Scheduler sched(pool.get(), &workload, o, usable);
-  ModelRunner runner(pool.get(), o, dtype, device_type);
-  AttentionCheck check(dtype, o.q_heads, o.kv_heads, o.head_dim);
-  Rng check_rng(mix64(o.seed ^ 0xC4EC4ull));
-  Progress progress(o.quiet);
-
-  const auto t_start = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  };
-  int64_t step = 0;
-  uint64_t rows_total = 0;
-  pkv_pool_stats st;
-  while (!sched.done()) {
-    if (sched.idle(step)) {
-      step = sched.next_arrival();
-      continue;
-    }
-    const std::vector<Chunk> chunks = sched.schedule(step);
-    if (chunks.empty())
-      throw std::runtime_error("no request could be scheduled at step " + std::to_string(step) +
-                               " although the pool holds a max-context sequence");
-    runner.run_step(chunks, &check_rng, &check, &run.times);
-
-    // Memory this step, while the scheduled tokens hold their slots.
-    pkv_pool_stats_init(&st);
-    check_status(pkv_pool_get_stats(pool.get(), &st), "pkv_pool_get_stats");
-    StepSample x{};
-    x.step = step;
-    x.seconds = elapsed();
-    x.running = uint32_t(sched.running().size());
-    x.waiting = sched.waiting(step);
-    x.used_blocks = st.num_used_blocks;
-    x.pool_bytes_used = st.kv_bytes_used;
-    uint64_t waste = 0;
-    for (const Request* r : sched.running()) {
-      x.logical_tokens += r->num_appended;
-      const uint64_t blocks = (r->num_appended + o.block_size - 1) / o.block_size;
-      waste += blocks * o.block_size - r->num_appended;  // only a sequence's last block is partial
-    }
-    x.physical_tokens = x.used_blocks * o.block_size - waste;
-    for (const Chunk& c : chunks) x.scheduled_tokens += c.count;
-    rows_total += x.scheduled_tokens;
-    if (st.kv_bytes_per_block &&
-        uint64_t(double(x.physical_tokens) * run.bytes_per_token) != st.kv_bytes_used)
-      run.stats_mismatch_steps++;
-    run.timeline.samples.push_back(x);
-
-    sched.complete(chunks, step);
-    if (step % kValidateEvery == 0 || sched.done()) {
-      run.validations++;
-      if (pkv_pool_validate(pool.get()) != PKV_OK) {
-        run.validate_error = "step " + std::to_string(step) + ": " + pkv_last_error_message();
-        break;
-      }
-    }
-    progress.update(progress_line(step, sched, st, x.seconds, rows_total, o.requests));
-    ++step;
-  }
-  progress.finish();
-  run.wall_seconds = elapsed();
-  run.steps = step;
-
-  pkv_pool_stats_init(&run.stats);
-  check_status(pkv_pool_get_stats(pool.get(), &run.stats), "pkv_pool_get_stats");
-  run.opts = o;
-  run.counters = sched.counters();
-  run.check = check.stats();
-  run.lse_checked = runner.lse_checked();
-  run.preemption_steps = sched.preemption_steps;
+  // The same request stream through the same scheduler, once per memory
+  // policy; each server has its own pool, so the two runs share nothing.
+  ServeContext ctx{&run.opts, shape.dtype, shape.device_type, run.bytes_per_token, "paged"};
+  run.paged = serve(paged.get(), ctx);
+  paged.reset();
+  ctx.label = "static";
+  run.statik = serve(statik.get(), ctx);
+  statik.reset();
 
   const Summary summary = summarize(run);
   run.chart_written = write_svg_chart(o.out, run, summary, &run.chart_error);

@@ -54,8 +54,8 @@ pkv_tensor ModelRunner::tensor(void* data, uint32_t dtype, int64_t rows, int64_t
   return t;
 }
 
-void ModelRunner::run_step(const std::vector<Chunk>& chunks, Rng* rng, AttentionCheck* check,
-                           StepTimes* times) {
+void ModelRunner::run_step(const std::vector<Chunk>& chunks, uint32_t check_rows, Rng* rng,
+                           AttentionCheck* check, StepTimes* times) {
   using clock = std::chrono::steady_clock;
   const uint32_t hq = opts_.q_heads, hk = opts_.kv_heads, dim = opts_.head_dim;
   const bool cuda = device_type_ == PKV_DEVICE_CUDA;
@@ -83,7 +83,7 @@ void ModelRunner::run_step(const std::vector<Chunk>& chunks, Rng* rng, Attention
   // most of the chunks, are well represented), a random position in it and
   // a random layer.
   std::vector<CheckRow> to_check;
-  for (uint32_t i = 0; i < opts_.check_rows && !chunks.empty(); ++i) {
+  for (uint32_t i = 0; i < check_rows && !chunks.empty(); ++i) {
     const size_t ci = rng->below(chunks.size());
     const uint64_t off = rng->below(chunks[ci].count);
     to_check.push_back({chunks[ci].request, chunks[ci].start + off, first_row[ci] + off,

@@ -28,8 +28,10 @@ class ModelRunner {
  public:
   ModelRunner(pkv_pool* pool, const Options& opts, uint32_t dtype, int32_t device_type);
 
-  void run_step(const std::vector<Chunk>& chunks, Rng* rng, AttentionCheck* check,
-                StepTimes* times);
+  // Computes the chunks; check_rows query rows, picked at random, go to
+  // the float64 reference.
+  void run_step(const std::vector<Chunk>& chunks, uint32_t check_rows, Rng* rng,
+                AttentionCheck* check, StepTimes* times);
   bool lse_checked() const { return use_lse_; }
 
  private:

@@ -14,15 +14,19 @@ namespace {
 
 const char* kUsage = R"(usage: serving_sim [options]
 
-Simulates a continuous-batching LLM server on pagedkv: requests with lognormal
-prompt and output lengths arrive, a scheduler admits them (prefix-cache lookup,
-chunked prefill), decodes one token per running sequence per step, preempts on
-PKV_E_OUT_OF_BLOCKS and recomputes later. Every step writes random K/V and runs
-paged attention on a small model; sampled outputs are checked against a float64
-reference. Prints a report and writes an SVG chart.
+Simulates a continuous-batching LLM server on pagedkv, twice on the same
+request stream: once with paged KV memory (blocks as tokens arrive, prefix
+cache) and once with static max-context reservations (floor(budget /
+max-context bytes) sequences run, the rest wait). Requests with lognormal
+prompt and output lengths arrive, the same scheduler admits them (prefix-cache
+lookup, chunked prefill), decodes one token per running sequence per step,
+preempts on PKV_E_OUT_OF_BLOCKS and recomputes later. Every step writes random
+K/V and runs paged attention on a small model; sampled outputs are checked
+against a float64 reference. Prints both servers' figures side by side and
+writes an SVG chart.
 
 workload:
-  --requests N          requests to serve                          [2000]
+  --requests N          requests to serve                          [1000]
   --shared-prefix F     share (0..1) starting with a system prompt [0.5]
   --system-prompts N    distinct system prompts                    [4]
   --prompt-len N        median user-prompt tokens (lognormal)      [192]
@@ -30,9 +34,10 @@ workload:
   --arrival-rate R      requests arriving per step, 0 = all at once [0]
   --seed N              RNG seed (workload, tokens, K/V, queries)  [1]
 server:
-  --memory-budget SIZE  KV-cache bytes, e.g. 64MiB, 1GiB, 500MB    [64MiB]
+  --memory-budget SIZE  KV-cache bytes per server, e.g. 64MiB, 1GiB [64MiB]
   --block-size N        tokens per block: 8, 16, 32 or 64          [16]
-  --max-context N       tokens per sequence at most (prompt+output) [4096]
+  --max-context N       tokens per sequence at most (prompt+output);
+                        what the static server reserves per sequence [4096]
   --step-tokens N       tokens computed per step (prefill chunks)  [512]
   --max-seqs N          running sequences at most                  [256]
 model and device:
@@ -42,14 +47,15 @@ model and device:
   --device-id N         CUDA device ordinal                        [0]
   --threads N           CPU kernel threads, 0 = all cores          [0]
 checks and output:
-  --check-rows N        attention rows checked per step            [2]
+  --check-rows N        attention rows checked per step-tokens rows [2]
   --out PATH            SVG chart path                             [demo-report.svg]
   --quiet               no progress line
   --expect-preemption   fail unless at least one preemption happened (tests)
   --help                this text
 
-exit status: 0 all checks passed; 1 the attention check, a pool invariant or a
-library call failed; 2 bad usage, or --device cuda without a usable GPU.
+exit status: 0 all checks passed on both servers; 1 the attention check, a pool
+invariant or a library call failed, a request did not finish, or the static
+server preempted; 2 bad usage, or --device cuda without a usable GPU.
 )";
 
 bool parse_u64(const std::string& s, uint64_t* out) {

@@ -8,7 +8,7 @@ namespace sim {
 
 struct Options {
   // Workload.
-  uint32_t requests = 2000;
+  uint32_t requests = 1000;
   double shared_prefix = 0.5;   // share of requests starting with a system prompt
   uint32_t system_prompts = 4;  // distinct common system prompts
   double prompt_median = 192;   // user part of the prompt, tokens (lognormal)
@@ -16,7 +16,7 @@ struct Options {
   double arrival_rate = 0;      // requests per step; 0 = all arrive at step 0
   uint64_t seed = 1;
   // Server.
-  uint64_t memory_budget = 64ull << 20;  // KV bytes for the pool
+  uint64_t memory_budget = 64ull << 20;  // KV bytes, each server
   uint32_t block_size = 16;
   uint32_t max_context = 4096;  // per-sequence limit; what static allocation reserves
   uint32_t step_tokens = 512;   // tokens computed per step (chunked prefill budget)
@@ -32,7 +32,7 @@ struct Options {
   int32_t device_id = 0;
   uint32_t threads = 0;  // 0 = the library's default (hardware concurrency)
   // Checks and output.
-  uint32_t check_rows = 2;  // attention rows checked against the reference per step
+  uint32_t check_rows = 2;  // rows checked against the reference per step_tokens rows computed
   std::string out = "demo-report.svg";
   bool quiet = false;
   bool expect_preemption = false;

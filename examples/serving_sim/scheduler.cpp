@@ -12,15 +12,12 @@ void check_status(pkv_status status, const char* call) {
                            pkv_last_error_message());
 }
 
-Scheduler::Scheduler(pkv_pool* pool, Workload* workload, const Options& opts,
-                     uint64_t usable_blocks)
-    : pool_(pool),
+Scheduler::Scheduler(KvAllocator* alloc, Workload* workload, const Options& opts)
+    : alloc_(alloc),
+      pool_(alloc->pool()),
       workload_(workload),
       opts_(opts),
-      total_(uint32_t(workload->requests.size())),
-      // Like vLLM's watermark: admissions leave 1% of the blocks free, so
-      // running sequences can grow a while before anything is preempted.
-      watermark_blocks_(std::max<uint64_t>(1, usable_blocks / 100)) {
+      total_(uint32_t(workload->requests.size())) {
   for (auto& r : workload->requests) waiting_.push_back(&r);
   std::stable_sort(waiting_.begin(), waiting_.end(), [](const Request* a, const Request* b) {
     return a->arrival_step < b->arrival_step;
@@ -50,12 +47,17 @@ void Scheduler::insert_running(Request* r) {
   running_.insert(pos, r);
 }
 
+void Scheduler::release(Request* r) {
+  check_status(pkv_seq_free(pool_, r->seq), "pkv_seq_free");
+  r->seq = PKV_SEQ_ID_INVALID;
+  r->running = false;
+  alloc_->on_release(r);
+}
+
 void Scheduler::preempt_last() {
   Request* victim = running_.back();
   running_.pop_back();
-  check_status(pkv_seq_free(pool_, victim->seq), "pkv_seq_free");
-  victim->seq = PKV_SEQ_ID_INVALID;
-  victim->running = false;
+  release(victim);
   victim->num_computed = 0;
   victim->num_appended = 0;
   victim->preemptions++;
@@ -64,36 +66,38 @@ void Scheduler::preempt_last() {
   waiting_.push_front(victim);
 }
 
-bool Scheduler::try_admit(Request* r, uint32_t budget, std::vector<Chunk>* chunks) {
-  const uint32_t bs = opts_.block_size;
-  if (!running_.empty()) {
-    // Cheap refusal before any lookup: the first chunk without cache hits
-    // would not fit above the watermark.
-    const uint64_t first = std::min<uint64_t>(r->tokens.size(), budget);
-    pkv_pool_stats st;
-    pkv_pool_stats_init(&st);
-    check_status(pkv_pool_get_stats(pool_, &st), "pkv_pool_get_stats");
-    if (st.num_free_blocks < (first + bs - 1) / bs + watermark_blocks_) return false;
+void Scheduler::count_lookup(const Request* r, uint64_t cached) {
+  const uint64_t system_len =
+      r->system_prompt < 0 ? 0 : workload_->system_prompts[size_t(r->system_prompt)].size();
+  const uint64_t in_system = std::min(cached, system_len);
+  const uint64_t beyond = cached - in_system;
+  if (r->preemptions == 0) {
+    counters_.first_lookup_tokens += r->tokens.size();
+    counters_.first_hits_system += in_system;
+    counters_.first_hits_other += beyond;
+  } else {
+    counters_.readmissions++;
+    counters_.readmit_lookup_tokens += r->tokens.size();
+    counters_.readmit_hits_system += in_system;
+    counters_.readmit_hits_own += beyond;
   }
+}
+
+bool Scheduler::try_admit(Request* r, int64_t step, uint32_t budget, std::vector<Chunk>* chunks) {
+  const bool others = !running_.empty();
+  if (!alloc_->may_admit(std::min<uint64_t>(r->tokens.size(), budget), others)) return false;
   pkv_seq_options so;
   pkv_seq_options_init(&so);
   so.priority = r->priority;
   pkv_seq_id seq = PKV_SEQ_ID_INVALID;
   check_status(pkv_seq_create(pool_, &so, &seq), "pkv_seq_create");
   uint64_t cached = 0;
-  check_status(pkv_seq_match_prefix(pool_, seq, r->tokens.data(), r->tokens.size(), &cached),
-               "pkv_seq_match_prefix");
+  if (alloc_->prefix_caching())
+    check_status(pkv_seq_match_prefix(pool_, seq, r->tokens.data(), r->tokens.size(), &cached),
+                 "pkv_seq_match_prefix");
   const uint32_t n = uint32_t(std::min<uint64_t>(r->tokens.size() - cached, budget));
 
-  bool fits = true;
-  if (!running_.empty()) {
-    uint64_t needed = 0;
-    check_status(pkv_seq_blocks_needed(pool_, seq, n, 0, &needed), "pkv_seq_blocks_needed");
-    pkv_pool_stats st;
-    pkv_pool_stats_init(&st);
-    check_status(pkv_pool_get_stats(pool_, &st), "pkv_pool_get_stats");
-    fits = st.num_free_blocks >= needed + watermark_blocks_;
-  }
+  bool fits = alloc_->fits(seq, n, others);
   if (fits) {
     const pkv_status s = pkv_seq_append(pool_, seq, r->tokens.data() + cached, n, 0);
     if (s == PKV_E_OUT_OF_BLOCKS) {
@@ -105,12 +109,17 @@ bool Scheduler::try_admit(Request* r, uint32_t budget, std::vector<Chunk>* chunk
   if (!fits) {
     // Gives back the prefix blocks it attached; they stay cached.
     check_status(pkv_seq_free(pool_, seq), "pkv_seq_free");
-    counters_.failed_lookup_tokens += r->tokens.size();
-    counters_.failed_lookup_hits += cached;
+    if (alloc_->prefix_caching()) {
+      counters_.failed_lookup_tokens += r->tokens.size();
+      counters_.failed_lookup_hits += cached;
+    }
     return false;
   }
+  alloc_->on_admit(r);
+  if (alloc_->prefix_caching()) count_lookup(r, cached);
   r->seq = seq;
   r->running = true;
+  if (r->first_admit_step < 0) r->first_admit_step = step;
   r->num_computed = cached;
   r->num_appended = cached + n;
   r->cached_at_admit = cached;
@@ -159,7 +168,7 @@ std::vector<Chunk> Scheduler::schedule(int64_t step) {
     while (budget > 0 && running_.size() < opts_.max_seqs && !waiting_.empty() &&
            waiting_.front()->arrival_step <= step) {
       Request* r = waiting_.front();
-      if (!try_admit(r, budget, &chunks)) break;
+      if (!try_admit(r, step, budget, &chunks)) break;
       waiting_.pop_front();
       budget -= chunks.back().count;
     }
@@ -192,10 +201,8 @@ void Scheduler::complete(const std::vector<Chunk>& chunks, int64_t step) {
       continue;
     }
     r->finished = true;
-    r->running = false;
     r->finish_step = step;
-    check_status(pkv_seq_free(pool_, r->seq), "pkv_seq_free");
-    r->seq = PKV_SEQ_ID_INVALID;
+    release(r);
     running_.erase(std::find(running_.begin(), running_.end(), r));
     counters_.finished++;
   }

@@ -2,13 +2,15 @@
 // C ABI: every step it extends the running sequences (one decode token, or
 // the next prefill chunk) within a token budget, preempting on
 // PKV_E_OUT_OF_BLOCKS, then admits waiting requests (prefix-cache lookup,
-// first prefill chunk) while memory and budget last.
+// first prefill chunk) while the memory policy (KvAllocator: paged or
+// static reservations) and the budget allow. Both servers run this code.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <vector>
 
+#include "kv_allocator.h"
 #include "options.h"
 #include "pagedkv/pagedkv.h"
 #include "workload.h"
@@ -34,11 +36,22 @@ struct Counters {
   // once per admission).
   uint64_t failed_lookup_tokens = 0;
   uint64_t failed_lookup_hits = 0;
+  // Prefix lookups of admissions that went ahead, by cause of the hit. A
+  // first admission can only hit a shared system prompt (user prompts are
+  // random); a re-admission after a preemption also finds its own blocks
+  // from before, still in the prefix cache unless evicted since.
+  uint64_t first_lookup_tokens = 0;
+  uint64_t first_hits_system = 0;
+  uint64_t first_hits_other = 0;  // beyond the system prompt: none expected
+  uint64_t readmit_lookup_tokens = 0;
+  uint64_t readmit_hits_system = 0;
+  uint64_t readmit_hits_own = 0;  // beyond the system prompt: its own earlier blocks
+  uint64_t readmissions = 0;
 };
 
 class Scheduler {
  public:
-  Scheduler(pkv_pool* pool, Workload* workload, const Options& opts, uint64_t usable_blocks);
+  Scheduler(KvAllocator* alloc, Workload* workload, const Options& opts);
 
   bool done() const { return counters_.finished == total_; }
   // True when nothing runs and the next request arrives after step.
@@ -59,14 +72,17 @@ class Scheduler {
 
  private:
   void preempt_last();
-  bool try_admit(Request* r, uint32_t budget, std::vector<Chunk>* chunks);
+  bool try_admit(Request* r, int64_t step, uint32_t budget, std::vector<Chunk>* chunks);
+  void count_lookup(const Request* r, uint64_t cached);
   void insert_running(Request* r);
 
+  void release(Request* r);
+
+  KvAllocator* alloc_;
   pkv_pool* pool_;
   Workload* workload_;
   const Options& opts_;
   uint32_t total_;
-  uint64_t watermark_blocks_;
   uint64_t next_admit_order_ = 0;
   // Arrival order; preempted requests go back to the front.
   std::deque<Request*> waiting_;

@@ -1,7 +1,7 @@
-// The chart: SVG written by hand (no dependency), two panels over the
-// steps of the run: KV memory (paged vs a static max-context reservation for
-// the same running sequences, and the budget), and running sequences
-// (paged vs what a static allocator admits in the same budget).
+// The chart: SVG written by hand (no dependency), three panels over the
+// engine steps of both servers' runs on one x axis: KV memory in use (paged
+// blocks; static reservations and the tokens they hold; the budget),
+// sequences running at once, and requests completed.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -14,9 +14,11 @@ namespace sim {
 namespace {
 
 struct Line {
-  std::vector<double> y;
+  std::vector<double> x, y;
   const char* color;
   std::string label;
+  double width = 2;
+  double opacity = 1;
   bool dashed = false;
   bool area = false;
 };
@@ -66,113 +68,162 @@ std::string tick_label(double v) {
   return buf;
 }
 
+// The first tick at or above v: the axis ends on a labelled tick.
+double nice_top(double v, int n) {
+  const double step = tick_step(v, n);
+  return std::max(step, std::ceil(v / step - 1e-9) * step);
+}
+
 struct Panel {
   double x, y, w, h;  // plot area
-  double xmax, ymax;
+  double xmax, ymax;  // both nice_top values, so no line is ever clipped
   double px(double v) const { return x + w * (xmax > 0 ? v / xmax : 0); }
-  double py(double v) const { return y + h - h * std::min(v, ymax) / ymax; }
+  double py(double v) const { return y + h - h * v / ymax; }
 };
 
 std::string axes(const Panel& p, const std::string& title, const std::string& ylabel,
                  const std::string& xlabel) {
   std::string s;
   s += "<rect x=\"" + num(p.x) + "\" y=\"" + num(p.y) + "\" width=\"" + num(p.w) + "\" height=\"" +
-       num(p.h) + "\" fill=\"#fafafa\" stroke=\"#999\"/>\n";
+       num(p.h) + "\" fill=\"#fcfcfc\" stroke=\"#999\"/>\n";
   const double ys = tick_step(p.ymax, 5);
   for (double v = 0; v <= p.ymax * 1.0001; v += ys) {
     s += "<line x1=\"" + num(p.x) + "\" x2=\"" + num(p.x + p.w) + "\" y1=\"" + num(p.py(v)) +
-         "\" y2=\"" + num(p.py(v)) + "\" stroke=\"#e3e3e3\"/>\n";
+         "\" y2=\"" + num(p.py(v)) + "\" stroke=\"#e6e6e6\"/>\n";
     s += text(p.x - 6, p.py(v) + 4, tick_label(v), "text-anchor=\"end\" class=\"tick\"");
   }
-  const double xs = tick_step(p.xmax, 8);
-  for (double v = 0; v <= p.xmax * 1.0001; v += xs)
-    s += text(p.px(v), p.y + p.h + 16, tick_label(v), "text-anchor=\"middle\" class=\"tick\"");
-  s += text(p.x, p.y - 10, title, "class=\"panel\"");
-  s += text(p.x - 52, p.y + p.h / 2, ylabel,
-            ("transform=\"rotate(-90 " + num(p.x - 52) + " " + num(p.y + p.h / 2) +
+  const double xs = tick_step(p.xmax, 10);
+  for (double v = 0; v <= p.xmax * 1.0001; v += xs) {
+    s += "<line x1=\"" + num(p.px(v)) + "\" x2=\"" + num(p.px(v)) + "\" y1=\"" + num(p.y) +
+         "\" y2=\"" + num(p.y + p.h) + "\" stroke=\"#f0f0f0\"/>\n";
+    s += text(p.px(v), p.y + p.h + 15, with_commas(uint64_t(v)),
+              "text-anchor=\"middle\" class=\"tick\"");
+  }
+  s += text(p.x, p.y - 9, title, "class=\"panel\"");
+  s += text(p.x - 50, p.y + p.h / 2, ylabel,
+            ("transform=\"rotate(-90 " + num(p.x - 50) + " " + num(p.y + p.h / 2) +
              ")\" text-anchor=\"middle\" class=\"axis\"")
                 .c_str());
-  s += text(p.x + p.w / 2, p.y + p.h + 34, xlabel, "text-anchor=\"middle\" class=\"axis\"");
+  if (!xlabel.empty())
+    s += text(p.x + p.w / 2, p.y + p.h + 32, xlabel, "text-anchor=\"middle\" class=\"axis\"");
   return s;
 }
 
-std::string polyline(const Panel& p, const std::vector<double>& xs, const Line& l) {
+std::string stroke(const Line& l) {
+  std::string s = "stroke=\"" + std::string(l.color) + "\" stroke-width=\"" + num(l.width) + "\"";
+  if (l.opacity < 1) s += " stroke-opacity=\"" + num(l.opacity) + "\"";
+  if (l.dashed) s += " stroke-dasharray=\"7 5\"";
+  return s;
+}
+
+std::string polyline(const Panel& p, const Line& l) {
   std::string pts;
-  for (size_t i = 0; i < xs.size(); ++i) pts += num(p.px(xs[i])) + "," + num(p.py(l.y[i])) + " ";
+  for (size_t i = 0; i < l.x.size(); ++i) pts += num(p.px(l.x[i])) + "," + num(p.py(l.y[i])) + " ";
   std::string s;
-  if (l.area && !xs.empty()) {
-    s += "<polygon points=\"" + num(p.px(xs.front())) + "," + num(p.py(0)) + " " + pts +
-         num(p.px(xs.back())) + "," + num(p.py(0)) + "\" fill=\"" + l.color +
-         "\" fill-opacity=\"0.15\" stroke=\"none\"/>\n";
+  if (l.area && !l.x.empty()) {
+    s += "<polygon points=\"" + num(p.px(l.x.front())) + "," + num(p.py(0)) + " " + pts +
+         num(p.px(l.x.back())) + "," + num(p.py(0)) + "\" fill=\"" + l.color +
+         "\" fill-opacity=\"0.12\" stroke=\"none\"/>\n";
   }
-  s += "<polyline points=\"" + pts + "\" fill=\"none\" stroke=\"" + l.color +
-       "\" stroke-width=\"2\"" + (l.dashed ? " stroke-dasharray=\"6 4\"" : "") + "/>\n";
+  s += "<polyline points=\"" + pts + "\" fill=\"none\" stroke-linejoin=\"round\" " + stroke(l) +
+       "/>\n";
   return s;
 }
 
-std::string legend(double x, double y, const std::vector<Line>& lines) {
+std::string legend(double x, double y, const std::vector<const Line*>& lines) {
   std::string s;
-  for (const Line& l : lines) {
-    s += "<line x1=\"" + num(x) + "\" x2=\"" + num(x + 22) + "\" y1=\"" + num(y - 4) + "\" y2=\"" +
-         num(y - 4) + "\" stroke=\"" + l.color + "\" stroke-width=\"2\"" +
-         (l.dashed ? " stroke-dasharray=\"6 4\"" : "") + "/>\n";
-    s += text(x + 28, y, l.label, "class=\"legend\"");
-    y += 18;
+  for (const Line* l : lines) {
+    s += "<line x1=\"" + num(x) + "\" x2=\"" + num(x + 24) + "\" y1=\"" + num(y - 4) + "\" y2=\"" +
+         num(y - 4) + "\" " + stroke(*l) + "/>\n";
+    s += text(x + 30, y, l->label, "class=\"legend\"");
+    y += 17;
   }
   return s;
+}
+
+// One point per bucket of steps (at most ~1000 per line), the bucket's
+// largest value of f: peaks survive the thinning.
+template <typename F>
+Line series(const std::vector<StepSample>& samples, F f, const char* color, std::string label) {
+  Line l;
+  l.color = color;
+  l.label = std::move(label);
+  const size_t bucket = std::max<size_t>(1, (samples.size() + 999) / 1000);
+  for (size_t i = 0; i < samples.size(); i += bucket) {
+    double v = 0;
+    for (size_t j = i; j < std::min(samples.size(), i + bucket); ++j)
+      v = std::max(v, f(samples[j]));
+    l.x.push_back(double(samples[i].step));
+    l.y.push_back(v);
+  }
+  return l;
+}
+
+double top_of(const std::vector<const Line*>& lines) {
+  double m = 0;
+  for (const Line* l : lines)
+    for (double v : l->y) m = std::max(m, v);
+  return m;
 }
 
 }  // namespace
 
 bool write_svg_chart(const std::string& path, const RunInfo& run, const Summary& sm,
                      std::string* error) {
-  const auto& samples = run.timeline.samples;
+  const Options& o = run.opts;
+  const auto& P = run.paged.timeline.samples;
+  const auto& S = run.statik.timeline.samples;
   const double mib = 1024.0 * 1024.0;
   const double bpt = run.bytes_per_token;
-  const double budget = double(run.opts.memory_budget) / mib;
+  const char* blue = "#1f5fbf";
+  const char* red = "#d62728";
 
-  // At most ~800 points per line: the max of each bucket keeps the peaks.
-  const size_t bucket = std::max<size_t>(1, (samples.size() + 799) / 800);
-  std::vector<double> xs;
-  Line stat{{}, "#d62728", "static: running seqs x max context"};
-  Line used{{}, "#1f77b4", "paged: blocks in use"};
-  Line filled{{}, "#2ca02c", "paged: slots holding tokens"};
-  Line budget_line{{}, "#444444", "memory budget", true};
-  Line running{{}, "#1f77b4", "paged: running sequences"};
-  Line static_cap{{}, "#d62728", "static: admitted in the same budget", true};
-  used.area = true;
-  for (size_t i = 0; i < samples.size(); i += bucket) {
-    double a = 0, b = 0, c = 0, d = 0;
-    for (size_t j = i; j < std::min(samples.size(), i + bucket); ++j) {
-      const StepSample& x = samples[j];
-      a = std::max(a, x.running * run.opts.max_context * bpt / mib);
-      b = std::max(b, double(x.used_blocks) * double(run.bytes_per_block) / mib);
-      c = std::max(c, double(x.physical_tokens) * bpt / mib);
-      d = std::max(d, double(x.running));
-    }
-    xs.push_back(double(samples[i].step));
-    stat.y.push_back(a);
-    used.y.push_back(b);
-    filled.y.push_back(c);
-    budget_line.y.push_back(budget);
-    running.y.push_back(d);
-    static_cap.y.push_back(double(sm.static_capacity));
+  Line p_used = series(
+      P, [&](const StepSample& x) { return double(x.reserved_bytes) / mib; }, blue,
+      "paged: blocks in use");
+  p_used.area = true;
+  Line s_res = series(
+      S, [&](const StepSample& x) { return double(x.reserved_bytes) / mib; }, red,
+      "static: reserved (running x max context)");
+  s_res.width = 7;
+  s_res.opacity = 0.35;
+  Line s_held = series(
+      S, [&](const StepSample& x) { return double(x.physical_tokens) * bpt / mib; }, red,
+      "static: holding tokens");
+  // 3% room on the right, so the last server's finish is not on the frame.
+  const double xmax =
+      nice_top(std::max(1.0, 1.03 * double(std::max(run.paged.steps, run.statik.steps))), 10);
+  Line budget{{0, xmax},
+              {double(o.memory_budget) / mib, double(o.memory_budget) / mib},
+              "#222222",
+              "memory budget",
+              1.2};
+  budget.dashed = true;
+  Line p_run = series(
+      P, [](const StepSample& x) { return double(x.running); }, blue, "paged");
+  Line s_run = series(
+      S, [](const StepSample& x) { return double(x.running); }, red, "static");
+  Line p_done = series(
+      P, [](const StepSample& x) { return double(x.finished); }, blue, "paged");
+  Line s_done = series(
+      S, [](const StepSample& x) { return double(x.finished); }, red, "static");
+  // Static lines wide and pale, paged narrow and solid: equal values (a
+  // light load) show as a blue line inside a red band, not one line.
+  for (Line* l : {&s_held, &s_run, &s_done}) {
+    l->width = 5;
+    l->opacity = 0.5;
   }
-  const double xmax = samples.empty() ? 1 : std::max(1.0, double(samples.back().step));
-  const double static_peak = stat.y.empty() ? 0 : *std::max_element(stat.y.begin(), stat.y.end());
-  // Keep the paged lines readable: a static line far above the budget is
-  // cut at 3x the budget and its peak written on the chart.
-  const double mem_top = std::max(budget * 1.1, std::min(static_peak * 1.05, budget * 3.0));
+  for (Line* l : {&p_used, &p_run, &p_done}) l->width = 1.6;
 
-  const double W = 1080, H = 700;
-  Panel p1{80, 80, 640, 300, xmax, mem_top};
-  Panel p2{
-      80,
-      470,
-      640,
-      160,
-      xmax,
-      std::max<double>({1.0, double(sm.paged_peak_running), double(sm.static_capacity)}) * 1.15};
+  const double W = 1120, H = 1010, left = 84, plot_w = 720;
+  // Headroom above the highest value, so no line runs along the frame.
+  const double room = 1.08;
+  Panel p1{left, 104,  plot_w,
+           290,  xmax, nice_top(room * top_of({&p_used, &s_res, &s_held, &budget}), 5)};
+  Panel p2{left, 466,  plot_w,
+           200,  xmax, nice_top(room * std::max(1.0, top_of({&p_run, &s_run})), 5)};
+  // More room here: the finish labels sit above the completion lines.
+  Panel p3{left, 738, plot_w, 200, xmax, nice_top(1.15 * double(o.requests), 5)};
 
   std::string s;
   s += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W) + "\" height=\"" + num(H) +
@@ -181,56 +232,106 @@ bool write_svg_chart(const std::string& path, const RunInfo& run, const Summary&
        ".panel{font-size:14px;font-weight:bold;fill:#222}.legend{font-size:12px;fill:#222}"
        ".note{font-size:12px;fill:#222}.title{font-size:17px;font-weight:bold}</style>\n";
   s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s += text(20, 28, "pagedkv serving simulation: paged vs static KV-cache allocation",
+  s += text(20, 28,
+            "pagedkv serving simulation: the same " + with_commas(o.requests) +
+                " requests through a paged and a static KV-cache server",
             "class=\"title\"");
-  s += text(20, 48,
-            with_commas(run.opts.requests) + " requests, " +
-                format_bytes(double(run.opts.memory_budget)) + " KV budget, max context " +
-                with_commas(run.opts.max_context) + ", block " +
-                std::to_string(run.opts.block_size) + " tokens, " +
-                std::to_string(run.opts.layers) + " layers, " + run.dtype_name + " on " +
-                run.device_name + ", seed " + std::to_string(run.opts.seed),
-            "class=\"axis\"");
+  s +=
+      text(20, 48,
+           format_bytes(double(o.memory_budget)) + " KV budget each, max context " +
+               with_commas(o.max_context) + " (static: " + std::to_string(run.statik.static_slots) +
+               " reservations of " + format_bytes(sm.static_slot_bytes) + "), block " +
+               std::to_string(o.block_size) + " tokens, " + std::to_string(o.layers) + " layers, " +
+               run.dtype_name + " on " + run.device_name + ", seed " + std::to_string(o.seed),
+           "class=\"axis\"");
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "paged finished after %s steps, static after %s (%.1fx as many); median "
+                "running %.0f vs %.0f (paged peak %u)",
+                with_commas(uint64_t(sm.paged.steps)).c_str(),
+                with_commas(uint64_t(sm.statik.steps)).c_str(),
+                sm.paged.steps ? double(sm.statik.steps) / double(sm.paged.steps) : 0.0,
+                sm.paged.running_median, sm.statik.running_median, sm.paged.running_peak);
+  s += text(20, 68, buf, "class=\"axis\"");
 
-  s += axes(p1, "KV-cache memory over the run", "MiB", "engine step");
-  for (const Line* l : {&used, &filled, &stat, &budget_line}) s += polyline(p1, xs, *l);
-  if (static_peak > mem_top)
-    s += text(p1.x + p1.w, p1.y - 10,
-              "static line cut at 3x the budget; it peaks at " + format_bytes(static_peak * mib),
-              "text-anchor=\"end\" class=\"note\" style=\"fill:#d62728\"");
-  s += legend(p1.x + p1.w + 20, p1.y + 10, {stat, used, filled, budget_line});
-
-  s += axes(p2, "Sequences running at once", "sequences", "engine step");
-  s += polyline(p2, xs, running);
-  s += polyline(p2, xs, static_cap);
-  // Preemptions as ticks under the plot.
-  std::string ticks;
-  for (int64_t st : run.preemption_steps)
-    ticks += "M" + num(p2.px(double(st))) + " " + num(p2.y + p2.h - 8) + "v8";
-  if (!ticks.empty()) s += "<path d=\"" + ticks + "\" stroke=\"#ff7f0e\" stroke-width=\"1\"/>\n";
-  Line preempt{{}, "#ff7f0e", "preemption (tick on the axis)"};
-  s += legend(p2.x + p2.w + 20, p2.y + 10, {running, static_cap, preempt});
-
-  // The figures the chart is about.
-  const double nx = p1.x + p1.w + 20;
-  double ny = p1.y + 110;
+  const double lx = left + plot_w + 22;
+  s += axes(p1, "KV-cache memory in use", "MiB", "");
+  // Wide translucent static lines first, the thinner paged line over them,
+  // the thin budget line on top: where lines coincide, each stays visible
+  // (a narrow line inside a wider pale one).
+  for (const Line* l : {&s_res, &s_held, &p_used, &budget}) s += polyline(p1, *l);
+  s += legend(lx, p1.y + 12, {&p_used, &s_res, &s_held, &budget});
+  double ny = p1.y + 100;
   auto note = [&](const std::string& line) {
-    s += text(nx, ny, line, "class=\"note\"");
-    ny += 18;
+    s += text(lx, ny, line, "class=\"note\"");
+    ny += 17;
   };
-  char buf[160];
-  note("utilisation (tokens / reserved):");
-  std::snprintf(buf, sizeof buf, "  paged %.1f %%, static %.1f %%", 100 * sm.paged_util,
-                100 * sm.static_util);
+  note("tokens / reserved, mean over steps:");
+  std::snprintf(buf, sizeof buf, "  paged %.1f %%, static %.1f %%", 100 * sm.paged.util,
+                100 * sm.statik.util);
   note(buf);
-  std::snprintf(buf, sizeof buf, "sequences in budget: paged %u, static %llu",
-                sm.paged_peak_running, (unsigned long long)sm.static_capacity);
+  std::snprintf(buf, sizeof buf, "paged prefix-cache hits %.1f %%", 100 * sm.paged.hit_rate);
   note(buf);
-  std::snprintf(buf, sizeof buf, "prefix-cache hit rate %.1f %%", 100 * sm.hit_rate);
+  note("(paged slots holding tokens: within");
+  std::snprintf(buf, sizeof buf, " %.1f %% of its blocks in use)", 100 * (1 - sm.paged.util));
   note(buf);
-  note("preemptions " + with_commas(run.counters.preemptions));
-  std::snprintf(buf, sizeof buf, "attention check: %s (max err %.1e)",
-                run.check.rows_failed ? "FAIL" : "PASS", run.check.max_abs_err);
+
+  s += axes(p2, "Sequences running at once", "sequences", "");
+  s += polyline(p2, s_run);
+  s += polyline(p2, p_run);
+  std::string ticks;
+  for (int64_t st : run.paged.preemption_steps)
+    ticks += "M" + num(p2.px(double(st))) + " " + num(p2.y + p2.h - 7) + "v7";
+  Line preempt{{}, {}, "#ff7f0e", "paged preemption (tick)", 1};
+  if (!ticks.empty()) s += "<path d=\"" + ticks + "\" " + stroke(preempt) + "/>\n";
+  s += legend(lx, p2.y + 12, {&p_run, &s_run, &preempt});
+  ny = p2.y + 75;
+  std::snprintf(buf, sizeof buf, "median (peak): paged %.0f (%u),", sm.paged.running_median,
+                sm.paged.running_peak);
+  note(buf);
+  std::snprintf(buf, sizeof buf, "  static %.0f (%u)", sm.statik.running_median,
+                sm.statik.running_peak);
+  note(buf);
+  note("preemptions: paged " + with_commas(run.paged.counters.preemptions) + ", static " +
+       with_commas(run.statik.counters.preemptions));
+
+  s += axes(p3, "Requests completed", "requests", "engine step");
+  s += polyline(p3, s_done);
+  s += polyline(p3, p_done);
+  // Where each server finished: a dotted rule through all three panels and
+  // the step written beside the end of its completion line.
+  for (const auto* r : {&run.paged, &run.statik}) {
+    if (r->timeline.samples.empty()) continue;
+    const double end = double(r->steps);
+    const char* color = r == &run.paged ? blue : red;
+    for (const Panel* p : {&p1, &p2, &p3})
+      s += "<line x1=\"" + num(p->px(end)) + "\" x2=\"" + num(p->px(end)) + "\" y1=\"" + num(p->y) +
+           "\" y2=\"" + num(p->y + p->h) + "\" stroke=\"" + color +
+           "\" stroke-width=\"1\" stroke-dasharray=\"2 3\"/>\n";
+    // Paged on the first row, right of its rule (left if near the frame);
+    // static on the second, left of its rule: the two never overlap, and
+    // both stay above the completion lines, which end at the requests count.
+    const bool paged = r == &run.paged;
+    const bool right_of = paged && p3.px(end) < p3.x + p3.w - 230;
+    s += text(p3.px(end) + (right_of ? 6 : -6), p3.y + (paged ? 13 : 27),
+              std::string(server_name(r->kind)) + ": all done after " + with_commas(uint64_t(end)) +
+                  " steps",
+              (std::string(right_of ? "" : "text-anchor=\"end\" ") +
+               "class=\"note\" style=\"fill:" + color + "\"")
+                  .c_str());
+  }
+  s += legend(lx, p3.y + 12, {&p_done, &s_done});
+  ny = p3.y + 58;
+  std::snprintf(buf, sizeof buf, "time to first token p50: paged %.0f,", sm.paged.ttft.p50);
+  note(buf);
+  std::snprintf(buf, sizeof buf, "  static %.0f steps", sm.statik.ttft.p50);
+  note(buf);
+  std::snprintf(buf, sizeof buf, "output tokens per step: paged %.1f,", sm.paged.tokens_per_step);
+  note(buf);
+  std::snprintf(buf, sizeof buf, "  static %.1f", sm.statik.tokens_per_step);
+  note(buf);
+  std::snprintf(buf, sizeof buf, "attention check: %s",
+                run.paged.check.rows_failed + run.statik.check.rows_failed ? "FAIL" : "PASS");
   note(buf);
   s += "</svg>\n";
 

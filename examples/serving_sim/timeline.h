@@ -16,6 +16,9 @@ struct StepSample {
   uint64_t physical_tokens;   // token slots filled in those blocks (shared prefixes once)
   uint64_t logical_tokens;    // sum of the running sequences' lengths
   uint64_t pool_bytes_used;   // pkv_pool_stats.kv_bytes_used, for a cross-check
+  uint64_t reserved_bytes;    // what the memory policy holds for the running sequences
+  uint64_t budget_bytes;      // --memory-budget
+  uint32_t finished;          // requests completed by the end of this step
 };
 
 struct Timeline {

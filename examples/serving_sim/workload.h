@@ -36,6 +36,8 @@ struct Request {
   uint32_t generated = 0;
   uint64_t admit_order = 0;
   uint32_t preemptions = 0;
+  int32_t slot = -1;  // the static server's reservation, -1 for none
+  int64_t first_admit_step = -1;
   int64_t first_token_step = -1;
   int64_t finish_step = -1;
 

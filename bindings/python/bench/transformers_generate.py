@@ -2,9 +2,12 @@
 pagedkv.integrations.transformers.Generator on the same random-weight
 Llama-like model (GQA), greedy, at batch 1 and batch 16, on the CPU.
 Informative: end-to-end time (prefill + decode), the best of --repeat runs
-each (alternating, after a warm-up), both on the same torch threads.
+each (alternating, after a warm-up), both on the same torch threads (and
+pagedkv's attention on as many).
 
-    PYTHONPATH=<build>/bindings/python python3 bindings/python/bench/transformers_generate.py
+    PYTHONPATH=<build>/bindings/python python3 bindings/python/bench/transformers_generate.py --threads 1
+
+(--threads 1 keeps the figures steady on a machine shared with other jobs.)
 
 --quick shrinks everything for a smoke run.
 """
@@ -80,7 +83,7 @@ def main() -> None:
         prompts = torch.randint(0, cfg.vocab_size, (batch, args.prompt)).tolist()
         num_blocks = batch * ((args.prompt + args.new) // 16 + 2) + 8
         with Generator(model, num_blocks=num_blocks, block_size=16, max_num_batched_tokens=2048,
-                       max_num_seqs=batch) as gen:
+                       max_num_seqs=batch, num_threads=torch.get_num_threads()) as gen:
             t = time.perf_counter()
             outs = gen.generate(prompts, SamplingParams(max_new_tokens=args.new, ignore_eos=True))
             dt = time.perf_counter() - t

@@ -12,7 +12,7 @@ pagedkv pool, and each step is one pagedkv plan whose token positions and
 last-token rows feed the model's ``position_ids`` and ``logits_to_keep``.
 :class:`Generator` adds continuous batching with prefix caching, chunked
 prefill, preemption and fork-based parallel sampling. Needs torch and
-transformers (tested with transformers 5.x, see scripts/deps/models.pip).
+transformers (tested with transformers 5.23 and torch 2.15: scripts/deps/models.*).
 """
 
 from ._attention import ATTN_IMPLEMENTATION, paged_attention, pagedkv_attention_forward, register, token_rows

@@ -23,7 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Deque, Iterable, List, Optional, Sequence
 
 import pagedkv
 
@@ -151,14 +151,17 @@ class Generator:
         self._ids = itertools.count()
         self._waiting: Deque[_Seq] = collections.deque()
         self._running: List[_Seq] = []
-        self._requests: Dict[int, _Request] = {}
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self._default_stop = frozenset([eos] if isinstance(eos, int) else (eos or []))
 
     # ------------------------------------------------------------ requests
 
     def add_request(self, prompt: Iterable[int], params: Optional[SamplingParams] = None) -> int:
-        """Queues a prompt (token ids); returns its request id."""
+        """Queues a prompt (token ids); returns its request id (the
+        ``request_id`` of its Completions, which step() returns)."""
+        return self._add(prompt, params).id
+
+    def _add(self, prompt: Iterable[int], params: Optional[SamplingParams]) -> _Request:
         params = params or SamplingParams()
         prompt = [int(t) for t in prompt]
         if not prompt:
@@ -170,13 +173,12 @@ class Generator:
         )
         rid = next(self._ids)
         req = _Request(rid, prompt, params, stop)
-        self._requests[rid] = req
         rng = None
         if params.temperature > 0:
             rng = self._torch.Generator(device="cpu")
             rng.manual_seed(params.seed if params.seed is not None else rid)
         self._waiting.append(_Seq(req, 0, list(prompt), rng))
-        return rid
+        return req
 
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._running)
@@ -186,14 +188,10 @@ class Generator:
     ) -> List[List[Completion]]:
         """Runs prompts to completion; result[i] holds prompt i's n samples
         in sample order."""
-        ids = [self.add_request(p, params) for p in prompts]
+        reqs = [self._add(p, params) for p in prompts]
         while self.has_unfinished():
             self.step()
-        out = []
-        for rid in ids:
-            req = self._requests.pop(rid)
-            out.append(sorted(req.done, key=lambda c: c.index))
-        return out
+        return [sorted(r.done, key=lambda c: c.index) for r in reqs]
 
     def close(self) -> None:
         for s in self._running:
