@@ -187,6 +187,9 @@ class Pool {
   // hash_new_blocks returned h0.
   void apply_append(Sequence& s, uint64_t n0, uint64_t n, const AppendNeed& need,
                     size_t h0) noexcept;
+  // The live sequence ids[i] of a batched call, marked with mark (a fresh
+  // plan_epoch_); fails naming seqs[i] when it is stale or given twice.
+  Sequence* batch_member(const SeqId* ids, uint64_t i, uint64_t mark);
   // free() once its events are reserved.
   void free_locked(SeqId id, Sequence& s) noexcept;
   // Registers blocks [from, s.hashes.size()) in the prefix cache; no throw.

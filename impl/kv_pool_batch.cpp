@@ -23,6 +23,15 @@ std::string at(const char* name, uint64_t i, SeqId id) {
 
 }  // namespace
 
+Sequence* Pool::batch_member(const SeqId* ids, uint64_t i, uint64_t mark) {
+  Sequence* s = seqs_.find(ids[i]);
+  if (!s) fail(Errc::kNotFound, at("seqs", i, ids[i]) + " is stale or unknown");
+  if (s->plan_mark == mark)
+    fail(Errc::kInvalidArgument, at("seqs", i, ids[i]) + " appears twice in the batch");
+  s->plan_mark = mark;
+  return s;
+}
+
 void Pool::append_batch(const SeqId* ids, const int32_t* tokens, uint64_t m) {
   std::lock_guard<std::mutex> lock(mu_);
   check_open();
@@ -37,11 +46,7 @@ void Pool::append_batch(const SeqId* ids, const int32_t* tokens, uint64_t m) {
   uint64_t take = 0, gain = 0, events = 0, cow = 0;
   const uint64_t free_now = uint64_t(blocks_.num_free());
   for (uint64_t i = 0; i < m; ++i) {
-    Sequence* s = seqs_.find(ids[i]);
-    if (!s) fail(Errc::kNotFound, at("seqs", i, ids[i]) + " is stale or unknown");
-    if (s->plan_mark == mark)
-      fail(Errc::kInvalidArgument, at("seqs", i, ids[i]) + " appears twice in the batch");
-    s->plan_mark = mark;
+    Sequence* s = batch_member(ids, i, mark);
     BatchItem it{s, s->tokens.size(), {}, 0, false};
     if (!s->tail_shared && opts_.sliding_window == 0 && it.n0 < kMaxSeqTokens) {
       const uint64_t j = div_bs(it.n0);
@@ -110,11 +115,7 @@ void Pool::free_batch(const SeqId* ids, uint64_t m) {
   const uint64_t mark = ++plan_epoch_;
   size_t events = 0;
   for (uint64_t i = 0; i < m; ++i) {
-    Sequence* s = seqs_.find(ids[i]);
-    if (!s) fail(Errc::kNotFound, at("seqs", i, ids[i]) + " is stale or unknown");
-    if (s->plan_mark == mark)
-      fail(Errc::kInvalidArgument, at("seqs", i, ids[i]) + " appears twice in the batch");
-    s->plan_mark = mark;
+    Sequence* s = batch_member(ids, i, mark);
     events += count_unwritten(*s, 0, s->blocks.size());
   }
   blocks_.reserve_events(events);  // may throw: before any change
