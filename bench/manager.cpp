@@ -18,8 +18,14 @@
 //   prefix_cache/aimed    the same with digests whose first 8 bytes share
 //                         their low 20 bits (what an unkeyed table probed on:
 //                         hash flooding, issue 14); should match random
+//   decode_step_plan/*    the full decode step of issue 16: 1 token appended to
+//                         each of 1024 sequences of ~1000 tokens (one call per
+//                         sequence, or pkv_seq_append_batch), then the step
+//                         plan built, committed and destroyed; *_only = the
+//                         batched appends alone (plan = the difference)
 // Counters: vs_target = measured / goal (>= 1 meets it: 20M pairs/s; 50 us
-// per 1024-sequence step); vs_hash = match_prefix tokens/s over hash_only.
+// per 1024-sequence step; 30 us per decode_step_plan step); vs_hash = match_prefix tokens/s over
+// hash_only.
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -87,6 +93,16 @@ std::vector<int32_t> random_tokens(size_t n, uint32_t seed) {
 constexpr int kSeqs = 1024;
 constexpr int kSteps = 4096;
 
+// Per-step counters of the decode rows: us_per_step and vs_target (goal_us
+// per step).
+void step_counters(benchmark::State& state, double goal_us) {
+  state.SetItemsProcessed(state.iterations() * kSeqs);
+  state.counters["us_per_step"] = benchmark::Counter(
+      double(state.iterations()) * 1e-6, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["vs_target"] =
+      benchmark::Counter(double(state.iterations()) * goal_us * 1e-6, benchmark::Counter::kIsRate);
+}
+
 void BM_DecodeStep(benchmark::State& state) {
   const uint32_t algo = uint32_t(state.range(0));
   // Room for 1024 prompts of 500 tokens plus every step's token.
@@ -115,11 +131,64 @@ void BM_DecodeStep(benchmark::State& state) {
       }
     }
   }
-  state.SetItemsProcessed(state.iterations() * kSeqs);
-  state.counters["us_per_step"] = benchmark::Counter(
-      double(state.iterations()) * 1e-6, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
-  state.counters["vs_target"] =
-      benchmark::Counter(double(state.iterations()) * 50e-6, benchmark::Counter::kIsRate);
+  step_counters(state, 50);
+  pkv_pool_destroy(pool);
+}
+
+// A full C decode step as an engine runs it on a manager-only pool: one
+// token appended to each of 1024 sequences of ~1000 tokens, the step plan
+// built for them (1 query each, ~64k pages), committed and destroyed.
+// Arg 0: one pkv_seq_append per sequence; 1: pkv_seq_append_batch;
+// 3: the batched appends alone (the plan's share is the difference).
+void BM_DecodeStepPlan(benchmark::State& state) {
+  const int mode = int(state.range(0));
+  constexpr int kCtx = 1000;
+  const uint64_t blocks = uint64_t(kSeqs) * ((kCtx + 16 + kSteps) / kBlockSize + 2) + 2;
+  pkv_pool* pool = make_pool(PKV_HASH_SHA256_CBOR, blocks);
+  if (!pool) {
+    state.SkipWithError(pkv_last_error_message());
+    return;
+  }
+  std::vector<pkv_seq_id> seqs(kSeqs);
+  std::vector<uint32_t> ones(kSeqs, 1), prompts(kSeqs);
+  for (int i = 0; i < kSeqs; ++i) {
+    pkv_seq_create(pool, nullptr, &seqs[i]);
+    auto prompt = random_tokens(kCtx + i % 16, uint32_t(i));  // fill points staggered
+    pkv_seq_append(pool, seqs[i], prompt.data(), prompt.size(), 0);
+    prompts[i] = uint32_t(prompt.size());
+  }
+  pkv_batch* b = nullptr;  // the prompts' step: later plans' context is written
+  if (pkv_batch_prepare(pool, seqs.data(), prompts.data(), kSeqs, nullptr, &b) != PKV_OK ||
+      pkv_batch_commit(b) != PKV_OK) {
+    state.SkipWithError(pkv_last_error_message());
+    return;
+  }
+  pkv_batch_destroy(b);
+  std::vector<int32_t> toks(kSeqs);
+  uint32_t step = 0;
+  for (auto _ : state) {
+    ++step;
+    for (int i = 0; i < kSeqs; ++i)
+      toks[i] = int32_t((step * 2654435761u + uint32_t(i) * 40503u) % 152064u);
+    pkv_status st = PKV_OK;
+    if (mode == 0) {
+      for (int i = 0; i < kSeqs && st == PKV_OK; ++i)
+        st = pkv_seq_append(pool, seqs[i], &toks[i], 1, 0);
+    } else {
+      st = pkv_seq_append_batch(pool, seqs.data(), toks.data(), kSeqs);
+    }
+    if (st == PKV_OK && mode != 3)
+      st = pkv_batch_prepare(pool, seqs.data(), ones.data(), kSeqs, nullptr, &b);
+    if (st == PKV_OK && mode != 3) {
+      st = pkv_batch_commit(b);
+      pkv_batch_destroy(b);
+    }
+    if (st != PKV_OK) {
+      state.SkipWithError(pkv_last_error_message());
+      break;
+    }
+  }
+  step_counters(state, 30);
   pkv_pool_destroy(pool);
 }
 
@@ -197,6 +266,21 @@ BENCHMARK(BM_DecodeStep)
     ->Name("decode_step/xxh3_128")
     ->Arg(PKV_HASH_XXH3_128)
     ->Iterations(kSteps)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeStepPlan)
+    ->Name("decode_step_plan/append_each")
+    ->Arg(0)
+    ->Iterations(1024)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeStepPlan)
+    ->Name("decode_step_plan/append_batch")
+    ->Arg(1)
+    ->Iterations(1024)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeStepPlan)
+    ->Name("decode_step_plan/append_batch_only")
+    ->Arg(3)
+    ->Iterations(1024)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatchPrefix)
     ->Name("match_prefix/sha256_cbor")

@@ -221,6 +221,8 @@ void Pool::close() {
   // their plan memory through it.
   arena_.base = nullptr;
   arena_hold_.reset();
+  last_plan_.reset();  // live plans keep their own memory
+  spare_plan_.reset();
 }
 
 void Pool::check_open() const {
@@ -392,6 +394,34 @@ std::vector<std::pair<int32_t, uint32_t>> Pool::written_after(
     if (r.lo <= w) w = std::max(w, r.hi);
   }
   return out;
+}
+
+void Pool::apply_written(std::vector<WrittenRange>& ranges) {
+  // A plan's sequences write distinct blocks (shared ones are copied
+  // first), so the general path's sort is rarely needed.
+  if (written_stamp_.size() < opts_.num_blocks) written_stamp_.assign(opts_.num_blocks, 0);
+  if (++written_round_ == 0) {  // wrapped: old stamps could match
+    std::fill(written_stamp_.begin(), written_stamp_.end(), 0);
+    written_round_ = 1;
+  }
+  bool distinct = true;
+  for (const WrittenRange& r : ranges) {
+    uint32_t& st = written_stamp_[size_t(r.block)];
+    if (st == written_round_) {
+      distinct = false;
+      break;
+    }
+    st = written_round_;
+  }
+  if (!distinct) {
+    const auto after = written_after(std::move(ranges));  // may throw: before any change
+    for (const auto& [blk, w] : after) blocks_.set_written(blk, w);
+    return;
+  }
+  for (const WrittenRange& r : ranges) {
+    const uint32_t w = blocks_.written(r.block);
+    if (r.lo <= w && r.hi > w) blocks_.set_written(r.block, r.hi);
+  }
 }
 
 // ------------------------------------------------------------------ storage

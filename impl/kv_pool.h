@@ -106,6 +106,7 @@ struct PoolStats {
 };
 
 class Batch;
+struct PlanHost;
 
 class Pool {
  public:
@@ -144,6 +145,19 @@ class Pool {
   void truncate(SeqId id, uint64_t num_tokens);
   void free(SeqId id);
   SeqInfo seq_info(SeqId id) const;
+  // Batched and fused calls (kv_pool_batch.cpp): all or nothing, messages
+  // name the offending index. given: the engine's block hashes of tokens
+  // (nullptr = hash here).
+  uint64_t match_prefix_hashes(SeqId id, const int32_t* tokens, uint64_t n, const BlockHash* given,
+                               uint64_t num_given);
+  void append_batch(const SeqId* ids, const int32_t* tokens, uint64_t n);
+  void free_batch(const SeqId* ids, uint64_t n);
+  struct Admitted {
+    SeqId id = 0;
+    uint64_t num_cached = 0;
+  };
+  Admitted admit(const SeqOptions& o, const int32_t* tokens, uint64_t n, const BlockHash* given,
+                 uint64_t num_given, uint32_t lookahead);
   // Copies min(len, capacity) entries; returns the full length.
   uint64_t block_table(SeqId id, int32_t* out, uint64_t capacity) const;
   uint64_t block_hashes(SeqId id, BlockHash* out, uint64_t capacity) const;
@@ -174,13 +188,22 @@ class Pool {
   std::vector<CopyPair> pending_copies() const;
   size_t num_pending_events() const;  // recorded, not yet drained
   void shrink_events_for_testing();   // the next event must grow the ring
+  // Replaces the memo of the last step plan (nullptr: the next plan is
+  // built from scratch) and returns the old one; tests compare incremental
+  // and from-scratch plans with it.
+  std::shared_ptr<PlanHost> swap_last_plan_for_testing(std::shared_ptr<PlanHost> p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_plan_.swap(p);
+    return p;
+  }
 
  private:
   friend class Batch;
   Pool(const PoolOptions& opts, uint64_t bytes_per_block);
 
   Sequence& seq_or_throw(SeqId id);
-  PrefixMatch match_locked(SeqId id, const int32_t* tokens, uint64_t n, bool partial);
+  PrefixMatch match_locked(SeqId id, const int32_t* tokens, uint64_t n, bool partial,
+                           const BlockHash* given, uint64_t num_given);
   // The partial-hit candidate after s's full hits (k = 0: none).
   std::pair<int32_t, uint32_t> find_partial(const Sequence& s, const int32_t* tokens,
                                             uint64_t n) const;
@@ -206,6 +229,25 @@ class Pool {
   // that can throw after the tokens went in: on failure s.hashes is as
   // before (the caller takes its tokens back).
   size_t hash_new_blocks(Sequence& s);
+  // A sequence's hash context from its options (validated).
+  HashContext make_ctx(const SeqOptions& o) const;
+  // The leading written blocks of tokens in the prefix cache (capped so a
+  // token is left to compute) and their hashes, appended to hits and
+  // hashes; changes nothing else. given: precomputed hashes (see
+  // match_prefix_hashes), whose first and last links are checked.
+  void find_hits(const HashContext& ctx, const int32_t* tokens, uint64_t n, const BlockHash* given,
+                 uint64_t num_given, std::vector<BlockHash>& hashes,
+                 std::vector<int32_t>& hits) const;
+  // The part of an append that cannot fail, after append_need was checked
+  // against the free blocks, s.tokens holds the new tokens (n0 before) and
+  // hash_new_blocks returned h0.
+  void apply_append(Sequence& s, uint64_t n0, uint64_t n, const AppendNeed& need,
+                    size_t h0) noexcept;
+  // The live sequence ids[i] of a batched call, marked with mark (a fresh
+  // plan_epoch_); fails naming seqs[i] when it is stale or given twice.
+  Sequence* batch_member(const SeqId* ids, uint64_t i, uint64_t mark);
+  // free() once its events are reserved.
+  void free_locked(SeqId id, Sequence& s) noexcept;
   // Registers blocks [from, s.hashes.size()) in the prefix cache; no throw.
   void cache_new_blocks(const Sequence& s, size_t from) noexcept;
   // Blocks in [begin, end) of s that we hold alone, that are cached and not
@@ -234,6 +276,9 @@ class Pool {
   // The written count of each block in ranges after applying them in slot
   // order to the current state: sorted by block, one entry per block.
   std::vector<std::pair<int32_t, uint32_t>> written_after(std::vector<WrittenRange> ranges) const;
+  // Applies ranges as written_after computes them (may throw before any
+  // change); without a sort when every range is in its own block.
+  void apply_written(std::vector<WrittenRange>& ranges);
   // Sets the fill of s's tail blocks (held by s alone) to the tokens s holds.
   void settle_tail_fill(const Sequence& s) noexcept;
   void release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin,
@@ -290,6 +335,22 @@ class Pool {
   std::vector<uint32_t> copy_stamp_;
   uint32_t copy_round_ = 0;
   std::vector<int32_t> copy_src_, copy_dst_;
+  // append_batch's per-sequence work list, kept between calls.
+  struct BatchItem {
+    Sequence* s;
+    uint64_t n0;
+    AppendNeed need;
+    size_t h0;
+    bool simple;  // the decode fast path: no new block, nothing fills
+  };
+  std::vector<BatchItem> batch_items_;
+  // Incremental step plans (step_plan_rows.h): the last plan's memory and
+  // page rows, and a spare buffer for the next plan.
+  std::shared_ptr<PlanHost> last_plan_, spare_plan_;
+  // Batch::commit: per-block stamps telling whether a plan's written
+  // ranges fall in distinct blocks (then no sort is needed).
+  std::vector<uint32_t> written_stamp_;
+  uint32_t written_round_ = 0;
 };
 
 }  // namespace pagedkv

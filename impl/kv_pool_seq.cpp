@@ -7,14 +7,15 @@
 
 #include "key_domains.h"
 #include "kv_pool.h"
+#include "seq_util.h"
 
 namespace pagedkv {
 
 namespace {
 
-constexpr uint64_t kMaxSeqTokens = uint64_t(std::numeric_limits<int32_t>::max());
-
-std::string str(uint64_t v) { return std::to_string(v); }
+using seq_util::grow;
+using seq_util::kMaxSeqTokens;
+using seq_util::str;
 
 // Blocks of requests without LoRA, multimodal items or (past the first
 // block) salt hash with no extra keys: the plain overload is the faster one.
@@ -22,12 +23,6 @@ const std::vector<ExtraKey> kNoExtraKeys;
 bool no_extra_keys(const HashContext& c, uint64_t start) {
   return c.lora_id == 0 && c.lora_name.empty() && c.mm_items.empty() &&
          (c.cache_salt.empty() || start > 0);
-}
-
-// Amortised growth: reserve() alone would reallocate on every append.
-template <class V>
-void grow(V& v, size_t need) {
-  if (need > v.capacity()) v.reserve(std::max(need, v.capacity() * 2));
 }
 
 }  // namespace
@@ -113,7 +108,7 @@ void Pool::release_blocks_reverse(const std::vector<int32_t>& blocks, size_t beg
     if (blocks[j] != BlockPool::kNullBlock) blocks_.release(blocks[j]);
 }
 
-SeqId Pool::seq_create(const SeqOptions& o) {
+HashContext Pool::make_ctx(const SeqOptions& o) const {
   uint64_t prev_end = 0;
   for (size_t i = 0; i < o.mm_items.size(); ++i) {
     const MmItem& m = o.mm_items[i];
@@ -136,7 +131,11 @@ SeqId Pool::seq_create(const SeqOptions& o) {
   ctx.cache_salt = o.cache_salt;
   ctx.mm_items = o.mm_items;
   if (opts_.strict_key_domains) apply_strict_key_domains(ctx);
+  return ctx;
+}
 
+SeqId Pool::seq_create(const SeqOptions& o) {
+  HashContext ctx = make_ctx(o);
   std::lock_guard<std::mutex> lock(mu_);
   check_open();
   if (seqs_.full()) fail(Errc::kOutOfMemory, "the pool's sequence table is full");
@@ -147,14 +146,58 @@ SeqId Pool::seq_create(const SeqOptions& o) {
   return id;
 }
 
+void Pool::find_hits(const HashContext& ctx, const int32_t* tokens, uint64_t n,
+                     const BlockHash* given, uint64_t num_given, std::vector<BlockHash>& hashes,
+                     std::vector<int32_t>& hits) const {
+  if (!blocks_.caching() || n == 0) return;
+  const uint64_t bs = opts_.block_size;
+  const uint64_t max_blocks = given ? std::min((n - 1) / bs, num_given) : (n - 1) / bs;
+  const auto hash_at = [&](uint64_t j, const BlockHash& parent) {
+    return hasher_->hash(parent, tokens + j * bs, bs, ctx, j * bs);
+  };
+  if (given && max_blocks > 0) {
+    // The engine hashed the prompt at arrival: the cache key carries its
+    // domain (seed, algorithm, key-domain mode, salt, LoRA, multimodal
+    // items), so one computed for another domain must not be used here.
+    // Two links are recomputed (not the whole chain, which is what the
+    // caller saves): the first block, which carries every key of the
+    // sequence, and the last one used.
+    if (hash_at(0, root_) != given[0])
+      fail(Errc::kInvalidArgument,
+           "hashes[0] is not the hash of the first block of tokens for this pool and sequence "
+           "(another seed, algorithm, key-domain mode, cache salt, LoRA or multimodal item?)");
+    const uint64_t last = max_blocks - 1;
+    if (last > 0 && hash_at(last, given[last - 1]) != given[last])
+      fail(Errc::kInvalidArgument, "hashes[" + str(last) + "] does not chain from hashes[" +
+                                       str(last - 1) + "] over tokens [" + str(last * bs) + ", " +
+                                       str((last + 1) * bs) + ")");
+  }
+  for (uint64_t j = 0; j < max_blocks; ++j) {
+    BlockHash h = given ? given[j] : hash_at(j, j ? hashes.back() : root_);
+    int32_t b = blocks_.lookup_written(h);  // never a block nobody wrote
+    if (b < 0) break;
+    if (j == 0) {
+      hits.reserve(max_blocks);
+      hashes.reserve(max_blocks);
+    }
+    hashes.push_back(h);
+    hits.push_back(b);
+  }
+}
+
 uint64_t Pool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
+  return match_prefix_hashes(id, tokens, n, nullptr, 0);
+}
+
+uint64_t Pool::match_prefix_hashes(SeqId id, const int32_t* tokens, uint64_t n,
+                                   const BlockHash* given, uint64_t num_given) {
   std::lock_guard<std::mutex> lock(mu_);
-  return match_locked(id, tokens, n, false).full_tokens;
+  return match_locked(id, tokens, n, false, given, num_given).full_tokens;
 }
 
 PrefixMatch Pool::match_prefix_partial(SeqId id, const int32_t* tokens, uint64_t n) {
   std::lock_guard<std::mutex> lock(mu_);
-  return match_locked(id, tokens, n, opts_.enable_partial_reuse);
+  return match_locked(id, tokens, n, opts_.enable_partial_reuse, nullptr, 0);
 }
 
 std::pair<int32_t, uint32_t> Pool::find_partial(const Sequence& s, const int32_t* tokens,
@@ -191,36 +234,28 @@ std::pair<int32_t, uint32_t> Pool::find_partial(const Sequence& s, const int32_t
   return {-1, 0};
 }
 
-PrefixMatch Pool::match_locked(SeqId id, const int32_t* tokens, uint64_t n, bool partial) {
+PrefixMatch Pool::match_locked(SeqId id, const int32_t* tokens, uint64_t n, bool partial,
+                                const BlockHash* given, uint64_t num_given) {
   Sequence& s = seq_or_throw(id);
   if (!s.tokens.empty() || !s.blocks.empty())
     fail(Errc::kInvalidState, seq_name(id) + " already holds " + str(s.tokens.size()) +
                                   " tokens; match_prefix needs an empty sequence");
   if (n > kMaxSeqTokens) fail(Errc::kInvalidArgument, "num_tokens " + str(n) + " exceeds 2^31 - 1");
   PrefixMatch r;
+  const uint64_t bs = opts_.block_size;
+  if (given && num_given > n / bs)
+    fail(Errc::kInvalidArgument, "num_hashes " + str(num_given) + " exceeds the " + str(n / bs) +
+                                     " full blocks of num_tokens " + str(n));
   if (!blocks_.caching() || n == 0) {
     prefix_query_tokens_ += n;
     return r;
   }
   tick();
-  const uint64_t bs = opts_.block_size;
-  const uint64_t max_blocks = (n - 1) / bs;
   std::pair<int32_t, uint32_t> part{-1, 0};
-  // Hash and look up into the sequence's empty vectors (what can throw),
-  // undone on failure; the hits are attached only when all of it worked.
+  // Look up into the sequence's empty vectors (what can throw), undone on
+  // failure; the hits are attached only when all of it worked.
   try {
-    for (uint64_t j = 0; j < max_blocks; ++j) {
-      const BlockHash& parent = j ? s.hashes[j - 1] : root_;
-      BlockHash h = hasher_->hash(parent, tokens + j * bs, bs, s.ctx, j * bs);
-      int32_t b = blocks_.lookup_written(h);  // never a block nobody wrote
-      if (b < 0) break;
-      if (j == 0) {
-        s.blocks.reserve(max_blocks);
-        s.hashes.reserve(max_blocks);
-      }
-      s.hashes.push_back(h);
-      s.blocks.push_back(b);
-    }
+    find_hits(s.ctx, tokens, n, given, num_given, s.hashes, s.blocks);
     if (partial) part = find_partial(s, tokens, n);
     if (part.second) {
       s.blocks.reserve(s.blocks.size() + 1);
@@ -264,7 +299,10 @@ PrefixMatch Pool::match_locked(SeqId id, const int32_t* tokens, uint64_t n, bool
   num_tokens_ += got;
   prefix_query_tokens_ += n;
   prefix_hit_tokens_ += got;
-  if (got) ++s.version;
+  if (got) {
+    ++s.version;
+    ++s.table_version;
+  }
   return r;
 }
 
@@ -442,7 +480,10 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
           throw;
         }
       }
-      if (new_block) s.blocks.push_back(blocks_.allocate());
+      if (new_block) {
+        s.blocks.push_back(blocks_.allocate());
+        ++s.table_version;
+      }
       clamp_written(s.blocks[j], n0 - j * opts_.block_size);
       blocks_.add_filled_slot(s.blocks[j]);
       if (fills) cache_new_blocks(s, h0);
@@ -459,7 +500,6 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
                                  " tokens + " + str(lookahead) + " lookahead; " + str(avail) +
                                  " are free");
   if (n == 0 && need.fresh == 0 && need.window_end == need.window_first) return;  // no change
-  const uint64_t bs = opts_.block_size;
   const uint64_t n0 = s.tokens.size();
   // Everything that can throw comes first: room in every vector that grows
   // and for the events (an eviction per block taken, a dropped and a new
@@ -478,6 +518,12 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
     throw;
   }
 
+  apply_append(s, n0, n, need, h0);
+}
+
+void Pool::apply_append(Sequence& s, uint64_t n0, uint64_t n, const AppendNeed& need,
+                        size_t h0) noexcept {
+  const uint64_t bs = opts_.block_size;
   // 1. Sliding window: release what no query will read again, tail first.
   uncache_unwritten(s, need.window_first, need.window_end);  // none while the invariants hold
   for (uint64_t j = need.window_end; j-- > need.window_first;) {
@@ -529,6 +575,7 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
   }
   num_tokens_ += n;
   ++s.version;
+  ++s.table_version;
 }
 
 void Pool::settle_tail_fill(const Sequence& s) noexcept {
@@ -642,6 +689,7 @@ void Pool::truncate(SeqId id, uint64_t m) {
   s.tail_shared = !tail_is_exclusive(s);
   num_tokens_ -= n0 - m;
   ++s.version;
+  ++s.table_version;
 }
 
 void Pool::free(SeqId id) {
@@ -649,6 +697,10 @@ void Pool::free(SeqId id) {
   Sequence& s = seq_or_throw(id);
   blocks_.reserve_events(count_unwritten(s, 0, s.blocks.size()));  // may throw: first
   tick();
+  free_locked(id, s);
+}
+
+void Pool::free_locked(SeqId id, Sequence& s) noexcept {
   // Full blocks whose K/V was never written leave the prefix cache (and go
   // to the head of the free queue).
   uncache_unwritten(s, 0, s.blocks.size());

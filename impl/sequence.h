@@ -53,6 +53,10 @@ struct Sequence {
   // may have been replaced, so its commit must not mark their slots.
   uint32_t writes_epoch = 0;
   uint64_t plan_mark = 0;  // batch-prepare epoch, to reject duplicates
+  // Bumped by every change of the block table (not by appends into a block
+  // it already holds): a step plan reuses the previous plan's page row of
+  // a sequence whose table_version did not change (step_plan_rows.h).
+  uint32_t table_version = 0;
   HashContext ctx;
   std::vector<RetentionRange> retention;  // empty = the default priority
 
@@ -68,6 +72,7 @@ struct Sequence {
     num_committed = 0;
     ++writes_epoch;
     plan_mark = 0;
+    ++table_version;
     ctx = HashContext{};
     retention.clear();
   }

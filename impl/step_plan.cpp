@@ -122,9 +122,10 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
                             {s.blocks[j], uint32_t(std::max(start, j * bs) - j * bs),
                              uint32_t(std::min(n, (j + 1) * bs) - j * bs)}});
   }
-  std::vector<Pool::WrittenRange> rs(b->ranges_.size());
-  for (size_t k = 0; k < rs.size(); ++k) rs[k] = b->ranges_[k].r;
-  const auto after = p.written_after(std::move(rs));
+  // The written counts after this plan's own writes, needed only when a
+  // context block is not written yet (rare: built on first use).
+  std::vector<std::pair<int32_t, uint32_t>> after;
+  bool have_after = false;
   for (uint32_t i = 0; i < num_seqs; ++i) {
     const Sequence& s = *live[i];
     const uint64_t n = s.tokens.size(), ctx_end = n - query_counts[i];
@@ -138,6 +139,12 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
       const uint32_t need = uint32_t(std::min(bs, ctx_end - j * bs));
       uint32_t wr = p.blocks_.written(blk);
       if (wr < need) {
+        if (!have_after) {
+          std::vector<Pool::WrittenRange> rs(b->ranges_.size());
+          for (size_t k = 0; k < rs.size(); ++k) rs[k] = b->ranges_[k].r;
+          after = p.written_after(std::move(rs));
+          have_after = true;
+        }
         auto it = std::lower_bound(after.begin(), after.end(), std::make_pair(blk, uint32_t(0)));
         if (it != after.end() && it->first == blk) wr = it->second;
       }
@@ -174,8 +181,13 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   // Two copies of the arrays: the kernels read the first, callers get the
   // second (plan_tensor), so nothing a caller writes into a plan array can
   // move a kernel's reads or writes out of bounds (DESIGN.md section 9).
-  b->host_.assign(2 * off / 8, 0);
-  char* base = reinterpret_cast<char*>(b->host_.data());
+  b->host_ = take_plan_host(p.spare_plan_, 2 * off / 8);
+  PlanHost& host = *b->host_;
+  host.seqs.resize(num_seqs);
+  host.table_versions.resize(num_seqs);
+  host.page_indptr_off = b->offsets_[2];
+  host.page_indices_off = b->offsets_[3];
+  char* base = reinterpret_cast<char*>(host.data.get());
   int64_t* slots = reinterpret_cast<int64_t*>(base + b->offsets_[0]);
   int32_t* qptr = reinterpret_cast<int32_t*>(base + b->offsets_[1]);
   int32_t* pptr = reinterpret_cast<int32_t*>(base + b->offsets_[2]);
@@ -190,13 +202,14 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
     const uint64_t np = (n + bs - 1) / bs;
     for (uint64_t pos = n - query_counts[i]; pos < n; ++pos)
       slots[t++] = int64_t(s.blocks[pos / bs]) * int64_t(bs) + int64_t(pos % bs);
-    for (uint64_t j = 0; j < np; ++j) pidx[pg++] = s.blocks[j];
+    pg += int64_t(np);
     qptr[i + 1] = int32_t(t);
     pptr[i + 1] = int32_t(pg);
     last[i] = int32_t(n - (np - 1) * bs);
     ctx[i] = int32_t(n);
   }
-  std::memcpy(base + off, base, off);
+  b->rows_reused_ =
+      fill_page_rows(p.last_plan_.get(), host, seqs, live.data(), pptr, pidx, num_seqs);
   b->host_view_ = view_at(base, b->offsets_, info);
 
   // Nothing counts as computed yet: commit() (or a cache write of every
@@ -207,6 +220,7 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
     b->layers_left_ = p.opts_.num_layers;
   }
   if (p.backend_ && p.backend_->device_type() != kDeviceCpu) {
+    std::memcpy(base + off, base, off);  // the callers' copy, uploaded with the kernels'
     b->device_ = p.backend_->allocate_async(2 * b->bytes_, stream);
     b->stream_ = stream;
     try {
@@ -223,13 +237,17 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
     b->view_ = b->host_view_;
   }
   b->state_ = State::kOpen;
+  b->recyclable_ = true;
+  remember_plan(p.last_plan_, p.spare_plan_, b->host_);
   return b;
 }
 
 Batch::~Batch() {
   const bool count = state_ == State::kOpen && !pool_->has_storage();
-  if (!count && !device_ && !positions_device_) return;
+  if (!recyclable_) return;  // prepare failed (and holds the lock); nothing on the device yet
   std::lock_guard<std::mutex> lock(pool_->mu_);
+  // The plan memory goes back to the pool for the next plan.
+  if (!pool_->closed_) recycle_plan_host(pool_->spare_plan_, std::move(host_));
   // ABI 1 compatibility: a manager-only pool's engine writes K/V elsewhere
   // and older callers never commit, so a step destroyed without abort
   // counts as done. A pool with storage knows better: unless every layer
@@ -278,9 +296,8 @@ void Batch::commit_locked() {
     const Sequence* s = live[q.seq];
     if (s && q.index < s->blocks.size() && s->blocks[q.index] == q.r.block) rs.push_back(q.r);
   }
-  const auto after = p.written_after(std::move(rs));  // may throw: before any change
+  p.apply_written(rs);  // may throw before any change
   state_ = State::kCommitted;
-  for (const auto& [blk, w] : after) p.blocks_.set_written(blk, w);
   if (p.opts_.sliding_window == 0) {
     for (size_t i = 0; i < seqs_.size(); ++i)
       if (Sequence* s = live[i])
@@ -310,8 +327,12 @@ TensorArg Batch::plan_tensor(uint32_t which) const {
   const int64_t lens[6] = {int64_t(info_.num_tokens), int64_t(S + 1), int64_t(S + 1),
                            int64_t(info_.num_pages),  int64_t(S),     int64_t(S)};
   TensorArg t;
-  const char* base =
-      device_ ? static_cast<const char*>(device_) : reinterpret_cast<const char*>(host_.data());
+  const char* base = device_ ? static_cast<const char*>(device_)
+                             : reinterpret_cast<const char*>(host_->data.get());
+  if (!device_) {
+    char* h = reinterpret_cast<char*>(host_->data.get());
+    std::call_once(callers_copy_, [&] { std::memcpy(h + bytes_, h, bytes_); });
+  }
   t.data = const_cast<char*>(base + bytes_ + offsets_[which]);  // the callers' copy
   t.dtype = which == 0 ? uint32_t(DType::kI64) : uint32_t(DType::kI32);
   t.device_type = pool_->opts_.device_type;

@@ -11,6 +11,7 @@
 
 #include "kernel_types.h"
 #include "kv_pool.h"
+#include "step_plan_rows.h"
 #include "tensor_arg.h"
 
 namespace pagedkv {
@@ -54,6 +55,9 @@ class Batch {
   TensorArg plan_tensor(uint32_t which) const;
   const PlanView& view() const { return view_; }            // pool-device pointers
   const PlanView& host_view() const { return host_view_; }  // host copies
+  // Page-table rows this plan copied from the previous plan (the rest were
+  // read from the sequences' tables), for tests and benchmarks.
+  size_t rows_reused() const { return rows_reused_; }
 
   // What a model needs besides the page table (step_plan_positions.cpp):
   // i64 [num_tokens] position of each query row in its sequence, and i64
@@ -104,9 +108,15 @@ class Batch {
   std::vector<SeqId> seqs_;
   std::vector<uint32_t> versions_;
   BatchInfo info_;
-  std::vector<int64_t> host_;  // every array, 8-byte aligned, one buffer
-  void* device_ = nullptr;     // the same bytes on the device (non-CPU pools)
-  void* stream_ = nullptr;     // device_ is released ordered on the prepare stream
+  // Every array, 8-byte aligned, twice (kernel copy, callers' copy), in
+  // memory recycled between plans (step_plan_rows.h).
+  std::shared_ptr<PlanHost> host_;
+  bool recyclable_ = false;  // prepare succeeded: the destructor may lock the pool
+  // On the CPU the callers' copy is made when first asked for.
+  mutable std::once_flag callers_copy_;
+  size_t rows_reused_ = 0;  // page rows copied from the previous plan
+  void* device_ = nullptr;  // the same bytes on the device (non-CPU pools)
+  void* stream_ = nullptr;  // device_ is released ordered on the prepare stream
   size_t bytes_ = 0;
   size_t offsets_[6] = {};  // byte offset of each PlanArray in the buffer
   PlanView view_{}, host_view_{};

@@ -54,26 +54,8 @@ func (p *Pool) CreateSeq(opts *SeqOptions) (Seq, error) {
 	var arena cArena
 	defer arena.free()
 	var co C.pkv_seq_options
-	C.pkv_seq_options_init(&co)
-	if opts != nil {
-		for _, s := range [][2]string{{"CacheSalt", opts.CacheSalt}, {"LoraName", opts.LoraName}} {
-			if err := checkCString(op, s[0], s[1]); err != nil {
-				return Seq{}, err
-			}
-		}
-		if err := checkMMItems(op, opts.MMItems); err != nil {
-			return Seq{}, err
-		}
-		co.priority = C.int32_t(opts.Priority)
-		co.lora_id = C.uint64_t(opts.LoraID)
-		if opts.LoraName != "" {
-			co.lora_name = arena.str(opts.LoraName)
-		}
-		if opts.CacheSalt != "" {
-			co.cache_salt = arena.str(opts.CacheSalt)
-		}
-		co.mm_items = arena.mmItems(opts.MMItems)
-		co.num_mm_items = C.uint32_t(len(opts.MMItems))
+	if err := fillSeqOptions(op, opts, &co, &arena); err != nil {
+		return Seq{}, err
 	}
 	ptr, err := p.acquire(op)
 	if err != nil {
@@ -85,6 +67,33 @@ func (p *Pool) CreateSeq(opts *SeqOptions) (Seq, error) {
 		return Seq{}, err
 	}
 	return Seq{pool: p, id: SeqID(id)}, nil
+}
+
+// fillSeqOptions sets co from opts (nil = defaults); strings live in arena.
+func fillSeqOptions(op string, opts *SeqOptions, co *C.pkv_seq_options, arena *cArena) error {
+	C.pkv_seq_options_init(co)
+	if opts == nil {
+		return nil
+	}
+	for _, s := range [][2]string{{"CacheSalt", opts.CacheSalt}, {"LoraName", opts.LoraName}} {
+		if err := checkCString(op, s[0], s[1]); err != nil {
+			return err
+		}
+	}
+	if err := checkMMItems(op, opts.MMItems); err != nil {
+		return err
+	}
+	co.priority = C.int32_t(opts.Priority)
+	co.lora_id = C.uint64_t(opts.LoraID)
+	if opts.LoraName != "" {
+		co.lora_name = arena.str(opts.LoraName)
+	}
+	if opts.CacheSalt != "" {
+		co.cache_salt = arena.str(opts.CacheSalt)
+	}
+	co.mm_items = arena.mmItems(opts.MMItems)
+	co.num_mm_items = C.uint32_t(len(opts.MMItems))
+	return nil
 }
 
 func nonNegative(op, name string, v int) error {

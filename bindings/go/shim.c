@@ -221,3 +221,35 @@ pkvgo_result pkvgo_pool_get_priority_counts(const pkv_pool* pool, uint64_t* out_
                                             uint64_t capacity, uint64_t* out_len) {
   return pkvgo_capture(pkv_pool_get_priority_counts(pool, out_counts, capacity, out_len));
 }
+
+pkvgo_result pkvgo_seq_append_batch(pkv_pool* pool, const pkv_seq_id* seqs, const int32_t* tokens,
+                                    uint64_t num_seqs) {
+  return pkvgo_capture(pkv_seq_append_batch(pool, seqs, tokens, num_seqs));
+}
+
+pkvgo_result pkvgo_seq_free_batch(pkv_pool* pool, const pkv_seq_id* seqs, uint64_t num_seqs) {
+  return pkvgo_capture(pkv_seq_free_batch(pool, seqs, num_seqs));
+}
+
+pkvgo_result pkvgo_seq_admit(pkv_pool* pool, const pkv_seq_options* opts, const int32_t* tokens,
+                             uint64_t num_tokens, uint32_t num_lookahead, pkv_seq_id* out_seq,
+                             uint64_t* out_num_cached) {
+  return pkvgo_capture(
+      pkv_seq_admit(pool, opts, tokens, num_tokens, num_lookahead, out_seq, out_num_cached));
+}
+
+pkvgo_result pkvgo_seq_match_prefix_hashes(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                                           uint64_t num_tokens, const pkv_block_hash* hashes,
+                                           uint64_t num_hashes, uint64_t* out_num_cached) {
+  return pkvgo_capture(pkv_seq_match_prefix_hashes(pool, seq, tokens, num_tokens, hashes,
+                                                   num_hashes, out_num_cached));
+}
+
+pkvgo_result pkvgo_seq_admit_hashes(pkv_pool* pool, const pkv_seq_options* opts,
+                                    const int32_t* tokens, uint64_t num_tokens,
+                                    const pkv_block_hash* hashes, uint64_t num_hashes,
+                                    uint32_t num_lookahead, pkv_seq_id* out_seq,
+                                    uint64_t* out_num_cached) {
+  return pkvgo_capture(pkv_seq_admit_hashes(pool, opts, tokens, num_tokens, hashes, num_hashes,
+                                            num_lookahead, out_seq, out_num_cached));
+}

@@ -101,5 +101,19 @@ pkvgo_result pkvgo_seq_set_retention(pkv_pool* pool, pkv_seq_id seq,
 pkvgo_result pkvgo_pool_set_clock(pkv_pool* pool, uint64_t now_ns);
 pkvgo_result pkvgo_pool_get_priority_counts(const pkv_pool* pool, uint64_t* out_counts,
                                             uint64_t capacity, uint64_t* out_len);
+pkvgo_result pkvgo_seq_append_batch(pkv_pool* pool, const pkv_seq_id* seqs, const int32_t* tokens,
+                                    uint64_t num_seqs);
+pkvgo_result pkvgo_seq_free_batch(pkv_pool* pool, const pkv_seq_id* seqs, uint64_t num_seqs);
+pkvgo_result pkvgo_seq_admit(pkv_pool* pool, const pkv_seq_options* opts, const int32_t* tokens,
+                             uint64_t num_tokens, uint32_t num_lookahead, pkv_seq_id* out_seq,
+                             uint64_t* out_num_cached);
+pkvgo_result pkvgo_seq_match_prefix_hashes(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                                           uint64_t num_tokens, const pkv_block_hash* hashes,
+                                           uint64_t num_hashes, uint64_t* out_num_cached);
+pkvgo_result pkvgo_seq_admit_hashes(pkv_pool* pool, const pkv_seq_options* opts,
+                                    const int32_t* tokens, uint64_t num_tokens,
+                                    const pkv_block_hash* hashes, uint64_t num_hashes,
+                                    uint32_t num_lookahead, pkv_seq_id* out_seq,
+                                    uint64_t* out_num_cached);
 
 #endif /* PAGEDKV_GO_SHIM_H */

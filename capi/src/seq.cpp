@@ -13,6 +13,51 @@ void check_tokens(const int32_t* tokens, uint64_t n) {
   if (n > 0 && !tokens) fail(Errc::kInvalidArgument, "tokens is NULL but num_tokens is " + str(n));
 }
 
+pagedkv::SeqOptions seq_options(const pkv_seq_options* opts) {
+  pagedkv::SeqOptions o;
+  if (opts) {
+    pc::check_struct_size(opts->struct_size, pc::kSeqOptionsV1, "opts", "pkv_seq_options",
+                          "pkv_seq_options_init");
+    o.priority = opts->priority;
+    o.lora_id = opts->lora_id;
+    if (PKV_HAS_FIELD(opts, lora_name) && opts->lora_name) o.lora_name = opts->lora_name;
+    if (opts->cache_salt) o.cache_salt = opts->cache_salt;
+    if (opts->num_mm_items > 0 && !opts->mm_items)
+      fail(Errc::kInvalidArgument,
+           "opts->mm_items is NULL but opts->num_mm_items is " + str(opts->num_mm_items));
+    for (uint32_t i = 0; i < opts->num_mm_items; ++i) {
+      const pkv_mm_item& m = opts->mm_items[i];
+      if (!m.hash) fail(Errc::kInvalidArgument, "opts->mm_items[" + str(i) + "].hash is NULL");
+      o.mm_items.push_back({m.offset, m.length, m.hash});
+    }
+  }
+  return o;
+}
+
+// Errors of the options' contents name them as opts->field.
+template <class F>
+auto with_opts_prefix(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const pagedkv::Error& e) {
+    if (e.code() == Errc::kInvalidArgument && std::string(e.what()).rfind("mm_items", 0) == 0)
+      fail(e.code(), std::string("opts->") + e.what());
+    throw;
+  }
+}
+
+std::vector<pagedkv::BlockHash> block_hashes(const pagedkv::Pool& p, const pkv_block_hash* hashes,
+                                             uint64_t n) {
+  if (n > 0 && !hashes) fail(Errc::kInvalidArgument, "hashes is NULL but num_hashes is " + str(n));
+  const uint8_t size = uint8_t(pagedkv::hash_digest_size(p.options().hash_algo));
+  std::vector<pagedkv::BlockHash> out(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    std::memcpy(out[i].bytes.data(), hashes[i].bytes, size);  // padding stays zero
+    out[i].size = size;
+  }
+  return out;
+}
+
 }  // namespace
 
 extern "C" {
@@ -27,23 +72,7 @@ pkv_status pkv_seq_create(pkv_pool* pool, const pkv_seq_options* opts, pkv_seq_i
   PKV_GUARD({
     pagedkv::Pool& p = pc::pool_of(pool);
     pc::require(out, "out");
-    pagedkv::SeqOptions o;
-    if (opts) {
-      pc::check_struct_size(opts->struct_size, pc::kSeqOptionsV1, "opts", "pkv_seq_options",
-                            "pkv_seq_options_init");
-      o.priority = opts->priority;
-      o.lora_id = opts->lora_id;
-      if (PKV_HAS_FIELD(opts, lora_name) && opts->lora_name) o.lora_name = opts->lora_name;
-      if (opts->cache_salt) o.cache_salt = opts->cache_salt;
-      if (opts->num_mm_items > 0 && !opts->mm_items)
-        fail(Errc::kInvalidArgument,
-             "opts->mm_items is NULL but opts->num_mm_items is " + str(opts->num_mm_items));
-      for (uint32_t i = 0; i < opts->num_mm_items; ++i) {
-        const pkv_mm_item& m = opts->mm_items[i];
-        if (!m.hash) fail(Errc::kInvalidArgument, "opts->mm_items[" + str(i) + "].hash is NULL");
-        o.mm_items.push_back({m.offset, m.length, m.hash});
-      }
-    }
+    const pagedkv::SeqOptions o = seq_options(opts);
     try {
       *out = p.seq_create(o);
     } catch (const pagedkv::Error& e) {
@@ -201,6 +230,68 @@ pkv_status pkv_seq_set_retention(pkv_pool* pool, pkv_seq_id seq, const pkv_reten
                ranges[i].duration_ns};
     }
     p.set_retention(seq, rs.data(), rs.size());
+  });
+}
+
+pkv_status pkv_seq_append_batch(pkv_pool* pool, const pkv_seq_id* seqs, const int32_t* tokens,
+                                uint64_t num_seqs) {
+  PKV_GUARD({
+    pagedkv::Pool& p = pc::pool_of(pool);
+    if (num_seqs > 0) {
+      pc::require(seqs, "seqs");
+      pc::require(tokens, "tokens");
+    }
+    p.append_batch(seqs, tokens, num_seqs);
+  });
+}
+
+pkv_status pkv_seq_free_batch(pkv_pool* pool, const pkv_seq_id* seqs, uint64_t num_seqs) {
+  PKV_GUARD({
+    pagedkv::Pool& p = pc::pool_of(pool);
+    if (num_seqs > 0) pc::require(seqs, "seqs");
+    p.free_batch(seqs, num_seqs);
+  });
+}
+
+pkv_status pkv_seq_admit(pkv_pool* pool, const pkv_seq_options* opts, const int32_t* tokens,
+                         uint64_t num_tokens, uint32_t num_lookahead, pkv_seq_id* out_seq,
+                         uint64_t* out_num_cached) {
+  return pkv_seq_admit_hashes(pool, opts, tokens, num_tokens, nullptr, 0, num_lookahead, out_seq,
+                              out_num_cached);
+}
+
+pkv_status pkv_seq_match_prefix_hashes(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                                       uint64_t num_tokens, const pkv_block_hash* hashes,
+                                       uint64_t num_hashes, uint64_t* out_num_cached) {
+  PKV_GUARD({
+    pagedkv::Pool& p = pc::pool_of(pool);
+    check_tokens(tokens, num_tokens);
+    pc::require(out_num_cached, "out_num_cached");
+    const std::vector<pagedkv::BlockHash> hs = block_hashes(p, hashes, num_hashes);
+    // A non-NULL pointer selects the hash path even for zero hashes.
+    static const pagedkv::BlockHash kNone{};
+    *out_num_cached =
+        p.match_prefix_hashes(seq, tokens, num_tokens, hs.empty() ? &kNone : hs.data(), hs.size());
+  });
+}
+
+pkv_status pkv_seq_admit_hashes(pkv_pool* pool, const pkv_seq_options* opts, const int32_t* tokens,
+                                uint64_t num_tokens, const pkv_block_hash* hashes,
+                                uint64_t num_hashes, uint32_t num_lookahead, pkv_seq_id* out_seq,
+                                uint64_t* out_num_cached) {
+  PKV_GUARD({
+    pagedkv::Pool& p = pc::pool_of(pool);
+    check_tokens(tokens, num_tokens);
+    pc::require(out_seq, "out_seq");
+    pc::require(out_num_cached, "out_num_cached");
+    const pagedkv::SeqOptions o = seq_options(opts);
+    const std::vector<pagedkv::BlockHash> hs = block_hashes(p, hashes, num_hashes);
+    static const pagedkv::BlockHash kNone{};
+    const pagedkv::BlockHash* given = hashes ? (hs.empty() ? &kNone : hs.data()) : nullptr;
+    const pagedkv::Pool::Admitted a = with_opts_prefix(
+        [&] { return p.admit(o, tokens, num_tokens, given, hs.size(), num_lookahead); });
+    *out_seq = a.id;
+    *out_num_cached = a.num_cached;
   });
 }
 

@@ -24,7 +24,7 @@ def best(fn, number):
 def main() -> None:
     rows = []
     pool = pagedkv.Pool(num_blocks=4096, block_size=16, num_layers=1, num_kv_heads=8, head_dim=128, dtype="bf16")
-    ptr = pool._h.acquire()
+    ptr = pool._h.acquire()  # the raw pointer, pinned for the run
     seq = pool.create_sequence()
     seq.append(list(range(100)))
     rows.append(("version (no pool)", best(pagedkv.version, 20000), best(raw.pkv_version_string, 20000)))
@@ -41,13 +41,57 @@ def main() -> None:
 
     rows.append(("append 1 + truncate", best(pkg_append, 5000), best(raw_append, 5000)))
 
+    def pkg_create_free():
+        pool.create_sequence().free()
+
+    def raw_create_free():
+        raw.pkv_seq_free(ptr, raw.pkv_seq_create(ptr, None))
+
+    rows.append(("create_sequence + free", best(pkg_create_free, 5000), best(raw_create_free, 5000)))
+
+    def pkg_alloc1():
+        s = pool.create_sequence()
+        s.append([7])
+        s.free()
+
+    def raw_alloc1():
+        sid = raw.pkv_seq_create(ptr, None)
+        raw.pkv_seq_append(ptr, sid, [7], 0)
+        raw.pkv_seq_free(ptr, sid)
+
+    rows.append(("create, append 1, free", best(pkg_alloc1, 5000), best(raw_alloc1, 5000)))
+    prompt = np.arange(64, dtype=np.int32)
+    rows.append(
+        (
+            "admit 64 tokens + free",
+            best(lambda: pool.admit(prompt)[0].free(), 2000),
+            best(lambda: raw.pkv_seq_free(ptr, raw.pkv_seq_admit(ptr, None, prompt, 0)[0]), 2000),
+        )
+    )
+
     seqs = []
     for i in range(64):
         s = pool.create_sequence()
         s.append(list(range(i, i + 500)))
         seqs.append(s)
+    with pool.prepare(seqs, 500) as b:
+        b.commit()
     ids = [s.id for s in seqs]
+    ids_np = np.array(ids, dtype=np.uint64)
+    toks = np.ones(64, dtype=np.int32)
     ones = [1] * 64
+
+    def pkg_batch_append():
+        pool.append_batch(ids_np, toks)
+        for s in seqs:
+            s.truncate(500)
+
+    def raw_batch_append():
+        raw.pkv_seq_append_batch(ptr, (ids_np, toks))
+        for i in ids:
+            raw.pkv_seq_truncate(ptr, i, 500)
+
+    rows.append(("append_batch 64 + truncates", best(pkg_batch_append, 200), best(raw_batch_append, 200)))
 
     def pkg_prepare():
         pool.prepare(seqs, 1).close()

@@ -38,26 +38,29 @@ class Batch(HandleOwner):
     def __init__(
         self, pool: Pool, seqs: Seq[Sequence], query_counts: Union[int, Seq[int]] = 1, stream: Any = None
     ) -> None:
-        seqs = list(seqs)
-        for i, s in enumerate(seqs):
-            if not isinstance(s, Sequence):
-                raise TypeError(f"seqs[{i}]: expected a pagedkv.Sequence, got {type(s).__name__}")
-            if s.pool is not pool:
-                raise _c.InvalidArgumentError(
-                    f"seqs[{i}]: the sequence belongs to another pool", _c.PKV_E_INVALID_ARGUMENT
-                )
+        self._ids = None
+        if not isinstance(seqs, (list, tuple)) and hasattr(seqs, "__array_interface__"):
+            # An id array (uint64): the engine keeps its sequences alive.
+            ids = self._ids = seqs
+            seqs = None
+        else:
+            seqs = list(seqs)
+            ids = self._collect_ids(pool, seqs)
+        n = len(ids)
         if isinstance(query_counts, int):
-            counts = [query_counts] * len(seqs)
+            if query_counts < 0:
+                raise OverflowError("query_counts: expected an int in [0, 2^32 - 1]")
+            counts: Any = query_counts
         else:
             counts = [int(c) for c in query_counts]
-        if len(counts) != len(seqs):
-            raise _c.InvalidArgumentError(
-                f"query_counts: {len(counts)} counts for {len(seqs)} sequences", _c.PKV_E_INVALID_ARGUMENT
-            )
+            if len(counts) != n:
+                raise _c.InvalidArgumentError(
+                    f"query_counts: {len(counts)} counts for {n} sequences", _c.PKV_E_INVALID_ARGUMENT
+                )
         self._pool = pool
         self._seqs = seqs  # alive while the plan is: their GC would free them
         self._lock = threading.Lock()
-        ptr = pool._call(_c.pkv_batch_prepare, ([s.id for s in seqs], counts), stream_ptr(stream))
+        ptr = _c.pkv_batch_prepare(pool._h, (ids, counts), stream_ptr(stream))
         self._h = Handle(ptr, _c.pkv_batch_destroy, "batch")
         try:
             self._info = BatchInfo._from_c(_c.pkv_batch_get_info(ptr))
@@ -65,15 +68,28 @@ class Batch(HandleOwner):
             self._h.close()
             raise
 
+    @staticmethod
+    def _collect_ids(pool: Pool, seqs: List[Sequence]) -> List[int]:
+        try:  # the common case in one pass; the checks below name the culprit
+            ids = [s._id for s in seqs if s._pool is pool and s.__class__ is Sequence]
+        except AttributeError:
+            ids = []
+        if len(ids) != len(seqs):
+            for i, s in enumerate(seqs):
+                if not isinstance(s, Sequence):
+                    raise TypeError(f"seqs[{i}]: expected a pagedkv.Sequence, got {type(s).__name__}")
+                if s.pool is not pool:
+                    raise _c.InvalidArgumentError(
+                        f"seqs[{i}]: the sequence belongs to another pool", _c.PKV_E_INVALID_ARGUMENT
+                    )
+            ids = [s.id for s in seqs]
+        return ids
+
     # ------------------------------------------------------------ calls
 
     def _call(self, fn: Any, *args: Any) -> Any:
-        ptr = self._h.acquire()
-        try:
-            with self._lock:
-                return fn(ptr, *args)
-        finally:
-            self._h.release()
+        with self._lock:  # the handle is pinned for the call by the raw module
+            return fn(self._h, *args)
 
     # ------------------------------------------------------------ commit
 
@@ -112,6 +128,9 @@ class Batch(HandleOwner):
 
     @property
     def sequences(self) -> List[Sequence]:
+        """The plan's sequences (borrowing handles when it was made from ids)."""
+        if self._seqs is None:
+            return [Sequence(self._pool, int(i), owned=False) for i in self._ids]
         return list(self._seqs)
 
     def info(self) -> BatchInfo:

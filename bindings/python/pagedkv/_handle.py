@@ -2,62 +2,25 @@
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from . import _pagedkv as _c
 
 
-class Handle:
-    """Owns a C handle: the owner's reference plus one per call in flight and
-    per live view. close() drops the owner's reference and makes new calls
-    fail; the handle is destroyed when the last reference goes, so a call
-    racing close() on another thread, or a view still in use, never sees
-    freed memory. Across handles the library does the same: a pool closed
-    while a call on one of its batches runs keeps its storage until that
-    call returns (docs/threading.md), and later batch calls raise
-    InvalidStateError."""
-
-    __slots__ = ("_closed", "_destroy", "_lock", "_ptr", "_refs", "_what")
-
-    def __init__(self, ptr: Any, destroy: Callable[[Any], None], what: str) -> None:
-        self._ptr = ptr
-        self._destroy = destroy
-        # Re-entrant: a finalizer (Sequence.__del__) may run on this thread
-        # while it holds the lock.
-        self._lock = threading.RLock()
-        self._refs = 1
-        self._closed = False
-        self._what = what
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def acquire(self) -> Any:
-        """The pointer, pinned until the matching release()."""
-        with self._lock:
-            if self._closed:
-                raise _c.InvalidStateError(f"the {self._what} is closed", _c.PKV_E_INVALID_STATE)
-            self._refs += 1
-            return self._ptr
-
-    def release(self) -> None:
-        with self._lock:
-            self._refs -= 1
-            if self._refs:
-                return
-            ptr, self._ptr = self._ptr, None
-        if ptr is not None:
-            self._destroy(ptr)
-
-    def close(self) -> None:
-        """Idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self.release()
+# Owns a C handle: the owner's reference plus one per call in flight and per
+# live view. close() drops the owner's reference and makes new calls fail;
+# the handle is destroyed when the last reference goes, so a call racing
+# close() on another thread, or a view still in use, never sees freed
+# memory. Across handles the library does the same: a pool closed while a
+# call on one of its batches runs keeps its storage until that call returns
+# (docs/threading.md), and later batch calls raise InvalidStateError.
+#
+# Implemented in the SWIG module (Handle(ptr, destroy, what); acquire(),
+# release(), close(), closed): passed where a raw function takes its
+# pointer, the argument typemap pins it for the call in C, under the GIL,
+# which costs a few nanoseconds where a Python lock and try/finally cost
+# more than the library call itself.
+Handle = _c._Handle
 
 
 _Owner = TypeVar("_Owner", bound="HandleOwner")

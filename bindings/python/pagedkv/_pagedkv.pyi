@@ -1,7 +1,9 @@
 # Type stub of the SWIG-generated raw module: the exception classes are
 # spelled out; every other name (pkv_* functions, PKV_* constants, struct
 # proxies) is typed Any.
-from typing import Any, Dict, Optional, Type
+from typing import Any, Dict, Optional, Type, TypeVar
+
+_S = TypeVar("_S", bound="_SeqBase")
 
 class PagedKVError(Exception):
     status: int
@@ -20,6 +22,22 @@ class BufferTooSmallError(PagedKVError): ...
 class InvalidStateError(PagedKVError, RuntimeError): ...
 class InvariantError(PagedKVError, AssertionError): ...
 class InternalError(PagedKVError, RuntimeError): ...
+
+class _Handle:
+    def __init__(self, ptr: Any, destroy: Any, what: str) -> None: ...
+    def acquire(self) -> Any: ...
+    def release(self) -> None: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+
+class _SeqBase:
+    _h: Any
+    _id: int
+    _freed: bool
+    _owned: bool
+    @classmethod
+    def _make(cls: Type[_S], pool: Any, handle: Any, id: int, owned: bool) -> _S: ...
 
 ERROR_CLASSES: Dict[int, Type[PagedKVError]]
 PKV_VERSION_STRING: str

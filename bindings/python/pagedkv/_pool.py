@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Tuple, Union
 from typing import Sequence as Seq
 
 from . import _pagedkv as _c
@@ -126,11 +126,8 @@ class Pool(HandleOwner):
     # ------------------------------------------------------------ calls
 
     def _call(self, fn: Any, *args: Any) -> Any:
-        ptr = self._h.acquire()
-        try:
-            return fn(ptr, *args)
-        finally:
-            self._h.release()
+        # The handle is pinned for the call by the raw module's typemap.
+        return fn(self._h, *args)
 
     # ------------------------------------------------------------ properties
 
@@ -300,14 +297,12 @@ class Pool(HandleOwner):
         pool then owns the sequence until it is freed explicitly, and
         ``pool.sequence(id)`` gives a handle back. lora_name keys its blocks
         by LoRA adapter name, as current vLLM does."""
-        opts = {
-            "priority": int(priority),
-            "lora_id": int(lora_id),
-            "lora_name": lora_name,
-            "cache_salt": cache_salt,
-            "mm_items": mm_tuples(mm_items),
-        }
-        return Sequence(self, self._call(_c.pkv_seq_create, opts), owned=owned)
+        if priority or lora_id or cache_salt is not None or lora_name is not None or mm_items != ():
+            opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name)
+        else:
+            opts = None  # the C defaults: no conversion at all
+        h = self._h
+        return _make_seq(self, h, _seq_create(h, opts), owned)
 
     def sequence(self, seq_id: int, *, own: bool = False) -> Sequence:
         """A handle for an existing sequence id (NotFoundError if it is stale
@@ -322,10 +317,57 @@ class Pool(HandleOwner):
     def prepare(self, seqs: Seq[Sequence], query_counts: Union[int, Seq[int]] = 1, stream: Any = None) -> Batch:
         """The step plan for seqs, each with query_counts[i] new tokens (an
         int applies to all: 1 for decode). Its tokens count as computed
-        only when the step is committed: see :class:`Batch`."""
-        from ._batch import Batch
+        only when the step is committed: see :class:`Batch`. seqs may be a
+        uint64 numpy array of ids (the fastest; the engine then keeps the
+        sequences alive while the plan is in use)."""
+        return _batch_class()(self, seqs, query_counts, stream)
 
-        return Batch(self, seqs, query_counts, stream)
+    def admit(
+        self,
+        tokens: Tokens,
+        *,
+        hashes: Any = None,
+        lookahead: int = 0,
+        priority: int = 0,
+        lora_id: int = 0,
+        cache_salt: Optional[str] = None,
+        mm_items: Iterable[MMItemLike] = (),
+        lora_name: Optional[str] = None,
+        owned: bool = True,
+    ) -> Tuple[Sequence, int]:
+        """Admission in one call: a new sequence (as create_sequence), the
+        prefix-cache lookup of tokens and the append of the rest (+
+        lookahead slots). All or nothing: OutOfBlocksError when the prompt
+        does not fit, and then no sequence exists and no hit is taken.
+        Returns (sequence, cached tokens). hashes: the prompt's block hashes
+        computed beforehand (:meth:`hash_prefix` with the same keys, e.g.
+        when the request arrived), so the lookup does not hash again."""
+        opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name)
+        la = lookahead if lookahead.__class__ is int else int(lookahead)
+        if hashes is None:
+            sid, cached = _seq_admit(self._h, opts, tokens, la)
+        else:
+            sid, cached = _seq_admit_hashes(self._h, opts, tokens, hashes, la)
+        return _new_seq(self, sid, owned), cached
+
+    def append_batch(self, seqs: Any, tokens: Tokens) -> None:
+        """Decode append: tokens[i] (one token id) to seqs[i] for distinct
+        sequences, in one call. seqs: Sequence objects or ids (a uint64
+        numpy array of ids is the fastest); tokens: any int buffer (numpy,
+        array.array, a CPU torch tensor) or sequence. All or nothing: an
+        error names the offending index and changes nothing."""
+        _seq_append_batch(self._h, (_ids(seqs), tokens))
+
+    def free_batch(self, seqs: Any) -> None:
+        """Frees the given distinct sequences (Sequence objects or ids) in
+        one call. All or nothing: a stale or repeated id raises and frees
+        none."""
+        if seqs and isinstance(seqs[0], Sequence):
+            _seq_free_batch(self._h, [s._id for s in seqs])
+            for s in seqs:
+                s._freed = True
+        else:
+            _seq_free_batch(self._h, seqs)
 
     def hash_prefix(
         self,
@@ -391,7 +433,7 @@ def _host_buffer(buffer: Any, writable: bool) -> Any:
     return (desc.data + desc.byte_offset, desc.nbytes)
 
 
-class Sequence:
+class Sequence(_c._SeqBase):
     """One request's tokens and block table in a pool.
 
     Holds a reference to its pool, so the pool stays usable while the
@@ -404,12 +446,16 @@ class Sequence:
     sees a stale id).
     """
 
-    __slots__ = ("__weakref__", "_freed", "_id", "_owned", "_pool")
+    # _h, _id, _freed and _owned live in the C base, whose deallocation frees
+    # an owned sequence not freed yet.
+    __slots__ = ("_pool",)
 
     def __init__(self, pool: Pool, seq_id: int, owned: bool = True) -> None:
-        self._pool = pool
-        self._id = int(seq_id)
         self._freed = False
+        self._owned = False  # until every field is set (__del__ reads them)
+        self._pool = pool
+        self._h = pool._h
+        self._id = int(seq_id)
         self._owned = bool(owned)
 
     @property
@@ -436,11 +482,15 @@ class Sequence:
     def freed(self) -> bool:
         return self._freed
 
-    def match_prefix(self, tokens: Tokens) -> int:
+    def match_prefix(self, tokens: Tokens, hashes: Any = None) -> int:
         """For an empty sequence: attaches the longest cached run of leading
         full blocks of tokens (leaving at least one token to compute) and
-        returns how many tokens it covers."""
-        return int(self._pool._call(_c.pkv_seq_match_prefix, self._id, tokens))
+        returns how many tokens it covers. hashes: tokens' block hashes
+        computed beforehand (:meth:`Pool.hash_prefix` with this sequence's
+        keys), so the lookup does not hash again."""
+        if hashes is None:
+            return _seq_match_prefix(self._h, self._id, tokens)
+        return _seq_match_prefix_hashes(self._h, self._id, tokens, hashes)
 
     def match_prefix_partial(self, tokens: Tokens) -> PrefixMatch:
         """match_prefix, then (pool created with enable_partial_reuse) a
@@ -460,37 +510,31 @@ class Sequence:
         """Appends tokens (their KV is written by the next step) and reserves
         lookahead further slots. All or nothing: OutOfBlocksError changes
         nothing."""
-        self._pool._call(_c.pkv_seq_append, self._id, tokens, int(lookahead))
+        _seq_append(self._h, self._id, tokens, lookahead if lookahead.__class__ is int else int(lookahead))
 
     def blocks_needed(self, num_tokens: int, lookahead: int = 0) -> int:
         """Free blocks an append of num_tokens (+ lookahead) would take."""
-        return int(self._pool._call(_c.pkv_seq_blocks_needed, self._id, int(num_tokens), int(lookahead)))
+        return _seq_blocks_needed(self._h, self._id, int(num_tokens), int(lookahead))
 
     def fork(self) -> Sequence:
         """A child sharing every block (copy-on-write on the shared tail)."""
-        return Sequence(self._pool, self._pool._call(_c.pkv_seq_fork, self._id))
+        return _new_seq(self._pool, _seq_fork(self._h, self._id), True)
 
     def truncate(self, num_tokens: int) -> None:
         """Keeps the first num_tokens tokens, releasing emptied blocks."""
-        self._pool._call(_c.pkv_seq_truncate, self._id, int(num_tokens))
+        _seq_truncate(self._h, self._id, num_tokens if num_tokens.__class__ is int else int(num_tokens))
 
     def free(self) -> None:
         """Releases the sequence and its blocks. Idempotent; a no-op once the
         pool is closed (closing released everything)."""
         if self._freed:
             return
-        h = self._pool._h
         try:
-            ptr = h.acquire()
+            _seq_free(self._h, self._id)
         except _c.InvalidStateError:
-            self._freed = True
-            return
-        try:
-            _c.pkv_seq_free(ptr, self._id)
+            pass  # the pool is closed: closing released everything
         except _c.NotFoundError:
-            pass  # freed by a concurrent free() of this object
-        finally:
-            h.release()
+            pass  # freed by a concurrent free() of this object, or a free_batch of its id
         self._freed = True
 
     def info(self) -> SequenceInfo:
@@ -536,13 +580,6 @@ class Sequence:
     def __exit__(self, *exc: Any) -> None:
         self.free()
 
-    def __del__(self) -> None:
-        try:
-            if self._owned and not self._freed:
-                self.free()
-        except Exception:
-            pass
-
     def __repr__(self) -> str:
         state = "freed" if self._freed else "live" if self._owned else "live, borrowed"
         # "seq 0x%016x": the form every library message prints ids in.
@@ -553,3 +590,66 @@ class Sequence:
 
     def __hash__(self) -> int:
         return hash((id(self._pool), self._id))
+
+
+# Raw functions bound once (a module attribute lookup per call is measurable
+# at this scale).
+_seq_create = _c.pkv_seq_create
+_seq_admit = _c.pkv_seq_admit
+_seq_admit_hashes = _c.pkv_seq_admit_hashes
+_seq_append = _c.pkv_seq_append
+_seq_append_batch = _c.pkv_seq_append_batch
+_seq_free = _c.pkv_seq_free
+_seq_free_batch = _c.pkv_seq_free_batch
+_seq_truncate = _c.pkv_seq_truncate
+_seq_fork = _c.pkv_seq_fork
+_seq_blocks_needed = _c.pkv_seq_blocks_needed
+_seq_match_prefix = _c.pkv_seq_match_prefix
+_seq_match_prefix_hashes = _c.pkv_seq_match_prefix_hashes
+
+
+def _seq_opts(
+    priority: int, lora_id: int, cache_salt: Optional[str], mm_items: Iterable[MMItemLike], lora_name: Optional[str]
+) -> Optional[dict]:
+    """pkv_seq_options for the raw call: None (the C defaults, no conversion)
+    when every option is at its default, else the dict form."""
+    if not priority and not lora_id and cache_salt is None and lora_name is None and mm_items == ():
+        return None
+    return {
+        "priority": int(priority),
+        "lora_id": int(lora_id),
+        "lora_name": lora_name,
+        "cache_salt": cache_salt,
+        "mm_items": mm_tuples(mm_items),
+    }
+
+
+def _new_seq(pool: Pool, seq_id: int, owned: bool) -> Sequence:
+    """A Sequence handle without __init__'s argument conversions (seq_id is
+    the raw module's int)."""
+    return _make_seq(pool, pool._h, seq_id, owned)
+
+
+def _ids(seqs: Any) -> Any:
+    """Sequence ids for a batched call: Sequence objects become their ids;
+    id arrays and lists pass as they are."""
+    if isinstance(seqs, (list, tuple)) and seqs and isinstance(seqs[0], Sequence):
+        return [s._id for s in seqs]
+    return seqs
+
+
+_make_seq = Sequence._make
+
+
+def _batch_class() -> Any:
+    """pagedkv.Batch (its module imports this one: bound on first use, not
+    imported again on every prepare)."""
+    global _Batch
+    if _Batch is None:
+        from ._batch import Batch
+
+        _Batch = Batch
+    return _Batch
+
+
+_Batch: Any = None

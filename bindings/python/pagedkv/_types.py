@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import dataclass, fields
 from typing import Any, Optional, Tuple, Union
 
@@ -205,11 +206,21 @@ def mm_tuples(items: Any) -> list:
     return out
 
 
+_FIELD_GETTERS: dict = {}
+
+
 def _copy_fields(cls: Any, struct: Any, **override: Any) -> Any:
-    values = {}
-    for f in fields(cls):
-        values[f.name] = override[f.name] if f.name in override else getattr(struct, f.name)
-    return cls(**values)
+    # The field names and one attrgetter per class, made once: stats() and
+    # info() are called every step.
+    got = _FIELD_GETTERS.get(cls)
+    if got is None:
+        names = tuple(f.name for f in fields(cls))
+        got = _FIELD_GETTERS[cls] = (names, operator.attrgetter(*names))
+    names, getter = got
+    if override:  # fields the struct does not hold by these names (PoolOptions)
+        return cls(**{n: override[n] if n in override else getattr(struct, n) for n in names})
+    values = getter(struct)
+    return cls(*values) if len(names) > 1 else cls(values)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@
 %{
 #include <stdlib.h>
 #include <string.h>
+#include <structmember.h>
 #include "pagedkv/pagedkv.h"
 %}
 
@@ -75,6 +76,11 @@
 %thread pkv_seq_set_retention;
 %thread pkv_pool_set_clock;
 %thread pkv_pool_get_priority_counts;
+%thread pkv_seq_append_batch;
+%thread pkv_seq_free_batch;
+%thread pkv_seq_admit;
+%thread pkv_seq_match_prefix_hashes;
+%thread pkv_seq_admit_hashes;
 
 /* --------------------------------------------------------- status -> raise */
 
@@ -141,6 +147,271 @@ void _pkv_register_error(int32_t status, PyObject* cls) {
 }
 %}
 
+/* ---------------------------------------------------- pinned handles */
+
+/* _Handle: a C handle shared by the package's Python objects (Pool, Batch,
+ * views of their memory). It counts the owner's reference plus one per call
+ * in flight and per live view; close() drops the owner's and makes new pins
+ * fail; the handle is destroyed when the last reference goes, so a call
+ * racing close() on another thread never sees freed memory. A handle passed
+ * where the C function takes its pointer is pinned by the argument typemap
+ * for the duration of the call: the counting happens in C while the GIL is
+ * held (a Python-side lock cost more than the call itself). */
+%{
+typedef struct {
+  PyObject_HEAD
+  PyObject* ptr;     /* the SWIG pointer object; NULL once destroyed */
+  PyObject* destroy; /* callable taking ptr */
+  PyObject* what;    /* "pool", "batch": for the closed message */
+  void* raw;
+  swig_type_info* ty;
+  Py_ssize_t refs;
+  int closed;
+} pkv_py_handle;
+
+static PyTypeObject pkv_py_handle_type;
+
+static void pkv_py_handle_destroy(pkv_py_handle* h) {
+  PyObject* ptr = h->ptr;
+  h->ptr = NULL;
+  h->raw = NULL;
+  if (!ptr) return;
+  PyObject *et, *ev, *tb;
+  PyErr_Fetch(&et, &ev, &tb);
+  PyObject* r = h->destroy ? PyObject_CallOneArg(h->destroy, ptr) : NULL;
+  Py_XDECREF(r);
+  if (!r) PyErr_Clear();
+  PyErr_Restore(et, ev, tb);
+  Py_DECREF(ptr);
+}
+
+static int pkv_py_handle_pin(pkv_py_handle* h) {
+  if (h->closed || !h->raw) {
+    PyObject* cls = pkv_py_error_classes[-PKV_E_INVALID_STATE];
+    PyObject* msg = PyUnicode_FromFormat("the %U is closed", h->what);
+    PyObject* exc = cls && msg ? PyObject_CallFunction(cls, "Oi", msg, (int)PKV_E_INVALID_STATE) : NULL;
+    Py_XDECREF(msg);
+    if (exc) {
+      PyErr_SetObject((PyObject*)Py_TYPE(exc), exc);
+      Py_DECREF(exc);
+    } else if (!PyErr_Occurred()) {
+      PyErr_Format(PyExc_RuntimeError, "the %U is closed", h->what);
+    }
+    return 0;
+  }
+  ++h->refs;
+  return 1;
+}
+
+static void pkv_py_handle_unpin(pkv_py_handle* h) {
+  if (--h->refs == 0) pkv_py_handle_destroy(h);
+}
+
+/* The pointer of obj for a parameter of type ty: a pinned handle (*pin set)
+ * or a raw SWIG pointer. */
+static int pkv_py_handle_arg(PyObject* obj, swig_type_info* ty, const char* fn, int argnum,
+                             void** out, pkv_py_handle** pin) {
+  if (Py_TYPE(obj) == &pkv_py_handle_type) {
+    pkv_py_handle* h = (pkv_py_handle*)obj;
+    if (strstr(fn, "_destroy")) {  /* the handle destroys its pointer itself */
+      PyErr_Format(PyExc_TypeError, "%s: pass the raw pointer; a handle is released by close()", fn);
+      return 0;
+    }
+    if (h->ty != ty) {
+      PyErr_Format(PyExc_TypeError, "in method '%s', argument %d: a handle of another type", fn,
+                   argnum);
+      return 0;
+    }
+    if (!pkv_py_handle_pin(h)) return 0;
+    *pin = h;
+    *out = h->raw;
+    return 1;
+  }
+  int res = SWIG_ConvertPtr(obj, out, ty, 0);
+  if (!SWIG_IsOK(res)) {
+    PyErr_Format(PyExc_TypeError, "in method '%s', argument %d of type '%s'", fn, argnum,
+                 SWIG_TypePrettyName(ty));
+    return 0;
+  }
+  return 1;
+}
+
+static PyObject* pkv_py_handle_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
+  PyObject *ptr, *destroy, *what;
+  if (!PyArg_ParseTuple(args, "OOU:_Handle", &ptr, &destroy, &what)) return NULL;
+  SwigPyObject* sobj = SWIG_Python_GetSwigThis(ptr);
+  if (!sobj || !sobj->ptr) {
+    PyErr_SetString(PyExc_TypeError, "_Handle: expected a SWIG pointer");
+    return NULL;
+  }
+  pkv_py_handle* h = (pkv_py_handle*)type->tp_alloc(type, 0);
+  if (!h) return NULL;
+  Py_INCREF(ptr);
+  Py_INCREF(destroy);
+  Py_INCREF(what);
+  h->ptr = ptr;
+  h->destroy = destroy;
+  h->what = what;
+  h->raw = sobj->ptr;
+  h->ty = sobj->ty;
+  h->refs = 1;
+  h->closed = 0;
+  return (PyObject*)h;
+}
+
+static void pkv_py_handle_dealloc(pkv_py_handle* h) {
+  pkv_py_handle_destroy(h); /* only if every owner forgot to close */
+  Py_XDECREF(h->destroy);
+  Py_XDECREF(h->what);
+  Py_TYPE(h)->tp_free((PyObject*)h);
+}
+
+static PyObject* pkv_py_handle_acquire(pkv_py_handle* h, PyObject* unused) {
+  if (!pkv_py_handle_pin(h)) return NULL;
+  Py_INCREF(h->ptr);
+  return h->ptr;
+}
+
+static PyObject* pkv_py_handle_release(pkv_py_handle* h, PyObject* unused) {
+  if (h->refs > 0) pkv_py_handle_unpin(h);
+  Py_RETURN_NONE;
+}
+
+static PyObject* pkv_py_handle_close(pkv_py_handle* h, PyObject* unused) {
+  if (!h->closed) {
+    h->closed = 1;
+    pkv_py_handle_unpin(h);
+  }
+  Py_RETURN_NONE;
+}
+
+static PyObject* pkv_py_handle_closed(pkv_py_handle* h, void* unused) {
+  return PyBool_FromLong(h->closed);
+}
+
+/* _SeqBase: the C part of the package's Sequence handle (its pool's
+ * _Handle, the id, freed/owned flags). Its deallocation frees an owned,
+ * not yet freed sequence in C: a Python __del__ costs more than the
+ * pkv_seq_free itself. */
+typedef struct {
+  PyObject_HEAD
+  PyObject* h;  /* the pool's _Handle */
+  PyObject* id; /* the pkv_seq_id, a Python int (read on every call) */
+  char freed;
+  char owned;
+  PyObject* weakrefs;
+} pkv_py_seq;
+
+static PyTypeObject pkv_py_seq_type;
+
+static void pkv_py_seq_dealloc(pkv_py_seq* s) {
+  if (s->weakrefs) PyObject_ClearWeakRefs((PyObject*)s);
+  if (s->owned && !s->freed && s->h && Py_TYPE(s->h) == &pkv_py_handle_type) {
+    pkv_py_handle* h = (pkv_py_handle*)s->h;
+    if (!h->closed && h->raw) { /* a closed pool released every sequence */
+      PyObject *et, *ev, *tb;
+      PyErr_Fetch(&et, &ev, &tb);
+      unsigned long long id = s->id ? PyLong_AsUnsignedLongLong(s->id) : 0;
+      if (PyErr_Occurred()) PyErr_Clear();
+      ++h->refs;
+      if (id) (void)pkv_seq_free((pkv_pool*)h->raw, (pkv_seq_id)id); /* stale: freed elsewhere */
+      pkv_py_handle_unpin(h);
+      PyErr_Restore(et, ev, tb);
+    }
+  }
+  Py_CLEAR(s->h);
+  Py_CLEAR(s->id);
+  Py_TYPE(s)->tp_free((PyObject*)s);
+}
+
+/* cls._make(pool, handle, id, owned): a handle without __init__'s
+ * conversions, in one call (the package's create_sequence, fork, admit). */
+static PyObject* pkv_py_seq_make(PyTypeObject* cls, PyObject* const* args, Py_ssize_t nargs) {
+  static PyObject* pool_name = NULL;
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "_make(pool, handle, id, owned)");
+    return NULL;
+  }
+  if (!pool_name && !(pool_name = PyUnicode_InternFromString("_pool"))) return NULL;
+  pkv_py_seq* s = (pkv_py_seq*)cls->tp_alloc(cls, 0);
+  if (!s) return NULL;
+  int owned = PyObject_IsTrue(args[3]);
+  if (owned < 0 || PyObject_SetAttr((PyObject*)s, pool_name, args[0]) != 0) {
+    Py_DECREF(s);
+    return NULL;
+  }
+  Py_INCREF(args[1]);
+  s->h = args[1];
+  Py_INCREF(args[2]);
+  s->id = args[2];
+  s->owned = (char)owned;
+  return (PyObject*)s;
+}
+
+static PyMethodDef pkv_py_seq_methods[] = {
+    {"_make", (PyCFunction)(void (*)(void))pkv_py_seq_make, METH_FASTCALL | METH_CLASS,
+     "_make(pool, handle, id, owned)"},
+    {NULL, NULL, 0, NULL}};
+
+static PyMemberDef pkv_py_seq_members[] = {
+    {"_h", T_OBJECT_EX, offsetof(pkv_py_seq, h), 0, "the pool's handle"},
+    {"_id", T_OBJECT_EX, offsetof(pkv_py_seq, id), 0, "the pkv_seq_id"},
+    {"_freed", T_BOOL, offsetof(pkv_py_seq, freed), 0, "freed through this handle"},
+    {"_owned", T_BOOL, offsetof(pkv_py_seq, owned), 0, "freed when collected"},
+    {NULL, 0, 0, 0, NULL}};
+
+static PyMethodDef pkv_py_handle_methods[] = {
+    {"acquire", (PyCFunction)pkv_py_handle_acquire, METH_NOARGS,
+     "The pointer, pinned until the matching release()."},
+    {"release", (PyCFunction)pkv_py_handle_release, METH_NOARGS, "Drops one pin."},
+    {"close", (PyCFunction)pkv_py_handle_close, METH_NOARGS,
+     "Drops the owner's reference; new pins fail. Idempotent."},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef pkv_py_handle_getset[] = {
+    {"closed", (getter)pkv_py_handle_closed, NULL, "Whether close() was called.", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+%}
+
+%init %{
+  pkv_py_handle_type.tp_name = "pagedkv._pagedkv._Handle";
+  pkv_py_handle_type.tp_basicsize = sizeof(pkv_py_handle);
+  pkv_py_handle_type.tp_flags = Py_TPFLAGS_DEFAULT;
+  pkv_py_handle_type.tp_doc = "A C handle pinned by calls and views (see pagedkv/_handle.py).";
+  pkv_py_handle_type.tp_new = pkv_py_handle_new;
+  pkv_py_handle_type.tp_dealloc = (destructor)pkv_py_handle_dealloc;
+  pkv_py_handle_type.tp_methods = pkv_py_handle_methods;
+  pkv_py_handle_type.tp_getset = pkv_py_handle_getset;
+  if (PyType_Ready(&pkv_py_handle_type) < 0) return NULL;
+  Py_INCREF(&pkv_py_handle_type);
+  PyModule_AddObject(m, "_Handle", (PyObject*)&pkv_py_handle_type);
+  pkv_py_seq_type.tp_name = "pagedkv._pagedkv._SeqBase";
+  pkv_py_seq_type.tp_basicsize = sizeof(pkv_py_seq);
+  pkv_py_seq_type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE;
+  pkv_py_seq_type.tp_doc = "The C part of pagedkv.Sequence.";
+  pkv_py_seq_type.tp_new = PyType_GenericNew;
+  pkv_py_seq_type.tp_dealloc = (destructor)pkv_py_seq_dealloc;
+  pkv_py_seq_type.tp_members = pkv_py_seq_members;
+  pkv_py_seq_type.tp_methods = pkv_py_seq_methods;
+  pkv_py_seq_type.tp_weaklistoffset = offsetof(pkv_py_seq, weakrefs);
+  if (PyType_Ready(&pkv_py_seq_type) < 0) return NULL;
+  Py_INCREF(&pkv_py_seq_type);
+  PyModule_AddObject(m, "_SeqBase", (PyObject*)&pkv_py_seq_type);
+%}
+
+%define PKV_HANDLE_IN(TYPE)
+%typemap(in) TYPE* pool (void* argp = 0, pkv_py_handle* pin = NULL), const TYPE* pool (void* argp = 0, pkv_py_handle* pin = NULL),
+             TYPE* batch (void* argp = 0, pkv_py_handle* pin = NULL), const TYPE* batch (void* argp = 0, pkv_py_handle* pin = NULL) {
+  if (!pkv_py_handle_arg($input, $descriptor(TYPE*), "$symname", $argnum, &argp, &pin)) SWIG_fail;
+  $1 = ($1_ltype)argp;
+}
+%typemap(freearg) TYPE* pool, const TYPE* pool, TYPE* batch, const TYPE* batch {
+  if (pin$argnum) pkv_py_handle_unpin(pin$argnum);
+}
+%enddef
+PKV_HANDLE_IN(pkv_pool)
+PKV_HANDLE_IN(pkv_batch)
+
 /* ------------------------------------------------------------ conversions */
 
 %{
@@ -166,6 +437,14 @@ static int pkv_py_as_ptr(PyObject* obj, const char* name, void** out) {
 
 static int pkv_py_long_range(PyObject* item, const char* name, Py_ssize_t i, long long lo,
                              long long hi, long long* out) {
+  if (PyLong_CheckExact(item)) { /* the common case, without PyNumber_Index's new reference */
+    int ovf = 0;
+    long long v = PyLong_AsLongLongAndOverflow(item, &ovf);
+    if (!ovf && v >= lo && v <= hi) {
+      *out = v;
+      return 1;
+    }
+  }
   if (!PyLong_Check(item) && !PyIndex_Check(item)) {
     PyErr_Format(PyExc_TypeError, "%s[%zd]: expected an int, got %s", name, i,
                  Py_TYPE(item)->tp_name);
@@ -185,6 +464,66 @@ static int pkv_py_long_range(PyObject* item, const char* name, Py_ssize_t i, lon
   return 1;
 }
 
+/* An empty view: freearg code runs for arguments whose in-typemap did not
+ * (an earlier argument failed), so each view starts released. */
+static Py_buffer pkv_py_no_buffer(void) {
+  Py_buffer b;
+  memset(&b, 0, sizeof b);
+  return b;
+}
+
+/* Whether a buffer format is a plain integer of itemsize bytes. */
+static int pkv_py_int_format(const char* f, Py_ssize_t itemsize) {
+  if (f[0] == 0 || f[1] != 0) return 0;
+  switch (f[0]) {
+    case 'b': case 'B': case 'h': case 'H': case 'i': case 'I':
+    case 'l': case 'L': case 'q': case 'Q': case 'n': case 'N':
+      return itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8;
+    default:
+      return 0;
+  }
+}
+
+/* Element i of an integer buffer; 0 when an unsigned value exceeds int64. */
+static int pkv_py_int_item(const void* buf, const char* f, Py_ssize_t itemsize, Py_ssize_t i,
+                           long long* out) {
+  const int is_unsigned = f[0] == 'B' || f[0] == 'H' || f[0] == 'I' || f[0] == 'L' || f[0] == 'Q' || f[0] == 'N';
+  const unsigned char* p = (const unsigned char*)buf + i * itemsize;
+  if (itemsize == 1) { *out = is_unsigned ? (long long)*(const uint8_t*)p : (long long)*(const int8_t*)p; return 1; }
+  if (itemsize == 2) { uint16_t x; memcpy(&x, p, 2); *out = is_unsigned ? (long long)x : (long long)(int16_t)x; return 1; }
+  if (itemsize == 4) { uint32_t x; memcpy(&x, p, 4); *out = is_unsigned ? (long long)x : (long long)(int32_t)x; return 1; }
+  uint64_t x;
+  memcpy(&x, p, 8);
+  if (is_unsigned && x > (uint64_t)INT64_MAX) return 0;
+  *out = (long long)x;
+  return 1;
+}
+
+/* A buffer-protocol array for obj when it is a CPU torch tensor (its numpy()
+ * view, no copy) or has __array_interface__ (numpy.asarray, no copy); NULL
+ * without an error when it is neither. */
+static PyObject* pkv_py_as_array(PyObject* obj) {
+  PyTypeObject* t = Py_TYPE(obj);
+  const char* tn = t->tp_name;
+  if (strcmp(tn, "Tensor") == 0 || strcmp(tn, "torch.Tensor") == 0 || strstr(tn, "Parameter")) {
+    PyObject* r = PyObject_CallMethod(obj, "numpy", NULL);
+    if (!r) PyErr_Clear(); /* a CUDA or grad tensor: fall through to the sequence path */
+    return r;
+  }
+  if (PyObject_HasAttrString(obj, "__array_interface__")) {
+    PyObject* np = PyImport_ImportModule("numpy");
+    if (!np) {
+      PyErr_Clear();
+      return NULL;
+    }
+    PyObject* r = PyObject_CallMethod(np, "ascontiguousarray", "O", obj);
+    Py_DECREF(np);
+    if (!r) PyErr_Clear();
+    return r;
+  }
+  return NULL;
+}
+
 /* An int32 array from obj: borrowed from a contiguous int32 buffer (zero
  * copy), otherwise copied from any sequence of ints. *owned tells whether
  * *data must be freed; view->obj whether the buffer must be released. */
@@ -192,6 +531,7 @@ static int pkv_py_int32_array(PyObject* obj, const char* name, int32_t** data, u
                               Py_buffer* view, int* owned) {
   *owned = 0;
   view->obj = NULL;
+  if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) goto sequence; /* the common case */
   if (PyObject_CheckBuffer(obj) &&
       PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
     const char* f = view->format ? view->format : "B";
@@ -202,10 +542,51 @@ static int pkv_py_int32_array(PyObject* obj, const char* name, int32_t** data, u
       *n = (uint64_t)(view->len / 4);
       return 1;
     }
+    if (view->ndim <= 1 && pkv_py_int_format(f, view->itemsize)) {
+      /* other integer widths (int64 token tensors): converted, range checked */
+      Py_ssize_t len = view->len / view->itemsize;
+      int32_t* buf = (int32_t*)malloc(sizeof(int32_t) * (size_t)(len > 0 ? len : 1));
+      if (!buf) {
+        PyBuffer_Release(view);
+        view->obj = NULL;
+        PyErr_NoMemory();
+        return 0;
+      }
+      for (Py_ssize_t i = 0; i < len; ++i) {
+        long long v;
+        if (!pkv_py_int_item(view->buf, f, view->itemsize, i, &v) || v < INT32_MIN || v > INT32_MAX) {
+          free(buf);
+          PyBuffer_Release(view);
+          view->obj = NULL;
+          PyErr_Format(PyExc_OverflowError, "%s[%zd]: value out of range [%d, %d]", name, i, INT32_MIN,
+                       INT32_MAX);
+          return 0;
+        }
+        buf[i] = (int32_t)v;
+      }
+      PyBuffer_Release(view);
+      view->obj = NULL;
+      *data = buf;
+      *n = (uint64_t)len;
+      *owned = 1;
+      return 1;
+    }
     PyBuffer_Release(view);
     view->obj = NULL;
   }
   PyErr_Clear();
+  if (!PyObject_CheckBuffer(obj)) {
+    /* Arrays without the buffer protocol: a CPU torch tensor through its
+     * numpy() view, anything with __array_interface__ through numpy (the
+     * view keeps the array alive). */
+    PyObject* arr = pkv_py_as_array(obj);
+    if (arr) {
+      int ok = pkv_py_int32_array(arr, name, data, n, view, owned);
+      Py_DECREF(arr);
+      return ok;
+    }
+  }
+sequence:;
   PyObject* seq = PySequence_Fast(obj, "expected a sequence of ints");
   if (!seq) {
     PyErr_Format(PyExc_TypeError, "%s: expected a sequence or buffer of ints, got %s", name,
@@ -555,6 +936,7 @@ static PyObject* pkv_py_append(PyObject* result, PyObject* obj) {
 %enddef
 PKV_OUT_U64(pkv_seq_id, out)
 PKV_OUT_U64(pkv_seq_id, out_child)
+PKV_OUT_U64(pkv_seq_id, out_seq)
 PKV_OUT_U64(uint64_t, out)
 PKV_OUT_U64(uint64_t, out_num_cached)
 PKV_OUT_U64(uint64_t, out_blocks)
@@ -736,7 +1118,7 @@ PKV_OUT_STRUCT(pkv_prefix_match, pkv_prefix_match_init(&tmp))
 
 /* ------------------------------------------------------------- array ins */
 
-%typemap(in) (const int32_t* tokens, uint64_t num_tokens) (Py_buffer view, int owned = 0) {
+%typemap(in) (const int32_t* tokens, uint64_t num_tokens) (Py_buffer view = pkv_py_no_buffer(), int owned = 0) {
   view.obj = NULL;
   if (!pkv_py_int32_array($input, "$1_name", (int32_t**)&$1, &$2, &view, &owned)) SWIG_fail;
 }
@@ -745,10 +1127,122 @@ PKV_OUT_STRUCT(pkv_prefix_match, pkv_prefix_match_init(&tmp))
 }
 %apply (const int32_t* tokens, uint64_t num_tokens) { (const int32_t* blocks, uint64_t num_blocks) };
 
+/* Sequence ids: borrowed from a contiguous 8-byte integer buffer (numpy
+ * uint64/int64, array('Q')), otherwise copied from a sequence of ints. */
+%{
+static int pkv_py_seq_ids(PyObject* obj, const char* name, pkv_seq_id** data, uint64_t* n,
+                          Py_buffer* view, int* owned) {
+  *owned = 0;
+  view->obj = NULL;
+  if (PyObject_CheckBuffer(obj) &&
+      PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
+    const char* f = view->format ? view->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') ++f;
+    if (view->itemsize == 8 && view->ndim <= 1 && pkv_py_int_format(f, 8)) {
+      *data = (pkv_seq_id*)view->buf;
+      *n = (uint64_t)(view->len / 8);
+      return 1;
+    }
+    PyBuffer_Release(view);
+    view->obj = NULL;
+  }
+  PyErr_Clear();
+  Py_ssize_t len = 0;
+  *data = (pkv_seq_id*)pkv_py_uint_array(obj, name, 8, ~0ULL, &len);
+  if (!*data) return 0;
+  *n = (uint64_t)len;
+  *owned = 1;
+  return 1;
+}
+
+static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned) {
+  if (owned) free(data);
+  if (view->obj) PyBuffer_Release(view);
+}
+%}
+
+%typemap(in) (const pkv_seq_id* seqs, uint64_t num_seqs) (Py_buffer view = pkv_py_no_buffer(), int owned = 0) {
+  view.obj = NULL;
+  if (!pkv_py_seq_ids($input, "seqs", (pkv_seq_id**)&$1, &$2, &view, &owned)) SWIG_fail;
+}
+%typemap(freearg) (const pkv_seq_id* seqs, uint64_t num_seqs) {
+  if ($1 || view$argnum.obj) pkv_py_seq_ids_release((pkv_seq_id*)$1, &view$argnum, owned$argnum);
+}
+
+/* pkv_seq_append_batch: one argument (seqs, tokens) of equal length. */
+%typemap(in) (const pkv_seq_id* seqs, const int32_t* tokens, uint64_t num_seqs)
+    (Py_buffer sv = pkv_py_no_buffer(), Py_buffer tv = pkv_py_no_buffer(), int sown = 0, int town = 0, uint64_t ns = 0, uint64_t nt = 0) {
+  sv.obj = NULL;
+  tv.obj = NULL;
+  if (!PyTuple_Check($input) || PyTuple_GET_SIZE($input) != 2) {
+    PyErr_SetString(PyExc_TypeError, "batch: expected a tuple (seq ids, token ids)");
+    SWIG_fail;
+  }
+  if (!pkv_py_seq_ids(PyTuple_GET_ITEM($input, 0), "seqs", (pkv_seq_id**)&$1, &ns, &sv, &sown)) SWIG_fail;
+  if (!pkv_py_int32_array(PyTuple_GET_ITEM($input, 1), "tokens", (int32_t**)&$2, &nt, &tv, &town)) SWIG_fail;
+  if (ns != nt) {
+    PyErr_Format(PyExc_ValueError, "seqs and tokens differ in length (%llu vs %llu)",
+                 (unsigned long long)ns, (unsigned long long)nt);
+    SWIG_fail;
+  }
+  $3 = ns;
+}
+%typemap(freearg) (const pkv_seq_id* seqs, const int32_t* tokens, uint64_t num_seqs) {
+  if ($1 || sv$argnum.obj) pkv_py_seq_ids_release((pkv_seq_id*)$1, &sv$argnum, sown$argnum);
+  if ($2 || tv$argnum.obj) pkv_py_int32_release((int32_t*)$2, &tv$argnum, town$argnum);
+}
+
+/* Block hashes: None (NULL), a contiguous buffer of num_hashes * 32 bytes
+ * (borrowed), or a sequence of bytes of at most 32 each (zero-padded, as
+ * pkv_hash_prefix and Pool.hash_prefix give them). */
+%typemap(in) (const pkv_block_hash* hashes, uint64_t num_hashes) (Py_buffer view = pkv_py_no_buffer(), int owned = 0) {
+  view.obj = NULL;
+  if ($input == Py_None) {
+    $1 = NULL;
+    $2 = 0;
+  } else if (!PyList_Check($input) && !PyTuple_Check($input) && PyObject_CheckBuffer($input) &&
+             PyObject_GetBuffer($input, &view, PyBUF_C_CONTIGUOUS) == 0) {
+    if (view.len % PKV_HASH_MAX_BYTES != 0) {
+      PyErr_Format(PyExc_ValueError, "hashes: a buffer of %zd bytes is not a whole number of %d-byte hashes",
+                   view.len, PKV_HASH_MAX_BYTES);
+      SWIG_fail;
+    }
+    $1 = (pkv_block_hash*)view.buf;
+    $2 = (uint64_t)(view.len / PKV_HASH_MAX_BYTES);
+  } else {
+    PyErr_Clear();
+    PyObject* seq = PySequence_Fast($input, "hashes: expected None, bytes or a sequence of bytes");
+    if (!seq) SWIG_fail;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    pkv_block_hash* arr = (pkv_block_hash*)calloc((size_t)(len > 0 ? len : 1), sizeof(pkv_block_hash));
+    if (!arr) { Py_DECREF(seq); PyErr_NoMemory(); SWIG_fail; }
+    for (Py_ssize_t i = 0; i < len; ++i) {
+      char* b;
+      Py_ssize_t bl;
+      if (PyBytes_AsStringAndSize(PySequence_Fast_GET_ITEM(seq, i), &b, &bl) != 0 || bl > PKV_HASH_MAX_BYTES) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "hashes[%zd]: expected bytes of at most %d", i, PKV_HASH_MAX_BYTES);
+        free(arr);
+        Py_DECREF(seq);
+        SWIG_fail;
+      }
+      memcpy(arr[i].bytes, b, (size_t)bl);
+    }
+    Py_DECREF(seq);
+    $1 = arr;
+    $2 = (uint64_t)len;
+    owned = 1;
+  }
+}
+%typemap(freearg) (const pkv_block_hash* hashes, uint64_t num_hashes) {
+  if (owned$argnum) free((void*)$1);
+  if (view$argnum.obj) PyBuffer_Release(&view$argnum);
+}
+
 /* pkv_pool_copy_blocks: one argument (src, dst), two equally long int
  * sequences. */
 %typemap(in) (const int32_t* src, const int32_t* dst, uint64_t num_pairs)
-    (Py_buffer sv, Py_buffer dv, int sown = 0, int down = 0, uint64_t ns = 0, uint64_t nd = 0) {
+    (Py_buffer sv = pkv_py_no_buffer(), Py_buffer dv = pkv_py_no_buffer(), int sown = 0, int down = 0, uint64_t ns = 0, uint64_t nd = 0) {
   sv.obj = NULL;
   dv.obj = NULL;
   if (!PyTuple_Check($input) || PyTuple_GET_SIZE($input) != 2) {
@@ -819,26 +1313,56 @@ PKV_OUT_STRUCT(pkv_prefix_match, pkv_prefix_match_init(&tmp))
   free($2);
 }
 
-/* pkv_batch_prepare: one argument (seqs, query_counts). */
+/* pkv_batch_prepare: one argument (seqs, query_counts); the ids as for
+ * pkv_seq_append_batch (a uint64 buffer is borrowed), the counts from a
+ * uint32 buffer (borrowed), an int (the same count for every sequence) or
+ * any sequence of ints. */
 %typemap(in) (const pkv_seq_id* seqs, const uint32_t* query_counts, uint32_t num_seqs)
-    (Py_ssize_t ns = 0, Py_ssize_t nq = 0) {
+    (Py_buffer sv = pkv_py_no_buffer(), Py_buffer qv = pkv_py_no_buffer(), int sown = 0, int qown = 0,
+     uint64_t ns = 0, Py_ssize_t nq = 0) {
   if (!PyTuple_Check($input) || PyTuple_GET_SIZE($input) != 2) {
     PyErr_SetString(PyExc_TypeError, "plan: expected a tuple (seq ids, query counts)");
     SWIG_fail;
   }
-  $1 = (pkv_seq_id*)pkv_py_uint_array(PyTuple_GET_ITEM($input, 0), "seqs", 8, ~0ULL, &ns);
-  if (!$1) SWIG_fail;
-  $2 = (uint32_t*)pkv_py_uint_array(PyTuple_GET_ITEM($input, 1), "query_counts", 4, 0xffffffffULL, &nq);
-  if (!$2) SWIG_fail;
-  if (ns != nq || ns > 0xffffffffLL) {
-    PyErr_Format(PyExc_ValueError, "seqs and query_counts differ in length (%zd vs %zd)", ns, nq);
+  if (!pkv_py_seq_ids(PyTuple_GET_ITEM($input, 0), "seqs", (pkv_seq_id**)&$1, &ns, &sv, &sown)) SWIG_fail;
+  PyObject* qc = PyTuple_GET_ITEM($input, 1);
+  if (PyLong_Check(qc)) {
+    unsigned long long c = PyLong_AsUnsignedLongLong(qc);
+    if (PyErr_Occurred() || c > 0xffffffffULL) {
+      PyErr_Clear();
+      PyErr_SetString(PyExc_OverflowError, "query_counts: expected an int in [0, 2^32 - 1]");
+      SWIG_fail;
+    }
+    uint32_t* arr = (uint32_t*)malloc(sizeof(uint32_t) * (size_t)(ns > 0 ? ns : 1));
+    if (!arr) { PyErr_NoMemory(); SWIG_fail; }
+    for (uint64_t i = 0; i < ns; ++i) arr[i] = (uint32_t)c;
+    $2 = arr;
+    qown = 1;
+    nq = (Py_ssize_t)ns;
+  } else if (PyObject_CheckBuffer(qc) && PyObject_GetBuffer(qc, &qv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0 &&
+             qv.itemsize == 4 && qv.ndim <= 1 && qv.format &&
+             (strcmp(qv.format, "I") == 0 || strcmp(qv.format, "<I") == 0 || strcmp(qv.format, "=I") == 0)) {
+    $2 = (uint32_t*)qv.buf;
+    nq = qv.len / 4;
+  } else {
+    if (qv.obj) PyBuffer_Release(&qv);
+    qv.obj = NULL;
+    PyErr_Clear();
+    $2 = (uint32_t*)pkv_py_uint_array(qc, "query_counts", 4, 0xffffffffULL, &nq);
+    if (!$2) SWIG_fail;
+    qown = 1;
+  }
+  if ((uint64_t)nq != ns || ns > 0xffffffffULL) {
+    PyErr_Format(PyExc_ValueError, "seqs and query_counts differ in length (%llu vs %zd)",
+                 (unsigned long long)ns, nq);
     SWIG_fail;
   }
   $3 = (uint32_t)ns;
 }
 %typemap(freearg) (const pkv_seq_id* seqs, const uint32_t* query_counts, uint32_t num_seqs) {
-  free((void*)$1);
-  free((void*)$2);
+  if ($1 || sv$argnum.obj) pkv_py_seq_ids_release((pkv_seq_id*)$1, &sv$argnum, sown$argnum);
+  if (qown$argnum) free((void*)$2);
+  if (qv$argnum.obj) PyBuffer_Release(&qv$argnum);
 }
 
 /* pkv_tensor_init's (ndim, shape): one sequence of ints. */
@@ -859,7 +1383,7 @@ PKV_OUT_STRUCT(pkv_prefix_match, pkv_prefix_match_init(&tmp))
 
 /* pkv_pool_swap_blocks' host buffer: a writable contiguous buffer, or
  * (address, nbytes) for memory Python cannot describe (pinned torch memory). */
-%typemap(in) (void* host_buffer, uint64_t host_bytes) (Py_buffer view) {
+%typemap(in) (void* host_buffer, uint64_t host_bytes) (Py_buffer view = pkv_py_no_buffer()) {
   view.obj = NULL;
   if (PyTuple_Check($input) && PyTuple_GET_SIZE($input) == 2) {
     if (!pkv_py_as_ptr(PyTuple_GET_ITEM($input, 0), "host_buffer", &$1)) SWIG_fail;
@@ -1006,6 +1530,10 @@ PKV_OPTIONS_IN(pkv_attention_params, pkv_attention_params_init, PKV_NO_SPECIAL, 
 /* ------------------------------------------------------------ exceptions */
 
 %pythoncode %{
+_Handle = _pagedkv_ext._Handle
+_SeqBase = _pagedkv_ext._SeqBase
+
+
 class PagedKVError(Exception):
     """Base of every error raised by pagedkv.
 

@@ -354,6 +354,58 @@ PKV_API pkv_status pkv_pool_set_clock(pkv_pool* pool, uint64_t now_ns);
 PKV_API pkv_status pkv_pool_get_priority_counts(const pkv_pool* pool, uint64_t* out_counts,
                                                 uint64_t capacity, uint64_t* out_len);
 
+/* Batched and fused calls, for engines that loop over sequences. Each is
+ * all or nothing: on any error nothing changes, and the message names the
+ * offending index (seqs[i]). One pool lock for the whole call. */
+
+/* Decode append: tokens[i] (one token) to seqs[i], for num_seqs distinct
+ * sequences, as pkv_seq_append(pool, seqs[i], &tokens[i], 1, 0) in order.
+ * PKV_E_NOT_FOUND for a stale id, PKV_E_INVALID_ARGUMENT for an id given
+ * twice, PKV_E_OUT_OF_BLOCKS when the appends up to seqs[i] need more blocks
+ * than are free; num_seqs 0 is a no-op. */
+PKV_API pkv_status pkv_seq_append_batch(pkv_pool* pool, const pkv_seq_id* seqs,
+                                        const int32_t* tokens, uint64_t num_seqs);
+
+/* Frees num_seqs distinct sequences, as pkv_seq_free of each in order. A
+ * stale or repeated id fails the whole call. */
+PKV_API pkv_status pkv_seq_free_batch(pkv_pool* pool, const pkv_seq_id* seqs, uint64_t num_seqs);
+
+/* Admission: pkv_seq_create(opts), pkv_seq_match_prefix of the prompt, the
+ * blocks-needed check and pkv_seq_append of the rest (+ num_lookahead
+ * slots) in one call. PKV_E_OUT_OF_BLOCKS when the prompt does not fit
+ * (counting the cached hits that leave the free queue); then no sequence is
+ * created and no hit is taken. *out_seq is the new sequence and
+ * *out_num_cached the tokens found cached (computed; a multiple of
+ * block_size, at most num_tokens - 1). */
+PKV_API pkv_status pkv_seq_admit(pkv_pool* pool, const pkv_seq_options* opts, const int32_t* tokens,
+                                 uint64_t num_tokens, uint32_t num_lookahead, pkv_seq_id* out_seq,
+                                 uint64_t* out_num_cached);
+
+/* pkv_seq_match_prefix with the prompt's block hashes computed beforehand
+ * (pkv_hash_prefix with the pool's algorithm, seed and strict_key_domains
+ * and the sequence's LoRA, salt and multimodal items, e.g. when the request
+ * arrived, as vLLM does), so the lookup does not hash again. hashes[0,
+ * num_hashes) cover the first num_hashes full blocks of tokens (num_hashes
+ * at most num_tokens / block_size; fewer limits the lookup). Only written
+ * blocks hit, as on the token path. The key domain is part of every hash;
+ * the pool recomputes the first block's hash and the last link it uses and
+ * fails with PKV_E_INVALID_ARGUMENT naming hashes[i] when they differ (a
+ * hash of another seed, algorithm, key-domain mode, salt, LoRA or item, or
+ * hashes of other tokens). The links in between are the caller's word:
+ * compute them in the engine, never take them from clients. */
+PKV_API pkv_status pkv_seq_match_prefix_hashes(pkv_pool* pool, pkv_seq_id seq,
+                                               const int32_t* tokens, uint64_t num_tokens,
+                                               const pkv_block_hash* hashes, uint64_t num_hashes,
+                                               uint64_t* out_num_cached);
+
+/* pkv_seq_admit with precomputed block hashes, checked as by
+ * pkv_seq_match_prefix_hashes. */
+PKV_API pkv_status pkv_seq_admit_hashes(pkv_pool* pool, const pkv_seq_options* opts,
+                                        const int32_t* tokens, uint64_t num_tokens,
+                                        const pkv_block_hash* hashes, uint64_t num_hashes,
+                                        uint32_t num_lookahead, pkv_seq_id* out_seq,
+                                        uint64_t* out_num_cached);
+
 /* ------------------------------------------------------------ stats, events */
 
 typedef struct pkv_pool_stats {

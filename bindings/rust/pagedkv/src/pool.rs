@@ -626,22 +626,12 @@ impl Pool {
 
     /// Creates an empty sequence (a bare id, as [`create_seq`](Pool::create_seq)).
     pub fn create_seq_with(&self, opts: &SeqOptions) -> Result<SeqId> {
-        let salt = opt_c_string(&opts.cache_salt, "cache_salt")?;
-        let lora_name = opt_c_string(&opts.lora_name, "lora_name")?;
-        let mm = RawMmItems::new(&opts.mm_items, "mm_items")?;
-        let mut raw = sys::pkv_seq_options::default();
-        // SAFETY: valid out-parameter.
-        unsafe { sys::pkv_seq_options_init(&mut raw) };
-        raw.priority = opts.priority;
-        raw.lora_id = opts.lora_id;
-        raw.lora_name = opt_ptr(&lora_name);
-        raw.cache_salt = opt_ptr(&salt);
-        raw.mm_items = mm.ptr();
-        raw.num_mm_items = mm.len()?;
-        let mut id = 0;
-        // SAFETY: every pointer in raw outlives the call; strings are copied.
-        check(unsafe { sys::pkv_seq_create(self.ptr(), &raw, &mut id) })?;
-        Ok(SeqId(id))
+        with_raw_seq_options(opts, |raw| {
+            let mut id = 0;
+            // SAFETY: every pointer in raw outlives the call; strings are copied.
+            check(unsafe { sys::pkv_seq_create(self.ptr(), raw, &mut id) })?;
+            Ok(SeqId(id))
+        })
     }
 
     /// For an empty sequence: attaches the longest run of leading full
@@ -771,6 +761,143 @@ impl Pool {
     pub fn free_seq(&self, seq: SeqId) -> Result<()> {
         // SAFETY: valid handle.
         check(unsafe { sys::pkv_seq_free(self.ptr(), seq.0) })
+    }
+
+    /// Decode append in one call: `tokens[i]` (one token) to `seqs[i]`, for
+    /// distinct sequences. All or nothing: a stale or repeated id, or too
+    /// few free blocks, fails naming `seqs[i]` and changes nothing.
+    pub fn append_batch(&self, seqs: &[SeqId], tokens: &[i32]) -> Result<()> {
+        if seqs.len() != tokens.len() {
+            return Err(Error::invalid(format!(
+                "seqs and tokens differ in length ({} vs {})",
+                seqs.len(),
+                tokens.len()
+            )));
+        }
+        // SAFETY: SeqId is repr(transparent) over pkv_seq_id; both slices
+        // are valid for their (equal) length.
+        check(unsafe {
+            sys::pkv_seq_append_batch(
+                self.ptr(),
+                seqs.as_ptr().cast::<sys::pkv_seq_id>(),
+                tokens.as_ptr(),
+                to_u64(seqs.len()),
+            )
+        })
+    }
+
+    /// Frees distinct sequences in one call; all or nothing (a stale or
+    /// repeated id frees none).
+    pub fn free_batch(&self, seqs: &[SeqId]) -> Result<()> {
+        // SAFETY: SeqId is repr(transparent) over pkv_seq_id.
+        check(unsafe {
+            sys::pkv_seq_free_batch(
+                self.ptr(),
+                seqs.as_ptr().cast::<sys::pkv_seq_id>(),
+                to_u64(seqs.len()),
+            )
+        })
+    }
+
+    /// Admission in one call: creates a sequence, attaches the cached prefix
+    /// of `tokens`, appends the rest plus `num_lookahead` slots. All or
+    /// nothing ([`ErrorKind::OutOfBlocks`] creates no sequence and takes no
+    /// hit). Returns the bare id (freed by the caller, as
+    /// [`create_seq`](Pool::create_seq)) and the tokens found cached.
+    pub fn admit(
+        &self,
+        opts: &SeqOptions,
+        tokens: &[i32],
+        num_lookahead: u32,
+    ) -> Result<(SeqId, u64)> {
+        self.admit_inner(opts, tokens, None, num_lookahead)
+    }
+
+    /// [`admit`](Pool::admit) with the prompt's block hashes computed
+    /// beforehand ([`hash_prefix`](crate::hash_prefix) with this pool's
+    /// algorithm, seed and key-domain mode and the request's keys), so the
+    /// lookup does not hash the prompt again. The first block's hash and
+    /// the last link used are checked ([`ErrorKind::InvalidArgument`]
+    /// naming `hashes[i]`).
+    pub fn admit_hashes(
+        &self,
+        opts: &SeqOptions,
+        tokens: &[i32],
+        hashes: &[BlockHash],
+        num_lookahead: u32,
+    ) -> Result<(SeqId, u64)> {
+        self.admit_inner(opts, tokens, Some(hashes), num_lookahead)
+    }
+
+    fn admit_inner(
+        &self,
+        opts: &SeqOptions,
+        tokens: &[i32],
+        hashes: Option<&[BlockHash]>,
+        num_lookahead: u32,
+    ) -> Result<(SeqId, u64)> {
+        let raw_hashes: Vec<sys::pkv_block_hash> = hashes
+            .unwrap_or(&[])
+            .iter()
+            .map(|h| sys::pkv_block_hash { bytes: h.0 })
+            .collect();
+        with_raw_seq_options(opts, |raw| {
+            let (mut id, mut cached) = (0, 0u64);
+            // SAFETY: raw's pointers, tokens and raw_hashes outlive the call.
+            check(unsafe {
+                match hashes {
+                    None => sys::pkv_seq_admit(
+                        self.ptr(),
+                        raw,
+                        tokens.as_ptr(),
+                        to_u64(tokens.len()),
+                        num_lookahead,
+                        &mut id,
+                        &mut cached,
+                    ),
+                    Some(_) => sys::pkv_seq_admit_hashes(
+                        self.ptr(),
+                        raw,
+                        tokens.as_ptr(),
+                        to_u64(tokens.len()),
+                        raw_hashes.as_ptr(),
+                        to_u64(raw_hashes.len()),
+                        num_lookahead,
+                        &mut id,
+                        &mut cached,
+                    ),
+                }
+            })?;
+            Ok((SeqId(id), cached))
+        })
+    }
+
+    /// [`match_prefix`](Pool::match_prefix) with the block hashes of
+    /// `tokens` computed beforehand (see [`admit_hashes`](Pool::admit_hashes)).
+    pub fn match_prefix_hashes(
+        &self,
+        seq: SeqId,
+        tokens: &[i32],
+        hashes: &[BlockHash],
+    ) -> Result<u64> {
+        let raw: Vec<sys::pkv_block_hash> = hashes
+            .iter()
+            .map(|h| sys::pkv_block_hash { bytes: h.0 })
+            .collect();
+        let mut cached = 0u64;
+        // SAFETY: tokens and raw are valid for their lengths.
+        check(unsafe {
+            sys::pkv_seq_match_prefix_hashes(
+                self.ptr(),
+                seq.0,
+                tokens.as_ptr(),
+                to_u64(tokens.len()),
+                raw.as_ptr(),
+                to_u64(raw.len()),
+                &mut cached,
+            )
+        })?;
+        Ok(cached)
     }
 
     /// State of a sequence.
@@ -1148,4 +1275,25 @@ impl Pool {
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+}
+
+/// Runs f with opts as a pkv_seq_options whose strings and items live for
+/// the call.
+fn with_raw_seq_options<T>(
+    opts: &SeqOptions,
+    f: impl FnOnce(&sys::pkv_seq_options) -> Result<T>,
+) -> Result<T> {
+    let salt = opt_c_string(&opts.cache_salt, "cache_salt")?;
+    let lora_name = opt_c_string(&opts.lora_name, "lora_name")?;
+    let mm = RawMmItems::new(&opts.mm_items, "mm_items")?;
+    let mut raw = sys::pkv_seq_options::default();
+    // SAFETY: valid out-parameter.
+    unsafe { sys::pkv_seq_options_init(&mut raw) };
+    raw.priority = opts.priority;
+    raw.lora_id = opts.lora_id;
+    raw.lora_name = opt_ptr(&lora_name);
+    raw.cache_salt = opt_ptr(&salt);
+    raw.mm_items = mm.ptr();
+    raw.num_mm_items = mm.len()?;
+    f(&raw)
 }

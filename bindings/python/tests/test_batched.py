@@ -1,0 +1,243 @@
+"""Batched and fused calls: append_batch, free_batch, admit, lookups by
+precomputed block hashes, token ids from any buffer."""
+
+from __future__ import annotations
+
+import array
+
+import numpy as np
+import pytest
+
+import pagedkv
+
+
+def computed(pool, seqs, counts):
+    """Commits one step computing the last counts[i] tokens of seqs[i]."""
+    with pool.prepare(seqs, counts) as b:
+        b.commit()
+
+
+def state(pool, seqs):
+    return [(len(s), s.block_table()) for s in seqs], pool.stats().num_free_blocks
+
+
+def test_append_batch_equals_one_append_per_sequence():
+    rng = np.random.default_rng(0)
+    pools = [pagedkv.Pool(num_blocks=256, block_size=16) for _ in range(2)]
+    groups = []
+    for pool in pools:
+        seqs = []
+        for i in range(12):
+            s = pool.create_sequence()
+            s.append(list(range(i * 7, i * 7 + 5 + 3 * i)))
+            seqs.append(s)
+        computed(pool, seqs, [len(s) for s in seqs])
+        seqs.append(seqs[3].fork())  # a shared tail: copy-on-write inside the batch
+        groups.append(seqs)
+    a, b = groups
+    for step in range(40):
+        toks = rng.integers(0, 50000, size=len(a), dtype=np.int64)  # int64: converted
+        pools[0].append_batch(np.array([s.id for s in a], dtype=np.uint64), toks)
+        for s, t in zip(b, toks.tolist()):
+            s.append([t])
+        assert state(pools[0], a)[0] == state(pools[1], b)[0]
+        assert pools[0].stats().num_free_blocks == pools[1].stats().num_free_blocks
+        assert pools[0].stats().num_tokens == pools[1].stats().num_tokens
+        computed(pools[0], a, 1)
+        computed(pools[1], b, 1)
+    for pool in pools:
+        pool.validate()
+    assert [s.block_hashes() for s in a] == [s.block_hashes() for s in b]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda v: v,
+        lambda v: np.array(v, dtype=np.int32),
+        lambda v: np.array(v, dtype=np.int64),
+        lambda v: np.array(v, dtype=np.uint16),
+        lambda v: array.array("i", v),
+        lambda v: array.array("q", v),
+        lambda v: memoryview(array.array("i", v)),
+        lambda v: tuple(v),
+    ],
+)
+def test_token_ids_from_any_buffer(make):
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    s = pool.create_sequence()
+    s.append(make([5, 6, 7, 8, 9]))
+    t = pool.create_sequence()
+    t.append([5, 6, 7, 8, 9])
+    assert s.block_hashes() == t.block_hashes()
+    u = pool.create_sequence()
+    u.append([1])
+    pool.append_batch([u], make([42]))
+    assert len(u) == 2
+
+
+def test_token_ids_from_torch_tensor():
+    torch = pytest.importorskip("torch")
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    s = pool.create_sequence()
+    s.append(torch.arange(9, dtype=torch.int64))
+    t = pool.create_sequence()
+    t.append(list(range(9)))
+    assert s.block_hashes() == t.block_hashes()
+
+
+def test_out_of_range_token_ids_are_rejected():
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    s = pool.create_sequence()
+    with pytest.raises(OverflowError, match=r"tokens\[1\]"):
+        s.append(np.array([1, 2**40], dtype=np.int64))
+    assert len(s) == 0
+
+
+def test_append_batch_is_all_or_nothing():
+    pool = pagedkv.Pool(num_blocks=5, block_size=4)
+    seqs = [pool.create_sequence() for _ in range(3)]
+    for s in seqs:
+        s.append([1, 2, 3])
+    gone = pool.create_sequence()
+    gone_id = gone.id
+    gone.free()
+    before = state(pool, seqs)
+    with pytest.raises(pagedkv.NotFoundError, match=r"seqs\[2\]"):
+        pool.append_batch([seqs[0].id, seqs[1].id, gone_id], [7, 7, 7])
+    assert state(pool, seqs) == before
+    with pytest.raises(pagedkv.InvalidArgumentError, match=r"seqs\[2\].*twice"):
+        pool.append_batch([seqs[0], seqs[1], seqs[0]], [7, 7, 7])
+    assert state(pool, seqs) == before
+    for s in seqs:
+        s.append([4])  # every block full: each next token takes a new block
+    before = state(pool, seqs)
+    assert pool.stats().num_free_blocks == 1
+    with pytest.raises(pagedkv.OutOfBlocksError, match=r"seqs\[1\]"):
+        pool.append_batch(seqs, [7, 7, 7])
+    assert state(pool, seqs) == before
+    with pytest.raises(ValueError, match="differ in length"):
+        pool.append_batch(seqs, [7, 7])
+    pool.append_batch(seqs[:1], [7])
+    assert len(seqs[0]) == 5
+    pool.validate()
+
+
+def test_free_batch_is_all_or_nothing():
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    seqs = [pool.create_sequence() for _ in range(3)]
+    for s in seqs:
+        s.append([1, 2, 3, 4, 5])
+    free0 = pool.stats().num_free_blocks
+    with pytest.raises(pagedkv.InvalidArgumentError, match=r"seqs\[1\].*twice"):
+        pool.free_batch([seqs[0].id, seqs[0].id])
+    with pytest.raises(pagedkv.NotFoundError, match=r"seqs\[3\]"):
+        pool.free_batch([s.id for s in seqs] + [12345])
+    assert pool.stats().num_seqs == 3 and pool.stats().num_free_blocks == free0
+    pool.free_batch(seqs)
+    assert all(s.freed for s in seqs)
+    assert pool.stats().num_seqs == 0 and pool.stats().num_free_blocks == 15
+    pool.validate()
+
+
+def test_admit_equals_match_then_append():
+    pool = pagedkv.Pool(num_blocks=64, block_size=4)
+    prompt = list(range(100, 118))
+    first = pool.create_sequence()
+    first.append(prompt)
+    computed(pool, [first], len(prompt))
+    s, cached = pool.admit(np.array(prompt + [1, 2], dtype=np.int32), lookahead=3)
+    t = pool.create_sequence()
+    assert t.match_prefix(prompt + [1, 2]) == cached == 16
+    t.append((prompt + [1, 2])[16:], lookahead=3)
+    assert len(s) == len(t) == 20
+    assert s.block_table()[:4] == t.block_table()[:4] == first.block_table()[:4]
+    assert s.info().num_slots == t.info().num_slots
+    assert s.num_computed_tokens == 16
+    pool.validate()
+
+
+def test_admit_out_of_blocks_creates_nothing():
+    pool = pagedkv.Pool(num_blocks=8, block_size=4)
+    cached = pool.create_sequence()
+    cached.append(list(range(13)))
+    computed(pool, [cached], 13)
+    cached.free()  # 3 written full blocks, cached in the free queue
+    before = pool.stats()
+    with pytest.raises(pagedkv.OutOfBlocksError, match="cached"):
+        pool.admit(list(range(13)) + [0] * 20)  # 3 hits leave the queue; 6 more needed, 4 left
+    after = pool.stats()
+    assert (after.num_seqs, after.num_free_blocks, after.num_cached_blocks) == (
+        0,
+        before.num_free_blocks,
+        before.num_cached_blocks,
+    )
+    assert after.prefix_query_tokens == before.prefix_query_tokens
+    s, hit = pool.admit(list(range(13)) + [0] * 15)
+    assert hit == 12 and len(s) == 28
+    pool.validate()
+
+
+def test_lookup_by_precomputed_hashes():
+    pool = pagedkv.Pool(num_blocks=64, block_size=4)
+    prompt = list(range(40))
+    a = pool.create_sequence(cache_salt="tenant-a")
+    a.append(prompt)
+    hashes = pool.hash_prefix(prompt, cache_salt="tenant-a")
+    # Appended but not written: no hit by hashes either (written-block rule).
+    assert pool.create_sequence(cache_salt="tenant-a").match_prefix(prompt, hashes=hashes) == 0
+    computed(pool, [a], len(prompt))
+    b = pool.create_sequence(cache_salt="tenant-a")
+    assert b.match_prefix(prompt + [1], hashes=hashes) == 40
+    assert b.block_table() == a.block_table()
+    assert pool.create_sequence(cache_salt="tenant-a").match_prefix(prompt + [1], hashes=hashes[:3]) == 12
+    # A bytes buffer of 32-byte hashes works as well.
+    packed = b"".join(h.ljust(32, b"\0") for h in hashes)
+    s, hit = pool.admit(prompt + [1], hashes=packed, cache_salt="tenant-a")
+    assert hit == 40
+    # Hashes of another domain never hit: rejected before any lookup.
+    other = pool.hash_prefix(prompt, cache_salt="tenant-b")
+    c = pool.create_sequence(cache_salt="tenant-a")
+    with pytest.raises(pagedkv.InvalidArgumentError, match=r"hashes\[0\]"):
+        c.match_prefix(prompt + [1], hashes=other)
+    with pytest.raises(pagedkv.InvalidArgumentError, match=r"hashes\[0\]"):
+        pool.create_sequence().match_prefix(prompt + [1], hashes=hashes)  # unsalted sequence
+    with pytest.raises(pagedkv.InvalidArgumentError, match=r"hashes\[9\]"):
+        c.match_prefix(prompt[:36] + [0, 0, 0, 0, 1], hashes=hashes)  # other tokens in the last block
+    with pytest.raises(pagedkv.InvalidArgumentError, match="num_hashes"):
+        c.match_prefix(prompt[:8], hashes=hashes)
+    assert len(c) == 0
+    n_seqs = pool.stats().num_seqs
+    with pytest.raises(pagedkv.InvalidArgumentError, match=r"hashes\[0\]"):
+        pool.admit(prompt + [1], hashes=other, cache_salt="tenant-a")
+    assert pool.stats().num_seqs == n_seqs
+    pool.validate()
+
+
+def test_closed_pool_rejects_batched_calls():
+    pool = pagedkv.Pool(num_blocks=8, block_size=4)
+    s = pool.create_sequence()
+    pool.close()
+    with pytest.raises(pagedkv.InvalidStateError, match="closed"):
+        pool.append_batch([s.id], [1])
+    with pytest.raises(pagedkv.InvalidStateError, match="closed"):
+        pool.admit([1, 2])
+
+
+def test_prepare_from_an_id_array_equals_prepare_from_sequences():
+    pool = pagedkv.Pool(num_blocks=64, block_size=4)
+    seqs = [pool.create_sequence() for _ in range(3)]
+    for i, s in enumerate(seqs):
+        s.append(list(range(5 + i)))
+    ids = np.array([s.id for s in seqs], dtype=np.uint64)
+    a = pool.prepare(seqs, [5, 6, 7])
+    b = pool.prepare(ids, np.array([5, 6, 7], dtype=np.uint32))
+    for name, view in a.plan_arrays().items():
+        assert np.array_equal(np.asarray(view), np.asarray(b.plan_arrays()[name])), name
+    assert [s.id for s in b.sequences] == [s.id for s in seqs]
+    b.abort()
+    b.close()
+    a.commit()
+    a.close()
+    with pytest.raises(pagedkv.NotFoundError, match=r"seqs\[1\]"):
+        pool.prepare(np.array([seqs[0].id, 999], dtype=np.uint64), 1)

@@ -1,0 +1,203 @@
+// Batched and fused sequence operations: one lock and one validation pass
+// for what engines otherwise do in a loop of calls (a decode step's appends,
+// frees of finished requests, admission = create + prefix match + append).
+// Each is all or nothing: every check (ids, duplicates, free blocks) comes
+// first, then whatever can throw (allocation, hashing) is staged and undone
+// on failure, and the commit cannot fail.
+#include <algorithm>
+
+#include "kv_pool.h"
+#include "seq_util.h"
+
+namespace pagedkv {
+
+using seq_util::grow;
+using seq_util::kMaxSeqTokens;
+using seq_util::str;
+
+namespace {
+
+std::string at(const char* name, uint64_t i, SeqId id) {
+  return std::string(name) + "[" + str(i) + "]: " + seq_name(id);
+}
+
+}  // namespace
+
+Sequence* Pool::batch_member(const SeqId* ids, uint64_t i, uint64_t mark) {
+  Sequence* s = seqs_.find(ids[i]);
+  if (!s) fail(Errc::kNotFound, at("seqs", i, ids[i]) + " is stale or unknown");
+  if (s->plan_mark == mark)
+    fail(Errc::kInvalidArgument, at("seqs", i, ids[i]) + " appears twice in the batch");
+  s->plan_mark = mark;
+  return s;
+}
+
+void Pool::append_batch(const SeqId* ids, const int32_t* tokens, uint64_t m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  if (m == 0) return;
+  std::vector<BatchItem>& items = batch_items_;
+  items.clear();
+  items.reserve(m);  // may throw: nothing changed yet
+
+  // 1. Checks, in order, as if the appends ran one after another.
+  const uint64_t mark = ++plan_epoch_;
+  const uint64_t bs = opts_.block_size;
+  uint64_t take = 0, gain = 0, events = 0, cow = 0;
+  const uint64_t free_now = uint64_t(blocks_.num_free());
+  for (uint64_t i = 0; i < m; ++i) {
+    Sequence* s = batch_member(ids, i, mark);
+    BatchItem it{s, s->tokens.size(), {}, 0, false};
+    if (!s->tail_shared && opts_.sliding_window == 0 && it.n0 < kMaxSeqTokens) {
+      const uint64_t j = div_bs(it.n0);
+      it.simple = j < s->blocks.size() && div_bs(it.n0 + 1) == j;
+    }
+    if (!it.simple) {
+      try {
+        it.need = append_need(*s, 1, 0);
+      } catch (const Error& e) {
+        fail(e.code(), at("seqs", i, ids[i]) + ": " + e.what());
+      }
+      take += it.need.fresh + it.need.cow;
+      gain += it.need.window_gain;
+      cow += it.need.cow;
+      events += it.need.fresh + it.need.cow + 4 + (it.need.window_end - it.need.window_first);
+      if (take > free_now + gain)
+        fail(Errc::kOutOfBlocks, at("seqs", i, ids[i]) + ": the appends up to this one need " +
+                                     str(take) + " blocks; " + str(free_now + gain) +
+                                     " are free (nothing was appended)");
+    }
+    items.push_back(it);
+  }
+
+  // 2. What can throw: room in every vector, then the tokens and hashes.
+  blocks_.reserve_events(events);
+  if (cow) grow(blocks_.pending_copies(), blocks_.pending_copies().size() + cow);
+  for (BatchItem& it : items) {
+    grow(it.s->tokens, it.n0 + 1);
+    if (!it.simple) grow(it.s->blocks, it.s->blocks.size() + it.need.fresh);
+  }
+  size_t staged = 0;
+  try {
+    for (; staged < m; ++staged) {
+      BatchItem& it = items[staged];
+      it.s->tokens.push_back(tokens[staged]);
+      it.h0 = it.s->hashes.size();
+      if (!it.simple) it.h0 = hash_new_blocks(*it.s);
+    }
+  } catch (...) {
+    for (size_t k = 0; k <= staged && k < m; ++k) {
+      BatchItem& it = items[k];
+      it.s->tokens.resize(it.n0);
+      it.s->hashes.resize(it.h0);
+    }
+    throw;
+  }
+
+  // 3. Commit, in order.
+  tick();  // retention: priorities whose time ran out, before allocating
+  for (BatchItem& it : items) {
+    Sequence& s = *it.s;
+    if (it.simple) {
+      const uint64_t j = div_bs(it.n0);
+      clamp_written(s.blocks[j], it.n0 - j * bs);
+      blocks_.add_filled_slot(s.blocks[j]);
+      ++num_tokens_;
+      ++s.version;
+    } else {
+      apply_append(s, it.n0, 1, it.need, it.h0);
+    }
+  }
+}
+
+void Pool::free_batch(const SeqId* ids, uint64_t m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  const uint64_t mark = ++plan_epoch_;
+  size_t events = 0;
+  for (uint64_t i = 0; i < m; ++i) {
+    Sequence* s = batch_member(ids, i, mark);
+    events += count_unwritten(*s, 0, s->blocks.size());
+  }
+  blocks_.reserve_events(events);  // may throw: before any change
+  tick();
+  for (uint64_t i = 0; i < m; ++i) free_locked(ids[i], *seqs_.find(ids[i]));
+}
+
+Pool::Admitted Pool::admit(const SeqOptions& o, const int32_t* tokens, uint64_t n,
+                           const BlockHash* given, uint64_t num_given, uint32_t lookahead) {
+  HashContext ctx = make_ctx(o);
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  if (n > kMaxSeqTokens || n + lookahead > kMaxSeqTokens)
+    fail(Errc::kInvalidArgument, "the sequence would hold " + str(n) + " + " + str(lookahead) +
+                                     " slots, more than 2^31 - 1");
+  const uint64_t bs = opts_.block_size;
+  if (given && num_given > n / bs)
+    fail(Errc::kInvalidArgument, "num_hashes " + str(num_given) + " exceeds the " + str(n / bs) +
+                                     " full blocks of num_tokens " + str(n));
+  if (seqs_.full()) fail(Errc::kOutOfMemory, "the pool's sequence table is full");
+
+  // 1. The hits, found without attaching them.
+  std::vector<BlockHash> hashes;
+  std::vector<int32_t> hits;
+  find_hits(ctx, tokens, n, given, num_given, hashes, hits);
+  const uint64_t k = hits.size(), n_hit = k * bs;
+
+  // 2. Blocks, counted as match_prefix then append would take them: hits
+  // that sit in the free queue leave it; with a sliding window the append
+  // releases the hits wholly behind its first query's window again.
+  const uint64_t want = div_bs(n + lookahead + bs - 1);
+  const uint64_t fresh = want > k ? want - k : 0;
+  uint64_t leaving = 0, gain = 0, window_end = 0;
+  for (int32_t b : hits) leaving += blocks_.ref(b) == 0;
+  const uint64_t w = opts_.sliding_window;
+  if (w > 0 && n > n_hit && n_hit + 1 > w) {
+    window_end = std::min<uint64_t>(k, (n_hit + 1 - w) / bs);
+    for (uint64_t j = 0; j < window_end; ++j) gain += blocks_.ref(hits[j]) == 0;
+  }
+  const uint64_t avail = uint64_t(blocks_.num_free()) - leaving + gain;
+  if (fresh > avail)
+    fail(Errc::kOutOfBlocks, "the prompt of " + str(n) + " tokens + " + str(lookahead) +
+                                 " lookahead needs " + str(fresh) + " new blocks (" + str(k) +
+                                 " cached); " + str(avail) + " are free");
+
+  // 3. What can throw, on a new sequence that nothing else sees yet.
+  SeqId id;
+  Sequence& s = seqs_.add(&id);
+  size_t h0;
+  try {
+    s.ctx = std::move(ctx);
+    s.priority = o.priority;
+    s.tokens.reserve(n);
+    s.tokens.assign(tokens, tokens + n);
+    s.blocks.reserve(std::max<uint64_t>(want, 1));
+    s.hashes = std::move(hashes);
+    h0 = hash_new_blocks(s);
+    blocks_.reserve_events(fresh + 2 * (div_bs(n) + 2) + window_end);
+  } catch (...) {
+    seqs_.remove(id);
+    throw;
+  }
+
+  // 4. Commit: attach the hits, then append the rest.
+  tick();  // retention: priorities whose time ran out, before allocating
+  for (int32_t b : hits) {
+    blocks_.touch(b);
+    s.blocks.push_back(b);
+  }
+  if (blocks_.retention())  // a hit may raise its block's priority, as in match_prefix
+    for (size_t j = 0; j < s.blocks.size(); ++j) assign_priority(s, j, false);
+  s.num_cached = s.num_committed = n_hit;
+  prefix_query_tokens_ += n;
+  prefix_hit_tokens_ += n_hit;
+  num_tokens_ += n_hit;
+  AppendNeed need;
+  need.fresh = fresh;
+  need.window_first = 0;
+  need.window_end = window_end;
+  apply_append(s, n_hit, n - n_hit, need, h0);
+  return {id, n_hit};
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,22 @@
+// Small helpers shared by the pool's sequence operations (kv_pool_seq.cpp,
+// kv_pool_batch.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+namespace pagedkv::seq_util {
+
+constexpr uint64_t kMaxSeqTokens = uint64_t(std::numeric_limits<int32_t>::max());
+
+inline std::string str(uint64_t v) { return std::to_string(v); }
+
+// Amortised growth: reserve() alone would reallocate on every append.
+template <class V>
+void grow(V& v, size_t need) {
+  if (need > v.capacity()) v.reserve(std::max(need, v.capacity() * 2));
+}
+
+}  // namespace pagedkv::seq_util
