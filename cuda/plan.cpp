@@ -136,20 +136,13 @@ void attach_scratch(AttnPlan& plan, void* scratch) {
   p.part_lse = p.part_o + rows * size_t(plan.launch.head_dim);
 }
 
-// FP8 pools: k and v are f32/f16/bf16 rows, quantised by the write kernel.
-WriteParams plan_write_fp8(const KvArena& arena, int32_t layer, const PlanView& plan,
-                           const Tensor3& k, const Tensor3& v) {
+namespace {
+
+// The fields every write shares: planes, sources (strides in bytes of each
+// source's dtype), slots, shape.
+WriteParams write_params(const KvArena& arena, int32_t layer, const PlanView& plan,
+                         const Tensor3& k, const Tensor3& v) {
   const KvLayout& lay = arena.layout;
-  for (const Tensor3* t : {&k, &v}) {
-    if ((t->dtype != DType::kF32 && t->dtype != DType::kF16 && t->dtype != DType::kBF16) ||
-        t->n1 != lay.num_kv_heads || t->n2 != lay.head_dim) {
-      fail(Errc::kInvalidArgument,
-           std::string(t == &k ? "k" : "v") +
-               " must be [num_tokens, num_kv_heads, head_dim] of f32, f16 or bf16 (fp8 pool)");
-    }
-  }
-  if (arena.scales == nullptr)
-    fail(Errc::kInvalidArgument, "cache write: an fp8 cache needs scales");
   const int64_t ke = int64_t(dtype_size(k.dtype)), ve = int64_t(dtype_size(v.dtype));
   WriteParams p{};
   p.k_plane = static_cast<char*>(arena.plane(layer, 0));
@@ -164,6 +157,24 @@ WriteParams plan_write_fp8(const KvArena& arena, int32_t layer, const PlanView& 
   p.num_tokens = plan.num_tokens;
   p.num_kv_heads = lay.num_kv_heads;
   p.block_size = lay.block_size;
+  return p;
+}
+
+// FP8 pools: k and v are f32/f16/bf16 rows, quantised by the write kernel.
+WriteParams plan_write_fp8(const KvArena& arena, int32_t layer, const PlanView& plan,
+                           const Tensor3& k, const Tensor3& v) {
+  const KvLayout& lay = arena.layout;
+  for (const Tensor3* t : {&k, &v}) {
+    if ((t->dtype != DType::kF32 && t->dtype != DType::kF16 && t->dtype != DType::kBF16) ||
+        t->n1 != lay.num_kv_heads || t->n2 != lay.head_dim) {
+      fail(Errc::kInvalidArgument,
+           std::string(t == &k ? "k" : "v") +
+               " must be [num_tokens, num_kv_heads, head_dim] of f32, f16 or bf16 (fp8 pool)");
+    }
+  }
+  if (arena.scales == nullptr)
+    fail(Errc::kInvalidArgument, "cache write: an fp8 cache needs scales");
+  WriteParams p = write_params(arena, layer, plan, k, v);
   p.row_bytes = lay.head_dim;
   p.unit = 1;
   p.fp8 = int32_t(lay.dtype);
@@ -174,27 +185,16 @@ WriteParams plan_write_fp8(const KvArena& arena, int32_t layer, const PlanView& 
   return p;
 }
 
+}  // namespace
+
 WriteParams plan_write(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& k,
                        const Tensor3& v) {
   const KvLayout& lay = arena.layout;
   if (is_fp8(lay.dtype)) return plan_write_fp8(arena, layer, plan, k, v);
   check_rows(k, lay, "k");
   check_rows(v, lay, "v");
-  const int64_t elt = int64_t(dtype_size(lay.dtype));
-  WriteParams p{};
-  p.k_plane = static_cast<char*>(arena.plane(layer, 0));
-  p.v_plane = static_cast<char*>(arena.plane(layer, 1));
-  p.k = static_cast<const char*>(k.data);
-  p.v = static_cast<const char*>(v.data);
-  p.k_s0 = k.s0 * elt;
-  p.k_s1 = k.s1 * elt;
-  p.v_s0 = v.s0 * elt;
-  p.v_s1 = v.s1 * elt;
-  p.slot_mapping = plan.slot_mapping;
-  p.num_tokens = plan.num_tokens;
-  p.num_kv_heads = lay.num_kv_heads;
-  p.block_size = lay.block_size;
-  p.row_bytes = int32_t(lay.head_dim * elt);
+  WriteParams p = write_params(arena, layer, plan, k, v);
+  p.row_bytes = int32_t(lay.head_dim * dtype_size(lay.dtype));
   p.unit = std::min(access_unit(k.data, p.k_s0, p.k_s1, p.row_bytes),
                     access_unit(v.data, p.v_s0, p.v_s1, p.row_bytes));
   return p;

@@ -16,18 +16,14 @@ using Param = std::tuple<DType, int, int>;  // dtype, head dim, GQA group
 
 class AttentionMatrix : public ::testing::TestWithParam<Param> {};
 
-TEST_P(AttentionMatrix, MatchesCpuBackend) {
-  PKV_SKIP_WITHOUT_GPU();
-  const DType dt = std::get<0>(GetParam());
-  const int D = std::get<1>(GetParam());
-  const int group = std::get<2>(GetParam());
-  const int hkv = 2;
+// Every scenario on the GPU and the CPU backend, compared (cache: the
+// pool's dtype, FP8 when it differs from q's).
+void scenarios_match(DType dt, int D, int group, std::mt19937_64& rng, DType cache) {
   auto gpu = pagedkv::make_cuda_backend(0);
   auto cpu = pagedkv::make_cpu_backend(0);
-  std::mt19937_64 rng(uint64_t(D) * 1000003u + uint64_t(group) * 101u + uint64_t(dt));
   for (const Scenario& sc : scenarios(rng)) {
     SCOPED_TRACE(sc.name);
-    const Inputs s = build(sc, dt, D, hkv, group, rng);
+    const Inputs s = build(sc, dt, D, 2, group, rng, cache);
     AttentionArgs args{};
     args.softmax_scale = sc.scale > 0.f ? sc.scale : 1.f / std::sqrt(float(D));
     args.sliding_window = sc.window;
@@ -38,6 +34,15 @@ TEST_P(AttentionMatrix, MatchesCpuBackend) {
     const Outputs c = run(*cpu, s, args, sc.lse);
     compare(s, g, c, sc.name);
   }
+}
+
+TEST_P(AttentionMatrix, MatchesCpuBackend) {
+  PKV_SKIP_WITHOUT_GPU();
+  const DType dt = std::get<0>(GetParam());
+  const int D = std::get<1>(GetParam());
+  const int group = std::get<2>(GetParam());
+  std::mt19937_64 rng(uint64_t(D) * 1000003u + uint64_t(group) * 101u + uint64_t(dt));
+  scenarios_match(dt, D, group, rng, dt);
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
@@ -67,23 +72,9 @@ TEST_P(Fp8AttentionMatrix, MatchesCpuBackend) {
   const DType dt = std::get<1>(GetParam());
   const int D = std::get<2>(GetParam());
   const int group = std::get<3>(GetParam());
-  auto gpu = pagedkv::make_cuda_backend(0);
-  auto cpu = pagedkv::make_cpu_backend(0);
   std::mt19937_64 rng(uint64_t(D) * 7u + uint64_t(group) * 1009u + uint64_t(cache) * 13u +
                       uint64_t(dt));
-  for (const Scenario& sc : scenarios(rng)) {
-    SCOPED_TRACE(sc.name);
-    const Inputs s = build(sc, dt, D, 2, group, rng, cache);
-    AttentionArgs args{};
-    args.softmax_scale = sc.scale > 0.f ? sc.scale : 1.f / std::sqrt(float(D));
-    args.sliding_window = sc.window;
-    args.logit_softcap = sc.softcap;
-    pagedkv::cuda::set_forced_splits(sc.splits);
-    const Outputs g = run(*gpu, s, args, sc.lse);
-    pagedkv::cuda::set_forced_splits(0);
-    const Outputs c = run(*cpu, s, args, sc.lse);
-    compare(s, g, c, sc.name);
-  }
+  scenarios_match(dt, D, group, rng, cache);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, Fp8AttentionMatrix,
