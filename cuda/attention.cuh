@@ -20,6 +20,12 @@
 // n_q positions; query at position p sees key k iff k <= p, p - W < k when a
 // window W is set, and k's page is not the null block; logits are
 // scale * q.k, soft-capped as c * tanh(logit / c); LSE is natural-log.
+//
+// FP8 pages (S = Fp8E4m3 / Fp8E5m2, T = f16 or bf16 of q and out): cp.async
+// brings the raw codes into their own double-buffered stage, and each tile
+// is widened (exactly) into a single T tile before the products, so the
+// tensor-core path is the f16/bf16 one. The K scale of the head multiplies
+// the softmax scale, the V scale the output normalisation, as on the CPU.
 #pragma once
 
 #ifndef PKV_CUDA_EMULATION
@@ -50,7 +56,7 @@ constexpr int large_rows(int dtype_bytes, int head_dim) {
   return dtype_bytes * head_dim >= 512 ? 32 : 64;
 }
 
-template <typename T, int D, int ROWS, int KT>
+template <typename T, int D, int ROWS, int KT, bool FP8 = false>
 struct AttnSmem {
   static constexpr int kVec = 16 / int(sizeof(T));  // elements per 16 bytes
   // Rows padded by 16 bytes: 16-byte accesses of consecutive rows then hit
@@ -61,9 +67,11 @@ struct AttnSmem {
   static constexpr int kLdS = KT + 4;
   static constexpr int kLdP = KT + kVec;
   static constexpr size_t kStage = size_t(KT) * kLdKV * sizeof(T);
+  // FP8: one widened T tile (the raw codes are the double buffer).
+  static constexpr int kTStages = FP8 ? 1 : 2;
   static constexpr size_t kK = 0;
-  static constexpr size_t kV = kK + 2 * kStage;
-  static constexpr size_t kQ = align_up(kV + 2 * kStage, 128);
+  static constexpr size_t kV = kK + kTStages * kStage;
+  static constexpr size_t kQ = align_up(kV + kTStages * kStage, 128);
   static constexpr size_t kO = align_up(kQ + size_t(ROWS) * kLdQ * sizeof(T), 128);
   static constexpr size_t kS = align_up(kO + size_t(ROWS) * kLdO * 4, 128);
   static constexpr size_t kP = align_up(kS + size_t(ROWS) * kLdS * 4, 128);
@@ -71,17 +79,23 @@ struct AttnSmem {
   // Per key of the current tile: its V held a non-finite value that was
   // zeroed (see "partly visible keys" below); entry KT: any such key.
   static constexpr size_t kBad = kValid + 2 * KT * sizeof(int);
-  static constexpr size_t kBytes = align_up(kBad + (KT + 1) * sizeof(int), 128);
+  // FP8: raw codes, per stage K then V, KT rows of D bytes (unpadded).
+  static constexpr size_t kRaw = align_up(kBad + (KT + 1) * sizeof(int), 128);
+  static constexpr size_t kRawStage = size_t(KT) * D;
+  static constexpr size_t kBytes = FP8 ? kRaw + 4 * kRawStage : kRaw;
   static_assert(KT <= 32, "softmax maps one key per lane");
   static_assert(ROWS % (kAttnThreads / KT) == 0, "CUDA-core QK mapping");
   static_assert(ROWS % 16 == 0 && KT % 16 == 0 && D % 16 == 0, "WMMA tiles");
 };
 
-template <typename T, int D, int ROWS, int KT>
+template <typename T, int D, int ROWS, int KT, typename S = T>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const AttnParams p) {
-  using L = AttnSmem<T, D, ROWS, KT>;
+  constexpr bool kFp8 = IsFp8<S>::value;
+  using L = AttnSmem<T, D, ROWS, KT, kFp8>;
+  using SE = std::conditional_t<kFp8, uint8_t, T>;  // stored element
   constexpr int kVec = L::kVec;
-  constexpr int kChunks = D / kVec;  // 16-byte chunks per key row
+  constexpr int kSVec = 16 / int(sizeof(SE));  // stored elements per 16 bytes
+  constexpr int kChunks = D / kSVec;           // 16-byte chunks per key row
   constexpr int kRowsPerWarp = ROWS / kAttnWarps;
   constexpr bool kTensorCores = !std::is_same<T, float>::value;
 
@@ -94,6 +108,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
   T* p_s = reinterpret_cast<T*>(smem + L::kP);
   int* valid_s = reinterpret_cast<int*>(smem + L::kValid);
   int* bad_s = reinterpret_cast<int*>(smem + L::kBad);
+  [[maybe_unused]] uint8_t* raw_s = smem + L::kRaw;  // FP8 only
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int seq = blockIdx.x / p.tiles_per_seq;
@@ -125,12 +140,10 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
   const int bs = p.block_size;
   const int64_t head_off = int64_t(kvh) * bs * D;
   const int64_t block_elems = int64_t(p.num_kv_heads) * bs * D;
-  const T* k_plane = static_cast<const T*>(p.k_plane);
-  const T* v_plane = static_cast<const T*>(p.v_plane);
+  const SE* k_plane = static_cast<const SE*>(p.k_plane);
+  const SE* v_plane = static_cast<const SE*>(p.v_plane);
 
   auto load_tile = [&](int stage, int key0) {
-    T* kd = k_s + stage * KT * L::kLdKV;
-    T* vd = v_s + stage * KT * L::kLdKV;
     for (int e = tid; e < KT * kChunks; e += kAttnThreads) {
       const int jj = e / kChunks, c = e % kChunks;
       const int j = key0 + jj;
@@ -140,12 +153,18 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
         const int page = pages[j / bs];
         if (page != 0) {
           ok = true;
-          off = int64_t(page) * block_elems + head_off + int64_t(j % bs) * D + c * kVec;
+          off = int64_t(page) * block_elems + head_off + int64_t(j % bs) * D + c * kSVec;
         }
       }
       const int n = ok ? 16 : 0;
-      cp_async16(kd + jj * L::kLdKV + c * kVec, k_plane + off, n);
-      cp_async16(vd + jj * L::kLdKV + c * kVec, v_plane + off, n);
+      if constexpr (kFp8) {
+        uint8_t* kd = raw_s + stage * 2 * L::kRawStage;
+        cp_async16(kd + jj * D + c * 16, k_plane + off, n);
+        cp_async16(kd + L::kRawStage + jj * D + c * 16, v_plane + off, n);
+      } else {
+        cp_async16(k_s + (stage * KT + jj) * L::kLdKV + c * kVec, k_plane + off, n);
+        cp_async16(v_s + (stage * KT + jj) * L::kLdKV + c * kVec, v_plane + off, n);
+      }
       if (c == 0) valid_s[stage * KT + jj] = ok;
     }
     cp_async_commit();
@@ -175,7 +194,9 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
     m_row[i] = -INFINITY;
     l_row[i] = 0.f;
   }
-  const float scale = p.softmax_scale;
+  // FP8: dequantisation folded in (q.(s k) = s (q.k); sum p (s v) = s sum p v).
+  const float scale = kFp8 ? p.softmax_scale * p.k_scales[kvh] : p.softmax_scale;
+  const float v_scale = kFp8 ? p.v_scales[kvh] : 1.f;
   const float cap = p.softcap;
   const int window = p.window;
   __syncthreads();
@@ -190,8 +211,28 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
       cp_async_wait<0>();
     }
     __syncthreads();
-    const T* kt = k_s + stage * KT * L::kLdKV;
-    T* const vt = v_s + stage * KT * L::kLdKV;
+    if constexpr (kFp8) {
+      // Widen the stage's codes into the T tile (free since the previous
+      // tile's closing barrier); masked keys were zero-filled: code 0 = 0.
+      const uint8_t* raw = raw_s + stage * 2 * L::kRawStage;
+      constexpr int kRawChunks = int(L::kRawStage / 16);
+      for (int e = tid; e < 2 * kRawChunks; e += kAttnThreads) {
+        const int which = e / kRawChunks, c = e % kRawChunks;
+        const int jj = c / (D / 16), d = c % (D / 16) * 16;
+        const uint4 w = *reinterpret_cast<const uint4*>(raw + which * L::kRawStage + c * 16);
+        T* dst = (which == 0 ? k_s : v_s) + jj * L::kLdKV + d;
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          fp8x2_to<T, S>(uint16_t(words[i] & 0xffffu), dst + 4 * i);
+          fp8x2_to<T, S>(uint16_t(words[i] >> 16), dst + 4 * i + 2);
+        }
+      }
+      __syncthreads();
+    }
+    const int tstage = kFp8 ? 0 : stage;
+    const T* kt = k_s + tstage * KT * L::kLdKV;
+    T* const vt = v_s + tstage * KT * L::kLdKV;
 
     // ---- partly visible keys. P V adds 0 * V for a key a row cannot see,
     // which is NaN when that V holds NaN or Inf (a never-written slot), and
@@ -332,7 +373,13 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
           if (!bad_s[jj] || j > pos || (window > 0 && j <= pos - window)) continue;
           const int64_t off =
               int64_t(pages[j / bs]) * block_elems + head_off + int64_t(j % bs) * D + d;
-          acc = fmaf(to_float(p_s[r * L::kLdP + jj]), to_float(v_plane[off]), acc);
+          float vx;
+          if constexpr (kFp8) {
+            vx = fp8_to_float<S>(v_plane[off]);
+          } else {
+            vx = to_float(v_plane[off]);
+          }
+          acc = fmaf(to_float(p_s[r * L::kLdP + jj]), vx, acc);
         }
         o_s[r * L::kLdO + d] = acc;
       }
@@ -349,7 +396,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
     const int64_t token = q_begin + flat / group;
     const int64_t head = int64_t(kvh) * group + flat % group;
     const float l = l_row[i];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = l > 0.f ? v_scale / l : 0.f;
     const float lse2 = l > 0.f ? m_row[i] + log2f(l) : -INFINITY;
     if (p.num_splits == 1) {
       T* o = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
@@ -411,12 +458,12 @@ cudaError_t ensure_smem(Kernel kernel, size_t bytes, std::atomic<uint64_t>& done
   return err;
 }
 
-template <typename T, int D, int ROWS>
+template <typename T, int D, int ROWS, typename S>
 cudaError_t launch_attention_rows(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
   constexpr int KT = kv_tile<T, D>();
-  using L = AttnSmem<T, D, ROWS, KT>;
+  using L = AttnSmem<T, D, ROWS, KT, IsFp8<S>::value>;
   static std::atomic<uint64_t> configured{0};
-  auto kernel = paged_attention_kernel<T, D, ROWS, KT>;
+  auto kernel = paged_attention_kernel<T, D, ROWS, KT, S>;
   cudaError_t err = ensure_smem(kernel, L::kBytes, configured);
   if (err != cudaSuccess) return err;
   const dim3 grid(unsigned(l.num_seqs) * unsigned(p.tiles_per_seq), unsigned(p.num_kv_heads),
@@ -429,27 +476,28 @@ cudaError_t launch_attention_rows(const AttnParams& p, const AttnLaunch& l, cuda
   return cudaGetLastError();
 }
 
-template <typename T, int D>
+template <typename T, int D, typename S>
 cudaError_t launch_attention_dim(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
   constexpr int kLarge = large_rows(int(sizeof(T)), D);
-  return l.large_tile ? launch_attention_rows<T, D, kLarge>(p, l, s)
-                      : launch_attention_rows<T, D, kSmallRows>(p, l, s);
+  return l.large_tile ? launch_attention_rows<T, D, kLarge, S>(p, l, s)
+                      : launch_attention_rows<T, D, kSmallRows, S>(p, l, s);
 }
 
 // Head dims are compile-time (register/shared tiles); block size is not.
-template <typename T>
+// S: the stored element (T, or an FP8 tag).
+template <typename T, typename S = T>
 cudaError_t launch_attention_typed(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
   switch (l.head_dim) {
     case 64:
-      return launch_attention_dim<T, 64>(p, l, s);
+      return launch_attention_dim<T, 64, S>(p, l, s);
     case 80:
-      return launch_attention_dim<T, 80>(p, l, s);
+      return launch_attention_dim<T, 80, S>(p, l, s);
     case 96:
-      return launch_attention_dim<T, 96>(p, l, s);
+      return launch_attention_dim<T, 96, S>(p, l, s);
     case 128:
-      return launch_attention_dim<T, 128>(p, l, s);
+      return launch_attention_dim<T, 128, S>(p, l, s);
     case 256:
-      return launch_attention_dim<T, 256>(p, l, s);
+      return launch_attention_dim<T, 256, S>(p, l, s);
     default:
       return cudaErrorInvalidValue;
   }

@@ -7,16 +7,17 @@ namespace pagedkv {
 namespace cuda {
 
 namespace {
-template <typename T, int D>
+template <typename T, int D, bool FP8>
 constexpr size_t smem_for_dim() {
   constexpr int KT = kv_tile<T, D>();
-  return std::max(AttnSmem<T, D, kSmallRows, KT>::kBytes,
-                  AttnSmem<T, D, large_rows(int(sizeof(T)), D), KT>::kBytes);
+  return std::max(AttnSmem<T, D, kSmallRows, KT, FP8>::kBytes,
+                  AttnSmem<T, D, large_rows(int(sizeof(T)), D), KT, FP8>::kBytes);
 }
-template <typename T>
+template <typename T, bool FP8 = false>
 constexpr size_t smem_for_type() {
-  return std::max({smem_for_dim<T, 64>(), smem_for_dim<T, 80>(), smem_for_dim<T, 96>(),
-                   smem_for_dim<T, 128>(), smem_for_dim<T, 256>()});
+  return std::max({smem_for_dim<T, 64, FP8>(), smem_for_dim<T, 80, FP8>(),
+                   smem_for_dim<T, 96, FP8>(), smem_for_dim<T, 128, FP8>(),
+                   smem_for_dim<T, 256, FP8>()});
 }
 std::atomic<int> g_forced_splits{0};
 }  // namespace
@@ -25,13 +26,13 @@ int attn_large_rows(int dtype_bytes, int head_dim) { return large_rows(dtype_byt
 int attn_small_rows() { return kSmallRows; }
 
 namespace {
-template <typename T>
+template <typename T, bool FP8 = false>
 size_t smem_of(int head_dim, bool large) {
   switch (head_dim) {
-#define PKV_SMEM_CASE(D)                                                                  \
-  case D:                                                                                 \
-    return large ? AttnSmem<T, D, large_rows(int(sizeof(T)), D), kv_tile<T, D>()>::kBytes \
-                 : AttnSmem<T, D, kSmallRows, kv_tile<T, D>()>::kBytes;
+#define PKV_SMEM_CASE(D)                                                                       \
+  case D:                                                                                      \
+    return large ? AttnSmem<T, D, large_rows(int(sizeof(T)), D), kv_tile<T, D>(), FP8>::kBytes \
+                 : AttnSmem<T, D, kSmallRows, kv_tile<T, D>(), FP8>::kBytes;
     PKV_SMEM_CASE(64)
     PKV_SMEM_CASE(80)
     PKV_SMEM_CASE(96)
@@ -55,9 +56,14 @@ size_t attn_smem_bytes(int dtype_bytes, int head_dim, bool large_tile) {
   }
 }
 
+// FP8 pages are widened to f16/bf16 tiles; both have the same layout.
+size_t attn_smem_bytes_fp8(int head_dim, bool large_tile) {
+  return smem_of<__half, true>(head_dim, large_tile);
+}
+
 size_t attn_max_smem_bytes() {
-  return std::max(
-      {smem_for_type<float>(), smem_for_type<__half>(), smem_for_type<__nv_bfloat16>()});
+  return std::max({smem_for_type<float>(), smem_for_type<__half>(), smem_for_type<__nv_bfloat16>(),
+                   smem_for_type<__half, true>()});
 }
 
 void set_forced_splits(int splits) { g_forced_splits.store(splits < 0 ? 0 : splits); }

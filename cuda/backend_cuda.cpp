@@ -245,7 +245,16 @@ class CudaBackend final : public Backend {
       cuda::attach_scratch(ap, work->as<void>());
     }
     cudaError_t e = cudaSuccess;
+    const bool q_bf16 = q.dtype == DType::kBF16;
     switch (arena.layout.dtype) {
+      case DType::kFp8E4m3:
+        e = q_bf16 ? cuda::launch_attention_e4m3_bf16(ap.params, ap.launch, s)
+                   : cuda::launch_attention_e4m3_f16(ap.params, ap.launch, s);
+        break;
+      case DType::kFp8E5m2:
+        e = q_bf16 ? cuda::launch_attention_e5m2_bf16(ap.params, ap.launch, s)
+                   : cuda::launch_attention_e5m2_f16(ap.params, ap.launch, s);
+        break;
       case DType::kF32:
         e = cuda::launch_attention_f32(ap.params, ap.launch, s);
         break;
@@ -317,6 +326,11 @@ class CudaBackend final : public Backend {
   void synchronize(void* stream) override {
     DeviceGuard g(device_);
     check(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
+  }
+
+  void synchronize_device() override {
+    DeviceGuard g(device_);
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
 
  private:

@@ -10,9 +10,11 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace pagedkv {
 namespace cuda {
@@ -45,6 +47,46 @@ __device__ __forceinline__ __half from_float<__half>(float x) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
+}
+
+// FP8 KV storage formats (one byte per element), as template tags: the
+// attention kernels widen a page tile to the compute dtype in shared memory,
+// the write kernel quantises with the same conversions as impl/cpu/fp8.h.
+struct Fp8E4m3 {
+  static constexpr __nv_fp8_interpretation_t kInterp = __NV_E4M3;
+};
+struct Fp8E5m2 {
+  static constexpr __nv_fp8_interpretation_t kInterp = __NV_E5M2;
+};
+template <typename S>
+struct IsFp8 : std::false_type {};
+template <>
+struct IsFp8<Fp8E4m3> : std::true_type {};
+template <>
+struct IsFp8<Fp8E5m2> : std::true_type {};
+
+// x -> code: round to nearest even, saturating to the largest finite value
+// (what the CPU encoder does; Hopper: cvt.rn.satfinite).
+template <typename F>
+__device__ __forceinline__ uint8_t float_to_fp8(float x) {
+  return uint8_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, F::kInterp));
+}
+template <typename F>
+__device__ __forceinline__ float fp8_to_float(uint8_t c) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(c), F::kInterp)));
+}
+// Two codes (low byte first) -> two T values at dst (4-byte aligned). Exact:
+// every E4M3 and E5M2 value is an f16 and a bf16 value. Hopper: one
+// cvt.rn.f16x2.e4m3x2 / e5m2x2.
+template <typename T, typename F>
+__device__ __forceinline__ void fp8x2_to(uint16_t codes, T* dst) {
+  const __half2 h(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes), F::kInterp));
+  if constexpr (std::is_same<T, __half>::value) {
+    *reinterpret_cast<__half2*>(dst) = h;
+  } else {
+    dst[0] = __float2bfloat16_rn(__low2float(h));
+    dst[1] = __float2bfloat16_rn(__high2float(h));
+  }
 }
 
 #ifdef PKV_CUDA_EMULATION

@@ -9,6 +9,14 @@ namespace cuda {
 cudaError_t launch_write(const WriteParams& p, cudaStream_t s) {
   if (p.num_tokens <= 0) return cudaSuccess;
   const unsigned grid = unsigned(std::min<int64_t>(p.num_tokens, 1 << 16));
+  if (p.fp8 != 0) {
+    if (p.fp8 == 6) {  // PKV_DTYPE_FP8_E4M3
+      write_kv_fp8_kernel<Fp8E4m3><<<grid, 128, 0, s>>>(p);
+    } else {
+      write_kv_fp8_kernel<Fp8E5m2><<<grid, 128, 0, s>>>(p);
+    }
+    return cudaGetLastError();
+  }
   switch (p.unit) {
     case 16:
       write_kv_kernel<16><<<grid, 128, 0, s>>>(p);

@@ -53,6 +53,42 @@ __global__ void __launch_bounds__(128) write_kv_kernel(const WriteParams p) {
   }
 }
 
+// A PKV_DTYPE_* f32/f16/bf16 element as float.
+__device__ __forceinline__ float load_as_float(const char* row, int32_t dtype, int d) {
+  switch (dtype) {
+    case 1:
+      return reinterpret_cast<const float*>(row)[d];
+    case 2:
+      return to_float(reinterpret_cast<const __half*>(row)[d]);
+    default:
+      return to_float(reinterpret_cast<const __nv_bfloat16*>(row)[d]);
+  }
+}
+
+// FP8 pools: one CTA per token (grid-stride), threads over (kv head, element);
+// code = encode(x / scale of the head), the CPU encoder's rounding, bit for
+// bit (tests/gpu/fp8_encode_test.cpp).
+template <typename F>
+__global__ void __launch_bounds__(128) write_kv_fp8_kernel(const WriteParams p) {
+  const int D = p.row_bytes;
+  const int64_t head_bytes = int64_t(p.block_size) * D;
+  const int64_t block_bytes = head_bytes * p.num_kv_heads;
+  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    const int64_t slot = p.slot_mapping[t];
+    if (slot < 0) continue;  // padding token
+    const int64_t block = slot / p.block_size, off = slot % p.block_size;
+    const int64_t dst_row = block * block_bytes + off * D;
+    for (int e = threadIdx.x; e < p.num_kv_heads * D; e += blockDim.x) {
+      const int h = e / D, d = e % D;
+      const int64_t dst = dst_row + h * head_bytes + d;
+      const float kx = load_as_float(p.k + t * p.k_s0 + h * p.k_s1, p.k_dtype, d);
+      const float vx = load_as_float(p.v + t * p.v_s0 + h * p.v_s1, p.v_dtype, d);
+      p.k_plane[dst] = char(float_to_fp8<F>(kx / p.k_scales[h]));
+      p.v_plane[dst] = char(float_to_fp8<F>(vx / p.v_scales[h]));
+    }
+  }
+}
+
 // grid (pair, plane): one CTA copies one block of one plane.
 __global__ void __launch_bounds__(128)
     copy_blocks_kernel(char* base, int64_t plane_bytes, int64_t block_bytes, const int32_t* pairs) {

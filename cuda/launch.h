@@ -42,6 +42,10 @@ struct AttnParams {
   int64_t num_tokens;
   float* part_o;    // [num_splits, num_tokens, num_q_heads, head_dim] when split
   float* part_lse;  // [num_splits, num_tokens, num_q_heads], log2 domain
+  // FP8 caches: this layer's per-KV-head dequantisation scales (device
+  // memory, after the planes); null otherwise.
+  const float* k_scales;
+  const float* v_scales;
 };
 
 struct AttnLaunch {
@@ -58,10 +62,17 @@ int attn_small_rows();
 cudaError_t launch_attention_f32(const AttnParams& p, const AttnLaunch& l, cudaStream_t s);
 cudaError_t launch_attention_f16(const AttnParams& p, const AttnLaunch& l, cudaStream_t s);
 cudaError_t launch_attention_bf16(const AttnParams& p, const AttnLaunch& l, cudaStream_t s);
+// FP8 pages (E4M3 / E5M2) with f16 or bf16 queries and outputs.
+cudaError_t launch_attention_e4m3_f16(const AttnParams& p, const AttnLaunch& l, cudaStream_t s);
+cudaError_t launch_attention_e4m3_bf16(const AttnParams& p, const AttnLaunch& l, cudaStream_t s);
+cudaError_t launch_attention_e5m2_f16(const AttnParams& p, const AttnLaunch& l, cudaStream_t s);
+cudaError_t launch_attention_e5m2_bf16(const AttnParams& p, const AttnLaunch& l, cudaStream_t s);
 
 // Dynamic shared memory of the instantiation a launch would use (0 for an
 // unsupported head dim).
 size_t attn_smem_bytes(int dtype_bytes, int head_dim, bool large_tile);
+// The same for FP8 pages read with 2-byte (f16/bf16) queries.
+size_t attn_smem_bytes_fp8(int head_dim, bool large_tile);
 // Largest dynamic shared memory any attention instantiation asks for.
 size_t attn_max_smem_bytes();
 
@@ -81,6 +92,13 @@ struct WriteParams {
   int32_t block_size;
   int32_t row_bytes;
   int32_t unit;  // widest access (16, 8, 4 or 2 bytes) all addresses allow
+  // FP8 pools (fp8 = PKV_DTYPE_FP8_E4M3 / E5M2, else 0): k and v are
+  // f32/f16/bf16 (k_dtype, v_dtype: PKV_DTYPE_* values; strides in their
+  // bytes), quantised as code(x / scale of the head); row_bytes = head dim.
+  int32_t fp8;
+  int32_t k_dtype, v_dtype;
+  const float* k_scales;
+  const float* v_scales;
 };
 cudaError_t launch_write(const WriteParams& p, cudaStream_t s);
 

@@ -55,10 +55,20 @@ AttnPlan plan_attention(const KvArena& arena, int32_t layer, const PlanView& pla
     fail(Errc::kUnsupported, "head_dim " + str(D) + ": the CUDA attention kernels support " +
                                  std::string(kCudaHeadDims));
   }
-  if (lay.dtype != DType::kF32 && lay.dtype != DType::kF16 && lay.dtype != DType::kBF16) {
-    fail(Errc::kUnsupported, "attention: the cache dtype must be f32, f16 or bf16");
+  const bool fp8 = is_fp8(lay.dtype);
+  if (lay.dtype != DType::kF32 && lay.dtype != DType::kF16 && lay.dtype != DType::kBF16 && !fp8) {
+    fail(Errc::kUnsupported, "attention: the cache dtype must be f32, f16, bf16 or fp8");
   }
-  if (q.dtype != lay.dtype || out.dtype != lay.dtype) {
+  if (fp8) {
+    // FP8 tiles are widened to q's dtype for the tensor cores.
+    if ((q.dtype != DType::kF16 && q.dtype != DType::kBF16) || out.dtype != q.dtype) {
+      fail(Errc::kUnsupported,
+           "q and out of attention over an fp8 CUDA pool must both be f16 or both bf16 (f32 "
+           "queries over fp8 pages are CPU-only)");
+    }
+    if (arena.scales == nullptr)
+      fail(Errc::kInvalidArgument, "attention: an fp8 cache needs scales");
+  } else if (q.dtype != lay.dtype || out.dtype != lay.dtype) {
     fail(Errc::kInvalidArgument, "q and out must have the pool's dtype");
   }
   if (q.n2 != D || out.n2 != D || q.n1 != out.n1 || q.n0 != out.n0 || q.n0 != plan.num_tokens) {
@@ -69,7 +79,7 @@ AttnPlan plan_attention(const KvArena& arena, int32_t layer, const PlanView& pla
                                      " is not a multiple of num_kv_heads " + str(lay.num_kv_heads));
   }
 
-  const int elt = int(dtype_size(lay.dtype));
+  const int elt = int(dtype_size(q.dtype));  // of the shared-memory tiles
   const int group = int(q.n1 / lay.num_kv_heads);
   const int64_t max_rows = int64_t(std::max(plan.max_query, 1)) * group;
   const bool large = max_rows > attn_small_rows();
@@ -106,7 +116,11 @@ AttnPlan plan_attention(const KvArena& arena, int32_t layer, const PlanView& pla
   r.launch.head_dim = D;
   r.launch.large_tile = large;
   r.launch.num_seqs = plan.num_seqs;
-  r.smem_bytes = attn_smem_bytes(elt, D, large);
+  r.smem_bytes = fp8 ? attn_smem_bytes_fp8(D, large) : attn_smem_bytes(elt, D, large);
+  if (fp8) {
+    p.k_scales = arena.plane_scales(layer, 0);
+    p.v_scales = arena.plane_scales(layer, 1);
+  }
   if (p.num_splits > 1) {
     r.scratch_bytes = size_t(plan.num_tokens) * size_t(q.n1) * size_t(p.num_splits) *
                       (size_t(D) + 1) * sizeof(float);
@@ -122,26 +136,65 @@ void attach_scratch(AttnPlan& plan, void* scratch) {
   p.part_lse = p.part_o + rows * size_t(plan.launch.head_dim);
 }
 
-WriteParams plan_write(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& k,
-                       const Tensor3& v) {
+namespace {
+
+// The fields every write shares: planes, sources (strides in bytes of each
+// source's dtype), slots, shape.
+WriteParams write_params(const KvArena& arena, int32_t layer, const PlanView& plan,
+                         const Tensor3& k, const Tensor3& v) {
   const KvLayout& lay = arena.layout;
-  check_rows(k, lay, "k");
-  check_rows(v, lay, "v");
-  const int64_t elt = int64_t(dtype_size(lay.dtype));
+  const int64_t ke = int64_t(dtype_size(k.dtype)), ve = int64_t(dtype_size(v.dtype));
   WriteParams p{};
   p.k_plane = static_cast<char*>(arena.plane(layer, 0));
   p.v_plane = static_cast<char*>(arena.plane(layer, 1));
   p.k = static_cast<const char*>(k.data);
   p.v = static_cast<const char*>(v.data);
-  p.k_s0 = k.s0 * elt;
-  p.k_s1 = k.s1 * elt;
-  p.v_s0 = v.s0 * elt;
-  p.v_s1 = v.s1 * elt;
+  p.k_s0 = k.s0 * ke;
+  p.k_s1 = k.s1 * ke;
+  p.v_s0 = v.s0 * ve;
+  p.v_s1 = v.s1 * ve;
   p.slot_mapping = plan.slot_mapping;
   p.num_tokens = plan.num_tokens;
   p.num_kv_heads = lay.num_kv_heads;
   p.block_size = lay.block_size;
-  p.row_bytes = int32_t(lay.head_dim * elt);
+  return p;
+}
+
+// FP8 pools: k and v are f32/f16/bf16 rows, quantised by the write kernel.
+WriteParams plan_write_fp8(const KvArena& arena, int32_t layer, const PlanView& plan,
+                           const Tensor3& k, const Tensor3& v) {
+  const KvLayout& lay = arena.layout;
+  for (const Tensor3* t : {&k, &v}) {
+    if ((t->dtype != DType::kF32 && t->dtype != DType::kF16 && t->dtype != DType::kBF16) ||
+        t->n1 != lay.num_kv_heads || t->n2 != lay.head_dim) {
+      fail(Errc::kInvalidArgument,
+           std::string(t == &k ? "k" : "v") +
+               " must be [num_tokens, num_kv_heads, head_dim] of f32, f16 or bf16 (fp8 pool)");
+    }
+  }
+  if (arena.scales == nullptr)
+    fail(Errc::kInvalidArgument, "cache write: an fp8 cache needs scales");
+  WriteParams p = write_params(arena, layer, plan, k, v);
+  p.row_bytes = lay.head_dim;
+  p.unit = 1;
+  p.fp8 = int32_t(lay.dtype);
+  p.k_dtype = int32_t(k.dtype);
+  p.v_dtype = int32_t(v.dtype);
+  p.k_scales = arena.plane_scales(layer, 0);
+  p.v_scales = arena.plane_scales(layer, 1);
+  return p;
+}
+
+}  // namespace
+
+WriteParams plan_write(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& k,
+                       const Tensor3& v) {
+  const KvLayout& lay = arena.layout;
+  if (is_fp8(lay.dtype)) return plan_write_fp8(arena, layer, plan, k, v);
+  check_rows(k, lay, "k");
+  check_rows(v, lay, "v");
+  WriteParams p = write_params(arena, layer, plan, k, v);
+  p.row_bytes = int32_t(lay.head_dim * dtype_size(lay.dtype));
   p.unit = std::min(access_unit(k.data, p.k_s0, p.k_s1, p.row_bytes),
                     access_unit(v.data, p.v_s0, p.v_s1, p.row_bytes));
   return p;

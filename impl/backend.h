@@ -83,6 +83,8 @@ class Backend {
 
   // Blocks until work queued on stream is done (CPU: no-op).
   virtual void synchronize(void* stream) = 0;
+  // Blocks until work queued on every stream of the device is done.
+  virtual void synchronize_device() { synchronize(nullptr); }
 };
 
 // num_threads 0 = hardware concurrency.

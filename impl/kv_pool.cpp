@@ -101,10 +101,6 @@ void check_options(const PoolOptions& o) {
                                        dtype_name(uint32_t(o.dtype)) +
                                        ") is not a KV storage type (f32, f16, bf16, fp8_e4m3, "
                                        "fp8_e5m2)");
-    if (is_fp8(o.dtype) && o.device_type == kDeviceCuda)
-      fail(Errc::kUnsupported,
-           "dtype " + std::string(dtype_name(uint32_t(o.dtype))) +
-               ": fp8 KV storage is implemented for CPU pools only in this build");
   }
   check_kv_scale_options(o);
 }
@@ -596,6 +592,9 @@ void Pool::upload_scales() {
       expanded[(size_t(2) * layer + 1) * heads + h] = v_scales_[i];
     }
   }
+  // Kernels already queued on any stream finish with the old scales; the
+  // new ones are in place before this returns (docs/threading.md).
+  backend_->synchronize_device();
   backend_->upload(const_cast<float*>(arena_.scales), expanded.data(),
                    sizeof(float) * expanded.size(), nullptr);
   backend_->synchronize(nullptr);

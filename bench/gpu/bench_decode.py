@@ -11,7 +11,9 @@ the first CUDA device, in one run:
   * times paged prefill against contiguous causal SDPA on the small-batch
     cells, and write / block copy / swap against their bandwidth floors;
   * flushes L2 between repetitions; cells whose KV is under 4x L2 are
-    reported as latency only.
+    reported as latency only;
+  * times decode over FP8 (E4M3) pages against the same cell on bf16 pages
+    (half the bytes read), with the FP8 output's error against bf16's.
 Prints markdown and writes it to --out (default bench/results/<device>.md).
 
 `--selftest` needs no GPU and no torch: it checks the ctypes mirror of the
@@ -29,7 +31,7 @@ import time
 # ------------------------------------------------------------------ C ABI
 
 PKV_OK = 0
-PKV_DTYPE_F32, PKV_DTYPE_BF16, PKV_DTYPE_I32 = 1, 3, 4
+PKV_DTYPE_F32, PKV_DTYPE_BF16, PKV_DTYPE_I32, PKV_DTYPE_FP8_E4M3 = 1, 3, 4, 6
 PKV_DEVICE_CPU, PKV_DEVICE_CUDA = 1, 2
 PKV_SWAP_OUT, PKV_SWAP_IN = 0, 1
 
@@ -162,6 +164,9 @@ class Lib:
 
 HEADS = [(32, 32, 128), (32, 8, 128), (64, 8, 128), (32, 4, 128), (16, 8, 256)]
 CELLS = [(1, 32768), (8, 4096), (64, 4096), (256, 1024), (64, 256)]
+# (Hq, Hkv, D), (batch, ctx): decode on FP8 E4M3 pages vs bf16 pages.
+FP8_CELLS = [((32, 8, 128), (64, 4096)), ((32, 8, 128), (256, 1024)), ((16, 8, 256), (8, 4096)),
+             ((32, 32, 128), (1, 32768))]
 PAGE = 16
 
 
@@ -338,6 +343,21 @@ def run(args):
             print(f"{heads} {batch}x{ctx}: ours {fmt_us(row.get('ours'))} us, sdpa {fmt_us(row.get('sdpa'))} us, "
                   f"flex {fmt_us(row.get('flex'))} us {row.get('note', '')}", flush=True)
 
+    fp8_rows = []
+    for (hq, hkv, d), (batch, ctx) in FP8_CELLS:
+        r = dict(heads=f"{hq}/{hkv}/{d}", batch=batch, ctx=ctx)
+        fp8_rows.append(r)
+        if time.time() > deadline:
+            r["note"] = "(not run: time budget)"
+            continue
+        try:
+            bench_fp8_cell(torch, lib, dev, stream, timeit, r, hq, hkv, d, batch, ctx)
+        except Exception as e:  # noqa: BLE001
+            r["note"] = f"(error: {str(e)[:80]})"
+        torch.cuda.empty_cache()
+        print(f"fp8 {r['heads']} {batch}x{ctx}: bf16 {fmt_us(r.get('bf16'))} us, fp8 {fmt_us(r.get('fp8'))} us "
+              f"{r.get('note', '')}", flush=True)
+
     cal1 = calibrate()
     print(f"calibration (end): {cal1}", flush=True)
     read_bw = max(cal0["read"], cal1["read"])
@@ -360,6 +380,17 @@ def run(args):
         md.append(f"| {r['heads']} | {r['batch']} x {r['ctx']} | {r['ours'] * 1e3:.2f} | "
                   + ("n/a" if r["sdpa"] is None else f"{r['sdpa'] * 1e3:.2f} ({r['sdpa_backend']})")
                   + f" | {fmt_ratio(r['sdpa'], r['ours'])} |")
+    md += ["", "## Decode on FP8 (E4M3) pages vs bf16 pages", "",
+           "Same cell, same random bf16 K/V and queries; FP8 pages are written by the quantising "
+           "pkv_cache_write (scale 1.0) and read half the bytes. Error: max |fp8 - bf16| over the outputs.", "",
+           "| Hq/Hkv/D | batch x ctx | bf16 us | fp8 us | bf16 / fp8 | fp8 GB/s | max abs err |",
+           "|---|---|---|---|---|---|---|"]
+    for r in fp8_rows:
+        kv8 = kv_bytes(r["batch"], r["ctx"] + 1, int(r["heads"].split("/")[1]), int(r["heads"].split("/")[2]), 1)
+        gbs = "n/a" if r.get("fp8") is None else f"{kv8 / r['fp8'] / 1e9:.0f}"
+        err = "n/a" if r.get("err") is None else f"{r['err']:.3g}"
+        md.append(f"| {r['heads']} | {r['batch']} x {r['ctx']} | {fmt_us(r.get('bf16'))} | {fmt_us(r.get('fp8'))} | "
+                  f"{fmt_ratio(r.get('bf16'), r.get('fp8'))} | {gbs} | {err} |" + (f" {r['note']}" if r.get("note") else ""))
     md += ["", "## Write, block copy, swap vs bandwidth floors", "",
            "Floor = bytes / calibrated bandwidth (copy BW for device moves, pinned host BW for swap); "
            "efficiency = floor / time.", "",
@@ -477,6 +508,44 @@ def bench_cell(torch, F, lib, dev, stream, timeit, best_sdpa, row, hq, hkv, d, b
             del host
     finally:
         lib.c.pkv_pool_destroy(pool)
+
+
+def bench_fp8_cell(torch, lib, dev, stream, timeit, row, hq, hkv, d, batch, ctx):
+    """Decode (one token per sequence over ctx cached keys) on a bf16 pool and an FP8 E4M3 pool."""
+    bf16 = torch.bfloat16
+    n = batch * ctx
+    k = torch.randn(n, hkv, d, device=dev, dtype=bf16)
+    v = torch.randn(n, hkv, d, device=dev, dtype=bf16)
+    k1 = torch.randn(batch, hkv, d, device=dev, dtype=bf16)
+    v1 = torch.randn(batch, hkv, d, device=dev, dtype=bf16)
+    q = torch.randn(batch, hq, d, device=dev, dtype=bf16)
+    outs = {}
+    for name, dtype in (("bf16", PKV_DTYPE_BF16), ("fp8", PKV_DTYPE_FP8_E4M3)):
+        pages = (ctx + 1 + PAGE - 1) // PAGE
+        pool = lib.pool(block_size=PAGE, num_blocks=batch * pages + 2, num_kv_heads=hkv, head_dim=d,
+                        dtype=dtype, device_type=PKV_DEVICE_CUDA)
+        try:
+            ids = lib.seqs(pool, batch, ctx)
+            kt = lib.tensor(k.data_ptr(), PKV_DTYPE_BF16, PKV_DEVICE_CUDA, [n, hkv, d])
+            vt = lib.tensor(v.data_ptr(), PKV_DTYPE_BF16, PKV_DEVICE_CUDA, [n, hkv, d])
+            b = lib.prepare(pool, ids, [ctx] * batch, stream)
+            lib.ok(lib.c.pkv_cache_write(b, 0, C.byref(kt), C.byref(vt), C.c_void_p(stream)), "pkv_cache_write")
+            lib.c.pkv_batch_destroy(b)
+            lib.append_all(pool, ids, 1)
+            b = lib.prepare(pool, ids, [1] * batch, stream)
+            k1t = lib.tensor(k1.data_ptr(), PKV_DTYPE_BF16, PKV_DEVICE_CUDA, [batch, hkv, d])
+            v1t = lib.tensor(v1.data_ptr(), PKV_DTYPE_BF16, PKV_DEVICE_CUDA, [batch, hkv, d])
+            lib.ok(lib.c.pkv_cache_write(b, 0, C.byref(k1t), C.byref(v1t), C.c_void_p(stream)), "pkv_cache_write")
+            o = torch.empty_like(q)
+            qt = lib.tensor(q.data_ptr(), PKV_DTYPE_BF16, PKV_DEVICE_CUDA, [batch, hq, d])
+            ot = lib.tensor(o.data_ptr(), PKV_DTYPE_BF16, PKV_DEVICE_CUDA, [batch, hq, d])
+            row[name] = timeit(lambda: lib.ok(lib.c.pkv_attention_forward(
+                b, 0, C.byref(qt), C.byref(ot), None, None, C.c_void_p(stream)), "pkv_attention_forward"))
+            outs[name] = o
+            lib.c.pkv_batch_destroy(b)
+        finally:
+            lib.c.pkv_pool_destroy(pool)
+    row["err"] = (outs["fp8"].float() - outs["bf16"].float()).abs().max().item()
 
 
 def flex_paged(torch, dev, timeit, flex_attention, create_block_mask, PagedAttention, q, kc, vc, batch, hq, hkv,

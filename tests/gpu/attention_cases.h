@@ -56,23 +56,38 @@ struct Inputs {
   std::vector<int64_t> slot_mapping;
   std::vector<uint8_t> arena, k_new, v_new, q;
   int64_t kv_s0 = 0, q_s0 = 0;  // padded token strides (elements)
+  // dtype of q, out and the new k/v rows: the cache's, or f16/bf16 over FP8.
+  DType io = DType::kF32;
+  // FP8 caches: KvArena::scales as the backend sees them (after the planes).
+  std::vector<float> scales;
 };
 
 inline size_t arena_bytes(const Inputs& s) {
   return s.layout.layer_bytes() * 2 * size_t(s.num_layers);
 }
 
-inline Inputs build(const Scenario& sc, DType dt, int D, int hkv, int group, std::mt19937_64& rng) {
+// cache: the pool's dtype (default dt); an FP8 cache gets random per-head
+// scales, prefix codes over their whole range and new rows that partly
+// saturate.
+inline Inputs build(const Scenario& sc, DType dt, int D, int hkv, int group, std::mt19937_64& rng,
+                    DType cache = DType::kI32) {
   Inputs s;
+  if (cache == DType::kI32) cache = dt;
+  const bool fp8 = pagedkv::is_fp8(cache);
+  s.io = dt;
   const int bs = sc.block_size;
-  const size_t es = pagedkv::dtype_size(dt);
+  const size_t es = pagedkv::dtype_size(cache);
   int total_pages = 0;
   for (const SeqSpec& q : sc.seqs) total_pages += (q.ctx + bs - 1) / bs;
   const int num_blocks = total_pages + 4;  // null block + spare blocks that stay NaN
-  s.layout = KvLayout{num_blocks, hkv, bs, D, dt};
+  s.layout = KvLayout{num_blocks, hkv, bs, D, cache};
   s.num_q_heads = hkv * group;
   s.arena.resize(arena_bytes(s));
-  fill_nan(s.arena.data(), s.arena.size(), dt);
+  fill_nan(s.arena.data(), s.arena.size(), cache);
+  if (fp8) s.scales = uniform(rng, size_t(2) * s.num_layers * hkv, 0.02f, 0.3f);
+  // Stored prefix values: codes of [-1, 1] (f16/bf16/f32), or FP8 codes up
+  // up to 8 (times the scales above: values of similar magnitude).
+  const float lim = fp8 ? 8.f : 1.f;
 
   std::vector<int32_t> ids(num_blocks - 1);
   std::iota(ids.begin(), ids.end(), 1);
@@ -100,8 +115,10 @@ inline Inputs build(const Scenario& sc, DType dt, int D, int hkv, int group, std
       if (block == 0) continue;
       const bool nan = sc.poison && q.nq >= 2 && pos == window_first;
       for (int h = 0; h < hkv; ++h) {
-        put_row(0, block, h, pos % bs, encode(nan ? nan_row(D) : uniform(rng, D, -1.f, 1.f), dt));
-        put_row(1, block, h, pos % bs, encode(nan ? nan_row(D) : uniform(rng, D, -1.f, 1.f), dt));
+        put_row(0, block, h, pos % bs,
+                encode(nan ? nan_row(D) : uniform(rng, D, -lim, lim), cache));
+        put_row(1, block, h, pos % bs,
+                encode(nan ? nan_row(D) : uniform(rng, D, -lim, lim), cache));
       }
     }
     for (int pos = first; pos < q.ctx; ++pos) {
@@ -120,8 +137,19 @@ inline Inputs build(const Scenario& sc, DType dt, int D, int hkv, int group, std
   const int pad = 8;
   s.kv_s0 = int64_t(hkv) * D + pad;
   s.q_s0 = int64_t(s.num_q_heads) * D + pad;
-  s.k_new = encode(uniform(rng, size_t(s.num_tokens * s.kv_s0), -1.f, 1.f), dt);
-  s.v_new = encode(uniform(rng, size_t(s.num_tokens * s.kv_s0), -1.f, 1.f), dt);
+  std::vector<float> kn = uniform(rng, size_t(s.num_tokens * s.kv_s0), -1.f, 1.f);
+  std::vector<float> vn = uniform(rng, size_t(s.num_tokens * s.kv_s0), -1.f, 1.f);
+  if (fp8) {
+    // Keys beyond the formats' range: the write saturates them (every 97th
+    // to 448 x scale in E4M3, every 211th to 57344 x scale in E5M2 too), the
+    // arena comparison checks the codes and the logits they give. Values
+    // stay in range here: a saturated V of 57344 x scale would only measure
+    // the rounding of P to q's dtype (the write test covers V saturation).
+    for (size_t i = 0; i < kn.size(); i += 97) kn[i] *= 500.f;
+    for (size_t i = 50; i < kn.size(); i += 211) kn[i] = kn[i] < 0 ? -1e20f : 1e20f;
+  }
+  s.k_new = encode(kn, dt);
+  s.v_new = encode(vn, dt);
   if (sc.poison) {
     const size_t es = pagedkv::dtype_size(dt);
     const std::vector<uint8_t> nan = encode(nan_row(D), dt);
@@ -171,11 +199,22 @@ inline Outputs run(Backend& b, const Inputs& s, const AttentionArgs& proto, bool
     }
     return h;
   };
-  const DType dt = s.layout.dtype;
+  const DType dt = s.io;
   const size_t es = pagedkv::dtype_size(dt);
   const int D = s.layout.head_dim;
 
-  KvArena arena{put(s.arena.data(), s.arena.size()), s.num_layers, s.layout};
+  // FP8: the scales after the planes, in the same allocation (as the pool).
+  std::vector<uint8_t> storage = s.arena;
+  const size_t scales_at = KvArena::scales_offset(storage.size());
+  if (!s.scales.empty()) {
+    storage.resize(scales_at + s.scales.size() * sizeof(float));
+    std::memcpy(&storage[scales_at], s.scales.data(), s.scales.size() * sizeof(float));
+  }
+  void* base = put(storage.data(), storage.size());
+  KvArena arena{base, s.num_layers, s.layout,
+                s.scales.empty()
+                    ? nullptr
+                    : reinterpret_cast<const float*>(static_cast<char*>(base) + scales_at)};
   PlanView plan{};
   plan.num_seqs = int32_t(s.context_lens.size());
   plan.num_tokens = s.num_tokens;
@@ -247,7 +286,7 @@ inline void compare(const Inputs& s, const Outputs& gpu, const Outputs& cpu,
   EXPECT_TRUE(mismatch.first == gpu.arena.end())
       << what << ": arena differs at byte " << (mismatch.first - gpu.arena.begin());
 
-  const DType dt = s.layout.dtype;
+  const DType dt = s.io;
   const size_t es = pagedkv::dtype_size(dt);
   const Tolerance tol = out_tolerance(dt);
   const int D = s.layout.head_dim;

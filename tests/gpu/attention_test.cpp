@@ -16,18 +16,14 @@ using Param = std::tuple<DType, int, int>;  // dtype, head dim, GQA group
 
 class AttentionMatrix : public ::testing::TestWithParam<Param> {};
 
-TEST_P(AttentionMatrix, MatchesCpuBackend) {
-  PKV_SKIP_WITHOUT_GPU();
-  const DType dt = std::get<0>(GetParam());
-  const int D = std::get<1>(GetParam());
-  const int group = std::get<2>(GetParam());
-  const int hkv = 2;
+// Every scenario on the GPU and the CPU backend, compared (cache: the
+// pool's dtype, FP8 when it differs from q's).
+void scenarios_match(DType dt, int D, int group, std::mt19937_64& rng, DType cache) {
   auto gpu = pagedkv::make_cuda_backend(0);
   auto cpu = pagedkv::make_cpu_backend(0);
-  std::mt19937_64 rng(uint64_t(D) * 1000003u + uint64_t(group) * 101u + uint64_t(dt));
   for (const Scenario& sc : scenarios(rng)) {
     SCOPED_TRACE(sc.name);
-    const Inputs s = build(sc, dt, D, hkv, group, rng);
+    const Inputs s = build(sc, dt, D, 2, group, rng, cache);
     AttentionArgs args{};
     args.softmax_scale = sc.scale > 0.f ? sc.scale : 1.f / std::sqrt(float(D));
     args.sliding_window = sc.window;
@@ -38,6 +34,15 @@ TEST_P(AttentionMatrix, MatchesCpuBackend) {
     const Outputs c = run(*cpu, s, args, sc.lse);
     compare(s, g, c, sc.name);
   }
+}
+
+TEST_P(AttentionMatrix, MatchesCpuBackend) {
+  PKV_SKIP_WITHOUT_GPU();
+  const DType dt = std::get<0>(GetParam());
+  const int D = std::get<1>(GetParam());
+  const int group = std::get<2>(GetParam());
+  std::mt19937_64 rng(uint64_t(D) * 1000003u + uint64_t(group) * 101u + uint64_t(dt));
+  scenarios_match(dt, D, group, rng, dt);
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
@@ -52,6 +57,38 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
                        ::testing::Values(64, 80, 96, 128, 256), ::testing::Values(1, 4, 8)),
     param_name);
+
+// FP8 pages (E4M3, E5M2) read with f16 and bf16 queries: the quantising
+// write must store the CPU backend's codes byte for byte (saturation
+// included), and attention over them match the CPU's FP8 kernels, every
+// scenario, every head dim.
+using Fp8Param = std::tuple<DType, DType, int, int>;  // cache, q dtype, head dim, group
+
+class Fp8AttentionMatrix : public ::testing::TestWithParam<Fp8Param> {};
+
+TEST_P(Fp8AttentionMatrix, MatchesCpuBackend) {
+  PKV_SKIP_WITHOUT_GPU();
+  const DType cache = std::get<0>(GetParam());
+  const DType dt = std::get<1>(GetParam());
+  const int D = std::get<2>(GetParam());
+  const int group = std::get<3>(GetParam());
+  std::mt19937_64 rng(uint64_t(D) * 7u + uint64_t(group) * 1009u + uint64_t(cache) * 13u +
+                      uint64_t(dt));
+  scenarios_match(dt, D, group, rng, cache);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, Fp8AttentionMatrix,
+                         ::testing::Combine(::testing::Values(DType::kFp8E4m3, DType::kFp8E5m2),
+                                            ::testing::Values(DType::kF16, DType::kBF16),
+                                            ::testing::Values(64, 80, 96, 128, 256),
+                                            ::testing::Values(1, 8)),
+                         [](const ::testing::TestParamInfo<Fp8Param>& info) {
+                           std::ostringstream o;
+                           o << dtype_name(std::get<0>(info.param)) << "_"
+                             << dtype_name(std::get<1>(info.param)) << "_D"
+                             << std::get<2>(info.param) << "_G" << std::get<3>(info.param);
+                           return o.str();
+                         });
 
 // MQA with a group larger than one CTA's 16 decode rows, and G = 1 prefill
 // on many heads: tiles that split a group across CTAs.

@@ -1,7 +1,9 @@
 // End to end through the C ABI: the same engine steps (prefill, fork with
 // copy-on-write, decode, swap out) on a PKV_DEVICE_CUDA pool and on a CPU
 // pool, with the same tokens and tensors; outputs, LSE and swapped bytes
-// must agree. The CUDA pool runs on a non-default stream.
+// must agree. The CUDA pool runs on a non-default stream. Then the same on
+// FP8 pools (E4M3, E5M2; per-head scales, replaced between steps): the
+// CUDA pool's stored codes equal the CPU pool's byte for byte.
 #include "pagedkv/pagedkv.h"
 
 #include <functional>
@@ -19,7 +21,11 @@ struct Engine {
   pkv_pool* pool = nullptr;
   std::vector<pkv_seq_id> seqs;
 
-  explicit Engine(bool on_gpu) : cuda(on_gpu) {
+  // FP8 pools: per-head scales (layer major), bf16 inputs in [-1, 1] stay
+  // below E4M3's 448 after the division.
+  static constexpr float kScales[kLayers * kHkv] = {0.004f, 0.006f, 0.01f, 0.05f};
+
+  explicit Engine(bool on_gpu, uint32_t dtype = PKV_DTYPE_BF16) : cuda(on_gpu) {
     pkv_pool_options o;
     pkv_pool_options_init(&o);
     o.block_size = kBs;
@@ -27,7 +33,13 @@ struct Engine {
     o.num_layers = kLayers;
     o.num_kv_heads = kHkv;
     o.head_dim = kD;
-    o.dtype = PKV_DTYPE_BF16;
+    o.dtype = dtype;
+    if (dtype == PKV_DTYPE_FP8_E4M3 || dtype == PKV_DTYPE_FP8_E5M2) {
+      o.kv_scale_granularity = PKV_KV_SCALE_PER_HEAD;
+      o.num_kv_scales = kLayers * kHkv;
+      o.k_scales = kScales;
+      o.v_scales = kScales;
+    }
     o.device_type = on_gpu ? PKV_DEVICE_CUDA : PKV_DEVICE_CPU;
     o.device_id = 0;
     EXPECT_EQ(pkv_pool_create(&o, &pool), PKV_OK) << pkv_last_error_message();
@@ -99,9 +111,9 @@ struct Engine {
   }
 };
 
-TEST(CudaCapi, EngineStepsMatchCpuPool) {
-  PKV_SKIP_WITHOUT_GPU();
-  Engine gpu(true), cpu(false);
+void engine_steps_match(uint32_t dtype) {
+  Engine gpu(true, dtype), cpu(false, dtype);
+  const bool fp8 = dtype == PKV_DTYPE_FP8_E4M3 || dtype == PKV_DTYPE_FP8_E5M2;
   ASSERT_NE(gpu.pool, nullptr);
   ASSERT_NE(cpu.pool, nullptr);
   std::mt19937_64 rng(21);
@@ -170,6 +182,17 @@ TEST(CudaCapi, EngineStepsMatchCpuPool) {
   append(1, 1);
   append(2, 1);
   run_step({20, 1, 1}, "chunked prefill + decode");
+  if (fp8) {
+    // New scales (device copy updated between steps), another decode.
+    const float k[kLayers * kHkv] = {0.01f, 0.003f, 0.02f, 0.008f};
+    const float v[kLayers * kHkv] = {0.005f, 0.03f, 0.004f, 0.01f};
+    both([&](Engine& e) {
+      ASSERT_EQ(pkv_pool_set_kv_scales(e.pool, k, v, kLayers * kHkv), PKV_OK)
+          << pkv_last_error_message();
+    });
+    for (size_t i = 0; i < 3; ++i) append(i, 1);
+    run_step({1, 1, 1}, "decode after new scales");
+  }
 
   // Swap the first sequence's blocks out: identical bytes from both pools.
   std::vector<int32_t> gblocks(16), cblocks(16);
@@ -193,11 +216,12 @@ TEST(CudaCapi, EngineStepsMatchCpuPool) {
       << pkv_last_error_message();
   cudaStreamSynchronize(gpu.stream);
   // Only the written token rows are comparable (unwritten slots differ).
-  const size_t row = kD * 2, per_plane = size_t(kHkv) * kBs * row;
+  const size_t row = kD * (fp8 ? 1 : 2), per_plane = size_t(kHkv) * kBs * row;
+  const int64_t written = fp8 ? 64 : 63;  // tokens of sequence 0
   for (uint64_t b = 0; b < gn; ++b) {
     for (uint32_t plane = 0; plane < 2 * kLayers; ++plane) {
       for (uint32_t h = 0; h < kHkv; ++h) {
-        for (uint32_t t = 0; t < kBs && b * kBs + t < 63; ++t) {
+        for (uint32_t t = 0; t < kBs && int64_t(b * kBs + t) < written; ++t) {
           const size_t at = (b * 2 * kLayers + plane) * per_plane + (h * kBs + t) * row;
           ASSERT_EQ(0, std::memcmp(static_cast<uint8_t*>(pinned) + at, host.data() + at, row))
               << "block " << b << " plane " << plane << " head " << h << " token " << t;
@@ -207,6 +231,19 @@ TEST(CudaCapi, EngineStepsMatchCpuPool) {
   }
   cudaFreeHost(pinned);
   EXPECT_EQ(pkv_pool_validate(gpu.pool), PKV_OK) << pkv_last_error_message();
+}
+
+TEST(CudaCapi, EngineStepsMatchCpuPool) {
+  PKV_SKIP_WITHOUT_GPU();
+  engine_steps_match(PKV_DTYPE_BF16);
+}
+
+TEST(CudaCapi, Fp8EngineStepsMatchCpuPool) {
+  PKV_SKIP_WITHOUT_GPU();
+  for (uint32_t dtype : {PKV_DTYPE_FP8_E4M3, PKV_DTYPE_FP8_E5M2}) {
+    SCOPED_TRACE(dtype);
+    engine_steps_match(dtype);
+  }
 }
 
 TEST(CudaCapi, FeaturesAndDeviceCount) {

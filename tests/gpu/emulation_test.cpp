@@ -24,14 +24,14 @@ namespace cu = pagedkv::cuda;
 using pagedkv::Backend;
 using pagedkv::KvArena;
 
-template <typename T, int D, int ROWS>
+template <typename T, int D, int ROWS, typename S>
 void emu_rows(const cu::AttnParams& p, const cu::AttnLaunch& l) {
   constexpr int KT = cu::kv_tile<T, D>();
-  using L = cu::AttnSmem<T, D, ROWS, KT>;
+  using L = cu::AttnSmem<T, D, ROWS, KT, cu::IsFp8<S>::value>;
   const dim3 grid(unsigned(l.num_seqs) * unsigned(p.tiles_per_seq), unsigned(p.num_kv_heads),
                   unsigned(p.num_splits));
   pkv_emu::launch(grid, dim3(cu::kAttnThreads), L::kBytes,
-                  [&] { cu::paged_attention_kernel<T, D, ROWS, KT>(p); });
+                  [&] { cu::paged_attention_kernel<T, D, ROWS, KT, S>(p); });
   if (p.num_splits > 1) {
     const int64_t rows = p.num_tokens * p.num_q_heads;
     pkv_emu::launch(dim3(unsigned((rows + 3) / 4)), dim3(128), 0,
@@ -39,29 +39,29 @@ void emu_rows(const cu::AttnParams& p, const cu::AttnLaunch& l) {
   }
 }
 
-template <typename T, int D>
+template <typename T, int D, typename S>
 void emu_dim(const cu::AttnParams& p, const cu::AttnLaunch& l) {
   constexpr int kLarge = cu::large_rows(int(sizeof(T)), D);
   if (l.large_tile) {
-    emu_rows<T, D, kLarge>(p, l);
+    emu_rows<T, D, kLarge, S>(p, l);
   } else {
-    emu_rows<T, D, cu::kSmallRows>(p, l);
+    emu_rows<T, D, cu::kSmallRows, S>(p, l);
   }
 }
 
-template <typename T>
+template <typename T, typename S = T>
 void emu_attention(const cu::AttnParams& p, const cu::AttnLaunch& l) {
   switch (l.head_dim) {
     case 64:
-      return emu_dim<T, 64>(p, l);
+      return emu_dim<T, 64, S>(p, l);
     case 80:
-      return emu_dim<T, 80>(p, l);
+      return emu_dim<T, 80, S>(p, l);
     case 96:
-      return emu_dim<T, 96>(p, l);
+      return emu_dim<T, 96, S>(p, l);
     case 128:
-      return emu_dim<T, 128>(p, l);
+      return emu_dim<T, 128, S>(p, l);
     case 256:
-      return emu_dim<T, 256>(p, l);
+      return emu_dim<T, 256, S>(p, l);
     default:
       FAIL() << "head dim " << l.head_dim;
   }
@@ -84,6 +84,10 @@ class EmuBackend final : public Backend {
     const cu::WriteParams p = cu::plan_write(arena, layer, plan, k, v);
     const dim3 grid(unsigned(std::min<int64_t>(p.num_tokens, 1 << 16)));
     pkv_emu::launch(grid, dim3(128), 0, [&] {
+      if (p.fp8 == int32_t(pagedkv::DType::kFp8E4m3))
+        return cu::write_kv_fp8_kernel<cu::Fp8E4m3>(p);
+      if (p.fp8 == int32_t(pagedkv::DType::kFp8E5m2))
+        return cu::write_kv_fp8_kernel<cu::Fp8E5m2>(p);
       switch (p.unit) {
         case 16:
           cu::write_kv_kernel<16>(p);
@@ -99,7 +103,7 @@ class EmuBackend final : public Backend {
           break;
       }
     });
-    units_seen |= p.unit;
+    if (p.fp8 == 0) units_seen |= p.unit;
   }
   void attend(const KvArena& arena, int32_t layer, const pagedkv::PlanView& plan,
               const pagedkv::Tensor3& q, const pagedkv::Tensor3& out,
@@ -109,7 +113,16 @@ class EmuBackend final : public Backend {
     cu::attach_scratch(ap, scratch.data());
     last_splits = ap.params.num_splits;
     last_large = ap.launch.large_tile;
+    const bool bf = q.dtype == pagedkv::DType::kBF16;
     switch (arena.layout.dtype) {
+      case pagedkv::DType::kFp8E4m3:
+        bf ? emu_attention<__nv_bfloat16, cu::Fp8E4m3>(ap.params, ap.launch)
+           : emu_attention<__half, cu::Fp8E4m3>(ap.params, ap.launch);
+        break;
+      case pagedkv::DType::kFp8E5m2:
+        bf ? emu_attention<__nv_bfloat16, cu::Fp8E5m2>(ap.params, ap.launch)
+           : emu_attention<__half, cu::Fp8E5m2>(ap.params, ap.launch);
+        break;
       case pagedkv::DType::kF32:
         emu_attention<float>(ap.params, ap.launch);
         break;
@@ -155,9 +168,10 @@ class EmuBackend final : public Backend {
 };
 
 struct EmuCase {
-  DType dt;
+  DType dt;  // q, out, new k/v
   int head_dim;
   int group;
+  DType cache = DType::kI32;  // the pool's dtype; kI32 = dt
 };
 
 class EmulatedAttention : public ::testing::TestWithParam<EmuCase> {};
@@ -168,7 +182,8 @@ TEST_P(EmulatedAttention, KernelsMatchCpuBackend) {
   const EmuCase c = GetParam();
   EmuBackend emu;
   auto cpu = pagedkv::make_cpu_backend(1);
-  std::mt19937_64 rng(uint64_t(c.head_dim) * 7919u + uint64_t(c.group) * 31u + uint64_t(c.dt));
+  std::mt19937_64 rng(uint64_t(c.head_dim) * 7919u + uint64_t(c.group) * 31u + uint64_t(c.dt) +
+                      uint64_t(c.cache) * 131u);
   std::vector<Scenario> all = scenarios(rng);
   // Shorter contexts than on the GPU: emulated threads are slow.
   std::vector<Scenario> cut;
@@ -181,7 +196,7 @@ TEST_P(EmulatedAttention, KernelsMatchCpuBackend) {
   }
   for (const Scenario& sc : cut) {
     SCOPED_TRACE(sc.name);
-    const Inputs s = build(sc, c.dt, c.head_dim, 2, c.group, rng);
+    const Inputs s = build(sc, c.dt, c.head_dim, 2, c.group, rng, c.cache);
     pagedkv::AttentionArgs args{};
     args.softmax_scale = sc.scale > 0.f ? sc.scale : 1.f / std::sqrt(float(c.head_dim));
     args.sliding_window = sc.window;
@@ -200,14 +215,21 @@ TEST_P(EmulatedAttention, KernelsMatchCpuBackend) {
 
 INSTANTIATE_TEST_SUITE_P(
     Emu, EmulatedAttention,
-    ::testing::Values(EmuCase{DType::kBF16, 128, 8}, EmuCase{DType::kBF16, 256, 4},
-                      EmuCase{DType::kF16, 80, 1}, EmuCase{DType::kF16, 64, 4},
-                      EmuCase{DType::kF32, 96, 8}, EmuCase{DType::kF32, 256, 1},
-                      EmuCase{DType::kF32, 64, 4}, EmuCase{DType::kBF16, 96, 1},
-                      EmuCase{DType::kF16, 64, 24}),
+    ::testing::Values(
+        EmuCase{DType::kBF16, 128, 8}, EmuCase{DType::kBF16, 256, 4}, EmuCase{DType::kF16, 80, 1},
+        EmuCase{DType::kF16, 64, 4}, EmuCase{DType::kF32, 96, 8}, EmuCase{DType::kF32, 256, 1},
+        EmuCase{DType::kF32, 64, 4}, EmuCase{DType::kBF16, 96, 1}, EmuCase{DType::kF16, 64, 24},
+        // FP8 pages, widened to f16/bf16 tiles: both formats,
+        // both query dtypes, both tile sizes, per-head scales.
+        EmuCase{DType::kBF16, 128, 8, DType::kFp8E4m3},
+        EmuCase{DType::kF16, 64, 4, DType::kFp8E4m3}, EmuCase{DType::kF16, 256, 1, DType::kFp8E4m3},
+        EmuCase{DType::kBF16, 80, 4, DType::kFp8E5m2},
+        EmuCase{DType::kF16, 128, 8, DType::kFp8E5m2}),
     [](const ::testing::TestParamInfo<EmuCase>& i) {
+      const std::string cache =
+          i.param.cache == DType::kI32 ? "" : std::string("_") + dtype_name(i.param.cache);
       return std::string(dtype_name(i.param.dt)) + "_D" + std::to_string(i.param.head_dim) + "_G" +
-             std::to_string(i.param.group);
+             std::to_string(i.param.group) + cache;
     });
 
 TEST(EmulatedKernels, WriteCopySwapMatchCpuBackend) {
@@ -264,6 +286,79 @@ TEST(EmulatedKernels, WriteCopySwapMatchCpuBackend) {
     }
   }
   EXPECT_EQ(emu.units_seen, 16 | 8 | 4 | 2) << "every access width was exercised";
+  EXPECT_EQ(pkv_emu::state().errors, 0) << pkv_emu::state().first_error;
+}
+
+// The quantising write of FP8 pools: every stored code equals the CPU
+// backend's (x / per-head scale, RNE, saturating, NaN kept) for f32, f16 and
+// bf16 inputs, padded strides and values beyond the formats' range; copy and
+// swap move the codes unchanged.
+TEST(EmulatedKernels, Fp8WriteCopySwapMatchCpuBackend) {
+  EmuBackend emu;
+  auto cpu = pagedkv::make_cpu_backend(1);
+  std::mt19937_64 rng(11);
+  for (DType fmt : {DType::kFp8E4m3, DType::kFp8E5m2}) {
+    for (DType in : {DType::kF32, DType::kF16, DType::kBF16}) {
+      SCOPED_TRACE(std::string(dtype_name(fmt)) + " from " + dtype_name(in));
+      const int hkv = 3, D = 64, bs = 16, nb = 12, layers = 2;
+      const pagedkv::KvLayout lay{nb, hkv, bs, D, fmt};
+      const size_t planes = lay.layer_bytes() * 2 * layers;
+      const size_t at = KvArena::scales_offset(planes);
+      const size_t bytes = at + sizeof(float) * 2 * layers * hkv;
+      std::vector<uint8_t> init(bytes);
+      for (uint8_t& x : init) x = uint8_t(rng());
+      const std::vector<float> scales = uniform(rng, size_t(2) * layers * hkv, 0.01f, 4.f);
+      std::memcpy(&init[at], scales.data(), scales.size() * sizeof(float));
+      void* ea = emu.allocate(bytes);
+      void* eb = cpu->allocate(bytes);
+      std::memcpy(ea, init.data(), bytes);
+      std::memcpy(eb, init.data(), bytes);
+      KvArena a{ea, layers, lay, reinterpret_cast<const float*>(static_cast<char*>(ea) + at)};
+      KvArena b{eb, layers, lay, reinterpret_cast<const float*>(static_cast<char*>(eb) + at)};
+      std::vector<int32_t> ids(nb - 1);
+      std::iota(ids.begin(), ids.end(), 1);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      const int64_t T = 37, s0 = int64_t(hkv) * D + 8;
+      std::vector<int64_t> slots(T);
+      for (int64_t t = 0; t < T; ++t) slots[t] = t % 5 == 3 ? -1 : int64_t(ids[t % 7]) * bs + t / 7;
+      // Magnitudes from 1e-6 (subnormal codes) to 1e6 (saturation), a few
+      // NaN and infinities.
+      auto values = [&] {
+        std::vector<float> x = uniform(rng, size_t(T * s0), -1.f, 1.f);
+        std::uniform_real_distribution<float> ex(-6.f, 6.f);
+        for (float& f : x) f *= std::pow(10.f, ex(rng));
+        for (size_t i = 5; i < x.size(); i += 101) x[i] = std::nanf("");
+        for (size_t i = 9; i < x.size(); i += 103) x[i] = i % 2 ? INFINITY : -INFINITY;
+        return encode(x, in);
+      };
+      const auto k = values(), v = values();
+      pagedkv::PlanView plan{};
+      plan.num_tokens = T;
+      plan.slot_mapping = slots.data();
+      auto t3 = [&](const std::vector<uint8_t>& x) {
+        return pagedkv::Tensor3{const_cast<uint8_t*>(x.data()), in, T, hkv, D, s0, D};
+      };
+      emu.write(a, 1, plan, t3(k), t3(v), nullptr);
+      cpu->write(b, 1, plan, t3(k), t3(v), nullptr);
+      ASSERT_EQ(0, std::memcmp(ea, eb, bytes)) << "write";
+      ASSERT_NE(0, std::memcmp(ea, init.data(), bytes)) << "the write stored codes";
+      std::vector<int32_t> src(ids.begin(), ids.begin() + 4),
+          dst(ids.begin() + 6, ids.begin() + 10);
+      emu.copy_blocks(a, src.data(), dst.data(), 4, nullptr);
+      cpu->copy_blocks(b, src.data(), dst.data(), 4, nullptr);
+      ASSERT_EQ(0, std::memcmp(ea, eb, bytes)) << "copy";
+      const size_t host_bytes = 3 * lay.block_bytes() * 2 * layers;
+      std::vector<uint8_t> ha(host_bytes), hb(host_bytes);
+      emu.swap(a, ids.data() + 1, 3, ha.data(), true, nullptr);
+      cpu->swap(b, ids.data() + 1, 3, hb.data(), true, nullptr);
+      ASSERT_EQ(ha, hb) << "swap out";
+      emu.swap(a, ids.data() + 7, 3, ha.data(), false, nullptr);
+      cpu->swap(b, ids.data() + 7, 3, hb.data(), false, nullptr);
+      ASSERT_EQ(0, std::memcmp(ea, eb, bytes)) << "swap in";
+      emu.deallocate(ea);
+      cpu->deallocate(eb);
+    }
+  }
   EXPECT_EQ(pkv_emu::state().errors, 0) << pkv_emu::state().first_error;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "cpu/fp8.h"
 #include "cpu/half.h"
 #include "kernel_types.h"
 
@@ -33,7 +34,11 @@ namespace pkvtest {
 using pagedkv::DType;
 
 inline const char* dtype_name(DType t) {
-  return t == DType::kF32 ? "f32" : t == DType::kF16 ? "f16" : "bf16";
+  return t == DType::kF32       ? "f32"
+         : t == DType::kF16     ? "f16"
+         : t == DType::kFp8E4m3 ? "e4m3"
+         : t == DType::kFp8E5m2 ? "e5m2"
+                                : "bf16";
 }
 
 // Encodes floats as dtype bytes (round to nearest even) and back.
@@ -41,7 +46,11 @@ inline std::vector<uint8_t> encode(const std::vector<float>& x, DType t) {
   const size_t es = pagedkv::dtype_size(t);
   std::vector<uint8_t> out(x.size() * es);
   for (size_t i = 0; i < x.size(); ++i) {
-    if (t == DType::kF32) {
+    if (t == DType::kFp8E4m3) {
+      out[i] = pagedkv::f32_to_fp8<pagedkv::kFp8E4m3>(x[i]);
+    } else if (t == DType::kFp8E5m2) {
+      out[i] = pagedkv::f32_to_fp8<pagedkv::kFp8E5m2>(x[i]);
+    } else if (t == DType::kF32) {
       std::memcpy(&out[i * 4], &x[i], 4);
     } else {
       const uint16_t h = t == DType::kF16 ? pagedkv::f32_to_f16(x[i]) : pagedkv::f32_to_bf16(x[i]);
@@ -68,7 +77,9 @@ inline void fill_nan(uint8_t* p, size_t bytes, DType t) {
   const uint32_t f32nan = 0x7fc00000u;
   const uint16_t h = t == DType::kF16 ? 0x7e00 : 0x7fc0;
   for (size_t i = 0; i + es <= bytes; i += es) {
-    if (t == DType::kF32) {
+    if (es == 1) {
+      p[i] = 0x7f;  // NaN in E4M3 and E5M2
+    } else if (t == DType::kF32) {
       std::memcpy(p + i, &f32nan, 4);
     } else {
       std::memcpy(p + i, &h, 2);

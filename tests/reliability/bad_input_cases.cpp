@@ -492,9 +492,6 @@ std::vector<Case> make_cases() {
         S("pkv_pool_swap_blocks", PKV_CLASS_STATE, "pool without storage", kState, "storage",
           int32_t b = 1;
           return pkv_pool_swap_blocks(e.mgr, &b, 1, e.k.data(), 1 << 20, PKV_SWAP_OUT, nullptr);),
-        S("pkv_pool_create", PKV_CLASS_DTYPE, "dtype = PKV_DTYPE_FP8_E4M3 on a CUDA pool",
-          PKV_E_UNSUPPORTED, "fp8", pkv_pool_options o = fp8_opts();
-          o.device_type = PKV_DEVICE_CUDA; return create_with(o, e);),
         S("pkv_pool_create", PKV_CLASS_RANGE, "kv_scale_granularity = 2", kInv,
           "kv_scale_granularity", pkv_pool_options o = fp8_opts();
           o.kv_scale_granularity = 2; return create_with(o, e);),

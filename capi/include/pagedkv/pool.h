@@ -80,8 +80,9 @@ typedef struct pkv_pool_options {
   uint32_t head_dim;    /* 1..4096 on a CPU pool; 64, 80, 96, 128 or 256 on a CUDA pool
                            (what its kernels are compiled for); ignored without storage */
   uint32_t dtype;       /* PKV_DTYPE_F32, F16, BF16 (default), FP8_E4M3 or FP8_E5M2
-                           (FP8: CPU pools; cache writes and attention then take
-                           f32, f16 or bf16 k, v, q and out) */
+                           (FP8: cache writes then take f32, f16 or bf16 k and v,
+                           attention f32, f16 or bf16 q and out on a CPU pool and
+                           f16 or bf16 on a CUDA pool) */
   int32_t device_type;  /* PKV_DEVICE_CPU (default) or PKV_DEVICE_CUDA */
   int32_t device_id;    /* CUDA ordinal; 0 for CPU */
   uint32_t num_threads; /* CPU kernel threads; 0 = hardware concurrency */
