@@ -81,8 +81,12 @@ template <int F>
 struct Fp8Table {
   std::array<float, 256> v{};
   constexpr Fp8Table() {
-    for (int c = 0; c < 256; ++c)
-      v[size_t(c)] = fp8_to_f32_exact<F>(uint8_t(c)) * fp8_load_factor<F>();
+    for (int c = 0; c < 256; ++c) {
+      const float x = fp8_to_f32_exact<F>(uint8_t(c));
+      // NaN codes are stored as they are: arithmetic that yields a NaN is
+      // not a constant expression for clang.
+      v[size_t(c)] = x != x ? x : x * fp8_load_factor<F>();
+    }
   }
 };
 
