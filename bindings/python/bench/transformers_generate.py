@@ -60,8 +60,10 @@ def main() -> None:
         f"model: Llama-like, {params / 1e6:.1f}M params, {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
         f"8 q / 2 kv heads, {args.dtype}; prompt {args.prompt}, {args.new} new tokens, greedy"
     )
-    print(f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads "
-          f"{torch.get_num_threads()}, torch {torch.__version__}, transformers {transformers.__version__}")
+    print(
+        f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads "
+        f"{torch.get_num_threads()}, torch {torch.__version__}, transformers {transformers.__version__}"
+    )
 
     def hf(batch: int) -> float:
         ids = torch.randint(0, cfg.vocab_size, (batch, args.prompt))
@@ -82,8 +84,14 @@ def main() -> None:
     def paged(batch: int) -> float:
         prompts = torch.randint(0, cfg.vocab_size, (batch, args.prompt)).tolist()
         num_blocks = batch * ((args.prompt + args.new) // 16 + 2) + 8
-        with Generator(model, num_blocks=num_blocks, block_size=16, max_num_batched_tokens=2048,
-                       max_num_seqs=batch, num_threads=torch.get_num_threads()) as gen:
+        with Generator(
+            model,
+            num_blocks=num_blocks,
+            block_size=16,
+            max_num_batched_tokens=2048,
+            max_num_seqs=batch,
+            num_threads=torch.get_num_threads(),
+        ) as gen:
             t = time.perf_counter()
             outs = gen.generate(prompts, SamplingParams(max_new_tokens=args.new, ignore_eos=True))
             dt = time.perf_counter() - t

@@ -6,7 +6,6 @@ from typing import Any, TypeVar
 
 from . import _pagedkv as _c
 
-
 # Owns a C handle: the owner's reference plus one per call in flight and per
 # live view. close() drops the owner's reference and makes new calls fail;
 # the handle is destroyed when the last reference goes, so a call racing

@@ -41,7 +41,9 @@ class DType(enum.IntEnum):
         try:
             return _DTYPE_NAMES[key]
         except KeyError:
-            raise ValueError(f"unknown dtype {value!r}; expected one of f32, f16, bf16, i32, i64, fp8_e4m3, fp8_e5m2") from None
+            raise ValueError(
+                f"unknown dtype {value!r}; expected one of f32, f16, bf16, i32, i64, fp8_e4m3, fp8_e5m2"
+            ) from None
 
     def __str__(self) -> str:
         return _DTYPE_STR[self]

@@ -35,7 +35,7 @@ def test_append_batch_equals_one_append_per_sequence():
         seqs.append(seqs[3].fork())  # a shared tail: copy-on-write inside the batch
         groups.append(seqs)
     a, b = groups
-    for step in range(40):
+    for _step in range(40):
         toks = rng.integers(0, 50000, size=len(a), dtype=np.int64)  # int64: converted
         pools[0].append_batch(np.array([s.id for s in a], dtype=np.uint64), toks)
         for s, t in zip(b, toks.tolist()):
@@ -146,10 +146,10 @@ def test_admit_equals_match_then_append():
     first = pool.create_sequence()
     first.append(prompt)
     computed(pool, [first], len(prompt))
-    s, cached = pool.admit(np.array(prompt + [1, 2], dtype=np.int32), lookahead=3)
+    s, cached = pool.admit(np.array([*prompt, 1, 2], dtype=np.int32), lookahead=3)
     t = pool.create_sequence()
-    assert t.match_prefix(prompt + [1, 2]) == cached == 16
-    t.append((prompt + [1, 2])[16:], lookahead=3)
+    assert t.match_prefix([*prompt, 1, 2]) == cached == 16
+    t.append(([*prompt, 1, 2])[16:], lookahead=3)
     assert len(s) == len(t) == 20
     assert s.block_table()[:4] == t.block_table()[:4] == first.block_table()[:4]
     assert s.info().num_slots == t.info().num_slots
@@ -188,28 +188,28 @@ def test_lookup_by_precomputed_hashes():
     assert pool.create_sequence(cache_salt="tenant-a").match_prefix(prompt, hashes=hashes) == 0
     computed(pool, [a], len(prompt))
     b = pool.create_sequence(cache_salt="tenant-a")
-    assert b.match_prefix(prompt + [1], hashes=hashes) == 40
+    assert b.match_prefix([*prompt, 1], hashes=hashes) == 40
     assert b.block_table() == a.block_table()
-    assert pool.create_sequence(cache_salt="tenant-a").match_prefix(prompt + [1], hashes=hashes[:3]) == 12
+    assert pool.create_sequence(cache_salt="tenant-a").match_prefix([*prompt, 1], hashes=hashes[:3]) == 12
     # A bytes buffer of 32-byte hashes works as well.
     packed = b"".join(h.ljust(32, b"\0") for h in hashes)
-    s, hit = pool.admit(prompt + [1], hashes=packed, cache_salt="tenant-a")
+    _s, hit = pool.admit([*prompt, 1], hashes=packed, cache_salt="tenant-a")
     assert hit == 40
     # Hashes of another domain never hit: rejected before any lookup.
     other = pool.hash_prefix(prompt, cache_salt="tenant-b")
     c = pool.create_sequence(cache_salt="tenant-a")
     with pytest.raises(pagedkv.InvalidArgumentError, match=r"hashes\[0\]"):
-        c.match_prefix(prompt + [1], hashes=other)
+        c.match_prefix([*prompt, 1], hashes=other)
     with pytest.raises(pagedkv.InvalidArgumentError, match=r"hashes\[0\]"):
-        pool.create_sequence().match_prefix(prompt + [1], hashes=hashes)  # unsalted sequence
+        pool.create_sequence().match_prefix([*prompt, 1], hashes=hashes)  # unsalted sequence
     with pytest.raises(pagedkv.InvalidArgumentError, match=r"hashes\[9\]"):
-        c.match_prefix(prompt[:36] + [0, 0, 0, 0, 1], hashes=hashes)  # other tokens in the last block
+        c.match_prefix([*prompt[:36], 0, 0, 0, 0, 1], hashes=hashes)  # other tokens in the last block
     with pytest.raises(pagedkv.InvalidArgumentError, match="num_hashes"):
         c.match_prefix(prompt[:8], hashes=hashes)
     assert len(c) == 0
     n_seqs = pool.stats().num_seqs
     with pytest.raises(pagedkv.InvalidArgumentError, match=r"hashes\[0\]"):
-        pool.admit(prompt + [1], hashes=other, cache_salt="tenant-a")
+        pool.admit([*prompt, 1], hashes=other, cache_salt="tenant-a")
     assert pool.stats().num_seqs == n_seqs
     pool.validate()
 

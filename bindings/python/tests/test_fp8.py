@@ -92,8 +92,12 @@ def test_write_and_attention(rng, dtype, act):
                 got_k = kc[slots // 8, :, slots % 8]
                 got_v = vc[slots // 8, :, slots % 8]
                 for h in range(2):
-                    np.testing.assert_array_equal(got_k[:, h], encode(k[:, h].astype(np.float32), ks32[layer, h], dtype))
-                    np.testing.assert_array_equal(got_v[:, h], encode(v[:, h].astype(np.float32), vs32[layer, h], dtype))
+                    np.testing.assert_array_equal(
+                        got_k[:, h], encode(k[:, h].astype(np.float32), ks32[layer, h], dtype)
+                    )
+                    np.testing.assert_array_equal(
+                        got_v[:, h], encode(v[:, h].astype(np.float32), vs32[layer, h], dtype)
+                    )
                 stored[layer] = (
                     decode(got_k, dtype) * ks32[layer][None, :, None],
                     decode(got_v, dtype) * vs32[layer][None, :, None],

@@ -37,12 +37,17 @@ def test_partial_reuse_is_off_by_default(manager_pool):
 
 
 def test_retention_priorities_pins_and_clock():
-    with pagedkv.Pool(num_blocks=8, block_size=4, enable_retention=True, max_pinned_blocks=1,
-                      enable_events=True) as pool:
+    with pagedkv.Pool(
+        num_blocks=8, block_size=4, enable_retention=True, max_pinned_blocks=1, enable_events=True
+    ) as pool:
         pool.set_clock(1_000)
         a = pool.create_sequence()
-        a.set_retention([pagedkv.RetentionRange(0, 4, pagedkv.PRIORITY_PINNED),
-                         pagedkv.RetentionRange(4, None, 70, duration_ns=500)])
+        a.set_retention(
+            [
+                pagedkv.RetentionRange(0, 4, pagedkv.PRIORITY_PINNED),
+                pagedkv.RetentionRange(4, None, 70, duration_ns=500),
+            ]
+        )
         a.append(list(range(9)))
         computed(pool, a, 9)
         counts = pool.priority_counts()

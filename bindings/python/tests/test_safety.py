@@ -98,7 +98,7 @@ def test_descriptor_checks_name_the_argument():
             raw = np.zeros(10 * 4 * 4 + 4, np.uint8)
             buf = np.frombuffer(raw.data, dtype=np.uint8, offset=2, count=160)
             lse = np.ndarray((10, 4), np.float32, buffer=buf)
-            with pytest.raises(pagedkv.InvalidArgumentError, match="lse.*aligned"):
+            with pytest.raises(pagedkv.InvalidArgumentError, match=r"lse.*aligned"):
                 b.attention(0, q, lse=lse)
 
 

@@ -197,17 +197,17 @@ MM_DECODE_VECTOR = [
 def test_lora_name_keys_blocks_as_vllm(manager_pool):
     prompt = list(range(1, 9))
     named = manager_pool.create_sequence(lora_name="sql-lora")
-    named.append(prompt + [9])
+    named.append([*prompt, 9])
     with manager_pool.prepare([named], len(named)):
         pass  # computed: its blocks can be hit
     assert [h.hex() for h in named.block_hashes()] == LORA_NAME_VECTOR
     assert [h.hex() for h in pagedkv.hash_prefix(prompt, block_size=4, lora_name="sql-lora")] == LORA_NAME_VECTOR
     assert manager_pool.hash_prefix(prompt, lora_name="sql-lora") == named.block_hashes()
     # Another name, no name, or an id in place of the name: no hit.
-    assert manager_pool.create_sequence(lora_name="other").match_prefix(prompt + [9]) == 0
-    assert manager_pool.create_sequence().match_prefix(prompt + [9]) == 0
-    assert manager_pool.create_sequence(lora_id=1).match_prefix(prompt + [9]) == 0
-    assert manager_pool.create_sequence(lora_name="sql-lora").match_prefix(prompt + [9]) == 8
+    assert manager_pool.create_sequence(lora_name="other").match_prefix([*prompt, 9]) == 0
+    assert manager_pool.create_sequence().match_prefix([*prompt, 9]) == 0
+    assert manager_pool.create_sequence(lora_id=1).match_prefix([*prompt, 9]) == 0
+    assert manager_pool.create_sequence(lora_name="sql-lora").match_prefix([*prompt, 9]) == 8
     # "" is no name (the default).
     assert pagedkv.hash_prefix(prompt, block_size=4, lora_name="") == pagedkv.hash_prefix(prompt, block_size=4)
 

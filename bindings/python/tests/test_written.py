@@ -38,10 +38,10 @@ def test_issue_repro_same_step_sharing_then_free():
     pool = nan_pool()
     system = list(range(48))
     s1 = pool.create_sequence()
-    s1.append(system + [1])  # admitted in this step
+    s1.append([*system, 1])  # admitted in this step
     s2 = pool.create_sequence()
-    assert s2.match_prefix(system + [2]) == 0  # s1's blocks are not written: no hit
-    s2.append(system + [2])
+    assert s2.match_prefix([*system, 2]) == 0  # s1's blocks are not written: no hit
+    s2.append([*system, 2])
     s1.free()  # preempted before the step
     assert s2.num_computed_tokens == 0
     with pytest.raises(pagedkv.InvalidStateError, match=r"tokens \[0, 48\)"):
@@ -52,7 +52,7 @@ def test_issue_repro_same_step_sharing_then_free():
     table2 = s2.block_table()
     s2.free()
     s3 = pool.create_sequence()
-    assert s3.match_prefix(system + [3]) == 48
+    assert s3.match_prefix([*system, 3]) == 48
     assert s3.block_table() == table2[:3]  # s2's written blocks
     s3.append([3])
     out = run_step(pool, [s3], 1, rng)

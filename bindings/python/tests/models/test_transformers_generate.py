@@ -6,9 +6,9 @@ eager-vs-sdpa spread."""
 
 import pytest
 import torch
-from conftest import full_logits, random_prompts, reference_greedy, tiny_model
 
 import pagedkv
+from conftest import full_logits, random_prompts, reference_greedy, tiny_model
 from pagedkv.integrations.transformers import Generator, SamplingParams, register, run_step
 
 KINDS = ["llama", "qwen2"]
@@ -21,7 +21,7 @@ def test_greedy_equals_generate_with_chunked_prefill_and_prefix_hits(kind):
     first = random_prompts(1, [3, 21, 40, 9])
     # Second wave: prompts sharing the first wave's prefixes (whole blocks
     # of them are prefix-cache hits) plus fresh ones.
-    second = [first[1][:17] + [5, 6, 7], first[2] + [11], random_prompts(2, [30])[0]]
+    second = [[*first[1][:17], 5, 6, 7], first[2] + [11], random_prompts(2, [30])[0]]
     with Generator(model, num_blocks=200, block_size=4, max_num_batched_tokens=24) as gen:
         outs = gen.generate(first, SamplingParams(max_new_tokens=NEW))
         assert gen.stats.chunked_prefills > 0  # 73 prompt tokens through a 24-token budget
@@ -56,7 +56,7 @@ def test_stop_token_ends_a_sample():
     ref = reference_greedy(model, prompt, 8)
     stop = ref[3]
     with Generator(model, num_blocks=64, block_size=4) as gen:
-        (c,), = gen.generate([prompt], SamplingParams(max_new_tokens=8, stop_token_ids=[stop]))
+        ((c,),) = gen.generate([prompt], SamplingParams(max_new_tokens=8, stop_token_ids=[stop]))
     assert c.finish_reason == "stop"
     assert c.tokens == ref[: ref.index(stop) + 1]
 
@@ -81,7 +81,7 @@ def test_forked_samples_see_their_own_tokens(kind):
             torch.testing.assert_close(c.logits, ref, atol=2e-4, rtol=1e-4)
     # Greedy n=2: both samples are generate()'s tokens.
     with Generator(model, num_blocks=96, block_size=4) as gen:
-        (a, b), = gen.generate([prompts[0]], SamplingParams(max_new_tokens=6, n=2))
+        ((a, b),) = gen.generate([prompts[0]], SamplingParams(max_new_tokens=6, n=2))
     assert a.tokens == b.tokens == reference_greedy(model, prompts[0], 6)
 
 

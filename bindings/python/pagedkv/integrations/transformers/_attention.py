@@ -29,9 +29,7 @@ def token_rows(x: Any, layout: str) -> Any:
     (the same without the batch dimension)."""
     if layout in ("bhtd", "bthd"):
         if x.dim() != 4 or x.shape[0] != 1:
-            raise ValueError(
-                f"expected [1, ...] with the step's tokens packed into one row, got shape {list(x.shape)}"
-            )
+            raise ValueError(f"expected [1, ...] with the step's tokens packed into one row, got shape {list(x.shape)}")
         x = x[0]
         layout = layout[1:]
     if x.dim() != 3:

@@ -168,8 +168,10 @@ class Generator:
             raise ValueError("prompt is empty")
         if params.n < 1 or params.max_new_tokens < 1:
             raise ValueError("n and max_new_tokens must be at least 1")
-        stop = frozenset() if params.ignore_eos else (
-            frozenset(params.stop_token_ids) if params.stop_token_ids is not None else self._default_stop
+        stop = (
+            frozenset()
+            if params.ignore_eos
+            else (frozenset(params.stop_token_ids) if params.stop_token_ids is not None else self._default_stop)
         )
         rid = next(self._ids)
         req = _Request(rid, prompt, params, stop)
@@ -201,7 +203,7 @@ class Generator:
         self._waiting.clear()
         self.pool.close()
 
-    def __enter__(self) -> "Generator":
+    def __enter__(self) -> Generator:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -247,7 +249,7 @@ class Generator:
         self.stats.prefix_hit_tokens += hit
         return count
 
-    def _schedule(self) -> "tuple[list, list]":
+    def _schedule(self) -> tuple[list, list]:
         budget = self.max_num_batched_tokens
         seqs: List[_Seq] = []
         counts: List[int] = []

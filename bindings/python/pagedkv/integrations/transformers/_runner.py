@@ -22,7 +22,7 @@ from ._attention import register
 _DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 
-def model_kv_shape(config: Any) -> "tuple[int, int, int]":
+def model_kv_shape(config: Any) -> tuple[int, int, int]:
     """(num_layers, num_kv_heads, head_dim) of a decoder config."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = text.num_attention_heads
