@@ -21,6 +21,7 @@ struct Event {
   BlockHash parent_hash;  // empty = no parent (first block)
   uint32_t num_tokens = 0;
   uint64_t lora_id = 0;
+  uint32_t medium = 0;  // 0 device, 1 host tier, 2 file tier
 };
 
 class EventQueue {
