@@ -33,7 +33,10 @@ fn evicted_blocks_come_back_from_host_and_file_tiers() {
         file_bytes: 2 * bpb,
     })
     .unwrap();
-    let again = pool.attach_tiers(&TierOptions { host_bytes: bpb, ..TierOptions::default() });
+    let again = pool.attach_tiers(&TierOptions {
+        host_bytes: bpb,
+        ..TierOptions::default()
+    });
     assert_eq!(again.unwrap_err().kind(), ErrorKind::InvalidState);
 
     let tokens: Vec<i32> = (0..17).collect();
@@ -52,17 +55,26 @@ fn evicted_blocks_come_back_from_host_and_file_tiers() {
     pool.flush_tiers().unwrap();
     let host = pool.tier_stats(Medium::Host).unwrap();
     let file = pool.tier_stats(Medium::File).unwrap();
-    assert_eq!((host.num_stored, host.num_blocks, file.num_stored), (4, 3, 1));
+    assert_eq!(
+        (host.num_stored, host.num_blocks, file.num_stored),
+        (4, 3, 1)
+    );
 
     let c = pool.sequence().unwrap();
     let m = c.match_prefix_tiered(&tokens).unwrap();
     assert_eq!(
         m,
-        TierMatch { num_cached: 16, device_tokens: 0, host_tokens: 12, file_tokens: 4 }
+        TierMatch {
+            num_cached: 16,
+            device_tokens: 0,
+            host_tokens: 12,
+            file_tokens: 4
+        }
     );
     pool.flush_tiers().unwrap(); // runs the loads
     let mut got = vec![0u8; 4 * bpb as usize];
-    pool.swap_out(&c.block_table().unwrap()[..4], &mut got).unwrap();
+    pool.swap_out(&c.block_table().unwrap()[..4], &mut got)
+        .unwrap();
     assert_eq!(got, saved);
     assert_eq!(c.info().unwrap().num_computed_tokens, 16);
     assert_eq!(pool.tier_stats(Medium::Host).unwrap().num_loaded, 3);
@@ -72,9 +84,19 @@ fn evicted_blocks_come_back_from_host_and_file_tiers() {
 
 #[test]
 fn a_manager_only_pool_has_no_tiers() {
-    let pool = Pool::new(&PoolOptions { block_size: 4, num_blocks: 8, ..PoolOptions::default() })
-        .unwrap();
-    let e = pool.attach_tiers(&TierOptions { host_bytes: 1 << 20, ..TierOptions::default() });
+    let pool = Pool::new(&PoolOptions {
+        block_size: 4,
+        num_blocks: 8,
+        ..PoolOptions::default()
+    })
+    .unwrap();
+    let e = pool.attach_tiers(&TierOptions {
+        host_bytes: 1 << 20,
+        ..TierOptions::default()
+    });
     assert_eq!(e.unwrap_err().kind(), ErrorKind::InvalidState);
-    assert_eq!(pool.tier_stats(Medium::Host).unwrap_err().kind(), ErrorKind::InvalidState);
+    assert_eq!(
+        pool.tier_stats(Medium::Host).unwrap_err().kind(),
+        ErrorKind::InvalidState
+    );
 }
