@@ -57,6 +57,8 @@ std::unique_ptr<TierLevel> TierLevel::host(uint64_t slots, size_t slot_bytes) {
     fail(Errc::kOutOfMemory, "host_bytes: cannot allocate " + std::to_string(slots * slot_bytes) +
                                  " bytes of host tier memory");
   t->mem_.reset(static_cast<char*>(p));
+  // Faulted in now, not page by page on the copy thread's first offloads.
+  std::memset(p, 0, slots * slot_bytes);
   return t;
 }
 

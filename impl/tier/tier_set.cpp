@@ -183,11 +183,17 @@ void TierSet::offload(const Job& j) {
     return;
   }
   lock.unlock();
+  // One pass: each plane is hashed right after its copy, while it is in
+  // cache (the same digest as XXH3_64bits over the whole slot).
   char* dst = host_->data(slot);
-  for (int32_t p = 0; p < 2 * arena_.num_layers; ++p)
-    std::memcpy(dst + size_t(p) * plane_bytes_,
-                block_plane(p, j.block), plane_bytes_);
-  const uint64_t sum = XXH3_64bits(dst, slot_bytes_);
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  for (int32_t p = 0; p < 2 * arena_.num_layers; ++p) {
+    char* d = dst + size_t(p) * plane_bytes_;
+    std::memcpy(d, block_plane(p, j.block), plane_bytes_);
+    XXH3_64bits_update(&st, d, plane_bytes_);
+  }
+  const uint64_t sum = XXH3_64bits_digest(&st);
   lock.lock();
   host_->publish(slot, j.hash, sum, j.lora);
   ++host_stats_.num_stored;
@@ -237,15 +243,18 @@ bool TierSet::load(const TierRef& r, int32_t block, const BlockHash& h) {
   const uint64_t t0 = now_ns();
   bool ok;
   if (r.medium == Medium::kHost) {
-    // Verified before a byte reaches the block: a bad entry never lands.
+    // One pass: each plane is hashed in the block right after its copy.
+    // On a mismatch the block stays unwritten (the caller drops its hash),
+    // so nothing ever reads what landed there.
     const char* src = l->data(r.slot);
-    ok = XXH3_64bits(src, slot_bytes_) == l->checksum(r.slot);
-    if (ok)
-      for (int32_t p = 0; p < 2 * arena_.num_layers; ++p)
-        std::memcpy(block_plane(p, block),
-                    src + size_t(p) * plane_bytes_, plane_bytes_);
-    else
-      ++s.num_checksum_failures;
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    for (int32_t p = 0; p < 2 * arena_.num_layers; ++p) {
+      std::memcpy(block_plane(p, block), src + size_t(p) * plane_bytes_, plane_bytes_);
+      XXH3_64bits_update(&st, block_plane(p, block), plane_bytes_);
+    }
+    ok = XXH3_64bits_digest(&st) == l->checksum(r.slot);
+    if (!ok) ++s.num_checksum_failures;
   } else {
     // Read straight into the block's planes, then verified there; on a
     // mismatch the block stays unwritten, so nothing reads these bytes.
