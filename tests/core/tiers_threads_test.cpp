@@ -1,5 +1,5 @@
 // Offload tiers under threads (run under TSan by scripts/test-sanitizers.sh):
-// four threads admit requests over three shared prompts on a pool too small
+// four threads admit requests over eight shared prompts on a pool too small
 // to keep them, so blocks are evicted (offloaded by the copy thread) and
 // loaded back all the time, while the copy thread runs. Every K/V value is
 // a function of its token and position, so each block a request reads is
@@ -29,8 +29,8 @@ TEST(TiersThreads, ConcurrentRequestsWithOffloadsAndLoads) {
   pool->attach_tiers(t);
   std::atomic<uint64_t> bad{0}, steps{0};
   auto worker = [&](int id) {
-    for (int it = 0; it < 60; ++it) {
-      const int32_t prompt = (id + it) % 3;
+    for (int it = 0; it < 200; ++it) {
+      const int32_t prompt = (id * 5 + it) % 8;
       std::vector<int32_t> tokens = test::iota_tokens(17, 1000 * (prompt + 1));
       tokens.back() = 7 + id;  // a private last token
       SeqId s = pool->seq_create({});

@@ -136,6 +136,7 @@ __all__ = [
     "hash_root",
     "hash_size",
     "status_string",
+    "tiers",
     "version",
     "version_number",
 ]

@@ -67,9 +67,7 @@ class TierStats:
         return _copy_fields(cls, s)
 
 
-def attach(
-    pool: Pool, *, host_bytes: int, file_dir: Optional[str] = None, file_bytes: int = 0
-) -> None:
+def attach(pool: Pool, *, host_bytes: int, file_dir: Optional[str] = None, file_bytes: int = 0) -> None:
     """Gives a CPU pool with storage a host tier of host_bytes and, with
     file_dir, a file tier of file_bytes below it. Once per pool."""
     opts = {"host_bytes": host_bytes, "file_bytes": file_bytes}

@@ -33,7 +33,9 @@ def write_all(pool, seq, rng):
 
 def block_bytes(pool, blocks):
     caches = pool.kv_caches()
-    return [np.concatenate([caches[layer][w].numpy()[b].ravel() for layer in range(2) for w in range(2)]) for b in blocks]
+    return [
+        np.concatenate([caches[layer][w].numpy()[b].ravel() for layer in range(2) for w in range(2)]) for b in blocks
+    ]
 
 
 def offloaded(pool, rng):
