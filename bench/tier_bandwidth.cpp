@@ -46,9 +46,28 @@ void must(pkv_status s, const char* what) {
   }
 }
 
+// Times of one round, each next to a plain memcpy of the same bytes timed
+// just before it (the machine may be shared: a ratio taken across minutes
+// would compare different loads).
 struct Result {
-  double offload_s = 1e30, load_s = 1e30;
+  double offload_s = 0, offload_memcpy_s = 0, load_s = 0, load_memcpy_s = 0;
 };
+
+std::vector<char>& scratch(size_t bytes, int which) {
+  static std::vector<char> buf[2];
+  if (buf[which].size() != bytes) buf[which].assign(bytes, char(1 + which));  // faulted in
+  return buf[which];
+}
+
+double memcpy_seconds(size_t bytes) {
+  std::vector<char>& src = scratch(bytes, 0);
+  std::vector<char>& dst = scratch(bytes, 1);
+  auto t0 = Clock::now();
+  std::memcpy(dst.data(), src.data(), bytes);
+  const double s = seconds_since(t0);
+  src[size_t(s * 1e9) % bytes] ^= dst[bytes / 2];  // keeps the copy observable
+  return s;
+}
 
 // One round: sequence a's blocks written (committed), freed, evicted by
 // sequence b (the offloads: timed from b's append to the end of the flush),
@@ -97,7 +116,9 @@ Result round(uint32_t blocks, uint64_t host_bytes, const char* file_dir, uint64_
   must(pkv_seq_free(pool, a), "free a");
 
   Result r;
+  const size_t bytes = size_t(n / 16) * 2 * 8 * 8 * 16 * 128 * 2;
   must(pkv_seq_create(pool, nullptr, &b), "seq b");
+  r.offload_memcpy_s = memcpy_seconds(bytes);
   auto t0 = Clock::now();
   must(pkv_seq_append(pool, b, tb.data(), n, 0), "append b");  // evicts every block of a
   must(pkv_pool_flush_tiers(pool), "flush");
@@ -114,6 +135,7 @@ Result round(uint32_t blocks, uint64_t host_bytes, const char* file_dir, uint64_
                  (unsigned long long)m.host_tokens, (unsigned long long)m.file_tokens);
     std::exit(1);
   }
+  r.load_memcpy_s = memcpy_seconds(bytes);
   must(pkv_pool_flush_tiers(pool), "flush loads");  // also offloads b's evicted blocks first
   uint64_t load_ns = 0;
   for (uint32_t medium : {PKV_MEDIUM_HOST, PKV_MEDIUM_FILE}) {
@@ -133,18 +155,6 @@ Result round(uint32_t blocks, uint64_t host_bytes, const char* file_dir, uint64_
   return r;
 }
 
-double memcpy_seconds(size_t bytes, int reps) {
-  std::vector<char> src(bytes, 1), dst(bytes, 0);
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    auto t0 = Clock::now();
-    std::memcpy(dst.data(), src.data(), bytes);
-    best = std::min(best, seconds_since(t0));
-    src[i % bytes] ^= dst[(i * 7) % bytes];  // keeps the copies observable
-  }
-  return best;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -162,31 +172,35 @@ int main(int argc, char** argv) {
   // Host tier: every block fits. File tier: a one-block host tier, so every
   // offload but the last goes down to the file (a pwritev), and the loads
   // come from the file (a preadv).
-  Result host, file;
+  std::vector<Result> host, file;
   for (int i = 0; i < reps; ++i) {
-    const Result h = round(blocks, 2 * bytes, nullptr, 0, 0);
-    host.offload_s = std::min(host.offload_s, h.offload_s);
-    host.load_s = std::min(host.load_s, h.load_s);
-    const Result f = round(blocks, block_bytes, dir.c_str(), 2 * bytes, 0);
-    file.offload_s = std::min(file.offload_s, f.offload_s);
-    file.load_s = std::min(file.load_s, f.load_s);
+    host.push_back(round(blocks, 2 * bytes, nullptr, 0, 0));
+    file.push_back(round(blocks, block_bytes, dir.c_str(), 2 * bytes, 0));
   }
-  const double mc = memcpy_seconds(bytes, 4 * reps);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   auto gbs = [&](double s) { return double(bytes) / s / 1e9; };
-  std::printf("machine: %s, %u threads available\n", cpu_model().c_str(),
-              unsigned(std::max(1, int(sysconf(_SC_NPROCESSORS_ONLN)))));
+  std::printf("machine: %s, %ld CPUs online\n", cpu_model().c_str(), sysconf(_SC_NPROCESSORS_ONLN));
   std::printf("%u blocks of %llu KiB (8 layers, 8 KV heads, dim 128, block 16, bf16) = %.0f MiB,"
-              " best of %d\n\n",
+              " %d rounds; each path timed next to a memcpy of the same bytes\n\n",
               blocks, (unsigned long long)(block_bytes >> 10), double(bytes) / (1 << 20), reps);
-  std::printf("| path | GB/s | vs memcpy |\n|---|---|---|\n");
-  std::printf("| plain memcpy of the same bytes | %.2f | 1.00 |\n", gbs(mc));
-  std::printf("| offload to host tier (copy thread, xxh3) | %.2f | %.2f |\n", gbs(host.offload_s),
-              mc / host.offload_s);
-  std::printf("| load from host tier (xxh3 verify + copy) | %.2f | %.2f |\n", gbs(host.load_s),
-              mc / host.load_s);
-  std::printf("| offload via host to file tier (pwritev) | %.2f | %.2f |\n", gbs(file.offload_s),
-              mc / file.offload_s);
-  std::printf("| load from file tier (preadv + xxh3 verify) | %.2f | %.2f |\n", gbs(file.load_s),
-              mc / file.load_s);
+  std::printf("| path | GB/s (median) | memcpy GB/s (median) | path / memcpy (median of rounds) |\n");
+  std::printf("|---|---|---|---|\n");
+  auto row = [&](const char* name, const std::vector<Result>& rs, bool load) {
+    std::vector<double> t, m, ratio;
+    for (const Result& r : rs) {
+      const double ts = load ? r.load_s : r.offload_s, ms = load ? r.load_memcpy_s : r.offload_memcpy_s;
+      t.push_back(ts);
+      m.push_back(ms);
+      ratio.push_back(ms / ts);
+    }
+    std::printf("| %s | %.2f | %.2f | %.2f |\n", name, gbs(median(t)), gbs(median(m)), median(ratio));
+  };
+  row("offload to the host tier (copy thread: copy + xxh3)", host, false);
+  row("load from the host tier (copy + xxh3 verify)", host, true);
+  row("offload via the host tier to the file tier (+ pwritev)", file, false);
+  row("load from the file tier (preadv + xxh3 verify)", file, true);
   return 0;
 }
