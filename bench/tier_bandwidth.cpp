@@ -163,9 +163,12 @@ int main(int argc, char** argv) {
   std::string dir = "/tmp";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
-    if (f == "--blocks") blocks = uint32_t(std::atoi(argv[i + 1]));
-    else if (f == "--reps") reps = std::atoi(argv[i + 1]);
-    else if (f == "--file-dir") dir = argv[i + 1];
+    if (f == "--blocks")
+      blocks = uint32_t(std::atoi(argv[i + 1]));
+    else if (f == "--reps")
+      reps = std::atoi(argv[i + 1]);
+    else if (f == "--file-dir")
+      dir = argv[i + 1];
   }
   const uint64_t block_bytes = 2ull * 8 * 8 * 128 * 16 * 2;
   const uint64_t bytes = block_bytes * blocks;
@@ -183,20 +186,24 @@ int main(int argc, char** argv) {
   };
   auto gbs = [&](double s) { return double(bytes) / s / 1e9; };
   std::printf("machine: %s, %ld CPUs online\n", cpu_model().c_str(), sysconf(_SC_NPROCESSORS_ONLN));
-  std::printf("%u blocks of %llu KiB (8 layers, 8 KV heads, dim 128, block 16, bf16) = %.0f MiB,"
-              " %d rounds; each path timed next to a memcpy of the same bytes\n\n",
-              blocks, (unsigned long long)(block_bytes >> 10), double(bytes) / (1 << 20), reps);
-  std::printf("| path | GB/s (median) | memcpy GB/s (median) | path / memcpy (median of rounds) |\n");
+  std::printf(
+      "%u blocks of %llu KiB (8 layers, 8 KV heads, dim 128, block 16, bf16) = %.0f MiB,"
+      " %d rounds; each path timed next to a memcpy of the same bytes\n\n",
+      blocks, (unsigned long long)(block_bytes >> 10), double(bytes) / (1 << 20), reps);
+  std::printf(
+      "| path | GB/s (median) | memcpy GB/s (median) | path / memcpy (median of rounds) |\n");
   std::printf("|---|---|---|---|\n");
   auto row = [&](const char* name, const std::vector<Result>& rs, bool load) {
     std::vector<double> t, m, ratio;
     for (const Result& r : rs) {
-      const double ts = load ? r.load_s : r.offload_s, ms = load ? r.load_memcpy_s : r.offload_memcpy_s;
+      const double ts = load ? r.load_s : r.offload_s,
+                   ms = load ? r.load_memcpy_s : r.offload_memcpy_s;
       t.push_back(ts);
       m.push_back(ms);
       ratio.push_back(ms / ts);
     }
-    std::printf("| %s | %.2f | %.2f | %.2f |\n", name, gbs(median(t)), gbs(median(m)), median(ratio));
+    std::printf("| %s | %.2f | %.2f | %.2f |\n", name, gbs(median(t)), gbs(median(m)),
+                median(ratio));
   };
   row("offload to the host tier (copy thread: copy + xxh3)", host, false);
   row("load from the host tier (copy + xxh3 verify)", host, true);

@@ -21,18 +21,20 @@ void Pool::attach_tiers(const TierOptions& o) {
          "the pool has no KV storage (created with num_layers 0): a manager-only pool has no "
          "blocks to offload");
   if (opts_.device_type != kDeviceCpu)
-    fail(Errc::kUnsupported, "tiers are implemented for CPU pools only (a pinned host tier for "
-                             "CUDA pools is not there yet)");
+    fail(Errc::kUnsupported,
+         "tiers are implemented for CPU pools only (a pinned host tier for "
+         "CUDA pools is not there yet)");
   if (!blocks_.caching())
-    fail(Errc::kInvalidState, "prefix caching is off (enable_prefix_caching 0): nothing is cached "
-                              "to offload");
+    fail(Errc::kInvalidState,
+         "prefix caching is off (enable_prefix_caching 0): nothing is cached "
+         "to offload");
   if (tiers_) fail(Errc::kInvalidState, "the pool already has tiers (attach them once)");
   if (o.flags != 0) fail(Errc::kInvalidArgument, "flags " + str(o.flags) + " is not 0");
   if (o.file_dir.empty() && o.file_bytes != 0)
     fail(Errc::kInvalidArgument,
          "file_bytes " + str(o.file_bytes) + " is set but file_dir is NULL or empty");
-  tiers_ = std::make_unique<TierSet>(o, arena_, arena_hold_, opts_.block_size,
-                                     size_t(opts_.num_blocks));
+  tiers_ =
+      std::make_unique<TierSet>(o, arena_, arena_hold_, opts_.block_size, size_t(opts_.num_blocks));
   blocks_.set_evict_sink(tiers_.get());
 }
 
@@ -43,8 +45,8 @@ TieredMatch Pool::match_prefix_tiered(SeqId id, const int32_t* tokens, uint64_t 
   if (!tiers_ || n == 0 || !blocks_.caching()) return r;
   Sequence& s = *seqs_.find(id);  // match_locked checked it
   const uint64_t bs = opts_.block_size, max_blocks = (n - 1) / bs, first = s.blocks.size();
-  const uint64_t room = std::min<uint64_t>(uint64_t(blocks_.num_free()),
-                                           max_blocks > first ? max_blocks - first : 0);
+  const uint64_t room =
+      std::min<uint64_t>(uint64_t(blocks_.num_free()), max_blocks > first ? max_blocks - first : 0);
   if (room == 0) return r;
   // Look the chain up in the tiers, pinning what is found so the copy
   // thread cannot evict it before its load; then make room for everything
@@ -54,7 +56,9 @@ TieredMatch Pool::match_prefix_tiered(SeqId id, const int32_t* tokens, uint64_t 
   try {
     found.reserve(room);
     for (uint64_t j = first; found.size() < room; ++j) {
-      const BlockHash& parent = j == 0 ? root_ : found.empty() ? s.hashes[j - 1] : found.back().first;
+      const BlockHash& parent = j == 0          ? root_
+                                : found.empty() ? s.hashes[j - 1]
+                                                : found.back().first;
       const BlockHash h = hasher_->hash(parent, tokens + j * bs, bs, s.ctx, j * bs);
       const TierRef t = tiers_->lookup_pin(h);
       if (t.slot < 0) break;

@@ -70,8 +70,8 @@ std::unique_ptr<TierLevel> TierLevel::file(const std::string& dir, uint64_t slot
   buf.push_back('\0');
   const int fd = mkostemp(buf.data(), O_CLOEXEC);
   if (fd < 0)
-    fail(Errc::kInvalidArgument, "file_dir \"" + dir + "\": cannot create a file there (" +
-                                     std::strerror(errno) + ")");
+    fail(Errc::kInvalidArgument,
+         "file_dir \"" + dir + "\": cannot create a file there (" + std::strerror(errno) + ")");
   unlink(buf.data());  // the file lives as long as the descriptor
   t->fd_ = fd;
   if (ftruncate(fd, off_t(slots * slot_bytes)) != 0)

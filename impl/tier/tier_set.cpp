@@ -157,7 +157,9 @@ int32_t TierSet::host_slot(std::unique_lock<std::mutex>& lock) {
     fslot = file_->take_free();
   }
   lock.unlock();
-  struct iovec iov {host_->data(victim), slot_bytes_};
+  struct iovec iov {
+    host_->data(victim), slot_bytes_
+  };
   const bool ok = file_->write(fslot, &iov, 1);
   lock.lock();
   if (!ok) {
@@ -222,8 +224,7 @@ void TierSet::unpin(const TierRef& r) {
 
 void TierSet::block_iov(int32_t b, std::vector<struct iovec>& iov) const {
   iov.resize(size_t(2) * arena_.num_layers);
-  for (int32_t p = 0; p < 2 * arena_.num_layers; ++p)
-    iov[p] = {block_plane(p, b), plane_bytes_};
+  for (int32_t p = 0; p < 2 * arena_.num_layers; ++p) iov[p] = {block_plane(p, b), plane_bytes_};
 }
 
 uint64_t TierSet::block_checksum(int32_t b) const {

@@ -63,7 +63,9 @@ TEST(TierLevel, FileRoundTripAndInjectedFailure) {
   auto l = TierLevel::file(::testing::TempDir(), 2, 64);
   std::vector<char> a(64), b(64, 0);
   for (int i = 0; i < 64; ++i) a[i] = char(i * 3 + 1);
-  struct iovec wa {a.data(), 64}, rb {b.data(), 64};
+  struct iovec wa {
+    a.data(), 64
+  }, rb{b.data(), 64};
   ASSERT_TRUE(l->write(1, &wa, 1));
   ASSERT_TRUE(l->read(1, &rb, 1));
   EXPECT_EQ(a, b);

@@ -774,13 +774,15 @@ std::vector<Case> make_cases() {
         V("pkv_tier_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
           pkv_tier_options_init(nullptr);
           return PKV_OK;),
-        V("pkv_tier_match_init", PKV_CLASS_NULL, "out = NULL", "no-op", pkv_tier_match_init(nullptr);
+        V("pkv_tier_match_init", PKV_CLASS_NULL, "out = NULL", "no-op",
+          pkv_tier_match_init(nullptr);
           return PKV_OK;),
         V("pkv_tier_stats_init", PKV_CLASS_NULL, "stats = NULL", "no-op",
           pkv_tier_stats_init(nullptr);
           return PKV_OK;),
         S("pkv_pool_attach_tiers", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
-          pkv_tier_options o = tier_opts(1 << 20); return pkv_pool_attach_tiers(nullptr, &o);),
+          pkv_tier_options o = tier_opts(1 << 20);
+          return pkv_pool_attach_tiers(nullptr, &o);),
         S("pkv_pool_attach_tiers", PKV_CLASS_NULL, "opts = NULL", kInv, "opts",
           return pkv_pool_attach_tiers(e.pool, nullptr);),
         S("pkv_pool_attach_tiers", PKV_CLASS_STRUCT, "opts->struct_size = 3", kInv, "struct_size",
@@ -800,9 +802,11 @@ std::vector<Case> make_cases() {
           pkv_tier_options o = tier_opts(1 << 20);
           o.flags = 1; return pkv_pool_attach_tiers(e.pool, &o);),
         S("pkv_pool_attach_tiers", PKV_CLASS_STATE, "manager-only pool", kState, "manager-only",
-          pkv_tier_options o = tier_opts(1 << 20); return pkv_pool_attach_tiers(e.mgr, &o);),
+          pkv_tier_options o = tier_opts(1 << 20);
+          return pkv_pool_attach_tiers(e.mgr, &o);),
         S("pkv_pool_attach_tiers", PKV_CLASS_STATE, "tiers attached twice", kState, "already",
-          pkv_tier_options o = tier_opts(1 << 20); pkv_status s = pkv_pool_attach_tiers(e.pool, &o);
+          pkv_tier_options o = tier_opts(1 << 20);
+          pkv_status s = pkv_pool_attach_tiers(e.pool, &o);
           return s != PKV_OK ? PKV_E_INTERNAL : pkv_pool_attach_tiers(e.pool, &o);),
         S("pkv_seq_match_prefix_tiered", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
           pkv_tier_match m = tmatch();
@@ -814,7 +818,8 @@ std::vector<Case> make_cases() {
           return pkv_seq_match_prefix_tiered(e.pool, e.empty, e.tokens, 20, nullptr);),
         S("pkv_seq_match_prefix_tiered", PKV_CLASS_STRUCT, "out->struct_size = 3", kInv,
           "struct_size", pkv_tier_match m = tmatch();
-          m.struct_size = 3; return pkv_seq_match_prefix_tiered(e.pool, e.empty, e.tokens, 20, &m);),
+          m.struct_size = 3;
+          return pkv_seq_match_prefix_tiered(e.pool, e.empty, e.tokens, 20, &m);),
         S("pkv_seq_match_prefix_tiered", PKV_CLASS_STALE, "seq freed", kNf, "stale",
           pkv_tier_match m = tmatch();
           return pkv_seq_match_prefix_tiered(e.pool, e.dead, e.tokens, 20, &m);),
@@ -822,16 +827,19 @@ std::vector<Case> make_cases() {
           "empty", pkv_tier_match m = tmatch();
           return pkv_seq_match_prefix_tiered(e.pool, e.a, e.tokens, 20, &m);),
         S("pkv_pool_get_tier_stats", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
-          pkv_tier_stats st = tstats(); return pkv_pool_get_tier_stats(nullptr, 1, &st);),
+          pkv_tier_stats st = tstats();
+          return pkv_pool_get_tier_stats(nullptr, 1, &st);),
         S("pkv_pool_get_tier_stats", PKV_CLASS_NULL, "out = NULL", kInv, "out",
           return pkv_pool_get_tier_stats(e.pool, 1, nullptr);),
         S("pkv_pool_get_tier_stats", PKV_CLASS_STRUCT, "out->struct_size = 3", kInv, "struct_size",
           pkv_tier_stats st = tstats();
           st.struct_size = 3; return pkv_pool_get_tier_stats(e.pool, 1, &st);),
         S("pkv_pool_get_tier_stats", PKV_CLASS_RANGE, "medium = 0 (device)", kInv, "medium",
-          pkv_tier_stats st = tstats(); return pkv_pool_get_tier_stats(e.pool, 0, &st);),
+          pkv_tier_stats st = tstats();
+          return pkv_pool_get_tier_stats(e.pool, 0, &st);),
         S("pkv_pool_get_tier_stats", PKV_CLASS_STATE, "pool without tiers", kState, "no host tier",
-          pkv_tier_stats st = tstats(); return pkv_pool_get_tier_stats(e.pool, 1, &st);),
+          pkv_tier_stats st = tstats();
+          return pkv_pool_get_tier_stats(e.pool, 1, &st);),
         S("pkv_pool_flush_tiers", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
           return pkv_pool_flush_tiers(nullptr);),
 

@@ -60,9 +60,9 @@ PKV_API void pkv_tier_options_init(pkv_tier_options* opts);
 PKV_API pkv_status pkv_pool_attach_tiers(pkv_pool* pool, const pkv_tier_options* opts);
 
 typedef struct pkv_tier_match {
-  uint32_t struct_size;  /* sizeof(pkv_tier_match); set by _init */
+  uint32_t struct_size; /* sizeof(pkv_tier_match); set by _init */
   uint32_t reserved;
-  uint64_t num_cached;   /* device_tokens + host_tokens + file_tokens */
+  uint64_t num_cached; /* device_tokens + host_tokens + file_tokens */
   uint64_t device_tokens;
   uint64_t host_tokens;
   uint64_t file_tokens;
