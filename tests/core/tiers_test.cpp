@@ -242,17 +242,23 @@ TEST(Tiers, WithoutAFileTierTheOldestHostEntryIsDropped) {
   EXPECT_EQ(p.validate(), "");
 }
 
+// The hashes of the first n blocks of tokens in p (a probe sequence, freed).
+std::vector<BlockHash> block_hashes_of(Pool& p, const std::vector<int32_t>& tokens, size_t n) {
+  SeqId probe = p.seq_create({});
+  p.append(probe, tokens.data(), n * kBs, 0);
+  std::vector<BlockHash> hs(n);
+  p.block_hashes(probe, hs.data(), n);
+  p.free(probe);
+  return hs;
+}
+
 // A corrupted entry: the hit becomes a miss at load, counted; the plan
 // that would read it fails naming the tokens to compute; nothing of it is
 // served, and computing them works.
 TEST(Tiers, ChecksumMismatchIsAMissNeverServed) {
   Fixture f = offloaded(4, 0);
   Pool& p = *f.pool;
-  SeqId probe = p.seq_create({});
-  p.append(probe, f.tokens.data(), 8, 0);  // block hashes of a's first blocks
-  std::vector<BlockHash> hs(2);
-  p.block_hashes(probe, hs.data(), 2);
-  p.free(probe);
+  const std::vector<BlockHash> hs = block_hashes_of(p, f.tokens, 2);
   ASSERT_TRUE(p.tiers_for_testing()->corrupt_for_testing(hs[1]));
   SeqId c = p.seq_create({});
   EXPECT_EQ(p.match_prefix_tiered(c, f.tokens.data(), 17).host, 16u);
@@ -300,11 +306,7 @@ TEST(Tiers, FileIoErrorIsAMiss) {
 TEST(Tiers, FileCorruptionIsCaught) {
   Fixture f = offloaded(3, 2);
   Pool& p = *f.pool;
-  SeqId probe = p.seq_create({});
-  p.append(probe, f.tokens.data(), 16, 0);
-  std::vector<BlockHash> hs(4);
-  p.block_hashes(probe, hs.data(), 4);
-  p.free(probe);
+  const std::vector<BlockHash> hs = block_hashes_of(p, f.tokens, 4);
   ASSERT_TRUE(p.tiers_for_testing()->corrupt_for_testing(hs[3]));  // in the file
   SeqId c = p.seq_create({});
   EXPECT_EQ(p.match_prefix_tiered(c, f.tokens.data(), 17).file, 4u);
