@@ -99,7 +99,7 @@ pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out) {
 void pkv_pool_destroy(pkv_pool* pool) {
   if (!pool) return;
   try {
-    pool->impl->close();
+    if (pool->impl) pool->impl->close();
   } catch (...) {
   }
   delete pool;
@@ -143,9 +143,10 @@ pkv_status pkv_pool_get_options(const pkv_pool* pool, pkv_pool_options* out) {
 
 pkv_status pkv_pool_bytes_per_block(const pkv_pool* pool, uint64_t* out) {
   PKV_GUARD({
-    const pagedkv::Pool& p = pc::pool_of(pool);
-    pc::require(out, "out");
-    *out = p.bytes_per_block();
+    pc::with_pool(pool, [&](auto& p) {
+      pc::require(out, "out");
+      *out = p.bytes_per_block();
+    });
   });
 }
 
@@ -157,36 +158,37 @@ void pkv_pool_stats_init(pkv_pool_stats* stats) {
 
 pkv_status pkv_pool_get_stats(const pkv_pool* pool, pkv_pool_stats* out) {
   PKV_GUARD({
-    const pagedkv::Pool& p = pc::pool_of(pool);
-    pc::require(out, "out");
-    pc::check_struct_size(out->struct_size, pc::kPoolStatsV1, "out", "pkv_pool_stats",
-                          "pkv_pool_stats_init");
-    pagedkv::PoolStats s = p.stats();
-    pkv_pool_stats r;
-    std::memset(&r, 0, sizeof r);
-    r.struct_size = sizeof r;
-    r.block_size = s.block_size;
-    r.num_blocks = s.num_blocks;
-    r.num_free_blocks = s.num_free_blocks;
-    r.num_used_blocks = s.num_used_blocks;
-    r.num_cached_blocks = s.num_cached_blocks;
-    r.num_seqs = s.num_seqs;
-    r.num_tokens = s.num_tokens;
-    r.usage = s.usage;
-    r.prefix_query_tokens = s.prefix_query_tokens;
-    r.prefix_hit_tokens = s.prefix_hit_tokens;
-    r.num_evictions = s.num_evictions;
-    r.num_cow_copies = s.num_cow_copies;
-    r.num_events_dropped = s.num_events_dropped;
-    r.kv_bytes_per_block = s.kv_bytes_per_block;
-    r.kv_bytes_allocated = s.kv_bytes_allocated;
-    r.kv_bytes_used = s.kv_bytes_used;
-    r.kv_bytes_wasted = s.kv_bytes_wasted;
-    r.num_partial_hits = s.num_partial_hits;
-    r.partial_hit_tokens = s.partial_hit_tokens;
-    r.num_pinned_blocks = s.num_pinned_blocks;
-    r.num_pins_degraded = s.num_pins_degraded;
-    pc::write_out(out, r);
+    pc::with_pool(pool, [&](auto& p) {
+      pc::require(out, "out");
+      pc::check_struct_size(out->struct_size, pc::kPoolStatsV1, "out", "pkv_pool_stats",
+                            "pkv_pool_stats_init");
+      pagedkv::PoolStats s = p.stats();
+      pkv_pool_stats r;
+      std::memset(&r, 0, sizeof r);
+      r.struct_size = sizeof r;
+      r.block_size = s.block_size;
+      r.num_blocks = s.num_blocks;
+      r.num_free_blocks = s.num_free_blocks;
+      r.num_used_blocks = s.num_used_blocks;
+      r.num_cached_blocks = s.num_cached_blocks;
+      r.num_seqs = s.num_seqs;
+      r.num_tokens = s.num_tokens;
+      r.usage = s.usage;
+      r.prefix_query_tokens = s.prefix_query_tokens;
+      r.prefix_hit_tokens = s.prefix_hit_tokens;
+      r.num_evictions = s.num_evictions;
+      r.num_cow_copies = s.num_cow_copies;
+      r.num_events_dropped = s.num_events_dropped;
+      r.kv_bytes_per_block = s.kv_bytes_per_block;
+      r.kv_bytes_allocated = s.kv_bytes_allocated;
+      r.kv_bytes_used = s.kv_bytes_used;
+      r.kv_bytes_wasted = s.kv_bytes_wasted;
+      r.num_partial_hits = s.num_partial_hits;
+      r.partial_hit_tokens = s.partial_hit_tokens;
+      r.num_pinned_blocks = s.num_pinned_blocks;
+      r.num_pins_degraded = s.num_pins_degraded;
+      pc::write_out(out, r);
+    });
   });
 }
 
@@ -229,7 +231,8 @@ pkv_status pkv_pool_reset_prefix_cache(pkv_pool* pool) {
 
 pkv_status pkv_pool_validate(const pkv_pool* pool) {
   PKV_GUARD({
-    std::string broken = pc::pool_of(pool).validate();
+    std::string broken;
+    pc::with_pool(pool, [&](auto& p) { broken = p.validate(); });
     if (!broken.empty()) fail(Errc::kInvariant, broken);
   });
 }
