@@ -115,7 +115,7 @@ GroupPool::GroupPool(const PoolOptions& base, std::vector<GroupSpec> groups)
 
 GroupPool::Seq& GroupPool::seq_or_throw(SeqId id) {
   auto it = seqs_.find(id);
-  if (it == seqs_.end()) fail(Errc::kNotFound, "seq " + str(id) + " does not exist");
+  if (it == seqs_.end()) fail(Errc::kNotFound, seq_name(id) + " is stale or unknown");
   return it->second;
 }
 
