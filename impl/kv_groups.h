@@ -57,6 +57,7 @@ class GroupPool {
   uint32_t num_groups() const { return uint32_t(groups_.size()); }
   const GroupSpec& group(uint32_t g) const { return groups_[g]; }
   uint64_t bytes_per_block() const { return bytes_per_block_; }
+  uint64_t num_kv_scales() const { return 0; }  // no storage
 
   SeqId seq_create(const SeqOptions& o);
   // Longest prefix every group can serve (see find_hit), capped so one token

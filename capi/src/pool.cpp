@@ -107,37 +107,38 @@ void pkv_pool_destroy(pkv_pool* pool) {
 
 pkv_status pkv_pool_get_options(const pkv_pool* pool, pkv_pool_options* out) {
   PKV_GUARD({
-    const pagedkv::Pool& p = pc::pool_of(pool);
-    pc::require(out, "out");
-    pc::check_struct_size(out->struct_size, pc::kPoolOptionsV1, "out", "pkv_pool_options",
-                          "pkv_pool_options_init");
-    const pagedkv::PoolOptions& o = p.options();
-    pkv_pool_options r;
-    std::memset(&r, 0, sizeof r);
-    r.struct_size = sizeof r;
-    r.block_size = o.block_size;
-    r.num_blocks = o.num_blocks;
-    r.memory_budget_bytes = o.memory_budget_bytes;
-    r.hash_algo = uint32_t(o.hash_algo);
-    r.enable_prefix_caching = o.enable_prefix_caching;
-    r.hash_seed = o.hash_seed.c_str();  // owned by the pool
-    r.sliding_window = o.sliding_window;
-    r.enable_events = o.enable_events;
-    r.max_events = o.max_events;
-    r.num_layers = o.num_layers;
-    r.num_kv_heads = o.num_kv_heads;
-    r.head_dim = o.head_dim;
-    r.dtype = uint32_t(o.dtype);
-    r.device_type = o.device_type;
-    r.device_id = o.device_id;
-    r.num_threads = o.num_threads;
-    r.strict_key_domains = o.strict_key_domains;
-    r.kv_scale_granularity = o.kv_scale_granularity;
-    r.num_kv_scales = uint32_t(p.num_kv_scales());
-    r.enable_partial_reuse = o.enable_partial_reuse;
-    r.enable_retention = o.enable_retention;
-    r.max_pinned_blocks = o.max_pinned_blocks;
-    pc::write_out(out, r);
+    pc::with_pool(pool, [&](auto& p) {
+      pc::require(out, "out");
+      pc::check_struct_size(out->struct_size, pc::kPoolOptionsV1, "out", "pkv_pool_options",
+                            "pkv_pool_options_init");
+      const pagedkv::PoolOptions& o = p.options();
+      pkv_pool_options r;
+      std::memset(&r, 0, sizeof r);
+      r.struct_size = sizeof r;
+      r.block_size = o.block_size;
+      r.num_blocks = o.num_blocks;
+      r.memory_budget_bytes = o.memory_budget_bytes;
+      r.hash_algo = uint32_t(o.hash_algo);
+      r.enable_prefix_caching = o.enable_prefix_caching;
+      r.hash_seed = o.hash_seed.c_str();  // owned by the pool
+      r.sliding_window = o.sliding_window;
+      r.enable_events = o.enable_events;
+      r.max_events = o.max_events;
+      r.num_layers = o.num_layers;
+      r.num_kv_heads = o.num_kv_heads;
+      r.head_dim = o.head_dim;
+      r.dtype = uint32_t(o.dtype);
+      r.device_type = o.device_type;
+      r.device_id = o.device_id;
+      r.num_threads = o.num_threads;
+      r.strict_key_domains = o.strict_key_domains;
+      r.kv_scale_granularity = o.kv_scale_granularity;
+      r.num_kv_scales = uint32_t(p.num_kv_scales());
+      r.enable_partial_reuse = o.enable_partial_reuse;
+      r.enable_retention = o.enable_retention;
+      r.max_pinned_blocks = o.max_pinned_blocks;
+      pc::write_out(out, r);
+    });
   });
 }
 

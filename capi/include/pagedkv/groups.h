@@ -26,6 +26,7 @@
  * pkv_seq_blocks_needed (blocks over all groups), pkv_seq_fork,
  * pkv_seq_truncate, pkv_seq_free, pkv_seq_get_info (num_blocks counts held
  * blocks of all groups), pkv_seq_get_block_table (group 0's table),
+ * pkv_pool_get_options (the base options, num_blocks resolved),
  * pkv_pool_get_stats, pkv_pool_bytes_per_block, pkv_pool_validate,
  * pkv_pool_destroy. Every other call answers PKV_E_UNSUPPORTED on it.
  * Recurrent-state groups are not implemented yet (PKV_E_UNSUPPORTED).
