@@ -116,4 +116,14 @@ pkvgo_result pkvgo_seq_admit_hashes(pkv_pool* pool, const pkv_seq_options* opts,
                                     uint32_t num_lookahead, pkv_seq_id* out_seq,
                                     uint64_t* out_num_cached);
 
+/* groups.h */
+pkvgo_result pkvgo_pool_create_groups(const pkv_pool_options* base, const pkv_kv_group_spec* groups,
+                                      uint32_t num_groups, pkv_pool** out);
+pkvgo_result pkvgo_pool_num_groups(const pkv_pool* pool, uint32_t* out);
+pkvgo_result pkvgo_seq_group_block_table(const pkv_pool* pool, pkv_seq_id seq, uint32_t group,
+                                         int32_t* out_blocks, uint64_t capacity, uint64_t* out_len);
+pkvgo_result pkvgo_pool_group_stats(const pkv_pool* pool, uint32_t group, pkv_group_stats* out);
+pkvgo_result pkvgo_pool_group_take_copies(pkv_pool* pool, uint32_t group, int32_t* src, int32_t* dst,
+                                          uint64_t capacity, uint64_t* out_len);
+
 #endif /* PAGEDKV_GO_SHIM_H */
