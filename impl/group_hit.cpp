@@ -9,6 +9,17 @@ uint64_t GroupPool::hit_of_group(uint32_t g, const std::vector<BlockHash>& hashe
                                  uint64_t max_blocks, std::vector<int32_t>* out) const {
   out->clear();
   const GroupSpec& spec = groups_[g];
+  if (spec.kind == GroupKind::kRecurrent) {
+    // A state snapshot at exactly the hit point: the rightmost one.
+    for (uint64_t i = max_blocks; i-- > 0;) {
+      const int32_t b = lookup(hashes[i], g);
+      if (b < 0) continue;
+      out->assign(i, 0);
+      out->push_back(b);
+      return i + 1;
+    }
+    return 0;
+  }
   if (spec.kind != GroupKind::kSlidingWindow) {
     // Full attention (and MLA): every leading block must be cached.
     for (uint64_t i = 0; i < max_blocks; ++i) {

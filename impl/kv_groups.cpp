@@ -24,7 +24,11 @@ void check_group(const GroupSpec& g, uint32_t i, uint32_t block_size) {
   if (!g.layer_ids.empty() && g.layer_ids.size() != g.num_layers)
     fail(Errc::kInvalidArgument, at + "layer_ids holds " + str(g.layer_ids.size()) +
                                      " entries, not num_layers " + str(g.num_layers));
-  if (g.kind == GroupKind::kMla) {
+  if (g.kind == GroupKind::kRecurrent) {
+    if (g.state_bytes == 0) fail(Errc::kInvalidArgument, at + "state_bytes is 0");
+    if (g.state_bytes > (uint64_t(1) << 34))
+      fail(Errc::kInvalidArgument, at + "state_bytes exceeds 16 GiB");
+  } else if (g.kind == GroupKind::kMla) {
     if (g.kv_lora_rank == 0) fail(Errc::kInvalidArgument, at + "kv_lora_rank is 0");
     if (g.kv_lora_rank > 65536 || g.rope_dim > 65536)
       fail(Errc::kInvalidArgument, at + "kv_lora_rank + rope_dim exceeds 2 x 65536");
@@ -46,6 +50,7 @@ void check_group(const GroupSpec& g, uint32_t i, uint32_t block_size) {
 }  // namespace
 
 uint64_t group_block_bytes(const GroupSpec& g, uint32_t block_size) {
+  if (g.kind == GroupKind::kRecurrent) return g.state_bytes * g.num_layers;
   const uint64_t per_token = g.kind == GroupKind::kMla ? uint64_t(g.kv_lora_rank) + g.rope_dim
                                                        : 2 * uint64_t(g.num_kv_heads) * g.head_dim;
   return per_token * block_size * dtype_size(g.dtype) * g.num_layers;
@@ -149,6 +154,7 @@ SeqId GroupPool::seq_create(const SeqOptions& o) {
   s.priority = o.priority;
   s.table.resize(groups_.size());
   s.num_null.assign(groups_.size(), 0);
+  s.state_src.assign(groups_.size(), 0);
   const SeqId id = next_id_++;
   seqs_.emplace(id, std::move(s));
   return id;
@@ -205,6 +211,12 @@ uint64_t GroupPool::window_end(uint32_t g, uint64_t n0) const {
   return (n0 + 1 - spec.sliding_window) / opts_.block_size;
 }
 
+bool GroupPool::snapshot_due(const Seq& s, uint32_t g) const {
+  const uint64_t bs = opts_.block_size, n = s.tokens.size();
+  return opts_.enable_prefix_caching && recurrent(g) && !s.table[g].empty() && n > 0 &&
+         n % bs == 0 && s.hashes.size() >= n / bs && lookup(s.hashes[n / bs - 1], g) < 0;
+}
+
 void GroupPool::hash_full_blocks(Seq& s) {
   const uint64_t bs = opts_.block_size, full = s.tokens.size() / bs;
   if (s.hashes.size() >= full) return;
@@ -221,6 +233,17 @@ GroupPool::Need GroupPool::need_of(const Seq& s, uint64_t n, uint32_t lookahead)
   Need need;
   for (uint32_t g = 0; g < groups_.size(); ++g) {
     const std::vector<int32_t>& t = s.table[g];
+    if (recurrent(g)) {
+      // One live state slot: taken at the first append (from the state to
+      // start from), moved to a copy when it is shared or its state at a
+      // block boundary is kept as a snapshot.
+      if (n == 0) continue;
+      if (t.empty())
+        ++need.fresh;
+      else if (ref_[t[0]] > 1 || !key_[t[0]].empty() || snapshot_due(s, g))
+        ++need.cow;
+      continue;
+    }
     if (want > t.size()) need.fresh += want - t.size();
     // Blocks this append writes into that others hold or the cache keeps
     // (a truncated cached block) are copied first.
@@ -257,9 +280,14 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
                                  str(need.gain) + " the sliding window gives back");
   s.tokens.reserve(n0 + n);  // the only step that may throw; nothing changed yet
   s.hashes.reserve((n0 + n) / bs);
-  for (auto& c : copies_) c.reserve(c.size() + s.table.size());
+  for (uint32_t g = 0; g < groups_.size(); ++g)
+    copies_[g].reserve(copies_[g].size() + s.table[g].size() + 1);
   for (uint32_t g = 0; g < groups_.size(); ++g) {
     std::vector<int32_t>& t = s.table[g];
+    if (recurrent(g)) {
+      if (n > 0) append_state(s, g);
+      continue;
+    }
     t.reserve(ceil_div(n0 + n + lookahead, bs));
     if (n > 0) {
       // Released nearest-first so the earliest blocks reach the free tail
@@ -289,15 +317,45 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
   hash_full_blocks(s);
   for (uint64_t k = k0; k < s.hashes.size(); ++k)
     for (uint32_t g = 0; g < groups_.size(); ++g)
-      if (s.table[g][k] != 0) cache(s.table[g][k], g, s.hashes[k]);
+      if (!recurrent(g) && s.table[g][k] != 0) cache(s.table[g][k], g, s.hashes[k]);
+}
+
+void GroupPool::append_state(Seq& s, uint32_t g) {
+  std::vector<int32_t>& t = s.table[g];
+  if (t.empty()) {
+    const int32_t slot = allocate(g);
+    if (s.state_src[g] != 0) {
+      copies_[g].push_back({s.state_src[g], slot});
+      ++cow_;
+      release(s.state_src[g]);
+      s.state_src[g] = 0;
+    }
+    t.push_back(slot);
+    return;
+  }
+  const int32_t slot = t[0];
+  const bool keep = snapshot_due(s, g);
+  if (!keep && ref_[slot] == 1 && key_[slot].empty()) return;
+  // The slot holds the state at the current length: it stays as is (a
+  // snapshot, or the state a fork child starts from) and the sequence goes
+  // on in a copy.
+  const int32_t next = allocate(g);
+  copies_[g].push_back({slot, next});
+  ++cow_;
+  if (keep) cache(slot, g, s.hashes[s.tokens.size() / opts_.block_size - 1]);
+  release(slot);
+  t[0] = next;
 }
 
 uint64_t GroupPool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
   std::lock_guard<std::mutex> lock(mu_);
   Seq& s = seq_or_throw(id);
-  if (!s.tokens.empty())
+  bool holds_blocks = false;
+  for (uint32_t g = 0; g < groups_.size(); ++g)
+    holds_blocks = holds_blocks || !s.table[g].empty() || s.state_src[g] != 0;
+  if (!s.tokens.empty() || holds_blocks)
     fail(Errc::kInvalidState,
-         "seq " + str(id) + " is not empty (it holds " + str(s.tokens.size()) + " tokens)");
+         seq_name(id) + " is not empty (it holds " + str(s.tokens.size()) + " tokens and blocks)");
   if (n > seq_util::kMaxSeqTokens) fail(Errc::kInvalidArgument, "num_tokens exceeds 2^31 - 1");
   const uint64_t bs = opts_.block_size;
   query_tokens_ += n;
@@ -311,6 +369,14 @@ uint64_t GroupPool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
   s.tokens.assign(tokens, tokens + k * bs);
   s.hashes.assign(hashes.begin(), hashes.begin() + k);
   for (uint32_t g = 0; g < groups_.size(); ++g) {
+    if (recurrent(g)) {
+      // The snapshot at the hit point is the state to start from.
+      const int32_t b = hit[g].back();
+      if (ref_[b] == 0) queue_.remove(b);
+      ++ref_[b];
+      s.state_src[g] = b;
+      continue;
+    }
     s.table[g] = hit[g];
     uint64_t nulls = 0;
     while (nulls < k && hit[g][nulls] == 0) ++nulls;
@@ -330,9 +396,17 @@ SeqId GroupPool::fork(SeqId parent) {
   std::lock_guard<std::mutex> lock(mu_);
   const Seq& p = seq_or_throw(parent);
   Seq child = p;
+  for (uint32_t g = 0; g < groups_.size(); ++g)
+    if (recurrent(g)) {
+      // The child starts from the parent's state; its first append copies it.
+      child.state_src[g] = p.table[g].empty() ? p.state_src[g] : p.table[g][0];
+      child.table[g].clear();
+    }
   for (const auto& t : child.table)
     for (int32_t b : t)
       if (b != 0) ++ref_[b];
+  for (int32_t b : child.state_src)
+    if (b != 0) ++ref_[b];
   const SeqId id = next_id_++;
   seqs_.emplace(id, std::move(child));
   return id;
@@ -347,11 +421,17 @@ void GroupPool::truncate(SeqId id, uint64_t num_tokens) {
          "num_tokens " + str(n) + " exceeds the sequence's " + str(s.tokens.size()) + " tokens");
   const uint64_t keep = ceil_div(n, bs);
   for (uint32_t g = 0; g < groups_.size(); ++g)
+    if (recurrent(g) && n < s.tokens.size())
+      fail(Errc::kInvalidArgument, "num_tokens " + str(n) + " is below the sequence's " +
+                                       str(s.tokens.size()) + " tokens but group " + str(g) +
+                                       " is recurrent: its state cannot be rolled back");
+  for (uint32_t g = 0; g < groups_.size(); ++g)
     if (s.num_null[g] > window_end(g, n) && window_end(g, n) < keep)
       fail(Errc::kInvalidArgument, "num_tokens " + str(n) + " would need blocks of group " +
                                        str(g) + " that its sliding window already released");
   for (uint32_t g = 0; g < groups_.size(); ++g) {
     std::vector<int32_t>& t = s.table[g];
+    if (recurrent(g)) continue;
     while (t.size() > keep) {
       if (t.back() != 0) release(t.back());
       t.pop_back();
@@ -366,9 +446,15 @@ void GroupPool::truncate(SeqId id, uint64_t num_tokens) {
 void GroupPool::free(SeqId id) {
   std::lock_guard<std::mutex> lock(mu_);
   Seq& s = seq_or_throw(id);
-  for (auto& t : s.table)
+  for (uint32_t g = 0; g < groups_.size(); ++g) {
+    // A state at a block boundary outlives the sequence as a snapshot.
+    if (snapshot_due(s, g) && ref_[s.table[g][0]] == 1)
+      cache(s.table[g][0], g, s.hashes[s.tokens.size() / opts_.block_size - 1]);
+    const std::vector<int32_t>& t = s.table[g];
     for (size_t j = t.size(); j-- > 0;)
       if (t[j] != 0) release(t[j]);
+    if (s.state_src[g] != 0) release(s.state_src[g]);
+  }
   seqs_.erase(id);
 }
 
@@ -383,7 +469,8 @@ SeqInfo GroupPool::seq_info(SeqId id) const {
   info.lora_id = s.ctx.lora_id;
   for (uint32_t g = 0; g < groups_.size(); ++g) {
     info.num_blocks += s.table[g].size() - s.num_null[g];
-    info.num_slots = std::max<uint64_t>(info.num_slots, s.table[g].size() * opts_.block_size);
+    if (!recurrent(g))
+      info.num_slots = std::max<uint64_t>(info.num_slots, s.table[g].size() * opts_.block_size);
   }
   return info;
 }
@@ -473,6 +560,16 @@ std::string GroupPool::check() const {
                  std::to_string(group_of_[b]);
         ++refs[b];
       }
+    for (uint32_t g = 0; g < groups_.size(); ++g) {
+      const int32_t b = s.state_src[g];
+      if (b == 0) continue;
+      if (!recurrent(g) || b < 0 || b >= num_blocks_ || group_of_[b] != int32_t(g))
+        return "seq " + str(kv.first) + " group " + str(g) + " starts from a bad state block";
+      ++refs[b];
+    }
+    for (uint32_t g = 0; g < groups_.size(); ++g)
+      if (recurrent(g) && s.table[g].size() > 1)
+        return "seq " + str(kv.first) + " holds more than one state slot in group " + str(g);
   }
   if (ref_[0] != 0 || queue_.contains(0)) return "the null block is in use or free";
   for (int32_t b = 1; b < num_blocks_; ++b) {

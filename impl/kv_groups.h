@@ -25,7 +25,7 @@
 namespace pagedkv {
 
 // Values equal PKV_GROUP_*.
-enum class GroupKind : uint32_t { kFull = 0, kSlidingWindow = 1, kMla = 2 };
+enum class GroupKind : uint32_t { kFull = 0, kSlidingWindow = 1, kMla = 2, kRecurrent = 3 };
 
 struct GroupSpec {
   GroupKind kind = GroupKind::kFull;
@@ -34,11 +34,13 @@ struct GroupSpec {
   uint32_t num_kv_heads = 0, head_dim = 0;
   uint32_t sliding_window = 0;              // tokens, kSlidingWindow only
   uint32_t kv_lora_rank = 0, rope_dim = 0;  // kMla only
+  uint64_t state_bytes = 0;                 // kRecurrent: one layer's state
   DType dtype = DType::kBF16;
 };
 
 // Bytes one block of the group takes over all its layers: K and V pages
-// (heads x head_dim each), or one latent of kv_lora_rank + rope_dim (MLA, no V).
+// (heads x head_dim each), one latent of kv_lora_rank + rope_dim (MLA, no
+// V), or one state (recurrent: a block is a state slot, whatever the tokens).
 uint64_t group_block_bytes(const GroupSpec& g, uint32_t block_size);
 
 struct GroupStats {
@@ -105,6 +107,10 @@ class GroupPool {
     std::vector<BlockHash> hashes;            // of the full blocks
     std::vector<std::vector<int32_t>> table;  // per group
     std::vector<uint64_t> num_null;           // per group: leading released entries
+    // Recurrent groups: the table holds the live state slot alone; before
+    // the first append, the state to start from (a prefix hit's snapshot or
+    // a fork parent's slot, held by a reference), 0 = the initial state.
+    std::vector<int32_t> state_src;
     uint64_t num_cached = 0;
   };
   struct Key {
@@ -125,6 +131,10 @@ class GroupPool {
   const Seq& seq_or_throw(SeqId id) const;
   Need need_of(const Seq& s, uint64_t n, uint32_t lookahead) const;
   uint64_t window_end(uint32_t g, uint64_t n0) const;  // blocks wholly before n0's window
+  bool recurrent(uint32_t g) const { return groups_[g].kind == GroupKind::kRecurrent; }
+  // Whether the state at the sequence's current length (a block boundary)
+  // should be kept as a snapshot, keyed by its last block's hash.
+  bool snapshot_due(const Seq& s, uint32_t g) const;
   int32_t allocate(uint32_t g);
   void release(int32_t b);
   void cache(int32_t b, uint32_t g, const BlockHash& h);
@@ -133,6 +143,7 @@ class GroupPool {
   uint64_t hit_of_group(uint32_t g, const std::vector<BlockHash>& hashes, uint64_t max_blocks,
                         std::vector<int32_t>* out) const;
   void hash_full_blocks(Seq& s);
+  void append_state(Seq& s, uint32_t g);  // a recurrent group's part of append
 
   PoolOptions opts_;
   std::vector<GroupSpec> groups_;

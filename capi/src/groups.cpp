@@ -17,9 +17,7 @@ pagedkv::GroupSpec group_spec(const pkv_kv_group_spec& in, uint32_t i) {
   pc::check_struct_size(in.struct_size, kGroupSpecV1, at.c_str(), "pkv_kv_group_spec",
                         "pkv_kv_group_spec_init");
   pagedkv::GroupSpec g;
-  if (in.kind == PKV_GROUP_RECURRENT)
-    fail(Errc::kUnsupported, at + ".kind PKV_GROUP_RECURRENT is not implemented yet");
-  if (in.kind > PKV_GROUP_MLA)
+  if (in.kind > PKV_GROUP_RECURRENT)
     fail(Errc::kInvalidArgument, at + ".kind " + str(in.kind) + " is not a PKV_GROUP_* value");
   if (in.reserved != 0) fail(Errc::kInvalidArgument, at + ".reserved is not 0");
   if (pkv_dtype_size(in.dtype) == 0 || in.dtype == PKV_DTYPE_I32 || in.dtype == PKV_DTYPE_I64)
@@ -31,6 +29,7 @@ pagedkv::GroupSpec group_spec(const pkv_kv_group_spec& in, uint32_t i) {
   g.sliding_window = in.sliding_window;
   g.kv_lora_rank = in.kv_lora_rank;
   g.rope_dim = in.rope_dim;
+  g.state_bytes = in.state_bytes;
   g.dtype = pagedkv::DType(in.dtype);
   if (in.layer_ids && in.num_layers > 0)
     g.layer_ids.assign(in.layer_ids, in.layer_ids + in.num_layers);

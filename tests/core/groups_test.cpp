@@ -382,5 +382,141 @@ TEST(GroupsHits, WindowGroupHitsPastEvictedEarlyBlocks) {
   EXPECT_EQ(p->check(), "");
 }
 
+// ---- Recurrent state groups.
+
+GroupSpec state(uint64_t bytes, uint32_t layers = 2) {
+  GroupSpec g;
+  g.kind = GroupKind::kRecurrent;
+  g.num_layers = layers;
+  g.state_bytes = bytes;
+  return g;
+}
+
+std::vector<std::pair<int32_t, int32_t>> copies(GroupPool& p, uint32_t g) {
+  int32_t src[16], dst[16];
+  const uint64_t n = p.take_copies(g, src, dst, 16);
+  std::vector<std::pair<int32_t, int32_t>> out;
+  for (uint64_t i = 0; i < n; ++i) out.push_back({src[i], dst[i]});
+  return out;
+}
+
+TEST(GroupsRecurrent, OneSlotPerSequenceAndSnapshotsAtBoundaries) {
+  auto p = GroupPool::create(base(4, 64), {full(), state(1000)});
+  EXPECT_EQ(p->bytes_per_block(), 2000u);  // the state outweighs a 4-token page (512)
+  const auto t = seq_tokens(40, 5);
+  const SeqId a = p->seq_create({});
+  EXPECT_EQ(p->blocks_needed(a, 8, 0), 3u);  // 2 pages + 1 state slot
+  p->append(a, t.data(), 8, 0);
+  auto ra = table(*p, a, 1);
+  ASSERT_EQ(ra.size(), 1u);
+  const int32_t slot1 = ra[0];
+  EXPECT_TRUE(copies(*p, 1).empty());  // a fresh slot starts from the initial state
+  // The next append starts at a boundary: slot1 (the state at 8) is kept as
+  // the snapshot of block 1; the sequence goes on in a copy.
+  p->append(a, t.data() + 8, 1, 0);
+  ra = table(*p, a, 1);
+  ASSERT_EQ(ra.size(), 1u);
+  EXPECT_NE(ra[0], slot1);
+  EXPECT_EQ(copies(*p, 1), (std::vector<std::pair<int32_t, int32_t>>{{slot1, ra[0]}}));
+  EXPECT_EQ(p->group_stats(1).num_cached_blocks, 1u);
+  EXPECT_EQ(p->check(), "");
+
+  // A prompt sharing 9 tokens hits 8: the snapshot sits at block 1.
+  const SeqId b = p->seq_create({});
+  EXPECT_EQ(p->match_prefix(b, t.data(), 10), 8u);
+  EXPECT_TRUE(table(*p, b, 1).empty());
+  const auto fa = table(*p, a, 0);
+  EXPECT_EQ(table(*p, b, 0), std::vector<int32_t>(fa.begin(), fa.begin() + 2));
+  p->append(b, t.data() + 8, 2, 0);
+  const auto rb = table(*p, b, 1);
+  ASSERT_EQ(rb.size(), 1u);
+  EXPECT_EQ(copies(*p, 1), (std::vector<std::pair<int32_t, int32_t>>{{slot1, rb[0]}}));
+  EXPECT_EQ(p->check(), "");
+
+  // a grows to 12: the full group can serve 12, the state only 8 (no
+  // snapshot at 12 yet), so the hit is 8; once a appends at 12, it is 12.
+  p->append(a, t.data() + 9, 3, 0);
+  const SeqId c = p->seq_create({});
+  EXPECT_EQ(p->match_prefix(c, t.data(), 13), 8u);
+  p->append(a, t.data() + 12, 1, 0);
+  const SeqId d = p->seq_create({});
+  EXPECT_EQ(p->match_prefix(d, t.data(), 13), 12u);
+  for (SeqId s : {a, b, c, d}) p->free(s);
+  EXPECT_EQ(p->check(), "");
+  EXPECT_EQ(p->stats().num_used_blocks, 0u);
+}
+
+TEST(GroupsRecurrent, ForkCopiesTheStateAndTruncateIsRefused) {
+  auto p = GroupPool::create(base(4, 64), {state(64, 1), window(4)});
+  const auto t = seq_tokens(16, 9);
+  const SeqId a = p->seq_create({});
+  p->append(a, t.data(), 6, 0);
+  const int32_t slot = table(*p, a, 0)[0];
+  (void)copies(*p, 0);
+  const SeqId c = p->fork(a);
+  EXPECT_TRUE(table(*p, c, 0).empty());
+  EXPECT_EQ(p->check(), "");
+  // The parent writes first: it moves to a copy, the child keeps the state.
+  p->append(a, t.data() + 6, 1, 0);
+  const int32_t moved = table(*p, a, 0)[0];
+  EXPECT_NE(moved, slot);
+  EXPECT_EQ(copies(*p, 0), (std::vector<std::pair<int32_t, int32_t>>{{slot, moved}}));
+  p->append(c, t.data() + 6, 1, 0);
+  const int32_t mine = table(*p, c, 0)[0];
+  EXPECT_EQ(copies(*p, 0), (std::vector<std::pair<int32_t, int32_t>>{{slot, mine}}));
+  EXPECT_EQ(p->check(), "");
+  try {
+    p->truncate(a, 6);
+    FAIL() << "truncated a recurrent state";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("recurrent"), std::string::npos);
+  }
+  EXPECT_EQ(p->seq_info(a).num_tokens, 7u);
+  p->free(a);
+  p->free(c);
+  EXPECT_EQ(p->stats().num_used_blocks, 0u);
+}
+
+TEST(GroupsRecurrent, FreeAtABoundaryKeepsTheSnapshot) {
+  auto p = GroupPool::create(base(4, 32), {full(), state(64)});
+  const auto t = seq_tokens(17, 1);
+  const SeqId a = p->seq_create({});
+  p->append(a, t.data(), 16, 0);
+  p->free(a);
+  const SeqId b = p->seq_create({});
+  EXPECT_EQ(p->match_prefix(b, t.data(), 17), 16u);
+  EXPECT_EQ(p->check(), "");
+  // Without prefix caching nothing is kept.
+  PoolOptions o = base(4, 32);
+  o.enable_prefix_caching = false;
+  auto q = GroupPool::create(o, {full(), state(64)});
+  const SeqId x = q->seq_create({});
+  q->append(x, t.data(), 16, 0);
+  q->append(x, t.data() + 16, 1, 0);
+  EXPECT_TRUE(copies(*q, 1).empty());
+  q->free(x);
+  EXPECT_EQ(q->stats().num_cached_blocks, 0u);
+}
+
+TEST(GroupsRecurrent, AppendIsAllOrNothingWithTheStateSlot) {
+  // 5 usable blocks: 4 pages + 1 slot fit, a fifth page does not.
+  auto p = GroupPool::create(base(4, 6), {full(), state(64)});
+  const auto t = seq_tokens(20, 1);
+  const SeqId a = p->seq_create({});
+  p->append(a, t.data(), 16, 0);
+  EXPECT_EQ(p->stats().num_free_blocks, 0u);
+  EXPECT_EQ(p->blocks_needed(a, 1, 0), 2u);  // a page + the snapshot's copy
+  try {
+    p->append(a, t.data() + 16, 1, 0);
+    FAIL() << "append fit";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kOutOfBlocks);
+  }
+  EXPECT_EQ(p->seq_info(a).num_tokens, 16u);
+  EXPECT_TRUE(copies(*p, 1).empty());
+  EXPECT_EQ(p->check(), "");
+}
+
 }  // namespace
 }  // namespace pagedkv

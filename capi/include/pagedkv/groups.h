@@ -29,7 +29,20 @@
  * pkv_pool_get_options (the base options, num_blocks resolved),
  * pkv_pool_get_stats, pkv_pool_bytes_per_block, pkv_pool_validate,
  * pkv_pool_destroy. Every other call answers PKV_E_UNSUPPORTED on it.
- * Recurrent-state groups are not implemented yet (PKV_E_UNSUPPORTED).
+ *
+ * PKV_GROUP_RECURRENT (Jamba, Qwen3-Next): a block of the group is one
+ * state slot. A sequence's table in it holds its live slot alone (taken at
+ * its first append). With prefix caching, the state at a block boundary is
+ * kept as a snapshot keyed by that block's hash (vLLM's Mamba prefix
+ * caching): when an append starts at a boundary (the previous tokens are
+ * computed by then) or the sequence is freed there. A hit in this group
+ * needs a snapshot at exactly the hit point; the sequence's first append
+ * then copies it into its new slot. A fork child starts from the parent's
+ * state the same way (copy at its first append; the parent moves to a copy
+ * when it appends first). All these copies come from
+ * pkv_pool_group_take_copies, to run before the next step. A recurrent
+ * state cannot be rolled back: pkv_seq_truncate below the sequence's length
+ * fails with PKV_E_INVALID_ARGUMENT.
  */
 #ifndef PAGEDKV_GROUPS_H
 #define PAGEDKV_GROUPS_H
@@ -43,7 +56,7 @@ extern "C" {
 #define PKV_GROUP_FULL 0           /* full attention: K and V pages */
 #define PKV_GROUP_SLIDING_WINDOW 1 /* attention over the last sliding_window tokens */
 #define PKV_GROUP_MLA 2            /* full attention over one latent per token, no V */
-#define PKV_GROUP_RECURRENT 3      /* fixed-size state (Mamba); not implemented yet */
+#define PKV_GROUP_RECURRENT 3      /* fixed-size state per sequence (Mamba, linear attention) */
 
 typedef struct pkv_kv_group_spec {
   uint32_t struct_size;      /* sizeof(pkv_kv_group_spec); set by _init */
@@ -56,6 +69,7 @@ typedef struct pkv_kv_group_spec {
   uint32_t rope_dim;         /* MLA: decoupled RoPE key width (DeepSeek: 64) */
   uint32_t dtype;            /* PKV_DTYPE_*; default PKV_DTYPE_BF16 */
   uint32_t reserved;         /* 0 */
+  uint64_t state_bytes;      /* RECURRENT: bytes of one layer's state (conv + SSM) */
   const uint32_t* layer_ids; /* NULL, or num_layers model layer indices (copied) */
 } pkv_kv_group_spec;
 
