@@ -18,8 +18,8 @@ const (
 	GroupSlidingWindow GroupKind = C.PKV_GROUP_SLIDING_WINDOW
 	// GroupMLA is full attention over one KVLoraRank + RopeDim latent per token.
 	GroupMLA GroupKind = C.PKV_GROUP_MLA
-	// GroupRecurrent is a fixed-size state (Mamba); not implemented yet
-	// (CodeUnsupported).
+	// GroupRecurrent is a fixed-size state per sequence (Mamba) of
+	// StateBytes per layer; snapshots at block boundaries serve prefix hits.
 	GroupRecurrent GroupKind = C.PKV_GROUP_RECURRENT
 )
 
@@ -33,6 +33,7 @@ type GroupSpec struct {
 	SlidingWindow uint32 // GroupSlidingWindow only
 	KVLoraRank    uint32 // GroupMLA only
 	RopeDim       uint32
+	StateBytes    uint64 // GroupRecurrent only
 	DType         DType
 }
 
@@ -62,6 +63,7 @@ func NewGroupPool(opts *PoolOptions, groups []GroupSpec) (*Pool, error) {
 		s.sliding_window = C.uint32_t(g.SlidingWindow)
 		s.kv_lora_rank = C.uint32_t(g.KVLoraRank)
 		s.rope_dim = C.uint32_t(g.RopeDim)
+		s.state_bytes = C.uint64_t(g.StateBytes)
 		if g.DType != 0 {
 			s.dtype = C.uint32_t(g.DType)
 		}

@@ -95,7 +95,7 @@ func TestGroupPoolErrors(t *testing.T) {
 		t.Fatalf("window 0: %v", err)
 	}
 	_, err = NewGroupPool(&PoolOptions{NumBlocks: 8}, []GroupSpec{{Kind: GroupRecurrent}})
-	if !errors.As(err, &e) || e.Code != CodeUnsupported {
+	if !errors.As(err, &e) || e.Code != CodeInvalidArgument || !strings.Contains(e.Msg, "state_bytes") {
 		t.Fatalf("recurrent: %v", err)
 	}
 	p := gptOssLike(t, 16)
@@ -112,5 +112,37 @@ func TestGroupPoolErrors(t *testing.T) {
 	}
 	if _, _, err := single.TakeCopies(0); !errors.As(err, &e) || e.Code != CodeUnsupported {
 		t.Fatalf("single TakeCopies: %v", err)
+	}
+}
+
+func TestGroupPoolRecurrentSnapshot(t *testing.T) {
+	p, err := NewGroupPool(&PoolOptions{BlockSize: 4, NumBlocks: 32}, []GroupSpec{
+		{Kind: GroupFull, NumKVHeads: 2, HeadDim: 8},
+		{Kind: GroupRecurrent, NumLayers: 7, StateBytes: 4096},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	tokens := []int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
+	a, _ := p.CreateSeq(nil)
+	if err := a.Append(tokens[:8]); err != nil {
+		t.Fatal(err)
+	}
+	slot, _ := a.GroupBlockTable(1)
+	if err := a.Append(tokens[8:9]); err != nil {
+		t.Fatal(err)
+	}
+	moved, _ := a.GroupBlockTable(1)
+	src, dst, err := p.TakeCopies(1)
+	if err != nil || len(src) != 1 || src[0] != slot[0] || dst[0] != moved[0] {
+		t.Fatalf("snapshot copy %v %v %v (slot %v moved %v)", src, dst, err, slot, moved)
+	}
+	b, _ := p.CreateSeq(nil)
+	if n, err := b.MatchPrefix(tokens); err != nil || n != 8 {
+		t.Fatalf("MatchPrefix = %d, %v", n, err)
+	}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -4,7 +4,15 @@
  *  - gpt-oss-20b (openai/gpt-oss-20b config.json): 24 layers alternating
  *    sliding window 128 / full attention, 8 KV heads x 64, bf16;
  *  - the same layers all full attention (what a single-group pool holds);
- *  - a DeepSeek-V3-like MLA stack: 61 layers, one 512 + 64 latent per token.
+ *  - a DeepSeek-V3-like MLA stack: 61 layers, one 512 + 64 latent per token;
+ *  - a Jamba-v0.1-like hybrid: 32 layers, 1 attention (8 KV heads x 128) :
+ *    7 Mamba (d_inner 8192, d_state 16, d_conv 4; bf16 conv + SSM state =
+ *    311296 bytes per layer). As in vLLM, layers are grouped 4 per group
+ *    (1 attention group, 7 state groups) and the block size (80) makes an
+ *    attention page at least a state slot, so the two alias one arena.
+ * Prefill goes in block-aligned chunks of 2048 / bs * bs tokens (chunked
+ * prefill; 2000 at bs 80); a state group keeps a snapshot where each chunk
+ * starts, so the hit there is the last chunk start.
  * For each, one request of T prompt tokens is prefilled and decodes one
  * token; memory is the blocks it then holds times the pool's block bytes.
  * "vLLM" is what vLLM's hybrid allocator holds for the same request: full
@@ -42,7 +50,7 @@ static uint64_t cdiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 struct result {
   double bytes_per_token, vllm_bytes_per_token;
-  uint64_t hit_tokens, hit_blocks[4];
+  uint64_t hit_tokens, hit_blocks[8];
 };
 
 static struct result run(const pkv_kv_group_spec* groups, uint32_t n, uint32_t bs, uint64_t T) {
@@ -56,7 +64,9 @@ static struct result run(const pkv_kv_group_spec* groups, uint32_t n, uint32_t b
   for (uint64_t i = 0; i < T + 2; ++i) tokens[i] = (int32_t)((i * 7919u) % 50000u);
   pkv_seq_id a = 0, b = 0;
   CHECK(pkv_seq_create(pool, NULL, &a));
-  CHECK(pkv_seq_append(pool, a, tokens, T, 0));     /* prefill */
+  const uint64_t chunk = 2048 / bs * bs;
+  for (uint64_t done = 0; done < T; done += chunk) /* chunked prefill */
+    CHECK(pkv_seq_append(pool, a, tokens + done, T - done < chunk ? T - done : chunk, 0));
   CHECK(pkv_seq_append(pool, a, tokens + T, 1, 0)); /* one decode step */
   pkv_pool_stats st;
   pkv_pool_stats_init(&st);
@@ -66,7 +76,9 @@ static struct result run(const pkv_kv_group_spec* groups, uint32_t n, uint32_t b
   uint64_t vllm_blocks = 0;
   for (uint32_t g = 0; g < n; ++g) {
     uint64_t full = cdiv(T + 1, bs);
-    if (groups[g].kind == PKV_GROUP_SLIDING_WINDOW) {
+    if (groups[g].kind == PKV_GROUP_RECURRENT) {
+      vllm_blocks += 1; /* one state slot */
+    } else if (groups[g].kind == PKV_GROUP_SLIDING_WINDOW) {
       /* keys T + 1 - W .. T: the blocks holding them */
       uint64_t first =
           T + 1 > groups[g].sliding_window ? (T + 1 - groups[g].sliding_window) / bs : 0;
@@ -80,7 +92,7 @@ static struct result run(const pkv_kv_group_spec* groups, uint32_t n, uint32_t b
   tokens[T] = 99999;
   CHECK(pkv_seq_create(pool, NULL, &b));
   CHECK(pkv_seq_match_prefix(pool, b, tokens, T + 1, &r.hit_tokens));
-  for (uint32_t g = 0; g < n && g < 4; ++g) {
+  for (uint32_t g = 0; g < n && g < 8; ++g) {
     int32_t* t = malloc(sizeof(int32_t) * (cdiv(T, bs) + 1));
     uint64_t len = 0;
     CHECK(pkv_seq_group_block_table(pool, b, g, t, cdiv(T, bs) + 1, &len));
@@ -130,6 +142,28 @@ int main(void) {
         (unsigned long long)m.hit_tokens, (unsigned long long)m.hit_blocks[0]);
     if (m.hit_tokens != T) bad = 1;
   }
-  printf("\nJamba-like (1 attention : 7 Mamba): needs PKV_GROUP_RECURRENT, not implemented yet.\n");
+  pkv_kv_group_spec jamba[8], jamba_full[1];
+  jamba[0] = attn(PKV_GROUP_FULL, 4, 0);
+  jamba[0].head_dim = 128;
+  for (int g = 1; g < 8; ++g) {
+    pkv_kv_group_spec_init(&jamba[g]);
+    jamba[g].kind = PKV_GROUP_RECURRENT;
+    jamba[g].num_layers = 4;
+    jamba[g].state_bytes = (8192u * 16u + 8192u * 3u) * 2u;
+  }
+  jamba_full[0] = attn(PKV_GROUP_FULL, 32, 0);
+  jamba_full[0].head_dim = 128;
+  for (int i = 0; i < 3; ++i) {
+    const uint64_t T = lengths[i];
+    struct result j = run(jamba, 8, 80, T), f = run(jamba_full, 1, 80, T);
+    printf(
+        "| Jamba-v0.1-like (4 x attention + 28 x Mamba in 7 state groups), bs 80 | %llu | %.2f |"
+        " %.2f | %.2f | %llu | attention %llu; each state group copies its snapshot |\n",
+        (unsigned long long)T, j.bytes_per_token / 1024, j.vllm_bytes_per_token / 1024,
+        f.bytes_per_token / 1024, (unsigned long long)j.hit_tokens,
+        (unsigned long long)j.hit_blocks[0]);
+    /* The state has snapshots where prefill chunks (2000 tokens) start. */
+    if (j.bytes_per_token > f.bytes_per_token || j.hit_tokens != T / 2000 * 2000) bad = 1;
+  }
   return bad;
 }

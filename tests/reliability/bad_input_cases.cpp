@@ -1135,8 +1135,8 @@ std::vector<Case> make_cases() {
         S("pkv_pool_create_groups", PKV_CLASS_RANGE, "groups[1].kind = 9", kInv, "groups[1].kind",
           pkv_kv_group_spec g = gspec(PKV_GROUP_FULL);
           g.kind = 9; return create_groups_with(gbase(), g);),
-        S("pkv_pool_create_groups", PKV_CLASS_STATE, "groups[1].kind = PKV_GROUP_RECURRENT",
-          PKV_E_UNSUPPORTED, "RECURRENT", pkv_kv_group_spec g = gspec(PKV_GROUP_RECURRENT);
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "recurrent group with state_bytes = 0", kInv,
+          "groups[1].state_bytes", pkv_kv_group_spec g = gspec(PKV_GROUP_RECURRENT);
           return create_groups_with(gbase(), g);),
         S("pkv_pool_create_groups", PKV_CLASS_RANGE, "window group with sliding_window = 0", kInv,
           "groups[1].sliding_window", pkv_kv_group_spec g = gspec(PKV_GROUP_SLIDING_WINDOW);

@@ -1,7 +1,7 @@
 """Several KV groups in one pool (``pagedkv/groups.h``): hybrid models.
 
 A :class:`HybridPool` gives each group of layers (full attention, sliding
-window, MLA latent) its own block table per sequence, all drawing block ids
+window, MLA latent, recurrent state) its own block table per sequence, all drawing block ids
 from one budget, with prefix caching keyed by (block hash, group): a hit is
 the longest prefix every group can serve, as vLLM's hybrid coordinator finds
 it. It is manager only: the engine owns the KV tensors. Sequences are the
@@ -28,13 +28,13 @@ class GroupKind(enum.IntEnum):
     FULL = _c.PKV_GROUP_FULL
     SLIDING_WINDOW = _c.PKV_GROUP_SLIDING_WINDOW
     MLA = _c.PKV_GROUP_MLA
-    RECURRENT = _c.PKV_GROUP_RECURRENT  # not implemented yet: UnsupportedError
+    RECURRENT = _c.PKV_GROUP_RECURRENT
 
 
 @dataclass(frozen=True)
 class KVGroupSpec:
     """One group of layers (``pkv_kv_group_spec``). Use the constructors
-    :meth:`full`, :meth:`window` and :meth:`mla`."""
+    :meth:`full`, :meth:`window`, :meth:`mla` and :meth:`recurrent`."""
 
     kind: GroupKind = GroupKind.FULL
     num_layers: int = 1
@@ -44,6 +44,7 @@ class KVGroupSpec:
     kv_lora_rank: int = 0
     rope_dim: int = 0
     dtype: Any = None
+    state_bytes: int = 0
 
     @classmethod
     def full(cls, num_layers: int, num_kv_heads: int, head_dim: int, dtype: Any = None) -> KVGroupSpec:
@@ -59,6 +60,14 @@ class KVGroupSpec:
     def mla(cls, num_layers: int, kv_lora_rank: int = 512, rope_dim: int = 64, dtype: Any = None) -> KVGroupSpec:
         return cls(GroupKind.MLA, num_layers, kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, dtype=dtype)
 
+    @classmethod
+    def recurrent(cls, num_layers: int, state_bytes: int) -> KVGroupSpec:
+        """A fixed-size state per sequence (Mamba): ``state_bytes`` per layer.
+        Each sequence holds one state slot; with prefix caching the state at
+        block boundaries is kept as a snapshot that later prompts resume from
+        (copies from :meth:`HybridPool.take_copies`)."""
+        return cls(GroupKind.RECURRENT, num_layers, state_bytes=state_bytes)
+
     def _to_c(self) -> dict:
         d = {
             "kind": int(self.kind),
@@ -68,6 +77,7 @@ class KVGroupSpec:
             "sliding_window": int(self.sliding_window),
             "kv_lora_rank": int(self.kv_lora_rank),
             "rope_dim": int(self.rope_dim),
+            "state_bytes": int(self.state_bytes),
         }
         if self.dtype is not None:
             d["dtype"] = int(DType.parse(self.dtype))

@@ -75,7 +75,7 @@ def test_memory_per_block_and_errors():
     assert pool.stats().kv_bytes_per_block == pool.bytes_per_block
     with pytest.raises(pk.InvalidArgumentError, match=r"groups\[1\].sliding_window"):
         HybridPool([KVGroupSpec.full(1, 1, 8), KVGroupSpec(GroupKind.SLIDING_WINDOW, 1, 1, 8)], num_blocks=8)
-    with pytest.raises(pk.UnsupportedError, match="RECURRENT"):
+    with pytest.raises(pk.InvalidArgumentError, match=r"groups\[0\].state_bytes"):
         HybridPool([KVGroupSpec(GroupKind.RECURRENT)], num_blocks=8)
     with pytest.raises(pk.InvalidArgumentError, match="group 2"):
         pool.group_stats(2)
@@ -85,3 +85,24 @@ def test_memory_per_block_and_errors():
     with pytest.raises(pk.UnsupportedError, match="single-group"):
         pk._pagedkv.pkv_pool_group_stats(single._h, 0)
     assert pk._pagedkv.pkv_pool_num_groups(single._h) == 1
+
+
+def test_recurrent_state_snapshot_and_hit():
+    # Jamba-like: one attention group, one Mamba state group.
+    pool = HybridPool([KVGroupSpec.full(1, 2, 8), KVGroupSpec.recurrent(7, 4096)], num_blocks=32, block_size=4)
+    assert pool.bytes_per_block == 7 * 4096
+    a = pool.create_sequence()
+    a.append(list(range(8)))
+    (slot,) = pool.group_block_table(a, 1)
+    a.append([8])  # starts at a boundary: the state at 8 becomes a snapshot
+    (moved,) = pool.group_block_table(a, 1)
+    assert pool.take_copies(1) == ([slot], [moved])
+    b = pool.create_sequence()
+    assert b.match_prefix([*range(9), 50]) == 8
+    assert pool.group_block_table(b, 1) == []
+    b.append([9, 10])
+    (mine,) = pool.group_block_table(b, 1)
+    assert pool.take_copies(1) == ([slot], [mine])
+    with pytest.raises(pk.InvalidArgumentError, match="recurrent"):
+        a.truncate(4)
+    pool.validate()

@@ -20,9 +20,9 @@ pub enum GroupKind {
     SlidingWindow { window: u32 },
     /// Full attention over one latent of `kv_lora_rank + rope_dim` per token.
     Mla { kv_lora_rank: u32, rope_dim: u32 },
-    /// Fixed-size recurrent state (Mamba); not implemented yet: creating a
-    /// pool with it answers `ErrorKind::Unsupported`.
-    Recurrent,
+    /// Fixed-size recurrent state (Mamba) of `state_bytes` per layer: one
+    /// slot per sequence, snapshots at block boundaries for prefix hits.
+    Recurrent { state_bytes: u64 },
 }
 
 /// One group of layers (`pkv_kv_group_spec`).
@@ -62,6 +62,13 @@ impl GroupSpec {
         }
     }
 
+    pub fn recurrent(num_layers: u32, state_bytes: u64) -> GroupSpec {
+        GroupSpec {
+            kind: GroupKind::Recurrent { state_bytes },
+            ..GroupSpec::full(num_layers, 0, 0)
+        }
+    }
+
     fn raw(&self) -> sys::pkv_kv_group_spec {
         let mut g = sys::pkv_kv_group_spec::default();
         // SAFETY: valid out-parameter.
@@ -84,7 +91,10 @@ impl GroupSpec {
                 g.kv_lora_rank = kv_lora_rank;
                 g.rope_dim = rope_dim;
             }
-            GroupKind::Recurrent => g.kind = sys::PKV_GROUP_RECURRENT,
+            GroupKind::Recurrent { state_bytes } => {
+                g.kind = sys::PKV_GROUP_RECURRENT;
+                g.state_bytes = state_bytes;
+            }
         }
         g
     }

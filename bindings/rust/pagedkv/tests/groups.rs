@@ -1,6 +1,6 @@
 //! Multi-group pools through the safe crate.
 
-use pagedkv::{ErrorKind, GroupKind, GroupSpec, Pool, PoolOptions, NULL_BLOCK};
+use pagedkv::{ErrorKind, GroupSpec, Pool, PoolOptions, NULL_BLOCK};
 
 fn opts(num_blocks: u64) -> PoolOptions {
     PoolOptions {
@@ -56,10 +56,9 @@ fn group_errors() {
         "{}",
         e.message()
     );
-    let mut r = GroupSpec::full(1, 1, 8);
-    r.kind = GroupKind::Recurrent;
-    let e = Pool::with_groups(&opts(8), &[r]).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Unsupported);
+    let e = Pool::with_groups(&opts(8), &[GroupSpec::recurrent(1, 0)]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.message().contains("state_bytes"), "{}", e.message());
     let pool = Pool::with_groups(&opts(8), &[GroupSpec::mla(2, 16, 4)]).unwrap();
     assert_eq!(
         pool.group_stats(1).unwrap_err().kind(),
@@ -71,4 +70,30 @@ fn group_errors() {
         single.group_stats(0).unwrap_err().kind(),
         ErrorKind::Unsupported
     );
+}
+
+#[test]
+fn recurrent_state_resumes_from_a_snapshot() {
+    let pool = Pool::with_groups(
+        &opts(32),
+        &[GroupSpec::full(1, 2, 8), GroupSpec::recurrent(7, 4096)],
+    )
+    .unwrap();
+    let a = pool.create_seq().unwrap();
+    let tokens: Vec<i32> = (0..10).collect();
+    pool.append(a, &tokens[..8]).unwrap();
+    let slot = pool.group_block_table(a, 1).unwrap()[0];
+    pool.append(a, &tokens[8..9]).unwrap();
+    let moved = pool.group_block_table(a, 1).unwrap()[0];
+    assert_eq!(pool.take_copies(1).unwrap(), vec![(slot, moved)]);
+    let b = pool.create_seq().unwrap();
+    assert_eq!(pool.match_prefix(b, &tokens).unwrap(), 8);
+    pool.append(b, &tokens[8..]).unwrap();
+    let mine = pool.group_block_table(b, 1).unwrap()[0];
+    assert_eq!(pool.take_copies(1).unwrap(), vec![(slot, mine)]);
+    assert_eq!(
+        pool.truncate(a, 4).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    pool.validate().unwrap();
 }
