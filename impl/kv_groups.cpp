@@ -129,25 +129,7 @@ const GroupPool::Seq& GroupPool::seq_or_throw(SeqId id) const {
 }
 
 SeqId GroupPool::seq_create(const SeqOptions& o) {
-  HashContext ctx;
-  ctx.algo = opts_.hash_algo;
-  ctx.block_size = opts_.block_size;
-  ctx.lora_id = o.lora_id;
-  ctx.lora_name = o.lora_name;
-  ctx.cache_salt = o.cache_salt;
-  uint64_t prev_end = 0;
-  for (size_t i = 0; i < o.mm_items.size(); ++i) {
-    const MmItem& m = o.mm_items[i];
-    const std::string at = "mm_items[" + str(i) + "]";
-    if (m.hash.empty()) fail(Errc::kInvalidArgument, at + ".hash is empty");
-    if (m.length == 0) fail(Errc::kInvalidArgument, at + ".length is 0");
-    if (m.offset + m.length < m.offset)
-      fail(Errc::kInvalidArgument, at + " offset + length overflows");
-    if (i > 0 && m.offset < prev_end)
-      fail(Errc::kInvalidArgument, at + " starts before the previous item ends");
-    prev_end = m.offset + m.length;
-  }
-  ctx.mm_items = o.mm_items;
+  HashContext ctx = make_hash_context(opts_, o);
   std::lock_guard<std::mutex> lock(mu_);
   Seq s;
   s.ctx = std::move(ctx);

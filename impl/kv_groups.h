@@ -91,15 +91,16 @@ class GroupPool {
   std::string check() const;
   std::string validate() const { return check(); }  // as Pool::validate
 
+
+ private:
   // The longest hit, in blocks, of hashes[0, max_blocks) that every group
   // can serve from the cache, as vLLM's HybridKVCacheCoordinator computes
   // it: each group gives the longest hit it can serve at or below the
   // current length, until a fixed point. out[g] receives the group's blocks
-  // (0 = null for window entries before the window).
+  // (0 = null for window entries before the window). Caller holds mu_.
   uint64_t find_hit(const std::vector<BlockHash>& hashes, uint64_t max_blocks,
                     std::vector<std::vector<int32_t>>* out) const;
 
- private:
   struct Seq {
     HashContext ctx;
     int32_t priority = 0;

@@ -5,8 +5,6 @@ package pagedkv
 */
 import "C"
 
-import "runtime"
-
 // GroupKind is what a KV group's layers cache (PKV_GROUP_*).
 type GroupKind uint32
 
@@ -73,15 +71,7 @@ func NewGroupPool(opts *PoolOptions, groups []GroupSpec) (*Pool, error) {
 	if err := check(op, C.pkvgo_pool_create_groups(&co, &specs[0], C.uint32_t(len(groups)), &ptr)); err != nil {
 		return nil, err
 	}
-	var resolved C.pkv_pool_options
-	C.pkv_pool_options_init(&resolved)
-	if err := check("pkv_pool_get_options", C.pkvgo_pool_get_options(ptr, &resolved)); err != nil {
-		C.pkv_pool_destroy(ptr)
-		return nil, err
-	}
-	p := &Pool{ptr: ptr, opts: poolOptionsFromC(&resolved)}
-	runtime.SetFinalizer(p, (*Pool).Close)
-	return p, nil
+	return adoptPool(ptr)
 }
 
 // NumGroups is the number of KV groups (1 for a pool from NewPool).
