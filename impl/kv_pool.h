@@ -79,6 +79,10 @@ struct SeqOptions {
   std::vector<MmItem> mm_items;
 };
 
+// The hash context of a sequence created with o on a pool with opts;
+// validates o.mm_items (Error kInvalidArgument naming mm_items[i]).
+HashContext make_hash_context(const PoolOptions& opts, const SeqOptions& o);
+
 struct SeqInfo {
   int32_t priority = 0;
   uint64_t num_tokens = 0;

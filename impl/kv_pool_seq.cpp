@@ -108,7 +108,7 @@ void Pool::release_blocks_reverse(const std::vector<int32_t>& blocks, size_t beg
     if (blocks[j] != BlockPool::kNullBlock) blocks_.release(blocks[j]);
 }
 
-HashContext Pool::make_ctx(const SeqOptions& o) const {
+HashContext make_hash_context(const PoolOptions& opts, const SeqOptions& o) {
   uint64_t prev_end = 0;
   for (size_t i = 0; i < o.mm_items.size(); ++i) {
     const MmItem& m = o.mm_items[i];
@@ -124,15 +124,17 @@ HashContext Pool::make_ctx(const SeqOptions& o) const {
     prev_end = m.offset + m.length;
   }
   HashContext ctx;
-  ctx.algo = opts_.hash_algo;
-  ctx.block_size = opts_.block_size;
+  ctx.algo = opts.hash_algo;
+  ctx.block_size = opts.block_size;
   ctx.lora_id = o.lora_id;
   ctx.lora_name = o.lora_name;
   ctx.cache_salt = o.cache_salt;
   ctx.mm_items = o.mm_items;
-  if (opts_.strict_key_domains) apply_strict_key_domains(ctx);
+  if (opts.strict_key_domains) apply_strict_key_domains(ctx);
   return ctx;
 }
+
+HashContext Pool::make_ctx(const SeqOptions& o) const { return make_hash_context(opts_, o); }
 
 SeqId Pool::seq_create(const SeqOptions& o) {
   HashContext ctx = make_ctx(o);
@@ -235,7 +237,7 @@ std::pair<int32_t, uint32_t> Pool::find_partial(const Sequence& s, const int32_t
 }
 
 PrefixMatch Pool::match_locked(SeqId id, const int32_t* tokens, uint64_t n, bool partial,
-                                const BlockHash* given, uint64_t num_given) {
+                               const BlockHash* given, uint64_t num_given) {
   Sequence& s = seq_or_throw(id);
   if (!s.tokens.empty() || !s.blocks.empty())
     fail(Errc::kInvalidState, seq_name(id) + " already holds " + str(s.tokens.size()) +

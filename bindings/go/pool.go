@@ -199,6 +199,12 @@ func NewPool(opts *PoolOptions) (*Pool, error) {
 	if err := check("pkv_pool_create", C.pkvgo_pool_create(&co, &ptr)); err != nil {
 		return nil, err
 	}
+	return adoptPool(ptr)
+}
+
+// adoptPool wraps a pool the library just created, reading back its
+// resolved options; on failure it destroys the pool.
+func adoptPool(ptr *C.pkv_pool) (*Pool, error) {
 	var resolved C.pkv_pool_options
 	C.pkv_pool_options_init(&resolved)
 	if err := check("pkv_pool_get_options", C.pkvgo_pool_get_options(ptr, &resolved)); err != nil {

@@ -271,3 +271,27 @@ pkvgo_result pkvgo_pool_get_tier_stats(const pkv_pool* pool, uint32_t medium, pk
 pkvgo_result pkvgo_pool_flush_tiers(pkv_pool* pool) {
   return pkvgo_capture(pkv_pool_flush_tiers(pool));
 }
+
+/* groups.h */
+pkvgo_result pkvgo_pool_create_groups(const pkv_pool_options* base, const pkv_kv_group_spec* groups,
+                                      uint32_t num_groups, pkv_pool** out) {
+  return pkvgo_capture(pkv_pool_create_groups(base, groups, num_groups, out));
+}
+
+pkvgo_result pkvgo_pool_num_groups(const pkv_pool* pool, uint32_t* out) {
+  return pkvgo_capture(pkv_pool_num_groups(pool, out));
+}
+
+pkvgo_result pkvgo_seq_group_block_table(const pkv_pool* pool, pkv_seq_id seq, uint32_t group,
+                                         int32_t* out_blocks, uint64_t capacity, uint64_t* out_len) {
+  return pkvgo_capture(pkv_seq_group_block_table(pool, seq, group, out_blocks, capacity, out_len));
+}
+
+pkvgo_result pkvgo_pool_group_stats(const pkv_pool* pool, uint32_t group, pkv_group_stats* out) {
+  return pkvgo_capture(pkv_pool_group_stats(pool, group, out));
+}
+
+pkvgo_result pkvgo_pool_group_take_copies(pkv_pool* pool, uint32_t group, int32_t* src, int32_t* dst,
+                                          uint64_t capacity, uint64_t* out_len) {
+  return pkvgo_capture(pkv_pool_group_take_copies(pool, group, src, dst, capacity, out_len));
+}

@@ -122,5 +122,14 @@ pkvgo_result pkvgo_seq_match_prefix_tiered(pkv_pool* pool, pkv_seq_id seq, const
                                            uint64_t num_tokens, pkv_tier_match* out);
 pkvgo_result pkvgo_pool_get_tier_stats(const pkv_pool* pool, uint32_t medium, pkv_tier_stats* out);
 pkvgo_result pkvgo_pool_flush_tiers(pkv_pool* pool);
+/* groups.h */
+pkvgo_result pkvgo_pool_create_groups(const pkv_pool_options* base, const pkv_kv_group_spec* groups,
+                                      uint32_t num_groups, pkv_pool** out);
+pkvgo_result pkvgo_pool_num_groups(const pkv_pool* pool, uint32_t* out);
+pkvgo_result pkvgo_seq_group_block_table(const pkv_pool* pool, pkv_seq_id seq, uint32_t group,
+                                         int32_t* out_blocks, uint64_t capacity, uint64_t* out_len);
+pkvgo_result pkvgo_pool_group_stats(const pkv_pool* pool, uint32_t group, pkv_group_stats* out);
+pkvgo_result pkvgo_pool_group_take_copies(pkv_pool* pool, uint32_t group, int32_t* src, int32_t* dst,
+                                          uint64_t capacity, uint64_t* out_len);
 
 #endif /* PAGEDKV_GO_SHIM_H */

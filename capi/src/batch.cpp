@@ -26,6 +26,7 @@ pkv_status pkv_batch_prepare(pkv_pool* pool, const pkv_seq_id* seqs, const uint3
     }
     pc::require(out, "out");
     auto b = std::make_unique<pkv_batch>();
+    pc::pool_of(pool);  // a multi-group pool has no step plans
     b->impl = pagedkv::Batch::prepare(pool->impl, seqs, query_counts, num_seqs, stream);
     *out = b.release();
   });

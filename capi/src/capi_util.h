@@ -11,12 +11,14 @@
 #include <type_traits>
 
 #include "error.h"
+#include "kv_groups.h"
 #include "kv_pool.h"
 #include "pagedkv/pagedkv.h"
 #include "step_plan.h"
 
 struct pkv_pool {
-  std::shared_ptr<pagedkv::Pool> impl;
+  std::shared_ptr<pagedkv::Pool> impl;         // null for a multi-group pool
+  std::shared_ptr<pagedkv::GroupPool> groups;  // pkv_pool_create_groups only
 };
 
 struct pkv_batch {
@@ -97,7 +99,20 @@ void copy_hash(const pagedkv::BlockHash& h, pkv_block_hash* out);
 
 inline pagedkv::Pool& pool_of(const pkv_pool* p) {
   require(p, "pool");
+  if (!p->impl)
+    fail(Errc::kUnsupported, "this call is not supported on a multi-group pool (pagedkv/groups.h)");
   return *p->impl;
+}
+
+// Calls f with the pool's core, single- or multi-group (the calls that
+// pagedkv/groups.h lists as working on both; their methods share names).
+template <class F>
+void with_pool(const pkv_pool* p, F&& f) {
+  require(p, "pool");
+  if (p->groups)
+    f(*p->groups);
+  else
+    f(*p->impl);
 }
 
 // First released sizes of the versioned structs (ABI 1).

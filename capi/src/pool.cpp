@@ -99,7 +99,7 @@ pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out) {
 void pkv_pool_destroy(pkv_pool* pool) {
   if (!pool) return;
   try {
-    pool->impl->close();
+    if (pool->impl) pool->impl->close();
   } catch (...) {
   }
   delete pool;
@@ -107,45 +107,47 @@ void pkv_pool_destroy(pkv_pool* pool) {
 
 pkv_status pkv_pool_get_options(const pkv_pool* pool, pkv_pool_options* out) {
   PKV_GUARD({
-    const pagedkv::Pool& p = pc::pool_of(pool);
-    pc::require(out, "out");
-    pc::check_struct_size(out->struct_size, pc::kPoolOptionsV1, "out", "pkv_pool_options",
-                          "pkv_pool_options_init");
-    const pagedkv::PoolOptions& o = p.options();
-    pkv_pool_options r;
-    std::memset(&r, 0, sizeof r);
-    r.struct_size = sizeof r;
-    r.block_size = o.block_size;
-    r.num_blocks = o.num_blocks;
-    r.memory_budget_bytes = o.memory_budget_bytes;
-    r.hash_algo = uint32_t(o.hash_algo);
-    r.enable_prefix_caching = o.enable_prefix_caching;
-    r.hash_seed = o.hash_seed.c_str();  // owned by the pool
-    r.sliding_window = o.sliding_window;
-    r.enable_events = o.enable_events;
-    r.max_events = o.max_events;
-    r.num_layers = o.num_layers;
-    r.num_kv_heads = o.num_kv_heads;
-    r.head_dim = o.head_dim;
-    r.dtype = uint32_t(o.dtype);
-    r.device_type = o.device_type;
-    r.device_id = o.device_id;
-    r.num_threads = o.num_threads;
-    r.strict_key_domains = o.strict_key_domains;
-    r.kv_scale_granularity = o.kv_scale_granularity;
-    r.num_kv_scales = uint32_t(p.num_kv_scales());
-    r.enable_partial_reuse = o.enable_partial_reuse;
-    r.enable_retention = o.enable_retention;
-    r.max_pinned_blocks = o.max_pinned_blocks;
-    pc::write_out(out, r);
+    pc::with_pool(pool, [&](auto& p) {
+      pc::require(out, "out");
+      pc::check_struct_size(out->struct_size, pc::kPoolOptionsV1, "out", "pkv_pool_options",
+                            "pkv_pool_options_init");
+      const pagedkv::PoolOptions& o = p.options();
+      pkv_pool_options r;
+      std::memset(&r, 0, sizeof r);
+      r.struct_size = sizeof r;
+      r.block_size = o.block_size;
+      r.num_blocks = o.num_blocks;
+      r.memory_budget_bytes = o.memory_budget_bytes;
+      r.hash_algo = uint32_t(o.hash_algo);
+      r.enable_prefix_caching = o.enable_prefix_caching;
+      r.hash_seed = o.hash_seed.c_str();  // owned by the pool
+      r.sliding_window = o.sliding_window;
+      r.enable_events = o.enable_events;
+      r.max_events = o.max_events;
+      r.num_layers = o.num_layers;
+      r.num_kv_heads = o.num_kv_heads;
+      r.head_dim = o.head_dim;
+      r.dtype = uint32_t(o.dtype);
+      r.device_type = o.device_type;
+      r.device_id = o.device_id;
+      r.num_threads = o.num_threads;
+      r.strict_key_domains = o.strict_key_domains;
+      r.kv_scale_granularity = o.kv_scale_granularity;
+      r.num_kv_scales = uint32_t(p.num_kv_scales());
+      r.enable_partial_reuse = o.enable_partial_reuse;
+      r.enable_retention = o.enable_retention;
+      r.max_pinned_blocks = o.max_pinned_blocks;
+      pc::write_out(out, r);
+    });
   });
 }
 
 pkv_status pkv_pool_bytes_per_block(const pkv_pool* pool, uint64_t* out) {
   PKV_GUARD({
-    const pagedkv::Pool& p = pc::pool_of(pool);
-    pc::require(out, "out");
-    *out = p.bytes_per_block();
+    pc::with_pool(pool, [&](auto& p) {
+      pc::require(out, "out");
+      *out = p.bytes_per_block();
+    });
   });
 }
 
@@ -157,36 +159,37 @@ void pkv_pool_stats_init(pkv_pool_stats* stats) {
 
 pkv_status pkv_pool_get_stats(const pkv_pool* pool, pkv_pool_stats* out) {
   PKV_GUARD({
-    const pagedkv::Pool& p = pc::pool_of(pool);
-    pc::require(out, "out");
-    pc::check_struct_size(out->struct_size, pc::kPoolStatsV1, "out", "pkv_pool_stats",
-                          "pkv_pool_stats_init");
-    pagedkv::PoolStats s = p.stats();
-    pkv_pool_stats r;
-    std::memset(&r, 0, sizeof r);
-    r.struct_size = sizeof r;
-    r.block_size = s.block_size;
-    r.num_blocks = s.num_blocks;
-    r.num_free_blocks = s.num_free_blocks;
-    r.num_used_blocks = s.num_used_blocks;
-    r.num_cached_blocks = s.num_cached_blocks;
-    r.num_seqs = s.num_seqs;
-    r.num_tokens = s.num_tokens;
-    r.usage = s.usage;
-    r.prefix_query_tokens = s.prefix_query_tokens;
-    r.prefix_hit_tokens = s.prefix_hit_tokens;
-    r.num_evictions = s.num_evictions;
-    r.num_cow_copies = s.num_cow_copies;
-    r.num_events_dropped = s.num_events_dropped;
-    r.kv_bytes_per_block = s.kv_bytes_per_block;
-    r.kv_bytes_allocated = s.kv_bytes_allocated;
-    r.kv_bytes_used = s.kv_bytes_used;
-    r.kv_bytes_wasted = s.kv_bytes_wasted;
-    r.num_partial_hits = s.num_partial_hits;
-    r.partial_hit_tokens = s.partial_hit_tokens;
-    r.num_pinned_blocks = s.num_pinned_blocks;
-    r.num_pins_degraded = s.num_pins_degraded;
-    pc::write_out(out, r);
+    pc::with_pool(pool, [&](auto& p) {
+      pc::require(out, "out");
+      pc::check_struct_size(out->struct_size, pc::kPoolStatsV1, "out", "pkv_pool_stats",
+                            "pkv_pool_stats_init");
+      pagedkv::PoolStats s = p.stats();
+      pkv_pool_stats r;
+      std::memset(&r, 0, sizeof r);
+      r.struct_size = sizeof r;
+      r.block_size = s.block_size;
+      r.num_blocks = s.num_blocks;
+      r.num_free_blocks = s.num_free_blocks;
+      r.num_used_blocks = s.num_used_blocks;
+      r.num_cached_blocks = s.num_cached_blocks;
+      r.num_seqs = s.num_seqs;
+      r.num_tokens = s.num_tokens;
+      r.usage = s.usage;
+      r.prefix_query_tokens = s.prefix_query_tokens;
+      r.prefix_hit_tokens = s.prefix_hit_tokens;
+      r.num_evictions = s.num_evictions;
+      r.num_cow_copies = s.num_cow_copies;
+      r.num_events_dropped = s.num_events_dropped;
+      r.kv_bytes_per_block = s.kv_bytes_per_block;
+      r.kv_bytes_allocated = s.kv_bytes_allocated;
+      r.kv_bytes_used = s.kv_bytes_used;
+      r.kv_bytes_wasted = s.kv_bytes_wasted;
+      r.num_partial_hits = s.num_partial_hits;
+      r.partial_hit_tokens = s.partial_hit_tokens;
+      r.num_pinned_blocks = s.num_pinned_blocks;
+      r.num_pins_degraded = s.num_pins_degraded;
+      pc::write_out(out, r);
+    });
   });
 }
 
@@ -233,7 +236,8 @@ pkv_status pkv_pool_reset_prefix_cache(pkv_pool* pool) {
 
 pkv_status pkv_pool_validate(const pkv_pool* pool) {
   PKV_GUARD({
-    std::string broken = pc::pool_of(pool).validate();
+    std::string broken;
+    pc::with_pool(pool, [&](auto& p) { broken = p.validate(); });
     if (!broken.empty()) fail(Errc::kInvariant, broken);
   });
 }

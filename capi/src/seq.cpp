@@ -70,59 +70,66 @@ void pkv_seq_options_init(pkv_seq_options* opts) {
 
 pkv_status pkv_seq_create(pkv_pool* pool, const pkv_seq_options* opts, pkv_seq_id* out) {
   PKV_GUARD({
-    pagedkv::Pool& p = pc::pool_of(pool);
-    pc::require(out, "out");
-    const pagedkv::SeqOptions o = seq_options(opts);
-    try {
-      *out = p.seq_create(o);
-    } catch (const pagedkv::Error& e) {
-      if (e.code() == Errc::kInvalidArgument) fail(e.code(), std::string("opts->") + e.what());
-      throw;
-    }
+    pc::with_pool(pool, [&](auto& p) {
+      pc::require(out, "out");
+      const pagedkv::SeqOptions o = seq_options(opts);
+      try {
+        *out = p.seq_create(o);
+      } catch (const pagedkv::Error& e) {
+        if (e.code() == Errc::kInvalidArgument) fail(e.code(), std::string("opts->") + e.what());
+        throw;
+      }
+    });
   });
 }
 
 pkv_status pkv_seq_match_prefix(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
                                 uint64_t num_tokens, uint64_t* out_num_cached) {
   PKV_GUARD({
-    pagedkv::Pool& p = pc::pool_of(pool);
-    check_tokens(tokens, num_tokens);
-    pc::require(out_num_cached, "out_num_cached");
-    *out_num_cached = p.match_prefix(seq, tokens, num_tokens);
+    pc::with_pool(pool, [&](auto& p) {
+      check_tokens(tokens, num_tokens);
+      pc::require(out_num_cached, "out_num_cached");
+      *out_num_cached = p.match_prefix(seq, tokens, num_tokens);
+    });
   });
 }
 
 pkv_status pkv_seq_append(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
                           uint64_t num_tokens, uint32_t num_lookahead) {
   PKV_GUARD({
-    pagedkv::Pool& p = pc::pool_of(pool);
-    check_tokens(tokens, num_tokens);
-    p.append(seq, tokens, num_tokens, num_lookahead);
+    pc::with_pool(pool, [&](auto& p) {
+      check_tokens(tokens, num_tokens);
+      p.append(seq, tokens, num_tokens, num_lookahead);
+    });
   });
 }
 
 pkv_status pkv_seq_blocks_needed(const pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens,
                                  uint32_t num_lookahead, uint64_t* out_blocks) {
   PKV_GUARD({
-    const pagedkv::Pool& p = pc::pool_of(pool);
-    pc::require(out_blocks, "out_blocks");
-    *out_blocks = p.blocks_needed(seq, num_tokens, num_lookahead);
+    pc::with_pool(pool, [&](auto& p) {
+      pc::require(out_blocks, "out_blocks");
+      *out_blocks = p.blocks_needed(seq, num_tokens, num_lookahead);
+    });
   });
 }
 
 pkv_status pkv_seq_fork(pkv_pool* pool, pkv_seq_id parent, pkv_seq_id* out_child) {
   PKV_GUARD({
-    pagedkv::Pool& p = pc::pool_of(pool);
-    pc::require(out_child, "out_child");
-    *out_child = p.fork(parent);
+    pc::with_pool(pool, [&](auto& p) {
+      pc::require(out_child, "out_child");
+      *out_child = p.fork(parent);
+    });
   });
 }
 
 pkv_status pkv_seq_truncate(pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens) {
-  PKV_GUARD(pc::pool_of(pool).truncate(seq, num_tokens));
+  PKV_GUARD(pc::with_pool(pool, [&](auto& p) { p.truncate(seq, num_tokens); }));
 }
 
-pkv_status pkv_seq_free(pkv_pool* pool, pkv_seq_id seq) { PKV_GUARD(pc::pool_of(pool).free(seq)); }
+pkv_status pkv_seq_free(pkv_pool* pool, pkv_seq_id seq) {
+  PKV_GUARD(pc::with_pool(pool, [&](auto& p) { p.free(seq); }));
+}
 
 void pkv_seq_info_init(pkv_seq_info* info) {
   if (!info) return;
@@ -132,36 +139,39 @@ void pkv_seq_info_init(pkv_seq_info* info) {
 
 pkv_status pkv_seq_get_info(const pkv_pool* pool, pkv_seq_id seq, pkv_seq_info* out) {
   PKV_GUARD({
-    const pagedkv::Pool& p = pc::pool_of(pool);
-    pc::require(out, "out");
-    pc::check_struct_size(out->struct_size, pc::kSeqInfoV1, "out", "pkv_seq_info",
-                          "pkv_seq_info_init");
-    pagedkv::SeqInfo i = p.seq_info(seq);
-    pkv_seq_info r;
-    std::memset(&r, 0, sizeof r);
-    r.struct_size = sizeof r;
-    r.priority = i.priority;
-    r.num_tokens = i.num_tokens;
-    r.num_cached_tokens = i.num_cached_tokens;
-    r.num_blocks = i.num_blocks;
-    r.num_slots = i.num_slots;
-    r.lora_id = i.lora_id;
-    r.num_computed_tokens = i.num_computed_tokens;
-    pc::write_out(out, r);
+    pc::with_pool(pool, [&](auto& p) {
+      pc::require(out, "out");
+      pc::check_struct_size(out->struct_size, pc::kSeqInfoV1, "out", "pkv_seq_info",
+                            "pkv_seq_info_init");
+      pagedkv::SeqInfo i = p.seq_info(seq);
+      pkv_seq_info r;
+      std::memset(&r, 0, sizeof r);
+      r.struct_size = sizeof r;
+      r.priority = i.priority;
+      r.num_tokens = i.num_tokens;
+      r.num_cached_tokens = i.num_cached_tokens;
+      r.num_blocks = i.num_blocks;
+      r.num_slots = i.num_slots;
+      r.lora_id = i.lora_id;
+      r.num_computed_tokens = i.num_computed_tokens;
+      pc::write_out(out, r);
+    });
   });
 }
 
 pkv_status pkv_seq_get_block_table(const pkv_pool* pool, pkv_seq_id seq, int32_t* out_blocks,
                                    uint64_t capacity, uint64_t* out_len) {
   PKV_GUARD({
-    const pagedkv::Pool& p = pc::pool_of(pool);
-    if (capacity > 0) pc::require(out_blocks, "out_blocks");
-    pc::require(out_len, "out_len");
-    uint64_t len = p.block_table(seq, out_blocks, capacity);
-    *out_len = len;
-    if (len > capacity)
-      fail(Errc::kBufferTooSmall, "out_blocks holds " + str(capacity) + " entries, the table of " +
-                                      pagedkv::seq_name(seq) + " has " + str(len));
+    pc::with_pool(pool, [&](auto& p) {
+      if (capacity > 0) pc::require(out_blocks, "out_blocks");
+      pc::require(out_len, "out_len");
+      uint64_t len = p.block_table(seq, out_blocks, capacity);
+      *out_len = len;
+      if (len > capacity)
+        fail(Errc::kBufferTooSmall, "out_blocks holds " + str(capacity) +
+                                        " entries, the table of " + pagedkv::seq_name(seq) +
+                                        " has " + str(len));
+    });
   });
 }
 

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 namespace pkv_rel {
 namespace {
@@ -209,6 +211,85 @@ pkv_prefix_match pmatch() {
   pkv_prefix_match m;
   pkv_prefix_match_init(&m);
   return m;
+}
+
+// Multi-group pools (pagedkv/groups.h): a full and a window-8 group on one
+// budget of 16 blocks of 4; seq g holds 10 tokens, seq dead was freed. f
+// runs on it; the pool must still validate afterwards.
+pkv_kv_group_spec gspec(uint32_t kind) {
+  pkv_kv_group_spec g;
+  pkv_kv_group_spec_init(&g);
+  g.kind = kind;
+  g.num_kv_heads = 2;
+  g.head_dim = 8;
+  if (kind == PKV_GROUP_SLIDING_WINDOW) g.sliding_window = 8;
+  return g;
+}
+pkv_pool_options gbase() {
+  pkv_pool_options o;
+  pkv_pool_options_init(&o);
+  o.block_size = 4;
+  o.num_blocks = 16;
+  return o;
+}
+pkv_status create_groups_with(pkv_pool_options o, pkv_kv_group_spec g1) {
+  const pkv_kv_group_spec g[2] = {gspec(PKV_GROUP_FULL), g1};
+  pkv_pool* p = nullptr;
+  const pkv_status s = pkv_pool_create_groups(&o, g, 2, &p);
+  pkv_pool_destroy(p);
+  return s;
+}
+struct GroupsState {
+  pkv_pool_stats stats;
+  std::vector<int32_t> tables[2];
+  bool operator==(const GroupsState& o) const {
+    return std::memcmp(&stats, &o.stats, sizeof stats) == 0 && tables[0] == o.tables[0] &&
+           tables[1] == o.tables[1];
+  }
+};
+GroupsState groups_state(pkv_pool* p, pkv_seq_id s) {
+  GroupsState st;
+  pkv_pool_stats_init(&st.stats);
+  must(pkv_pool_get_stats(p, &st.stats), "groups stats");
+  for (uint32_t g = 0; g < 2; ++g) {
+    st.tables[g].resize(16);
+    uint64_t n = 0;
+    must(pkv_seq_group_block_table(p, s, g, st.tables[g].data(), 16, &n), "groups table");
+    st.tables[g].resize(n);
+  }
+  return st;
+}
+// Runs f twice on fresh copies of the pool: the first run checks that the
+// pool validates and nothing observable changed, the second leaves its
+// message as the last one for the case's needle check.
+template <class P, class F>
+pkv_status on_groups(Env& e, P&& prep, F&& f) {
+  for (int pass = 0;; ++pass) {
+    const pkv_kv_group_spec g[2] = {gspec(PKV_GROUP_FULL), gspec(PKV_GROUP_SLIDING_WINDOW)};
+    pkv_pool_options o = gbase();
+    pkv_pool* p = nullptr;
+    must(pkv_pool_create_groups(&o, g, 2, &p), "pool_create_groups");
+    pkv_seq_id s = 0, dead = 0;
+    must(pkv_seq_create(p, nullptr, &s), "groups seq_create");
+    must(pkv_seq_append(p, s, e.tokens, 10, 0), "groups append");
+    must(pkv_seq_create(p, nullptr, &dead), "groups seq_create dead");
+    must(pkv_seq_free(p, dead), "groups free dead");
+    prep(p, s);
+    const GroupsState before = groups_state(p, s);
+    const pkv_status st = f(p, s, dead);
+    if (pass == 1) {
+      pkv_pool_destroy(p);
+      return st;
+    }
+    const bool same = pkv_pool_validate(p) == PKV_OK && groups_state(p, s) == before;
+    pkv_pool_destroy(p);
+    if (!same) return PKV_E_INTERNAL;
+  }
+}
+template <class F>
+pkv_status on_groups(Env& e, F&& f) {
+  return on_groups(
+      e, [](pkv_pool*, pkv_seq_id) {}, f);
 }
 
 // A value check: PKV_OK when the documented result holds.
@@ -1116,6 +1197,145 @@ std::vector<Case> make_cases() {
           return pkv_batch_last_token_indices(nullptr, &t);),
         S("pkv_batch_last_token_indices", PKV_CLASS_NULL, "out = NULL", kInv, "out",
           return pkv_batch_last_token_indices(e.batch, nullptr);),
+        // ------------------------------------------------------------ groups.h
+        V("pkv_kv_group_spec_init", PKV_CLASS_NULL, "spec = NULL", "no-op",
+          pkv_kv_group_spec_init(nullptr);
+          return PKV_OK;),
+        V("pkv_group_stats_init", PKV_CLASS_NULL, "stats = NULL", "no-op",
+          pkv_group_stats_init(nullptr);
+          return PKV_OK;),
+        S("pkv_pool_create_groups", PKV_CLASS_NULL, "base = NULL", kInv, "base",
+          pkv_kv_group_spec g = gspec(PKV_GROUP_FULL);
+          pkv_pool* p = nullptr; return pkv_pool_create_groups(nullptr, &g, 1, &p);),
+        S("pkv_pool_create_groups", PKV_CLASS_NULL, "groups = NULL, num_groups = 2", kInv, "groups",
+          pkv_pool_options o = gbase();
+          pkv_pool* p = nullptr; return pkv_pool_create_groups(&o, nullptr, 2, &p);),
+        S("pkv_pool_create_groups", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          pkv_pool_options o = gbase();
+          pkv_kv_group_spec g = gspec(PKV_GROUP_FULL);
+          return pkv_pool_create_groups(&o, &g, 1, nullptr);),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "num_groups = 0", kInv, "num_groups",
+          pkv_pool_options o = gbase();
+          pkv_kv_group_spec g = gspec(PKV_GROUP_FULL); pkv_pool* p = nullptr;
+          return pkv_pool_create_groups(&o, &g, 0, &p);),
+        S("pkv_pool_create_groups", PKV_CLASS_STRUCT, "groups[1].struct_size = 4", kInv,
+          "groups[1]", pkv_kv_group_spec g = gspec(PKV_GROUP_FULL);
+          g.struct_size = 4; return create_groups_with(gbase(), g);),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "groups[1].kind = 9", kInv, "groups[1].kind",
+          pkv_kv_group_spec g = gspec(PKV_GROUP_FULL);
+          g.kind = 9; return create_groups_with(gbase(), g);),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "recurrent group with state_bytes = 0", kInv,
+          "groups[1].state_bytes", pkv_kv_group_spec g = gspec(PKV_GROUP_RECURRENT);
+          return create_groups_with(gbase(), g);),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "window group with sliding_window = 0", kInv,
+          "groups[1].sliding_window", pkv_kv_group_spec g = gspec(PKV_GROUP_SLIDING_WINDOW);
+          g.sliding_window = 0; return create_groups_with(gbase(), g);),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "groups[1].num_layers = 0", kInv,
+          "groups[1].num_layers", pkv_kv_group_spec g = gspec(PKV_GROUP_FULL);
+          g.num_layers = 0; return create_groups_with(gbase(), g);),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "groups[1].head_dim = 0", kInv,
+          "groups[1].head_dim", pkv_kv_group_spec g = gspec(PKV_GROUP_FULL);
+          g.head_dim = 0; return create_groups_with(gbase(), g);),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "MLA group with kv_lora_rank = 0", kInv,
+          "groups[1].kv_lora_rank", pkv_kv_group_spec g = gspec(PKV_GROUP_MLA);
+          return create_groups_with(gbase(), g);),
+        S("pkv_pool_create_groups", PKV_CLASS_DTYPE, "groups[1].dtype = PKV_DTYPE_I32", kInv,
+          "groups[1].dtype", pkv_kv_group_spec g = gspec(PKV_GROUP_FULL);
+          g.dtype = PKV_DTYPE_I32; return create_groups_with(gbase(), g);),
+        S("pkv_pool_create_groups", PKV_CLASS_STATE, "base->num_layers = 2 (storage)",
+          PKV_E_UNSUPPORTED, "base->num_layers", pkv_pool_options o = gbase();
+          o.num_layers = 2; return create_groups_with(o, gspec(PKV_GROUP_FULL));),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "base->block_size = 0", kInv,
+          "base->block_size", pkv_pool_options o = gbase();
+          o.block_size = 0; return create_groups_with(o, gspec(PKV_GROUP_FULL));),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "base->sliding_window = 8", kInv,
+          "base->sliding_window", pkv_pool_options o = gbase();
+          o.sliding_window = 8; return create_groups_with(o, gspec(PKV_GROUP_FULL));),
+        S("pkv_pool_num_groups", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", uint32_t n;
+          return pkv_pool_num_groups(nullptr, &n);),
+        S("pkv_pool_num_groups", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_pool_num_groups(e.pool, nullptr);),
+        S("pkv_seq_group_block_table", PKV_CLASS_NULL, "out_len = NULL", kInv, "out_len",
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
+                             return pkv_seq_group_block_table(p, s, 0, e.table, 64, nullptr);
+                           });),
+        S("pkv_seq_group_block_table", PKV_CLASS_RANGE, "group = 2 of 2", kInv, "group 2",
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
+                             return pkv_seq_group_block_table(p, s, 2, e.table, 64, &e.u64);
+                           });),
+        S("pkv_seq_group_block_table", PKV_CLASS_RANGE, "group = 1 on a single-group pool", kInv,
+          "group 1", return pkv_seq_group_block_table(e.pool, e.a, 1, e.table, 64, &e.u64);),
+        S("pkv_seq_group_block_table", PKV_CLASS_STALE, "seq freed", kNf, "stale",
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id, pkv_seq_id dead) {
+                             return pkv_seq_group_block_table(p, dead, 0, e.table, 64, &e.u64);
+                           });),
+        S("pkv_seq_group_block_table", PKV_CLASS_CAPACITY, "capacity = 1 for 3 blocks", kSmall,
+          "out_blocks",
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
+                             return pkv_seq_group_block_table(p, s, 1, e.table, 1, &e.u64);
+                           });),
+        S("pkv_pool_group_stats", PKV_CLASS_STATE, "single-group pool", PKV_E_UNSUPPORTED,
+          "single-group", pkv_group_stats g;
+          pkv_group_stats_init(&g); return pkv_pool_group_stats(e.pool, 0, &g);),
+        S("pkv_pool_group_stats", PKV_CLASS_RANGE, "group = 2 of 2", kInv, "group 2",
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
+                             pkv_group_stats g;
+                             pkv_group_stats_init(&g);
+                             return pkv_pool_group_stats(p, 2, &g);
+                           });),
+        S("pkv_pool_group_stats", PKV_CLASS_STRUCT, "out->struct_size = 0", kInv, "struct_size",
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
+                             pkv_group_stats g;
+                             pkv_group_stats_init(&g);
+                             g.struct_size = 0;
+                             return pkv_pool_group_stats(p, 0, &g);
+                           });),
+        S("pkv_pool_group_take_copies", PKV_CLASS_NULL, "src = NULL, capacity = 4", kInv, "src",
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
+                             int32_t d[4];
+                             return pkv_pool_group_take_copies(p, 0, nullptr, d, 4, &e.u64);
+                           });),
+        S("pkv_pool_group_take_copies", PKV_CLASS_STATE, "single-group pool", PKV_E_UNSUPPORTED,
+          "single-group", int32_t a[4], b[4];
+          return pkv_pool_group_take_copies(e.pool, 0, a, b, 4, &e.u64);),
+        S("pkv_pool_group_take_copies", PKV_CLASS_CAPACITY, "capacity = 0 with a copy pending",
+          kSmall, "pending",
+          return on_groups(
+              e,
+              [&](pkv_pool* p, pkv_seq_id s) {
+                pkv_seq_id c = 0;
+                must(pkv_seq_fork(p, s, &c), "fork");
+                must(pkv_seq_append(p, c, e.tokens, 1, 0), "append child");
+              },
+              [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
+                return pkv_pool_group_take_copies(p, 0, nullptr, nullptr, 0, &e.u64);
+              });),
+        S("pkv_seq_append", PKV_CLASS_EXHAUSTED, "multi-group pool: more blocks than free", kOob,
+          "free",
+          return on_groups(e, [&](pkv_pool* p, pkv_seq_id s,
+                                  pkv_seq_id) { return pkv_seq_append(p, s, e.tokens, 64, 0); });),
+        S("pkv_seq_truncate", PKV_CLASS_RANGE, "multi-group pool: into released window blocks",
+          kInv, "released",
+          return on_groups(
+              e,
+              [&](pkv_pool* p, pkv_seq_id s) {
+                must(pkv_seq_append(p, s, e.tokens, 10, 0), "append 10");
+                must(pkv_seq_append(p, s, e.tokens, 1, 0), "append 1");
+              },
+              [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) { return pkv_seq_truncate(p, s, 4); });),
+        S("pkv_batch_prepare", PKV_CLASS_STATE, "multi-group pool", PKV_E_UNSUPPORTED,
+          "multi-group", return on_groups(e, [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
+            pkv_batch* b = nullptr;
+            const uint32_t q = 1;
+            return pkv_batch_prepare(p, &s, &q, 1, nullptr, &b);
+          });),
   };
 }
 

@@ -47,6 +47,7 @@ from ._types import (
     RetentionRange,
     SequenceInfo,
 )
+from .hybrid import GroupKind, GroupStats, HybridPool, KVGroupSpec
 
 __version__: str = _pagedkv.PKV_VERSION_STRING
 """Version of the headers this package was built against."""
@@ -109,11 +110,15 @@ __all__ = [
     "Event",
     "EventType",
     "Features",
+    "GroupKind",
+    "GroupStats",
     "HashAlgo",
+    "HybridPool",
     "InternalError",
     "InvalidArgumentError",
     "InvalidStateError",
     "InvariantError",
+    "KVGroupSpec",
     "MMItem",
     "NotFoundError",
     "OutOfBlocksError",

@@ -51,6 +51,10 @@
 %thread pkv_seq_free;
 %thread pkv_seq_get_info;
 %thread pkv_seq_get_block_table;
+%thread pkv_pool_create_groups;
+%thread pkv_seq_group_block_table;
+%thread pkv_pool_group_stats;
+%thread pkv_pool_group_take_copies;
 %thread pkv_seq_get_block_hashes;
 %thread pkv_pool_get_stats;
 %thread pkv_pool_drain_events;
@@ -944,6 +948,7 @@ PKV_OUT_U64(pkv_seq_id, out_seq)
 PKV_OUT_U64(uint64_t, out)
 PKV_OUT_U64(uint64_t, out_num_cached)
 PKV_OUT_U64(uint64_t, out_blocks)
+PKV_OUT_U64(uint32_t, out)
 
 %define PKV_OUT_HANDLE(TYPE)
 %typemap(in, numinputs=0) TYPE** out (TYPE* tmp = NULL) { $1 = &tmp; }
@@ -982,6 +987,7 @@ PKV_OUT_STRUCT(pkv_tensor, (void)0)
 PKV_OUT_STRUCT(pkv_prefix_match, pkv_prefix_match_init(&tmp))
 PKV_OUT_STRUCT(pkv_tier_match, pkv_tier_match_init(&tmp))
 PKV_OUT_STRUCT(pkv_tier_stats, pkv_tier_stats_init(&tmp))
+PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init(&tmp))
 
 /* pkv_hash_root's digest: bytes (PKV_HASH_MAX_BYTES, zero-padded). */
 %typemap(in, numinputs=0) pkv_block_hash* out (pkv_block_hash tmp) {
@@ -1411,6 +1417,74 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
   if (view$argnum.obj) PyBuffer_Release(&view$argnum);
 }
 
+/* pkv_pool_create_groups' groups: a sequence of pkv_kv_group_spec proxies
+ * or dicts of their fields (layer_ids cannot be given from Python). */
+%typemap(in) (const pkv_kv_group_spec* groups, uint32_t num_groups) (PyObject* seq = NULL) {
+  seq = PySequence_Fast($input, "groups: expected a sequence of pkv_kv_group_spec or dicts");
+  if (!seq) SWIG_fail;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  if (n > 0xFFFF) {
+    PyErr_SetString(PyExc_ValueError, "groups: too many entries");
+    SWIG_fail;
+  }
+  $2 = (uint32_t)n;
+  $1 = (pkv_kv_group_spec*)calloc((size_t)(n > 0 ? n : 1), sizeof(pkv_kv_group_spec));
+  if (!$1) { PyErr_NoMemory(); SWIG_fail; }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+    void* argp = 0;
+    if (PyDict_Check(item)) {
+      static const char* const special[] = {"layer_ids", NULL};
+      pkv_kv_group_spec_init(&$1[i]);
+      if (!pkv_py_apply_dict(item, &$1[i], $descriptor(pkv_kv_group_spec*), "groups", special))
+        SWIG_fail;
+    } else if (SWIG_IsOK(SWIG_ConvertPtr(item, &argp, $descriptor(pkv_kv_group_spec*), 0))) {
+      $1[i] = *(pkv_kv_group_spec*)argp;
+      $1[i].layer_ids = NULL;
+    } else {
+      PyErr_Format(PyExc_TypeError, "groups[%zd]: expected a pkv_kv_group_spec or a dict, got %s",
+                   i, Py_TYPE(item)->tp_name);
+      SWIG_fail;
+    }
+  }
+}
+%typemap(freearg) (const pkv_kv_group_spec* groups, uint32_t num_groups) {
+  free((void*)$1);
+  Py_XDECREF(seq$argnum);
+}
+%immutable pkv_kv_group_spec::layer_ids;
+
+/* pkv_pool_group_take_copies: returns the tuple (src list, dst list). */
+%typemap(in) (int32_t* src, int32_t* dst, uint64_t capacity, uint64_t* out_len) (uint64_t len = 0) {
+  unsigned long long cap = PyLong_AsUnsignedLongLong($input);
+  if (PyErr_Occurred()) SWIG_fail;
+  $3 = cap;
+  $1 = (int32_t*)malloc(sizeof(int32_t) * (size_t)(cap > 0 ? cap : 1));
+  $2 = (int32_t*)malloc(sizeof(int32_t) * (size_t)(cap > 0 ? cap : 1));
+  if (!$1 || !$2) { PyErr_NoMemory(); SWIG_fail; }
+  $4 = &len;
+}
+%typemap(argout) (int32_t* src, int32_t* dst, uint64_t capacity, uint64_t* out_len) {
+  uint64_t n = len$argnum < $3 ? len$argnum : $3;
+  PyObject* a = PyList_New((Py_ssize_t)n);
+  PyObject* b = PyList_New((Py_ssize_t)n);
+  if (!a || !b) { Py_XDECREF(a); Py_XDECREF(b); SWIG_fail; }
+  for (uint64_t i = 0; i < n; ++i) {
+    PyList_SET_ITEM(a, (Py_ssize_t)i, PyLong_FromLong($1[i]));
+    PyList_SET_ITEM(b, (Py_ssize_t)i, PyLong_FromLong($2[i]));
+  }
+  PyObject* pair = PyTuple_Pack(2, a, b);
+  Py_DECREF(a);
+  Py_DECREF(b);
+  if (!pair) SWIG_fail;
+  $result = pkv_py_append($result, pair);
+  if (!$result) SWIG_fail;
+}
+%typemap(freearg) (int32_t* src, int32_t* dst, uint64_t capacity, uint64_t* out_len) {
+  free($1);
+  free($2);
+}
+
 /* ----------------------------------------------------------- tensor ins */
 
 %typemap(in) const pkv_tensor* (pkv_tensor tmp, void* argp = 0) {
@@ -1536,6 +1610,7 @@ PKV_OPTIONS_IN(pkv_tier_options, pkv_tier_options_init, %arg({"file_dir", NULL})
 %include "pagedkv/pool.h"
 %include "pagedkv/batch.h"
 %include "pagedkv/tiers.h"
+%include "pagedkv/groups.h"
 
 /* ------------------------------------------------------------ exceptions */
 

@@ -11,5 +11,6 @@
 #include "pagedkv/pool.h"
 #include "pagedkv/batch.h"
 #include "pagedkv/tiers.h"
+#include "pagedkv/groups.h"
 
 #endif /* PAGEDKV_H */

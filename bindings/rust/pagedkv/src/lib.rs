@@ -58,6 +58,7 @@
 
 mod batch;
 mod error;
+mod groups;
 mod hash;
 mod pool;
 mod seq;
@@ -67,6 +68,7 @@ mod types;
 
 pub use batch::{AttentionParams, Batch, BatchInfo, PlanArray};
 pub use error::{status_string, Error, ErrorKind, Result};
+pub use groups::{GroupKind, GroupSpec, GroupStats};
 pub use hash::{hash_prefix, hash_root, HashOptions, MmItem};
 pub use pool::{
     Event, EventKind, Events, Kv, Pool, PoolOptions, PoolStats, PrefixMatch, RetentionRange, SeqId,

@@ -466,7 +466,7 @@ pub(crate) fn to_u64(n: usize) -> u64 {
 /// Calls `f(ptr, capacity, &mut len)` for a variable-length output, growing
 /// the buffer while the library answers `PKV_E_BUFFER_TOO_SMALL` (another
 /// thread may grow the data between calls).
-fn read_vec<T: Clone>(
+pub(crate) fn read_vec<T: Clone>(
     init: T,
     mut cap: usize,
     mut f: impl FnMut(*mut T, u64, &mut u64) -> sys::pkv_status,
@@ -545,6 +545,17 @@ impl Pool {
 
     pub(crate) fn ptr(&self) -> *mut sys::pkv_pool {
         self.raw.as_ptr()
+    }
+
+    /// Takes ownership of a manager-only pool the library created
+    /// (multi-group pools, groups.rs).
+    pub(crate) fn from_manager(raw: NonNull<sys::pkv_pool>) -> Pool {
+        Pool {
+            raw,
+            device: Device::Cpu,
+            dtype: DType::BF16,
+            has_storage: false,
+        }
     }
 
     /// The raw handle, for calling the C ABI directly. It stays owned by

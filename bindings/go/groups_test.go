@@ -1,0 +1,148 @@
+package pagedkv
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func gptOssLike(t *testing.T, numBlocks uint64) *Pool {
+	t.Helper()
+	p, err := NewGroupPool(&PoolOptions{BlockSize: 4, NumBlocks: numBlocks}, []GroupSpec{
+		{Kind: GroupSlidingWindow, NumLayers: 2, NumKVHeads: 2, HeadDim: 8, SlidingWindow: 8},
+		{Kind: GroupFull, NumLayers: 2, NumKVHeads: 2, HeadDim: 8},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func TestGroupPoolWindowAndFull(t *testing.T) {
+	p := gptOssLike(t, 64)
+	if n, err := p.NumGroups(); err != nil || n != 2 {
+		t.Fatalf("NumGroups = %d, %v", n, err)
+	}
+	s, err := p.CreateSeq(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := make([]int32, 21)
+	for i := range tokens {
+		tokens[i] = int32(100 + i)
+	}
+	if err := s.Append(tokens[:20]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Append(tokens[20:]); err != nil {
+		t.Fatal(err)
+	}
+	win, err := s.GroupBlockTable(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := s.GroupBlockTable(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(win) != 6 || len(full) != 6 {
+		t.Fatalf("tables %v %v", win, full)
+	}
+	for j := 0; j < 6; j++ {
+		if (win[j] == NullBlock) != (j < 3) || full[j] == NullBlock {
+			t.Fatalf("entry %d: window %v full %v", j, win, full)
+		}
+	}
+	st, err := p.GroupStats(0)
+	if err != nil || st.NumNullEntries != 3 || st.Kind != GroupSlidingWindow {
+		t.Fatalf("GroupStats(0) = %+v, %v", st, err)
+	}
+	// Same prompt: every group hits 20 tokens.
+	s2, _ := p.CreateSeq(nil)
+	if n, err := s2.MatchPrefix(tokens); err != nil || n != 20 {
+		t.Fatalf("MatchPrefix = %d, %v", n, err)
+	}
+	// Fork and write: one copy per group.
+	c, err := s.Fork()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Append([]int32{1}); err != nil {
+		t.Fatal(err)
+	}
+	for g := 0; g < 2; g++ {
+		src, dst, err := p.TakeCopies(g)
+		if err != nil || len(src) != 1 || len(dst) != 1 {
+			t.Fatalf("TakeCopies(%d) = %v %v %v", g, src, dst, err)
+		}
+		pt, _ := s.GroupBlockTable(g)
+		ct, _ := c.GroupBlockTable(g)
+		if src[0] != pt[5] || dst[0] != ct[5] {
+			t.Fatalf("group %d: copy %d->%d, tables %v %v", g, src[0], dst[0], pt, ct)
+		}
+	}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGroupPoolErrors(t *testing.T) {
+	_, err := NewGroupPool(&PoolOptions{BlockSize: 4, NumBlocks: 8},
+		[]GroupSpec{{Kind: GroupSlidingWindow, NumKVHeads: 1, HeadDim: 8}})
+	var e *Error
+	if !errors.As(err, &e) || e.Code != CodeInvalidArgument || !strings.Contains(e.Msg, "groups[0].sliding_window") {
+		t.Fatalf("window 0: %v", err)
+	}
+	_, err = NewGroupPool(&PoolOptions{NumBlocks: 8}, []GroupSpec{{Kind: GroupRecurrent}})
+	if !errors.As(err, &e) || e.Code != CodeInvalidArgument || !strings.Contains(e.Msg, "state_bytes") {
+		t.Fatalf("recurrent: %v", err)
+	}
+	p := gptOssLike(t, 16)
+	if _, err := p.GroupStats(2); !errors.As(err, &e) || e.Code != CodeInvalidArgument {
+		t.Fatalf("group 2: %v", err)
+	}
+	single, err := NewPool(&PoolOptions{BlockSize: 4, NumBlocks: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer single.Close()
+	if n, err := single.NumGroups(); err != nil || n != 1 {
+		t.Fatalf("single NumGroups = %d, %v", n, err)
+	}
+	if _, _, err := single.TakeCopies(0); !errors.As(err, &e) || e.Code != CodeUnsupported {
+		t.Fatalf("single TakeCopies: %v", err)
+	}
+}
+
+func TestGroupPoolRecurrentSnapshot(t *testing.T) {
+	p, err := NewGroupPool(&PoolOptions{BlockSize: 4, NumBlocks: 32}, []GroupSpec{
+		{Kind: GroupFull, NumKVHeads: 2, HeadDim: 8},
+		{Kind: GroupRecurrent, NumLayers: 7, StateBytes: 4096},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	tokens := []int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
+	a, _ := p.CreateSeq(nil)
+	if err := a.Append(tokens[:8]); err != nil {
+		t.Fatal(err)
+	}
+	slot, _ := a.GroupBlockTable(1)
+	if err := a.Append(tokens[8:9]); err != nil {
+		t.Fatal(err)
+	}
+	moved, _ := a.GroupBlockTable(1)
+	src, dst, err := p.TakeCopies(1)
+	if err != nil || len(src) != 1 || src[0] != slot[0] || dst[0] != moved[0] {
+		t.Fatalf("snapshot copy %v %v %v (slot %v moved %v)", src, dst, err, slot, moved)
+	}
+	b, _ := p.CreateSeq(nil)
+	if n, err := b.MatchPrefix(tokens); err != nil || n != 8 {
+		t.Fatalf("MatchPrefix = %d, %v", n, err)
+	}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}

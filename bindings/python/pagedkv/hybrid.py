@@ -1,0 +1,191 @@
+"""Several KV groups in one pool (``pagedkv/groups.h``): hybrid models.
+
+A :class:`HybridPool` gives each group of layers (full attention, sliding
+window, MLA latent, recurrent state) its own block table per sequence, all drawing block ids
+from one budget, with prefix caching keyed by (block hash, group): a hit is
+the longest prefix every group can serve, as vLLM's hybrid coordinator finds
+it. It is manager only: the engine owns the KV tensors. Sequences are the
+ordinary :class:`pagedkv.Sequence` (append, fork, truncate, free act on every
+group, all or nothing); ``Sequence.block_table()`` is group 0's table.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, List, Optional, Tuple
+from typing import Sequence as Seq
+
+from . import _pagedkv as _c
+from ._handle import Handle
+from ._pool import Pool, Sequence
+from ._types import DType, HashAlgo, PoolOptions
+
+
+class GroupKind(enum.IntEnum):
+    """``PKV_GROUP_*``."""
+
+    FULL = _c.PKV_GROUP_FULL
+    SLIDING_WINDOW = _c.PKV_GROUP_SLIDING_WINDOW
+    MLA = _c.PKV_GROUP_MLA
+    RECURRENT = _c.PKV_GROUP_RECURRENT
+
+
+@dataclass(frozen=True)
+class KVGroupSpec:
+    """One group of layers (``pkv_kv_group_spec``). Use the constructors
+    :meth:`full`, :meth:`window`, :meth:`mla` and :meth:`recurrent`."""
+
+    kind: GroupKind = GroupKind.FULL
+    num_layers: int = 1
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    sliding_window: int = 0
+    kv_lora_rank: int = 0
+    rope_dim: int = 0
+    dtype: Any = None
+    state_bytes: int = 0
+
+    @classmethod
+    def full(cls, num_layers: int, num_kv_heads: int, head_dim: int, dtype: Any = None) -> KVGroupSpec:
+        return cls(GroupKind.FULL, num_layers, num_kv_heads, head_dim, dtype=dtype)
+
+    @classmethod
+    def window(
+        cls, sliding_window: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype: Any = None
+    ) -> KVGroupSpec:
+        return cls(GroupKind.SLIDING_WINDOW, num_layers, num_kv_heads, head_dim, sliding_window, dtype=dtype)
+
+    @classmethod
+    def mla(cls, num_layers: int, kv_lora_rank: int = 512, rope_dim: int = 64, dtype: Any = None) -> KVGroupSpec:
+        return cls(GroupKind.MLA, num_layers, kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, dtype=dtype)
+
+    @classmethod
+    def recurrent(cls, num_layers: int, state_bytes: int) -> KVGroupSpec:
+        """A fixed-size state per sequence (Mamba): ``state_bytes`` per layer.
+        Each sequence holds one state slot; with prefix caching the state at
+        block boundaries is kept as a snapshot that later prompts resume from
+        (copies from :meth:`HybridPool.take_copies`)."""
+        return cls(GroupKind.RECURRENT, num_layers, state_bytes=state_bytes)
+
+    def _to_c(self) -> dict:
+        d = {
+            "kind": int(self.kind),
+            "num_layers": int(self.num_layers),
+            "num_kv_heads": int(self.num_kv_heads),
+            "head_dim": int(self.head_dim),
+            "sliding_window": int(self.sliding_window),
+            "kv_lora_rank": int(self.kv_lora_rank),
+            "rope_dim": int(self.rope_dim),
+            "state_bytes": int(self.state_bytes),
+        }
+        if self.dtype is not None:
+            d["dtype"] = int(DType.parse(self.dtype))
+        return d
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Counters of one group (``pkv_group_stats``)."""
+
+    kind: GroupKind
+    num_used_blocks: int
+    num_cached_blocks: int
+    num_null_entries: int
+    bytes_per_block: int
+
+
+class HybridPool(Pool):
+    """A manager-only pool of several KV groups on one block budget.
+
+    ``groups``: :class:`KVGroupSpec` entries (1..64). ``num_blocks`` or
+    ``memory_budget_bytes`` sets the budget; a block costs the largest
+    group's page over its layers (groups alias one arena, as in vLLM), which
+    ``bytes_per_block`` and the stats' ``kv_bytes_*`` report.
+    """
+
+    def __init__(
+        self,
+        groups: Seq[KVGroupSpec],
+        *,
+        num_blocks: Optional[int] = None,
+        block_size: Optional[int] = None,
+        memory_budget_bytes: Optional[int] = None,
+        hash_algo: Any = None,
+        hash_seed: Optional[str] = None,
+        enable_prefix_caching: Optional[bool] = None,
+    ) -> None:
+        opts: dict = {}
+        for key, value in (
+            ("num_blocks", num_blocks),
+            ("block_size", block_size),
+            ("memory_budget_bytes", memory_budget_bytes),
+        ):
+            if value is not None:
+                opts[key] = int(value)
+        if hash_algo is not None:
+            opts["hash_algo"] = int(HashAlgo.parse(hash_algo))
+        if hash_seed is not None:
+            opts["hash_seed"] = hash_seed
+        if enable_prefix_caching is not None:
+            opts["enable_prefix_caching"] = int(bool(enable_prefix_caching))
+        self._groups = tuple(groups)
+        for i, g in enumerate(self._groups):
+            if not isinstance(g, KVGroupSpec):
+                raise TypeError(f"groups[{i}]: expected a KVGroupSpec, got {type(g).__name__}")
+        ptr = _c.pkv_pool_create_groups(opts, [g._to_c() for g in self._groups])
+        self._h = Handle(ptr, _c.pkv_pool_destroy, "pool")
+        try:
+            self._options = PoolOptions._from_c(_c.pkv_pool_get_options(ptr))
+            self._bytes_per_block = int(_c.pkv_pool_bytes_per_block(ptr))
+        except BaseException:
+            self._h.close()
+            raise
+        self._digest = self._options.hash_algo.digest_size
+
+    @property
+    def groups(self) -> Tuple[KVGroupSpec, ...]:
+        return self._groups
+
+    @property
+    def num_groups(self) -> int:
+        return int(self._call(_c.pkv_pool_num_groups))
+
+    def __repr__(self) -> str:
+        kinds = ", ".join(g.kind.name.lower() for g in self._groups)
+        return f"HybridPool(groups=[{kinds}], num_blocks={self.num_blocks}, block_size={self.block_size})"
+
+    def group_block_table(self, seq: Sequence, group: int) -> List[int]:
+        """The block table of ``seq`` in ``group`` (0, the null block, where
+        its sliding window released one)."""
+        cap = max(1, seq.info().num_slots // self.block_size)
+        while True:
+            try:
+                return list(self._call(_c.pkv_seq_group_block_table, seq.id, int(group), cap))
+            except _c.BufferTooSmallError:  # grew on another thread meanwhile
+                cap *= 2
+
+    def block_tables(self, seq: Sequence) -> List[List[int]]:
+        """Every group's table of ``seq``, in group order."""
+        return [self.group_block_table(seq, g) for g in range(len(self._groups))]
+
+    def group_stats(self, group: int) -> GroupStats:
+        s = self._call(_c.pkv_pool_group_stats, int(group))
+        return GroupStats(
+            GroupKind(s.kind), s.num_used_blocks, s.num_cached_blocks, s.num_null_entries, s.bytes_per_block
+        )
+
+    def take_copies(self, group: int) -> Tuple[List[int], List[int]]:
+        """Copy-on-write copies (src, dst) recorded for ``group`` since the
+        last call; the engine copies those pages in every layer of the group
+        before the next step writes."""
+        cap = 16
+        while True:
+            try:
+                src, dst = self._call(_c.pkv_pool_group_take_copies, int(group), cap)
+                return list(src), list(dst)
+            except _c.BufferTooSmallError:
+                cap *= 4
+
+
+__all__ = ["GroupKind", "GroupStats", "HybridPool", "KVGroupSpec"]

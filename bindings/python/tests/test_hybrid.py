@@ -1,0 +1,108 @@
+"""Multi-group pools through the package (pagedkv.hybrid)."""
+
+import random
+
+import pytest
+
+import pagedkv as pk
+from pagedkv.hybrid import GroupKind, HybridPool, KVGroupSpec
+
+
+def gpt_oss_like(num_blocks=64, block_size=4, window=8):
+    return HybridPool(
+        [KVGroupSpec.window(window, 2, 2, 8), KVGroupSpec.full(2, 2, 8)],
+        num_blocks=num_blocks,
+        block_size=block_size,
+    )
+
+
+def test_window_group_releases_full_group_keeps():
+    pool = gpt_oss_like()
+    assert pool.num_groups == 2
+    seq = pool.create_sequence()
+    tokens = list(range(100, 121))
+    seq.append(tokens[:20])
+    seq.append(tokens[20:])
+    win, full = pool.block_tables(seq)
+    assert win[:3] == [pk.NULL_BLOCK] * 3 and all(win[3:])
+    assert len(full) == 6 and all(full)
+    assert not set(win) & set(full)
+    assert seq.block_table() == win  # group 0
+    assert pool.group_stats(0).num_null_entries == 3
+    assert pool.group_stats(1).kind == GroupKind.FULL
+    assert seq.info().num_blocks == 9
+    pool.validate()
+    seq.free()
+    assert pool.stats().num_used_blocks == 0
+
+
+def test_prefix_hit_is_what_every_group_serves():
+    pool = gpt_oss_like()
+    prompt = [random.Random(3).randrange(1000) for _ in range(33)]
+    a = pool.create_sequence()
+    a.append(prompt)
+    b = pool.create_sequence()
+    assert b.match_prefix(prompt) == 32
+    win, full = pool.block_tables(b)
+    assert full == pool.group_block_table(a, 1)[:8]
+    # The window group attaches only the blocks its window needs (w - 1 = 7
+    # keys before position 32: blocks 6 and 7).
+    assert win[:6] == [0] * 6 and win[6:] == pool.group_block_table(a, 0)[6:8]
+    pool.validate()
+
+
+def test_append_all_or_nothing_and_copies():
+    pool = gpt_oss_like(num_blocks=9)
+    seq = pool.create_sequence()
+    seq.append(list(range(6)))
+    child = seq.fork()
+    child.append([7])
+    for g in range(2):
+        src, dst = pool.take_copies(g)
+        assert src == [pool.group_block_table(seq, g)[1]]
+        assert dst == [pool.group_block_table(child, g)[1]]
+        assert pool.take_copies(g) == ([], [])
+    before = pool.stats()
+    with pytest.raises(pk.OutOfBlocksError):
+        seq.append(list(range(40)))
+    assert pool.stats() == before
+    assert len(seq) == 6
+
+
+def test_memory_per_block_and_errors():
+    pool = HybridPool([KVGroupSpec.mla(61, 512, 64)], num_blocks=4, block_size=64)
+    assert pool.bytes_per_block == 61 * 576 * 2 * 64
+    assert pool.stats().kv_bytes_per_block == pool.bytes_per_block
+    with pytest.raises(pk.InvalidArgumentError, match=r"groups\[1\].sliding_window"):
+        HybridPool([KVGroupSpec.full(1, 1, 8), KVGroupSpec(GroupKind.SLIDING_WINDOW, 1, 1, 8)], num_blocks=8)
+    with pytest.raises(pk.InvalidArgumentError, match=r"groups\[0\].state_bytes"):
+        HybridPool([KVGroupSpec(GroupKind.RECURRENT)], num_blocks=8)
+    with pytest.raises(pk.InvalidArgumentError, match="group 2"):
+        pool.group_stats(2)
+    with pytest.raises(pk.UnsupportedError, match="multi-group"):
+        pool.prepare([pool.create_sequence()])
+    single = pk.Pool(num_blocks=8, block_size=4)
+    with pytest.raises(pk.UnsupportedError, match="single-group"):
+        pk._pagedkv.pkv_pool_group_stats(single._h, 0)
+    assert pk._pagedkv.pkv_pool_num_groups(single._h) == 1
+
+
+def test_recurrent_state_snapshot_and_hit():
+    # Jamba-like: one attention group, one Mamba state group.
+    pool = HybridPool([KVGroupSpec.full(1, 2, 8), KVGroupSpec.recurrent(7, 4096)], num_blocks=32, block_size=4)
+    assert pool.bytes_per_block == 7 * 4096
+    a = pool.create_sequence()
+    a.append(list(range(8)))
+    (slot,) = pool.group_block_table(a, 1)
+    a.append([8])  # starts at a boundary: the state at 8 becomes a snapshot
+    (moved,) = pool.group_block_table(a, 1)
+    assert pool.take_copies(1) == ([slot], [moved])
+    b = pool.create_sequence()
+    assert b.match_prefix([*range(9), 50]) == 8
+    assert pool.group_block_table(b, 1) == []
+    b.append([9, 10])
+    (mine,) = pool.group_block_table(b, 1)
+    assert pool.take_copies(1) == ([slot], [mine])
+    with pytest.raises(pk.InvalidArgumentError, match="recurrent"):
+        a.truncate(4)
+    pool.validate()

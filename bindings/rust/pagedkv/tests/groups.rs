@@ -1,0 +1,99 @@
+//! Multi-group pools through the safe crate.
+
+use pagedkv::{ErrorKind, GroupSpec, Pool, PoolOptions, NULL_BLOCK};
+
+fn opts(num_blocks: u64) -> PoolOptions {
+    PoolOptions {
+        block_size: 4,
+        num_blocks,
+        ..PoolOptions::default()
+    }
+}
+
+#[test]
+fn window_and_full_groups_share_one_budget() {
+    let pool = Pool::with_groups(
+        &opts(64),
+        &[GroupSpec::window(8, 2, 2, 8), GroupSpec::full(2, 2, 8)],
+    )
+    .unwrap();
+    assert_eq!(pool.num_groups().unwrap(), 2);
+    let s = pool.create_seq().unwrap();
+    let tokens: Vec<i32> = (100..121).collect();
+    pool.append(s, &tokens[..20]).unwrap();
+    pool.append(s, &tokens[20..]).unwrap();
+    let win = pool.group_block_table(s, 0).unwrap();
+    let full = pool.group_block_table(s, 1).unwrap();
+    assert_eq!(&win[..3], &[NULL_BLOCK; 3]);
+    assert!(win[3..].iter().all(|&b| b != NULL_BLOCK));
+    assert_eq!(full.len(), 6);
+    assert!(full.iter().all(|&b| b != NULL_BLOCK && !win.contains(&b)));
+    assert_eq!(pool.group_stats(0).unwrap().num_null_entries, 3);
+    assert_eq!(pool.group_stats(1).unwrap().num_used_blocks, 6);
+    // A second request with the same prompt hits every group.
+    let t = pool.create_seq().unwrap();
+    assert_eq!(pool.match_prefix(t, &tokens).unwrap(), 20);
+    assert_eq!(pool.group_block_table(t, 1).unwrap(), full[..5].to_vec());
+    pool.validate().unwrap();
+    // Fork then write: one copy per group.
+    let c = pool.fork(s).unwrap();
+    pool.append(c, &[1]).unwrap();
+    for g in 0..2 {
+        let copies = pool.take_copies(g).unwrap();
+        assert_eq!(copies.len(), 1);
+        assert_eq!(copies[0].0, pool.group_block_table(s, g).unwrap()[5]);
+        assert_eq!(copies[0].1, pool.group_block_table(c, g).unwrap()[5]);
+    }
+    assert_eq!(pool.bytes_per_block().unwrap(), 2 * 2 * 2 * 8 * 2 * 4);
+}
+
+#[test]
+fn group_errors() {
+    let e = Pool::with_groups(&opts(8), &[GroupSpec::window(0, 1, 1, 8)]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        e.message().contains("groups[0].sliding_window"),
+        "{}",
+        e.message()
+    );
+    let e = Pool::with_groups(&opts(8), &[GroupSpec::recurrent(1, 0)]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.message().contains("state_bytes"), "{}", e.message());
+    let pool = Pool::with_groups(&opts(8), &[GroupSpec::mla(2, 16, 4)]).unwrap();
+    assert_eq!(
+        pool.group_stats(1).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    let single = Pool::new(&opts(8)).unwrap();
+    assert_eq!(single.num_groups().unwrap(), 1);
+    assert_eq!(
+        single.group_stats(0).unwrap_err().kind(),
+        ErrorKind::Unsupported
+    );
+}
+
+#[test]
+fn recurrent_state_resumes_from_a_snapshot() {
+    let pool = Pool::with_groups(
+        &opts(32),
+        &[GroupSpec::full(1, 2, 8), GroupSpec::recurrent(7, 4096)],
+    )
+    .unwrap();
+    let a = pool.create_seq().unwrap();
+    let tokens: Vec<i32> = (0..10).collect();
+    pool.append(a, &tokens[..8]).unwrap();
+    let slot = pool.group_block_table(a, 1).unwrap()[0];
+    pool.append(a, &tokens[8..9]).unwrap();
+    let moved = pool.group_block_table(a, 1).unwrap()[0];
+    assert_eq!(pool.take_copies(1).unwrap(), vec![(slot, moved)]);
+    let b = pool.create_seq().unwrap();
+    assert_eq!(pool.match_prefix(b, &tokens).unwrap(), 8);
+    pool.append(b, &tokens[8..]).unwrap();
+    let mine = pool.group_block_table(b, 1).unwrap()[0];
+    assert_eq!(pool.take_copies(1).unwrap(), vec![(slot, mine)]);
+    assert_eq!(
+        pool.truncate(a, 4).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    pool.validate().unwrap();
+}

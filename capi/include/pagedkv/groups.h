@@ -1,0 +1,125 @@
+/* pagedkv/groups.h: several KV groups in one pool (hybrid models).
+ *
+ * Gemma 2/3 and gpt-oss interleave sliding-window and full-attention layers;
+ * DeepSeek V2/V3 cache one MLA latent per token. A multi-group pool, as
+ * vLLM's hybrid allocator, gives each group of layers its own block table
+ * per sequence while all groups draw block ids from ONE budget (a block id
+ * serves one group at a time):
+ *  - PKV_GROUP_FULL / PKV_GROUP_MLA keep every block of a sequence;
+ *  - PKV_GROUP_SLIDING_WINDOW releases (to PKV_NULL_BLOCK in its table) the
+ *    blocks wholly outside the window of the first token of each append, as
+ *    pkv_pool_options.sliding_window does for a single-group pool;
+ *  - prefix caching is keyed by (block hash, group), the hash being the same
+ *    chained, vLLM-compatible block hash for every group (pagedkv/hash.h). A
+ *    hit is the longest prefix that every group can serve: full groups need
+ *    every leading block cached, window groups only the blocks holding the
+ *    window before the hit point, found by vLLM's coordinator's fixed point.
+ *
+ * Multi-group pools are manager only (pkv_pool_options.num_layers 0): the
+ * engine owns the KV tensors. A block's bytes hold one group's pages for all
+ * of that group's layers (groups alias one arena, as vLLM), so a block costs
+ * the largest group's page: pkv_pool_bytes_per_block and the stats' kv_bytes_*
+ * report that; pkv_pool_group_stats gives each group's page.
+ *
+ * These existing calls work on a multi-group pool and act on every group,
+ * all or nothing: pkv_seq_create, pkv_seq_match_prefix, pkv_seq_append,
+ * pkv_seq_blocks_needed (blocks over all groups), pkv_seq_fork,
+ * pkv_seq_truncate, pkv_seq_free, pkv_seq_get_info (num_blocks counts held
+ * blocks of all groups), pkv_seq_get_block_table (group 0's table),
+ * pkv_pool_get_options (the base options, num_blocks resolved),
+ * pkv_pool_get_stats, pkv_pool_bytes_per_block, pkv_pool_validate,
+ * pkv_pool_destroy. Every other call answers PKV_E_UNSUPPORTED on it.
+ *
+ * PKV_GROUP_RECURRENT (Jamba, Qwen3-Next): a block of the group is one
+ * state slot. A sequence's table in it holds its live slot alone (taken at
+ * its first append). With prefix caching, the state at a block boundary is
+ * kept as a snapshot keyed by that block's hash (vLLM's Mamba prefix
+ * caching): when an append starts at a boundary (the previous tokens are
+ * computed by then) or the sequence is freed there. A hit in this group
+ * needs a snapshot at exactly the hit point; the sequence's first append
+ * then copies it into its new slot. A fork child starts from the parent's
+ * state the same way (copy at its first append; the parent moves to a copy
+ * when it appends first). All these copies come from
+ * pkv_pool_group_take_copies, to run before the next step. A recurrent
+ * state cannot be rolled back: pkv_seq_truncate below the sequence's length
+ * fails with PKV_E_INVALID_ARGUMENT.
+ */
+#ifndef PAGEDKV_GROUPS_H
+#define PAGEDKV_GROUPS_H
+
+#include "pagedkv/pool.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PKV_GROUP_FULL 0           /* full attention: K and V pages */
+#define PKV_GROUP_SLIDING_WINDOW 1 /* attention over the last sliding_window tokens */
+#define PKV_GROUP_MLA 2            /* full attention over one latent per token, no V */
+#define PKV_GROUP_RECURRENT 3      /* fixed-size state per sequence (Mamba, linear attention) */
+
+typedef struct pkv_kv_group_spec {
+  uint32_t struct_size;      /* sizeof(pkv_kv_group_spec); set by _init */
+  uint32_t kind;             /* PKV_GROUP_*; default PKV_GROUP_FULL */
+  uint32_t num_layers;       /* model layers in this group (>= 1); default 1 */
+  uint32_t num_kv_heads;     /* FULL / SLIDING_WINDOW: KV heads per layer */
+  uint32_t head_dim;         /* FULL / SLIDING_WINDOW */
+  uint32_t sliding_window;   /* SLIDING_WINDOW: tokens (>= 1); 0 otherwise */
+  uint32_t kv_lora_rank;     /* MLA: latent width (DeepSeek: 512) */
+  uint32_t rope_dim;         /* MLA: decoupled RoPE key width (DeepSeek: 64) */
+  uint32_t dtype;            /* PKV_DTYPE_*; default PKV_DTYPE_BF16 */
+  uint32_t reserved;         /* 0 */
+  uint64_t state_bytes;      /* RECURRENT: bytes of one layer's state (conv + SSM) */
+  const uint32_t* layer_ids; /* NULL, or num_layers model layer indices (copied) */
+} pkv_kv_group_spec;
+
+/* Sets defaults. Always call before filling fields. */
+PKV_API void pkv_kv_group_spec_init(pkv_kv_group_spec* spec);
+
+/* Creates a pool of num_groups (1..64) groups sharing one block budget.
+ * base: block_size, num_blocks or memory_budget_bytes (divided by the block
+ * bytes described above), hash_algo, hash_seed, enable_prefix_caching,
+ * strict_key_domains are read; num_layers and sliding_window must be 0; events, partial reuse and
+ * retention are not supported (PKV_E_UNSUPPORTED). Errors name the field
+ * (base->..., groups[i].kind, ...). */
+PKV_API pkv_status pkv_pool_create_groups(const pkv_pool_options* base,
+                                          const pkv_kv_group_spec* groups, uint32_t num_groups,
+                                          pkv_pool** out);
+
+/* Number of groups: 1 for a pool from pkv_pool_create. */
+PKV_API pkv_status pkv_pool_num_groups(const pkv_pool* pool, uint32_t* out);
+
+/* The block table of group `group` (PKV_NULL_BLOCK where its sliding window
+ * released a block). With capacity too small: PKV_E_BUFFER_TOO_SMALL and
+ * *out_len set. On a single-group pool, group 0 is pkv_seq_get_block_table. */
+PKV_API pkv_status pkv_seq_group_block_table(const pkv_pool* pool, pkv_seq_id seq, uint32_t group,
+                                             int32_t* out_blocks, uint64_t capacity,
+                                             uint64_t* out_len);
+
+typedef struct pkv_group_stats {
+  uint32_t struct_size; /* set by _init; fields past it are not written */
+  uint32_t kind;
+  uint64_t num_used_blocks;   /* blocks of this group held by sequences */
+  uint64_t num_cached_blocks; /* (hash, group) prefix-cache entries */
+  uint64_t num_null_entries;  /* table entries its sliding window released */
+  uint64_t bytes_per_block;   /* this group's page over its layers */
+} pkv_group_stats;
+
+PKV_API void pkv_group_stats_init(pkv_group_stats* stats);
+/* Per-group stats of a multi-group pool (PKV_E_UNSUPPORTED on others). */
+PKV_API pkv_status pkv_pool_group_stats(const pkv_pool* pool, uint32_t group, pkv_group_stats* out);
+
+/* Copy-on-write copies (src[i] -> dst[i], block ids of group `group`)
+ * recorded since the last call, oldest first, and forgets them: the engine
+ * copies those pages in every layer of the group before the next step
+ * writes. An append writes into a copy when the block it writes into is
+ * shared (pkv_seq_fork) or cached (a truncated full block). With capacity
+ * too small: PKV_E_BUFFER_TOO_SMALL, *out_len set, nothing forgotten. */
+PKV_API pkv_status pkv_pool_group_take_copies(pkv_pool* pool, uint32_t group, int32_t* src,
+                                              int32_t* dst, uint64_t capacity, uint64_t* out_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PAGEDKV_GROUPS_H */

@@ -1,0 +1,166 @@
+// Several KV groups in one pool (pkv_pool_create_groups; issue 19), after
+// vLLM's hybrid allocator: every group draws block ids from ONE budget (a
+// block id serves one group at a time), each sequence has one block table
+// per group, and the prefix cache is keyed by (block hash, group) like vLLM's
+// BlockHashWithGroupId, with the same chained hash for every group.
+//
+// Storage scheme (reported, not allocated: these pools are manager only):
+// as vLLM, a block id's bytes hold one group's pages for all of that
+// group's layers, so groups alias one arena and a block costs the largest
+// group's page; bytes_per_block() is that, and a sequence's memory is the
+// blocks it holds in all groups times it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "free_block_queue.h"
+#include "hash/block_hash.h"
+#include "kv_pool.h"
+
+namespace pagedkv {
+
+// Values equal PKV_GROUP_*.
+enum class GroupKind : uint32_t { kFull = 0, kSlidingWindow = 1, kMla = 2, kRecurrent = 3 };
+
+struct GroupSpec {
+  GroupKind kind = GroupKind::kFull;
+  uint32_t num_layers = 1;
+  std::vector<uint32_t> layer_ids;  // empty = not given
+  uint32_t num_kv_heads = 0, head_dim = 0;
+  uint32_t sliding_window = 0;              // tokens, kSlidingWindow only
+  uint32_t kv_lora_rank = 0, rope_dim = 0;  // kMla only
+  uint64_t state_bytes = 0;                 // kRecurrent: one layer's state
+  DType dtype = DType::kBF16;
+};
+
+// Bytes one block of the group takes over all its layers: K and V pages
+// (heads x head_dim each), one latent of kv_lora_rank + rope_dim (MLA, no
+// V), or one state (recurrent: a block is a state slot, whatever the tokens).
+uint64_t group_block_bytes(const GroupSpec& g, uint32_t block_size);
+
+struct GroupStats {
+  uint64_t num_used_blocks = 0;    // blocks of this group held by sequences
+  uint64_t num_cached_blocks = 0;  // (hash, group) entries in the prefix cache
+  uint64_t num_null_entries = 0;   // table entries the sliding window released
+  uint64_t bytes_per_block = 0;    // this group's page over its layers
+};
+
+class GroupPool {
+ public:
+  // Validates (Error kInvalidArgument naming base->field or groups[i].field).
+  static std::shared_ptr<GroupPool> create(const PoolOptions& base, std::vector<GroupSpec> groups);
+
+  const PoolOptions& options() const { return opts_; }
+  uint32_t num_groups() const { return uint32_t(groups_.size()); }
+  const GroupSpec& group(uint32_t g) const { return groups_[g]; }
+  uint64_t bytes_per_block() const { return bytes_per_block_; }
+  uint64_t num_kv_scales() const { return 0; }  // no storage
+
+  SeqId seq_create(const SeqOptions& o);
+  // Longest prefix every group can serve (see find_hit), capped so one token
+  // is left to compute; attaches those blocks to an empty sequence.
+  uint64_t match_prefix(SeqId id, const int32_t* tokens, uint64_t n);
+  void append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahead);
+  uint64_t blocks_needed(SeqId id, uint64_t n, uint32_t lookahead) const;
+  SeqId fork(SeqId parent);
+  void truncate(SeqId id, uint64_t num_tokens);
+  void free(SeqId id);
+  SeqInfo seq_info(SeqId id) const;
+  // Copies the sequence's table of group g into out (cap entries); returns
+  // its length. Released window entries read as the null block 0.
+  uint64_t block_table(SeqId id, uint32_t g, int32_t* out, uint64_t cap) const;
+  // Group 0's (pkv_seq_get_block_table on a multi-group pool).
+  uint64_t block_table(SeqId id, int32_t* out, uint64_t cap) const {
+    return block_table(id, 0, out, cap);
+  }
+  PoolStats stats() const;
+  GroupStats group_stats(uint32_t g) const;
+  // Copy-on-write copies (src, dst) recorded for group g since the last
+  // call, oldest first, for the engine to execute before the next step.
+  // Returns their count; copies them out and forgets them only if it is at
+  // most cap.
+  uint64_t take_copies(uint32_t g, int32_t* src, int32_t* dst, uint64_t cap);
+  // Invariants (ref counts = table references, free queue = ref 0 blocks,
+  // cache entries point at blocks of their group holding their hash); ""
+  // when they all hold.
+  std::string check() const;
+  std::string validate() const { return check(); }  // as Pool::validate
+
+
+ private:
+  // The longest hit, in blocks, of hashes[0, max_blocks) that every group
+  // can serve from the cache, as vLLM's HybridKVCacheCoordinator computes
+  // it: each group gives the longest hit it can serve at or below the
+  // current length, until a fixed point. out[g] receives the group's blocks
+  // (0 = null for window entries before the window). Caller holds mu_.
+  uint64_t find_hit(const std::vector<BlockHash>& hashes, uint64_t max_blocks,
+                    std::vector<std::vector<int32_t>>* out) const;
+
+  struct Seq {
+    HashContext ctx;
+    int32_t priority = 0;
+    std::vector<int32_t> tokens;
+    std::vector<BlockHash> hashes;            // of the full blocks
+    std::vector<std::vector<int32_t>> table;  // per group
+    std::vector<uint64_t> num_null;           // per group: leading released entries
+    // Recurrent groups: the table holds the live state slot alone; before
+    // the first append, the state to start from (a prefix hit's snapshot or
+    // a fork parent's slot, held by a reference), 0 = the initial state.
+    std::vector<int32_t> state_src;
+    uint64_t num_cached = 0;
+  };
+  struct Key {
+    BlockHash hash;
+    uint32_t group;
+    bool operator==(const Key& o) const { return group == o.group && hash == o.hash; }
+  };
+  struct KeyHasher {
+    uint64_t seed;
+    size_t operator()(const Key& k) const noexcept;
+  };
+  struct Need {
+    uint64_t fresh = 0, cow = 0, gain = 0;
+  };
+
+  GroupPool(const PoolOptions& base, std::vector<GroupSpec> groups);
+  Seq& seq_or_throw(SeqId id);
+  const Seq& seq_or_throw(SeqId id) const;
+  Need need_of(const Seq& s, uint64_t n, uint32_t lookahead) const;
+  uint64_t window_end(uint32_t g, uint64_t n0) const;  // blocks wholly before n0's window
+  bool recurrent(uint32_t g) const { return groups_[g].kind == GroupKind::kRecurrent; }
+  // Whether the state at the sequence's current length (a block boundary)
+  // should be kept as a snapshot, keyed by its last block's hash.
+  bool snapshot_due(const Seq& s, uint32_t g) const;
+  int32_t allocate(uint32_t g);
+  void release(int32_t b);
+  void cache(int32_t b, uint32_t g, const BlockHash& h);
+  void uncache(int32_t b);
+  int32_t lookup(const BlockHash& h, uint32_t g) const;
+  uint64_t hit_of_group(uint32_t g, const std::vector<BlockHash>& hashes, uint64_t max_blocks,
+                        std::vector<int32_t>* out) const;
+  void hash_full_blocks(Seq& s);
+  void append_state(Seq& s, uint32_t g);  // a recurrent group's part of append
+
+  PoolOptions opts_;
+  std::vector<GroupSpec> groups_;
+  uint64_t bytes_per_block_ = 0;
+  BlockHash root_;
+  mutable std::mutex mu_;
+  int32_t num_blocks_ = 0;
+  std::vector<int32_t> ref_;
+  std::vector<int32_t> group_of_;  // group of a used or cached block; -1 none
+  std::vector<BlockHash> key_;     // hash of a cached block (empty = not cached)
+  FreeBlockQueue queue_;
+  std::unordered_multimap<Key, int32_t, KeyHasher> cache_;
+  std::unordered_map<SeqId, Seq> seqs_;
+  SeqId next_id_ = 1;
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> copies_;
+  uint64_t query_tokens_ = 0, hit_tokens_ = 0, evictions_ = 0, cow_ = 0;
+};
+
+}  // namespace pagedkv
