@@ -99,14 +99,30 @@ class Attention {
       v_scales_ = arena.plane_scales(layer, 1);
       load_factor_ = f;
     }
-    pair_ =
-        kv_dt_ == 2 && kt_->pair_width > 0 && d_ % (2 * kt_->pair_width) == 0 ? kt_->pair_width : 0;
-    if (pair_ > 0) kv_dt_ = kBf16Paired;
+    // bf16 q against bf16 or FP8 pages: q . k with the ISA's bf16 dot
+    // product (FP8 widens to bf16 exactly, so the accuracy is the same).
+    const int fp8_fmt = lay.dtype == DType::kFp8E4m3 ? kFp8E4m3 : kFp8E5m2;
+    const QkBf16Fn* dot = lay.dtype == DType::kBF16 ? kt_->qk_bf16 : nullptr;
+    if (is_fp8(lay.dtype) && kt_->qk_bf16_fp8[0][fp8_fmt] != nullptr) {
+      for (int ri = 0; ri < kNumRowSizes; ++ri) qk_fp8_dot_[ri] = kt_->qk_bf16_fp8[ri][fp8_fmt];
+      dot = qk_fp8_dot_;
+    }
+    dot_bf16_ = q.dtype == DType::kBF16 && dot != nullptr && dot[0] != nullptr && d_ % 32 == 0;
+    qk_dot_ = dot_bf16_ ? dot : nullptr;
+    // bf16 and (where the ISA widens them to bf16) E4M3 pages are read in
+    // pairs: two f32 vectors from one load, by a shift and a mask. E5M2
+    // widens to f32 more cheaply through f16 (one shift) than through the
+    // bf16 table (bench_cpu_fp8_decode): its K goes through the table only
+    // for the bf16 dot product.
+    const int paired = kv_dt_ == 2 ? kBf16Paired : kv_dt_ == kFp8E4m3Kind ? kFp8E4m3Paired : -1;
+    pair_ = paired >= 0 && kt_->pair_width > 0 && kt_->pv[0][paired] != nullptr &&
+                    d_ % (2 * kt_->pair_width) == 0
+                ? kt_->pair_width
+                : 0;
+    if (pair_ > 0) kv_dt_ = paired;
     esize_ = dtype_size(lay.dtype);
     kplane_ = static_cast<const char*>(arena.plane(layer, 0));
     vplane_ = static_cast<const char*>(arena.plane(layer, 1));
-    dot_bf16_ = lay.dtype == DType::kBF16 && q.dtype == DType::kBF16 &&
-                kt_->qk_bf16[0] != nullptr && d_ % 32 == 0;
     ldpg_ = (bs_ + 15) / 16 * 16;
     step_pages_ = std::max(1, std::min(kMaxStepPages, kStepKeys / bs_));
     l2_ahead_steps_ = std::max(2, kL2AheadKeys / (step_pages_ * bs_));
@@ -246,7 +262,7 @@ class Attention {
     std::fill(s.acc, s.acc + size_t(R) * d_, 0.0f);
 
     const QkFn qk = kt_->qk[row_index(R)][kv_dt_];
-    const QkBf16Fn qkb = dot_bf16_ ? kt_->qk_bf16[row_index(R)] : nullptr;
+    const QkBf16Fn qkb = dot_bf16_ ? qk_dot_[row_index(R)] : nullptr;
     const PvFn pv = kt_->pv[row_index(R)][kv_dt_];
     const int32_t* pages = plan_.page_indices + plan_.page_indptr[t.seq];
     const int64_t head_off = int64_t(t.head) * bs_ * d_;
@@ -297,7 +313,9 @@ class Attention {
         vpage[i] = vplane_ + off;
         float* x = s.logits + i * ldpg_;
         if (qkb != nullptr) {
-          qkb(qb, d_, kpage[i], pj0, pj1, x, ldl_, scale, args_.logit_softcap, &pf);
+          // The dot products are unscaled: qscale (the softmax scale, and an FP8
+          // cache's K scale) multiplies their sums.
+          qkb(qb, d_, kpage[i], pj0, pj1, x, ldl_, qscale, args_.logit_softcap, &pf);
         } else {
           qk(s.q, d_, kpage[i], pj0, pj1, x, ldl_, args_.logit_softcap, &pf);
         }
@@ -446,12 +464,14 @@ class Attention {
   int32_t d_, bs_, hkv_, group_, ldl_, max_rows_, min_split_keys_;
   int32_t ldpg_;        // logits per page in a step (bs rounded up to 16)
   int32_t step_pages_;  // pages per online-softmax step
-  bool dot_bf16_;       // bf16 q and cache: q . k with the ISA's bf16 dot product
-  const float* k_scales_ = nullptr;  // FP8 cache: this layer's per-head scales
+  bool dot_bf16_;       // bf16 q, bf16 or FP8 cache: q . k with the ISA's bf16 dot product
+  const QkBf16Fn* qk_dot_ = nullptr;        // by row size, when dot_bf16_
+  QkBf16Fn qk_fp8_dot_[kNumRowSizes] = {};  // the FP8 format's dot kernels
+  const float* k_scales_ = nullptr;         // FP8 cache: this layer's per-head scales
   const float* v_scales_ = nullptr;
   float load_factor_ = 1.0f;  // 1 / fp8_load_factor of the cache's format
-  int kv_dt_;           // kernel variant: dtype index, or kBf16Paired
-  int32_t pair_ = 0;    // > 0: q and acc rows in paired order of this width
+  int kv_dt_;                 // kernel variant: dtype index, FP8 kind, or a paired kind
+  int32_t pair_ = 0;          // > 0: q and acc rows in paired order of this width
   size_t esize_;
   const char* kplane_;
   const char* vplane_;

@@ -21,8 +21,9 @@
 // Logits (all arithmetic in f32; T values are widened exactly):
 //   x = (scale * q) . k              scale = AttentionArgs::softmax_scale
 //   x = c * tanh(x / c)              only if c = logit_softcap > 0
-// (the avx512bf16 kernels compute scale * (q . k) for bf16 q and cache:
-// the same up to f32 rounding; vdpbf16ps reads bf16 subnormals as 0),
+// (the avx512bf16 kernels compute scale * (q . k) for bf16 q and a bf16 or
+// FP8 cache, FP8 widened to bf16 exactly: the same up to f32 rounding;
+// vdpbf16ps reads bf16 subnormals as 0),
 // i.e. the softmax scale is applied BEFORE the soft-cap, as FlashAttention,
 // FlashInfer, vLLM and Gemma-2 do; the softmax itself then uses no further
 // scale. Invisible keys get weight exactly 0 (their logits are -inf after
@@ -58,7 +59,8 @@
 // FP8 caches (E4M3, E5M2; fp8.h): the write stores each value divided by
 // its head's scale (KvArena::scales), encoded round-to-nearest-even and
 // saturating; attention reads code * scale, with the K scale folded into
-// q's scaling (x = (scale * k_scale * q) . code) and the V scale into the
+// q's scaling (x = (scale * k_scale * q) . code, or (scale * k_scale) *
+// (q . code) on the bf16 dot-product path) and the V scale into the
 // output's normalisation: the same as dequantising every element, up to
 // f32 rounding. q and out are f32, f16 or bf16.
 #pragma once

@@ -93,6 +93,43 @@ struct Fp8Table {
 template <int F>
 inline constexpr Fp8Table<F> kFp8Table{};
 
+// The bf16 bits of the 128 magnitudes (code & 0x7f) of each format, times
+// fp8_load_factor<F>(): every one is exact in bf16 (4 or 3 significant
+// bits, exponents far inside bf16's normal range, subnormal codes
+// normalised), NaN codes a quiet NaN, E5M2's infinity infinite. The AVX-512
+// kernels widen FP8 to bf16 with this table (fp8_ops_avx512.inc): the sign
+// is the code's top bit, so the table needs no negative half. Computed from
+// the fields (no float bit casts in a C++17 constant expression).
+template <int F>
+struct Fp8Bf16Table {
+  alignas(64) uint16_t v[128]{};
+  constexpr Fp8Bf16Table() {
+    constexpr int M = F == kFp8E4m3 ? 3 : 2;
+    constexpr int bias = F == kFp8E4m3 ? 7 : 15;
+    constexpr int shift = F == kFp8E4m3 ? 8 : 0;  // log2 of 1 / fp8_load_factor
+    for (int c = 0; c < 128; ++c) {
+      const int e = c >> M, m = c & ((1 << M) - 1);
+      uint16_t bits = 0;
+      if ((F == kFp8E4m3 && c == 0x7f) || (F == kFp8E5m2 && e == 31 && m != 0)) {
+        bits = 0x7fc0;
+      } else if (F == kFp8E5m2 && e == 31) {
+        bits = 0x7f80;
+      } else if (e > 0) {
+        bits = uint16_t(((e - bias - shift + 127) << 7) | (m << (7 - M)));
+      } else if (m > 0) {
+        // m * 2^(1 - bias - M - shift), normalised at m's top bit t.
+        int t = 0;
+        while ((m >> (t + 1)) != 0) ++t;
+        bits = uint16_t(((t + 1 - bias - M - shift + 127) << 7) | ((m - (1 << t)) << (7 - t)));
+      }
+      v[c] = bits;
+    }
+  }
+};
+
+template <int F>
+inline constexpr Fp8Bf16Table<F> kFp8Bf16Table{};
+
 // Loads scaled by fp8_load_factor<F>() (exact: powers of two).
 template <int F>
 inline float fp8_load_scaled(uint8_t c) {

@@ -116,11 +116,14 @@ constexpr int kNumRowSizes = 5;  // R = 1, 2, 4, 8, 16
 constexpr int kNumDTypes = 3;    // f32, f16, bf16
 // Kernel variants by cache layout: the three dtypes, plus bf16 read in
 // pairs (see KernelTable::pair_width), plus the two FP8 formats (loads
-// scaled by fp8_load_factor, fp8.h).
-constexpr int kNumKvKinds = 6;
+// scaled by fp8_load_factor, fp8.h), plus E4M3 widened to bf16 and read in
+// pairs like bf16 (AVX-512 only: null elsewhere).
+constexpr int kNumKvKinds = 7;
 constexpr int kBf16Paired = 3;
 constexpr int kFp8E4m3Kind = 4;
 constexpr int kFp8E5m2Kind = 5;
+constexpr int kFp8E4m3Paired = 6;
+constexpr bool is_paired_kind(int kind) { return kind == kBf16Paired || kind == kFp8E4m3Paired; }
 
 // dst[i] = FP8 encoding (format kFp8E4m3 / kFp8E5m2 of fp8.h) of src[i] / scale.
 using QuantizeFp8Fn = void (*)(const float* src, uint8_t* dst, int64_t n, float scale);
@@ -140,6 +143,9 @@ struct KernelTable {
   int32_t pair_width;
   QkFn qk[kNumRowSizes][kNumKvKinds];
   QkBf16Fn qk_bf16[kNumRowSizes];  // null where the ISA has no bf16 dot product
+  // As qk_bf16 for an FP8 page (by format), widened to bf16 first; the
+  // scale argument then also carries the K scale and fp8_load_factor.
+  QkBf16Fn qk_bf16_fp8[kNumRowSizes][2];
   PvFn pv[kNumRowSizes][kNumKvKinds];
   SoftmaxFn softmax;
   ToF32Fn to_f32[kNumDTypes];
