@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -114,12 +115,23 @@ class ZmqPublisher final : public Publisher {
     if (binds(o_.endpoint) ? zmq_bind(pub_, o_.endpoint.c_str()) != 0
                            : zmq_connect(pub_, o_.endpoint.c_str()) != 0)
       zfail(binds(o_.endpoint) ? "cannot bind endpoint" : "cannot connect endpoint", o_.endpoint);
+    if (binds(o_.endpoint)) o_.endpoint = last_endpoint(pub_, o_.endpoint);
     if (o_.replay_endpoint.empty()) return;
     replay_ = zmq_socket(ctx_, ZMQ_ROUTER);
     if (!replay_) zfail("cannot create a ROUTER socket for", o_.replay_endpoint);
     zmq_setsockopt(replay_, ZMQ_LINGER, &linger, sizeof linger);
     if (zmq_bind(replay_, o_.replay_endpoint.c_str()) != 0)
       zfail("cannot bind replay_endpoint", o_.replay_endpoint);
+    o_.replay_endpoint = last_endpoint(replay_, o_.replay_endpoint);
+  }
+
+  // What was bound, so that "tcp://127.0.0.1:*" (any free port) reports
+  // the port it got.
+  static std::string last_endpoint(void* s, const std::string& fallback) {
+    char buf[1024];
+    size_t len = sizeof buf;
+    if (zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, buf, &len) != 0 || len == 0) return fallback;
+    return std::string(buf, strnlen(buf, len));
   }
 
   void close() noexcept {

@@ -47,6 +47,7 @@ from ._types import (
     RetentionRange,
     SequenceInfo,
 )
+from .events import EventPublisher, EventV2, Medium
 
 __version__: str = _pagedkv.PKV_VERSION_STRING
 """Version of the headers this package was built against."""
@@ -107,7 +108,9 @@ __all__ = [
     "Device",
     "DeviceType",
     "Event",
+    "EventPublisher",
     "EventType",
+    "EventV2",
     "Features",
     "HashAlgo",
     "InternalError",
@@ -115,6 +118,7 @@ __all__ = [
     "InvalidStateError",
     "InvariantError",
     "MMItem",
+    "Medium",
     "NotFoundError",
     "OutOfBlocksError",
     "OutOfMemoryError",

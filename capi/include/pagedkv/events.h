@@ -80,7 +80,8 @@ PKV_API void pkv_event_publisher_options_init(pkv_event_publisher_options* opts)
 
 /* A publisher of pool's KV events (the pool must have enable_events).
  * endpoint: the PUB address, bound when it holds '*' or '::' or is ipc://
- * or inproc://, else connected (vLLM's rule), e.g. "tcp://*:5557".
+ * or inproc://, else connected (vLLM's rule): "tcp://" then "*:5557"
+ * binds port 5557 on every interface.
  * replay_endpoint: NULL for none, or a ROUTER address to bind: a request
  * [start seq, 8 bytes big endian] is answered with every buffered
  * [seq, batch] from there and then [-1, empty]. opts: NULL for defaults.
@@ -114,7 +115,8 @@ PKV_API void pkv_event_publisher_stats_init(pkv_event_publisher_stats* stats);
 PKV_API pkv_status pkv_event_publisher_get_stats(const pkv_event_publisher* pub,
                                                  pkv_event_publisher_stats* out);
 
-/* The PUB endpoint after the rank offset, NUL-terminated into buf
+/* The PUB endpoint after the rank offset (a bound one as ZeroMQ reports
+ * it, so "tcp://127.0.0.1:" + "*" names the port it got), NUL-terminated into buf
  * (capacity bytes); PKV_E_BUFFER_TOO_SMALL with *out_len the length
  * needed (without the NUL). which: 0 = endpoint, 1 = replay endpoint. */
 PKV_API pkv_status pkv_event_publisher_endpoint(const pkv_event_publisher* pub, uint32_t which,
