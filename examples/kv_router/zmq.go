@@ -1,0 +1,93 @@
+package main
+
+// The few libzmq calls a KV-event subscriber needs, over cgo (Debian ships
+// no Go ZeroMQ package). Each socket is used by one goroutine at a time.
+
+/*
+#cgo pkg-config: libzmq
+#include <stdlib.h>
+#include <zmq.h>
+*/
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+type zctx struct{ p unsafe.Pointer }
+type zsock struct{ p unsafe.Pointer }
+
+func newContext() *zctx { return &zctx{C.zmq_ctx_new()} }
+
+func (c *zctx) close() { C.zmq_ctx_term(c.p) }
+
+func zerr(what string) error {
+	return fmt.Errorf("%s: %s", what, C.GoString(C.zmq_strerror(C.zmq_errno())))
+}
+
+func (c *zctx) socket(kind C.int, endpoint string) (*zsock, error) {
+	s := C.zmq_socket(c.p, kind)
+	if s == nil {
+		return nil, zerr("zmq_socket")
+	}
+	linger := C.int(0)
+	C.zmq_setsockopt(s, C.ZMQ_LINGER, unsafe.Pointer(&linger), C.size_t(unsafe.Sizeof(linger)))
+	ep := C.CString(endpoint)
+	defer C.free(unsafe.Pointer(ep))
+	if C.zmq_connect(s, ep) != 0 {
+		C.zmq_close(s)
+		return nil, zerr("connect " + endpoint)
+	}
+	return &zsock{s}, nil
+}
+
+// subscriber connects a SUB socket to endpoint for messages whose first
+// frame starts with topic.
+func (c *zctx) subscriber(endpoint, topic string) (*zsock, error) {
+	s, err := c.socket(C.ZMQ_SUB, endpoint)
+	if err != nil {
+		return nil, err
+	}
+	t := C.CString(topic)
+	defer C.free(unsafe.Pointer(t))
+	C.zmq_setsockopt(s.p, C.ZMQ_SUBSCRIBE, unsafe.Pointer(t), C.size_t(len(topic)))
+	return s, nil
+}
+
+func (c *zctx) requester(endpoint string) (*zsock, error) { return c.socket(C.ZMQ_REQ, endpoint) }
+
+func (s *zsock) close() { C.zmq_close(s.p) }
+
+// poll waits up to ms milliseconds for a message.
+func (s *zsock) poll(ms int) bool {
+	item := C.zmq_pollitem_t{socket: s.p, events: C.ZMQ_POLLIN}
+	return C.zmq_poll(&item, 1, C.long(ms)) > 0 && item.revents&C.ZMQ_POLLIN != 0
+}
+
+func (s *zsock) recvMultipart() ([][]byte, error) {
+	var frames [][]byte
+	for {
+		var m C.zmq_msg_t
+		C.zmq_msg_init(&m)
+		if C.zmq_msg_recv(&m, s.p, 0) < 0 {
+			C.zmq_msg_close(&m)
+			return nil, zerr("zmq_msg_recv")
+		}
+		frames = append(frames, C.GoBytes(C.zmq_msg_data(&m), C.int(C.zmq_msg_size(&m))))
+		more := C.zmq_msg_more(&m)
+		C.zmq_msg_close(&m)
+		if more == 0 {
+			return frames, nil
+		}
+	}
+}
+
+func (s *zsock) send(b []byte) error {
+	p := C.CBytes(b)
+	defer C.free(p)
+	if C.zmq_send(s.p, p, C.size_t(len(b)), 0) < 0 {
+		return zerr("zmq_send")
+	}
+	return nil
+}
