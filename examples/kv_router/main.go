@@ -404,6 +404,9 @@ func run(requests [][]int32, numReplicas, numBlocks, warmup int, kvAware bool, e
 		if err != nil {
 			return res, err
 		}
+		if os.Getenv("KV_ROUTER_DEBUG") != "" {
+			fmt.Println("replica", j, ep, rep)
+		}
 		views[j] = newView()
 		subs.Add(1)
 		go subscribe(ctx, ep, rep, views[j], stop, &subs)

@@ -5,6 +5,7 @@ package main
 
 /*
 #cgo pkg-config: libzmq
+#include <errno.h>
 #include <stdlib.h>
 #include <zmq.h>
 */
@@ -59,10 +60,18 @@ func (c *zctx) requester(endpoint string) (*zsock, error) { return c.socket(C.ZM
 
 func (s *zsock) close() { C.zmq_close(s.p) }
 
+// interrupted: the Go runtime's signals interrupt blocking ZeroMQ calls
+// (EINTR); those are retried.
+func interrupted() bool { return C.zmq_errno() == C.EINTR }
+
 // poll waits up to ms milliseconds for a message.
 func (s *zsock) poll(ms int) bool {
 	item := C.zmq_pollitem_t{socket: s.p, events: C.ZMQ_POLLIN}
-	return C.zmq_poll(&item, 1, C.long(ms)) > 0 && item.revents&C.ZMQ_POLLIN != 0
+	rc := C.zmq_poll(&item, 1, C.long(ms))
+	for rc < 0 && interrupted() {
+		rc = C.zmq_poll(&item, 1, C.long(ms))
+	}
+	return rc > 0 && item.revents&C.ZMQ_POLLIN != 0
 }
 
 func (s *zsock) recvMultipart() ([][]byte, error) {
@@ -70,7 +79,11 @@ func (s *zsock) recvMultipart() ([][]byte, error) {
 	for {
 		var m C.zmq_msg_t
 		C.zmq_msg_init(&m)
-		if C.zmq_msg_recv(&m, s.p, 0) < 0 {
+		rc := C.zmq_msg_recv(&m, s.p, 0)
+		for rc < 0 && interrupted() {
+			rc = C.zmq_msg_recv(&m, s.p, 0)
+		}
+		if rc < 0 {
 			C.zmq_msg_close(&m)
 			return nil, zerr("zmq_msg_recv")
 		}
@@ -86,7 +99,11 @@ func (s *zsock) recvMultipart() ([][]byte, error) {
 func (s *zsock) send(b []byte) error {
 	p := C.CBytes(b)
 	defer C.free(p)
-	if C.zmq_send(s.p, p, C.size_t(len(b)), 0) < 0 {
+	rc := C.zmq_send(s.p, p, C.size_t(len(b)), 0)
+	for rc < 0 && interrupted() {
+		rc = C.zmq_send(s.p, p, C.size_t(len(b)), 0)
+	}
+	if rc < 0 {
 		return zerr("zmq_send")
 	}
 	return nil

@@ -30,6 +30,16 @@ std::string be64(uint64_t v) {
   fail(Errc::kInvalidArgument, what + " '" + endpoint + "': " + zmq_strerror(zmq_errno()));
 }
 
+// Signals (a Go or Python host's runtime sends them to every thread)
+// interrupt ZeroMQ calls with EINTR: those are retried, never half-done.
+int send_frame(void* s, const void* data, size_t size, int flags) {
+  int rc;
+  do {
+    rc = zmq_send(s, data, size, flags);
+  } while (rc < 0 && zmq_errno() == EINTR);
+  return rc;
+}
+
 bool binds(const std::string& e) {
   return e.find('*') != std::string::npos || e.find("::") != std::string::npos ||
          e.rfind("ipc://", 0) == 0 || e.rfind("inproc://", 0) == 0;
@@ -86,9 +96,9 @@ class ZmqPublisher final : public Publisher {
     const std::string seq_bytes = be64(seq);
     // A PUB socket never blocks: past its high-water mark a slow subscriber
     // loses messages and sees the gap in the sequence numbers.
-    zmq_send(pub_, o_.topic.data(), o_.topic.size(), ZMQ_SNDMORE);
-    zmq_send(pub_, seq_bytes.data(), 8, ZMQ_SNDMORE);
-    zmq_send(pub_, payload.data(), payload.size(), 0);
+    send_frame(pub_, o_.topic.data(), o_.topic.size(), ZMQ_SNDMORE);
+    send_frame(pub_, seq_bytes.data(), 8, ZMQ_SNDMORE);
+    send_frame(pub_, payload.data(), payload.size(), 0);
     ++stats_.batches_published;
     stats_.events_published += num;
     if (o_.buffer_steps > 0) {
@@ -148,7 +158,11 @@ class ZmqPublisher final : public Publisher {
     while (more) {
       zmq_msg_t m;
       zmq_msg_init(&m);
-      if (zmq_msg_recv(&m, s, ZMQ_DONTWAIT) < 0) {
+      int rc;
+      do {
+        rc = zmq_msg_recv(&m, s, ZMQ_DONTWAIT);
+      } while (rc < 0 && zmq_errno() == EINTR);
+      if (rc < 0) {
         zmq_msg_close(&m);
         break;
       }
@@ -160,10 +174,10 @@ class ZmqPublisher final : public Publisher {
   }
 
   void send_frames(const std::string& id, const std::string& seq, const std::string& body) {
-    zmq_send(replay_, id.data(), id.size(), ZMQ_SNDMORE);
-    zmq_send(replay_, "", 0, ZMQ_SNDMORE);
-    zmq_send(replay_, seq.data(), seq.size(), ZMQ_SNDMORE);
-    zmq_send(replay_, body.data(), body.size(), 0);
+    send_frame(replay_, id.data(), id.size(), ZMQ_SNDMORE);
+    send_frame(replay_, "", 0, ZMQ_SNDMORE);
+    send_frame(replay_, seq.data(), seq.size(), ZMQ_SNDMORE);
+    send_frame(replay_, body.data(), body.size(), 0);
   }
 
   // vLLM's _service_replay: a request is [identity, "", start seq (big

@@ -58,6 +58,7 @@
 
 mod batch;
 mod error;
+mod events;
 mod hash;
 mod pool;
 mod seq;
@@ -66,6 +67,10 @@ mod types;
 
 pub use batch::{AttentionParams, Batch, BatchInfo, PlanArray};
 pub use error::{status_string, Error, ErrorKind, Result};
+pub use events::{
+    drain_events_v2, EventEncoding, EventPublisher, EventV2, HashEncoding, Medium,
+    PublisherOptions, PublisherStats,
+};
 pub use hash::{hash_prefix, hash_root, HashOptions, MmItem};
 pub use pool::{
     Event, EventKind, Events, Kv, Pool, PoolOptions, PoolStats, PrefixMatch, RetentionRange, SeqId,
