@@ -288,7 +288,7 @@ func subscribe(ctx *zctx, endpoint, replayEndpoint string, v *view, stop <-chan 
 func replay(req *zsock, start int64, v *view) error {
 	var s [8]byte
 	binary.BigEndian.PutUint64(s[:], uint64(start))
-	if err := req.send(s[:]); err != nil {
+	if err := req.sendMultipart([]byte{}, s[:]); err != nil { // the delimiter a REQ socket would add
 		return err
 	}
 	v.mu.Lock()
@@ -299,14 +299,14 @@ func replay(req *zsock, start int64, v *view) error {
 			return errors.New("replay: no answer")
 		}
 		f, err := req.recvMultipart()
-		if err != nil || len(f) != 2 {
+		if err != nil || len(f) != 3 || len(f[1]) != 8 {
 			return fmt.Errorf("replay: bad answer (%v)", err)
 		}
-		if len(f[1]) == 0 { // the end marker: seq -1, empty payload
+		if len(f[2]) == 0 { // the end marker: seq -1, empty payload
 			return nil
 		}
-		seq := int64(binary.BigEndian.Uint64(f[0]))
-		b, err := decodeBatch(f[1])
+		seq := int64(binary.BigEndian.Uint64(f[1]))
+		b, err := decodeBatch(f[2])
 		if err != nil {
 			return err
 		}

@@ -56,7 +56,9 @@ func (c *zctx) subscriber(endpoint, topic string) (*zsock, error) {
 	return s, nil
 }
 
-func (c *zctx) requester(endpoint string) (*zsock, error) { return c.socket(C.ZMQ_REQ, endpoint) }
+// requester connects a DEALER socket for replay requests: a REQ socket
+// (vLLM's example subscriber uses one) receives only the first reply.
+func (c *zctx) requester(endpoint string) (*zsock, error) { return c.socket(C.ZMQ_DEALER, endpoint) }
 
 func (s *zsock) close() { C.zmq_close(s.p) }
 
@@ -96,15 +98,22 @@ func (s *zsock) recvMultipart() ([][]byte, error) {
 	}
 }
 
-func (s *zsock) send(b []byte) error {
-	p := C.CBytes(b)
-	defer C.free(p)
-	rc := C.zmq_send(s.p, p, C.size_t(len(b)), 0)
-	for rc < 0 && interrupted() {
-		rc = C.zmq_send(s.p, p, C.size_t(len(b)), 0)
-	}
-	if rc < 0 {
-		return zerr("zmq_send")
+// sendMultipart sends one message of several frames.
+func (s *zsock) sendMultipart(frames ...[]byte) error {
+	for i, b := range frames {
+		flags := C.int(0)
+		if i+1 < len(frames) {
+			flags = C.ZMQ_SNDMORE
+		}
+		p := C.CBytes(b)
+		rc := C.zmq_send(s.p, p, C.size_t(len(b)), flags)
+		for rc < 0 && interrupted() {
+			rc = C.zmq_send(s.p, p, C.size_t(len(b)), flags)
+		}
+		C.free(p)
+		if rc < 0 {
+			return zerr("zmq_send")
+		}
 	}
 	return nil
 }

@@ -164,22 +164,26 @@ TEST(Publisher, FramesSequenceNumbersReplayAndStats) {
   msgpack::object_handle oh = msgpack::unpack(f[2].data(), f[2].size());
   ASSERT_EQ(oh.get().via.array.size, 3u);
 
-  // The gap: ask the replay socket from 0, as vLLM's subscriber does.
-  void* req = zmq_socket(ctx, ZMQ_REQ);
+  // The gap: ask the replay socket from 0. A DEALER (with the empty
+  // delimiter a REQ socket would add): libzmq lets a REQ socket, which
+  // vLLM's example subscriber uses, receive only the first of the replies.
+  void* req = zmq_socket(ctx, ZMQ_DEALER);
   zmq_setsockopt(req, ZMQ_LINGER, &linger, sizeof linger);
   ASSERT_EQ(zmq_connect(req, rep.c_str()), 0);
   const char start[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  ASSERT_EQ(zmq_send(req, "", 0, ZMQ_SNDMORE), 0);
   ASSERT_EQ(zmq_send(req, start, 8, 0), 8);
   std::vector<uint64_t> replayed;
   for (;;) {
     std::vector<std::string> r = recv_all(req, 2000);
-    ASSERT_EQ(r.size(), 2u);
-    if (r[1].empty()) {
-      EXPECT_EQ(r[0], std::string(8, '\xff'));  // -1, the end marker
+    ASSERT_EQ(r.size(), 3u);
+    EXPECT_TRUE(r[0].empty());
+    if (r[2].empty()) {
+      EXPECT_EQ(r[1], std::string(8, '\xff'));  // -1, the end marker
       break;
     }
-    replayed.push_back(be64(r[0]));
-    msgpack::object_handle b = msgpack::unpack(r[1].data(), r[1].size());
+    replayed.push_back(be64(r[1]));
+    msgpack::object_handle b = msgpack::unpack(r[2].data(), r[2].size());
     EXPECT_EQ(b.get().via.array.size, 3u);
   }
   ASSERT_GE(replayed.size(), seen + 1);

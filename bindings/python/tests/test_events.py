@@ -1,8 +1,12 @@
 """KV events over ZeroMQ, decoded the way a router written for vLLM decodes
 them: msgspec structs with the class layout of vllm/distributed/kv_events.py
 (current map-encoded events, and the array-encoded ones of vLLM <= 0.23),
-a SUB socket for [topic, seq, payload] and a REQ socket for replays, as in
-vLLM's examples/online_serving/kv_events_subscriber.py."""
+a SUB socket for [topic, seq, payload] and a replay request [start seq]
+answered by [seq, payload]... and [-1, b""], as in vLLM's
+examples/online_serving/kv_events_subscriber.py. That example asks with a
+REQ socket, which libzmq lets receive only the first reply; these tests use
+a DEALER (plus the empty delimiter frame a REQ socket adds), which receives
+them all."""
 
 from __future__ import annotations
 
@@ -103,7 +107,7 @@ class Subscriber:
         self.sub.setsockopt_string(zmq.SUBSCRIBE, topic)
         self.replay = None
         if replay:
-            self.replay = self.ctx.socket(zmq.REQ)
+            self.replay = self.ctx.socket(zmq.DEALER)
             self.replay.connect(replay)
         self.decoder = msgspec.msgpack.Decoder(type=batch_type)
         self.batches: Dict[int, Any] = {}
@@ -113,9 +117,9 @@ class Subscriber:
     def request_replay(self, start: int) -> None:
         assert self.replay is not None
         self.replays += 1
-        self.replay.send(start.to_bytes(8, "big"))
+        self.replay.send_multipart([b"", start.to_bytes(8, "big")])
         while self.replay.poll(2000):
-            seq_bytes, payload = self.replay.recv_multipart()
+            _delim, seq_bytes, payload = self.replay.recv_multipart()
             if not payload:  # end marker: seq -1 and an empty payload
                 assert int.from_bytes(seq_bytes, "big", signed=True) == -1
                 return
@@ -258,12 +262,12 @@ def test_replay_answers_only_what_is_buffered() -> None:
         _workload(pool, pub, PROMPTS)  # 5 batches, the last 2 kept
         ctx = zmq.Context()
         try:
-            req = ctx.socket(zmq.REQ)
+            req = ctx.socket(zmq.DEALER)
             req.connect(pub.replay_endpoint)
-            req.send((0).to_bytes(8, "big"))
+            req.send_multipart([b"", (0).to_bytes(8, "big")])
             seqs = []
             while req.poll(2000):
-                seq_bytes, payload = req.recv_multipart()
+                _delim, seq_bytes, payload = req.recv_multipart()
                 if not payload:
                     break
                 seqs.append(int.from_bytes(seq_bytes, "big"))
