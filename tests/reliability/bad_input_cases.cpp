@@ -480,6 +480,15 @@ std::vector<Case> make_cases() {
         S("pkv_event_publisher_create", PKV_CLASS_STATE, "pool without enable_events", kInv,
           "enable_events", pkv_event_publisher* p = nullptr;
           return pkv_event_publisher_create(e.mgr, "inproc://x", nullptr, nullptr, &p);),
+        V("pkv_event_publisher_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
+          pkv_event_publisher_options_init(nullptr);
+          return PKV_OK;),
+        V("pkv_event_publisher_stats_init", PKV_CLASS_NULL, "stats = NULL", "no-op",
+          pkv_event_publisher_stats_init(nullptr);
+          return PKV_OK;),
+        V("pkv_event_publisher_destroy", PKV_CLASS_NULL, "pub = NULL", "no-op",
+          pkv_event_publisher_destroy(nullptr);
+          return PKV_OK;),
         S("pkv_event_publisher_publish", PKV_CLASS_NULL, "pub = NULL", kInv, "pub",
           return pkv_event_publisher_publish(nullptr, &e.u64);),
         S("pkv_event_publisher_get_stats", PKV_CLASS_NULL, "pub = NULL", kInv, "pub",

@@ -212,26 +212,27 @@ def test_vllm_subscriber_decodes_stream(encoding: str) -> None:
     cleared_t = AllBlocksCleared if encoding == "map" else LegacyCleared
     for b in got:
         assert b.data_parallel_rank == 0 and b.ts > 1.6e9
-    # One BlockStored per step with the prompt's new full blocks, chained to
-    # the cached prefix, hashes as pagedkv.hash_prefix computes them.
-    cached: set = set()
+    # One BlockStored per step with the prompt's full blocks (appended
+    # without a prefix lookup: blocks of their own, equal hashes or not),
+    # chained from the root, hashes as pagedkv.hash_prefix computes them.
+    stored: list = []
     for prompt, batch in zip(PROMPTS, got):
         hashes = [_as_int(h) for h in pagedkv.hash_prefix(prompt, block_size=BS)]
         full = len(prompt) // BS
-        new = [j for j in range(full) if hashes[j] not in cached]
         assert len(batch.events) == 1
         ev = batch.events[0]
         assert isinstance(ev, stored_t)
-        assert ev.block_hashes == [hashes[j] for j in new]
-        assert ev.parent_block_hash == (hashes[new[0] - 1] if new[0] else None)
-        assert ev.token_ids == prompt[new[0] * BS : full * BS]
+        assert ev.block_hashes == hashes[:full]
+        assert ev.parent_block_hash is None
+        assert ev.token_ids == prompt[: full * BS]
         assert ev.block_size == BS and ev.lora_id is None and ev.medium == "CPU"
         if encoding == "map":
             assert ev.lora_name is None and ev.extra_keys is None
-        cached.update(hashes[:full])
+        stored += hashes[:full]
+    # Freed before any step computed them: every block leaves the cache.
     removed = got[len(PROMPTS)]
     assert all(isinstance(e, removed_t) and e.medium == "CPU" for e in removed.events)
-    assert sorted(h for e in removed.events for h in e.block_hashes) == sorted(cached)
+    assert sorted(h for e in removed.events for h in e.block_hashes) == sorted(stored)
     assert len(got[-1].events) == 1 and isinstance(got[-1].events[0], cleared_t)
 
 
