@@ -4,20 +4,23 @@
 
 namespace pagedkv {
 
-void EventQueue::grow_to(size_t want) {
-  size_t cap = std::min<size_t>(capacity_, std::max<size_t>({64, ring_.size() * 2, want}));
-  if (cap <= ring_.size()) return;
-  std::vector<Event> grown(cap);
-  std::vector<int32_t> grown_tokens(cap * block_size_);
+void EventQueue::rebuild(size_t cap) {
+  std::vector<Event> ring(cap);
+  std::vector<int32_t> tokens(cap * block_size_);
   const size_t bs = block_size_;
   for (size_t i = 0; i < size_; ++i) {
     const size_t from = (head_ + i) % ring_.size();
-    grown[i] = ring_[from];
-    std::copy_n(tokens_.begin() + from * bs, bs, grown_tokens.begin() + i * bs);
+    ring[i] = ring_[from];
+    std::copy_n(tokens_.begin() + from * bs, bs, tokens.begin() + i * bs);
   }
-  ring_.swap(grown);
-  tokens_.swap(grown_tokens);
+  ring_.swap(ring);
+  tokens_.swap(tokens);
   head_ = 0;
+}
+
+void EventQueue::grow_to(size_t want) {
+  size_t cap = std::min<size_t>(capacity_, std::max<size_t>({64, ring_.size() * 2, want}));
+  if (cap > ring_.size()) rebuild(cap);
 }
 
 void EventQueue::reserve(size_t n) {
@@ -56,19 +59,7 @@ void EventQueue::push(Event e, const int32_t* tokens) noexcept {
   if (e.has_tokens) std::copy_n(tokens, block_size_, tokens_.begin() + slot * block_size_);
 }
 
-void EventQueue::shrink_to_fit() {
-  std::vector<Event> exact(size_);
-  std::vector<int32_t> exact_tokens(size_ * block_size_);
-  const size_t bs = block_size_;
-  for (size_t i = 0; i < size_; ++i) {
-    const size_t from = (head_ + i) % ring_.size();
-    exact[i] = ring_[from];
-    std::copy_n(tokens_.begin() + from * bs, bs, exact_tokens.begin() + i * bs);
-  }
-  ring_.swap(exact);
-  tokens_.swap(exact_tokens);
-  head_ = 0;
-}
+void EventQueue::shrink_to_fit() { rebuild(size_); }
 
 size_t EventQueue::drain(Event* out, size_t max, int32_t* tokens) {
   size_t n = std::min(max, size_);

@@ -60,6 +60,7 @@ class EventQueue {
 
  private:
   void grow_to(size_t want);  // ring of at least min(want, capacity_) slots
+  void rebuild(size_t cap);   // the pending events in a ring of cap slots (>= size_)
 
   bool enabled_ = false;
   uint32_t capacity_ = 0;
