@@ -66,8 +66,7 @@ size_t EventQueue::drain(Event* out, size_t max, int32_t* tokens) {
   const size_t bs = block_size_;
   for (size_t i = 0; i < n; ++i) {
     out[i] = ring_[head_];
-    if (tokens && out[i].has_tokens)
-      std::copy_n(tokens_.begin() + head_ * bs, bs, tokens + i * bs);
+    if (tokens && out[i].has_tokens) std::copy_n(tokens_.begin() + head_ * bs, bs, tokens + i * bs);
     head_ = (head_ + 1) % ring_.size();
   }
   size_ -= n;

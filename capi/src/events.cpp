@@ -110,7 +110,6 @@ pkv_status pkv_event_publisher_create(pkv_pool* pool, const char* endpoint,
     pc::require(out, "out");
     pc::require(pool, "pool");
     pc::require(endpoint, "endpoint");
-    *out = nullptr;
     std::shared_ptr<pagedkv::Pool> p = pool->impl;
     pkv_event_publisher_options def;
     pkv_event_publisher_options_init(&def);
@@ -141,7 +140,7 @@ pkv_status pkv_event_publisher_create(pkv_pool* pool, const char* endpoint,
     o.hwm = opts->hwm;
     o.wire.map_events = opts->event_encoding == PKV_EVENTS_ENCODING_MAP;
     o.wire.int_hashes = opts->hash_encoding == PKV_EVENTS_HASH_INT;
-    o.wire.medium[0] = opts->device_medium ? opts->device_medium
+    o.wire.medium[0] = opts->device_medium                           ? opts->device_medium
                        : p->options().device_type == PKV_DEVICE_CUDA ? "GPU"
                                                                      : "CPU";
     // Checked before any socket opens, so the message names the argument.

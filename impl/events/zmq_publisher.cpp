@@ -50,7 +50,8 @@ class ZmqPublisher final : public Publisher {
   ZmqPublisher(std::shared_ptr<Pool> pool, const PublisherOptions& o)
       : pool_(std::move(pool)), o_(o) {
     o_.endpoint = offset_endpoint(o.endpoint, o.dp_rank);
-    if (!o.replay_endpoint.empty()) o_.replay_endpoint = offset_endpoint(o.replay_endpoint, o.dp_rank);
+    if (!o.replay_endpoint.empty())
+      o_.replay_endpoint = offset_endpoint(o.replay_endpoint, o.dp_rank);
     dropped_at_start_ = pool_->stats().num_events_dropped;
     ctx_ = zmq_ctx_new();
     if (!ctx_) fail(Errc::kOutOfMemory, "cannot create a ZeroMQ context");
@@ -88,8 +89,8 @@ class ZmqPublisher final : public Publisher {
     const double ts =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     std::string payload;
-    const size_t num = encode_batch(events_.data(), n, tokens_.data(), bs, ts, o_.dp_rank, o_.wire,
-                                    &payload);
+    const size_t num =
+        encode_batch(events_.data(), n, tokens_.data(), bs, ts, o_.dp_rank, o_.wire, &payload);
     stats_.pool_events_published += n;
     if (num == 0) return n;  // only events vLLM has no counterpart for
     const uint64_t seq = stats_.next_seq++;

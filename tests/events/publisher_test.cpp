@@ -62,7 +62,8 @@ std::string endpoint(pkv_event_publisher* pub, uint32_t which) {
   return std::string(buf, len);
 }
 
-pkv_event_publisher* make(pkv_pool* pool, const char* ep, const char* replay, uint64_t steps = 100) {
+pkv_event_publisher* make(pkv_pool* pool, const char* ep, const char* replay,
+                          uint64_t steps = 100) {
   pkv_event_publisher_options o;
   pkv_event_publisher_options_init(&o);
   o.topic = "kv";

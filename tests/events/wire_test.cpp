@@ -92,8 +92,8 @@ TEST_P(WireTest, DecodesAsVllmLayout) {
   o.int_hashes = ints;
   o.medium[0] = "GPU";
   std::string out = "prefix";  // appended to, never overwritten
-  const size_t n = encode_batch(f.events.data(), f.events.size(), f.tokens.data(), bs, 1234.5, 3,
-                                o, &out);
+  const size_t n =
+      encode_batch(f.events.data(), f.events.size(), f.tokens.data(), bs, 1234.5, 3, o, &out);
   ASSERT_EQ(n, 5u);  // chain, lone stored, 2 device removals, host removal, cleared
   ASSERT_EQ(out.substr(0, 6), "prefix");
   msgpack::object_handle oh = msgpack::unpack(out.data() + 6, out.size() - 6);
@@ -117,9 +117,9 @@ TEST_P(WireTest, DecodesAsVllmLayout) {
     }
   };
   // Fields by name (map) or by vLLM's declaration order (array).
-  const std::vector<std::string> stored_fields = {"type",       "block_hashes", "parent_block_hash",
-                                                  "token_ids",  "block_size",   "lora_id",
-                                                  "medium",     "lora_name"};
+  const std::vector<std::string> stored_fields = {"type",      "block_hashes", "parent_block_hash",
+                                                  "token_ids", "block_size",   "lora_id",
+                                                  "medium",    "lora_name"};
   const std::vector<std::string> removed_fields = {"type", "block_hashes", "medium"};
   auto fields = [&](const msgpack::object& e, const std::vector<std::string>& names) {
     std::map<std::string, msgpack::object> m;
@@ -129,7 +129,8 @@ TEST_P(WireTest, DecodesAsVllmLayout) {
     } else {
       EXPECT_EQ(e.type, msgpack::type::ARRAY);
       EXPECT_EQ(e.via.array.size, names.size());
-      for (size_t i = 0; i < names.size() && i < e.via.array.size; ++i) m[names[i]] = e.via.array.ptr[i];
+      for (size_t i = 0; i < names.size() && i < e.via.array.size; ++i)
+        m[names[i]] = e.via.array.ptr[i];
     }
     return m;
   };
@@ -138,7 +139,8 @@ TEST_P(WireTest, DecodesAsVllmLayout) {
   auto s = fields(evs.via.array.ptr[0], stored_fields);
   EXPECT_EQ(s["type"].as<std::string>(), "BlockStored");
   ASSERT_EQ(s["block_hashes"].via.array.size, 3u);
-  for (size_t i = 0; i < 3; ++i) hash_ok(s["block_hashes"].via.array.ptr[i], f.events[i].block_hash);
+  for (size_t i = 0; i < 3; ++i)
+    hash_ok(s["block_hashes"].via.array.ptr[i], f.events[i].block_hash);
   EXPECT_TRUE(s["parent_block_hash"].is_nil());
   EXPECT_EQ(s["token_ids"].as<std::vector<int32_t>>(),
             std::vector<int32_t>(f.tokens.begin(), f.tokens.begin() + 3 * bs));

@@ -34,10 +34,10 @@ typedef struct pkv_event_v2 {
   uint32_t has_parent;        /* 0 for the first block of a sequence */
   uint32_t num_tokens;        /* as pkv_event.num_tokens */
   uint64_t lora_id;
-  uint32_t block_size;      /* the pool's tokens per block */
-  uint32_t num_token_ids;   /* ids written at token_buf + token_offset: block_size
-                               for a stored block, else 0 */
-  uint64_t token_offset;    /* where in the caller's token buffer */
+  uint32_t block_size;    /* the pool's tokens per block */
+  uint32_t num_token_ids; /* ids written at token_buf + token_offset: block_size
+                             for a stored block, else 0 */
+  uint64_t token_offset;  /* where in the caller's token buffer */
 } pkv_event_v2;
 
 /* Moves up to capacity oldest events into out, in order, every medium.
@@ -96,8 +96,7 @@ PKV_API pkv_status pkv_event_publisher_create(pkv_pool* pool, const char* endpoi
  * KVEventBatch [ts, events, data_parallel_rank] with the next sequence
  * number (0, 1, 2...). Call it once per engine step. Nothing is sent when
  * no event is pending. out_num_events (may be NULL): pool events drained. */
-PKV_API pkv_status pkv_event_publisher_publish(pkv_event_publisher* pub,
-                                               uint64_t* out_num_events);
+PKV_API pkv_status pkv_event_publisher_publish(pkv_event_publisher* pub, uint64_t* out_num_events);
 
 typedef struct pkv_event_publisher_stats {
   uint32_t struct_size;
