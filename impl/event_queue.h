@@ -65,6 +65,7 @@ class EventQueue {
   bool enabled_ = false;
   uint32_t capacity_ = 0;
   uint64_t next_seq_no_ = 1;
+  uint64_t next_tier_seq_no_ = 1;  // offload tiers' events (medium != 0)
   uint64_t dropped_ = 0;
   // Ring buffer grown by doubling up to capacity_, so an idle pool with
   // events enabled costs nothing.

@@ -12,21 +12,11 @@ import (
 	"unsafe"
 )
 
-// Medium is where an event's block lives (PKV_MEDIUM_*).
-type Medium uint32
-
-// Media of EventV2.
-const (
-	MediumDevice Medium = C.PKV_MEDIUM_DEVICE // the pool's own storage
-	MediumHost   Medium = C.PKV_MEDIUM_HOST   // a host-memory tier
-	MediumFile   Medium = C.PKV_MEDIUM_FILE   // a file tier
-)
-
 // EventV2 is a KV event with what vLLM's carry: the block's token ids, the
 // block size and the medium.
 type EventV2 struct {
 	Event
-	Medium    Medium
+	Medium    uint32 // MediumDevice, MediumHost or MediumFile
 	BlockSize uint32
 	TokenIDs  []int32 // a stored block's ids; nil otherwise
 }
@@ -79,7 +69,7 @@ func (p *Pool) DrainEventsV2(max int) ([]EventV2, error) {
 				NumTokens:  uint32(c.num_tokens),
 				LoraID:     uint64(c.lora_id),
 			},
-			Medium:    Medium(c.medium),
+			Medium:    uint32(c.medium),
 			BlockSize: uint32(c.block_size),
 		}
 		if c.num_token_ids > 0 {

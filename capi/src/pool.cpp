@@ -207,6 +207,8 @@ pkv_status pkv_pool_drain_events(pkv_pool* pool, pkv_event* out, uint64_t capaci
       size_t kept = 0;
       for (size_t i = 0; i < got; ++i) {
         const pagedkv::Event& e = buf[i];
+        // Tier events (pagedkv/tiers.h) are not this call's: it reports
+        // the device's blocks, as in ABI 1.
         if (e.medium != 0) continue;
         pkv_event& o = out[done + kept++];
         std::memset(&o, 0, sizeof o);

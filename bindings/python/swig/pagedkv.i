@@ -85,6 +85,10 @@
 %thread pkv_seq_admit;
 %thread pkv_seq_match_prefix_hashes;
 %thread pkv_seq_admit_hashes;
+%thread pkv_pool_attach_tiers;
+%thread pkv_seq_match_prefix_tiered;
+%thread pkv_pool_get_tier_stats;
+%thread pkv_pool_flush_tiers;
 
 /* --------------------------------------------------------- status -> raise */
 
@@ -1045,6 +1049,8 @@ PKV_OUT_STRUCT(pkv_event_publisher_stats, pkv_event_publisher_stats_init(&tmp))
 }
 %typemap(freearg) (pkv_event_v2* out, uint64_t capacity, int32_t* token_buf, uint64_t token_capacity,
                    uint64_t* out_count) { free($1); free($3); }
+PKV_OUT_STRUCT(pkv_tier_match, pkv_tier_match_init(&tmp))
+PKV_OUT_STRUCT(pkv_tier_stats, pkv_tier_stats_init(&tmp))
 
 /* pkv_hash_root's digest: bytes (PKV_HASH_MAX_BYTES, zero-padded). */
 %typemap(in, numinputs=0) pkv_block_hash* out (pkv_block_hash tmp) {
@@ -1546,10 +1552,13 @@ PKV_OPTIONS_IN(pkv_event_publisher_options, pkv_event_publisher_options_init, %a
     if (!pkv_py_dict_str($input, "device_medium", keep, &tmp.device_medium)) SWIG_fail; }))
 %immutable pkv_event_publisher_options::topic;
 %immutable pkv_event_publisher_options::device_medium;
+PKV_OPTIONS_IN(pkv_tier_options, pkv_tier_options_init, %arg({"file_dir", NULL}), %arg(
+  { if (!pkv_py_dict_str($input, "file_dir", keep, &tmp.file_dir)) SWIG_fail; }))
 
 /* Borrowed pointers in option structs can only be set through the dict
  * form above; proxies expose them read-only. */
 %immutable pkv_pool_options::hash_seed;
+%immutable pkv_tier_options::file_dir;
 %immutable pkv_pool_options::k_scales;
 %immutable pkv_pool_options::v_scales;
 %immutable pkv_seq_options::cache_salt;
@@ -1603,6 +1612,7 @@ PKV_OPTIONS_IN(pkv_event_publisher_options, pkv_event_publisher_options_init, %a
 %include "pagedkv/pool.h"
 %include "pagedkv/batch.h"
 %include "pagedkv/events.h"
+%include "pagedkv/tiers.h"
 
 /* ------------------------------------------------------------ exceptions */
 

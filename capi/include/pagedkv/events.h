@@ -12,21 +12,21 @@
 
 #include "pagedkv/common.h"
 #include "pagedkv/pool.h"
+#include "pagedkv/tiers.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Where the block of an event lives. pkv_pool_drain_events (version 1)
- * returns device events only; the versioned drain returns all. */
-#define PKV_MEDIUM_DEVICE 0 /* the pool's own storage ("GPU"/"CPU" on the wire) */
-#define PKV_MEDIUM_HOST 1   /* a host-memory tier ("CPU") */
-#define PKV_MEDIUM_FILE 2   /* a file tier ("DISK") */
+/* pkv_event_v2.medium is a PKV_MEDIUM_* of pagedkv/tiers.h: DEVICE ("GPU"
+ * or "CPU" on the wire), HOST ("CPU"), FILE ("DISK"). pkv_pool_drain_events
+ * (version 1) returns device events only; the versioned drain returns all. */
 
 typedef struct pkv_event_v2 {
   uint32_t struct_size; /* sizeof(pkv_event_v2) of the caller's header; set it */
   uint32_t type;        /* PKV_EVENT_* */
-  uint64_t seq_no;      /* as pkv_event.seq_no; one sequence for both drains */
+  uint64_t seq_no;      /* as pkv_event.seq_no (device events; tier events count
+                           in a sequence of their own: tiers.h) */
   int32_t block_id;
   uint32_t medium; /* PKV_MEDIUM_* */
   pkv_block_hash block_hash;

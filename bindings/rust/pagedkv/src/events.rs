@@ -13,7 +13,7 @@ use crate::sys;
 
 /// Where an event's block lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Medium {
+pub enum EventMedium {
     /// The pool's own storage.
     Device,
     /// A host-memory tier.
@@ -24,13 +24,13 @@ pub enum Medium {
     Other(u32),
 }
 
-impl Medium {
-    fn from_raw(m: u32) -> Medium {
+impl EventMedium {
+    fn from_raw(m: u32) -> EventMedium {
         match m {
-            sys::PKV_MEDIUM_DEVICE => Medium::Device,
-            sys::PKV_MEDIUM_HOST => Medium::Host,
-            sys::PKV_MEDIUM_FILE => Medium::File,
-            other => Medium::Other(other),
+            sys::PKV_MEDIUM_DEVICE => EventMedium::Device,
+            sys::PKV_MEDIUM_HOST => EventMedium::Host,
+            sys::PKV_MEDIUM_FILE => EventMedium::File,
+            other => EventMedium::Other(other),
         }
     }
 }
@@ -39,7 +39,7 @@ impl Medium {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventV2 {
     pub event: Event,
-    pub medium: Medium,
+    pub medium: EventMedium,
     pub block_size: u32,
     /// A stored block's token ids; empty otherwise.
     pub token_ids: Vec<i32>,
@@ -93,7 +93,7 @@ pub fn drain_events_v2(pool: &Pool, max: usize) -> Result<Vec<EventV2>> {
             let off = e.token_offset as usize;
             EventV2 {
                 event: Event::from_raw(&v1),
-                medium: Medium::from_raw(e.medium),
+                medium: EventMedium::from_raw(e.medium),
                 block_size: e.block_size,
                 token_ids: ids[off..off + e.num_token_ids as usize].to_vec(),
             }
@@ -133,7 +133,7 @@ pub struct PublisherOptions {
     pub hwm: i32,
     pub event_encoding: EventEncoding,
     pub hash_encoding: HashEncoding,
-    /// Medium string of the pool's own blocks; `None`: "GPU" for a CUDA
+    /// EventMedium string of the pool's own blocks; `None`: "GPU" for a CUDA
     /// pool, "CPU" for a CPU pool.
     pub device_medium: Option<String>,
 }

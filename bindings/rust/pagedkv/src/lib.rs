@@ -63,12 +63,13 @@ mod hash;
 mod pool;
 mod seq;
 mod tensor;
+mod tiers;
 mod types;
 
 pub use batch::{AttentionParams, Batch, BatchInfo, PlanArray};
 pub use error::{status_string, Error, ErrorKind, Result};
 pub use events::{
-    drain_events_v2, EventEncoding, EventPublisher, EventV2, HashEncoding, Medium,
+    drain_events_v2, EventEncoding, EventMedium, EventPublisher, EventV2, HashEncoding,
     PublisherOptions, PublisherStats,
 };
 pub use hash::{hash_prefix, hash_root, HashOptions, MmItem};
@@ -78,6 +79,7 @@ pub use pool::{
 };
 pub use seq::Seq;
 pub use tensor::{RawTensor, Stream, TensorView, TensorViewMut};
+pub use tiers::{Medium, TierMatch, TierOptions, TierStats};
 pub use types::{
     abi_version, cuda_device_count, features, version_number, version_string, BlockHash, DType,
     Device, Element, Features, Fp8E4m3, Fp8E5m2, HashAlgo, KvScaleGranularity, HEADER_ABI_VERSION,

@@ -2,8 +2,8 @@
 //! publisher (its wire format is checked by the C++ and Python suites).
 
 use pagedkv::{
-    drain_events_v2, hash_prefix, ErrorKind, EventKind, EventPublisher, HashOptions, Medium, Pool,
-    PoolOptions, PublisherOptions,
+    drain_events_v2, hash_prefix, ErrorKind, EventKind, EventMedium, EventPublisher, HashOptions,
+    Pool, PoolOptions, PublisherOptions,
 };
 
 fn pool(max_events: u32) -> Pool {
@@ -37,7 +37,7 @@ fn drain_v2_carries_tokens_and_medium() {
         assert_eq!(e.event.kind, EventKind::BlockStored);
         assert_eq!(e.event.seq_no, i as u64 + 1);
         assert_eq!(e.event.block_hash, hashes[i]);
-        assert_eq!(e.medium, Medium::Device);
+        assert_eq!(e.medium, EventMedium::Device);
         assert_eq!(e.block_size, 4);
         assert_eq!(e.token_ids, tokens[4 * i..4 * i + 4].to_vec());
     }
