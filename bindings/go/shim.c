@@ -280,6 +280,8 @@ pkvgo_result pkvgo_event_publisher_get_stats(const pkv_event_publisher* pub,
 pkvgo_result pkvgo_event_publisher_endpoint(const pkv_event_publisher* pub, uint32_t which,
                                             char* buf, uint64_t capacity, uint64_t* out_len) {
   return pkvgo_capture(pkv_event_publisher_endpoint(pub, which, buf, capacity, out_len));
+}
+
 /* tiers.h */
 pkvgo_result pkvgo_pool_attach_tiers(pkv_pool* pool, const pkv_tier_options* opts) {
   return pkvgo_capture(pkv_pool_attach_tiers(pool, opts));
