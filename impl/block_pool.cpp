@@ -49,7 +49,7 @@ void BlockPool::cache_block(int32_t id, const BlockHash& h, const BlockHash* par
     if (parent) e.parent_hash = *parent;
     e.num_tokens = num_tokens;
     e.lora_id = lora_id;
-    events_->push(e);
+    events_->push(e, tokens);
   }
 }
 

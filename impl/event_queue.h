@@ -22,6 +22,9 @@ struct Event {
   uint32_t num_tokens = 0;
   uint64_t lora_id = 0;
   uint32_t medium = 0;  // 0 device, 1 host tier, 2 file tier
+  // Stored events whose pusher gave the block's token ids: the queue keeps
+  // them beside the event (EventQueue::keep_tokens) for the versioned drain.
+  bool has_tokens = false;
 };
 
 class EventQueue {
@@ -34,11 +37,21 @@ class EventQueue {
   // before an operation mutates anything (it may throw std::bad_alloc);
   // the pushes of its commit phase then cannot fail.
   void reserve(size_t n);
+  // Keeps block_size token ids with every event pushed with tokens (KV
+  // events carry them, as vLLM's BlockStored does). Set before any push.
+  void keep_tokens(uint32_t block_size) { block_size_ = block_size; }
+  uint32_t token_block_size() const { return block_size_; }
   // Never throws: if the ring cannot grow, the oldest event is dropped and
-  // counted, as when the ring is at max_events.
-  void push(Event e) noexcept;
-  // Moves up to max oldest events into out; returns how many.
-  size_t drain(Event* out, size_t max);
+  // counted, as when the ring is at max_events. tokens: block_size ids for
+  // a stored event (ignored unless keep_tokens was set).
+  void push(Event e, const int32_t* tokens = nullptr) noexcept;
+  // Moves up to max oldest events into out; returns how many. tokens, when
+  // given, has room for max * token_block_size() ids: event i's go at
+  // tokens + i * token_block_size() when out[i].has_tokens.
+  size_t drain(Event* out, size_t max, int32_t* tokens = nullptr);
+  // Drains the oldest event unless it carries token ids and tokens_room is
+  // false: 1 drained, 0 queue empty, -1 left in place.
+  int drain_one(Event* out, int32_t* tokens, bool tokens_room);
   size_t size() const { return size_; }
   // Shrinks the ring to the events it holds, so the next push must grow
   // it (tests of allocation failure).
@@ -47,6 +60,7 @@ class EventQueue {
 
  private:
   void grow_to(size_t want);  // ring of at least min(want, capacity_) slots
+  void rebuild(size_t cap);   // the pending events in a ring of cap slots (>= size_)
 
   bool enabled_ = false;
   uint32_t capacity_ = 0;
@@ -56,6 +70,8 @@ class EventQueue {
   // Ring buffer grown by doubling up to capacity_, so an idle pool with
   // events enabled costs nothing.
   std::vector<Event> ring_;
+  std::vector<int32_t> tokens_;  // block_size_ ids per ring slot (keep_tokens)
+  uint32_t block_size_ = 0;
   size_t head_ = 0, size_ = 0;
 };
 

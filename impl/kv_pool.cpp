@@ -117,6 +117,7 @@ Pool::Pool(const PoolOptions& opts, uint64_t bytes_per_block)
       hasher_(std::make_unique<BlockHasher>(opts.hash_algo)) {
   if ((opts.block_size & (opts.block_size - 1)) == 0) bs_shift_ = __builtin_ctz(opts.block_size);
   blocks_.set_block_size(opts.block_size);
+  events_.keep_tokens(opts.block_size);
 }
 
 Pool::~Pool() { close(); }
@@ -262,10 +263,16 @@ PoolStats Pool::stats() const {
   return s;
 }
 
-size_t Pool::drain_events(Event* out, size_t capacity) {
+size_t Pool::drain_events(Event* out, size_t capacity, int32_t* tokens) {
   std::lock_guard<std::mutex> lock(mu_);
   pull_tier_events();
-  return events_.drain(out, capacity);
+  return events_.drain(out, capacity, tokens);
+}
+
+int Pool::drain_one_event(Event* out, int32_t* tokens, bool tokens_room) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pull_tier_events();
+  return events_.drain_one(out, tokens, tokens_room);
 }
 
 void Pool::reset_prefix_cache() {

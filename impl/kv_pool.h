@@ -186,7 +186,10 @@ class Pool {
 
   // Stats, events, cache control, validation.
   PoolStats stats() const;
-  size_t drain_events(Event* out, size_t capacity);
+  // tokens: room for capacity * block_size ids, or null (EventQueue::drain).
+  size_t drain_events(Event* out, size_t capacity, int32_t* tokens = nullptr);
+  int drain_one_event(Event* out, int32_t* tokens, bool tokens_room);  // EventQueue::drain_one
+  bool events_enabled() const { return opts_.enable_events; }
   void reset_prefix_cache();
   std::string validate() const;  // "" when every invariant holds
 

@@ -116,6 +116,19 @@ pkvgo_result pkvgo_seq_admit_hashes(pkv_pool* pool, const pkv_seq_options* opts,
                                     uint32_t num_lookahead, pkv_seq_id* out_seq,
                                     uint64_t* out_num_cached);
 
+/* pagedkv/events.h */
+pkvgo_result pkvgo_pool_drain_events_v2(pkv_pool* pool, pkv_event_v2* out, uint64_t capacity,
+                                        int32_t* token_buf, uint64_t token_capacity,
+                                        uint64_t* out_count);
+pkvgo_result pkvgo_event_publisher_create(pkv_pool* pool, const char* endpoint,
+                                          const char* replay_endpoint,
+                                          const pkv_event_publisher_options* opts,
+                                          pkv_event_publisher** out);
+pkvgo_result pkvgo_event_publisher_publish(pkv_event_publisher* pub, uint64_t* out_num_events);
+pkvgo_result pkvgo_event_publisher_get_stats(const pkv_event_publisher* pub,
+                                             pkv_event_publisher_stats* out);
+pkvgo_result pkvgo_event_publisher_endpoint(const pkv_event_publisher* pub, uint32_t which,
+                                            char* buf, uint64_t capacity, uint64_t* out_len);
 /* tiers.h */
 pkvgo_result pkvgo_pool_attach_tiers(pkv_pool* pool, const pkv_tier_options* opts);
 pkvgo_result pkvgo_seq_match_prefix_tiered(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,

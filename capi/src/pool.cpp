@@ -200,7 +200,8 @@ pkv_status pkv_pool_drain_events(pkv_pool* pool, pkv_event* out, uint64_t capaci
     if (capacity > 0) pc::require(out, "out");
     pc::require(out_count, "out_count");
     // Drain in chunks through a small buffer: no allocation sized by the
-    // caller's capacity.
+    // caller's capacity. Events of other media (tiers) are not this
+    // version's: they are drained and skipped (pkv_pool_drain_events_v2).
     pagedkv::Event buf[64];
     uint64_t done = 0;
     while (done < capacity) {

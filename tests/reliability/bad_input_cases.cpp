@@ -528,6 +528,78 @@ std::vector<Case> make_cases() {
           return pkv_pool_drain_events(e.pool, nullptr, 8, &e.u64);),
         S("pkv_pool_drain_events", PKV_CLASS_NULL, "out_count = NULL", kInv, "out_count",
           return pkv_pool_drain_events(e.pool, e.events, 8, nullptr);),
+        S("pkv_pool_drain_events_v2", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          pkv_event_v2 ev[2] = {};
+          ev[0].struct_size = sizeof ev[0];
+          return pkv_pool_drain_events_v2(nullptr, ev, 2, e.tokens, 64, &e.u64);),
+        S("pkv_pool_drain_events_v2", PKV_CLASS_NULL, "out = NULL, capacity = 2", kInv, "out",
+          return pkv_pool_drain_events_v2(e.pool, nullptr, 2, e.tokens, 64, &e.u64);),
+        S("pkv_pool_drain_events_v2", PKV_CLASS_NULL, "token_buf = NULL, token_capacity = 64", kInv,
+          "token_buf", pkv_event_v2 ev[2] = {};
+          ev[0].struct_size = sizeof ev[0];
+          return pkv_pool_drain_events_v2(e.pool, ev, 2, nullptr, 64, &e.u64);),
+        S("pkv_pool_drain_events_v2", PKV_CLASS_NULL, "out_count = NULL", kInv, "out_count",
+          pkv_event_v2 ev[2] = {};
+          ev[0].struct_size = sizeof ev[0];
+          return pkv_pool_drain_events_v2(e.pool, ev, 2, e.tokens, 64, nullptr);),
+        S("pkv_pool_drain_events_v2", PKV_CLASS_STRUCT, "out[0].struct_size = 0", kInv,
+          "struct_size", pkv_event_v2 ev[2] = {};
+          return pkv_pool_drain_events_v2(e.pool, ev, 2, e.tokens, 64, &e.u64);),
+        S("pkv_pool_drain_events_v2", PKV_CLASS_CAPACITY,
+          "token_capacity = 15 (a stored block of 16 pending)", PKV_E_BUFFER_TOO_SMALL,
+          "token_capacity", pkv_event_v2 ev[2] = {};
+          ev[0].struct_size = sizeof ev[0];
+          return pkv_pool_drain_events_v2(e.pool, ev, 2, e.tokens, 15, &e.u64);),
+        S("pkv_event_publisher_create", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          pkv_event_publisher* p = nullptr;
+          return pkv_event_publisher_create(nullptr, "inproc://x", nullptr, nullptr, &p);),
+        S("pkv_event_publisher_create", PKV_CLASS_NULL, "endpoint = NULL", kInv, "endpoint",
+          pkv_event_publisher* p = nullptr;
+          return pkv_event_publisher_create(e.pool, nullptr, nullptr, nullptr, &p);),
+        S("pkv_event_publisher_create", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_event_publisher_create(e.pool, "inproc://x", nullptr, nullptr, nullptr);),
+        S("pkv_event_publisher_create", PKV_CLASS_STRUCT, "opts->struct_size = 0", kInv,
+          "struct_size", pkv_event_publisher_options o;
+          pkv_event_publisher_options_init(&o); o.struct_size = 0; pkv_event_publisher* p = nullptr;
+          return pkv_event_publisher_create(e.pool, "inproc://x", nullptr, &o, &p);),
+        S("pkv_event_publisher_create", PKV_CLASS_RANGE, "opts->event_encoding = 9", kInv,
+          "event_encoding", pkv_event_publisher_options o;
+          pkv_event_publisher_options_init(&o); o.event_encoding = 9;
+          pkv_event_publisher* p = nullptr;
+          return pkv_event_publisher_create(e.pool, "inproc://x", nullptr, &o, &p);),
+        S("pkv_event_publisher_create", PKV_CLASS_RANGE, "opts->hash_encoding = 9", kInv,
+          "hash_encoding", pkv_event_publisher_options o;
+          pkv_event_publisher_options_init(&o); o.hash_encoding = 9;
+          pkv_event_publisher* p = nullptr;
+          return pkv_event_publisher_create(e.pool, "inproc://x", nullptr, &o, &p);),
+        S("pkv_event_publisher_create", PKV_CLASS_RANGE, "endpoint = \"\"", kInv, "endpoint",
+          pkv_event_publisher* p = nullptr;
+          return pkv_event_publisher_create(e.pool, "", nullptr, nullptr, &p);),
+        S("pkv_event_publisher_create", PKV_CLASS_RANGE,
+          "data_parallel_rank = 1, endpoint without a numeric port", kInv, "port",
+          pkv_event_publisher_options o;
+          pkv_event_publisher_options_init(&o); o.data_parallel_rank = 1;
+          pkv_event_publisher* p = nullptr;
+          return pkv_event_publisher_create(e.pool, "tcp://127.0.0.1:*", nullptr, &o, &p);),
+        S("pkv_event_publisher_create", PKV_CLASS_STATE, "pool without enable_events", kInv,
+          "enable_events", pkv_event_publisher* p = nullptr;
+          return pkv_event_publisher_create(e.mgr, "inproc://x", nullptr, nullptr, &p);),
+        V("pkv_event_publisher_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
+          pkv_event_publisher_options_init(nullptr);
+          return PKV_OK;),
+        V("pkv_event_publisher_stats_init", PKV_CLASS_NULL, "stats = NULL", "no-op",
+          pkv_event_publisher_stats_init(nullptr);
+          return PKV_OK;),
+        V("pkv_event_publisher_destroy", PKV_CLASS_NULL, "pub = NULL", "no-op",
+          pkv_event_publisher_destroy(nullptr);
+          return PKV_OK;),
+        S("pkv_event_publisher_publish", PKV_CLASS_NULL, "pub = NULL", kInv, "pub",
+          return pkv_event_publisher_publish(nullptr, &e.u64);),
+        S("pkv_event_publisher_get_stats", PKV_CLASS_NULL, "pub = NULL", kInv, "pub",
+          pkv_event_publisher_stats st;
+          pkv_event_publisher_stats_init(&st); return pkv_event_publisher_get_stats(nullptr, &st);),
+        S("pkv_event_publisher_endpoint", PKV_CLASS_NULL, "pub = NULL", kInv, "pub",
+          return pkv_event_publisher_endpoint(nullptr, 0, e.msg, sizeof e.msg, &e.u64);),
         S("pkv_pool_reset_prefix_cache", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
           return pkv_pool_reset_prefix_cache(nullptr);),
         S("pkv_pool_validate", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",

@@ -48,6 +48,7 @@ from ._types import (
     SequenceInfo,
 )
 from .hybrid import GroupKind, GroupStats, HybridPool, KVGroupSpec
+from .events import EventPublisher, EventV2, Medium
 
 __version__: str = _pagedkv.PKV_VERSION_STRING
 """Version of the headers this package was built against."""
@@ -108,7 +109,9 @@ __all__ = [
     "Device",
     "DeviceType",
     "Event",
+    "EventPublisher",
     "EventType",
+    "EventV2",
     "Features",
     "GroupKind",
     "GroupStats",
@@ -120,6 +123,7 @@ __all__ = [
     "InvariantError",
     "KVGroupSpec",
     "MMItem",
+    "Medium",
     "NotFoundError",
     "OutOfBlocksError",
     "OutOfMemoryError",

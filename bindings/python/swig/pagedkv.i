@@ -82,6 +82,10 @@
 %thread pkv_pool_get_priority_counts;
 %thread pkv_seq_append_batch;
 %thread pkv_seq_free_batch;
+%thread pkv_pool_drain_events_v2;
+%thread pkv_event_publisher_create;
+%thread pkv_event_publisher_publish;
+%thread pkv_event_publisher_destroy;
 %thread pkv_seq_admit;
 %thread pkv_seq_match_prefix_hashes;
 %thread pkv_seq_admit_hashes;
@@ -419,6 +423,17 @@ static PyGetSetDef pkv_py_handle_getset[] = {
 %enddef
 PKV_HANDLE_IN(pkv_pool)
 PKV_HANDLE_IN(pkv_batch)
+
+/* A publisher is owned by one Python object (pagedkv.events.EventPublisher)
+ * through a _Handle, pinned for each call as pools are. */
+%typemap(in) pkv_event_publisher* pub (void* argp = 0, pkv_py_handle* pin = NULL),
+             const pkv_event_publisher* pub (void* argp = 0, pkv_py_handle* pin = NULL) {
+  if (!pkv_py_handle_arg($input, $descriptor(pkv_event_publisher*), "$symname", $argnum, &argp, &pin)) SWIG_fail;
+  $1 = ($1_ltype)argp;
+}
+%typemap(freearg) pkv_event_publisher* pub, const pkv_event_publisher* pub {
+  if (pin$argnum) pkv_py_handle_unpin(pin$argnum);
+}
 
 /* ------------------------------------------------------------ conversions */
 
@@ -949,6 +964,7 @@ PKV_OUT_U64(uint64_t, out)
 PKV_OUT_U64(uint64_t, out_num_cached)
 PKV_OUT_U64(uint64_t, out_blocks)
 PKV_OUT_U64(uint32_t, out)
+PKV_OUT_U64(uint64_t, out_num_events)
 
 %define PKV_OUT_HANDLE(TYPE)
 %typemap(in, numinputs=0) TYPE** out (TYPE* tmp = NULL) { $1 = &tmp; }
@@ -959,6 +975,7 @@ PKV_OUT_U64(uint32_t, out)
 %enddef
 PKV_OUT_HANDLE(pkv_pool)
 PKV_OUT_HANDLE(pkv_batch)
+PKV_OUT_HANDLE(pkv_event_publisher)
 
 /* Result structs: initialised (struct_size) before the call, returned as an
  * owned proxy (malloc'd copy; the proxy's destructor frees it). */
@@ -985,6 +1002,58 @@ PKV_OUT_STRUCT(pkv_pool_stats, pkv_pool_stats_init(&tmp))
 PKV_OUT_STRUCT(pkv_batch_info, pkv_batch_info_init(&tmp))
 PKV_OUT_STRUCT(pkv_tensor, (void)0)
 PKV_OUT_STRUCT(pkv_prefix_match, pkv_prefix_match_init(&tmp))
+PKV_OUT_STRUCT(pkv_event_publisher_stats, pkv_event_publisher_stats_init(&tmp))
+
+/* pkv_event_publisher_endpoint: returns the endpoint as str. */
+%typemap(in, numinputs=0) (char* buf, uint64_t capacity, uint64_t* out_len)
+    (char tmp[1024], uint64_t len = 0) {
+  $1 = tmp;
+  $2 = sizeof tmp;
+  $3 = &len;
+}
+%typemap(argout) (char* buf, uint64_t capacity, uint64_t* out_len) {
+  $result = pkv_py_append($result, PyUnicode_FromStringAndSize($1, (Py_ssize_t)len$argnum));
+  if (!$result) SWIG_fail;
+}
+
+/* pkv_pool_drain_events_v2: takes (capacity, token_capacity), returns a
+ * list of (pkv_event_v2, [token ids]). */
+%typemap(in) (pkv_event_v2* out, uint64_t capacity, int32_t* token_buf, uint64_t token_capacity,
+              uint64_t* out_count) (uint64_t count = 0) {
+  unsigned long long cap = 0, tcap = 0;
+  if (!PyArg_ParseTuple($input, "KK", &cap, &tcap)) SWIG_fail;
+  if (cap > (1u << 20) || tcap > (1u << 26)) {
+    PyErr_SetString(PyExc_ValueError, "drain_events_v2: capacity or token_capacity too large");
+    SWIG_fail;
+  }
+  $2 = cap;
+  $4 = tcap;
+  $1 = (pkv_event_v2*)calloc((size_t)(cap > 0 ? cap : 1), sizeof(pkv_event_v2));
+  $3 = (int32_t*)calloc((size_t)(tcap > 0 ? tcap : 1), sizeof(int32_t));
+  if (!$1 || !$3) { PyErr_NoMemory(); SWIG_fail; }
+  for (size_t i = 0; i < (size_t)cap; ++i) $1[i].struct_size = sizeof(pkv_event_v2);
+  $5 = &count;
+}
+%typemap(argout) (pkv_event_v2* out, uint64_t capacity, int32_t* token_buf, uint64_t token_capacity,
+                  uint64_t* out_count) {
+  uint64_t n = count$argnum < $2 ? count$argnum : $2;
+  PyObject* list = PyList_New((Py_ssize_t)n);
+  if (!list) SWIG_fail;
+  for (uint64_t i = 0; i < n; ++i) {
+    pkv_event_v2* e = (pkv_event_v2*)malloc(sizeof(pkv_event_v2));
+    PyObject* ids = e ? PyList_New((Py_ssize_t)$1[i].num_token_ids) : NULL;
+    if (!ids) { free(e); Py_DECREF(list); if (!PyErr_Occurred()) PyErr_NoMemory(); SWIG_fail; }
+    *e = $1[i];
+    for (uint32_t t = 0; t < e->num_token_ids; ++t)
+      PyList_SET_ITEM(ids, (Py_ssize_t)t, PyLong_FromLong($3[e->token_offset + t]));
+    PyObject* ev = SWIG_NewPointerObj(e, $descriptor(pkv_event_v2*), SWIG_POINTER_OWN);
+    PyList_SET_ITEM(list, (Py_ssize_t)i, Py_BuildValue("(NN)", ev, ids));
+  }
+  $result = pkv_py_append($result, list);
+  if (!$result) SWIG_fail;
+}
+%typemap(freearg) (pkv_event_v2* out, uint64_t capacity, int32_t* token_buf, uint64_t token_capacity,
+                   uint64_t* out_count) { free($1); free($3); }
 PKV_OUT_STRUCT(pkv_tier_match, pkv_tier_match_init(&tmp))
 PKV_OUT_STRUCT(pkv_tier_stats, pkv_tier_stats_init(&tmp))
 PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init(&tmp))
@@ -1550,6 +1619,13 @@ PKV_OPTIONS_IN(pkv_hash_options, pkv_hash_options_init, %arg({"seed", "cache_sal
     if (!pkv_py_dict_mm($input, keep, &mm, &tmp.num_mm_items)) SWIG_fail;
     tmp.mm_items = mm; }))
 PKV_OPTIONS_IN(pkv_attention_params, pkv_attention_params_init, PKV_NO_SPECIAL, )
+PKV_OPTIONS_IN(pkv_event_publisher_options, pkv_event_publisher_options_init, %arg({"topic", "device_medium", NULL}), %arg(
+  { const char* s = NULL;
+    if (!pkv_py_dict_str($input, "topic", keep, &s)) SWIG_fail;
+    if (s) tmp.topic = s;
+    if (!pkv_py_dict_str($input, "device_medium", keep, &tmp.device_medium)) SWIG_fail; }))
+%immutable pkv_event_publisher_options::topic;
+%immutable pkv_event_publisher_options::device_medium;
 PKV_OPTIONS_IN(pkv_tier_options, pkv_tier_options_init, %arg({"file_dir", NULL}), %arg(
   { if (!pkv_py_dict_str($input, "file_dir", keep, &tmp.file_dir)) SWIG_fail; }))
 
@@ -1609,6 +1685,7 @@ PKV_OPTIONS_IN(pkv_tier_options, pkv_tier_options_init, %arg({"file_dir", NULL})
 %include "pagedkv/hash.h"
 %include "pagedkv/pool.h"
 %include "pagedkv/batch.h"
+%include "pagedkv/events.h"
 %include "pagedkv/tiers.h"
 %include "pagedkv/groups.h"
 

@@ -12,5 +12,6 @@
 #include "pagedkv/batch.h"
 #include "pagedkv/tiers.h"
 #include "pagedkv/groups.h"
+#include "pagedkv/events.h"
 
 #endif /* PAGEDKV_H */

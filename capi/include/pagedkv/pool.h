@@ -71,7 +71,10 @@ typedef struct pkv_pool_options {
                                      token not yet computed, i.e. not covered by a
                                      committed step (so every token not yet
                                      computed stays queryable) */
-  uint32_t enable_events;         /* 1 = record KV events for pkv_pool_drain_events */
+  uint32_t enable_events;         /* 1 = record KV events for pkv_pool_drain_events
+                                     (and _v2, or a publisher: events.h); a pending
+                                     stored event keeps its block's token ids,
+                                     4 * block_size bytes */
   uint32_t max_events;            /* events kept before the oldest are dropped;
                                      default 65536 */
   /* KV storage. num_layers == 0 makes a manager-only pool without storage

@@ -331,7 +331,7 @@ pub struct Event {
 }
 
 impl Event {
-    fn from_raw(e: &sys::pkv_event) -> Event {
+    pub(crate) fn from_raw(e: &sys::pkv_event) -> Event {
         Event {
             seq_no: e.seq_no,
             kind: match e.type_ {

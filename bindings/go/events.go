@@ -1,0 +1,267 @@
+package pagedkv
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// EventV2 is a KV event with what vLLM's carry: the block's token ids, the
+// block size and the medium.
+type EventV2 struct {
+	Event
+	Medium    uint32 // MediumDevice, MediumHost or MediumFile
+	BlockSize uint32
+	TokenIDs  []int32 // a stored block's ids; nil otherwise
+}
+
+const maxDrainV2 = 4096
+
+// DrainEventsV2 moves up to max oldest events of every medium out of the
+// pool (pkv_pool_drain_events_v2). It shares one queue with DrainEvents.
+func (p *Pool) DrainEventsV2(max int) ([]EventV2, error) {
+	const op = "pkv_pool_drain_events_v2"
+	if max < 0 {
+		return nil, argError(op, "max %d is negative", max)
+	}
+	if max > maxDrainV2 {
+		max = maxDrainV2 // token buffers are max * block size
+	}
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return nil, err
+	}
+	defer p.release()
+	if max == 0 {
+		return nil, nil
+	}
+	bs := int(p.opts.BlockSize)
+	// C memory: the library writes into both buffers.
+	evs := (*[1 << 20]C.pkv_event_v2)(C.calloc(C.size_t(max), C.size_t(unsafe.Sizeof(C.pkv_event_v2{}))))[:max:max]
+	defer C.free(unsafe.Pointer(&evs[0]))
+	ids := (*[1 << 28]C.int32_t)(C.calloc(C.size_t(max*bs), 4))[: max*bs : max*bs]
+	defer C.free(unsafe.Pointer(&ids[0]))
+	for i := range evs {
+		evs[i].struct_size = C.uint32_t(unsafe.Sizeof(evs[i]))
+	}
+	var n C.uint64_t
+	if err := check(op, C.pkvgo_pool_drain_events_v2(ptr, &evs[0], C.uint64_t(max), &ids[0],
+		C.uint64_t(max*bs), &n)); err != nil {
+		return nil, err
+	}
+	out := make([]EventV2, int(n))
+	for i := range out {
+		c := &evs[i]
+		out[i] = EventV2{
+			Event: Event{
+				SeqNo:      uint64(c.seq_no),
+				Type:       EventType(c._type),
+				BlockID:    int32(c.block_id),
+				BlockHash:  *(*BlockHash)(unsafe.Pointer(&c.block_hash)),
+				ParentHash: *(*BlockHash)(unsafe.Pointer(&c.parent_hash)),
+				HasParent:  c.has_parent != 0,
+				NumTokens:  uint32(c.num_tokens),
+				LoraID:     uint64(c.lora_id),
+			},
+			Medium:    uint32(c.medium),
+			BlockSize: uint32(c.block_size),
+		}
+		if c.num_token_ids > 0 {
+			t := make([]int32, int(c.num_token_ids))
+			for k := range t {
+				t[k] = int32(ids[int(c.token_offset)+k])
+			}
+			out[i].TokenIDs = t
+		}
+	}
+	return out, nil
+}
+
+// Wire encodings of PublisherOptions.
+const (
+	EventsEncodingMap   = uint32(C.PKV_EVENTS_ENCODING_MAP)   // events as maps (vLLM after PR 42892)
+	EventsEncodingArray = uint32(C.PKV_EVENTS_ENCODING_ARRAY) // tagged arrays (vLLM 0.9 to 0.23)
+	EventsHashInt       = uint32(C.PKV_EVENTS_HASH_INT)       // uint64 of the digest's last 8 bytes
+	EventsHashBytes     = uint32(C.PKV_EVENTS_HASH_BYTES)     // the whole digest
+)
+
+// PublisherOptions configures an EventPublisher; the zero value means the
+// library's defaults (topic "", buffer 10000 batches, hwm 100000, map
+// events, int hashes, medium "GPU"/"CPU" by the pool's device).
+type PublisherOptions struct {
+	Topic            string
+	DataParallelRank uint32
+	BufferSteps      uint64
+	HWM              int32
+	EventEncoding    uint32
+	HashEncoding     uint32
+	DeviceMedium     string
+}
+
+// PublisherStats are an EventPublisher's counters.
+type PublisherStats struct {
+	BatchesPublished    uint64
+	EventsPublished     uint64
+	PoolEventsPublished uint64
+	PoolEventsDropped   uint64 // lost to the pool's max_events since the publisher was made
+	ReplayRequests      uint64
+}
+
+// EventPublisher sends a pool's KV events over ZeroMQ in vLLM's wire format
+// (pkv_event_publisher_*): a router written for vLLM's KV events consumes
+// them unchanged. Safe for concurrent use; Close it when done.
+type EventPublisher struct {
+	mu  sync.RWMutex
+	ptr *C.pkv_event_publisher
+}
+
+// NewEventPublisher publishes pool's events on endpoint (bound if it holds
+// "*" or "::" or is ipc:// or inproc://, else connected), with a replay
+// socket bound at replayEndpoint unless it is "". ErrUnsupported in a build
+// without PAGEDKV_EVENTS.
+func NewEventPublisher(pool *Pool, endpoint, replayEndpoint string, opts *PublisherOptions) (*EventPublisher, error) {
+	const op = "pkv_event_publisher_create"
+	ptr, err := pool.acquire(op)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.release()
+	var o C.pkv_event_publisher_options
+	C.pkv_event_publisher_options_init(&o)
+	var free []unsafe.Pointer
+	defer func() {
+		for _, f := range free {
+			C.free(f)
+		}
+	}()
+	cstr := func(s string) *C.char {
+		c := C.CString(s)
+		free = append(free, unsafe.Pointer(c))
+		return c
+	}
+	if opts != nil {
+		o.topic = cstr(opts.Topic)
+		o.data_parallel_rank = C.uint32_t(opts.DataParallelRank)
+		if opts.BufferSteps != 0 {
+			o.buffer_steps = C.uint64_t(opts.BufferSteps)
+		}
+		if opts.HWM != 0 {
+			o.hwm = C.int32_t(opts.HWM)
+		}
+		o.event_encoding = C.uint32_t(opts.EventEncoding)
+		o.hash_encoding = C.uint32_t(opts.HashEncoding)
+		if opts.DeviceMedium != "" {
+			o.device_medium = cstr(opts.DeviceMedium)
+		}
+	}
+	var replay *C.char
+	if replayEndpoint != "" {
+		replay = cstr(replayEndpoint)
+	}
+	var out *C.pkv_event_publisher
+	if err := check(op, C.pkvgo_event_publisher_create(ptr, cstr(endpoint), replay, &o, &out)); err != nil {
+		return nil, err
+	}
+	pub := &EventPublisher{ptr: out}
+	runtime.SetFinalizer(pub, (*EventPublisher).Close)
+	return pub, nil
+}
+
+func (p *EventPublisher) acquire(op string) (*C.pkv_event_publisher, error) {
+	if p == nil {
+		return nil, closedError(op, "event publisher")
+	}
+	p.mu.RLock()
+	if p.ptr == nil {
+		p.mu.RUnlock()
+		return nil, closedError(op, "event publisher")
+	}
+	return p.ptr, nil
+}
+
+func (p *EventPublisher) release() {
+	p.mu.RUnlock()
+	runtime.KeepAlive(p)
+}
+
+// Publish drains the pool's pending events and sends them as one batch
+// (none when there are none); it returns the pool events drained. Call it
+// once per engine step.
+func (p *EventPublisher) Publish() (uint64, error) {
+	const op = "pkv_event_publisher_publish"
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return 0, err
+	}
+	defer p.release()
+	var n C.uint64_t
+	if err := check(op, C.pkvgo_event_publisher_publish(ptr, &n)); err != nil {
+		return 0, err
+	}
+	return uint64(n), nil
+}
+
+// Stats returns the publisher's counters.
+func (p *EventPublisher) Stats() (PublisherStats, error) {
+	const op = "pkv_event_publisher_get_stats"
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return PublisherStats{}, err
+	}
+	defer p.release()
+	var s C.pkv_event_publisher_stats
+	C.pkv_event_publisher_stats_init(&s)
+	if err := check(op, C.pkvgo_event_publisher_get_stats(ptr, &s)); err != nil {
+		return PublisherStats{}, err
+	}
+	return PublisherStats{
+		BatchesPublished:    uint64(s.batches_published),
+		EventsPublished:     uint64(s.events_published),
+		PoolEventsPublished: uint64(s.pool_events_published),
+		PoolEventsDropped:   uint64(s.pool_events_dropped),
+		ReplayRequests:      uint64(s.replay_requests),
+	}, nil
+}
+
+// Endpoint is the PUB endpoint after the rank offset (a bound one as
+// ZeroMQ reports it, with the port a "*" got); ReplayEndpoint likewise ("" if none).
+func (p *EventPublisher) Endpoint() (string, error) { return p.endpoint(0) }
+
+// ReplayEndpoint: see Endpoint.
+func (p *EventPublisher) ReplayEndpoint() (string, error) { return p.endpoint(1) }
+
+func (p *EventPublisher) endpoint(which uint32) (string, error) {
+	const op = "pkv_event_publisher_endpoint"
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return "", err
+	}
+	defer p.release()
+	var buf [1024]C.char
+	var n C.uint64_t
+	if err := check(op, C.pkvgo_event_publisher_endpoint(ptr, C.uint32_t(which), &buf[0], C.uint64_t(len(buf)), &n)); err != nil {
+		return "", err
+	}
+	return C.GoStringN(&buf[0], C.int(n)), nil
+}
+
+// Close stops the publisher (undelivered messages are dropped). Idempotent.
+func (p *EventPublisher) Close() error {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ptr != nil {
+		C.pkv_event_publisher_destroy(p.ptr)
+		p.ptr = nil
+		runtime.SetFinalizer(p, nil)
+	}
+	return nil
+}

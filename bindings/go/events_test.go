@@ -1,0 +1,72 @@
+package pagedkv
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestDrainEventsV2CarriesTokens(t *testing.T) {
+	p := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 32, EnableEvents: true})
+	s, err := p.CreateSeq(nil)
+	ok(t, err)
+	tokens := []int32{5, 9, 2, 7, 11, 3, 8, 1, 4}
+	ok(t, s.Append(tokens))
+	evs, err := p.DrainEventsV2(16)
+	ok(t, err)
+	if len(evs) != 2 {
+		t.Fatalf("%d events, want 2", len(evs))
+	}
+	hashes, err := HashPrefix(&HashOptions{BlockSize: 4}, tokens)
+	ok(t, err)
+	for i, e := range evs {
+		if e.Type != EventBlockStored || e.Medium != MediumDevice || e.BlockSize != 4 ||
+			e.BlockHash != hashes[i] || e.HasParent != (i > 0) || e.SeqNo != uint64(i+1) {
+			t.Fatalf("event %d: %+v", i, e)
+		}
+		for k := 0; k < 4; k++ {
+			if e.TokenIDs[k] != tokens[4*i+k] {
+				t.Fatalf("event %d token %d: %d, want %d", i, k, e.TokenIDs[k], tokens[4*i+k])
+			}
+		}
+	}
+	if evs[1].ParentHash != hashes[0] {
+		t.Fatal("second block's parent is not the first block")
+	}
+	if _, err := p.DrainEventsV2(-1); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("negative max: %v", err)
+	}
+}
+
+func TestEventPublisher(t *testing.T) {
+	p := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 32, EnableEvents: true, MaxEvents: 2})
+	pub, err := NewEventPublisher(p, "inproc://pkv-go-test", "", &PublisherOptions{Topic: "kv", DataParallelRank: 1})
+	if errors.Is(err, ErrUnsupported) {
+		t.Skip("built without PAGEDKV_EVENTS")
+	}
+	ok(t, err)
+	defer pub.Close()
+	ep, err := pub.Endpoint()
+	ok(t, err)
+	if ep != "inproc://pkv-go-test_dp1" {
+		t.Fatalf("endpoint %q", ep)
+	}
+	s, err := p.CreateSeq(nil)
+	ok(t, err)
+	ok(t, s.Append(make([]int32, 20))) // 5 stored events; the pool keeps 2
+	n, err := pub.Publish()
+	ok(t, err)
+	st, err := pub.Stats()
+	ok(t, err)
+	if n != 2 || st.PoolEventsDropped != 3 || st.BatchesPublished != 1 || st.EventsPublished != 1 {
+		t.Fatalf("published %d, stats %+v", n, st)
+	}
+	ok(t, pub.Close())
+	ok(t, pub.Close())
+	if _, err := pub.Publish(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("publish after close: %v", err)
+	}
+	np := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 8})
+	if _, err := NewEventPublisher(np, "inproc://x", "", nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("pool without events: %v", err)
+	}
+}

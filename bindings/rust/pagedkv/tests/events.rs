@@ -1,0 +1,84 @@
+//! pagedkv/events.h through the safe crate: the versioned drain and the
+//! publisher (its wire format is checked by the C++ and Python suites).
+
+use pagedkv::{
+    drain_events_v2, hash_prefix, ErrorKind, EventKind, EventMedium, EventPublisher, HashOptions,
+    Pool, PoolOptions, PublisherOptions,
+};
+
+fn pool(max_events: u32) -> Pool {
+    Pool::new(&PoolOptions {
+        block_size: 4,
+        num_blocks: 32,
+        enable_events: true,
+        max_events,
+        ..PoolOptions::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn drain_v2_carries_tokens_and_medium() {
+    let p = pool(64);
+    let s = p.create_seq().unwrap();
+    let tokens: Vec<i32> = (0..9).map(|i| 100 + 13 * i).collect();
+    p.append(s, &tokens).unwrap();
+    let evs = drain_events_v2(&p, 16).unwrap();
+    assert_eq!(evs.len(), 2);
+    let hashes = hash_prefix(
+        &HashOptions {
+            block_size: 4,
+            ..HashOptions::default()
+        },
+        &tokens,
+    )
+    .unwrap();
+    for (i, e) in evs.iter().enumerate() {
+        assert_eq!(e.event.kind, EventKind::BlockStored);
+        assert_eq!(e.event.seq_no, i as u64 + 1);
+        assert_eq!(e.event.block_hash, hashes[i]);
+        assert_eq!(e.medium, EventMedium::Device);
+        assert_eq!(e.block_size, 4);
+        assert_eq!(e.token_ids, tokens[4 * i..4 * i + 4].to_vec());
+    }
+    assert_eq!(evs[1].event.parent_hash, Some(hashes[0]));
+    assert!(drain_events_v2(&p, 16).unwrap().is_empty());
+}
+
+#[test]
+fn publisher_counts_drops_and_offsets_the_rank() {
+    let p = pool(2);
+    let opts = PublisherOptions {
+        data_parallel_rank: 3,
+        ..PublisherOptions::default()
+    };
+    let pub_ = match EventPublisher::new(&p, "inproc://pkv-rust-test", None, &opts) {
+        Err(e) if e.kind() == ErrorKind::Unsupported => return, // built without PAGEDKV_EVENTS
+        r => r.unwrap(),
+    };
+    assert_eq!(pub_.endpoint().unwrap(), "inproc://pkv-rust-test_dp3");
+    assert_eq!(pub_.replay_endpoint().unwrap(), "");
+    let s = p.create_seq().unwrap();
+    p.append(s, &[7; 20]).unwrap(); // 5 stored events, 2 kept
+    assert_eq!(pub_.publish().unwrap(), 2);
+    let st = pub_.stats().unwrap();
+    assert_eq!(st.pool_events_dropped, 3);
+    assert_eq!(st.batches_published, 1);
+    drop(p); // the publisher keeps the pool alive
+    assert_eq!(pub_.publish().unwrap(), 0);
+}
+
+#[test]
+fn publisher_rejects_a_pool_without_events() {
+    let p = Pool::new(&PoolOptions {
+        block_size: 4,
+        num_blocks: 8,
+        ..PoolOptions::default()
+    })
+    .unwrap();
+    let err = EventPublisher::new(&p, "inproc://x", None, &PublisherOptions::default())
+        .err()
+        .unwrap();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.message().contains("enable_events"), "{}", err.message());
+}

@@ -1,0 +1,231 @@
+// The ZeroMQ publisher (PAGEDKV_EVENTS). One lock guards the PUB socket,
+// the replay buffer and the counters; the ROUTER socket belongs to the
+// replay thread alone (ZeroMQ sockets are not thread-safe), so a router
+// asking for a replay is answered while the engine is between steps.
+#include <zmq.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "error.h"
+#include "events/publisher.h"
+#include "kv_pool.h"
+
+namespace pagedkv::events {
+
+namespace {
+
+std::string be64(uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 7; i >= 0; --i, v >>= 8) s[size_t(i)] = char(v & 0xff);
+  return s;
+}
+
+[[noreturn]] void zfail(const std::string& what, const std::string& endpoint) {
+  fail(Errc::kInvalidArgument, what + " '" + endpoint + "': " + zmq_strerror(zmq_errno()));
+}
+
+// Signals (a Go or Python host's runtime sends them to every thread)
+// interrupt ZeroMQ calls with EINTR: those are retried, never half-done.
+int send_frame(void* s, const void* data, size_t size, int flags) {
+  int rc;
+  do {
+    rc = zmq_send(s, data, size, flags);
+  } while (rc < 0 && zmq_errno() == EINTR);
+  return rc;
+}
+
+bool binds(const std::string& e) {
+  return e.find('*') != std::string::npos || e.find("::") != std::string::npos ||
+         e.rfind("ipc://", 0) == 0 || e.rfind("inproc://", 0) == 0;
+}
+
+class ZmqPublisher final : public Publisher {
+ public:
+  ZmqPublisher(std::shared_ptr<Pool> pool, const PublisherOptions& o)
+      : pool_(std::move(pool)), o_(o) {
+    o_.endpoint = offset_endpoint(o.endpoint, o.dp_rank);
+    if (!o.replay_endpoint.empty())
+      o_.replay_endpoint = offset_endpoint(o.replay_endpoint, o.dp_rank);
+    dropped_at_start_ = pool_->stats().num_events_dropped;
+    ctx_ = zmq_ctx_new();
+    if (!ctx_) fail(Errc::kOutOfMemory, "cannot create a ZeroMQ context");
+    try {
+      open();
+    } catch (...) {
+      close();
+      throw;
+    }
+    if (replay_) thread_ = std::thread([this] { serve_replays(); });
+  }
+
+  ~ZmqPublisher() override {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    close();
+  }
+
+  uint64_t publish() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint32_t bs = pool_->options().block_size;
+    size_t n = 0;
+    for (;;) {  // everything pending, in chunks
+      const size_t chunk = 256;
+      if (events_.size() < n + chunk) {
+        events_.resize(n + chunk);
+        tokens_.resize((n + chunk) * bs);
+      }
+      const size_t got = pool_->drain_events(events_.data() + n, chunk, tokens_.data() + n * bs);
+      n += got;
+      if (got < chunk) break;
+    }
+    stats_.pool_events_dropped = pool_->stats().num_events_dropped - dropped_at_start_;
+    if (n == 0) return 0;
+    const double ts =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    std::string payload;
+    const size_t num =
+        encode_batch(events_.data(), n, tokens_.data(), bs, ts, o_.dp_rank, o_.wire, &payload);
+    stats_.pool_events_published += n;
+    if (num == 0) return n;  // only events vLLM has no counterpart for
+    const uint64_t seq = stats_.next_seq++;
+    const std::string seq_bytes = be64(seq);
+    // A PUB socket never blocks: past its high-water mark a slow subscriber
+    // loses messages and sees the gap in the sequence numbers.
+    send_frame(pub_, o_.topic.data(), o_.topic.size(), ZMQ_SNDMORE);
+    send_frame(pub_, seq_bytes.data(), 8, ZMQ_SNDMORE);
+    send_frame(pub_, payload.data(), payload.size(), 0);
+    ++stats_.batches_published;
+    stats_.events_published += num;
+    if (o_.buffer_steps > 0) {
+      if (buffer_.size() >= o_.buffer_steps) buffer_.pop_front();
+      buffer_.emplace_back(seq, std::move(payload));
+    }
+    return n;
+  }
+
+  PublisherStats stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  std::string endpoint() const override { return o_.endpoint; }
+  std::string replay_endpoint() const override { return o_.replay_endpoint; }
+
+ private:
+  void open() {
+    pub_ = zmq_socket(ctx_, ZMQ_PUB);
+    if (!pub_) zfail("cannot create a PUB socket for", o_.endpoint);
+    int hwm = o_.hwm, linger = 0;
+    zmq_setsockopt(pub_, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(pub_, ZMQ_LINGER, &linger, sizeof linger);
+    if (binds(o_.endpoint) ? zmq_bind(pub_, o_.endpoint.c_str()) != 0
+                           : zmq_connect(pub_, o_.endpoint.c_str()) != 0)
+      zfail(binds(o_.endpoint) ? "cannot bind endpoint" : "cannot connect endpoint", o_.endpoint);
+    if (binds(o_.endpoint)) o_.endpoint = last_endpoint(pub_, o_.endpoint);
+    if (o_.replay_endpoint.empty()) return;
+    replay_ = zmq_socket(ctx_, ZMQ_ROUTER);
+    if (!replay_) zfail("cannot create a ROUTER socket for", o_.replay_endpoint);
+    zmq_setsockopt(replay_, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_bind(replay_, o_.replay_endpoint.c_str()) != 0)
+      zfail("cannot bind replay_endpoint", o_.replay_endpoint);
+    o_.replay_endpoint = last_endpoint(replay_, o_.replay_endpoint);
+  }
+
+  // What was bound, so that "tcp://127.0.0.1:*" (any free port) reports
+  // the port it got.
+  static std::string last_endpoint(void* s, const std::string& fallback) {
+    char buf[1024];
+    size_t len = sizeof buf;
+    if (zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, buf, &len) != 0 || len == 0) return fallback;
+    return std::string(buf, strnlen(buf, len));
+  }
+
+  void close() noexcept {
+    if (pub_) zmq_close(pub_);
+    if (replay_) zmq_close(replay_);
+    pub_ = replay_ = nullptr;
+    if (ctx_) zmq_ctx_term(ctx_);
+    ctx_ = nullptr;
+  }
+
+  static std::vector<std::string> recv_frames(void* s) {
+    std::vector<std::string> frames;
+    int more = 1;
+    while (more) {
+      zmq_msg_t m;
+      zmq_msg_init(&m);
+      int rc;
+      do {
+        rc = zmq_msg_recv(&m, s, ZMQ_DONTWAIT);
+      } while (rc < 0 && zmq_errno() == EINTR);
+      if (rc < 0) {
+        zmq_msg_close(&m);
+        break;
+      }
+      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+      more = zmq_msg_more(&m);
+      zmq_msg_close(&m);
+    }
+    return frames;
+  }
+
+  void send_frames(const std::string& id, const std::string& seq, const std::string& body) {
+    send_frame(replay_, id.data(), id.size(), ZMQ_SNDMORE);
+    send_frame(replay_, "", 0, ZMQ_SNDMORE);
+    send_frame(replay_, seq.data(), seq.size(), ZMQ_SNDMORE);
+    send_frame(replay_, body.data(), body.size(), 0);
+  }
+
+  // vLLM's _service_replay: a request is [identity, "", start seq (big
+  // endian)]; the answer every buffered batch with seq >= start, then the
+  // end marker (seq -1, empty payload). Malformed requests are ignored.
+  void serve_replays() noexcept {
+    try {
+      while (!stop_) {
+        zmq_pollitem_t item{replay_, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&item, 1, 50) <= 0 || !(item.revents & ZMQ_POLLIN)) continue;
+        std::vector<std::string> f = recv_frames(replay_);
+        if (f.size() != 3 || f[2].empty() || f[2].size() > 8) continue;
+        uint64_t start = 0;
+        for (unsigned char c : f[2]) start = (start << 8) | c;
+        std::vector<std::pair<uint64_t, std::string>> hits;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++stats_.replay_requests;
+          for (const auto& b : buffer_)
+            if (b.first >= start) hits.push_back(b);
+        }
+        for (const auto& h : hits) send_frames(f[0], be64(h.first), h.second);
+        send_frames(f[0], be64(~uint64_t(0)), std::string());
+      }
+    } catch (...) {  // out of memory: stop answering replays, keep publishing
+    }
+  }
+
+  std::shared_ptr<Pool> pool_;
+  PublisherOptions o_;
+  void* ctx_ = nullptr;
+  void* pub_ = nullptr;
+  void* replay_ = nullptr;
+  mutable std::mutex mu_;
+  std::deque<std::pair<uint64_t, std::string>> buffer_;
+  std::vector<Event> events_;
+  std::vector<int32_t> tokens_;
+  PublisherStats stats_;
+  uint64_t dropped_at_start_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<Publisher> make_publisher(std::shared_ptr<Pool> pool, const PublisherOptions& o) {
+  return std::make_unique<ZmqPublisher>(std::move(pool), o);
+}
+
+}  // namespace pagedkv::events

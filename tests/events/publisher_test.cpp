@@ -1,0 +1,238 @@
+// The C API of pagedkv/events.h: the versioned drain, and the publisher
+// over real ZeroMQ sockets (a SUB and a REQ socket of libzmq, as a router
+// would open them). The Python suite decodes the same stream with vLLM's
+// class layout; here the framing, sequence numbers, replay and stats.
+#include <gtest/gtest.h>
+#include <zmq.h>
+
+#include <msgpack.hpp>
+#include <string>
+#include <vector>
+
+#include "pagedkv/pagedkv.h"
+
+namespace {
+
+struct Pool {
+  pkv_pool* p = nullptr;
+  explicit Pool(uint32_t max_events = 1024, uint32_t events = 1) {
+    pkv_pool_options o;
+    pkv_pool_options_init(&o);
+    o.block_size = 4;
+    o.num_blocks = 64;
+    o.enable_events = events;
+    o.max_events = max_events;
+    EXPECT_EQ(pkv_pool_create(&o, &p), PKV_OK) << pkv_last_error_message();
+  }
+  ~Pool() { pkv_pool_destroy(p); }
+  pkv_seq_id append(const std::vector<int32_t>& t) {
+    pkv_seq_id s = 0;
+    EXPECT_EQ(pkv_seq_create(p, nullptr, &s), PKV_OK);
+    EXPECT_EQ(pkv_seq_append(p, s, t.data(), t.size(), 0), PKV_OK) << pkv_last_error_message();
+    return s;
+  }
+};
+
+std::vector<std::string> recv_all(void* s, int timeout_ms) {
+  std::vector<std::string> frames;
+  zmq_pollitem_t it{s, 0, ZMQ_POLLIN, 0};
+  if (zmq_poll(&it, 1, timeout_ms) <= 0) return frames;
+  int more = 1;
+  while (more) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, s, 0) < 0) break;
+    frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+    more = zmq_msg_more(&m);
+    zmq_msg_close(&m);
+  }
+  return frames;
+}
+
+uint64_t be64(const std::string& s) {
+  uint64_t v = 0;
+  for (unsigned char c : s) v = (v << 8) | c;
+  return v;
+}
+
+std::string endpoint(pkv_event_publisher* pub, uint32_t which) {
+  char buf[256];
+  uint64_t len = 0;
+  EXPECT_EQ(pkv_event_publisher_endpoint(pub, which, buf, sizeof buf, &len), PKV_OK);
+  return std::string(buf, len);
+}
+
+pkv_event_publisher* make(pkv_pool* pool, const char* ep, const char* replay,
+                          uint64_t steps = 100) {
+  pkv_event_publisher_options o;
+  pkv_event_publisher_options_init(&o);
+  o.topic = "kv";
+  o.buffer_steps = steps;
+  pkv_event_publisher* pub = nullptr;
+  pkv_status st = pkv_event_publisher_create(pool, ep, replay, &o, &pub);
+  EXPECT_EQ(st, PKV_OK) << pkv_last_error_message();
+  return pub;
+}
+
+TEST(EventsV2, DrainCarriesTokensAndStopsWhereTheyDoNotFit) {
+  Pool pool;
+  std::vector<int32_t> t(13);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = int32_t(1000 + 7 * i);
+  pool.append(t);  // 3 full blocks: 3 stored events
+  std::vector<pkv_event_v2> ev(8);
+  for (auto& e : ev) e.struct_size = sizeof e;
+  std::vector<int32_t> ids(8, -1);
+  uint64_t n = 99;
+  // Room for the ids of 2 blocks only: 2 events, the third stays queued.
+  ASSERT_EQ(pkv_pool_drain_events_v2(pool.p, ev.data(), ev.size(), ids.data(), 8, &n), PKV_OK);
+  ASSERT_EQ(n, 2u);
+  for (uint64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(ev[i].type, uint32_t(PKV_EVENT_BLOCK_STORED));
+    EXPECT_EQ(ev[i].seq_no, i + 1);
+    EXPECT_EQ(ev[i].medium, uint32_t(PKV_MEDIUM_DEVICE));
+    EXPECT_EQ(ev[i].block_size, 4u);
+    EXPECT_EQ(ev[i].num_token_ids, 4u);
+    EXPECT_EQ(ev[i].token_offset, 4 * i);
+    EXPECT_EQ(ev[i].has_parent, i > 0 ? 1u : 0u);
+    for (uint32_t k = 0; k < 4; ++k) EXPECT_EQ(ids[4 * i + k], t[4 * i + k]);
+  }
+  EXPECT_EQ(std::memcmp(&ev[1].parent_hash, &ev[0].block_hash, sizeof(pkv_block_hash)), 0);
+  // No room at all for the next one: an error naming the room, nothing lost.
+  EXPECT_EQ(pkv_pool_drain_events_v2(pool.p, ev.data(), ev.size(), ids.data(), 3, &n),
+            PKV_E_BUFFER_TOO_SMALL);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("token_capacity"), std::string::npos);
+  ASSERT_EQ(pkv_pool_drain_events_v2(pool.p, ev.data(), ev.size(), ids.data(), 4, &n), PKV_OK);
+  ASSERT_EQ(n, 1u);
+  EXPECT_EQ(ev[0].seq_no, 3u);
+  EXPECT_EQ(ids[0], t[8]);
+  ASSERT_EQ(pkv_pool_drain_events_v2(pool.p, ev.data(), ev.size(), ids.data(), 4, &n), PKV_OK);
+  EXPECT_EQ(n, 0u);
+}
+
+TEST(EventsV2, BothDrainsShareOneQueue) {
+  Pool pool;
+  pool.append({1, 2, 3, 4, 5, 6, 7, 8});
+  pkv_event v1[1];
+  uint64_t n = 0;
+  ASSERT_EQ(pkv_pool_drain_events(pool.p, v1, 1, &n), PKV_OK);
+  ASSERT_EQ(n, 1u);
+  EXPECT_EQ(v1[0].seq_no, 1u);
+  pkv_event_v2 v2[2];
+  v2[0].struct_size = sizeof v2[0];
+  int32_t ids[8];
+  ASSERT_EQ(pkv_pool_drain_events_v2(pool.p, v2, 2, ids, 8, &n), PKV_OK);
+  ASSERT_EQ(n, 1u);
+  EXPECT_EQ(v2[0].seq_no, 2u);
+  EXPECT_EQ(ids[0], 5);
+}
+
+TEST(Publisher, FramesSequenceNumbersReplayAndStats) {
+  Pool pool;
+  pkv_event_publisher* pub = make(pool.p, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*");
+  ASSERT_NE(pub, nullptr);
+  const std::string ep = endpoint(pub, 0), rep = endpoint(pub, 1);
+  EXPECT_EQ(ep.find('*'), std::string::npos);
+  EXPECT_NE(ep, rep);
+  // Nobody listens yet: these are lost on the PUB socket but buffered.
+  uint64_t n = 0;
+  pool.append({1, 2, 3, 4, 5});
+  ASSERT_EQ(pkv_event_publisher_publish(pub, &n), PKV_OK);
+  EXPECT_EQ(n, 1u);
+  ASSERT_EQ(pkv_event_publisher_publish(pub, &n), PKV_OK);  // nothing pending: nothing sent
+  EXPECT_EQ(n, 0u);
+  pool.append({9, 9, 9, 9, 9, 9, 9, 9});
+  ASSERT_EQ(pkv_event_publisher_publish(pub, &n), PKV_OK);
+  EXPECT_EQ(n, 2u);
+
+  void* ctx = zmq_ctx_new();
+  void* sub = zmq_socket(ctx, ZMQ_SUB);
+  int linger = 0;
+  zmq_setsockopt(sub, ZMQ_LINGER, &linger, sizeof linger);
+  ASSERT_EQ(zmq_connect(sub, ep.c_str()), 0);
+  zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "kv", 2);
+  // Probe until the subscription is through (PUB drops until then).
+  std::vector<std::string> f;
+  for (int i = 0; i < 200 && f.empty(); ++i) {
+    ASSERT_EQ(pkv_pool_reset_prefix_cache(pool.p), PKV_OK);
+    ASSERT_EQ(pkv_event_publisher_publish(pub, &n), PKV_OK);
+    f = recv_all(sub, 20);
+  }
+  ASSERT_EQ(f.size(), 3u);
+  EXPECT_EQ(f[0], "kv");
+  ASSERT_EQ(f[1].size(), 8u);
+  const uint64_t seen = be64(f[1]);
+  EXPECT_GE(seen, 2u);  // 0 and 1 went out before the subscription
+  msgpack::object_handle oh = msgpack::unpack(f[2].data(), f[2].size());
+  ASSERT_EQ(oh.get().via.array.size, 3u);
+
+  // The gap: ask the replay socket from 0. A DEALER (with the empty
+  // delimiter a REQ socket would add): libzmq lets a REQ socket, which
+  // vLLM's example subscriber uses, receive only the first of the replies.
+  void* req = zmq_socket(ctx, ZMQ_DEALER);
+  zmq_setsockopt(req, ZMQ_LINGER, &linger, sizeof linger);
+  ASSERT_EQ(zmq_connect(req, rep.c_str()), 0);
+  const char start[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  ASSERT_EQ(zmq_send(req, "", 0, ZMQ_SNDMORE), 0);
+  ASSERT_EQ(zmq_send(req, start, 8, 0), 8);
+  std::vector<uint64_t> replayed;
+  for (;;) {
+    std::vector<std::string> r = recv_all(req, 2000);
+    ASSERT_EQ(r.size(), 3u);
+    EXPECT_TRUE(r[0].empty());
+    if (r[2].empty()) {
+      EXPECT_EQ(r[1], std::string(8, '\xff'));  // -1, the end marker
+      break;
+    }
+    replayed.push_back(be64(r[1]));
+    msgpack::object_handle b = msgpack::unpack(r[2].data(), r[2].size());
+    EXPECT_EQ(b.get().via.array.size, 3u);
+  }
+  ASSERT_GE(replayed.size(), seen + 1);
+  for (size_t i = 0; i < replayed.size(); ++i) EXPECT_EQ(replayed[i], i);
+
+  pkv_event_publisher_stats st;
+  pkv_event_publisher_stats_init(&st);
+  ASSERT_EQ(pkv_event_publisher_get_stats(pub, &st), PKV_OK);
+  EXPECT_EQ(st.replay_requests, 1u);
+  EXPECT_GE(st.batches_published, seen + 1);
+  EXPECT_EQ(st.pool_events_dropped, 0u);
+  zmq_close(req);
+  zmq_close(sub);
+  zmq_ctx_term(ctx);
+  pkv_event_publisher_destroy(pub);
+  pkv_event_publisher_destroy(nullptr);
+}
+
+TEST(Publisher, KeepsThePoolAliveAndCountsDrops) {
+  pkv_event_publisher* pub = nullptr;
+  {
+    Pool pool(2);
+    pub = make(pool.p, "inproc://pkv-test-drops", nullptr);
+    ASSERT_NE(pub, nullptr);
+    pool.append(std::vector<int32_t>(20, 3));  // 5 stored events, 2 kept
+  }  // the pool handle is gone; the publisher still holds the pool
+  uint64_t n = 0;
+  ASSERT_EQ(pkv_event_publisher_publish(pub, &n), PKV_OK);
+  EXPECT_EQ(n, 2u);
+  pkv_event_publisher_stats st;
+  pkv_event_publisher_stats_init(&st);
+  ASSERT_EQ(pkv_event_publisher_get_stats(pub, &st), PKV_OK);
+  EXPECT_EQ(st.pool_events_dropped, 3u);
+  EXPECT_EQ(st.pool_events_published, 2u);
+  EXPECT_EQ(st.batches_published, 1u);
+  pkv_event_publisher_destroy(pub);
+}
+
+TEST(Publisher, RankOffsetsThePort) {
+  Pool pool;
+  pkv_event_publisher_options o;
+  pkv_event_publisher_options_init(&o);
+  o.data_parallel_rank = 2;
+  pkv_event_publisher* pub = nullptr;
+  ASSERT_EQ(pkv_event_publisher_create(pool.p, "inproc://pkv-rank", nullptr, &o, &pub), PKV_OK);
+  EXPECT_EQ(endpoint(pub, 0), "inproc://pkv-rank_dp2");
+  EXPECT_EQ(endpoint(pub, 1), "");
+  pkv_event_publisher_destroy(pub);
+}
+
+}  // namespace
