@@ -72,6 +72,8 @@ class UcxTransfer final : public Transfer {
   void abort_locked(TransferState state, Errc code, const std::string& msg) noexcept;
   void release_transport() noexcept;
   void poll_locked();
+  // Posts reads_ (once the endpoint is wired up); throws, having aborted.
+  void post_reads();
 
   std::shared_ptr<UcxEngine> eng_;
   std::shared_ptr<Pool> pool_;
@@ -79,6 +81,18 @@ class UcxTransfer final : public Transfer {
   ucp_ep_h ep_ = nullptr;
   ucp_rkey_h rkey_ = nullptr;
   std::vector<void*> reqs_;
+  // Reads are posted only once a flush of the new endpoint completed (its
+  // wire-up with the exporter is done): before that, a dead exporter would
+  // leave them queued forever on transports without peer-failure detection.
+  void* flush_req_ = nullptr;
+  struct Read {
+    char* local;
+    uint64_t remote;
+    size_t len;
+  };
+  std::vector<Read> reads_;
+  ucp_request_param_t read_param_{};
+  bool stuck_ = false;  // reads that never ended after the endpoint closed
   ucs_status_t ep_error_ = UCS_OK;
   uint64_t deadline_ns_ = 0;
   SeqId seq_ = 0;
@@ -142,6 +156,10 @@ class UcxEngine final : public TransferEngine, public std::enable_shared_from_th
   std::unordered_map<uint64_t, Export> exports_;
   uint64_t next_export_ = 1;
   bool closed_ = false;
+  // Sequences of transfers whose reads never ended after their endpoint
+  // closed: their blocks could still be written, so they are freed only
+  // once the worker is gone (~UcxEngine).
+  std::vector<std::pair<std::shared_ptr<Pool>, SeqId>> quarantine_;
 };
 
 void UcxEngine::init() {
@@ -182,6 +200,12 @@ UcxEngine::~UcxEngine() {
   for (Registration& r : regs_) ucp_mem_unmap(ctx_, r.memh);
   if (worker_) ucp_worker_destroy(worker_);
   if (ctx_) ucp_cleanup(ctx_);
+  for (auto& [pool, seq] : quarantine_) {
+    try {
+      pool->free(seq);
+    } catch (...) {  // the pool was destroyed: the sequence went with it
+    }
+  }
 }
 
 void UcxEngine::close() {
@@ -309,7 +333,12 @@ std::shared_ptr<Transfer> UcxEngine::import_seq(const std::shared_ptr<Pool>& poo
   std::lock_guard<std::mutex> lock(mu_);
   check_open();
   auto t = std::make_shared<UcxTransfer>(shared_from_this(), pool);
-  t->start(o, d);
+  try {
+    t->start(o, d);
+  } catch (...) {
+    t->st_.state = TransferState::kFailed;  // start undid everything
+    throw;
+  }
   return t;
 }
 
@@ -349,10 +378,9 @@ void UcxTransfer::start(const SeqOptions& o, const TransferDescriptor& d) {
     throw;
   }
   const std::vector<int32_t> mine = pool_->block_table_copy(seq_);
-  ucp_request_param_t rp{};
   if (memory_type(*pool_) != UCS_MEMORY_TYPE_HOST) {
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE;
-    rp.memory_type = memory_type(*pool_);
+    read_param_.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    read_param_.memory_type = memory_type(*pool_);
   }
   const size_t bb = d.block_bytes, nb = d.blocks.size();
   st_.bytes = 2 * uint64_t(d.num_layers) * nb * bb;
@@ -364,25 +392,44 @@ void UcxTransfer::start(const SeqOptions& o, const TransferDescriptor& d) {
       for (size_t j = 0; j < nb;) {
         size_t k = j + 1;  // a run of blocks consecutive on both sides: one read
         while (k < nb && d.blocks[k] == d.blocks[k - 1] + 1 && mine[k] == mine[k - 1] + 1) ++k;
-        ucs_status_ptr_t r = ucp_get_nbx(ep_, plane + size_t(mine[j]) * bb, (k - j) * bb,
-                                         rplane + uint64_t(d.blocks[j]) * bb, rkey_, &rp);
-        if (UCS_PTR_IS_ERR(r)) {
-          const std::string m = std::string("a read from the exporter could not be posted: ") +
-                                ucs_status_string(UCS_PTR_STATUS(r));
-          abort_locked(TransferState::kFailed, Errc::kInvalidState, m);
-          fail(Errc::kInvalidState, m);
-        }
-        if (r != nullptr) reqs_.push_back(r);
+        reads_.push_back(
+            {plane + size_t(mine[j]) * bb, rplane + uint64_t(d.blocks[j]) * bb, (k - j) * bb});
         j = k;
       }
     }
   }
+  ucp_request_param_t fp{};
+  ucs_status_ptr_t r = ucp_ep_flush_nbx(ep_, &fp);
+  if (UCS_PTR_IS_ERR(r)) {
+    const std::string m = std::string("the exporter cannot be reached (ucp_ep_flush_nbx): ") +
+                          ucs_status_string(UCS_PTR_STATUS(r));
+    abort_locked(TransferState::kFailed, Errc::kInvalidState, m);
+    fail(Errc::kInvalidState, m);
+  }
+  flush_req_ = r;
+  if (!flush_req_) post_reads();
+}
+
+void UcxTransfer::post_reads() {
+  for (const Read& rd : reads_) {
+    ucs_status_ptr_t r = ucp_get_nbx(ep_, rd.local, rd.len, rd.remote, rkey_, &read_param_);
+    if (UCS_PTR_IS_ERR(r)) {
+      const std::string m = std::string("a read from the exporter could not be posted: ") +
+                            ucs_status_string(UCS_PTR_STATUS(r));
+      abort_locked(TransferState::kFailed, Errc::kInvalidState, m);
+      fail(Errc::kInvalidState, m);
+    }
+    if (r != nullptr) reqs_.push_back(r);
+  }
+  reads_.clear();
 }
 
 UcxTransfer::~UcxTransfer() {
+  // The last owner: nobody else reads st_. A start() that threw left it
+  // failed, and its caller still holds the engine's mutex.
+  if (st_.state != TransferState::kRunning) return;
   std::lock_guard<std::mutex> lock(eng_->mu_);
-  if (st_.state == TransferState::kRunning)
-    abort_locked(TransferState::kCancelled, Errc::kInvalidState, "cancelled");
+  abort_locked(TransferState::kCancelled, Errc::kInvalidState, "cancelled");
 }
 
 void UcxTransfer::release_transport() noexcept {
@@ -402,8 +449,14 @@ void UcxTransfer::release_transport() noexcept {
     wait_request(w, ucp_ep_close_nbx(ep_, &cp), 10'000'000'000ull);
     ep_ = nullptr;
   }
+  if (flush_req_) {  // writes nothing: UCX releases it when it ends
+    ucp_request_free(flush_req_);
+    flush_req_ = nullptr;
+  }
+  const uint64_t end = now_ns() + 2'000'000'000ull;
   for (void* r : reqs_) {
-    while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(w);
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && now_ns() < end) ucp_worker_progress(w);
+    if (ucp_request_check_status(r) == UCS_INPROGRESS) stuck_ = true;
     ucp_request_free(r);
   }
   reqs_.clear();
@@ -411,6 +464,13 @@ void UcxTransfer::release_transport() noexcept {
 
 void UcxTransfer::abort_locked(TransferState state, Errc code, const std::string& msg) noexcept {
   release_transport();
+  if (seq_ && stuck_) {
+    try {
+      eng_->quarantine_.emplace_back(pool_, seq_);
+    } catch (...) {  // out of memory: the blocks stay held, never freed under a read
+    }
+    seq_ = 0;
+  }
   if (seq_) {
     try {
       pool_->free(seq_);
@@ -427,6 +487,31 @@ void UcxTransfer::poll_locked() {
   if (st_.state != TransferState::kRunning) return;
   ucp_worker_h w = eng_->worker_;
   for (int i = 0; i < 64 && ucp_worker_progress(w) != 0; ++i) {
+  }
+  if (flush_req_) {
+    const ucs_status_t f = ucp_request_check_status(flush_req_);
+    if (f == UCS_INPROGRESS && ep_error_ == UCS_OK) {
+      if (deadline_ns_ && now_ns() > deadline_ns_)
+        abort_locked(TransferState::kFailed, Errc::kInvalidState,
+                     "timed out after " + std::to_string(eng_->opts_.timeout_ms) +
+                         " ms (options->timeout_ms) connecting to the exporter");
+      return;
+    }
+    if (f != UCS_INPROGRESS) {
+      ucp_request_free(flush_req_);
+      flush_req_ = nullptr;
+    }
+    if (f != UCS_OK || ep_error_ != UCS_OK) {
+      abort_locked(TransferState::kFailed, Errc::kInvalidState,
+                   std::string("the exporter cannot be reached (peer gone?): ") +
+                       ucs_status_string(f != UCS_OK && f != UCS_INPROGRESS ? f : ep_error_));
+      return;
+    }
+    try {
+      post_reads();
+    } catch (const Error&) {
+      return;  // aborted, state failed
+    }
   }
   ucs_status_t bad = ep_error_;
   for (size_t i = 0; i < reqs_.size();) {

@@ -227,7 +227,267 @@ TEST_P(Transport, ManySequencesByteExactAndAttentionMatches) {
   pkv_pool_destroy(p);
 }
 
+// A descriptor of another layout is refused before anything changes.
+TEST_P(Transport, LayoutMismatchRefusedAndNothingChanges) {
+  Peer peer({"export", GetParam(), "1", "7", "32", "40", "90", "2", "desc"});
+  auto x = read_exports(peer);
+  ASSERT_EQ(x.size(), 1u);
+  Layout l;  // block_size 16
+  pkv_pool* p = make_pool(l);
+  const pkv_pool_stats before = stats(p);
+  pkv_transfer_engine* e = engine(GetParam());
+  pkv_transfer* t = nullptr;
+  EXPECT_EQ(pkv_transfer_import(e, p, nullptr, x[0].desc.data(), x[0].desc.size(), &t),
+            PKV_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("block_size 32 (exporter) vs 16"),
+            std::string::npos)
+      << pkv_last_error_message();
+  EXPECT_EQ(t, nullptr);
+  const pkv_pool_stats after = stats(p);
+  EXPECT_EQ(after.num_free_blocks, before.num_free_blocks);
+  EXPECT_EQ(after.num_seqs, before.num_seqs);
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK);
+  pkv_transfer_engine_destroy(e);
+  pkv_pool_destroy(p);
+}
+
+// The exporter dies (SIGKILL) while a big import reads from it: the import
+// ends (failed, or done if every read had landed), and the importing pool
+// loses nothing and leaks nothing.
+TEST_P(Transport, ExporterKilledMidTransferLeavesImporterClean) {
+  Peer peer({"export", GetParam(), "1", "9", "16", "4000", "4000", "16", "desc"});
+  auto x = read_exports(peer);
+  ASSERT_EQ(x.size(), 1u);
+  Layout l;
+  l.num_layers = 16;
+  l.num_blocks = 300;
+  pkv_pool* p = make_pool(l);
+  const uint64_t free0 = stats(p).num_free_blocks;
+  pkv_transfer_engine* e = engine(GetParam(), 0, 10000);
+  pkv_transfer* t = nullptr;
+  ok(pkv_transfer_import(e, p, nullptr, x[0].desc.data(), x[0].desc.size(), &t), "import");
+  peer.kill_now();
+  pkv_seq_id seq = 0;
+  pkv_status st = PKV_OK;
+  const uint32_t state = finish(t, &seq, &st);
+  ASSERT_NE(state, uint32_t(PKV_TRANSFER_RUNNING)) << "the import never ended";
+  if (state == PKV_TRANSFER_FAILED) {
+    EXPECT_NE(st, PKV_OK);
+    EXPECT_EQ(seq, PKV_SEQ_ID_INVALID);
+    EXPECT_EQ(stats(p).num_seqs, 0u);
+  } else {
+    ASSERT_EQ(state, uint32_t(PKV_TRANSFER_DONE));
+    ok(pkv_seq_free(p, seq), "free");
+  }
+  RecordProperty("outcome", state == PKV_TRANSFER_FAILED ? "failed" : "done");
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
+  EXPECT_EQ(stats(p).num_free_blocks, free0);
+  pkv_transfer_destroy(t);
+  pkv_transfer_engine_destroy(e);
+  pkv_pool_destroy(p);
+}
+
+// The importer dies while it reads: the exporter keeps its sequence, its
+// export is released (or expires) and every block comes back.
+TEST_P(Transport, ImporterKilledMidTransferLeavesExporterClean) {
+  Layout l;
+  pkv_pool* p = make_pool(l);
+  const uint64_t free0 = stats(p).num_free_blocks;
+  std::mt19937_64 rng(5);
+  pkv_seq_id seq;
+  ok(pkv_seq_create(p, nullptr, &seq), "create");
+  prefill(p, l, seq, random_tokens(rng, 300), rng);
+  const auto kv0 = block_bytes(p, l, seq, 300);
+  pkv_transfer_engine* e = engine(GetParam());
+  uint64_t id = 0, size = 0;
+  ok(pkv_transfer_export(e, p, seq, &id), "export");
+  EXPECT_EQ(pkv_transfer_export_descriptor(e, id, nullptr, 0, &size), PKV_E_BUFFER_TOO_SMALL);
+  std::vector<uint8_t> d(size);
+  ok(pkv_transfer_export_descriptor(e, id, d.data(), d.size(), &size), "descriptor");
+  {
+    Peer peer({"import", GetParam()});
+    peer.send("DESC " + hex(d.data(), d.size()));
+    std::string l1;
+    while ((l1 = peer.line()) != "STARTED" && !l1.empty())
+      ok(pkv_transfer_engine_progress(e), "progress");
+    ASSERT_EQ(l1, "STARTED");
+    for (int i = 0; i < 100; ++i) ok(pkv_transfer_engine_progress(e), "progress");
+    peer.kill_now();
+  }
+  for (int i = 0; i < 1000; ++i) ok(pkv_transfer_engine_progress(e), "progress after the kill");
+  ok(pkv_transfer_export_release(e, id), "release");
+  EXPECT_EQ(pkv_transfer_export_release(e, id), PKV_E_NOT_FOUND);
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
+  EXPECT_TRUE(block_bytes(p, l, seq, 300) == kv0) << "the exporter's K/V changed";
+  ok(pkv_seq_free(p, seq), "free");
+  EXPECT_EQ(stats(p).num_free_blocks, free0);
+  pkv_transfer_engine_destroy(e);
+  pkv_pool_destroy(p);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ucx, Transport, ::testing::Values("shm", "tcp"),
                          [](const auto& i) { return i.param; });
+
+// In one process: two engines (two UCX workers) over TCP loopback.
+class Local : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!pkv_transfer_available()) GTEST_SKIP() << "built without UCX";
+    src = make_pool(l);
+    dst = make_pool(l);
+    std::mt19937_64 rng(11);
+    ok(pkv_seq_create(src, nullptr, &seq), "create");
+    tokens = random_tokens(rng, 100);
+    prefill(src, l, seq, tokens, rng);
+    free_src = stats(src).num_free_blocks;
+  }
+  void TearDown() override {
+    pkv_pool_destroy(src);
+    pkv_pool_destroy(dst);
+  }
+  std::vector<uint8_t> export_desc(pkv_transfer_engine* e, uint64_t* id) {
+    uint64_t size = 0;
+    ok(pkv_transfer_export(e, src, seq, id), "export");
+    pkv_transfer_export_descriptor(e, *id, nullptr, 0, &size);
+    std::vector<uint8_t> d(size);
+    ok(pkv_transfer_export_descriptor(e, *id, d.data(), size, &size), "descriptor");
+    return d;
+  }
+  Layout l;
+  pkv_pool *src = nullptr, *dst = nullptr;
+  pkv_seq_id seq = 0;
+  std::vector<int32_t> tokens;
+  uint64_t free_src = 0;
+};
+
+TEST_F(Local, ExportPinsBlocksUntilTtlExpires) {
+  pkv_transfer_engine* e = engine("tcp", 50);
+  uint64_t id = 0, n = 0;
+  export_desc(e, &id);
+  ok(pkv_transfer_engine_num_exports(e, &n), "num");
+  EXPECT_EQ(n, 1u);
+  ok(pkv_seq_free(src, seq), "free");
+  // The export's reference keeps the blocks out of the free queue.
+  EXPECT_EQ(stats(src).num_free_blocks, free_src);
+  const auto end = std::chrono::steady_clock::now() + kDeadline;
+  while (n > 0 && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ok(pkv_transfer_engine_progress(e), "progress");
+    ok(pkv_transfer_engine_num_exports(e, &n), "num");
+  }
+  EXPECT_EQ(n, 0u);
+  EXPECT_EQ(pkv_transfer_export_release(e, id), PKV_E_NOT_FOUND);
+  EXPECT_EQ(stats(src).num_free_blocks, free_src + (tokens.size() + 15) / 16);
+  EXPECT_EQ(pkv_pool_validate(src), PKV_OK);
+  pkv_transfer_engine_destroy(e);
+}
+
+TEST_F(Local, CancelLeavesThePoolAsBefore) {
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  uint64_t id = 0;
+  const auto d = export_desc(a, &id);
+  const pkv_pool_stats before = stats(dst);
+  pkv_transfer* t = nullptr;
+  ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), "import");
+  EXPECT_EQ(stats(dst).num_seqs, 1u);  // blocks allocated while it runs
+  ok(pkv_transfer_cancel(t), "cancel");
+  uint32_t state = 9;
+  pkv_seq_id s = 1;
+  EXPECT_EQ(pkv_transfer_poll(t, &state, &s), PKV_OK);
+  EXPECT_EQ(state, uint32_t(PKV_TRANSFER_CANCELLED));
+  EXPECT_EQ(s, PKV_SEQ_ID_INVALID);
+  ok(pkv_transfer_cancel(t), "cancel again");
+  const pkv_pool_stats after = stats(dst);
+  EXPECT_EQ(after.num_free_blocks, before.num_free_blocks);
+  EXPECT_EQ(after.num_seqs, 0u);
+  EXPECT_EQ(after.num_cached_blocks, before.num_cached_blocks);
+  EXPECT_EQ(pkv_pool_validate(dst), PKV_OK);
+  pkv_transfer_destroy(t);
+  ok(pkv_transfer_export_release(a, id), "release");
+  pkv_transfer_engine_destroy(b);
+  pkv_transfer_engine_destroy(a);
+}
+
+TEST_F(Local, CompletedTransferCannotBeCancelledAndOutOfBlocksChangesNothing) {
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  uint64_t id = 0;
+  const auto d = export_desc(a, &id);
+  pkv_transfer* t = nullptr;
+  ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), "import");
+  uint32_t state = PKV_TRANSFER_RUNNING;
+  pkv_seq_id s = 0;
+  while (state == PKV_TRANSFER_RUNNING) {
+    ok(pkv_transfer_engine_progress(a), "progress");
+    ok(pkv_transfer_poll(t, &state, &s), "poll");
+  }
+  ASSERT_EQ(state, uint32_t(PKV_TRANSFER_DONE));
+  EXPECT_EQ(pkv_transfer_cancel(t), PKV_E_INVALID_STATE);
+  EXPECT_TRUE(block_bytes(dst, l, s, tokens.size()) == block_bytes(src, l, seq, tokens.size()));
+  pkv_transfer_destroy(t);
+  // A pool too small for the sequence: all or nothing.
+  Layout small = l;
+  small.num_blocks = 4;
+  pkv_pool* tiny = make_pool(small);
+  const pkv_pool_stats before = stats(tiny);
+  EXPECT_EQ(pkv_transfer_import(b, tiny, nullptr, d.data(), d.size(), &t), PKV_E_OUT_OF_BLOCKS);
+  EXPECT_EQ(stats(tiny).num_free_blocks, before.num_free_blocks);
+  EXPECT_EQ(stats(tiny).num_seqs, 0u);
+  EXPECT_EQ(pkv_pool_validate(tiny), PKV_OK);
+  pkv_pool_destroy(tiny);
+  ok(pkv_transfer_export_release(a, id), "release");
+  pkv_transfer_engine_destroy(b);
+  pkv_transfer_engine_destroy(a);
+}
+
+TEST_F(Local, MalformedDescriptorsAreRefused) {
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  uint64_t id = 0;
+  auto d = export_desc(a, &id);
+  const pkv_pool_stats before = stats(dst);
+  pkv_transfer* t = nullptr;
+  for (size_t cut : {size_t(0), size_t(3), size_t(40), d.size() / 2, d.size() - 1})
+    EXPECT_EQ(pkv_transfer_import(b, dst, nullptr, d.data(), cut, &t), PKV_E_INVALID_ARGUMENT)
+        << cut;
+  std::vector<uint8_t> bad = d;
+  bad[0] ^= 1;
+  EXPECT_EQ(pkv_transfer_import(b, dst, nullptr, bad.data(), bad.size(), &t),
+            PKV_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("magic"), std::string::npos);
+  std::vector<uint8_t> longer = d;
+  longer.push_back(0);
+  EXPECT_EQ(pkv_transfer_import(b, dst, nullptr, longer.data(), longer.size(), &t),
+            PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(pkv_transfer_import(b, dst, nullptr, nullptr, 10, &t), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(pkv_transfer_import(b, nullptr, nullptr, d.data(), d.size(), &t),
+            PKV_E_INVALID_ARGUMENT);
+  pkv_seq_id gone;
+  ok(pkv_seq_create(src, nullptr, &gone), "create");
+  ok(pkv_seq_free(src, gone), "free");
+  EXPECT_EQ(pkv_transfer_export(a, src, gone, &id), PKV_E_NOT_FOUND);
+  EXPECT_EQ(t, nullptr);
+  EXPECT_EQ(stats(dst).num_free_blocks, before.num_free_blocks);
+  EXPECT_EQ(stats(dst).num_seqs, 0u);
+  pkv_transfer_engine_destroy(b);
+  pkv_transfer_engine_destroy(a);
+}
+
+TEST(TransferApi, NullsAndOptions) {
+  EXPECT_EQ(pkv_transfer_engine_create(nullptr, nullptr), PKV_E_INVALID_ARGUMENT);
+  pkv_transfer_options o;
+  pkv_transfer_options_init(&o);
+  EXPECT_EQ(o.timeout_ms, 30000u);
+  o.struct_size = 3;
+  pkv_transfer_engine* e = nullptr;
+  EXPECT_EQ(pkv_transfer_engine_create(&o, &e), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(pkv_transfer_engine_progress(nullptr), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(pkv_transfer_poll(nullptr, nullptr, nullptr), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(pkv_transfer_cancel(nullptr), PKV_E_INVALID_ARGUMENT);
+  pkv_transfer_destroy(nullptr);
+  pkv_transfer_engine_destroy(nullptr);
+  if (!pkv_transfer_available()) {
+    EXPECT_EQ(pkv_transfer_engine_create(nullptr, &e), PKV_E_UNSUPPORTED);
+    EXPECT_NE(std::string(pkv_last_error_message()).find("UCX"), std::string::npos);
+  }
+}
 
 }  // namespace
