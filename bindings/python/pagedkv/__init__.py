@@ -11,7 +11,7 @@ Errors are :class:`PagedKVError` subclasses, one per library status code.
 
 from __future__ import annotations
 
-from . import _pagedkv
+from . import _pagedkv, transfer
 from ._batch import Batch
 from ._hash import hash_prefix, hash_root, hash_size
 from ._pagedkv import (
@@ -47,6 +47,7 @@ from ._types import (
     RetentionRange,
     SequenceInfo,
 )
+from .transfer import Transfer, TransferEngine
 
 __version__: str = _pagedkv.PKV_VERSION_STRING
 """Version of the headers this package was built against."""
@@ -128,6 +129,8 @@ __all__ = [
     "Sequence",
     "SequenceInfo",
     "TensorView",
+    "Transfer",
+    "TransferEngine",
     "UnsupportedError",
     "abi_version",
     "cuda_device_count",
@@ -136,6 +139,7 @@ __all__ = [
     "hash_root",
     "hash_size",
     "status_string",
+    "transfer",
     "version",
     "version_number",
 ]
