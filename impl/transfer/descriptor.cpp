@@ -57,6 +57,16 @@ class Reader {
   uint64_t n_, at_ = 0;
 };
 
+// A length-prefixed array of trivially copyable T, at most max elements.
+template <class T>
+std::vector<T> read_vec(Reader& r, uint64_t max, const char* what) {
+  uint64_t n;
+  const uint8_t* p = r.array(sizeof(T), max, &n, what);
+  std::vector<T> v(n);
+  if (n) std::memcpy(v.data(), p, n * sizeof(T));
+  return v;
+}
+
 constexpr uint64_t kMaxTokens = uint64_t(INT32_MAX), kMaxBlob = 1u << 20, kMaxScales = 1u << 20;
 
 }  // namespace
@@ -104,13 +114,8 @@ TransferDescriptor TransferDescriptor::decode(const uint8_t* data, uint64_t size
   d.dtype = r.get<uint32_t>("dtype");
   d.device_type = r.get<int32_t>("device_type");
   d.kv_scale_granularity = r.get<uint32_t>("kv_scale_granularity");
-  uint64_t n;
-  const uint8_t* p = r.array(sizeof(float), kMaxScales, &n, "k_scales");
-  d.k_scales.resize(n);
-  if (n) std::memcpy(d.k_scales.data(), p, n * sizeof(float));
-  p = r.array(sizeof(float), kMaxScales, &n, "v_scales");
-  d.v_scales.resize(n);
-  if (n) std::memcpy(d.v_scales.data(), p, n * sizeof(float));
+  d.k_scales = read_vec<float>(r, kMaxScales, "k_scales");
+  d.v_scales = read_vec<float>(r, kMaxScales, "v_scales");
   d.remote_base = r.get<uint64_t>("remote_base");
   d.plane_bytes = r.get<uint64_t>("plane_bytes");
   d.block_bytes = r.get<uint64_t>("block_bytes");
@@ -118,14 +123,11 @@ TransferDescriptor TransferDescriptor::decode(const uint8_t* data, uint64_t size
   d.export_id = r.get<uint64_t>("export_id");
   d.lora_id = r.get<uint64_t>("lora_id");
   d.hash_algo = r.get<uint32_t>("hash_algo");
-  p = r.array(sizeof(int32_t), kMaxTokens, &n, "tokens");
-  d.tokens.resize(n);
-  if (n) std::memcpy(d.tokens.data(), p, n * sizeof(int32_t));
-  p = r.array(sizeof(int32_t), kMaxTokens, &n, "blocks");
-  d.blocks.resize(n);
-  if (n) std::memcpy(d.blocks.data(), p, n * sizeof(int32_t));
+  d.tokens = read_vec<int32_t>(r, kMaxTokens, "tokens");
+  d.blocks = read_vec<int32_t>(r, kMaxTokens, "blocks");
   constexpr size_t kHash = 1 + sizeof(BlockHash{}.bytes);
-  p = r.array(kHash, kMaxTokens, &n, "hashes");
+  uint64_t n;
+  const uint8_t* p = r.array(kHash, kMaxTokens, &n, "hashes");
   d.hashes.resize(n);
   for (uint64_t i = 0; i < n; ++i) {
     d.hashes[i].size = p[i * kHash];
