@@ -271,19 +271,28 @@ TEST_P(Transport, ExporterKilledMidTransferLeavesImporterClean) {
   pkv_status st = PKV_OK;
   const uint32_t state = finish(t, &seq, &st);
   ASSERT_NE(state, uint32_t(PKV_TRANSFER_RUNNING)) << "the import never ended";
+  bool quarantined = false;
   if (state == PKV_TRANSFER_FAILED) {
     EXPECT_NE(st, PKV_OK);
     EXPECT_EQ(seq, PKV_SEQ_ID_INVALID);
-    EXPECT_EQ(stats(p).num_seqs, 0u);
+    // Reads posted before the kill that never ended keep their blocks
+    // until the engine goes (transfer.h): never freed under a read.
+    quarantined = stats(p).num_seqs != 0;
+    EXPECT_LE(stats(p).num_seqs, 1u);
   } else {
     ASSERT_EQ(state, uint32_t(PKV_TRANSFER_DONE));
     ok(pkv_seq_free(p, seq), "free");
   }
-  RecordProperty("outcome", state == PKV_TRANSFER_FAILED ? "failed" : "done");
+  RecordProperty("outcome", state == PKV_TRANSFER_DONE ? "done"
+                            : quarantined              ? "failed, blocks held until engine destroy"
+                                                       : "failed");
   EXPECT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
-  EXPECT_EQ(stats(p).num_free_blocks, free0);
   pkv_transfer_destroy(t);
   pkv_transfer_engine_destroy(e);
+  // Nothing lost, nothing leaked once the engine is gone.
+  EXPECT_EQ(stats(p).num_seqs, 0u);
+  EXPECT_EQ(stats(p).num_free_blocks, free0);
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
   pkv_pool_destroy(p);
 }
 
