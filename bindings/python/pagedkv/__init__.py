@@ -11,7 +11,7 @@ Errors are :class:`PagedKVError` subclasses, one per library status code.
 
 from __future__ import annotations
 
-from . import _pagedkv, transfer
+from . import _pagedkv, tiers, transfer
 from ._batch import Batch
 from ._hash import hash_prefix, hash_root, hash_size
 from ._pagedkv import (
@@ -139,6 +139,7 @@ __all__ = [
     "hash_root",
     "hash_size",
     "status_string",
+    "tiers",
     "transfer",
     "version",
     "version_number",

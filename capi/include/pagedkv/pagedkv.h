@@ -10,6 +10,7 @@
 #include "pagedkv/hash.h"
 #include "pagedkv/pool.h"
 #include "pagedkv/batch.h"
+#include "pagedkv/tiers.h"
 #include "pagedkv/transfer.h"
 
 #endif /* PAGEDKV_H */

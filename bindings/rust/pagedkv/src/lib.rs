@@ -62,6 +62,7 @@ mod hash;
 mod pool;
 mod seq;
 mod tensor;
+mod tiers;
 mod transfer;
 mod types;
 
@@ -74,6 +75,7 @@ pub use pool::{
 };
 pub use seq::Seq;
 pub use tensor::{RawTensor, Stream, TensorView, TensorViewMut};
+pub use tiers::{Medium, TierMatch, TierOptions, TierStats};
 pub use transfer::{transfer_available, Transfer, TransferEngine, TransferOptions, TransferState};
 pub use types::{
     abi_version, cuda_device_count, features, version_number, version_string, BlockHash, DType,
