@@ -205,6 +205,30 @@ class Pool {
   void set_kv_scales(const float* k, const float* v, uint64_t n);
   void kv_scales(std::vector<float>* k, std::vector<float>* v) const;
 
+  // Transfers between pools (kv_pool_transfer.cpp, impl/ucx/).
+  // export_pin: a snapshot of the computed tokens of a sequence and the
+  // blocks holding them, pinned by a hidden fork (pin) so that nothing
+  // evicts or overwrites them until pin is freed.
+  struct ExportSnapshot {
+    SeqId pin = 0;
+    std::vector<int32_t> tokens, blocks;
+    std::vector<BlockHash> hashes;
+    uint64_t lora_id = 0;
+  };
+  ExportSnapshot export_pin(SeqId id);
+  // import_begin: a new sequence holding tokens in fresh, unwritten blocks
+  // (all or nothing); import_commit marks its every slot written once the
+  // K/V arrived; on failure the caller frees it.
+  SeqId import_begin(const SeqOptions& o, const int32_t* tokens, uint64_t n);
+  void import_commit(SeqId id);
+  // The storage and the reference that keeps it alive.
+  struct ArenaRef {
+    KvArena arena{};
+    std::shared_ptr<void> hold;
+  };
+  ArenaRef arena_ref() const;
+  std::vector<int32_t> block_table_copy(SeqId id) const;
+
   // For tests and benchmarks of the internals.
   const BlockPool& block_pool() const { return blocks_; }
   BlockPool& block_pool_for_testing() { return blocks_; }

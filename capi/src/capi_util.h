@@ -96,6 +96,8 @@ void write_out(T* out, const T& src) {
 pagedkv::TensorArg to_arg(const pkv_tensor& t);
 void from_arg(const pagedkv::TensorArg& a, pkv_tensor* out);
 void copy_hash(const pagedkv::BlockHash& h, pkv_block_hash* out);
+// A caller's pkv_seq_options (NULL = defaults), checked (capi/src/seq.cpp).
+pagedkv::SeqOptions seq_options(const pkv_seq_options* opts);
 
 inline pagedkv::Pool& pool_of(const pkv_pool* p) {
   require(p, "pool");

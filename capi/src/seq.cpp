@@ -13,27 +13,6 @@ void check_tokens(const int32_t* tokens, uint64_t n) {
   if (n > 0 && !tokens) fail(Errc::kInvalidArgument, "tokens is NULL but num_tokens is " + str(n));
 }
 
-pagedkv::SeqOptions seq_options(const pkv_seq_options* opts) {
-  pagedkv::SeqOptions o;
-  if (opts) {
-    pc::check_struct_size(opts->struct_size, pc::kSeqOptionsV1, "opts", "pkv_seq_options",
-                          "pkv_seq_options_init");
-    o.priority = opts->priority;
-    o.lora_id = opts->lora_id;
-    if (PKV_HAS_FIELD(opts, lora_name) && opts->lora_name) o.lora_name = opts->lora_name;
-    if (opts->cache_salt) o.cache_salt = opts->cache_salt;
-    if (opts->num_mm_items > 0 && !opts->mm_items)
-      fail(Errc::kInvalidArgument,
-           "opts->mm_items is NULL but opts->num_mm_items is " + str(opts->num_mm_items));
-    for (uint32_t i = 0; i < opts->num_mm_items; ++i) {
-      const pkv_mm_item& m = opts->mm_items[i];
-      if (!m.hash) fail(Errc::kInvalidArgument, "opts->mm_items[" + str(i) + "].hash is NULL");
-      o.mm_items.push_back({m.offset, m.length, m.hash});
-    }
-  }
-  return o;
-}
-
 // Errors of the options' contents name them as opts->field.
 template <class F>
 auto with_opts_prefix(F&& f) -> decltype(f()) {
@@ -60,6 +39,27 @@ std::vector<pagedkv::BlockHash> block_hashes(const pagedkv::Pool& p, const pkv_b
 
 }  // namespace
 
+pagedkv::SeqOptions pkv_capi::seq_options(const pkv_seq_options* opts) {
+  pagedkv::SeqOptions o;
+  if (opts) {
+    pc::check_struct_size(opts->struct_size, pc::kSeqOptionsV1, "opts", "pkv_seq_options",
+                          "pkv_seq_options_init");
+    o.priority = opts->priority;
+    o.lora_id = opts->lora_id;
+    if (PKV_HAS_FIELD(opts, lora_name) && opts->lora_name) o.lora_name = opts->lora_name;
+    if (opts->cache_salt) o.cache_salt = opts->cache_salt;
+    if (opts->num_mm_items > 0 && !opts->mm_items)
+      fail(Errc::kInvalidArgument,
+           "opts->mm_items is NULL but opts->num_mm_items is " + str(opts->num_mm_items));
+    for (uint32_t i = 0; i < opts->num_mm_items; ++i) {
+      const pkv_mm_item& m = opts->mm_items[i];
+      if (!m.hash) fail(Errc::kInvalidArgument, "opts->mm_items[" + str(i) + "].hash is NULL");
+      o.mm_items.push_back({m.offset, m.length, m.hash});
+    }
+  }
+  return o;
+}
+
 extern "C" {
 
 void pkv_seq_options_init(pkv_seq_options* opts) {
@@ -72,7 +72,7 @@ pkv_status pkv_seq_create(pkv_pool* pool, const pkv_seq_options* opts, pkv_seq_i
   PKV_GUARD({
     pc::with_pool(pool, [&](auto& p) {
       pc::require(out, "out");
-      const pagedkv::SeqOptions o = seq_options(opts);
+      const pagedkv::SeqOptions o = pc::seq_options(opts);
       try {
         *out = p.seq_create(o);
       } catch (const pagedkv::Error& e) {
@@ -294,7 +294,7 @@ pkv_status pkv_seq_admit_hashes(pkv_pool* pool, const pkv_seq_options* opts, con
     check_tokens(tokens, num_tokens);
     pc::require(out_seq, "out_seq");
     pc::require(out_num_cached, "out_num_cached");
-    const pagedkv::SeqOptions o = seq_options(opts);
+    const pagedkv::SeqOptions o = pc::seq_options(opts);
     const std::vector<pagedkv::BlockHash> hs = block_hashes(p, hashes, num_hashes);
     static const pagedkv::BlockHash kNone{};
     const pagedkv::BlockHash* given = hashes ? (hs.empty() ? &kNone : hs.data()) : nullptr;

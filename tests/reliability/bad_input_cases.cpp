@@ -1408,6 +1408,42 @@ std::vector<Case> make_cases() {
             const uint32_t q = 1;
             return pkv_batch_prepare(p, &s, &q, 1, nullptr, &b);
           });),
+        // ---------------------------------------------------------- transfer.h
+        V("pkv_transfer_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
+          pkv_transfer_options_init(nullptr);
+          return PKV_OK;),
+        V("pkv_transfer_engine_destroy", PKV_CLASS_NULL, "engine = NULL", "no-op",
+          pkv_transfer_engine_destroy(nullptr);
+          return PKV_OK;),
+        V("pkv_transfer_destroy", PKV_CLASS_NULL, "transfer = NULL", "no-op",
+          pkv_transfer_destroy(nullptr);
+          return PKV_OK;),
+        S("pkv_transfer_engine_create", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_transfer_engine_create(nullptr, nullptr);),
+        S("pkv_transfer_engine_create", PKV_CLASS_STRUCT, "opts->struct_size = 3", kInv,
+          "struct_size", pkv_transfer_options o;
+          pkv_transfer_options_init(&o); o.struct_size = 3; pkv_transfer_engine* t = nullptr;
+          return pkv_transfer_engine_create(&o, &t);),
+        S("pkv_transfer_engine_progress", PKV_CLASS_NULL, "engine = NULL", kInv, "engine",
+          return pkv_transfer_engine_progress(nullptr);),
+        S("pkv_transfer_export", PKV_CLASS_NULL, "engine = NULL", kInv, "engine",
+          return pkv_transfer_export(nullptr, e.pool, e.a, &e.u64);),
+        S("pkv_transfer_export_descriptor", PKV_CLASS_NULL, "engine = NULL", kInv, "engine",
+          return pkv_transfer_export_descriptor(nullptr, 1, nullptr, 0, &e.u64);),
+        S("pkv_transfer_export_release", PKV_CLASS_NULL, "engine = NULL", kInv, "engine",
+          return pkv_transfer_export_release(nullptr, 1);),
+        S("pkv_transfer_engine_num_exports", PKV_CLASS_NULL, "engine = NULL", kInv, "engine",
+          return pkv_transfer_engine_num_exports(nullptr, &e.u64);),
+        S("pkv_transfer_import", PKV_CLASS_NULL, "engine = NULL", kInv, "engine",
+          const uint8_t d[4] = {};
+          pkv_transfer* t = nullptr;
+          return pkv_transfer_import(nullptr, e.pool, nullptr, d, 4, &t);),
+        S("pkv_transfer_poll", PKV_CLASS_NULL, "transfer = NULL", kInv, "transfer", uint32_t st;
+          return pkv_transfer_poll(nullptr, &st, nullptr);),
+        S("pkv_transfer_cancel", PKV_CLASS_NULL, "transfer = NULL", kInv, "transfer",
+          return pkv_transfer_cancel(nullptr);),
+        S("pkv_transfer_bytes", PKV_CLASS_NULL, "transfer = NULL", kInv, "transfer",
+          return pkv_transfer_bytes(nullptr, &e.u64);),
   };
 }
 

@@ -135,14 +135,15 @@ TEST(BadInputControl, ValidCallsSucceed) {
 // Every PKV_API function of the public headers has at least one case, or is
 // listed here as having no argument that can be wrong.
 TEST(BadInputCoverage, EveryFunctionOfTheHeaders) {
-  const std::set<std::string> no_bad_input = {"pkv_version_string",     "pkv_version_number",
-                                              "pkv_abi_version",        "pkv_features",
-                                              "pkv_last_error_message", "pkv_cuda_device_count"};
+  const std::set<std::string> no_bad_input = {
+      "pkv_version_string",     "pkv_version_number",    "pkv_abi_version",       "pkv_features",
+      "pkv_last_error_message", "pkv_cuda_device_count", "pkv_transfer_available"};
   std::set<std::string> covered;
   for (const Case& c : bad_input_cases()) covered.insert(c.fn);
   std::set<std::string> declared;
   const std::regex decl(R"(PKV_API[^;(]*?\b(pkv_\w+)\s*\()");
-  for (const char* h : {"common.h", "hash.h", "pool.h", "batch.h", "tiers.h", "groups.h", "events.h"}) {
+  for (const char* h : {"common.h", "hash.h", "pool.h", "batch.h", "tiers.h", "groups.h", "events.h",
+                        "transfer.h"}) {
     std::ifstream in(std::string(PKV_HEADER_DIR) + "/" + h);
     ASSERT_TRUE(in) << h;
     std::stringstream ss;

@@ -11,7 +11,7 @@ Errors are :class:`PagedKVError` subclasses, one per library status code.
 
 from __future__ import annotations
 
-from . import _pagedkv, tiers
+from . import _pagedkv, tiers, transfer
 from ._batch import Batch
 from ._hash import hash_prefix, hash_root, hash_size
 from ._pagedkv import (
@@ -49,6 +49,7 @@ from ._types import (
 )
 from .hybrid import GroupKind, GroupStats, HybridPool, KVGroupSpec
 from .events import EventPublisher, EventV2, Medium
+from .transfer import Transfer, TransferEngine
 
 __version__: str = _pagedkv.PKV_VERSION_STRING
 """Version of the headers this package was built against."""
@@ -137,6 +138,8 @@ __all__ = [
     "Sequence",
     "SequenceInfo",
     "TensorView",
+    "Transfer",
+    "TransferEngine",
     "UnsupportedError",
     "abi_version",
     "cuda_device_count",
@@ -146,6 +149,7 @@ __all__ = [
     "hash_size",
     "status_string",
     "tiers",
+    "transfer",
     "version",
     "version_number",
 ]

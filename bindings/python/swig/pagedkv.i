@@ -93,6 +93,15 @@
 %thread pkv_seq_match_prefix_tiered;
 %thread pkv_pool_get_tier_stats;
 %thread pkv_pool_flush_tiers;
+%thread pkv_transfer_engine_create;
+%thread pkv_transfer_engine_destroy;
+%thread pkv_transfer_engine_progress;
+%thread pkv_transfer_export;
+%thread pkv_transfer_export_release;
+%thread pkv_transfer_import;
+%thread pkv_transfer_poll;
+%thread pkv_transfer_cancel;
+%thread pkv_transfer_destroy;
 
 /* --------------------------------------------------------- status -> raise */
 
@@ -434,6 +443,18 @@ PKV_HANDLE_IN(pkv_batch)
 %typemap(freearg) pkv_event_publisher* pub, const pkv_event_publisher* pub {
   if (pin$argnum) pkv_py_handle_unpin(pin$argnum);
 }
+/* Transfer engines and transfers (pagedkv/transfer.py) are _Handles too. */
+%define PKV_HANDLE_IN_NAMED(TYPE, NAME)
+%typemap(in) TYPE* NAME (void* argp = 0, pkv_py_handle* pin = NULL), const TYPE* NAME (void* argp = 0, pkv_py_handle* pin = NULL) {
+  if (!pkv_py_handle_arg($input, $descriptor(TYPE*), "$symname", $argnum, &argp, &pin)) SWIG_fail;
+  $1 = ($1_ltype)argp;
+}
+%typemap(freearg) TYPE* NAME, const TYPE* NAME {
+  if (pin$argnum) pkv_py_handle_unpin(pin$argnum);
+}
+%enddef
+PKV_HANDLE_IN_NAMED(pkv_transfer_engine, engine)
+PKV_HANDLE_IN_NAMED(pkv_transfer, transfer)
 
 /* ------------------------------------------------------------ conversions */
 
@@ -976,6 +997,25 @@ PKV_OUT_U64(uint64_t, out_num_events)
 PKV_OUT_HANDLE(pkv_pool)
 PKV_OUT_HANDLE(pkv_batch)
 PKV_OUT_HANDLE(pkv_event_publisher)
+PKV_OUT_HANDLE(pkv_transfer_engine)
+PKV_OUT_HANDLE(pkv_transfer)
+PKV_OUT_U64(uint64_t, out_export_id)
+PKV_OUT_U64(uint32_t, out_state)
+
+/* A transfer descriptor in: any contiguous bytes-like object. */
+%typemap(in) (const uint8_t* descriptor, uint64_t size) (Py_buffer view = pkv_py_no_buffer()) {
+  view.obj = NULL;
+  if (PyObject_GetBuffer($input, &view, PyBUF_C_CONTIGUOUS) != 0) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError, "descriptor: expected bytes, got %s", Py_TYPE($input)->tp_name);
+    SWIG_fail;
+  }
+  $1 = (const uint8_t*)view.buf;
+  $2 = (uint64_t)view.len;
+}
+%typemap(freearg) (const uint8_t* descriptor, uint64_t size) {
+  if (view$argnum.obj) PyBuffer_Release(&view$argnum);
+}
 
 /* Result structs: initialised (struct_size) before the call, returned as an
  * owned proxy (malloc'd copy; the proxy's destructor frees it). */
@@ -1628,6 +1668,9 @@ PKV_OPTIONS_IN(pkv_event_publisher_options, pkv_event_publisher_options_init, %a
 %immutable pkv_event_publisher_options::device_medium;
 PKV_OPTIONS_IN(pkv_tier_options, pkv_tier_options_init, %arg({"file_dir", NULL}), %arg(
   { if (!pkv_py_dict_str($input, "file_dir", keep, &tmp.file_dir)) SWIG_fail; }))
+PKV_OPTIONS_IN(pkv_transfer_options, pkv_transfer_options_init, %arg({"transports", NULL}), %arg(
+  { if (!pkv_py_dict_str($input, "transports", keep, &tmp.transports)) SWIG_fail; }))
+%immutable pkv_transfer_options::transports;
 
 /* Borrowed pointers in option structs can only be set through the dict
  * form above; proxies expose them read-only. */
@@ -1688,6 +1731,29 @@ PKV_OPTIONS_IN(pkv_tier_options, pkv_tier_options_init, %arg({"file_dir", NULL})
 %include "pagedkv/events.h"
 %include "pagedkv/tiers.h"
 %include "pagedkv/groups.h"
+
+/* The descriptor of an export as bytes (the raw two-call form is hidden). */
+%ignore pkv_transfer_export_descriptor;
+%include "pagedkv/transfer.h"
+%inline %{
+PyObject* pkv_py_transfer_descriptor(pkv_transfer_engine* engine, uint64_t export_id) {
+  uint64_t size = 0;
+  pkv_status st = pkv_transfer_export_descriptor(engine, export_id, NULL, 0, &size);
+  if (st != PKV_E_BUFFER_TOO_SMALL) {
+    pkv_py_raise(st == PKV_OK ? PKV_E_INTERNAL : st);
+    return NULL;
+  }
+  PyObject* b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+  if (!b) return NULL;
+  st = pkv_transfer_export_descriptor(engine, export_id, (uint8_t*)PyBytes_AS_STRING(b), size, &size);
+  if (st != PKV_OK) {
+    Py_DECREF(b);
+    pkv_py_raise(st);
+    return NULL;
+  }
+  return b;
+}
+%}
 
 /* ------------------------------------------------------------ exceptions */
 

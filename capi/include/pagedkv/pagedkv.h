@@ -13,5 +13,6 @@
 #include "pagedkv/tiers.h"
 #include "pagedkv/groups.h"
 #include "pagedkv/events.h"
+#include "pagedkv/transfer.h"
 
 #endif /* PAGEDKV_H */

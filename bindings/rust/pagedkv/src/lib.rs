@@ -65,6 +65,7 @@ mod pool;
 mod seq;
 mod tensor;
 mod tiers;
+mod transfer;
 mod types;
 
 pub use batch::{AttentionParams, Batch, BatchInfo, PlanArray};
@@ -82,6 +83,7 @@ pub use pool::{
 pub use seq::Seq;
 pub use tensor::{RawTensor, Stream, TensorView, TensorViewMut};
 pub use tiers::{Medium, TierMatch, TierOptions, TierStats};
+pub use transfer::{transfer_available, Transfer, TransferEngine, TransferOptions, TransferState};
 pub use types::{
     abi_version, cuda_device_count, features, version_number, version_string, BlockHash, DType,
     Device, Element, Features, Fp8E4m3, Fp8E5m2, HashAlgo, KvScaleGranularity, HEADER_ABI_VERSION,

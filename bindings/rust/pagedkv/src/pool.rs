@@ -1290,7 +1290,7 @@ impl Pool {
 
 /// Runs f with opts as a pkv_seq_options whose strings and items live for
 /// the call.
-fn with_raw_seq_options<T>(
+pub(crate) fn with_raw_seq_options<T>(
     opts: &SeqOptions,
     f: impl FnOnce(&sys::pkv_seq_options) -> Result<T>,
 ) -> Result<T> {

@@ -1,0 +1,159 @@
+"""Moving a sequence's KV between pools, across processes and machines, over
+UCX (``pagedkv/transfer.h``; docs/scale-out-transfer.md).
+
+Prefill side::
+
+    eng = TransferEngine(transports="tcp")
+    exp = eng.export(pool, seq)          # pins seq's computed blocks
+    send(exp.descriptor)                 # bytes: ship them any way you like
+    ...                                  # eng.progress() while peers read (TCP)
+    exp.release()                        # when the decode side is done
+
+Decode side::
+
+    t = eng.import_sequence(pool, descriptor)
+    seq = t.wait()                       # or poll() from an event loop
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from . import _pagedkv as _c
+from ._handle import Handle, HandleOwner
+from ._pool import Pool, Sequence, _new_seq, _seq_opts
+
+RUNNING = _c.PKV_TRANSFER_RUNNING
+DONE = _c.PKV_TRANSFER_DONE
+FAILED = _c.PKV_TRANSFER_FAILED
+CANCELLED = _c.PKV_TRANSFER_CANCELLED
+
+
+def available() -> bool:
+    """Whether this build has the UCX transport."""
+    return bool(_c.pkv_transfer_available())
+
+
+class Export:
+    """A pinned, exported sequence: ``descriptor`` (bytes) for the importer,
+    ``release()`` to unpin (idempotent)."""
+
+    def __init__(self, engine: TransferEngine, export_id: int, descriptor: bytes) -> None:
+        self.engine = engine
+        self.id = export_id
+        self.descriptor = descriptor
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            _c.pkv_transfer_export_release(self.engine._h, self.id)
+
+    def __enter__(self) -> Export:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class TransferEngine(HandleOwner):
+    """One UCX context and worker. transports: a UCX_TLS list ("shm", "tcp",
+    ...; None = UCX's choice); timeout_ms: an import not done by then fails
+    (0 = never); export_ttl_ms: exports not released by then are released
+    (0 = never)."""
+
+    def __init__(
+        self,
+        *,
+        transports: Optional[str] = None,
+        timeout_ms: Optional[int] = None,
+        export_ttl_ms: Optional[int] = None,
+    ) -> None:
+        opts: dict = {"transports": transports}
+        if timeout_ms is not None:
+            opts["timeout_ms"] = int(timeout_ms)
+        if export_ttl_ms is not None:
+            opts["export_ttl_ms"] = int(export_ttl_ms)
+        ptr = _c.pkv_transfer_engine_create(opts)
+        self._h = Handle(ptr, _c.pkv_transfer_engine_destroy, "transfer engine")
+
+    def export(self, pool: Pool, seq: Any) -> Export:
+        """Exports seq's computed tokens (a Sequence or its id) and pins their blocks."""
+        seq_id = int(getattr(seq, "id", seq))
+        export_id = int(_c.pkv_transfer_export(self._h, pool._h, seq_id))
+        try:
+            desc = _c.pkv_py_transfer_descriptor(self._h, export_id)
+        except BaseException:
+            _c.pkv_transfer_export_release(self._h, export_id)
+            raise
+        return Export(self, export_id, desc)
+
+    def progress(self) -> None:
+        """Serves peers' reads (TCP needs the exporter's progress) and expires exports."""
+        _c.pkv_transfer_engine_progress(self._h)
+
+    @property
+    def num_exports(self) -> int:
+        return int(_c.pkv_transfer_engine_num_exports(self._h))
+
+    def import_sequence(
+        self,
+        pool: Pool,
+        descriptor: bytes,
+        *,
+        lora_id: int = 0,
+        cache_salt: Optional[str] = None,
+        lora_name: Optional[str] = None,
+    ) -> Transfer:
+        """Starts pulling descriptor's sequence into pool (layout checked,
+        blocks allocated all or nothing: InvalidArgumentError /
+        OutOfBlocksError and nothing changes)."""
+        opts = _seq_opts(0, lora_id, cache_salt, (), lora_name)
+        ptr = _c.pkv_transfer_import(self._h, pool._h, opts, descriptor)
+        return Transfer(self, pool, ptr)
+
+
+class Transfer(HandleOwner):
+    """An import in flight. poll() drives it without blocking; wait() until
+    it ends. A failed transfer raises its error from poll()/wait(); its
+    blocks are back in the pool."""
+
+    def __init__(self, engine: TransferEngine, pool: Pool, ptr: Any) -> None:
+        self.engine = engine
+        self.pool = pool
+        self._h = Handle(ptr, _c.pkv_transfer_destroy, "transfer")
+        self.sequence: Optional[Sequence] = None
+        self.state = RUNNING
+
+    @property
+    def nbytes(self) -> int:
+        """K/V bytes the transfer reads."""
+        return int(_c.pkv_transfer_bytes(self._h))
+
+    def poll(self) -> int:
+        """RUNNING, DONE (``self.sequence`` is the new sequence, owned by
+        this object's caller) or CANCELLED; raises if it failed."""
+        if self.state != RUNNING:
+            return self.state
+        state, seq_id = _c.pkv_transfer_poll(self._h)
+        self.state = int(state)
+        if self.state == DONE:
+            self.sequence = _new_seq(self.pool, int(seq_id), True)
+        return self.state
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[Sequence]:
+        """Polls until the transfer ends (or timeout seconds: TimeoutError);
+        the new sequence (None if cancelled)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() == RUNNING:
+            if end is not None and time.monotonic() > end:
+                raise TimeoutError("transfer still running")
+            time.sleep(0)
+        return self.sequence
+
+    def cancel(self) -> None:
+        """Stops the reads and frees the blocks; InvalidStateError once done."""
+        _c.pkv_transfer_cancel(self._h)
+        if self.state == RUNNING:
+            self.state = CANCELLED

@@ -1,0 +1,119 @@
+"""pagedkv.transfer: a sequence's KV moved between two pools over UCX (two
+engines in one process, TCP loopback; the two-process tests are C++)."""
+
+import numpy as np
+import pytest
+
+import pagedkv
+from pagedkv import transfer
+
+pytestmark = pytest.mark.skipif(not transfer.available(), reason="built without UCX")
+
+
+def make_pool(block_size=16, num_blocks=64):
+    return pagedkv.Pool(
+        num_blocks=num_blocks, block_size=block_size, num_layers=2, num_kv_heads=2, head_dim=32, dtype="f32"
+    )
+
+
+def prefill(pool, tokens, rng):
+    seq = pool.create_sequence()
+    seq.append(tokens)
+    with pool.prepare([seq], len(tokens)) as b:
+        for layer in range(2):
+            k = rng.standard_normal((len(tokens), 2, 32)).astype(np.float32)
+            v = rng.standard_normal((len(tokens), 2, 32)).astype(np.float32)
+            b.cache_write(layer, k, v)
+    return seq
+
+
+def blocks_of(pool, seq):
+    out = []
+    for k, v in pool.kv_caches():
+        for t in (k, v):
+            out.append(t.numpy()[seq.block_table()].copy())
+    return out
+
+
+def pull(src_engine, dst_engine, dst, desc):
+    t = dst_engine.import_sequence(dst, desc)
+    while t.poll() == transfer.RUNNING:
+        src_engine.progress()
+    return t
+
+
+def test_import_is_byte_exact_computed_and_prefix_cacheable():
+    rng = np.random.default_rng(3)
+    src, dst = make_pool(), make_pool()
+    tokens = list(rng.integers(0, 30000, 70))
+    seq = prefill(src, tokens, rng)
+    with transfer.TransferEngine(transports="tcp") as a, transfer.TransferEngine(transports="tcp") as b:
+        exp = a.export(src, seq)
+        assert isinstance(exp.descriptor, bytes) and a.num_exports == 1
+        free_before = dst.stats().num_free_blocks
+        t = pull(a, b, dst, exp.descriptor)
+        assert t.state == transfer.DONE
+        got = t.sequence
+        assert got.num_computed_tokens == len(tokens) == len(got)
+        assert t.nbytes == 2 * 2 * 5 * 2 * 16 * 32 * 4
+        for x, y in zip(blocks_of(src, seq), blocks_of(dst, got)):
+            np.testing.assert_array_equal(x, y)
+        probe = dst.create_sequence()
+        assert probe.match_prefix([*tokens, 1]) == 64  # the four full blocks hit
+        probe.free()
+        got.free()
+        assert dst.stats().num_free_blocks == free_before
+        exp.release()
+        exp.release()  # idempotent
+        assert a.num_exports == 0
+        t.close()
+    dst.validate()
+    src.validate()
+
+
+def test_layout_mismatch_and_bad_descriptor_change_nothing():
+    rng = np.random.default_rng(4)
+    src, dst = make_pool(), make_pool(block_size=32)
+    seq = prefill(src, list(range(40)), rng)
+    with transfer.TransferEngine(transports="tcp") as a, transfer.TransferEngine(transports="tcp") as b:
+        with a.export(src, seq) as exp:
+            before = dst.stats()
+            with pytest.raises(pagedkv.InvalidArgumentError, match=r"block_size 16 \(exporter\) vs 32"):
+                b.import_sequence(dst, exp.descriptor)
+            with pytest.raises(pagedkv.InvalidArgumentError, match="descriptor"):
+                b.import_sequence(dst, exp.descriptor[:-3])
+            with pytest.raises(TypeError):
+                b.import_sequence(dst, 12)
+            after = dst.stats()
+            assert (after.num_free_blocks, after.num_seqs) == (before.num_free_blocks, before.num_seqs)
+    dst.validate()
+
+
+def test_cancel_and_out_of_blocks_leave_the_pool_as_before():
+    rng = np.random.default_rng(5)
+    src, dst, tiny = make_pool(), make_pool(), make_pool(num_blocks=3)
+    seq = prefill(src, list(range(100)), rng)
+    with transfer.TransferEngine(transports="tcp") as a, transfer.TransferEngine(transports="tcp") as b:
+        with a.export(src, seq) as exp:
+            before = dst.stats()
+            t = b.import_sequence(dst, exp.descriptor)
+            t.cancel()
+            assert t.poll() == transfer.CANCELLED and t.sequence is None
+            assert dst.stats().num_free_blocks == before.num_free_blocks
+            assert dst.stats().num_seqs == 0
+            with pytest.raises(pagedkv.OutOfBlocksError):
+                b.import_sequence(tiny, exp.descriptor)
+            assert tiny.stats().num_seqs == 0
+            t.close()
+    dst.validate()
+    tiny.validate()
+
+
+def test_unknown_export_and_closed_engine():
+    e = transfer.TransferEngine(transports="tcp", timeout_ms=1000, export_ttl_ms=0)
+    with pytest.raises(pagedkv.NotFoundError, match="export 12345"):
+        pagedkv._pagedkv.pkv_transfer_export_release(e._h, 12345)
+    e.close()
+    e.close()
+    with pytest.raises(pagedkv.InvalidStateError):
+        e.progress()

@@ -1,0 +1,113 @@
+//! pkv_transfer_* through the safe crate: two engines in one process over
+//! TCP loopback (the two-process tests are C++, tests/transfer/).
+
+use pagedkv::{
+    DType, ErrorKind, Pool, PoolOptions, SeqId, SeqOptions, TransferEngine, TransferOptions,
+    TransferState,
+};
+
+fn pool(block_size: u32, num_blocks: u64) -> Pool {
+    Pool::new(&PoolOptions {
+        block_size,
+        num_blocks,
+        num_layers: 2,
+        num_kv_heads: 2,
+        head_dim: 32,
+        dtype: DType::F32,
+        num_threads: 1,
+        ..PoolOptions::default()
+    })
+    .unwrap()
+}
+
+fn computed(p: &Pool, tokens: &[i32]) -> SeqId {
+    let s = p.create_seq().unwrap();
+    p.append(s, tokens).unwrap();
+    let b = p.prepare(&[s], &[tokens.len() as u32]).unwrap();
+    b.commit().unwrap();
+    s
+}
+
+fn engines() -> Option<(TransferEngine, TransferEngine)> {
+    if !pagedkv::transfer_available() {
+        return None;
+    }
+    let o = TransferOptions {
+        transports: Some("tcp".into()),
+        ..TransferOptions::default()
+    };
+    Some((
+        TransferEngine::new(&o).unwrap(),
+        TransferEngine::new(&o).unwrap(),
+    ))
+}
+
+#[test]
+fn import_is_computed_and_prefix_cacheable() {
+    let Some((a, b)) = engines() else { return };
+    let (src, dst) = (pool(16, 64), pool(16, 64));
+    let tokens: Vec<i32> = (0..70).map(|i| i * 13 + 5).collect();
+    let s = computed(&src, &tokens);
+    let (id, desc) = a.export(&src, s).unwrap();
+    assert_eq!(a.num_exports().unwrap(), 1);
+    let free0 = dst.stats().unwrap().num_free_blocks;
+    let t = b.import(&dst, &SeqOptions::default(), &desc).unwrap();
+    assert_eq!(t.bytes().unwrap(), 2 * 2 * 5 * 2 * 16 * 32 * 4);
+    let got = loop {
+        a.progress().unwrap();
+        match t.poll().unwrap() {
+            TransferState::Running => continue,
+            TransferState::Done(seq) => break seq,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(t.cancel().unwrap_err().kind(), ErrorKind::InvalidState);
+    let info = dst.seq_info(got).unwrap();
+    assert_eq!((info.num_tokens, info.num_computed_tokens), (70, 70));
+    let probe = dst.create_seq().unwrap();
+    let mut longer = tokens.clone();
+    longer.push(1);
+    assert_eq!(dst.match_prefix(probe, &longer).unwrap(), 64);
+    dst.free_seq(probe).unwrap();
+    dst.free_seq(got).unwrap();
+    assert_eq!(dst.stats().unwrap().num_free_blocks, free0);
+    a.release_export(id).unwrap();
+    assert_eq!(
+        a.release_export(id).unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    dst.validate().unwrap();
+}
+
+#[test]
+fn refusals_and_cancel_change_nothing() {
+    let Some((a, b)) = engines() else { return };
+    let (src, other, tiny) = (pool(16, 64), pool(32, 64), pool(16, 3));
+    let tokens: Vec<i32> = (0..100).collect();
+    let s = computed(&src, &tokens);
+    let (id, desc) = a.export(&src, s).unwrap();
+    let o = SeqOptions::default();
+    let e = b.import(&other, &o, &desc).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.to_string().contains("block_size"), "{e}");
+    assert_eq!(
+        b.import(&tiny, &o, &desc).err().unwrap().kind(),
+        ErrorKind::OutOfBlocks
+    );
+    assert_eq!(
+        b.import(&tiny, &o, &desc[..9]).err().unwrap().kind(),
+        ErrorKind::InvalidArgument
+    );
+    for p in [&other, &tiny] {
+        assert_eq!(p.stats().unwrap().num_seqs, 0);
+        p.validate().unwrap();
+    }
+    let dst = pool(16, 64);
+    let t = b.import(&dst, &o, &desc).unwrap();
+    t.cancel().unwrap();
+    assert_eq!(t.poll().unwrap(), TransferState::Cancelled);
+    drop(t);
+    assert_eq!(dst.stats().unwrap().num_seqs, 0);
+    dst.validate().unwrap();
+    a.release_export(id).unwrap();
+}

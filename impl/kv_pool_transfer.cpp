@@ -1,0 +1,79 @@
+// The pool's side of moving a sequence's K/V to another pool
+// (impl/ucx/): pinning what is exported, and attaching what is imported
+// as written blocks (DESIGN.md §9).
+#include "kv_pool.h"
+#include "seq_util.h"
+
+namespace pagedkv {
+
+Pool::ExportSnapshot Pool::export_pin(SeqId id) {
+  if (!has_storage())
+    fail(Errc::kInvalidArgument, "pool has no KV storage (num_layers 0): nothing to export");
+  // A fork holds a reference on every block: eviction cannot reuse them and
+  // a later append of the owner into a shared tail copies it first.
+  const SeqId pin = fork(id);
+  std::unique_lock<std::mutex> lock(mu_);
+  ExportSnapshot x;
+  try {
+    const Sequence& s = seq_or_throw(pin);
+    if (s.num_null > 0)
+      fail(Errc::kUnsupported, seq_name(id) +
+                                   " has blocks released by the sliding window; only whole "
+                                   "sequences can be exported");
+    const uint64_t n = computed_tokens(s, s.num_committed);
+    if (n == 0)
+      fail(Errc::kInvalidState,
+           seq_name(id) + " has no computed tokens (no committed step wrote its K/V)");
+    const uint64_t bs = opts_.block_size;
+    x.pin = pin;
+    x.tokens.assign(s.tokens.begin(), s.tokens.begin() + n);
+    x.blocks.assign(s.blocks.begin(), s.blocks.begin() + (n + bs - 1) / bs);
+    x.hashes.assign(s.hashes.begin(),
+                    s.hashes.begin() + std::min<uint64_t>(s.hashes.size(), n / bs));
+    x.lora_id = s.ctx.lora_id;
+  } catch (...) {
+    lock.unlock();
+    free(pin);
+    throw;
+  }
+  return x;
+}
+
+SeqId Pool::import_begin(const SeqOptions& o, const int32_t* tokens, uint64_t n) {
+  if (!has_storage())
+    fail(Errc::kInvalidArgument, "pool has no KV storage (num_layers 0): nothing to import into");
+  const SeqId id = seq_create(o);
+  try {
+    append(id, tokens, n, 0);
+  } catch (...) {
+    free(id);
+    throw;
+  }
+  return id;
+}
+
+void Pool::import_commit(SeqId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  Sequence& s = seq_or_throw(id);
+  const uint64_t bs = opts_.block_size, n = s.tokens.size();
+  std::vector<WrittenRange> rs;
+  rs.reserve(s.blocks.size());
+  for (size_t j = 0; j * bs < n; ++j)
+    rs.push_back({s.blocks[j], 0, uint32_t(std::min<uint64_t>(bs, n - j * bs))});
+  apply_written(rs);  // may throw before any change
+  s.num_committed = n;
+}
+
+Pool::ArenaRef Pool::arena_ref() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  return {arena_, arena_hold_};
+}
+
+std::vector<int32_t> Pool::block_table_copy(SeqId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return seq_or_throw(id).blocks;
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,579 @@
+// TransferEngine over UCX (UCP): one context and one worker per engine,
+// every UCX call serialised by the engine's mutex (worker in single-thread
+// mode). Exports register a pool's whole arena once (ucp_mem_map) and ship
+// its packed remote key; imports open one endpoint per transfer (so that a
+// cancel or a dead peer touches nothing else) and pull each run of
+// consecutive blocks of each K/V plane with one ucp_get_nbx.
+#include <ucp/api/ucp.h>
+#include <ucs/config/global_opts.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+
+#include "transfer/descriptor.h"
+#include "transfer/engine.h"
+#include "transfer/layout_check.h"
+
+namespace pagedkv {
+namespace {
+
+uint64_t now_ns() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count());
+}
+
+[[noreturn]] void fail_ucx(Errc code, const std::string& what, ucs_status_t st) {
+  fail(code, what + ": " + ucs_status_string(st));
+}
+
+ucs_memory_type_t memory_type(const Pool& p) {
+  return p.options().device_type == kDeviceCuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+}
+
+// Waits for a UCX request issued on worker (nullptr or an error pointer
+// are already final). Gives up after limit_ns; returns its final status.
+ucs_status_t wait_request(ucp_worker_h worker, ucs_status_ptr_t req, uint64_t limit_ns) {
+  if (req == nullptr) return UCS_OK;
+  if (UCS_PTR_IS_ERR(req)) return UCS_PTR_STATUS(req);
+  const uint64_t end = now_ns() + limit_ns;
+  ucs_status_t st;
+  while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS && now_ns() < end)
+    ucp_worker_progress(worker);
+  if (st != UCS_INPROGRESS) ucp_request_free(req);
+  return st;
+}
+
+class UcxEngine;
+
+class UcxTransfer final : public Transfer {
+ public:
+  UcxTransfer(std::shared_ptr<UcxEngine> eng, std::shared_ptr<Pool> pool)
+      : eng_(std::move(eng)), pool_(std::move(pool)) {}
+  ~UcxTransfer() override;
+  Status poll() override;
+  void cancel() override;
+  uint64_t bytes() const override { return st_.bytes; }
+
+  // Posts the reads (engine mutex held); throws, having undone everything.
+  void start(const SeqOptions& o, const TransferDescriptor& d);
+
+ private:
+  friend class UcxEngine;
+  static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
+    static_cast<UcxTransfer*>(arg)->ep_error_ = st;
+  }
+  // Ends a transfer that did not complete: closes the endpoint (which fails
+  // every read still queued), waits until no read can land any more and
+  // frees the sequence. Engine mutex held.
+  void abort_locked(TransferState state, Errc code, const std::string& msg) noexcept;
+  void release_transport() noexcept;
+  void poll_locked();
+  // Posts reads_ (once the endpoint is wired up); throws, having aborted.
+  void post_reads();
+
+  std::shared_ptr<UcxEngine> eng_;
+  std::shared_ptr<Pool> pool_;
+  Pool::ArenaRef local_;
+  ucp_ep_h ep_ = nullptr;
+  ucp_rkey_h rkey_ = nullptr;
+  std::vector<void*> reqs_;
+  // Reads are posted only once a flush of the new endpoint completed (its
+  // wire-up with the exporter is done): before that, a dead exporter would
+  // leave them queued forever on transports without peer-failure detection.
+  void* flush_req_ = nullptr;
+  struct Read {
+    char* local;
+    uint64_t remote;
+    size_t len;
+  };
+  std::vector<Read> reads_;
+  ucp_request_param_t read_param_{};
+  bool stuck_ = false;  // reads that never ended after the endpoint closed
+  ucs_status_t ep_error_ = UCS_OK;
+  uint64_t deadline_ns_ = 0;
+  SeqId seq_ = 0;
+  Status st_;
+};
+
+class UcxEngine final : public TransferEngine, public std::enable_shared_from_this<UcxEngine> {
+ public:
+  explicit UcxEngine(const TransferOptions& o) : opts_(o) {}
+  ~UcxEngine() override;
+  void init();
+
+  uint64_t export_seq(const std::shared_ptr<Pool>& pool, SeqId seq) override;
+  std::vector<uint8_t> descriptor(uint64_t id) override;
+  void release(uint64_t id) override;
+  uint64_t num_exports() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return exports_.size();
+  }
+  void progress() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    progress_locked();
+  }
+  std::shared_ptr<Transfer> import_seq(const std::shared_ptr<Pool>& pool, const SeqOptions& o,
+                                       const uint8_t* desc, uint64_t size) override;
+  void close() override;
+
+ private:
+  friend class UcxTransfer;
+  struct Registration {
+    std::weak_ptr<Pool> pool;
+    std::shared_ptr<void> hold;  // the arena stays mapped memory until unmapped
+    void* base = nullptr;
+    ucp_mem_h memh = nullptr;
+    std::string rkey;
+  };
+  struct Export {
+    std::shared_ptr<Pool> pool;
+    SeqId pin = 0;
+    std::vector<uint8_t> desc;
+    uint64_t expires_ns = 0;  // 0 = never
+  };
+  void progress_locked() {
+    while (ucp_worker_progress(worker_) != 0) {
+    }
+    expire_locked();
+  }
+  void expire_locked();
+  void drop_export(Export& x) noexcept;
+  Registration& registration(const std::shared_ptr<Pool>& pool, const Pool::ArenaRef& a);
+  void check_open() const {
+    if (closed_) fail(Errc::kInvalidState, "the transfer engine was destroyed");
+  }
+
+  TransferOptions opts_;
+  std::mutex mu_;
+  ucp_context_h ctx_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string address_;
+  std::vector<Registration> regs_;
+  std::unordered_map<uint64_t, Export> exports_;
+  uint64_t next_export_ = 1;
+  bool closed_ = false;
+  // Sequences of transfers whose reads never ended after their endpoint
+  // closed: their blocks could still be written, so they are freed only
+  // once the worker is gone (~UcxEngine).
+  std::vector<std::pair<std::shared_ptr<Pool>, SeqId>> quarantine_;
+};
+
+void UcxEngine::init() {
+  // The library never prints: UCX logs only fatal errors unless the user
+  // asked for more (UCX_LOG_LEVEL).
+  if (!std::getenv("UCX_LOG_LEVEL")) ucs_global_opts.log_component.log_level = UCS_LOG_LEVEL_FATAL;
+  ucp_config_t* cfg = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
+  if (st != UCS_OK) fail_ucx(Errc::kInvalidState, "UCX configuration could not be read", st);
+  if (!opts_.transports.empty()) {
+    st = ucp_config_modify(cfg, "TLS", opts_.transports.c_str());
+    if (st != UCS_OK) {
+      ucp_config_release(cfg);
+      fail_ucx(Errc::kInvalidArgument, "options->transports \"" + opts_.transports + "\"", st);
+    }
+  }
+  ucp_params_t p{};
+  p.field_mask = UCP_PARAM_FIELD_FEATURES;
+  p.features = UCP_FEATURE_RMA;
+  st = ucp_init(&p, cfg, &ctx_);
+  ucp_config_release(cfg);
+  if (st != UCS_OK) fail_ucx(Errc::kUnsupported, "UCX could not be initialised (ucp_init)", st);
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // serialised by mu_
+  st = ucp_worker_create(ctx_, &wp, &worker_);
+  if (st != UCS_OK) fail_ucx(Errc::kUnsupported, "UCX worker could not be created", st);
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  st = ucp_worker_get_address(worker_, &addr, &len);
+  if (st != UCS_OK) fail_ucx(Errc::kUnsupported, "UCX worker has no address", st);
+  address_.assign(reinterpret_cast<const char*>(addr), len);
+  ucp_worker_release_address(worker_, addr);
+}
+
+UcxEngine::~UcxEngine() {
+  for (auto& [id, x] : exports_) drop_export(x);
+  for (Registration& r : regs_) ucp_mem_unmap(ctx_, r.memh);
+  if (worker_) ucp_worker_destroy(worker_);
+  if (ctx_) ucp_cleanup(ctx_);
+  for (auto& [pool, seq] : quarantine_) {
+    try {
+      pool->free(seq);
+    } catch (...) {  // the pool was destroyed: the sequence went with it
+    }
+  }
+}
+
+void UcxEngine::close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_ = true;
+  for (auto& [id, x] : exports_) drop_export(x);
+  exports_.clear();
+}
+
+void UcxEngine::drop_export(Export& x) noexcept {
+  try {
+    x.pool->free(x.pin);
+  } catch (...) {  // the pool was destroyed: its sequences, the pin included, went with it
+  }
+}
+
+void UcxEngine::expire_locked() {
+  if (opts_.export_ttl_ms == 0) return;
+  const uint64_t now = now_ns();
+  for (auto it = exports_.begin(); it != exports_.end();) {
+    if (it->second.expires_ns <= now) {
+      drop_export(it->second);
+      it = exports_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+UcxEngine::Registration& UcxEngine::registration(const std::shared_ptr<Pool>& pool,
+                                                 const Pool::ArenaRef& a) {
+  // Mappings of pools that are gone are dropped here (their memory stayed
+  // alive through hold until now).
+  for (auto it = regs_.begin(); it != regs_.end();) {
+    if (it->pool.expired()) {
+      ucp_mem_unmap(ctx_, it->memh);
+      it = regs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (Registration& r : regs_)
+    if (r.pool.lock() == pool && r.base == a.arena.base) return r;
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                  UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+  mp.address = a.arena.base;
+  mp.length = a.arena.bytes();
+  mp.memory_type = memory_type(*pool);  // CUDA pools: UCX's cuda transports (untested here)
+  Registration r;
+  ucs_status_t st = ucp_mem_map(ctx_, &mp, &r.memh);
+  if (st != UCS_OK) fail_ucx(Errc::kOutOfMemory, "the pool's KV arena could not be registered", st);
+  void* blob = nullptr;
+  size_t len = 0;
+  st = ucp_rkey_pack(ctx_, r.memh, &blob, &len);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(ctx_, r.memh);
+    fail_ucx(Errc::kInvalidState, "the remote key of the pool's arena could not be packed", st);
+  }
+  r.rkey.assign(static_cast<const char*>(blob), len);
+  ucp_rkey_buffer_release(blob);
+  r.pool = pool;
+  r.hold = a.hold;
+  r.base = a.arena.base;
+  regs_.push_back(std::move(r));
+  return regs_.back();
+}
+
+uint64_t UcxEngine::export_seq(const std::shared_ptr<Pool>& pool, SeqId seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  expire_locked();
+  Pool::ExportSnapshot s = pool->export_pin(seq);
+  Export x;
+  x.pool = pool;
+  x.pin = s.pin;
+  try {
+    const Pool::ArenaRef a = pool->arena_ref();
+    const Registration& r = registration(pool, a);
+    TransferDescriptor d;
+    describe_layout(*pool, &d);
+    d.remote_base = uint64_t(reinterpret_cast<uintptr_t>(a.arena.base));
+    d.plane_bytes = a.arena.layout.layer_bytes();
+    d.block_bytes = a.arena.layout.block_bytes();
+    d.arena_blocks = uint64_t(a.arena.layout.num_blocks);
+    d.export_id = next_export_;
+    d.lora_id = s.lora_id;
+    d.tokens = std::move(s.tokens);
+    d.blocks = std::move(s.blocks);
+    d.hashes = std::move(s.hashes);
+    d.worker_address = address_;
+    d.rkey = r.rkey;
+    x.desc = d.encode();
+    x.expires_ns = opts_.export_ttl_ms ? now_ns() + uint64_t(opts_.export_ttl_ms) * 1000000 : 0;
+    exports_.emplace(next_export_, std::move(x));
+  } catch (...) {
+    drop_export(x);
+    throw;
+  }
+  return next_export_++;
+}
+
+std::vector<uint8_t> UcxEngine::descriptor(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = exports_.find(id);
+  if (it == exports_.end())
+    fail(Errc::kNotFound, "export " + std::to_string(id) + " is unknown, released or expired");
+  return it->second.desc;
+}
+
+void UcxEngine::release(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = exports_.find(id);
+  if (it == exports_.end())
+    fail(Errc::kNotFound, "export " + std::to_string(id) + " is unknown, released or expired");
+  drop_export(it->second);
+  exports_.erase(it);
+}
+
+std::shared_ptr<Transfer> UcxEngine::import_seq(const std::shared_ptr<Pool>& pool,
+                                                const SeqOptions& o, const uint8_t* desc,
+                                                uint64_t size) {
+  const TransferDescriptor d = TransferDescriptor::decode(desc, size);
+  check_importable(d, *pool);
+  std::lock_guard<std::mutex> lock(mu_);
+  check_open();
+  auto t = std::make_shared<UcxTransfer>(shared_from_this(), pool);
+  try {
+    t->start(o, d);
+  } catch (...) {
+    t->st_.state = TransferState::kFailed;  // start undid everything
+    throw;
+  }
+  return t;
+}
+
+void UcxTransfer::start(const SeqOptions& o, const TransferDescriptor& d) {
+  UcxEngine& e = *eng_;
+  local_ = pool_->arena_ref();
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(d.worker_address.data());
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a dead peer fails the reads, never hangs them
+  ep.err_handler.cb = &UcxTransfer::on_ep_error;
+  ep.err_handler.arg = this;
+  ucs_status_t st = ucp_ep_create(e.worker_, &ep, &ep_);
+  if (st != UCS_OK) {
+    // UCX 1.13's shared-memory transports have no peer-failure detection:
+    // there a dead exporter fails the reads themselves (cma) or leaves its
+    // pinned memory readable (posix/sysv mappings outlive it).
+    ep.field_mask &= ~uint64_t(UCP_EP_PARAM_FIELD_ERR_HANDLER);
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    st = ucp_ep_create(e.worker_, &ep, &ep_);
+  }
+  if (st != UCS_OK) {
+    ep_ = nullptr;
+    fail_ucx(Errc::kInvalidState, "the exporter cannot be reached (ucp_ep_create)", st);
+  }
+  st = ucp_ep_rkey_unpack(ep_, d.rkey.data(), &rkey_);
+  if (st != UCS_OK) {
+    rkey_ = nullptr;
+    release_transport();
+    fail_ucx(Errc::kInvalidArgument, "descriptor: the remote key cannot be unpacked", st);
+  }
+  try {
+    seq_ = pool_->import_begin(o, d.tokens.data(), d.tokens.size());
+  } catch (...) {
+    release_transport();
+    throw;
+  }
+  const std::vector<int32_t> mine = pool_->block_table_copy(seq_);
+  if (memory_type(*pool_) != UCS_MEMORY_TYPE_HOST) {
+    read_param_.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    read_param_.memory_type = memory_type(*pool_);
+  }
+  const size_t bb = d.block_bytes, nb = d.blocks.size();
+  st_.bytes = 2 * uint64_t(d.num_layers) * nb * bb;
+  deadline_ns_ = e.opts_.timeout_ms ? now_ns() + uint64_t(e.opts_.timeout_ms) * 1000000 : 0;
+  for (uint32_t l = 0; l < d.num_layers; ++l) {
+    for (int w = 0; w < 2; ++w) {
+      char* plane = static_cast<char*>(local_.arena.plane(int32_t(l), w));
+      const uint64_t rplane = d.remote_base + (2 * uint64_t(l) + w) * d.plane_bytes;
+      for (size_t j = 0; j < nb;) {
+        size_t k = j + 1;  // a run of blocks consecutive on both sides: one read
+        while (k < nb && d.blocks[k] == d.blocks[k - 1] + 1 && mine[k] == mine[k - 1] + 1) ++k;
+        reads_.push_back(
+            {plane + size_t(mine[j]) * bb, rplane + uint64_t(d.blocks[j]) * bb, (k - j) * bb});
+        j = k;
+      }
+    }
+  }
+  ucp_request_param_t fp{};
+  ucs_status_ptr_t r = ucp_ep_flush_nbx(ep_, &fp);
+  if (UCS_PTR_IS_ERR(r)) {
+    const std::string m = std::string("the exporter cannot be reached (ucp_ep_flush_nbx): ") +
+                          ucs_status_string(UCS_PTR_STATUS(r));
+    abort_locked(TransferState::kFailed, Errc::kInvalidState, m);
+    fail(Errc::kInvalidState, m);
+  }
+  flush_req_ = r;
+  if (!flush_req_) post_reads();
+}
+
+void UcxTransfer::post_reads() {
+  for (const Read& rd : reads_) {
+    ucs_status_ptr_t r = ucp_get_nbx(ep_, rd.local, rd.len, rd.remote, rkey_, &read_param_);
+    if (UCS_PTR_IS_ERR(r)) {
+      const std::string m = std::string("a read from the exporter could not be posted: ") +
+                            ucs_status_string(UCS_PTR_STATUS(r));
+      abort_locked(TransferState::kFailed, Errc::kInvalidState, m);
+      fail(Errc::kInvalidState, m);
+    }
+    if (r != nullptr) reqs_.push_back(r);
+  }
+  reads_.clear();
+}
+
+UcxTransfer::~UcxTransfer() {
+  // The last owner: nobody else reads st_. A start() that threw left it
+  // failed, and its caller still holds the engine's mutex.
+  if (st_.state != TransferState::kRunning) return;
+  std::lock_guard<std::mutex> lock(eng_->mu_);
+  abort_locked(TransferState::kCancelled, Errc::kInvalidState, "cancelled");
+}
+
+void UcxTransfer::release_transport() noexcept {
+  ucp_worker_h w = eng_->worker_;
+  // Reads still queued complete (with an error) once the endpoint is
+  // force-closed; until they have, they may still write into our blocks.
+  if (rkey_) {
+    ucp_rkey_destroy(rkey_);
+    rkey_ = nullptr;
+  }
+  if (ep_) {
+    // Force: a graceful close would wait for a peer that may be gone, and
+    // our reads are either complete or to be failed.
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    wait_request(w, ucp_ep_close_nbx(ep_, &cp), 10'000'000'000ull);
+    ep_ = nullptr;
+  }
+  if (flush_req_) {  // writes nothing: UCX releases it when it ends
+    ucp_request_free(flush_req_);
+    flush_req_ = nullptr;
+  }
+  const uint64_t end = now_ns() + 2'000'000'000ull;
+  for (void* r : reqs_) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && now_ns() < end) ucp_worker_progress(w);
+    if (ucp_request_check_status(r) == UCS_INPROGRESS) stuck_ = true;
+    ucp_request_free(r);
+  }
+  reqs_.clear();
+}
+
+void UcxTransfer::abort_locked(TransferState state, Errc code, const std::string& msg) noexcept {
+  release_transport();
+  if (seq_ && stuck_) {
+    try {
+      eng_->quarantine_.emplace_back(pool_, seq_);
+    } catch (...) {  // out of memory: the blocks stay held, never freed under a read
+    }
+    seq_ = 0;
+  }
+  if (seq_) {
+    try {
+      pool_->free(seq_);
+    } catch (...) {  // the pool was destroyed: the sequence went with it
+    }
+    seq_ = 0;
+  }
+  st_.state = state;
+  st_.error = code;
+  st_.message = msg;
+}
+
+void UcxTransfer::poll_locked() {
+  if (st_.state != TransferState::kRunning) return;
+  ucp_worker_h w = eng_->worker_;
+  for (int i = 0; i < 64 && ucp_worker_progress(w) != 0; ++i) {
+  }
+  if (flush_req_) {
+    const ucs_status_t f = ucp_request_check_status(flush_req_);
+    if (f == UCS_INPROGRESS && ep_error_ == UCS_OK) {
+      if (deadline_ns_ && now_ns() > deadline_ns_)
+        abort_locked(TransferState::kFailed, Errc::kInvalidState,
+                     "timed out after " + std::to_string(eng_->opts_.timeout_ms) +
+                         " ms (options->timeout_ms) connecting to the exporter");
+      return;
+    }
+    if (f != UCS_INPROGRESS) {
+      ucp_request_free(flush_req_);
+      flush_req_ = nullptr;
+    }
+    if (f != UCS_OK || ep_error_ != UCS_OK) {
+      abort_locked(TransferState::kFailed, Errc::kInvalidState,
+                   std::string("the exporter cannot be reached (peer gone?): ") +
+                       ucs_status_string(f != UCS_OK && f != UCS_INPROGRESS ? f : ep_error_));
+      return;
+    }
+    try {
+      post_reads();
+    } catch (const Error&) {
+      return;  // aborted, state failed
+    }
+  }
+  ucs_status_t bad = ep_error_;
+  for (size_t i = 0; i < reqs_.size();) {
+    const ucs_status_t s = ucp_request_check_status(reqs_[i]);
+    if (s == UCS_INPROGRESS) {
+      ++i;
+      continue;
+    }
+    if (s != UCS_OK && bad == UCS_OK) bad = s;
+    ucp_request_free(reqs_[i]);
+    reqs_[i] = reqs_.back();
+    reqs_.pop_back();
+  }
+  if (bad != UCS_OK) {
+    abort_locked(TransferState::kFailed, Errc::kInvalidState,
+                 std::string("reading from the exporter failed (peer gone or unreachable?): ") +
+                     ucs_status_string(bad));
+    return;
+  }
+  if (!reqs_.empty()) {
+    if (deadline_ns_ && now_ns() > deadline_ns_)
+      abort_locked(TransferState::kFailed, Errc::kInvalidState,
+                   "timed out after " + std::to_string(eng_->opts_.timeout_ms) +
+                       " ms (options->timeout_ms) with reads outstanding");
+    return;
+  }
+  release_transport();  // every read landed
+  try {
+    pool_->import_commit(seq_);
+  } catch (const Error& e) {
+    abort_locked(TransferState::kFailed, e.code(), e.what());
+    return;
+  } catch (...) {
+    abort_locked(TransferState::kFailed, Errc::kOutOfMemory, "out of host memory");
+    return;
+  }
+  st_.seq = seq_;
+  seq_ = 0;  // the caller's now
+  st_.state = TransferState::kDone;
+}
+
+Transfer::Status UcxTransfer::poll() {
+  std::lock_guard<std::mutex> lock(eng_->mu_);
+  poll_locked();
+  eng_->expire_locked();
+  return st_;
+}
+
+void UcxTransfer::cancel() {
+  std::lock_guard<std::mutex> lock(eng_->mu_);
+  if (st_.state == TransferState::kDone)
+    fail(Errc::kInvalidState, "the transfer is complete; free its sequence instead");
+  if (st_.state == TransferState::kRunning)
+    abort_locked(TransferState::kCancelled, Errc::kInvalidState, "cancelled");
+}
+
+}  // namespace
+
+std::shared_ptr<TransferEngine> TransferEngine::create(const TransferOptions& opts) {
+  auto e = std::make_shared<UcxEngine>(opts);
+  e->init();
+  return e;
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,502 @@
+// KV transfers between pools (pagedkv/transfer.h) across two processes:
+// this test is one side, pkv_transfer_peer the other, over UCX shared
+// memory and TCP loopback. Bounded by generous deadlines, never timed.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <thread>
+
+#include "transfer_util.h"
+
+extern char** environ;
+
+using namespace pkv_xfer;
+
+namespace {
+
+constexpr auto kDeadline = std::chrono::seconds(120);
+
+// A child process with a pipe to its stdin and one from its stdout.
+class Peer {
+ public:
+  explicit Peer(std::vector<std::string> args) {
+    int in[2], out[2];
+    if (pipe(in) != 0 || pipe(out) != 0) throw std::runtime_error("pipe");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    for (int fd : {in[0], in[1], out[0], out[1]}) posix_spawn_file_actions_addclose(&fa, fd);
+    args.insert(args.begin(), PKV_PEER);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, PKV_PEER, &fa, nullptr, argv.data(), environ) != 0)
+      throw std::runtime_error("posix_spawn " PKV_PEER);
+    posix_spawn_file_actions_destroy(&fa);
+    close(in[0]);
+    close(out[1]);
+    to_ = in[1];
+    from_ = out[0];
+  }
+  ~Peer() {
+    if (to_ >= 0) close(to_);
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    close(from_);
+  }
+  void send(const std::string& line) {
+    const std::string s = line + "\n";
+    ASSERT_EQ(write(to_, s.data(), s.size()), ssize_t(s.size()));
+  }
+  // The next line; "" at EOF or after the deadline.
+  std::string line() {
+    const auto end = std::chrono::steady_clock::now() + kDeadline;
+    for (;;) {
+      const size_t nl = buf_.find('\n');
+      if (nl != std::string::npos) {
+        std::string l = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return l;
+      }
+      if (std::chrono::steady_clock::now() > end) return "";
+      pollfd p{from_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char tmp[1 << 16];
+      const ssize_t k = read(from_, tmp, sizeof tmp);
+      if (k <= 0) return "";
+      buf_.append(tmp, size_t(k));
+    }
+  }
+  void kill_now() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1, from_ = -1;
+  std::string buf_;
+};
+
+struct Exported {
+  std::vector<uint8_t> desc, kv;
+  std::vector<float> att;
+  std::vector<int32_t> tokens;
+};
+
+// Reads the export peer's lines up to READY.
+std::map<int, Exported> read_exports(Peer& peer) {
+  std::map<int, Exported> x;
+  for (;;) {
+    const std::string l = peer.line();
+    if (l == "READY" || l.empty() || l.rfind("ERROR", 0) == 0) {
+      EXPECT_EQ(l, "READY");
+      return x;
+    }
+    const size_t a = l.find(' '), b = l.find(' ', a + 1);
+    const std::string kind = l.substr(0, a);
+    const int i = std::stoi(l.substr(a + 1, b - a - 1));
+    auto bytes = unhex(l.substr(b + 1));
+    if (kind == "DESC") x[i].desc = std::move(bytes);
+    if (kind == "KV") x[i].kv = std::move(bytes);
+    if (kind == "TOK") {
+      x[i].tokens.resize(bytes.size() / 4);
+      std::memcpy(x[i].tokens.data(), bytes.data(), bytes.size());
+    }
+    if (kind == "ATT") {
+      x[i].att.resize(bytes.size() / 4);
+      std::memcpy(x[i].att.data(), bytes.data(), bytes.size());
+    }
+  }
+}
+
+pkv_pool_stats stats(pkv_pool* p) {
+  pkv_pool_stats s;
+  pkv_pool_stats_init(&s);
+  ok(pkv_pool_get_stats(p, &s), "stats");
+  return s;
+}
+
+pkv_transfer_engine* engine(const std::string& tls, uint32_t ttl_ms = 0,
+                            uint32_t timeout_ms = 60000) {
+  pkv_transfer_options o;
+  pkv_transfer_options_init(&o);
+  o.transports = tls.c_str();
+  o.export_ttl_ms = ttl_ms;
+  o.timeout_ms = timeout_ms;
+  pkv_transfer_engine* e = nullptr;
+  ok(pkv_transfer_engine_create(&o, &e), "pkv_transfer_engine_create");
+  return e;
+}
+
+// Polls until the transfer leaves RUNNING (or the deadline); its state.
+uint32_t finish(pkv_transfer* t, pkv_seq_id* seq, pkv_status* st) {
+  const auto end = std::chrono::steady_clock::now() + kDeadline;
+  uint32_t state = PKV_TRANSFER_RUNNING;
+  while (state == PKV_TRANSFER_RUNNING && std::chrono::steady_clock::now() < end) {
+    *st = pkv_transfer_poll(t, &state, seq);
+    if (state == PKV_TRANSFER_RUNNING) std::this_thread::yield();
+  }
+  return state;
+}
+
+class Transport : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!pkv_transfer_available()) GTEST_SKIP() << "built without UCX";
+  }
+};
+
+// Many sequences imported at once from another process: byte-exact
+// blocks, the same attention as on the exporter, prefix hits afterwards.
+TEST_P(Transport, ManySequencesByteExactAndAttentionMatches) {
+  const int nseq = 12;
+  Peer peer({"export", GetParam(), std::to_string(nseq), "42", "16", "17", "200", "2", "full"});
+  auto x = read_exports(peer);
+  ASSERT_EQ(x.size(), size_t(nseq));
+  Layout l;
+  pkv_pool* p = make_pool(l);
+  const uint64_t free0 = stats(p).num_free_blocks;
+  pkv_transfer_engine* e = engine(GetParam());
+  std::vector<pkv_transfer*> ts(nseq);
+  for (int i = 0; i < nseq; ++i)
+    ok(pkv_transfer_import(e, p, nullptr, x[i].desc.data(), x[i].desc.size(), &ts[i]), "import");
+  std::vector<pkv_seq_id> seqs(nseq);
+  for (int i = 0; i < nseq; ++i) {
+    pkv_status st = PKV_OK;
+    ASSERT_EQ(finish(ts[i], &seqs[i], &st), uint32_t(PKV_TRANSFER_DONE))
+        << i << ": " << pkv_last_error_message();
+    ASSERT_EQ(st, PKV_OK);
+    ASSERT_NE(seqs[i], PKV_SEQ_ID_INVALID);
+    uint64_t bytes = 0;
+    ok(pkv_transfer_bytes(ts[i], &bytes), "bytes");
+    EXPECT_EQ(bytes, x[i].kv.size());
+  }
+  ASSERT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
+  for (int i = 0; i < nseq; ++i) {
+    pkv_seq_info info;
+    pkv_seq_info_init(&info);
+    ok(pkv_seq_get_info(p, seqs[i], &info), "info");
+    EXPECT_EQ(info.num_computed_tokens, info.num_tokens) << i;
+    const auto kv = block_bytes(p, l, seqs[i], info.num_tokens);
+    ASSERT_EQ(kv.size(), x[i].kv.size()) << i;
+    EXPECT_TRUE(kv == x[i].kv) << "sequence " << i << " differs from the exporter's bytes";
+  }
+  // A prefix lookup of the same tokens (and one more) hits every full
+  // imported block: imported blocks are written blocks.
+  for (int i = 0; i < nseq; ++i) {
+    std::vector<int32_t> tokens = x[i].tokens;
+    tokens.push_back(11);
+    pkv_seq_id probe;
+    ok(pkv_seq_create(p, nullptr, &probe), "create");
+    uint64_t cached = 0;
+    ok(pkv_seq_match_prefix(p, probe, tokens.data(), tokens.size(), &cached), "match");
+    EXPECT_EQ(cached, x[i].tokens.size() / l.block_size * l.block_size) << i;
+    ok(pkv_seq_free(p, probe), "free");
+  }
+  for (int i = 0; i < nseq; ++i) {
+    const auto att = decode_step(p, l, seqs[i], 42 * 1000 + i);
+    ASSERT_EQ(att.size(), x[i].att.size());
+    for (size_t j = 0; j < att.size(); ++j)
+      ASSERT_EQ(att[j], x[i].att[j]) << "sequence " << i << " output " << j;
+  }
+  for (int i = 0; i < nseq; ++i) {
+    pkv_transfer_destroy(ts[i]);
+    ok(pkv_seq_free(p, seqs[i]), "free");
+  }
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK);
+  EXPECT_EQ(stats(p).num_free_blocks, free0);
+  peer.send("QUIT");
+  const std::string bye = peer.line();
+  EXPECT_EQ(bye.substr(0, 6), "BYE 0 ") << bye;  // the exporter validated
+  unsigned long v = 0, f = 1, f0 = 2, held = 1;
+  ASSERT_EQ(sscanf(bye.c_str(), "BYE %lu %lu %lu %lu", &v, &f, &f0, &held), 4) << bye;
+  EXPECT_EQ(f, f0) << "the exporter's blocks came back";
+  EXPECT_EQ(held, 0u);
+  pkv_transfer_engine_destroy(e);
+  pkv_pool_destroy(p);
+}
+
+// A descriptor of another layout is refused before anything changes.
+TEST_P(Transport, LayoutMismatchRefusedAndNothingChanges) {
+  Peer peer({"export", GetParam(), "1", "7", "32", "40", "90", "2", "desc"});
+  auto x = read_exports(peer);
+  ASSERT_EQ(x.size(), 1u);
+  Layout l;  // block_size 16
+  pkv_pool* p = make_pool(l);
+  const pkv_pool_stats before = stats(p);
+  pkv_transfer_engine* e = engine(GetParam());
+  pkv_transfer* t = nullptr;
+  EXPECT_EQ(pkv_transfer_import(e, p, nullptr, x[0].desc.data(), x[0].desc.size(), &t),
+            PKV_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("block_size 32 (exporter) vs 16"),
+            std::string::npos)
+      << pkv_last_error_message();
+  EXPECT_EQ(t, nullptr);
+  const pkv_pool_stats after = stats(p);
+  EXPECT_EQ(after.num_free_blocks, before.num_free_blocks);
+  EXPECT_EQ(after.num_seqs, before.num_seqs);
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK);
+  pkv_transfer_engine_destroy(e);
+  pkv_pool_destroy(p);
+}
+
+// The exporter dies (SIGKILL) while a big import reads from it: the import
+// ends (failed, or done if every read had landed), and the importing pool
+// loses nothing and leaks nothing.
+TEST_P(Transport, ExporterKilledMidTransferLeavesImporterClean) {
+  Peer peer({"export", GetParam(), "1", "9", "16", "4000", "4000", "16", "desc"});
+  auto x = read_exports(peer);
+  ASSERT_EQ(x.size(), 1u);
+  Layout l;
+  l.num_layers = 16;
+  l.num_blocks = 300;
+  pkv_pool* p = make_pool(l);
+  const uint64_t free0 = stats(p).num_free_blocks;
+  pkv_transfer_engine* e = engine(GetParam(), 0, 10000);
+  pkv_transfer* t = nullptr;
+  ok(pkv_transfer_import(e, p, nullptr, x[0].desc.data(), x[0].desc.size(), &t), "import");
+  peer.kill_now();
+  pkv_seq_id seq = 0;
+  pkv_status st = PKV_OK;
+  const uint32_t state = finish(t, &seq, &st);
+  ASSERT_NE(state, uint32_t(PKV_TRANSFER_RUNNING)) << "the import never ended";
+  bool quarantined = false;
+  if (state == PKV_TRANSFER_FAILED) {
+    EXPECT_NE(st, PKV_OK);
+    EXPECT_EQ(seq, PKV_SEQ_ID_INVALID);
+    // Reads posted before the kill that never ended keep their blocks
+    // until the engine goes (transfer.h): never freed under a read.
+    quarantined = stats(p).num_seqs != 0;
+    EXPECT_LE(stats(p).num_seqs, 1u);
+  } else {
+    ASSERT_EQ(state, uint32_t(PKV_TRANSFER_DONE));
+    ok(pkv_seq_free(p, seq), "free");
+  }
+  RecordProperty("outcome", state == PKV_TRANSFER_DONE ? "done"
+                            : quarantined              ? "failed, blocks held until engine destroy"
+                                                       : "failed");
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
+  pkv_transfer_destroy(t);
+  pkv_transfer_engine_destroy(e);
+  // Nothing lost, nothing leaked once the engine is gone.
+  EXPECT_EQ(stats(p).num_seqs, 0u);
+  EXPECT_EQ(stats(p).num_free_blocks, free0);
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
+  pkv_pool_destroy(p);
+}
+
+// The importer dies while it reads: the exporter keeps its sequence, its
+// export is released (or expires) and every block comes back.
+TEST_P(Transport, ImporterKilledMidTransferLeavesExporterClean) {
+  Layout l;
+  pkv_pool* p = make_pool(l);
+  const uint64_t free0 = stats(p).num_free_blocks;
+  std::mt19937_64 rng(5);
+  pkv_seq_id seq;
+  ok(pkv_seq_create(p, nullptr, &seq), "create");
+  prefill(p, l, seq, random_tokens(rng, 300), rng);
+  const auto kv0 = block_bytes(p, l, seq, 300);
+  pkv_transfer_engine* e = engine(GetParam());
+  uint64_t id = 0, size = 0;
+  ok(pkv_transfer_export(e, p, seq, &id), "export");
+  EXPECT_EQ(pkv_transfer_export_descriptor(e, id, nullptr, 0, &size), PKV_E_BUFFER_TOO_SMALL);
+  std::vector<uint8_t> d(size);
+  ok(pkv_transfer_export_descriptor(e, id, d.data(), d.size(), &size), "descriptor");
+  {
+    Peer peer({"import", GetParam()});
+    peer.send("DESC " + hex(d.data(), d.size()));
+    std::string l1;
+    while ((l1 = peer.line()) != "STARTED" && !l1.empty())
+      ok(pkv_transfer_engine_progress(e), "progress");
+    ASSERT_EQ(l1, "STARTED");
+    for (int i = 0; i < 100; ++i) ok(pkv_transfer_engine_progress(e), "progress");
+    peer.kill_now();
+  }
+  for (int i = 0; i < 1000; ++i) ok(pkv_transfer_engine_progress(e), "progress after the kill");
+  ok(pkv_transfer_export_release(e, id), "release");
+  EXPECT_EQ(pkv_transfer_export_release(e, id), PKV_E_NOT_FOUND);
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
+  EXPECT_TRUE(block_bytes(p, l, seq, 300) == kv0) << "the exporter's K/V changed";
+  ok(pkv_seq_free(p, seq), "free");
+  EXPECT_EQ(stats(p).num_free_blocks, free0);
+  pkv_transfer_engine_destroy(e);
+  pkv_pool_destroy(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, Transport, ::testing::Values("shm", "tcp"),
+                         [](const auto& i) { return i.param; });
+
+// In one process: two engines (two UCX workers) over TCP loopback.
+class Local : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!pkv_transfer_available()) GTEST_SKIP() << "built without UCX";
+    src = make_pool(l);
+    dst = make_pool(l);
+    std::mt19937_64 rng(11);
+    ok(pkv_seq_create(src, nullptr, &seq), "create");
+    tokens = random_tokens(rng, 100);
+    prefill(src, l, seq, tokens, rng);
+    free_src = stats(src).num_free_blocks;
+  }
+  void TearDown() override {
+    pkv_pool_destroy(src);
+    pkv_pool_destroy(dst);
+  }
+  std::vector<uint8_t> export_desc(pkv_transfer_engine* e, uint64_t* id) {
+    uint64_t size = 0;
+    ok(pkv_transfer_export(e, src, seq, id), "export");
+    pkv_transfer_export_descriptor(e, *id, nullptr, 0, &size);
+    std::vector<uint8_t> d(size);
+    ok(pkv_transfer_export_descriptor(e, *id, d.data(), size, &size), "descriptor");
+    return d;
+  }
+  Layout l;
+  pkv_pool *src = nullptr, *dst = nullptr;
+  pkv_seq_id seq = 0;
+  std::vector<int32_t> tokens;
+  uint64_t free_src = 0;
+};
+
+TEST_F(Local, ExportPinsBlocksUntilTtlExpires) {
+  pkv_transfer_engine* e = engine("tcp", 50);
+  uint64_t id = 0, n = 0;
+  export_desc(e, &id);
+  ok(pkv_transfer_engine_num_exports(e, &n), "num");
+  EXPECT_EQ(n, 1u);
+  ok(pkv_seq_free(src, seq), "free");
+  // The export's reference keeps the blocks out of the free queue.
+  EXPECT_EQ(stats(src).num_free_blocks, free_src);
+  const auto end = std::chrono::steady_clock::now() + kDeadline;
+  while (n > 0 && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ok(pkv_transfer_engine_progress(e), "progress");
+    ok(pkv_transfer_engine_num_exports(e, &n), "num");
+  }
+  EXPECT_EQ(n, 0u);
+  EXPECT_EQ(pkv_transfer_export_release(e, id), PKV_E_NOT_FOUND);
+  EXPECT_EQ(stats(src).num_free_blocks, free_src + (tokens.size() + 15) / 16);
+  EXPECT_EQ(pkv_pool_validate(src), PKV_OK);
+  pkv_transfer_engine_destroy(e);
+}
+
+TEST_F(Local, CancelLeavesThePoolAsBefore) {
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  uint64_t id = 0;
+  const auto d = export_desc(a, &id);
+  const pkv_pool_stats before = stats(dst);
+  pkv_transfer* t = nullptr;
+  ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), "import");
+  EXPECT_EQ(stats(dst).num_seqs, 1u);  // blocks allocated while it runs
+  ok(pkv_transfer_cancel(t), "cancel");
+  uint32_t state = 9;
+  pkv_seq_id s = 1;
+  EXPECT_EQ(pkv_transfer_poll(t, &state, &s), PKV_OK);
+  EXPECT_EQ(state, uint32_t(PKV_TRANSFER_CANCELLED));
+  EXPECT_EQ(s, PKV_SEQ_ID_INVALID);
+  ok(pkv_transfer_cancel(t), "cancel again");
+  const pkv_pool_stats after = stats(dst);
+  EXPECT_EQ(after.num_free_blocks, before.num_free_blocks);
+  EXPECT_EQ(after.num_seqs, 0u);
+  EXPECT_EQ(after.num_cached_blocks, before.num_cached_blocks);
+  EXPECT_EQ(pkv_pool_validate(dst), PKV_OK);
+  pkv_transfer_destroy(t);
+  ok(pkv_transfer_export_release(a, id), "release");
+  pkv_transfer_engine_destroy(b);
+  pkv_transfer_engine_destroy(a);
+}
+
+TEST_F(Local, CompletedTransferCannotBeCancelledAndOutOfBlocksChangesNothing) {
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  uint64_t id = 0;
+  const auto d = export_desc(a, &id);
+  pkv_transfer* t = nullptr;
+  ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), "import");
+  uint32_t state = PKV_TRANSFER_RUNNING;
+  pkv_seq_id s = 0;
+  while (state == PKV_TRANSFER_RUNNING) {
+    ok(pkv_transfer_engine_progress(a), "progress");
+    ok(pkv_transfer_poll(t, &state, &s), "poll");
+  }
+  ASSERT_EQ(state, uint32_t(PKV_TRANSFER_DONE));
+  EXPECT_EQ(pkv_transfer_cancel(t), PKV_E_INVALID_STATE);
+  EXPECT_TRUE(block_bytes(dst, l, s, tokens.size()) == block_bytes(src, l, seq, tokens.size()));
+  pkv_transfer_destroy(t);
+  // A pool too small for the sequence: all or nothing.
+  Layout small = l;
+  small.num_blocks = 4;
+  pkv_pool* tiny = make_pool(small);
+  const pkv_pool_stats before = stats(tiny);
+  EXPECT_EQ(pkv_transfer_import(b, tiny, nullptr, d.data(), d.size(), &t), PKV_E_OUT_OF_BLOCKS);
+  EXPECT_EQ(stats(tiny).num_free_blocks, before.num_free_blocks);
+  EXPECT_EQ(stats(tiny).num_seqs, 0u);
+  EXPECT_EQ(pkv_pool_validate(tiny), PKV_OK);
+  pkv_pool_destroy(tiny);
+  ok(pkv_transfer_export_release(a, id), "release");
+  pkv_transfer_engine_destroy(b);
+  pkv_transfer_engine_destroy(a);
+}
+
+TEST_F(Local, MalformedDescriptorsAreRefused) {
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  uint64_t id = 0;
+  auto d = export_desc(a, &id);
+  const pkv_pool_stats before = stats(dst);
+  pkv_transfer* t = nullptr;
+  for (size_t cut : {size_t(0), size_t(3), size_t(40), d.size() / 2, d.size() - 1})
+    EXPECT_EQ(pkv_transfer_import(b, dst, nullptr, d.data(), cut, &t), PKV_E_INVALID_ARGUMENT)
+        << cut;
+  std::vector<uint8_t> bad = d;
+  bad[0] ^= 1;
+  EXPECT_EQ(pkv_transfer_import(b, dst, nullptr, bad.data(), bad.size(), &t),
+            PKV_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("magic"), std::string::npos);
+  std::vector<uint8_t> longer = d;
+  longer.push_back(0);
+  EXPECT_EQ(pkv_transfer_import(b, dst, nullptr, longer.data(), longer.size(), &t),
+            PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(pkv_transfer_import(b, dst, nullptr, nullptr, 10, &t), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(pkv_transfer_import(b, nullptr, nullptr, d.data(), d.size(), &t),
+            PKV_E_INVALID_ARGUMENT);
+  pkv_seq_id gone;
+  ok(pkv_seq_create(src, nullptr, &gone), "create");
+  ok(pkv_seq_free(src, gone), "free");
+  EXPECT_EQ(pkv_transfer_export(a, src, gone, &id), PKV_E_NOT_FOUND);
+  EXPECT_EQ(t, nullptr);
+  EXPECT_EQ(stats(dst).num_free_blocks, before.num_free_blocks);
+  EXPECT_EQ(stats(dst).num_seqs, 0u);
+  pkv_transfer_engine_destroy(b);
+  pkv_transfer_engine_destroy(a);
+}
+
+TEST(TransferApi, NullsAndOptions) {
+  EXPECT_EQ(pkv_transfer_engine_create(nullptr, nullptr), PKV_E_INVALID_ARGUMENT);
+  pkv_transfer_options o;
+  pkv_transfer_options_init(&o);
+  EXPECT_EQ(o.timeout_ms, 30000u);
+  o.struct_size = 3;
+  pkv_transfer_engine* e = nullptr;
+  EXPECT_EQ(pkv_transfer_engine_create(&o, &e), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(pkv_transfer_engine_progress(nullptr), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(pkv_transfer_poll(nullptr, nullptr, nullptr), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(pkv_transfer_cancel(nullptr), PKV_E_INVALID_ARGUMENT);
+  pkv_transfer_destroy(nullptr);
+  pkv_transfer_engine_destroy(nullptr);
+  if (!pkv_transfer_available()) {
+    EXPECT_EQ(pkv_transfer_engine_create(nullptr, &e), PKV_E_UNSUPPORTED);
+    EXPECT_NE(std::string(pkv_last_error_message()).find("UCX"), std::string::npos);
+  }
+}
+
+}  // namespace
