@@ -281,7 +281,7 @@ class CudaBackend final : public Backend {
     const cudaStream_t s = as_stream(stream);
     ScratchBuffer ids(scratch_, pairs.size() * sizeof(int32_t), s);
     staging_.upload(ids.as<void>(), pairs.data(), pairs.size() * sizeof(int32_t), s);
-    check(cuda::launch_copy_blocks(static_cast<char*>(arena.base), 2 * arena.num_layers,
+    check(cuda::launch_copy_blocks(static_cast<char*>(arena.base), arena.num_planes(),
                                    int64_t(arena.layout.layer_bytes()),
                                    int64_t(arena.layout.block_bytes()), ids.as<int32_t>(),
                                    num_pairs, s),
@@ -296,7 +296,7 @@ class CudaBackend final : public Backend {
             bool to_host, void* stream) override {
     if (num_blocks <= 0 || arena.num_layers <= 0) return;
     check_block_count(num_blocks, "num_blocks");
-    const int32_t planes = 2 * arena.num_layers;
+    const int32_t planes = arena.num_planes();
     const int64_t block_bytes = int64_t(arena.layout.block_bytes());
     const int64_t per_block = planes * block_bytes;
     const int64_t chunk = std::max<int64_t>(1, kSwapChunkBytes / per_block);
