@@ -145,7 +145,7 @@ pkv_status pkv_mla_attention(pkv_batch* batch, uint32_t layer, const pkv_tensor*
     pagedkv::Batch& b = batch_of(batch);
     pc::require(q_latent, "q_latent");
     pc::require(out, "out");
-    pc::require(params, "params (MLA needs its softmax_scale)");
+    pc::require(params, "params");  // MLA has no default softmax_scale
     pc::check_struct_size(params->struct_size, pc::kAttentionParamsV1, "params",
                           "pkv_attention_params", "pkv_attention_params_init");
     pagedkv::AttentionParams ap;

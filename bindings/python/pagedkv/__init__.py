@@ -11,7 +11,7 @@ Errors are :class:`PagedKVError` subclasses, one per library status code.
 
 from __future__ import annotations
 
-from . import _pagedkv
+from . import _pagedkv, mla
 from ._batch import Batch
 from ._hash import hash_prefix, hash_root, hash_size
 from ._pagedkv import (
@@ -39,6 +39,7 @@ from ._types import (
     EventType,
     Features,
     HashAlgo,
+    KvLayout,
     MMItem,
     PlanArray,
     PoolOptions,
@@ -114,6 +115,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidStateError",
     "InvariantError",
+    "KvLayout",
     "MMItem",
     "NotFoundError",
     "OutOfBlocksError",
@@ -135,6 +137,7 @@ __all__ = [
     "hash_prefix",
     "hash_root",
     "hash_size",
+    "mla",
     "status_string",
     "version",
     "version_number",

@@ -81,6 +81,8 @@
 %thread pkv_seq_admit;
 %thread pkv_seq_match_prefix_hashes;
 %thread pkv_seq_admit_hashes;
+%thread pkv_mla_cache_write;
+%thread pkv_mla_attention;
 
 /* --------------------------------------------------------- status -> raise */
 
