@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "check.h"
 #include "launch.h"
+#include "mla_plan.h"
 #include "plan.h"
 
 namespace pagedkv {
@@ -225,6 +226,25 @@ class CudaBackend final : public Backend {
     if (plan.num_tokens == 0) return;
     DeviceGuard g(device_);
     check(cuda::launch_write(p, as_stream(stream)), "write_kv_kernel launch");
+  }
+
+  void mla_write(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& kv_c,
+                 const Tensor3& k_pe, void* stream) override {
+    const cuda::MlaWriteParams p = cuda::mla_write_params(arena, layer, plan, kv_c, k_pe);
+    if (plan.num_tokens == 0) return;
+    DeviceGuard g(device_);
+    check(cuda::launch_mla_write(p, as_stream(stream)), "mla_write_kernel launch");
+  }
+
+  void mla_attend(const KvArena& arena, int32_t layer, const PlanView& plan,
+                  const Tensor3& q_latent, const Tensor3& q_pe, const Tensor3& out,
+                  const AttentionArgs& args, void* stream) override {
+    const cuda::MlaParams p =
+        cuda::mla_attention_params(arena, layer, plan, q_latent, q_pe, out, args);
+    if (plan.num_seqs <= 0 || plan.num_tokens <= 0) return;
+    DeviceGuard g(device_);
+    check(cuda::launch_mla_attention(p, int32_t(arena.layout.dtype), as_stream(stream)),
+          "mla_attention_kernel launch");
   }
 
   void attend(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& q,

@@ -84,6 +84,9 @@ void resolve_mla_options(PoolOptions& o) {
   if (o.qk_rope_head_dim > 1024)
     fail(Errc::kInvalidArgument, "qk_rope_head_dim " + str(o.qk_rope_head_dim) +
                                      " is outside [0, 1024] with PKV_KV_LAYOUT_MLA");
+  if (o.device_type == kDeviceCuda && o.kv_lora_rank > 1024)
+    fail(Errc::kInvalidArgument, "kv_lora_rank " + str(o.kv_lora_rank) +
+                                     " exceeds 1024, the most the CUDA MLA kernel takes");
   const uint32_t d = o.kv_lora_rank + o.qk_rope_head_dim;
   if (o.num_kv_heads > 1)
     fail(Errc::kInvalidArgument,

@@ -248,9 +248,11 @@ pkv_status with_mla(F f) {
   pkv_seq_info si;
   pkv_seq_info_init(&si);
   must(pkv_seq_get_info(m.pool, m.seq, &si), "seq_get_info");
+  // Again, for the message (the check above cleared it): the same status.
+  const pkv_status again = f(m);
   pkv_batch_destroy(m.batch);
   pkv_pool_destroy(m.pool);
-  if (s != PKV_OK && si.num_computed_tokens != 0) return PKV_E_INTERNAL;
+  if ((s != PKV_OK && si.num_computed_tokens != 0) || again != s) return PKV_E_INTERNAL;
   return s;
 }
 
