@@ -116,4 +116,20 @@ pkvgo_result pkvgo_seq_admit_hashes(pkv_pool* pool, const pkv_seq_options* opts,
                                     uint32_t num_lookahead, pkv_seq_id* out_seq,
                                     uint64_t* out_num_cached);
 
+
+/* MLA (batch.h): tensor calls and f32 host helpers over row-major buffers. */
+pkvgo_result pkvgo_mla_cache_write(pkv_batch* batch, uint32_t layer, const pkv_tensor* kv_c,
+                                   const pkv_tensor* k_pe, void* stream);
+pkvgo_result pkvgo_mla_attention(pkv_batch* batch, uint32_t layer, const pkv_tensor* q_latent,
+                                 const pkv_tensor* q_pe, const pkv_tensor* out,
+                                 const pkv_tensor* lse, const pkv_attention_params* params,
+                                 void* stream);
+pkvgo_result pkvgo_mla_cache_write_host(pkv_batch* batch, uint32_t layer, uint32_t dtype,
+                                        void* kv_c, void* k_pe, int64_t rows, int64_t rank,
+                                        int64_t rope);
+pkvgo_result pkvgo_mla_attention_host(pkv_batch* batch, uint32_t layer, uint32_t dtype,
+                                      void* q_latent, void* q_pe, void* out, float* lse,
+                                      int64_t rows, int64_t heads, int64_t rank, int64_t rope,
+                                      const pkv_attention_params* params);
+
 #endif /* PAGEDKV_GO_SHIM_H */
