@@ -76,7 +76,8 @@ void run_case(const MlaCase& c, DType t, uint32_t seed) {
       if (p >= s.len - s.nq) {
         slots.push_back(slot);
       } else {
-        for (int32_t d = 0; d < D; ++d) pagedkv::test::store(cache.data(), t, slot * D + d, value());
+        for (int32_t d = 0; d < D; ++d)
+          pagedkv::test::store(cache.data(), t, slot * D + d, value());
       }
     }
     qptr.push_back(qptr.back() + s.nq);

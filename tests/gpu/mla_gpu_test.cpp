@@ -84,8 +84,8 @@ TEST(CudaMla, MatchesCpuPool) {
             ptr = dev.back().get();
           }
           pkv_tensor t;
-          EXPECT_EQ(pkv_tensor_init(ptr, PKV_DTYPE_BF16, cuda ? PKV_DEVICE_CUDA : PKV_DEVICE_CPU,
-                                    0, int32_t(shape.size()), shape.data(), &t),
+          EXPECT_EQ(pkv_tensor_init(ptr, PKV_DTYPE_BF16, cuda ? PKV_DEVICE_CUDA : PKV_DEVICE_CPU, 0,
+                                    int32_t(shape.size()), shape.data(), &t),
                     PKV_OK);
           return t;
         };
