@@ -59,7 +59,7 @@ __attribute__((target("avx2"))) float sum_floats_avx2(const float* p, size_t n) 
 double read_ceiling(ThreadPool& pool, const float* buf, size_t n, int reps) {
   const int64_t chunks = int64_t(pool.size()) * 16;
   const size_t per = n / size_t(chunks) / 64 * 64;
-  std::vector<float> partial(size_t(chunks));
+  std::vector<float> partial(static_cast<size_t>(chunks));
   double best = 0;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = Clock::now();
