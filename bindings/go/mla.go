@@ -31,19 +31,25 @@ func (b *Batch) mlaDims(op string) (int, int, error) {
 	return int(o.KVLoRARank), int(o.QKRopeHeadDim), nil
 }
 
+// mlaHost checks a host (f32 CPU) MLA call and returns the pool's latent
+// and rotary widths.
+func (b *Batch) mlaHost(op string, layer int) (int, int, error) {
+	if b == nil {
+		return 0, 0, closedError(op, "batch")
+	}
+	if err := b.hostCheck(op, layer, false); err != nil {
+		return 0, 0, err
+	}
+	return b.mlaDims(op)
+}
+
 // MLACacheWrite scatters the step's latents into layer of an f32 CPU MLA
 // pool: kvC [NumTokens, KVLoRARank] and kPe [NumTokens, QKRopeHeadDim],
 // row-major. The write of the last layer commits the step, as CacheWrite
 // does.
 func (b *Batch) MLACacheWrite(layer int, kvC, kPe []float32) error {
 	const op = "pkv_mla_cache_write"
-	if b == nil {
-		return closedError(op, "batch")
-	}
-	if err := b.hostCheck(op, layer, false); err != nil {
-		return err
-	}
-	rank, rope, err := b.mlaDims(op)
+	rank, rope, err := b.mlaHost(op, layer)
 	if err != nil {
 		return err
 	}
@@ -73,13 +79,7 @@ func (b *Batch) MLACacheWrite(layer int, kvC, kPe []float32) error {
 // is the model's (> 0; e.g. 1/sqrt(qk_nope_head_dim + qk_rope_head_dim)).
 func (b *Batch) MLAAttention(layer int, qLatent, qPe, out, lse []float32, softmaxScale float32) error {
 	const op = "pkv_mla_attention"
-	if b == nil {
-		return closedError(op, "batch")
-	}
-	if err := b.hostCheck(op, layer, false); err != nil {
-		return err
-	}
-	rank, rope, err := b.mlaDims(op)
+	rank, rope, err := b.mlaHost(op, layer)
 	if err != nil {
 		return err
 	}
