@@ -149,8 +149,13 @@ int main(int argc, char** argv) {
       "batch %d, context %d, rank %d + rope %d, bf16, block %d, pages shuffled, threads %d, "
       "best of %d\n\n",
       o.batch, o.context, kRank, kRope, kBs, o.threads, o.reps);
-  std::printf("%-7s %6s %10s %10s %7s %10s %9s\n", "isa", "heads", "read GB/s", "mla GB/s", "ratio",
-              "GFLOP/s", "ms/call");
+  std::printf(
+      "wall: per wall second; cpu: per CPU second x threads (what the run reaches with its\n"
+      "cores to itself; this matters on a shared machine)\n\n");
+  std::printf("%-7s %6s %9s %9s %7s %9s %9s %7s %9s %9s\n", "isa", "heads", "read", "mla", "ratio",
+              "read", "mla", "ratio", "GFLOP/s", "ms/call");
+  std::printf("%-7s %6s %9s %9s %7s %9s %9s %7s %9s %9s\n", "", "", "wall GB/s", "wall GB/s",
+              "wall", "cpu GB/s", "cpu GB/s", "cpu", "cpu", "wall");
   ThreadPool pool(o.threads);
   const Rate read = read_ceiling(pool, bw, bw_floats, o.reps);
   struct IsaRow {
