@@ -143,7 +143,9 @@ typedef struct pkv_pool_options {
      (batch.h); pkv_cache_write and pkv_attention_forward fail on it. */
   uint32_t kv_layout;        /* PKV_KV_LAYOUT_* */
   uint32_t kv_lora_rank;     /* MLA: latent width, 1..4096 (DeepSeek-V3: 512); else 0 */
-  uint32_t qk_rope_head_dim; /* MLA: rotary key width, 0..1024 (DeepSeek-V3: 64); else 0 */
+  uint32_t qk_rope_head_dim; /* MLA: rotary key width, 0..1024 (DeepSeek-V3: 64); else 0.
+                                A CUDA MLA pool takes any head_dim sum and kv_lora_rank up
+                                to 1024 */
 } pkv_pool_options;
 
 #define PKV_KV_LAYOUT_MHA 0
@@ -169,7 +171,7 @@ PKV_API void pkv_pool_destroy(pkv_pool* pool);
 PKV_API pkv_status pkv_pool_get_options(const pkv_pool* pool, pkv_pool_options* out);
 
 /* Bytes of K plus V storage one block takes over all layers (0 without
- * storage). */
+ * storage); on an MLA pool, of the latent tensor of every layer. */
 PKV_API pkv_status pkv_pool_bytes_per_block(const pkv_pool* pool, uint64_t* out);
 
 /* ---------------------------------------------------------------- sequences */
