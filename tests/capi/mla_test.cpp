@@ -301,6 +301,39 @@ TEST(Mla, StepsMatchFloat64AndCommit) {
   pkv_pool_destroy(p);
 }
 
+// Fork, then a write into the shared partial block: the copy-on-write
+// copies the latent plane of every layer (one plane per layer, not K and V),
+// so the child's attention over its prefix matches the parent's latents.
+TEST(Mla, ForkCopiesLatentsOfEveryLayer) {
+  pkv_pool_options o = mla_options(PKV_DTYPE_F32);
+  pkv_pool* p = nullptr;
+  ASSERT_EQ(pkv_pool_create(&o, &p), PKV_OK) << pkv_last_error_message();
+  Model m;
+  pkv_seq_id a = 0, b = 0;
+  ASSERT_EQ(pkv_seq_create(p, nullptr, &a), PKV_OK);
+  const int32_t toks[7] = {5, 6, 7, 8, 9, 10, 11};
+  ASSERT_EQ(pkv_seq_append(p, a, toks, 6, 0), PKV_OK);  // the second block is partial
+  SeqRows ra, rb;
+  run_step(p, m, {a}, {6}, {&ra}, kLayers);
+  ASSERT_EQ(pkv_seq_fork(p, a, &b), PKV_OK);
+  rb = ra;
+  ASSERT_EQ(pkv_seq_append(p, b, toks + 6, 1, 0), PKV_OK);  // copy-on-write of block 1
+  ASSERT_EQ(pkv_seq_append(p, a, toks + 6, 1, 0), PKV_OK);
+  run_step(p, m, {b, a}, {1, 1}, {&rb, &ra}, kLayers);
+  int32_t ta[2], tb[2];
+  uint64_t n = 0;
+  ASSERT_EQ(pkv_seq_get_block_table(p, a, ta, 2, &n), PKV_OK);
+  ASSERT_EQ(pkv_seq_get_block_table(p, b, tb, 2, &n), PKV_OK);
+  EXPECT_EQ(ta[0], tb[0]);
+  EXPECT_NE(ta[1], tb[1]);
+  pkv_pool_stats st;
+  pkv_pool_stats_init(&st);
+  ASSERT_EQ(pkv_pool_get_stats(p, &st), PKV_OK);
+  EXPECT_EQ(st.num_cow_copies, 1u);
+  ASSERT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
+  pkv_pool_destroy(p);
+}
+
 TEST(Mla, WrongCallsChangeNothing) {
   pkv_pool_options o = mla_options(PKV_DTYPE_F32);
   pkv_pool* p = nullptr;
