@@ -57,6 +57,9 @@ struct MlaOps {
                      int32_t d, int32_t w, const float* alpha, float* acc);
   // dst[0..n) = src widened to f32 (src f16 or bf16).
   void (*widen)(const void* src, DType dtype, float* dst, int64_t n);
+  // The attention kernels' ISA: mla_attend runs its online-softmax step
+  // (KernelTable::softmax, vectorised exp) on the scores.
+  CpuIsa isa;
 };
 
 const MlaOps& mla_ops(CpuIsa resolved);

@@ -9,6 +9,7 @@
 
 #include "cpu/attention.h"
 #include "cpu/half.h"
+#include "cpu/kernels.h"
 #include "cpu/mla.h"
 #include "error.h"
 
@@ -126,6 +127,10 @@ void mla_attend(ThreadPool& pool, const MlaOps& ops, const MlaCache& cache, cons
   std::vector<Scratch> scratch(size_t(pool.size()));
   const float scale = args.softmax_scale;
   const float ninf = -std::numeric_limits<float>::infinity();
+  const KernelTable& table = kernel_table(ops.isa);
+  const SoftmaxFn softmax = table.softmax;
+  const int32_t width = table.width;
+  if (kKeyChunk % width != 0) fail(Errc::kInternal, "MLA attention: key chunk vs vector width");
 
   auto run = [&](int64_t it, int32_t worker) {
     const Item& item = items[size_t(it)];
@@ -172,27 +177,16 @@ void mla_attend(ThreadPool& pool, const MlaOps& ops, const MlaCache& cache, cons
         keys = sc.keys.data();
       }
       ops.scores(sc.q.data(), rows, keys, nk, D, sc.s.data(), kKeyChunk);
+      // Keys after a row's query, and the chunk's tail up to the softmax
+      // step's vector width, weigh nothing (-inf -> 0).
+      const int32_t span = (nk + width - 1) / width * width;
       for (int32_t r = 0; r < rows; ++r) {
         float* sr = sc.s.data() + int64_t(r) * kKeyChunk;
         const int32_t p = p0 + r / item.nh;
         const int32_t visible = std::max(0, std::min(nk, p + 1 - k0));
-        float mx = sc.m[r];
-        for (int32_t j = 0; j < visible; ++j) mx = std::max(mx, sr[j]);
-        if (visible == 0) {  // the whole chunk lies after this query
-          sc.alpha[r] = 1.0f;
-          std::fill(sr, sr + nk, 0.0f);
-          continue;
-        }
-        sc.alpha[r] = std::exp(sc.m[r] - mx);  // exp(-inf) = 0 on the first chunk
-        float sum = 0.0f;
-        for (int32_t j = 0; j < visible; ++j) {
-          sr[j] = std::exp(sr[j] - mx);
-          sum += sr[j];
-        }
-        for (int32_t j = visible; j < nk; ++j) sr[j] = 0.0f;
-        sc.l[r] = sc.l[r] * sc.alpha[r] + sum;
-        sc.m[r] = mx;
+        std::fill(sr + visible, sr + span, ninf);
       }
+      softmax(sc.s.data(), kKeyChunk, rows, 0, span, sc.m.data(), sc.l.data(), sc.alpha.data());
       ops.accumulate(sc.s.data(), rows, kKeyChunk, keys, nk, D, R, sc.alpha.data(), sc.acc.data());
     }
     for (int32_t r = 0; r < rows; ++r) {

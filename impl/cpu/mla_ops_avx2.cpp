@@ -53,6 +53,8 @@ void widen_impl(const void* src, DType dtype, float* dst, int64_t n) {
   }
 }
 
+constexpr CpuIsa kIsa = CpuIsa::kAvx2;
+
 #include "cpu/mla_ops.inc"
 
 }  // namespace mla_avx2

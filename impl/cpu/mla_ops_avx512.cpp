@@ -62,6 +62,8 @@ void widen_impl(const void* src, DType dtype, float* dst, int64_t n) {
   }
 }
 
+constexpr CpuIsa kIsa = CpuIsa::kAvx512;
+
 #include "cpu/mla_ops.inc"
 
 }  // namespace mla_avx512

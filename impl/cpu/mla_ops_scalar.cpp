@@ -27,6 +27,8 @@ void widen_impl(const void* src, DType dtype, float* dst, int64_t n) {
   }
 }
 
+constexpr CpuIsa kIsa = CpuIsa::kScalar;
+
 #include "cpu/mla_ops.inc"
 
 }  // namespace mla_scalar
