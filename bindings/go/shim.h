@@ -131,5 +131,11 @@ pkvgo_result pkvgo_mla_attention_host(pkv_batch* batch, uint32_t layer, uint32_t
                                       void* q_latent, void* q_pe, void* out, float* lse,
                                       int64_t rows, int64_t heads, int64_t rank, int64_t rope,
                                       const pkv_attention_params* params);
+/* tiers.h */
+pkvgo_result pkvgo_pool_attach_tiers(pkv_pool* pool, const pkv_tier_options* opts);
+pkvgo_result pkvgo_seq_match_prefix_tiered(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                                           uint64_t num_tokens, pkv_tier_match* out);
+pkvgo_result pkvgo_pool_get_tier_stats(const pkv_pool* pool, uint32_t medium, pkv_tier_stats* out);
+pkvgo_result pkvgo_pool_flush_tiers(pkv_pool* pool);
 
 #endif /* PAGEDKV_GO_SHIM_H */

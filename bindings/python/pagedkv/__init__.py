@@ -11,7 +11,7 @@ Errors are :class:`PagedKVError` subclasses, one per library status code.
 
 from __future__ import annotations
 
-from . import _pagedkv, mla
+from . import _pagedkv, mla, tiers
 from ._batch import Batch
 from ._hash import hash_prefix, hash_root, hash_size
 from ._pagedkv import (
@@ -139,6 +139,7 @@ __all__ = [
     "hash_size",
     "mla",
     "status_string",
+    "tiers",
     "version",
     "version_number",
 ]
