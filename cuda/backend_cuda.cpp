@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "check.h"
 #include "launch.h"
+#include "mla_plan.h"
 #include "plan.h"
 
 namespace pagedkv {
@@ -227,6 +228,25 @@ class CudaBackend final : public Backend {
     check(cuda::launch_write(p, as_stream(stream)), "write_kv_kernel launch");
   }
 
+  void mla_write(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& kv_c,
+                 const Tensor3& k_pe, void* stream) override {
+    const cuda::MlaWriteParams p = cuda::mla_write_params(arena, layer, plan, kv_c, k_pe);
+    if (plan.num_tokens == 0) return;
+    DeviceGuard g(device_);
+    check(cuda::launch_mla_write(p, as_stream(stream)), "mla_write_kernel launch");
+  }
+
+  void mla_attend(const KvArena& arena, int32_t layer, const PlanView& plan,
+                  const Tensor3& q_latent, const Tensor3& q_pe, const Tensor3& out,
+                  const AttentionArgs& args, void* stream) override {
+    const cuda::MlaParams p =
+        cuda::mla_attention_params(arena, layer, plan, q_latent, q_pe, out, args);
+    if (plan.num_seqs <= 0 || plan.num_tokens <= 0) return;
+    DeviceGuard g(device_);
+    check(cuda::launch_mla_attention(p, int32_t(arena.layout.dtype), as_stream(stream)),
+          "mla_attention_kernel launch");
+  }
+
   void attend(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& q,
               const Tensor3& out, const AttentionArgs& args, void* stream) override {
     cuda::AttnPlan ap = cuda::plan_attention(arena, layer, plan, q, out, args, sm_count_);
@@ -281,7 +301,7 @@ class CudaBackend final : public Backend {
     const cudaStream_t s = as_stream(stream);
     ScratchBuffer ids(scratch_, pairs.size() * sizeof(int32_t), s);
     staging_.upload(ids.as<void>(), pairs.data(), pairs.size() * sizeof(int32_t), s);
-    check(cuda::launch_copy_blocks(static_cast<char*>(arena.base), 2 * arena.num_layers,
+    check(cuda::launch_copy_blocks(static_cast<char*>(arena.base), arena.num_planes(),
                                    int64_t(arena.layout.layer_bytes()),
                                    int64_t(arena.layout.block_bytes()), ids.as<int32_t>(),
                                    num_pairs, s),
@@ -296,7 +316,7 @@ class CudaBackend final : public Backend {
             bool to_host, void* stream) override {
     if (num_blocks <= 0 || arena.num_layers <= 0) return;
     check_block_count(num_blocks, "num_blocks");
-    const int32_t planes = 2 * arena.num_layers;
+    const int32_t planes = arena.num_planes();
     const int64_t block_bytes = int64_t(arena.layout.block_bytes());
     const int64_t per_block = planes * block_bytes;
     const int64_t chunk = std::max<int64_t>(1, kSwapChunkBytes / per_block);

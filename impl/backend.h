@@ -13,8 +13,9 @@
 
 namespace pagedkv {
 
-// Storage for all layers: plane p = 2 * layer + (0 for K, 1 for V) starts at
-// base + p * layout.layer_bytes().
+// Storage for all layers: plane p = planes_per_layer * layer + (0 for K, 1
+// for V) starts at base + p * layout.layer_bytes(). MLA pools have one plane
+// per layer (the latent, layout num_kv_heads 1, head_dim = rank + rope).
 // FP8 pools: scales[(2 * layer + which) * num_kv_heads + head] is the
 // dequantisation scale of that plane's head (per-tensor scales repeated),
 // in the same memory as the planes (device memory on CUDA); else null.
@@ -23,9 +24,14 @@ struct KvArena {
   int32_t num_layers;
   KvLayout layout;
   const float* scales;
+  int32_t planes_per_layer = 2;  // 1: MLA latent
 
+  int32_t num_planes() const { return planes_per_layer * num_layers; }
+  void* plane_at(int64_t p) const {
+    return static_cast<char*>(base) + size_t(p) * layout.layer_bytes();
+  }
   void* plane(int32_t layer, int32_t which) const {
-    return static_cast<char*>(base) + (size_t(2) * layer + which) * layout.layer_bytes();
+    return plane_at(int64_t(planes_per_layer) * layer + which);
   }
   const float* plane_scales(int32_t layer, int32_t which) const {
     return scales + (size_t(2) * layer + which) * size_t(layout.num_kv_heads);
@@ -33,7 +39,7 @@ struct KvArena {
   // Offset of the scales from base, and the bytes of the whole allocation.
   static size_t scales_offset(size_t planes_bytes) { return (planes_bytes + 63) / 64 * 64; }
   size_t bytes() const {
-    const size_t planes = size_t(2) * size_t(num_layers) * layout.layer_bytes();
+    const size_t planes = size_t(num_planes()) * layout.layer_bytes();
     return scales == nullptr ? planes
                              : scales_offset(planes) + sizeof(float) * 2 * size_t(num_layers) *
                                                            size_t(layout.num_kv_heads);
@@ -71,6 +77,19 @@ class Backend {
   // Paged attention of q [num_tokens, num_q_heads, head_dim] into out.
   virtual void attend(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& q,
                       const Tensor3& out, const AttentionArgs& args, void* stream) = 0;
+
+  // MLA (impl/cpu/mla.h documents the semantics): scatter kv_c [tokens,
+  // rank] and k_pe [tokens, rope] into the latent plane of layer, and
+  // absorbed attention of q_latent/q_pe [tokens, heads, rank/rope] into out
+  // [tokens, heads, rank]. Backends without MLA kernels throw kUnsupported.
+  virtual void mla_write(const KvArena&, int32_t, const PlanView&, const Tensor3&, const Tensor3&,
+                         void*) {
+    fail(Errc::kUnsupported, "this backend has no MLA cache write");
+  }
+  virtual void mla_attend(const KvArena&, int32_t, const PlanView&, const Tensor3&, const Tensor3&,
+                          const Tensor3&, const AttentionArgs&, void*) {
+    fail(Errc::kUnsupported, "this backend has no MLA attention");
+  }
 
   // Copy block src[i] to dst[i] in every plane. src/dst are host arrays.
   virtual void copy_blocks(const KvArena& arena, const int32_t* src, const int32_t* dst,

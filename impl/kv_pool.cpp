@@ -61,6 +61,49 @@ void check_kv_scale_options(const PoolOptions& o) {
   check_scales(o.k_scales.data(), o.v_scales.data(), n, "k_scales", "v_scales");
 }
 
+// An MLA pool's latent geometry; resolves num_kv_heads and head_dim so the
+// rest of the pool sees one plane of head_dim = rank + rope per layer.
+void resolve_mla_options(PoolOptions& o) {
+  if (o.kv_layout > 1)
+    fail(Errc::kInvalidArgument,
+         "kv_layout " + str(o.kv_layout) + " is neither PKV_KV_LAYOUT_MHA nor PKV_KV_LAYOUT_MLA");
+  if (!o.is_mla()) {
+    if (o.kv_lora_rank != 0 || o.qk_rope_head_dim != 0)
+      fail(Errc::kInvalidArgument, "kv_lora_rank " + str(o.kv_lora_rank) +
+                                       " and qk_rope_head_dim " + str(o.qk_rope_head_dim) +
+                                       " must be 0 unless kv_layout is PKV_KV_LAYOUT_MLA");
+    return;
+  }
+  if (o.num_layers == 0)
+    fail(Errc::kInvalidArgument,
+         "kv_layout PKV_KV_LAYOUT_MLA needs storage (num_layers > 0): a manager-only pool has no "
+         "page layout");
+  if (o.kv_lora_rank == 0 || o.kv_lora_rank > 4096)
+    fail(Errc::kInvalidArgument,
+         "kv_lora_rank " + str(o.kv_lora_rank) + " is outside [1, 4096] with PKV_KV_LAYOUT_MLA");
+  if (o.qk_rope_head_dim > 1024)
+    fail(Errc::kInvalidArgument, "qk_rope_head_dim " + str(o.qk_rope_head_dim) +
+                                     " is outside [0, 1024] with PKV_KV_LAYOUT_MLA");
+  if (o.device_type == kDeviceCuda && o.kv_lora_rank > 1024)
+    fail(Errc::kInvalidArgument, "kv_lora_rank " + str(o.kv_lora_rank) +
+                                     " exceeds 1024, the most the CUDA MLA kernel takes");
+  const uint32_t d = o.kv_lora_rank + o.qk_rope_head_dim;
+  if (o.num_kv_heads > 1)
+    fail(Errc::kInvalidArgument,
+         "num_kv_heads " + str(o.num_kv_heads) +
+             " must be 0 or 1 with PKV_KV_LAYOUT_MLA (one latent per token)");
+  if (o.head_dim != 0 && o.head_dim != d)
+    fail(Errc::kInvalidArgument, "head_dim " + str(o.head_dim) +
+                                     " must be 0 or kv_lora_rank + qk_rope_head_dim = " + str(d) +
+                                     " with PKV_KV_LAYOUT_MLA");
+  if (o.dtype != DType::kF32 && o.dtype != DType::kF16 && o.dtype != DType::kBF16)
+    fail(Errc::kInvalidArgument, "dtype " + str(uint32_t(o.dtype)) + " (" +
+                                     dtype_name(uint32_t(o.dtype)) +
+                                     ") is not an MLA storage type (f32, f16, bf16)");
+  o.num_kv_heads = 1;
+  o.head_dim = d;
+}
+
 void check_options(const PoolOptions& o) {
   if (o.block_size < 1 || o.block_size > 1024)
     fail(Errc::kInvalidArgument, "block_size " + str(o.block_size) + " is outside [1, 1024]");
@@ -88,7 +131,7 @@ void check_options(const PoolOptions& o) {
            "head_dim " + str(o.head_dim) + " is outside [1, 4096] with num_layers > 0");
     // The CPU kernels take any head dim (vectorised when it is a multiple of
     // the vector width); the CUDA kernels are compiled for a few.
-    if (o.device_type == kDeviceCuda && !cuda_head_dim_supported(o.head_dim))
+    if (o.device_type == kDeviceCuda && !o.is_mla() && !cuda_head_dim_supported(o.head_dim))
       fail(Errc::kInvalidArgument, "head_dim " + str(o.head_dim) +
                                        " is not supported by the CUDA attention kernels "
                                        "(allowed on a CUDA pool: " +
@@ -123,15 +166,17 @@ Pool::Pool(const PoolOptions& opts, uint64_t bytes_per_block)
 Pool::~Pool() { close(); }
 
 std::shared_ptr<Pool> Pool::create(const PoolOptions& in) {
-  check_options(in);
   PoolOptions o = in;
+  resolve_mla_options(o);
+  check_options(o);
+  const uint32_t planes_per_layer = o.is_mla() ? 1 : 2;
   uint64_t bpb = 0;
   if (o.num_layers > 0) {
     const char* what = "num_layers * num_kv_heads * head_dim * block_size (bytes per block)";
     uint64_t per_plane =
         checked_mul(checked_mul(checked_mul(o.num_kv_heads, o.block_size, what), o.head_dim, what),
                     dtype_size(o.dtype), what);
-    bpb = checked_mul(per_plane, uint64_t(2) * o.num_layers, what);
+    bpb = checked_mul(per_plane, uint64_t(planes_per_layer) * o.num_layers, what);
   }
   if (o.num_blocks == 0) {
     if (bpb == 0)
@@ -178,10 +223,11 @@ std::shared_ptr<Pool> Pool::create(const PoolOptions& in) {
                int32_t(o.head_dim), o.dtype};
     p->arena_.layout = l;
     p->arena_.num_layers = int32_t(o.num_layers);
+    p->arena_.planes_per_layer = int32_t(planes_per_layer);
     std::shared_ptr<Backend> be = p->backend_;
     // FP8: the per-head scales follow the planes, in the same allocation
     // (so a kernel holding the arena holds them too).
-    const size_t planes_bytes = l.layer_bytes() * 2 * o.num_layers;
+    const size_t planes_bytes = l.layer_bytes() * planes_per_layer * o.num_layers;
     const size_t scales_at = KvArena::scales_offset(planes_bytes);
     const size_t bytes = is_fp8(o.dtype)
                              ? scales_at + sizeof(float) * 2 * o.num_layers * o.num_kv_heads
@@ -454,6 +500,25 @@ TensorArg Pool::kv_tensor(uint32_t layer, uint32_t which) const {
          "layer " + str(layer) + " is out of range [0, " + str(opts_.num_layers) + ")");
   if (which > 1)
     fail(Errc::kInvalidArgument, "which " + str(which) + " is neither PKV_KV_KEY nor PKV_KV_VALUE");
+  if (opts_.is_mla()) {
+    if (which != 0)
+      fail(Errc::kInvalidArgument,
+           "which is PKV_KV_VALUE but an MLA pool stores no V: its one latent tensor per layer "
+           "is PKV_KV_KEY");
+    TensorArg t;
+    t.data = arena_.plane(int32_t(layer), 0);
+    t.dtype = uint32_t(opts_.dtype);
+    t.device_type = opts_.device_type;
+    t.device_id = opts_.device_id;
+    t.ndim = 3;
+    t.shape[0] = int64_t(opts_.num_blocks);
+    t.shape[1] = opts_.block_size;
+    t.shape[2] = opts_.head_dim;
+    t.strides[2] = 1;
+    t.strides[1] = opts_.head_dim;
+    t.strides[0] = int64_t(opts_.head_dim) * opts_.block_size;
+    return t;
+  }
   TensorArg t;
   t.data = arena_.plane(int32_t(layer), int32_t(which));
   t.dtype = uint32_t(opts_.dtype);

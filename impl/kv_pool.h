@@ -53,6 +53,13 @@ struct PoolOptions {
   // pinned (never evicted) at once.
   bool enable_retention = false;
   uint64_t max_pinned_blocks = 0;
+  // KV page layout (PKV_KV_LAYOUT_*): 0 MHA (K and V planes), 1 MLA (one
+  // latent plane per layer, [num_blocks, block_size, rank + rope]; create()
+  // resolves num_kv_heads to 1 and head_dim to rank + rope).
+  uint32_t kv_layout = 0;
+  uint32_t kv_lora_rank = 0;
+  uint32_t qk_rope_head_dim = 0;
+  bool is_mla() const { return kv_layout == 1; }
 };
 
 // What match_prefix_partial attached: full_tokens from whole cached blocks,

@@ -45,10 +45,10 @@ ByteSpan arena_span(const KvArena& a) {
   return ByteSpan{b, b + a.bytes()};
 }
 
-// Layer l's K and V planes (adjacent).
+// Layer l's K and V planes (adjacent), or its MLA latent plane.
 ByteSpan layer_span(const KvArena& a, uint32_t l) {
   const uintptr_t b = reinterpret_cast<uintptr_t>(a.plane(int32_t(l), 0));
-  return ByteSpan{b, b + 2 * a.layout.layer_bytes()};
+  return ByteSpan{b, b + size_t(a.planes_per_layer) * a.layout.layer_bytes()};
 }
 
 }  // namespace
@@ -361,13 +361,8 @@ void Batch::check_fresh() const {
 void Batch::write(uint32_t layer, const TensorArg* k, const TensorArg* v, void* stream) {
   Pool& p = *pool_;
   std::unique_lock<std::mutex> lock(p.mu_);
-  check_fresh();
-  if (!p.has_storage())
-    fail(Errc::kInvalidState, "the pool has no KV storage (created with num_layers 0)");
+  check_layer_call(layer, false, "pkv_cache_write");
   const PoolOptions& o = p.opts_;
-  if (layer >= o.num_layers)
-    fail(Errc::kInvalidArgument,
-         "layer " + str(layer) + " is out of range [0, " + str(o.num_layers) + ")");
   RowsSpec spec{o.dtype,
                 o.device_type,
                 o.device_id,
@@ -395,24 +390,41 @@ void Batch::write(uint32_t layer, const TensorArg* k, const TensorArg* v, void* 
   // while they take kv_mu_): let go of the KV lock before taking mu_ again.
   kv_lock.unlock();
   lock.lock();
+  mark_layer_written(layer);
+}
+
+void Batch::mark_layer_written(uint32_t layer) {
   if (layer_written_[layer] == 0) {
     layer_written_[layer] = 1;
     --layers_left_;
   }
-  if (layers_left_ == 0 && state_ == State::kOpen && !p.closed_) commit_locked();
+  if (layers_left_ == 0 && state_ == State::kOpen && !pool_->closed_) commit_locked();
+}
+
+void Batch::check_layer_call(uint32_t layer, bool mla, const char* call) const {
+  const Pool& p = *pool_;
+  check_fresh();
+  if (!p.has_storage())
+    fail(Errc::kInvalidState, "the pool has no KV storage (created with num_layers 0)");
+  const PoolOptions& o = p.opts_;
+  if (o.is_mla() != mla)
+    fail(Errc::kInvalidState,
+         std::string(call) +
+             (mla ? " needs an MLA pool (kv_layout PKV_KV_LAYOUT_MLA); this pool stores K and V: "
+                    "use pkv_cache_write / pkv_attention_forward"
+                  : " cannot serve an MLA pool (kv_layout PKV_KV_LAYOUT_MLA): use "
+                    "pkv_mla_cache_write / pkv_mla_attention"));
+  if (layer >= o.num_layers)
+    fail(Errc::kInvalidArgument,
+         "layer " + str(layer) + " is out of range [0, " + str(o.num_layers) + ")");
 }
 
 void Batch::attend(uint32_t layer, const TensorArg* q, const TensorArg* out, const TensorArg* lse,
                    const AttentionParams& params, void* stream) {
   Pool& p = *pool_;
   std::unique_lock<std::mutex> lock(p.mu_);
-  check_fresh();
-  if (!p.has_storage())
-    fail(Errc::kInvalidState, "the pool has no KV storage (created with num_layers 0)");
+  check_layer_call(layer, false, "pkv_attention_forward");
   const PoolOptions& o = p.opts_;
-  if (layer >= o.num_layers)
-    fail(Errc::kInvalidArgument,
-         "layer " + str(layer) + " is out of range [0, " + str(o.num_layers) + ")");
   if (!std::isfinite(params.softmax_scale) || params.softmax_scale < 0)
     fail(Errc::kInvalidArgument, "params->softmax_scale must be finite and >= 0");
   if (!std::isfinite(params.logit_softcap) || params.logit_softcap < 0)

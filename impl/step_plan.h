@@ -81,10 +81,22 @@ class Batch {
   void write(uint32_t layer, const TensorArg* k, const TensorArg* v, void* stream);
   void attend(uint32_t layer, const TensorArg* q, const TensorArg* out, const TensorArg* lse,
               const AttentionParams& params, void* stream);
+  // MLA pools (step_plan_mla.cpp): the latent write (counts towards the
+  // commit like write()) and absorbed attention. kInvalidState on a pool
+  // that is not MLA; write() and attend() fail on an MLA pool.
+  void mla_write(uint32_t layer, const TensorArg* kv_c, const TensorArg* k_pe, void* stream);
+  void mla_attend(uint32_t layer, const TensorArg* q_latent, const TensorArg* q_pe,
+                  const TensorArg* out, const TensorArg* lse, const AttentionParams& params,
+                  void* stream);
 
  private:
   Batch() = default;
   void check_fresh() const;  // pool open and every sequence unchanged; holds pool->mu_
+  // check_fresh, storage, layer in range and the pool's layout is (not)
+  // MLA as the call needs; holds pool->mu_.
+  void check_layer_call(uint32_t layer, bool mla, const char* call) const;
+  // After a successful write of layer: the last layer commits; holds mu_.
+  void mark_layer_written(uint32_t layer);
   void commit_locked();      // holds pool->mu_
   // The slots a plan's queries write, one range per (sequence, block), with
   // the sequence each came from.

@@ -118,7 +118,7 @@ sanitize() {  # tool, filter, log, cap seconds, seconds to leave for later steps
     note "$1: FAILED or timed out after ${t}s (see $3)"
   fi
 }
-mem_filter='*f32_D80_G4*:*f16_D256_G1*:*bf16_D128_G8*:*bf16_D64_G4*:*f16_D96_G8*:AttentionShapes.*:CudaWrite.*:CudaCopyBlocks.*:*CudaSwap*:CudaBackendBasics.*:CudaCapi.*-*e5m2*:*e4m3_f16_D96*:*e4m3_bf16_D96*:*e4m3_bf16_D256*'
+mem_filter='*f32_D80_G4*:*f16_D256_G1*:*bf16_D128_G8*:*bf16_D64_G4*:*f16_D96_G8*:AttentionShapes.*:CudaWrite.*:CudaCopyBlocks.*:*CudaSwap*:CudaBackendBasics.*:CudaCapi.*:CudaMla.*-*e5m2*:*e4m3_f16_D96*:*e4m3_bf16_D96*:*e4m3_bf16_D256*'
 race_filter='*bf16_D128_G8*:*f32_D64_G4*:*f16_D256_G4*:CudaWrite.*:CudaCopyBlocks.*-*e5m2*'
 sanitize memcheck "$mem_filter" memcheck.log 180 "$([ "${PKV_SKIP_BENCH:-0}" = 1 ] && echo 100 || echo 260)"
 

@@ -55,6 +55,12 @@ type PoolOptions struct {
 	// returned by Options() leave them empty: see KVScales.
 	KVScaleGranularity KVScaleGranularity
 	KScales, VScales   []float32
+	// KVLayout MLA makes a DeepSeek-style pool: per layer one latent tensor
+	// [num_blocks, block_size, KVLoRARank + QKRopeHeadDim], no V (mla.go);
+	// NumKVHeads and HeadDim then stay 0 (or 1 and the sum).
+	KVLayout      KVLayout
+	KVLoRARank    uint32 // MLA: latent width (DeepSeek-V3: 512)
+	QKRopeHeadDim uint32 // MLA: rotary key width (DeepSeek-V3: 64)
 }
 
 // KVScaleGranularity says how an FP8 pool's K/V scales are given.
@@ -146,6 +152,9 @@ func (o *PoolOptions) toC(op string, arena *cArena, out *C.pkv_pool_options) err
 		out.enable_retention = 1
 	}
 	out.max_pinned_blocks = C.uint64_t(o.MaxPinnedBlocks)
+	out.kv_layout = C.uint32_t(o.KVLayout)
+	out.kv_lora_rank = C.uint32_t(o.KVLoRARank)
+	out.qk_rope_head_dim = C.uint32_t(o.QKRopeHeadDim)
 	return nil
 }
 
@@ -171,6 +180,9 @@ func poolOptionsFromC(c *C.pkv_pool_options) PoolOptions {
 		EnablePartialReuse:   c.enable_partial_reuse != 0,
 		EnableRetention:      c.enable_retention != 0,
 		MaxPinnedBlocks:      uint64(c.max_pinned_blocks),
+		KVLayout:             KVLayout(c.kv_layout),
+		KVLoRARank:           uint32(c.kv_lora_rank),
+		QKRopeHeadDim:        uint32(c.qk_rope_head_dim),
 	}
 	if c.hash_seed != nil {
 		o.HashSeed = C.GoString(c.hash_seed)

@@ -282,6 +282,46 @@ pkvgo_result pkvgo_event_publisher_endpoint(const pkv_event_publisher* pub, uint
   return pkvgo_capture(pkv_event_publisher_endpoint(pub, which, buf, capacity, out_len));
 }
 
+pkvgo_result pkvgo_mla_cache_write(pkv_batch* batch, uint32_t layer, const pkv_tensor* kv_c,
+                                   const pkv_tensor* k_pe, void* stream) {
+  return pkvgo_capture(pkv_mla_cache_write(batch, layer, kv_c, k_pe, stream));
+}
+
+pkvgo_result pkvgo_mla_attention(pkv_batch* batch, uint32_t layer, const pkv_tensor* q_latent,
+                                 const pkv_tensor* q_pe, const pkv_tensor* out,
+                                 const pkv_tensor* lse, const pkv_attention_params* params,
+                                 void* stream) {
+  return pkvgo_capture(pkv_mla_attention(batch, layer, q_latent, q_pe, out, lse, params, stream));
+}
+
+pkvgo_result pkvgo_mla_cache_write_host(pkv_batch* batch, uint32_t layer, uint32_t dtype,
+                                        void* kv_c, void* k_pe, int64_t rows, int64_t rank,
+                                        int64_t rope) {
+  pkv_tensor tc, tp;
+  const int64_t cs[2] = {rows, rank}, ps[2] = {rows, rope};
+  pkv_status st = pkv_tensor_init(kv_c, dtype, PKV_DEVICE_CPU, 0, 2, cs, &tc);
+  if (st == PKV_OK) st = pkv_tensor_init(k_pe, dtype, PKV_DEVICE_CPU, 0, 2, ps, &tp);
+  if (st == PKV_OK) st = pkv_mla_cache_write(batch, layer, &tc, k_pe != NULL ? &tp : NULL, NULL);
+  return pkvgo_capture(st);
+}
+
+pkvgo_result pkvgo_mla_attention_host(pkv_batch* batch, uint32_t layer, uint32_t dtype,
+                                      void* q_latent, void* q_pe, void* out, float* lse,
+                                      int64_t rows, int64_t heads, int64_t rank, int64_t rope,
+                                      const pkv_attention_params* params) {
+  pkv_tensor tq, tp, to, tl;
+  const int64_t qs[3] = {rows, heads, rank}, ps[3] = {rows, heads, rope}, ls[2] = {rows, heads};
+  pkv_status st = pkv_tensor_init(q_latent, dtype, PKV_DEVICE_CPU, 0, 3, qs, &tq);
+  if (st == PKV_OK) st = pkv_tensor_init(q_pe, dtype, PKV_DEVICE_CPU, 0, 3, ps, &tp);
+  if (st == PKV_OK) st = pkv_tensor_init(out, dtype, PKV_DEVICE_CPU, 0, 3, qs, &to);
+  if (st == PKV_OK && lse != NULL) st = pkv_tensor_init(lse, PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 2, ls, &tl);
+  if (st == PKV_OK) {
+    st = pkv_mla_attention(batch, layer, &tq, q_pe != NULL ? &tp : NULL, &to,
+                           lse != NULL ? &tl : NULL, params, NULL);
+  }
+  return pkvgo_capture(st);
+}
+
 /* tiers.h */
 pkvgo_result pkvgo_pool_attach_tiers(pkv_pool* pool, const pkv_tier_options* opts) {
   return pkvgo_capture(pkv_pool_attach_tiers(pool, opts));

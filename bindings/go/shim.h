@@ -129,6 +129,22 @@ pkvgo_result pkvgo_event_publisher_get_stats(const pkv_event_publisher* pub,
                                              pkv_event_publisher_stats* out);
 pkvgo_result pkvgo_event_publisher_endpoint(const pkv_event_publisher* pub, uint32_t which,
                                             char* buf, uint64_t capacity, uint64_t* out_len);
+
+
+/* MLA (batch.h): tensor calls and f32 host helpers over row-major buffers. */
+pkvgo_result pkvgo_mla_cache_write(pkv_batch* batch, uint32_t layer, const pkv_tensor* kv_c,
+                                   const pkv_tensor* k_pe, void* stream);
+pkvgo_result pkvgo_mla_attention(pkv_batch* batch, uint32_t layer, const pkv_tensor* q_latent,
+                                 const pkv_tensor* q_pe, const pkv_tensor* out,
+                                 const pkv_tensor* lse, const pkv_attention_params* params,
+                                 void* stream);
+pkvgo_result pkvgo_mla_cache_write_host(pkv_batch* batch, uint32_t layer, uint32_t dtype,
+                                        void* kv_c, void* k_pe, int64_t rows, int64_t rank,
+                                        int64_t rope);
+pkvgo_result pkvgo_mla_attention_host(pkv_batch* batch, uint32_t layer, uint32_t dtype,
+                                      void* q_latent, void* q_pe, void* out, float* lse,
+                                      int64_t rows, int64_t heads, int64_t rank, int64_t rope,
+                                      const pkv_attention_params* params);
 /* tiers.h */
 pkvgo_result pkvgo_pool_attach_tiers(pkv_pool* pool, const pkv_tier_options* opts);
 pkvgo_result pkvgo_seq_match_prefix_tiered(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,

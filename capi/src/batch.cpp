@@ -128,4 +128,36 @@ pkv_status pkv_batch_last_token_indices(const pkv_batch* batch, pkv_tensor* out)
   });
 }
 
+pkv_status pkv_mla_cache_write(pkv_batch* batch, uint32_t layer, const pkv_tensor* kv_c,
+                               const pkv_tensor* k_pe, void* stream) {
+  PKV_GUARD({
+    pagedkv::Batch& b = batch_of(batch);
+    pc::require(kv_c, "kv_c");
+    pagedkv::TensorArg ca = pc::to_arg(*kv_c), pa;
+    if (k_pe) pa = pc::to_arg(*k_pe);
+    b.mla_write(layer, &ca, k_pe ? &pa : nullptr, stream);
+  });
+}
+
+pkv_status pkv_mla_attention(pkv_batch* batch, uint32_t layer, const pkv_tensor* q_latent,
+                             const pkv_tensor* q_pe, const pkv_tensor* out, const pkv_tensor* lse,
+                             const pkv_attention_params* params, void* stream) {
+  PKV_GUARD({
+    pagedkv::Batch& b = batch_of(batch);
+    pc::require(q_latent, "q_latent");
+    pc::require(out, "out");
+    pc::require(params, "params");  // MLA has no default softmax_scale
+    pc::check_struct_size(params->struct_size, pc::kAttentionParamsV1, "params",
+                          "pkv_attention_params", "pkv_attention_params_init");
+    pagedkv::AttentionParams ap;
+    ap.softmax_scale = params->softmax_scale;
+    ap.sliding_window = params->sliding_window;
+    ap.logit_softcap = params->logit_softcap;
+    pagedkv::TensorArg qa = pc::to_arg(*q_latent), pa, oa = pc::to_arg(*out), la;
+    if (q_pe) pa = pc::to_arg(*q_pe);
+    if (lse) la = pc::to_arg(*lse);
+    b.mla_attend(layer, &qa, q_pe ? &pa : nullptr, &oa, lse ? &la : nullptr, ap, stream);
+  });
+}
+
 }  // extern "C"

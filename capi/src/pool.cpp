@@ -84,6 +84,11 @@ pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out) {
     if (PKV_HAS_FIELD(opts, enable_retention))
       o.enable_retention = flag(opts->enable_retention, "opts->enable_retention");
     if (PKV_HAS_FIELD(opts, max_pinned_blocks)) o.max_pinned_blocks = opts->max_pinned_blocks;
+    if (PKV_HAS_FIELD(opts, qk_rope_head_dim)) {
+      o.kv_layout = opts->kv_layout;
+      o.kv_lora_rank = opts->kv_lora_rank;
+      o.qk_rope_head_dim = opts->qk_rope_head_dim;
+    }
     try {
       auto p = std::make_unique<pkv_pool>();
       p->impl = pagedkv::Pool::create(o);
@@ -137,6 +142,9 @@ pkv_status pkv_pool_get_options(const pkv_pool* pool, pkv_pool_options* out) {
       r.enable_partial_reuse = o.enable_partial_reuse;
       r.enable_retention = o.enable_retention;
       r.max_pinned_blocks = o.max_pinned_blocks;
+      r.kv_layout = o.kv_layout;
+      r.kv_lora_rank = o.kv_lora_rank;
+      r.qk_rope_head_dim = o.qk_rope_head_dim;
       pc::write_out(out, r);
     });
   });

@@ -86,11 +86,11 @@ void copy_blocks(ThreadPool& pool, const KvArena& arena, const int32_t* src, con
     check_block(arena, dst[i], "dst", i);
   }
   const size_t bb = arena.layout.block_bytes();
-  const int64_t planes = int64_t(arena.num_layers) * 2;
+  const int64_t planes = arena.num_planes();
   auto one = [&](int64_t item) {
     const int64_t p = item / num_pairs, i = item % num_pairs;
     if (src[i] == dst[i]) return;
-    char* base = static_cast<char*>(arena.plane(int32_t(p / 2), int32_t(p % 2)));
+    char* base = static_cast<char*>(arena.plane_at(p));
     std::memcpy(base + size_t(dst[i]) * bb, base + size_t(src[i]) * bb, bb);
   };
   const int64_t items = planes * num_pairs;
@@ -105,13 +105,12 @@ void swap_blocks(ThreadPool& pool, const KvArena& arena, const int32_t* blocks, 
                  void* host, bool to_host) {
   for (int64_t i = 0; i < num_blocks; ++i) check_block(arena, blocks[i], "blocks", i);
   const size_t bb = arena.layout.block_bytes();
-  const int64_t planes = int64_t(arena.num_layers) * 2;
+  const int64_t planes = arena.num_planes();
   char* h = static_cast<char*>(host);
   auto one = [&](int64_t item) {
     const int64_t i = item / planes, p = item % planes;
-    char* dev =
-        static_cast<char*>(arena.plane(int32_t(p / 2), int32_t(p % 2))) + size_t(blocks[i]) * bb;
-    char* hb = h + (size_t(i) * planes + p) * bb;  // [n][num_layers][2][block]
+    char* dev = static_cast<char*>(arena.plane_at(p)) + size_t(blocks[i]) * bb;
+    char* hb = h + (size_t(i) * planes + p) * bb;  // [n][num_layers][planes][block]
     if (to_host) {
       std::memcpy(hb, dev, bb);
     } else {

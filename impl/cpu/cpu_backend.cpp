@@ -10,6 +10,7 @@
 
 #include "cpu/attention.h"
 #include "cpu/kernels.h"
+#include "cpu/mla.h"
 #include "cpu/thread_pool.h"
 
 namespace pagedkv {
@@ -20,7 +21,10 @@ constexpr size_t kHugePage = size_t(2) << 20;
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options)
-      : table_(&cpu::kernel_table(cpu::resolve_cpu_isa(options.isa))),
+      : CpuBackend(options, cpu::resolve_cpu_isa(options.isa)) {}
+  CpuBackend(const CpuBackendOptions& options, CpuIsa isa)
+      : table_(&cpu::kernel_table(isa)),
+        mla_ops_(&cpu::mla_ops(isa)),
         min_split_keys_(options.min_split_keys),
         pool_(options.num_threads) {}
 
@@ -63,6 +67,16 @@ class CpuBackend final : public Backend {
               const Tensor3& out, const AttentionArgs& args, void*) override {
     cpu::attend(pool_, {table_, min_split_keys_}, arena, layer, plan, q, out, args);
   }
+  void mla_write(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& kv_c,
+                 const Tensor3& k_pe, void*) override {
+    cpu::mla_write(pool_, cpu::mla_cache(arena, layer, int32_t(kv_c.n2)), plan, kv_c, k_pe);
+  }
+  void mla_attend(const KvArena& arena, int32_t layer, const PlanView& plan,
+                  const Tensor3& q_latent, const Tensor3& q_pe, const Tensor3& out,
+                  const AttentionArgs& args, void*) override {
+    cpu::mla_attend(pool_, *mla_ops_, cpu::mla_cache(arena, layer, int32_t(q_latent.n2)), plan,
+                    q_latent, q_pe, out, args);
+  }
   void copy_blocks(const KvArena& arena, const int32_t* src, const int32_t* dst, int64_t num_pairs,
                    void*) override {
     cpu::copy_blocks(pool_, arena, src, dst, num_pairs);
@@ -75,6 +89,7 @@ class CpuBackend final : public Backend {
 
  private:
   const cpu::KernelTable* table_;
+  const cpu::MlaOps* mla_ops_;
   int32_t min_split_keys_;
   ThreadPool pool_;
 };

@@ -1,5 +1,6 @@
 // One level of the offload tiers (host memory or a file): fixed slots of one
-// pool block each (every layer's K and V, [2 * num_layers][block bytes]),
+// pool block each (every layer's K and V, [2 * num_layers][block bytes]; an
+// MLA pool's latents, [num_layers][block bytes]),
 // an index from block hash to slot, an LRU of the slots that hold a
 // finished copy, and per-slot xxh3 checksums. Not thread-safe: TierSet
 // serialises the bookkeeping; slot bytes are moved outside its lock while

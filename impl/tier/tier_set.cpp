@@ -27,7 +27,7 @@ TierSet::TierSet(const TierOptions& o, const KvArena& arena, std::shared_ptr<voi
                  uint32_t block_size, size_t max_jobs)
     : arena_(arena), hold_(std::move(hold)), block_size_(block_size) {
   plane_bytes_ = arena_.layout.block_bytes();
-  slot_bytes_ = plane_bytes_ * 2 * size_t(arena_.num_layers);
+  slot_bytes_ = plane_bytes_ * size_t(arena_.num_planes());
   const uint64_t host_slots = o.host_bytes / slot_bytes_;
   if (host_slots == 0)
     fail(Errc::kInvalidArgument, "host_bytes " + std::to_string(o.host_bytes) +
@@ -190,7 +190,7 @@ void TierSet::offload(const Job& j) {
   char* dst = host_->data(slot);
   XXH3_state_t st;
   XXH3_64bits_reset(&st);
-  for (int32_t p = 0; p < 2 * arena_.num_layers; ++p) {
+  for (int32_t p = 0; p < arena_.num_planes(); ++p) {
     char* d = dst + size_t(p) * plane_bytes_;
     std::memcpy(d, block_plane(p, j.block), plane_bytes_);
     XXH3_64bits_update(&st, d, plane_bytes_);
@@ -223,14 +223,14 @@ void TierSet::unpin(const TierRef& r) {
 }
 
 void TierSet::block_iov(int32_t b, std::vector<struct iovec>& iov) const {
-  iov.resize(size_t(2) * arena_.num_layers);
-  for (int32_t p = 0; p < 2 * arena_.num_layers; ++p) iov[p] = {block_plane(p, b), plane_bytes_};
+  iov.resize(size_t(arena_.num_planes()));
+  for (int32_t p = 0; p < arena_.num_planes(); ++p) iov[p] = {block_plane(p, b), plane_bytes_};
 }
 
 uint64_t TierSet::block_checksum(int32_t b) const {
   XXH3_state_t st;
   XXH3_64bits_reset(&st);
-  for (int32_t p = 0; p < 2 * arena_.num_layers; ++p)
+  for (int32_t p = 0; p < arena_.num_planes(); ++p)
     XXH3_64bits_update(&st, block_plane(p, b), plane_bytes_);
   return XXH3_64bits_digest(&st);
 }
@@ -250,7 +250,7 @@ bool TierSet::load(const TierRef& r, int32_t block, const BlockHash& h) {
     const char* src = l->data(r.slot);
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
-    for (int32_t p = 0; p < 2 * arena_.num_layers; ++p) {
+    for (int32_t p = 0; p < arena_.num_planes(); ++p) {
       std::memcpy(block_plane(p, block), src + size_t(p) * plane_bytes_, plane_bytes_);
       XXH3_64bits_update(&st, block_plane(p, block), plane_bytes_);
     }

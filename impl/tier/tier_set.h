@@ -110,12 +110,13 @@ class TierSet final : public EvictSink {
   void remove(TierLevel& l, int32_t slot);  // unpublish + release + REMOVED
   TierLevel* level(Medium m) const;
   TierStats& st(Medium m) { return m == Medium::kHost ? host_stats_ : file_stats_; }
-  // iov over block b's planes in the arena ([2 * num_layers] entries).
+  // iov over block b's planes in the arena (KvArena::num_planes() entries).
   void block_iov(int32_t b, std::vector<struct iovec>& iov) const;
   uint64_t block_checksum(int32_t b) const;
-  // Plane p (2 * layer + K/V) of block b in the pool's storage.
+  // Plane p (2 * layer + K/V; an MLA pool's layer p) of block b in the
+  // pool's storage.
   char* block_plane(int32_t p, int32_t b) const {
-    return static_cast<char*>(arena_.plane(p / 2, p % 2)) + size_t(b) * plane_bytes_;
+    return static_cast<char*>(arena_.plane_at(p)) + size_t(b) * plane_bytes_;
   }
 
   KvArena arena_;

@@ -521,6 +521,26 @@ TEST_F(ErrorPaths, Attention) {
         "stale");
 }
 
+// MLA calls (issue 19): NULLs and a pool that is not MLA (this fixture's);
+// MLA pools' own argument errors are in mla_test.cpp and the bad-input
+// matrix.
+TEST_F(ErrorPaths, MlaCalls) {
+  pkv_attention_params p;
+  pkv_attention_params_init(&p);
+  p.softmax_scale = 0.1f;
+  FAILS(pkv_mla_cache_write(nullptr, 0, &kt, &kt, nullptr), BAD, "batch is NULL");
+  FAILS(pkv_mla_cache_write(batch, 0, nullptr, &kt, nullptr), BAD, "kv_c is NULL");
+  FAILS(pkv_mla_cache_write(batch, 0, &kt, &kt, nullptr), PKV_E_INVALID_STATE, "needs an MLA pool");
+  FAILS(pkv_mla_attention(nullptr, 0, &qt, &qt, &ot, nullptr, &p, nullptr), BAD, "batch is NULL");
+  FAILS(pkv_mla_attention(batch, 0, nullptr, &qt, &ot, nullptr, &p, nullptr), BAD,
+        "q_latent is NULL");
+  FAILS(pkv_mla_attention(batch, 0, &qt, &qt, nullptr, nullptr, &p, nullptr), BAD, "out is NULL");
+  FAILS(pkv_mla_attention(batch, 0, &qt, &qt, &ot, nullptr, nullptr, nullptr), BAD,
+        "params is NULL");
+  FAILS(pkv_mla_attention(batch, 0, &qt, &qt, &ot, nullptr, &p, nullptr), PKV_E_INVALID_STATE,
+        "needs an MLA pool");
+}
+
 // Partial-block hits and retention priorities (issue 22).
 TEST_F(ErrorPaths, PartialHitsAndRetention) {
   int32_t t[4] = {1, 2, 3, 4};

@@ -292,6 +292,67 @@ pkv_status on_groups(Env& e, F&& f) {
       e, [](pkv_pool*, pkv_seq_id) {}, f);
 }
 
+// MLA pools (issue 19): 2 layers of rank 32 + rope 8, f32, a 3-token
+// sequence planned. f gets the pool, the batch and valid tensors; a failure
+// must leave the step uncommitted. Returns f's status.
+struct MlaEnv {
+  pkv_pool* pool = nullptr;
+  pkv_batch* batch = nullptr;
+  pkv_seq_id seq = 0;
+  std::vector<float> c, pe, ql, qp, out;
+  pkv_tensor ct{}, pt{}, qlt{}, qpt{}, ot{};
+  pkv_attention_params params{};
+};
+pkv_pool_options mla_opts() {
+  pkv_pool_options o = storage_opts();
+  o.num_kv_heads = 0;
+  o.head_dim = 0;
+  o.kv_layout = PKV_KV_LAYOUT_MLA;
+  o.kv_lora_rank = 32;
+  o.qk_rope_head_dim = 8;
+  return o;
+}
+pkv_tensor mla_dense(std::vector<float>& buf, std::initializer_list<int64_t> shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= size_t(d);
+  buf.assign(n, 0.25f);
+  pkv_tensor t;
+  must(pkv_tensor_init(buf.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, int32_t(shape.size()),
+                       shape.begin(), &t),
+       "tensor_init");
+  return t;
+}
+template <class F>
+pkv_status with_mla(F f) {
+  MlaEnv m;
+  pkv_pool_options o = mla_opts();
+  must(pkv_pool_create(&o, &m.pool), "mla pool_create");
+  must(pkv_seq_create(m.pool, nullptr, &m.seq), "seq_create");
+  const int32_t toks[3] = {1, 2, 3};
+  must(pkv_seq_append(m.pool, m.seq, toks, 3, 0), "seq_append");
+  const uint32_t q = 3;
+  must(pkv_batch_prepare(m.pool, &m.seq, &q, 1, nullptr, &m.batch), "batch_prepare");
+  m.ct = mla_dense(m.c, {3, 32});
+  m.pt = mla_dense(m.pe, {3, 8});
+  m.qlt = mla_dense(m.ql, {3, 4, 32});
+  m.qpt = mla_dense(m.qp, {3, 4, 8});
+  m.ot = mla_dense(m.out, {3, 4, 32});
+  pkv_attention_params_init(&m.params);
+  m.params.softmax_scale = 0.1f;
+  // Layer 1 written: a failing write to layer 0 must not commit the step.
+  must(pkv_mla_cache_write(m.batch, 1, &m.ct, &m.pt, nullptr), "mla_cache_write");
+  const pkv_status s = f(m);
+  pkv_seq_info si;
+  pkv_seq_info_init(&si);
+  must(pkv_seq_get_info(m.pool, m.seq, &si), "seq_get_info");
+  // Again, for the message (the check above cleared it): the same status.
+  const pkv_status again = f(m);
+  pkv_batch_destroy(m.batch);
+  pkv_pool_destroy(m.pool);
+  if ((s != PKV_OK && si.num_computed_tokens != 0) || again != s) return PKV_E_INTERNAL;
+  return s;
+}
+
 // A value check: PKV_OK when the documented result holds.
 pkv_status holds(bool ok) { return ok ? PKV_OK : PKV_E_INTERNAL; }
 
@@ -1444,6 +1505,101 @@ std::vector<Case> make_cases() {
           return pkv_transfer_cancel(nullptr);),
         S("pkv_transfer_bytes", PKV_CLASS_NULL, "transfer = NULL", kInv, "transfer",
           return pkv_transfer_bytes(nullptr, &e.u64);),
+
+        // ------------------------------------------------------------ MLA (issue 19)
+        S("pkv_pool_create", PKV_CLASS_RANGE, "kv_layout = 2", kInv, "kv_layout",
+          pkv_pool_options o = mla_opts();
+          o.kv_layout = 2; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "kv_lora_rank = 0 (or > 4096) on an MLA pool", kInv,
+          "kv_lora_rank", pkv_pool_options o = mla_opts();
+          o.kv_lora_rank = 0; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "kv_lora_rank set on an MHA pool", kInv,
+          "kv_lora_rank", pkv_pool_options o = storage_opts();
+          o.kv_lora_rank = 512; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_RANGE, "num_kv_heads = 2 on an MLA pool", kInv,
+          "num_kv_heads", pkv_pool_options o = mla_opts();
+          o.num_kv_heads = 2; return create_with(o, e);),
+        S("pkv_pool_create", PKV_CLASS_DTYPE, "dtype fp8 on an MLA pool", kInv, "MLA storage type",
+          pkv_pool_options o = mla_opts();
+          o.dtype = PKV_DTYPE_FP8_E4M3; return create_with(o, e);),
+        S("pkv_pool_kv_tensor", PKV_CLASS_RANGE, "which = PKV_KV_VALUE on an MLA pool", kInv,
+          "no V", return with_mla([&](MlaEnv& m) {
+            pkv_tensor t;
+            return pkv_pool_kv_tensor(m.pool, 0, PKV_KV_VALUE, &t);
+          });),
+        S("pkv_mla_cache_write", PKV_CLASS_NULL, "batch = NULL", kInv, "batch",
+          return with_mla(
+              [](MlaEnv& m) { return pkv_mla_cache_write(nullptr, 0, &m.ct, &m.pt, nullptr); });),
+        S("pkv_mla_cache_write", PKV_CLASS_NULL, "kv_c = NULL", kInv, "kv_c",
+          return with_mla(
+              [](MlaEnv& m) { return pkv_mla_cache_write(m.batch, 0, nullptr, &m.pt, nullptr); });),
+        S("pkv_mla_cache_write", PKV_CLASS_NULL, "k_pe = NULL (pool has a rope part)", kInv, "k_pe",
+          return with_mla(
+              [](MlaEnv& m) { return pkv_mla_cache_write(m.batch, 0, &m.ct, nullptr, nullptr); });),
+        S("pkv_mla_cache_write", PKV_CLASS_RANGE, "layer = num_layers", kInv, "layer",
+          return with_mla(
+              [](MlaEnv& m) { return pkv_mla_cache_write(m.batch, 2, &m.ct, &m.pt, nullptr); });),
+        S("pkv_mla_cache_write", PKV_CLASS_SHAPE, "kv_c width != kv_lora_rank", kInv,
+          "kv_c has shape", return with_mla([](MlaEnv& m) {
+            pkv_tensor c = m.ct;
+            c.shape[1] = 16;
+            return pkv_mla_cache_write(m.batch, 0, &c, &m.pt, nullptr);
+          });),
+        S("pkv_mla_cache_write", PKV_CLASS_DTYPE, "kv_c f16 on an f32 pool", kInv, "dtype",
+          return with_mla([](MlaEnv& m) {
+            pkv_tensor c = m.ct;
+            c.dtype = PKV_DTYPE_F16;
+            return pkv_mla_cache_write(m.batch, 0, &c, &m.pt, nullptr);
+          });),
+        S("pkv_mla_cache_write", PKV_CLASS_STATE, "a pool that is not MLA", kState,
+          "needs an MLA pool", return pkv_mla_cache_write(e.batch, 0, &e.kt, &e.kt, nullptr);),
+        S("pkv_mla_attention", PKV_CLASS_NULL, "batch = NULL", kInv, "batch",
+          return with_mla([](MlaEnv& m) {
+            return pkv_mla_attention(nullptr, 0, &m.qlt, &m.qpt, &m.ot, nullptr, &m.params,
+                                     nullptr);
+          });),
+        S("pkv_mla_attention", PKV_CLASS_NULL, "q_latent = NULL", kInv, "q_latent",
+          return with_mla([](MlaEnv& m) {
+            return pkv_mla_attention(m.batch, 0, nullptr, &m.qpt, &m.ot, nullptr, &m.params,
+                                     nullptr);
+          });),
+        S("pkv_mla_attention", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return with_mla([](MlaEnv& m) {
+            return pkv_mla_attention(m.batch, 0, &m.qlt, &m.qpt, nullptr, nullptr, &m.params,
+                                     nullptr);
+          });),
+        S("pkv_mla_attention", PKV_CLASS_NULL, "params = NULL (no default scale)", kInv, "params",
+          return with_mla([](MlaEnv& m) {
+            return pkv_mla_attention(m.batch, 0, &m.qlt, &m.qpt, &m.ot, nullptr, nullptr, nullptr);
+          });),
+        S("pkv_mla_attention", PKV_CLASS_RANGE, "params->softmax_scale = 0", kInv, "softmax_scale",
+          return with_mla([](MlaEnv& m) {
+            pkv_attention_params p = m.params;
+            p.softmax_scale = 0;
+            return pkv_mla_attention(m.batch, 0, &m.qlt, &m.qpt, &m.ot, nullptr, &p, nullptr);
+          });),
+        S("pkv_mla_attention", PKV_CLASS_RANGE, "params->logit_softcap or sliding_window set",
+          PKV_E_UNSUPPORTED, "logit_softcap", return with_mla([](MlaEnv& m) {
+            pkv_attention_params p = m.params;
+            p.logit_softcap = 30;
+            return pkv_mla_attention(m.batch, 0, &m.qlt, &m.qpt, &m.ot, nullptr, &p, nullptr);
+          });),
+        S("pkv_mla_attention", PKV_CLASS_SHAPE, "q_pe heads != q_latent heads", kInv,
+          "q_pe has shape", return with_mla([](MlaEnv& m) {
+            pkv_tensor p = m.qpt;
+            p.shape[1] = 2;
+            p.shape[2] = 16;
+            return pkv_mla_attention(m.batch, 0, &m.qlt, &p, &m.ot, nullptr, &m.params, nullptr);
+          });),
+        S("pkv_mla_attention", PKV_CLASS_ALIAS, "out = q_latent", kInv, "overlaps",
+          return with_mla([](MlaEnv& m) {
+            return pkv_mla_attention(m.batch, 0, &m.qlt, &m.qpt, &m.qlt, nullptr, &m.params,
+                                     nullptr);
+          });),
+        S("pkv_mla_attention", PKV_CLASS_STATE, "a pool that is not MLA", kState,
+          "needs an MLA pool", pkv_attention_params p;
+          pkv_attention_params_init(&p); p.softmax_scale = 0.1f;
+          return pkv_mla_attention(e.batch, 0, &e.qt, &e.qt, &e.ot, nullptr, &p, nullptr);),
   };
 }
 

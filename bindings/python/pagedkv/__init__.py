@@ -11,7 +11,7 @@ Errors are :class:`PagedKVError` subclasses, one per library status code.
 
 from __future__ import annotations
 
-from . import _pagedkv, tiers, transfer
+from . import _pagedkv, mla, tiers, transfer
 from ._batch import Batch
 from ._hash import hash_prefix, hash_root, hash_size
 from ._pagedkv import (
@@ -39,6 +39,7 @@ from ._types import (
     EventType,
     Features,
     HashAlgo,
+    KvLayout,
     MMItem,
     PlanArray,
     PoolOptions,
@@ -123,6 +124,7 @@ __all__ = [
     "InvalidStateError",
     "InvariantError",
     "KVGroupSpec",
+    "KvLayout",
     "MMItem",
     "Medium",
     "NotFoundError",
@@ -147,6 +149,7 @@ __all__ = [
     "hash_prefix",
     "hash_root",
     "hash_size",
+    "mla",
     "status_string",
     "tiers",
     "transfer",

@@ -255,6 +255,18 @@ class Batch(HandleOwner):
         )
         return (out, lse) if want_lse else out
 
+    def mla_cache_write(self, layer: int, kv_c: Any, k_pe: Any, stream: Any = None) -> None:
+        """MLA pools: :func:`pagedkv.mla.cache_write` on this step."""
+        from . import mla
+
+        mla.cache_write(self, layer, kv_c, k_pe, stream)
+
+    def mla_attention(self, layer: int, q_latent: Any, q_pe: Any, out: Any = None, **kw: Any) -> Any:
+        """MLA pools: :func:`pagedkv.mla.attention` on this step."""
+        from . import mla
+
+        return mla.attention(self, layer, q_latent, q_pe, out, **kw)
+
     def __repr__(self) -> str:
         i = self._info
         return f"<pagedkv.Batch {i.num_seqs} seqs, {i.num_tokens} tokens, {i.num_pages} pages>"

@@ -16,6 +16,7 @@ from ._types import (
     DType,
     Event,
     HashAlgo,
+    KvLayout,
     MMItemLike,
     PoolOptions,
     PoolStats,
@@ -72,6 +73,9 @@ class Pool(HandleOwner):
         enable_partial_reuse: Optional[bool] = None,
         enable_retention: Optional[bool] = None,
         max_pinned_blocks: Optional[int] = None,
+        kv_layout: Any = None,
+        kv_lora_rank: Optional[int] = None,
+        qk_rope_head_dim: Optional[int] = None,
     ) -> None:
         opts: dict = {}
         for key, value in (
@@ -85,6 +89,8 @@ class Pool(HandleOwner):
             ("max_events", max_events),
             ("num_threads", num_threads),
             ("max_pinned_blocks", max_pinned_blocks),
+            ("kv_lora_rank", kv_lora_rank),
+            ("qk_rope_head_dim", qk_rope_head_dim),
         ):
             if value is not None:
                 opts[key] = int(value)
@@ -113,6 +119,8 @@ class Pool(HandleOwner):
             opts["enable_partial_reuse"] = int(bool(enable_partial_reuse))
         if enable_retention is not None:
             opts["enable_retention"] = int(bool(enable_retention))
+        if kv_layout is not None:  # "mha" / "mla" (pagedkv.mla)
+            opts["kv_layout"] = int(KvLayout.parse(kv_layout))
         ptr = _c.pkv_pool_create(opts)
         self._h = Handle(ptr, _c.pkv_pool_destroy, "pool")
         try:

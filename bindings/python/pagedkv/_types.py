@@ -173,6 +173,25 @@ class KV(enum.IntEnum):
         raise ValueError(f"unknown cache half {value!r}; expected 'k' or 'v'")
 
 
+class KvLayout(enum.IntEnum):
+    """KV page layout of a pool (``PKV_KV_LAYOUT_*``): MHA (K and V per
+    layer) or MLA (one latent tensor per layer; see :mod:`pagedkv.mla`)."""
+
+    MHA = _c.PKV_KV_LAYOUT_MHA
+    MLA = _c.PKV_KV_LAYOUT_MLA
+
+    @classmethod
+    def parse(cls, value: Any) -> KvLayout:
+        if isinstance(value, KvLayout):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(value)
+        key = str(value).lower()
+        if key in ("mha", "mla"):
+            return cls[key.upper()]
+        raise ValueError(f"unknown kv_layout {value!r}; expected 'mha' or 'mla'")
+
+
 class PlanArray(enum.IntEnum):
     """Arrays of a step plan (``PKV_PLAN_*``)."""
 
@@ -250,6 +269,9 @@ class PoolOptions:
     enable_partial_reuse: bool
     enable_retention: bool
     max_pinned_blocks: int
+    kv_layout: KvLayout
+    kv_lora_rank: int  # MLA pools: latent width; 0 otherwise
+    qk_rope_head_dim: int  # MLA pools: rotary key width; 0 otherwise
 
     @classmethod
     def _from_c(cls, s: Any) -> PoolOptions:
@@ -266,6 +288,7 @@ class PoolOptions:
             kv_scale_granularity="head" if s.kv_scale_granularity == _c.PKV_KV_SCALE_PER_HEAD else "tensor",
             enable_partial_reuse=bool(s.enable_partial_reuse),
             enable_retention=bool(s.enable_retention),
+            kv_layout=KvLayout(s.kv_layout),
         )
 
 

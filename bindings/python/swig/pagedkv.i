@@ -89,6 +89,8 @@
 %thread pkv_seq_admit;
 %thread pkv_seq_match_prefix_hashes;
 %thread pkv_seq_admit_hashes;
+%thread pkv_mla_cache_write;
+%thread pkv_mla_attention;
 %thread pkv_pool_attach_tiers;
 %thread pkv_seq_match_prefix_tiered;
 %thread pkv_pool_get_tier_stats;

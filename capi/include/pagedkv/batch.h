@@ -168,6 +168,40 @@ PKV_API pkv_status pkv_attention_forward(pkv_batch* batch, uint32_t layer, const
 PKV_API pkv_status pkv_batch_token_positions(const pkv_batch* batch, pkv_tensor* out);
 PKV_API pkv_status pkv_batch_last_token_indices(const pkv_batch* batch, pkv_tensor* out);
 
+/* ------------------------------------------------ MLA (PKV_KV_LAYOUT_MLA) */
+
+/* Scatters the step's latents into layer's tensor of an MLA pool: kv_c
+ * [num_tokens, kv_lora_rank] (the compressed KV, after its RMSNorm) and
+ * k_pe [num_tokens, qk_rope_head_dim] (the rotary key, after RoPE), both of
+ * the pool's dtype and device, innermost stride 1. Row t goes to slot
+ * slot_mapping[t] as [kv_c | k_pe]; padding slots (-1) are skipped. Commits
+ * the step like pkv_cache_write: the call that completes every layer (MLA
+ * writes only) commits it. PKV_E_INVALID_STATE on a pool that is not MLA. */
+PKV_API pkv_status pkv_mla_cache_write(pkv_batch* batch, uint32_t layer, const pkv_tensor* kv_c,
+                                       const pkv_tensor* k_pe, void* stream);
+
+/* MLA attention in the absorbed form (DeepSeek-V2 appendix; vLLM's
+ * FlashMLA / TRITON_MLA decode): q_latent [num_tokens, num_heads,
+ * kv_lora_rank] is q_nope already multiplied by W_UK, q_pe [num_tokens,
+ * num_heads, qk_rope_head_dim] the rotary query (any num_heads in
+ * [1, 4096]; every head reads the one latent). For each query and head,
+ *   x_k = softmax_scale * (q_latent . c_k + q_pe . pe_k)
+ *   out_latent = sum_k softmax(x)_k * c_k        [num_tokens, num_heads, kv_lora_rank]
+ * over the sequence's cached and new tokens up to itself (causal), as
+ * pkv_attention_forward; decode, prefill and chunked prefill in one varlen
+ * call through the same plan. The caller applies W_UV to out. q_latent,
+ * q_pe and out have the pool's dtype (f32 accumulation, out rounded to
+ * nearest even); lse (NULL = not wanted) gets f32 [num_tokens, num_heads]
+ * natural-log sum-exp of the scaled logits. params is required:
+ * softmax_scale > 0 (the model's, e.g. 1/sqrt(qk_nope_head_dim +
+ * qk_rope_head_dim) times YaRN's mscale^2: the latent width does not
+ * determine it), sliding_window and logit_softcap 0 (else
+ * PKV_E_UNSUPPORTED). PKV_E_INVALID_STATE on a pool that is not MLA. */
+PKV_API pkv_status pkv_mla_attention(pkv_batch* batch, uint32_t layer, const pkv_tensor* q_latent,
+                                     const pkv_tensor* q_pe, const pkv_tensor* out,
+                                     const pkv_tensor* lse, const pkv_attention_params* params,
+                                     void* stream);
+
 #ifdef __cplusplus
 }
 #endif

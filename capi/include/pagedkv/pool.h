@@ -133,7 +133,27 @@ typedef struct pkv_pool_options {
                                     blocks pinned (PKV_PRIORITY_PINNED, never
                                     evicted) at once; below num_blocks - 1.
                                     0 (default) = no pinning. */
+  /* Appended (read only when struct_size covers them; older callers get the
+     defaults): the KV page layout. PKV_KV_LAYOUT_MHA (0, default): K and V
+     per layer, [num_blocks, num_kv_heads, block_size, head_dim] each.
+     PKV_KV_LAYOUT_MLA (1): multi-head latent attention (DeepSeek V2/V3,
+     Kimi), as vLLM's MLA backends and FlashMLA store it: per layer ONE
+     tensor [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim] holding
+     each token's compressed latent c_kv followed by its rotary key k_pe; no
+     V. num_kv_heads must then be 0 or 1 and head_dim 0 or kv_lora_rank +
+     qk_rope_head_dim (the pool reports 1 and that sum); dtype f32, f16 or
+     bf16. Bytes per block, stats and memory_budget_bytes count the one
+     tensor. Write with pkv_mla_cache_write, attend with pkv_mla_attention
+     (batch.h); pkv_cache_write and pkv_attention_forward fail on it. */
+  uint32_t kv_layout;        /* PKV_KV_LAYOUT_* */
+  uint32_t kv_lora_rank;     /* MLA: latent width, 1..4096 (DeepSeek-V3: 512); else 0 */
+  uint32_t qk_rope_head_dim; /* MLA: rotary key width, 0..1024 (DeepSeek-V3: 64); else 0.
+                                A CUDA MLA pool takes any head_dim sum and kv_lora_rank up
+                                to 1024 */
 } pkv_pool_options;
+
+#define PKV_KV_LAYOUT_MHA 0
+#define PKV_KV_LAYOUT_MLA 1
 
 #define PKV_KV_SCALE_PER_TENSOR 0
 #define PKV_KV_SCALE_PER_HEAD 1
@@ -155,7 +175,7 @@ PKV_API void pkv_pool_destroy(pkv_pool* pool);
 PKV_API pkv_status pkv_pool_get_options(const pkv_pool* pool, pkv_pool_options* out);
 
 /* Bytes of K plus V storage one block takes over all layers (0 without
- * storage). */
+ * storage); on an MLA pool, of the latent tensor of every layer. */
 PKV_API pkv_status pkv_pool_bytes_per_block(const pkv_pool* pool, uint64_t* out);
 
 /* ---------------------------------------------------------------- sequences */
@@ -487,7 +507,11 @@ PKV_API pkv_status pkv_pool_validate(const pkv_pool* pool);
 #define PKV_KV_VALUE 1
 
 /* A view of one layer's K or V storage, shape [num_blocks, num_kv_heads,
- * block_size, head_dim], for interop. Valid until the pool is destroyed. */
+ * block_size, head_dim], for interop. Valid until the pool is destroyed.
+ * An MLA pool (PKV_KV_LAYOUT_MLA) has one tensor per layer, returned for
+ * PKV_KV_KEY with shape [num_blocks, block_size, kv_lora_rank +
+ * qk_rope_head_dim] (latent first, then the rotary key); PKV_KV_VALUE is
+ * PKV_E_INVALID_ARGUMENT there. */
 PKV_API pkv_status pkv_pool_kv_tensor(const pkv_pool* pool, uint32_t layer, uint32_t which,
                                       pkv_tensor* out);
 
@@ -501,7 +525,8 @@ PKV_API pkv_status pkv_pool_copy_blocks(pkv_pool* pool, const int32_t* src, cons
 
 /* Moves the contents of blocks between the pool and a host buffer laid out
  * [num_blocks][num_layers][2 (K,V)][num_kv_heads][block_size][head_dim] of
- * the pool's dtype (pinned memory for CUDA pools, for asynchronous copies).
+ * the pool's dtype (an MLA pool: [num_blocks][num_layers][block_size]
+ * [kv_lora_rank + qk_rope_head_dim]) (pinned memory for CUDA pools, for asynchronous copies).
  * host_bytes must be at least num_blocks * bytes_per_block. Block ids and
  * ref counts are the caller's business; this moves bytes only. */
 PKV_API pkv_status pkv_pool_swap_blocks(pkv_pool* pool, const int32_t* blocks, uint64_t num_blocks,

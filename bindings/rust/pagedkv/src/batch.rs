@@ -351,4 +351,63 @@ impl Batch {
             )
         })
     }
+
+    /// MLA pools: scatters the step's latents into `layer`: `kv_c`
+    /// `[num_tokens, kv_lora_rank]` and `k_pe` `[num_tokens,
+    /// qk_rope_head_dim]` of the pool's dtype. Like
+    /// [`cache_write`](Batch::cache_write), the write of the last layer
+    /// commits the step.
+    pub fn mla_cache_write(
+        &mut self,
+        layer: u32,
+        kv_c: &TensorView<'_>,
+        k_pe: &TensorView<'_>,
+    ) -> Result<()> {
+        // SAFETY: the views describe memory valid for the call.
+        check(unsafe {
+            sys::pkv_mla_cache_write(
+                self.raw.as_ptr(),
+                layer,
+                kv_c.as_raw(),
+                k_pe.as_raw(),
+                self.stream.as_raw(),
+            )
+        })
+    }
+
+    /// MLA pools: absorbed attention for every query of the plan (decode,
+    /// prefill and chunked prefill, causal): `q_latent` `[num_tokens,
+    /// num_heads, kv_lora_rank]` (q_nope times W_UK), `q_pe` `[num_tokens,
+    /// num_heads, qk_rope_head_dim]`, `out` like `q_latent` (the latent
+    /// output; the caller applies W_UV). `softmax_scale` is the model's
+    /// (> 0). `lse`, if given, gets f32 `[num_tokens, num_heads]`.
+    pub fn mla_attention(
+        &mut self,
+        layer: u32,
+        q_latent: &TensorView<'_>,
+        q_pe: &TensorView<'_>,
+        out: &mut TensorViewMut<'_>,
+        lse: Option<&mut TensorViewMut<'_>>,
+        softmax_scale: f32,
+    ) -> Result<()> {
+        let mut raw = sys::pkv_attention_params::default();
+        // SAFETY: valid out-parameter.
+        unsafe { sys::pkv_attention_params_init(&mut raw) };
+        raw.softmax_scale = softmax_scale;
+        let lse_ptr = lse.map_or(ptr::null(), |t| t.as_raw() as *const sys::pkv_tensor);
+        // SAFETY: the views are valid for the call; out and lse are
+        // exclusively borrowed.
+        check(unsafe {
+            sys::pkv_mla_attention(
+                self.raw.as_ptr(),
+                layer,
+                q_latent.as_raw(),
+                q_pe.as_raw(),
+                out.as_raw(),
+                lse_ptr,
+                &raw,
+                self.stream.as_raw(),
+            )
+        })
+    }
 }

@@ -86,8 +86,8 @@ pub use tiers::{Medium, TierMatch, TierOptions, TierStats};
 pub use transfer::{transfer_available, Transfer, TransferEngine, TransferOptions, TransferState};
 pub use types::{
     abi_version, cuda_device_count, features, version_number, version_string, BlockHash, DType,
-    Device, Element, Features, Fp8E4m3, Fp8E5m2, HashAlgo, KvScaleGranularity, HEADER_ABI_VERSION,
-    HEADER_VERSION_NUMBER,
+    Device, Element, Features, Fp8E4m3, Fp8E5m2, HashAlgo, KvLayout, KvScaleGranularity,
+    HEADER_ABI_VERSION, HEADER_VERSION_NUMBER,
 };
 
 /// The f16 and bf16 element types, re-exported so callers need not depend

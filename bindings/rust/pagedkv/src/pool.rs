@@ -10,7 +10,7 @@ use crate::batch::Batch;
 use crate::error::{check, Error, ErrorKind, Result};
 use crate::hash::{c_string, opt_c_string, opt_ptr, MmItem, RawMmItems};
 use crate::tensor::{RawTensor, Stream};
-use crate::types::{BlockHash, DType, Device, Element, HashAlgo, KvScaleGranularity};
+use crate::types::{BlockHash, DType, Device, Element, HashAlgo, KvLayout, KvScaleGranularity};
 
 /// How to create a [`Pool`]. `PoolOptions::default()` takes the library's
 /// defaults (block size 16, SHA-256 prefix caching, bf16 CPU storage...);
@@ -67,6 +67,13 @@ pub struct PoolOptions {
     /// With `enable_retention`: the most cached blocks pinned (never
     /// evicted) at once; below `num_blocks - 1`. 0 = no pinning.
     pub max_pinned_blocks: u64,
+    /// [`KvLayout::Mla`]: one latent tensor per layer (num_kv_heads and
+    /// head_dim then 0, or 1 and `kv_lora_rank + qk_rope_head_dim`).
+    pub kv_layout: KvLayout,
+    /// MLA: the latent width (DeepSeek-V3: 512); 0 otherwise.
+    pub kv_lora_rank: u32,
+    /// MLA: the rotary key width (DeepSeek-V3: 64); 0 otherwise.
+    pub qk_rope_head_dim: u32,
 }
 
 impl Default for PoolOptions {
@@ -116,6 +123,10 @@ impl PoolOptions {
             enable_partial_reuse: raw.enable_partial_reuse != 0,
             enable_retention: raw.enable_retention != 0,
             max_pinned_blocks: raw.max_pinned_blocks,
+            kv_layout: KvLayout::from_raw(raw.kv_layout)
+                .ok_or_else(|| unknown("kv layout", raw.kv_layout))?,
+            kv_lora_rank: raw.kv_lora_rank,
+            qk_rope_head_dim: raw.qk_rope_head_dim,
         })
     }
 }
@@ -530,6 +541,9 @@ impl Pool {
         raw.enable_partial_reuse = opts.enable_partial_reuse as u32;
         raw.enable_retention = opts.enable_retention as u32;
         raw.max_pinned_blocks = opts.max_pinned_blocks;
+        raw.kv_layout = opts.kv_layout.raw();
+        raw.kv_lora_rank = opts.kv_lora_rank;
+        raw.qk_rope_head_dim = opts.qk_rope_head_dim;
         let mut out = ptr::null_mut();
         // SAFETY: raw and the seed it points to outlive the call.
         check(unsafe { sys::pkv_pool_create(&raw, &mut out) })?;

@@ -180,6 +180,34 @@ impl KvScaleGranularity {
     }
 }
 
+/// KV page layout of a pool: K and V per layer (MHA, the default), or one
+/// latent tensor per layer (MLA: DeepSeek V2/V3, Kimi), `[num_blocks,
+/// block_size, kv_lora_rank + qk_rope_head_dim]`, written with
+/// [`Batch::mla_cache_write`](crate::Batch::mla_cache_write) and read by
+/// [`Batch::mla_attention`](crate::Batch::mla_attention).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum KvLayout {
+    #[default]
+    Mha,
+    Mla,
+}
+
+impl KvLayout {
+    pub(crate) fn raw(self) -> u32 {
+        match self {
+            KvLayout::Mha => sys::PKV_KV_LAYOUT_MHA,
+            KvLayout::Mla => sys::PKV_KV_LAYOUT_MLA,
+        }
+    }
+    pub(crate) fn from_raw(v: u32) -> Option<KvLayout> {
+        match v {
+            sys::PKV_KV_LAYOUT_MHA => Some(KvLayout::Mha),
+            sys::PKV_KV_LAYOUT_MLA => Some(KvLayout::Mla),
+            _ => None,
+        }
+    }
+}
+
 /// Block hash function of the prefix cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum HashAlgo {

@@ -64,6 +64,9 @@ fn options_round_trip() {
         enable_partial_reuse: true,
         enable_retention: true,
         max_pinned_blocks: 4,
+        kv_layout: pagedkv::KvLayout::Mha,
+        kv_lora_rank: 0,
+        qk_rope_head_dim: 0,
     };
     let pool = Pool::new(&opts).unwrap();
     let got = pool.options().unwrap();

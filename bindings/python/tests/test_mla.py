@@ -1,0 +1,165 @@
+"""MLA pools (pagedkv.mla): the latent page layout and its accounting, the
+latent cache write and absorbed attention over prefill, chunked prefill and
+decode steps, against a float64 numpy reference over the latents written
+(random, never zero; blocks in the order the pool hands them out after a
+shuffle of frees)."""
+
+import numpy as np
+import pytest
+
+import pagedkv
+from conftest import NP_DTYPES
+
+RANK, ROPE = 64, 16
+
+
+def make_pool(dtype="f32", **kw):
+    opts = dict(num_blocks=48, block_size=4, num_layers=2, kv_layout="mla", kv_lora_rank=RANK, qk_rope_head_dim=ROPE)
+    opts.update(kw)
+    return pagedkv.Pool(dtype=dtype, num_threads=2, **opts)
+
+
+def rand(rng, shape, dtype):
+    x = rng.uniform(0.05, 1.0, size=shape) * rng.choice([-1.0, 1.0], size=shape)
+    return x.astype(NP_DTYPES[dtype])
+
+
+def reference(rows, q_lat, q_pe, pos, scale):
+    """rows: float64 [L, RANK + ROPE]; q_*: float64 [H, *]; keys 0..pos."""
+    c = rows[: pos + 1]
+    x = scale * (q_lat @ c[:, :RANK].T + q_pe @ c[:, RANK:].T)  # [H, pos + 1]
+    m = x.max(axis=1, keepdims=True)
+    w = np.exp(x - m)
+    lse = m[:, 0] + np.log(w.sum(axis=1))
+    return (w / w.sum(axis=1, keepdims=True)) @ c[:, :RANK], lse
+
+
+def test_layout_and_bytes_per_token_deepseek_v3():
+    with pagedkv.Pool(
+        num_blocks=4, block_size=64, num_layers=61, dtype="bf16", kv_layout="mla", kv_lora_rank=512, qk_rope_head_dim=64
+    ) as pool:
+        o = pool.options
+        assert o.kv_layout is pagedkv.KvLayout.MLA and pagedkv.mla.is_mla(pool)
+        assert (o.kv_lora_rank, o.qk_rope_head_dim, o.num_kv_heads, o.head_dim) == (512, 64, 1, 576)
+        assert pagedkv.mla.bytes_per_token(pool) == 61 * 576 * 2
+        t = np.asarray(pool.kv_tensor(3, "k"))
+        assert t.shape == (4, 64, 576)
+        with pytest.raises(pagedkv.InvalidArgumentError, match="no V"):
+            pool.kv_tensor(0, "v")
+    with pagedkv.Pool(num_blocks=4, block_size=64, num_layers=61, num_kv_heads=128, head_dim=192, dtype="bf16") as mha:
+        # DeepSeek-V3 without MLA caching: K (192) and V (128 padded to 192) per head.
+        assert pagedkv.mla.bytes_per_token(mha) == 61 * 2 * 128 * 192 * 2
+        assert not pagedkv.mla.is_mla(mha)
+
+
+def test_bad_options():
+    with pytest.raises(pagedkv.InvalidArgumentError, match="opts->kv_lora_rank"):
+        make_pool(kv_lora_rank=0)
+    with pytest.raises(pagedkv.InvalidArgumentError, match="opts->num_kv_heads"):
+        make_pool(num_kv_heads=4)
+    with pytest.raises(ValueError, match="kv_layout"):
+        make_pool(kv_layout="gqa")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("heads", [16, 128])
+def test_steps_match_float64(dtype, heads):
+    rng = np.random.default_rng(7 + heads)
+    scale = 0.13
+    tol = {"f32": 2e-5, "f16": 2e-3, "bf16": 1.6e-2}[dtype]
+    with make_pool(dtype) as pool:
+        # Shuffle the free queue so that pages are not in id order.
+        fill = [pool.create_sequence() for _ in range(6)]
+        for s in fill:
+            s.append(list(range(int(rng.integers(1, 9)))))
+        for i in rng.permutation(len(fill)):
+            fill[i].free()
+        rows = {}  # seq -> per layer float64 [L, RANK + ROPE]
+        a, b = pool.create_sequence(), pool.create_sequence()
+        a.append(list(range(100, 109)))
+        b.append(list(range(200, 203)))
+        steps = [([a, b], [9, 3]), ([a, b], [1, 2]), ([b, a], [1, 1])]
+        for i, (seqs, counts) in enumerate(steps):
+            if i == 1:
+                a.append([7])
+                b.append([203, 204])  # b's prefill continues over its cached chunk
+            if i == 2:
+                a.append([8])
+                b.append([9])
+            with pool.prepare(seqs, counts) as batch:
+                n = batch.num_tokens
+                for layer in range(2):
+                    kv_c = rand(rng, (n, RANK), dtype)
+                    k_pe = rand(rng, (n, 1, ROPE), dtype)
+                    batch.mla_cache_write(layer, kv_c, k_pe)
+                    r = 0
+                    for s, q in zip(seqs, counts):
+                        L = s.num_tokens
+                        mine = rows.setdefault((s.id, layer), np.zeros((0, RANK + ROPE)))
+                        new = np.concatenate(
+                            [kv_c[r : r + q].astype(np.float64), k_pe[r : r + q, 0].astype(np.float64)], 1
+                        )
+                        mine = np.concatenate([mine[: L - q], new])
+                        rows[(s.id, layer)] = mine
+                        r += q
+                    q_lat = rand(rng, (n, heads, RANK), dtype)
+                    q_pe = rand(rng, (n, heads, ROPE), dtype)
+                    out, lse = pagedkv.mla.attention(batch, layer, q_lat, q_pe, softmax_scale=scale, lse=True)
+                    assert out.shape == (n, heads, RANK) and out.dtype == q_lat.dtype
+                    r = 0
+                    for s, q in zip(seqs, counts):
+                        L = s.num_tokens
+                        for j in range(q):
+                            ref, ref_lse = reference(
+                                rows[(s.id, layer)],
+                                q_lat[r].astype(np.float64),
+                                q_pe[r].astype(np.float64),
+                                L - q + j,
+                                float(np.float32(scale)),
+                            )
+                            np.testing.assert_allclose(out[r].astype(np.float64), ref, rtol=tol, atol=tol)
+                            np.testing.assert_allclose(lse[r], ref_lse, rtol=1e-5, atol=1e-4)
+                            r += 1
+            assert a.num_computed_tokens == a.num_tokens
+        # The stored rows are the written latents, page by page.
+        raw = np.asarray(pool.kv_tensor(1, "k"))
+        t = raw.view(NP_DTYPES[dtype]) if raw.dtype.itemsize == 2 else raw
+        table = a.block_table()
+        for pos in range(a.num_tokens):
+            np.testing.assert_array_equal(t[table[pos // 4], pos % 4].astype(np.float64), rows[(a.id, 1)][pos])
+        pool.validate()
+
+
+def test_mha_calls_refused_and_torch():
+    torch = pytest.importorskip("torch")
+    with make_pool("bf16") as pool:
+        s = pool.create_sequence()
+        s.append([1, 2, 3])
+        with pool.prepare([s], [3]) as batch:
+            x = torch.ones((3, 1, RANK + ROPE), dtype=torch.bfloat16)
+            with pytest.raises(pagedkv.InvalidStateError, match="pkv_mla_cache_write"):
+                batch.cache_write(0, x, x)
+            with pytest.raises(pagedkv.InvalidArgumentError, match="softmax_scale"):
+                pagedkv.mla.attention(
+                    batch,
+                    0,
+                    torch.ones((3, 2, RANK), dtype=torch.bfloat16),
+                    torch.ones((3, 2, ROPE), dtype=torch.bfloat16),
+                    softmax_scale=0.0,
+                )
+            kv_c = torch.rand((3, RANK), dtype=torch.bfloat16) + 0.1
+            k_pe = torch.rand((3, ROPE), dtype=torch.bfloat16) + 0.1
+            batch.mla_cache_write(0, kv_c, k_pe)
+            batch.mla_cache_write(1, kv_c, k_pe)
+            ql = torch.rand((3, 2, RANK), dtype=torch.bfloat16)
+            qp = torch.rand((3, 2, ROPE), dtype=torch.bfloat16)
+            out = batch.mla_attention(1, ql, qp, softmax_scale=0.1)
+            # The first query sees only its own key: out is its latent.
+            torch.testing.assert_close(out[0, 1], kv_c[0], rtol=0, atol=0)
+        assert s.num_computed_tokens == 3
+    with pagedkv.Pool(num_blocks=8, num_layers=1, num_kv_heads=1, head_dim=RANK + ROPE, dtype="f32") as mha:
+        s = mha.create_sequence()
+        s.append([1])
+        with mha.prepare([s], [1]) as batch:
+            with pytest.raises(pagedkv.InvalidStateError, match="kv_layout"):
+                pagedkv.mla.cache_write(batch, 0, np.ones((1, RANK), np.float32), np.ones((1, ROPE), np.float32))
