@@ -298,11 +298,11 @@ class Pool(HandleOwner):
         ``pool.sequence(id)`` gives a handle back. lora_name keys its blocks
         by LoRA adapter name, as current vLLM does."""
         if priority or lora_id or cache_salt is not None or lora_name is not None or mm_items != ():
-            opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name)
-        else:
-            opts = None  # the C defaults: no conversion at all
-        h = self._h
-        return _make_seq(self, h, _seq_create(h, opts), owned)
+            h = self._h
+            return _make_seq(
+                self, h, _seq_create(h, _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name)), owned
+            )
+        return _create_seq(self, self._h, owned)  # the C defaults: create and wrap in one C call
 
     def sequence(self, seq_id: int, *, own: bool = False) -> Sequence:
         """A handle for an existing sequence id (NotFoundError if it is stale
@@ -446,9 +446,10 @@ class Sequence(_c._SeqBase):
     sees a stale id).
     """
 
-    # _h, _id, _freed and _owned live in the C base, whose deallocation frees
-    # an owned sequence not freed yet.
-    __slots__ = ("_pool",)
+    # _pool, _h, _id, _freed and _owned live in the C base, which also
+    # implements free() and whose deallocation frees an owned sequence not
+    # freed yet.
+    __slots__ = ()
 
     def __init__(self, pool: Pool, seq_id: int, owned: bool = True) -> None:
         self._freed = False
@@ -523,19 +524,6 @@ class Sequence(_c._SeqBase):
     def truncate(self, num_tokens: int) -> None:
         """Keeps the first num_tokens tokens, releasing emptied blocks."""
         _seq_truncate(self._h, self._id, num_tokens if num_tokens.__class__ is int else int(num_tokens))
-
-    def free(self) -> None:
-        """Releases the sequence and its blocks. Idempotent; a no-op once the
-        pool is closed (closing released everything)."""
-        if self._freed:
-            return
-        try:
-            _seq_free(self._h, self._id)
-        except _c.InvalidStateError:
-            pass  # the pool is closed: closing released everything
-        except _c.NotFoundError:
-            pass  # freed by a concurrent free() of this object, or a free_batch of its id
-        self._freed = True
 
     def info(self) -> SequenceInfo:
         return SequenceInfo._from_c(self._pool._call(_c.pkv_seq_get_info, self._id))
@@ -639,6 +627,7 @@ def _ids(seqs: Any) -> Any:
 
 
 _make_seq = Sequence._make
+_create_seq = Sequence._create
 
 
 def _batch_class() -> Any:
