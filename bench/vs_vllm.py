@@ -64,6 +64,14 @@ def pagedkv_traces():
     h = pool._h
     seq0 = pool.create_sequence()
 
+    def pkg_create_free():
+        pool.create_sequence().free()
+
+    def raw_create_free():
+        raw.pkv_seq_free(h, raw.pkv_seq_create(h, None))
+
+    out["create_free"] = (best(raw_create_free, 20000), best(pkg_create_free, 20000))
+
     def pkg_alloc1():
         s = pool.create_sequence()
         s.append([7])
@@ -142,6 +150,19 @@ def pagedkv_traces():
             b.commit()
 
     out["decode_plan"] = (best(raw_step, STEPS), best(pkg_step, STEPS))
+
+    def raw_step_pt():
+        raw.pkv_seq_append_batch(h, (ids, next_tokens()))
+        bt = raw.pkv_batch_prepare_ex(h, (ids, ones), raw.PKV_PREPARE_PERSISTENT_TABLE, None)
+        raw.pkv_batch_commit(bt)
+        raw.pkv_batch_destroy(bt)
+
+    def pkg_step_pt():
+        pool.append_batch(ids, next_tokens())
+        with pool.prepare(ids, 1, persistent_table=True) as b:
+            b.commit()
+
+    out["decode_plan_pt"] = (best(raw_step_pt, STEPS), best(pkg_step_pt, STEPS))
     pool.free_batch(seqs)
 
     # Admission of an 8k-token prompt fully cached (written), by hashes
@@ -303,11 +324,13 @@ def vllm_traces(root):
 
 
 ROWS = [
+    ("create_free", "create_sequence + free (no vLLM counterpart)"),
     ("alloc1", "single-block alloc+free (create, append 1, free)"),
     ("append_truncate", "append 1 + truncate 0"),
     ("alloc64", "64-block alloc+free"),
     ("decode", "decode step, 1024 seqs: appends"),
     ("decode_plan", "same + step plan"),
+    ("decode_plan_pt", "same, persistent-table plan"),
     ("admit8k", "admission, 8k-token full hit (hashes at arrival)"),
 ]
 
@@ -332,22 +355,30 @@ def main():
     pk = pagedkv_traces()
     vl = vllm_traces(args.vllm) if args.vllm else None
     print(f"# {machine()}")
-    print("# microseconds per trace, best of 5; ratio = pagedkv / vLLM (below 1: pagedkv faster)")
+    print("# microseconds per trace, best of 5; ratio = pagedkv / vLLM (below 1: pagedkv faster);")
+    print("# package / raw: the Python package's cost over the raw SWIG calls (issue 16: within 2x)")
     if vl is None:
-        print("| trace | C ABI (raw SWIG) us | Python package us |")
-        print("|---|---|---|")
+        print("| trace | C ABI (raw SWIG) us | Python package us | package / raw |")
+        print("|---|---|---|---|")
     else:
-        print("| trace | vLLM us | C ABI (raw SWIG) us | package us | C ABI / vLLM | package / vLLM |")
-        print("|---|---|---|---|---|---|")
+        print("| trace | vLLM us | C ABI (raw SWIG) us | package us | C ABI / vLLM | package / vLLM | package / raw |")
+        print("|---|---|---|---|---|---|---|")
     for key, name in ROWS:
         r, p = pk[key]
+        v = vl.get(key if key != "decode_plan_pt" else "decode_plan") if vl is not None else None
         if vl is None:
-            print(f"| {name} | {r:.2f} | {p:.2f} |")
+            print(f"| {name} | {r:.2f} | {p:.2f} | {p / r:.2f} |")
+        elif v is None:
+            print(f"| {name} | | {r:.2f} | {p:.2f} | | | {p / r:.2f} |")
         else:
-            v = vl[key]
-            print(f"| {name} | {v:.2f} | {r:.2f} | {p:.2f} | {r / v:.3f} | {p / v:.3f} |")
-    print(f"| (decode appends, one raw call per sequence) | | {pk['decode_each'][0]:.2f} | | | |")
-    print(f"| (admission by tokens, hashed again) | | | {pk['admit8k_tokens'][1]:.2f} | | |")
+            print(f"| {name} | {v:.2f} | {r:.2f} | {p:.2f} | {r / v:.3f} | {p / v:.3f} | {p / r:.2f} |")
+    each, by_tokens = pk["decode_each"][0], pk["admit8k_tokens"][1]
+    if vl is None:
+        print(f"| (decode appends, one raw call per sequence) | {each:.2f} | | |")
+        print(f"| (admission by tokens, hashed again) | | {by_tokens:.2f} | |")
+    else:
+        print(f"| (decode appends, one raw call per sequence) | | {each:.2f} | | | | |")
+        print(f"| (admission by tokens, hashed again) | | | {by_tokens:.2f} | | | |")
 
 
 if __name__ == "__main__":

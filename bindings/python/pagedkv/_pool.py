@@ -314,13 +314,28 @@ class Pool(HandleOwner):
         self._call(_c.pkv_seq_get_info, seq_id)  # NotFoundError for a stale id
         return Sequence(self, seq_id, owned=own)
 
-    def prepare(self, seqs: Seq[Sequence], query_counts: Union[int, Seq[int]] = 1, stream: Any = None) -> Batch:
+    def prepare(
+        self,
+        seqs: Seq[Sequence],
+        query_counts: Union[int, Seq[int]] = 1,
+        stream: Any = None,
+        *,
+        persistent_table: bool = False,
+    ) -> Batch:
         """The step plan for seqs, each with query_counts[i] new tokens (an
         int applies to all: 1 for decode). Its tokens count as computed
         only when the step is committed: see :class:`Batch`. seqs may be a
         uint64 numpy array of ids (the fastest; the engine then keeps the
-        sequences alive while the plan is in use)."""
-        return _batch_class()(self, seqs, query_counts, stream)
+        sequences alive while the plan is in use).
+
+        persistent_table=True (``pkv_batch_prepare_ex`` with
+        PKV_PREPARE_PERSISTENT_TABLE): the page table is a block table of
+        padded rows that the pool keeps across steps, rewriting only the
+        rows whose sequence or block table changed: row i holds seqs[i]'s
+        pages at ``PAGE_INDICES[i * stride + j]``, 0 (the null block) past
+        them, ``PAGE_INDPTR[i] == i * stride``. Keep each sequence at the
+        same index from step to step."""
+        return _batch_class()(self, seqs, query_counts, stream, persistent_table)
 
     def admit(
         self,

@@ -62,6 +62,7 @@
 %thread pkv_pool_set_kv_scales;
 %thread pkv_pool_get_kv_scales;
 %thread pkv_batch_prepare;
+%thread pkv_batch_prepare_ex;
 %thread pkv_batch_destroy;
 %thread pkv_batch_commit;
 %thread pkv_batch_abort;
