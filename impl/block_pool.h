@@ -113,6 +113,10 @@ class BlockPool {
   // lowered by the sole holder that appends new tokens into written slots
   // or truncates them. Only fully written blocks may be hit by a lookup.
   uint32_t written(int32_t id) const { return written_[id]; }
+  // Starts loading the prefix-cache slot a block hashed h would go to.
+  void prefetch_cache_slot(const BlockHash& h) const {
+    if (caching_) cache_.prefetch(h);
+  }
   // Starts loading a block's fill and written counts (see SeqTable::prefetch).
   void prefetch_counts(int32_t id) const {
     __builtin_prefetch(&fill_[id]);

@@ -93,7 +93,11 @@ void Pool::append_batch(const SeqId* ids, const int32_t* tokens, uint64_t m) {
       }
       it.s->tokens.push_back(tokens[staged]);
       it.h0 = it.s->hashes.size();
-      if (!it.simple) it.h0 = hash_new_blocks(*it.s);
+      if (!it.simple) {
+        it.h0 = hash_new_blocks(*it.s);
+        for (size_t k = it.h0; k < it.s->hashes.size(); ++k)
+          blocks_.prefetch_cache_slot(it.s->hashes[k]);  // inserted in step 3
+      }
     }
   } catch (...) {
     for (size_t k = 0; k <= staged && k < m; ++k) {

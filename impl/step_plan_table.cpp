@@ -62,8 +62,13 @@ std::shared_ptr<PageTable> persistent_page_table(std::shared_ptr<PageTable>& kep
     if (t->seq[i] == seqs[i] && t->version[i] == s.table_version && t->pages[i] == np) continue;
     int32_t* k = t->kern.get() + i * stride;
     int32_t* c = t->call.get() + i * stride;
-    std::memcpy(k, s.blocks.data(), np * sizeof(int32_t));
-    std::memcpy(c, s.blocks.data(), np * sizeof(int32_t));
+    // Only blocks appended since the row was written (a decode step's new
+    // block): the rest of the row is still the table's prefix.
+    const uint32_t from =
+        t->seq[i] == seqs[i] && np >= t->pages[i] && s.table_extends(t->version[i]) ? t->pages[i]
+                                                                                    : 0;
+    std::memcpy(k + from, s.blocks.data() + from, (np - from) * sizeof(int32_t));
+    std::memcpy(c + from, s.blocks.data() + from, (np - from) * sizeof(int32_t));
     if (t->pages[i] > np) {  // the row held more pages: back to the null block
       std::memset(k + np, 0, (t->pages[i] - np) * sizeof(int32_t));
       std::memset(c + np, 0, (t->pages[i] - np) * sizeof(int32_t));

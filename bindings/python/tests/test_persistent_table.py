@@ -101,3 +101,37 @@ def test_persistent_flag_rejects_bad_input_like_prepare():
     with pool.prepare([s], 3, persistent_table=True) as b:
         assert b.info().num_pages == int(np.array(b.plan(pagedkv.PlanArray.PAGE_INDPTR))[1])
     pool.validate()
+
+
+def test_attention_over_persistent_table_equals_csr():
+    # The library's kernels read both layouts: the same step's attention
+    # output, element by element, through a persistent-table plan and a CSR
+    # plan, over sequences of different lengths (rows padded differently).
+    rng = np.random.default_rng(7)
+    with pagedkv.Pool(num_blocks=64, block_size=4, num_layers=2, num_kv_heads=2, head_dim=32, dtype="f32") as pool:
+        seqs = [pool.create_sequence() for _ in range(5)]
+        for i, s in enumerate(seqs):
+            s.append(rng.integers(0, 1000, size=3 + 5 * i).astype(np.int32))
+
+        def kv(n):
+            return rng.standard_normal((n, 2, 32)).astype(np.float32)
+
+        with pool.prepare(seqs, [len(s) for s in seqs]) as step:  # the prompts' K/V
+            n = step.info().num_tokens
+            for layer in range(2):
+                step.cache_write(layer, kv(n), kv(n))
+        for _ in range(6):  # decode steps: rows grow, new blocks appear
+            pool.append_batch([s.id for s in seqs], rng.integers(0, 1000, size=5).astype(np.int32))
+            k = [kv(5) for _ in range(2)]
+            v = [kv(5) for _ in range(2)]
+            q = rng.standard_normal((5, 4, 32)).astype(np.float32)
+            outs = []
+            for persistent in (True, False):
+                with pool.prepare(seqs, 1, persistent_table=persistent) as step:
+                    for layer in range(2):
+                        step.cache_write(layer, k[layer], v[layer])
+                        outs.append(np.array(step.attention(layer, q)))
+            for layer in range(2):
+                assert np.isfinite(outs[layer]).all()
+                np.testing.assert_array_equal(outs[layer], outs[2 + layer])
+        pool.validate()

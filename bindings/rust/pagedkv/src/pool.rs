@@ -1252,7 +1252,12 @@ impl Pool {
         query_counts: &[u32],
         stream: Stream,
     ) -> Result<Batch> {
-        self.prepare_flags(seqs, query_counts, sys::PKV_PREPARE_PERSISTENT_TABLE, stream)
+        self.prepare_flags(
+            seqs,
+            query_counts,
+            sys::PKV_PREPARE_PERSISTENT_TABLE,
+            stream,
+        )
     }
 
     fn prepare_flags(

@@ -10,8 +10,10 @@ use pagedkv::{ErrorKind, Pool, SeqId, Stream};
 
 fn new_seq(pool: &Pool, seed: u32) -> SeqId {
     let s = pool.create_seq().unwrap();
-    let n = 1 + (seed * 7919 % 20) as usize;
-    let toks: Vec<i32> = (0..n).map(|k| ((seed as usize * 31 + k * 17) % 50) as i32).collect();
+    let n = 1 + (seed.wrapping_mul(7919) % 20) as usize;
+    let toks: Vec<i32> = (0..n)
+        .map(|k| ((seed as usize % 1000 * 31 + k * 17) % 50) as i32)
+        .collect();
     pool.append(s, &toks).unwrap();
     s
 }
@@ -25,7 +27,9 @@ fn persistent_rows_equal_csr_rows() {
         seed = seed.wrapping_mul(1103515245).wrapping_add(12345);
         match (seed >> 16) % 10 {
             0..=6 => {
-                let toks: Vec<i32> = (0..seqs.len() as i32).map(|i| (i + step as i32) % 50).collect();
+                let toks: Vec<i32> = (0..seqs.len() as i32)
+                    .map(|i| (i + step as i32) % 50)
+                    .collect();
                 pool.append_batch(&seqs, &toks).unwrap();
             }
             7 => {
@@ -42,7 +46,9 @@ fn persistent_rows_equal_csr_rows() {
                 (i.num_tokens - i.num_computed_tokens).max(1) as u32
             })
             .collect();
-        let pers = pool.prepare_persistent_on(&seqs, &q, Stream::DEFAULT).unwrap();
+        let pers = pool
+            .prepare_persistent_on(&seqs, &q, Stream::DEFAULT)
+            .unwrap();
         let csr = pool.prepare(&seqs, &q).unwrap();
         assert_eq!(pers.slot_mapping().unwrap(), csr.slot_mapping().unwrap());
         assert_eq!(pers.query_indptr().unwrap(), csr.query_indptr().unwrap());
@@ -61,12 +67,17 @@ fn persistent_rows_equal_csr_rows() {
             }
         }
         csr.abort().unwrap();
-        drop(csr);
         pers.commit().unwrap();
     }
     let zero = vec![0u32; seqs.len()];
-    let err = pool.prepare_persistent_on(&seqs, &zero, Stream::DEFAULT).unwrap_err();
+    let err = pool
+        .prepare_persistent_on(&seqs, &zero, Stream::DEFAULT)
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
-    assert!(err.message().contains("query_counts[0]"), "{}", err.message());
+    assert!(
+        err.message().contains("query_counts[0]"),
+        "{}",
+        err.message()
+    );
     pool.validate().unwrap();
 }
