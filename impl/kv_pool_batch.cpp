@@ -45,7 +45,7 @@ void Pool::append_batch(const SeqId* ids, const int32_t* tokens, uint64_t m) {
   const uint64_t bs = opts_.block_size;
   uint64_t take = 0, gain = 0, events = 0, cow = 0;
   const uint64_t free_now = uint64_t(blocks_.num_free());
-  constexpr uint64_t kAhead = 8;  // prefetch distance, in sequences
+  constexpr uint64_t kAhead = 16;  // prefetch distance, in sequences
   for (uint64_t i = 0; i < m; ++i) {
     if (i + kAhead < m) seqs_.prefetch(ids[i + kAhead]);
     Sequence* s = batch_member(ids, i, mark);

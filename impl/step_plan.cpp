@@ -71,7 +71,7 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   const uint64_t epoch = ++p.plan_epoch_;
   uint64_t tokens = 0, pages = 0, max_ctx = 0;
   uint32_t max_q = 0;
-  constexpr uint32_t kAhead = 8;  // prefetch distance, in sequences
+  constexpr uint32_t kAhead = 16;  // prefetch distance, in sequences
   for (uint32_t i = 0; i < num_seqs; ++i) {
     if (i + kAhead < num_seqs) p.seqs_.prefetch(seqs[i + kAhead]);
     Sequence* s = p.seqs_.find(seqs[i]);
@@ -116,6 +116,7 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   b->epochs_.resize(num_seqs);
   b->ends_.resize(num_seqs);
   b->ranges_.reserve(num_seqs);  // one each in a decode step
+  std::vector<uint32_t> unsure;  // sequences whose context may hold unwritten slots
   for (uint32_t i = 0; i < num_seqs; ++i) {
     const Sequence& s = *live[i];
     const uint64_t n = s.tokens.size(), start = n - query_counts[i];
@@ -126,20 +127,21 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
                             uint32_t(j),
                             {s.blocks[j], uint32_t(std::max(start, j * bs) - j * bs),
                              uint32_t(std::min(n, (j + 1) * bs) - j * bs)}});
+    // Without a window, positions before num_committed are written
+    // (validate checks it): a decode step's context usually is all of
+    // them. The others are checked below, once every range is known.
+    if (p.opts_.sliding_window != 0 || s.num_committed < start) unsure.push_back(i);
   }
   // The written counts after this plan's own writes, needed only when a
   // context block is not written yet (rare: built on first use).
   std::vector<std::pair<int32_t, uint32_t>> after;
   bool have_after = false;
-  for (uint32_t i = 0; i < num_seqs; ++i) {
+  for (const uint32_t i : unsure) {
     const Sequence& s = *live[i];
     const uint64_t n = s.tokens.size(), ctx_end = n - query_counts[i];
     const uint64_t w = p.opts_.sliding_window;
     const uint64_t first_key = w > 0 && n - query_counts[i] + 1 > w ? ctx_end + 1 - w : 0;
-    // Without a window, positions before num_committed are written
-    // (validate checks it): a decode step's context usually is all of them.
-    // With one, the check reads at most the window.
-    if (w == 0 && s.num_committed >= ctx_end) continue;
+    // With a window, the check reads at most the window.
     uint64_t j =
         std::max<uint64_t>({s.num_null, p.div_bs(first_key), w ? 0 : p.div_bs(s.num_committed)});
     for (; j * bs < ctx_end; ++j) {
