@@ -47,53 +47,69 @@ void expect_same_plan(const Batch& inc, const Batch& scratch, int round) {
   }
 }
 
+// Random engine steps over one pool: mostly decode steps, with every other
+// kind of table change now and then (appends with lookahead, frees, new
+// sequences with prefix hits, forks, truncates, reordered batches).
+struct RandomSteps {
+  explicit RandomSteps(uint32_t seed, uint32_t num_blocks)
+      : rng(seed), pool(Pool::create(test::manager_options(4, num_blocks))) {
+    for (int i = 0; i < 12; ++i) add();
+  }
+  int32_t tok() { return int32_t(rng() % 50); }  // small vocabulary: prefix hits happen
+  void add() {
+    SeqId id = pool->seq_create({});
+    std::vector<int32_t> prompt(1 + rng() % 30);
+    for (auto& x : prompt) x = tok();
+    pool->match_prefix(id, prompt.data(), prompt.size());
+    const uint64_t hit = pool->seq_info(id).num_tokens;
+    test::append(*pool, id, std::vector<int32_t>(prompt.begin() + long(hit), prompt.end()));
+    live.push_back(id);
+  }
+  // One change; returns the query counts of the next plan (every
+  // uncomputed token is a query, at least one per sequence).
+  std::vector<uint32_t> step() {
+    const uint32_t r = rng() % 100;
+    if (r < 60) {
+      std::vector<int32_t> toks(live.size());
+      for (auto& x : toks) x = tok();
+      pool->append_batch(live.data(), toks.data(), live.size());
+    } else if (r < 68) {
+      test::append(*pool, live[rng() % live.size()], {tok(), tok(), tok()}, rng() % 6);
+    } else if (r < 74 && live.size() > 2) {
+      const size_t k = rng() % live.size();
+      pool->free(live[k]);
+      live.erase(live.begin() + long(k));
+    } else if (r < 80) {
+      add();
+    } else if (r < 85 && live.size() < 30) {
+      live.push_back(pool->fork(live[rng() % live.size()]));
+    } else if (r < 90) {
+      const SeqId id = live[rng() % live.size()];
+      const uint64_t n = pool->seq_info(id).num_tokens;
+      pool->truncate(id, n - std::min<uint64_t>(n - 1, rng() % 9));
+    } else if (r < 95) {
+      std::shuffle(live.begin(), live.end(), rng);
+    }
+    std::vector<uint32_t> q(live.size());
+    for (size_t i = 0; i < live.size(); ++i) {
+      const SeqInfo in = pool->seq_info(live[i]);
+      q[i] = uint32_t(std::max<uint64_t>(1, in.num_tokens - in.num_computed_tokens));
+    }
+    return q;
+  }
+  std::mt19937 rng;
+  std::shared_ptr<Pool> pool;
+  std::vector<SeqId> live;
+};
+
 TEST(PlanIncremental, EqualsFromScratchUnderRandomChanges) {
   for (uint32_t seed : {1u, 2u, 3u}) {
-    std::mt19937 rng(seed);
-    auto pool = Pool::create(test::manager_options(4, 2000));
-    std::vector<SeqId> live;
-    auto tok = [&] { return int32_t(rng() % 50); };  // small vocabulary: prefix hits happen
-    auto add = [&] {
-      SeqId id = pool->seq_create({});
-      std::vector<int32_t> prompt(1 + rng() % 30);
-      for (auto& x : prompt) x = tok();
-      pool->match_prefix(id, prompt.data(), prompt.size());
-      const uint64_t hit = pool->seq_info(id).num_tokens;
-      test::append(*pool, id, std::vector<int32_t>(prompt.begin() + long(hit), prompt.end()));
-      live.push_back(id);
-    };
-    for (int i = 0; i < 12; ++i) add();
+    RandomSteps w(seed, 2000);
+    auto& pool = w.pool;
+    auto& live = w.live;
     size_t reused = 0, rows = 0;
     for (int round = 0; round < 300; ++round) {
-      // Mostly decode steps, with every other kind of change now and then.
-      const uint32_t r = rng() % 100;
-      if (r < 60) {
-        std::vector<int32_t> toks(live.size());
-        for (auto& x : toks) x = tok();
-        pool->append_batch(live.data(), toks.data(), live.size());
-      } else if (r < 68) {
-        test::append(*pool, live[rng() % live.size()], {tok(), tok(), tok()}, rng() % 6);
-      } else if (r < 74 && live.size() > 2) {
-        const size_t k = rng() % live.size();
-        pool->free(live[k]);
-        live.erase(live.begin() + long(k));
-      } else if (r < 80) {
-        add();
-      } else if (r < 85 && live.size() < 30) {
-        live.push_back(pool->fork(live[rng() % live.size()]));
-      } else if (r < 90) {
-        const SeqId id = live[rng() % live.size()];
-        const uint64_t n = pool->seq_info(id).num_tokens;
-        pool->truncate(id, n - std::min<uint64_t>(n - 1, rng() % 9));
-      } else if (r < 95) {
-        std::shuffle(live.begin(), live.end(), rng);
-      }
-      // Every uncomputed token is a query (at least one per sequence).
-      std::vector<uint32_t> q(live.size());
-      for (size_t i = 0; i < live.size(); ++i) {
-        const SeqInfo in = pool->seq_info(live[i]);
-        q[i] = uint32_t(std::max<uint64_t>(1, in.num_tokens - in.num_computed_tokens));
-      }
+      const std::vector<uint32_t> q = w.step();
       auto inc = Batch::prepare(pool, live.data(), q.data(), uint32_t(live.size()), nullptr);
       auto memo = pool->swap_last_plan_for_testing(nullptr);
       auto scratch = Batch::prepare(pool, live.data(), q.data(), uint32_t(live.size()), nullptr);
@@ -148,51 +164,14 @@ void expect_same_rows(const Batch& pers, const Batch& csr, int round) {
 
 TEST(PlanPersistent, RowsEqualFromScratchUnderRandomChanges) {
   for (uint32_t seed : {1u, 2u, 3u}) {
-    std::mt19937 rng(seed);
-    auto pool = Pool::create(test::manager_options(4, 3000));
-    std::vector<SeqId> live;
-    auto tok = [&] { return int32_t(rng() % 50); };
-    auto add = [&] {
-      SeqId id = pool->seq_create({});
-      std::vector<int32_t> prompt(1 + rng() % 30);
-      for (auto& x : prompt) x = tok();
-      pool->match_prefix(id, prompt.data(), prompt.size());
-      const uint64_t hit = pool->seq_info(id).num_tokens;
-      test::append(*pool, id, std::vector<int32_t>(prompt.begin() + long(hit), prompt.end()));
-      live.push_back(id);
-    };
-    for (int i = 0; i < 12; ++i) add();
+    RandomSteps w(seed, 3000);
+    auto& pool = w.pool;
+    auto& live = w.live;
     size_t reused = 0, rows = 0;
     std::unique_ptr<Batch> held;  // a plan kept alive across the next one
     std::vector<int32_t> held_rows;
     for (int round = 0; round < 300; ++round) {
-      const uint32_t r = rng() % 100;
-      if (r < 60) {
-        std::vector<int32_t> toks(live.size());
-        for (auto& x : toks) x = tok();
-        pool->append_batch(live.data(), toks.data(), live.size());
-      } else if (r < 68) {
-        test::append(*pool, live[rng() % live.size()], {tok(), tok(), tok()}, rng() % 6);
-      } else if (r < 74 && live.size() > 2) {
-        const size_t k = rng() % live.size();
-        pool->free(live[k]);
-        live.erase(live.begin() + long(k));
-      } else if (r < 80) {
-        add();
-      } else if (r < 85 && live.size() < 30) {
-        live.push_back(pool->fork(live[rng() % live.size()]));
-      } else if (r < 90) {
-        const SeqId id = live[rng() % live.size()];
-        const uint64_t n = pool->seq_info(id).num_tokens;
-        pool->truncate(id, n - std::min<uint64_t>(n - 1, rng() % 9));
-      } else if (r < 95) {
-        std::shuffle(live.begin(), live.end(), rng);
-      }
-      std::vector<uint32_t> q(live.size());
-      for (size_t i = 0; i < live.size(); ++i) {
-        const SeqInfo in = pool->seq_info(live[i]);
-        q[i] = uint32_t(std::max<uint64_t>(1, in.num_tokens - in.num_computed_tokens));
-      }
+      const std::vector<uint32_t> q = w.step();
       auto pers = Batch::prepare(pool, live.data(), q.data(), uint32_t(live.size()), nullptr, true);
       auto csr = Batch::prepare(pool, live.data(), q.data(), uint32_t(live.size()), nullptr);
       expect_same_rows(*pers, *csr, round);
@@ -205,7 +184,7 @@ TEST(PlanPersistent, RowsEqualFromScratchUnderRandomChanges) {
       rows += live.size();
       csr->abort();
       pers->commit();
-      if (rng() % 5 == 0) {
+      if (w.rng() % 5 == 0) {
         held_rows = arr(pers->host_view().page_indices, pers->info().num_pages);
         held = std::move(pers);
       }
