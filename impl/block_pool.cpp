@@ -25,6 +25,7 @@ int32_t BlockPool::lookup_written(const BlockHash& h) const {
 }
 
 void BlockPool::evict(int32_t id) noexcept {
+  if (sink_ && fully_written(id)) sink_->on_evict(id, hash_[id], lora_[id]);
   uncache_block(id);
   ++num_evictions_;
 }

@@ -28,6 +28,17 @@ constexpr uint32_t kPriorityMin = 0;
 constexpr uint32_t kPriorityDefault = 35;  // TensorRT-LLM's default, so configs carry over
 constexpr uint32_t kPriorityPinned = 100;  // never evicted; capped by max_pinned_blocks
 
+// Told of each cached, fully written block that allocate() evicts, before
+// its hash goes (the offload tiers, impl/tier/): it may only take note,
+// never block or throw; the block's bytes stay until the pool next writes.
+class EvictSink {
+ public:
+  virtual void on_evict(int32_t id, const BlockHash& h, uint64_t lora_id) noexcept = 0;
+
+ protected:
+  ~EvictSink() = default;
+};
+
 class BlockPool {
  public:
   static constexpr int32_t kNullBlock = 0;
@@ -130,6 +141,8 @@ class BlockPool {
   void reserve_events(size_t n) {
     if (events_) events_->reserve(n);
   }
+
+  void set_evict_sink(EvictSink* s) { sink_ = s; }
 
   // Any cached block holding h, or -1.
   int32_t lookup(const BlockHash& h) const { return caching_ ? cache_.find(h) : -1; }
@@ -240,6 +253,7 @@ class BlockPool {
   PrefixCache cache_;
   std::vector<CopyPair> pending_;
   EventQueue* events_ = nullptr;
+  EvictSink* sink_ = nullptr;
 };
 
 }  // namespace pagedkv

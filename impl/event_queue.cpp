@@ -20,7 +20,10 @@ void EventQueue::reserve(size_t n) {
 
 void EventQueue::push(Event e) noexcept {
   if (!enabled_) return;
-  e.seq_no = next_seq_no_++;
+  // Tier events (medium 1, 2) count in their own sequence, so the device
+  // events that pkv_pool_drain_events returns stay gap-free unless some
+  // were really dropped.
+  e.seq_no = e.medium == 0 ? next_seq_no_++ : next_tier_seq_no_++;
   if (capacity_ == 0) {
     ++dropped_;
     return;

@@ -21,6 +21,7 @@ struct Event {
   BlockHash parent_hash;  // empty = no parent (first block)
   uint32_t num_tokens = 0;
   uint64_t lora_id = 0;
+  uint32_t medium = 0;  // 0 device, 1 host tier, 2 file tier
 };
 
 class EventQueue {
@@ -50,6 +51,7 @@ class EventQueue {
   bool enabled_ = false;
   uint32_t capacity_ = 0;
   uint64_t next_seq_no_ = 1;
+  uint64_t next_tier_seq_no_ = 1;  // offload tiers' events (medium != 0)
   uint64_t dropped_ = 0;
   // Ring buffer grown by doubling up to capacity_, so an idle pool with
   // events enabled costs nothing.

@@ -212,6 +212,10 @@ void Pool::close() {
   if (closed_) return;
   closed_ = true;
   seqs_.clear();
+  // Queued offloads are abandoned; the tiers' memory and file go now.
+  blocks_.set_evict_sink(nullptr);
+  tiers_.reset();
+  pending_loads_.clear();
   // Frees the storage unless a kernel outside the lock still holds it (then
   // it goes when that kernel returns). The backend stays: live batches free
   // their plan memory through it.
@@ -260,11 +264,21 @@ PoolStats Pool::stats() const {
 
 size_t Pool::drain_events(Event* out, size_t capacity) {
   std::lock_guard<std::mutex> lock(mu_);
+  pull_tier_events();
   return events_.drain(out, capacity);
 }
 
 void Pool::reset_prefix_cache() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (tiers_) {
+    // Whatever made the device cache stale (new weights) made the tiers
+    // stale too. Pending loads are dropped: their blocks lose their hashes
+    // below and stay unwritten.
+    tiers_->flush();
+    tiers_->clear();
+    pending_loads_.clear();
+    pull_tier_events();
+  }
   blocks_.reset_cache();
 }
 
@@ -286,6 +300,7 @@ void Pool::shrink_events_for_testing() {
 std::string Pool::validate() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string err = blocks_.check();
+  if (err.empty() && tiers_) err = tiers_->check();
   if (!err.empty()) return err;
   const int32_t nb = blocks_.num_blocks();
   const uint64_t bs = opts_.block_size;
@@ -512,6 +527,7 @@ void Pool::copy_blocks(const int32_t* src, const int32_t* dst, uint64_t n, void*
   check_block_ids(src, n, "src");
   check_block_ids(dst, n, "dst");
   blocks_.reserve_events(n);  // may throw: first
+  settle_tiers_locked();
   run_pending_copies(stream);
   std::unique_lock<std::shared_mutex> kv(kv_mu_);
   if (n) backend_->copy_blocks(arena_, src, dst, int64_t(n), stream);
@@ -565,6 +581,7 @@ void Pool::swap_blocks(const int32_t* ids, uint64_t n, void* host, uint64_t host
          "host_buffer + num_blocks * bytes_per_block wraps the address space");
   if (n && h < a_end && a < h_end)
     fail(Errc::kInvalidArgument, "host_buffer overlaps the pool's KV storage");
+  settle_tiers_locked();
   run_pending_copies(stream);
   if (to_host) {
     std::shared_lock<std::shared_mutex> kv(kv_mu_);

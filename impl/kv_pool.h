@@ -17,6 +17,7 @@
 #include "pool_tag.h"
 #include "sequence.h"
 #include "tensor_arg.h"
+#include "tier/tier_set.h"
 
 namespace pagedkv {
 
@@ -61,6 +62,13 @@ struct PrefixMatch {
   uint64_t full_tokens = 0;
   uint32_t partial_tokens = 0;
   int32_t copy_src = -1, copy_dst = -1;
+};
+
+// What match_prefix_tiered attached, in tokens, per medium: device hits
+// first, then blocks found in the host or file tier (fresh device blocks
+// that the next step plan loads).
+struct TieredMatch {
+  uint64_t device = 0, host = 0, file = 0;
 };
 
 struct SeqOptions {
@@ -162,6 +170,16 @@ class Pool {
   // Copies min(len, capacity) entries; returns the full length.
   uint64_t block_table(SeqId id, int32_t* out, uint64_t capacity) const;
   uint64_t block_hashes(SeqId id, BlockHash* out, uint64_t capacity) const;
+
+  // Offload tiers (kv_pool_tiers.cpp, impl/tier/). attach_tiers: once, on a
+  // CPU pool with storage and prefix caching.
+  void attach_tiers(const TierOptions& o);
+  TieredMatch match_prefix_tiered(SeqId id, const int32_t* tokens, uint64_t n);
+  // medium: 1 host, 2 file; Error kInvalidState without that tier.
+  TierStats tier_stats(uint32_t medium) const;
+  // Waits for queued offloads and runs pending loads.
+  void flush_tiers();
+  TierSet* tiers_for_testing() { return tiers_.get(); }
 
   // Stats, events, cache control, validation.
   PoolStats stats() const;
@@ -285,6 +303,16 @@ class Pool {
   void release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin,
                               size_t end) noexcept;
   void run_pending_copies(void* stream);  // caller holds mu_
+  // Before the pool writes into its storage, or reads a block a tier hit
+  // gave: waits for queued offloads (their blocks' bytes must be copied
+  // before anything overwrites them), then loads tier hits into their
+  // blocks (a failed load leaves its block unwritten and uncached). Holds
+  // mu_; nothing to do without tiers.
+  void settle_tiers_locked() {
+    if (tiers_) settle_tiers_slow();
+  }
+  void settle_tiers_slow();
+  void pull_tier_events() noexcept;  // the tiers' events into events_
   void check_open() const;
   void check_fp8() const;  // kInvalidState unless the pool stores FP8
   void check_block_ids(const int32_t* ids, uint64_t n, const char* name) const;
@@ -354,6 +382,15 @@ class Pool {
   // ranges fall in distinct blocks (then no sort is needed).
   std::vector<uint32_t> written_stamp_;
   uint32_t written_round_ = 0;
+  // Offload tiers and the tier hits waiting for their load.
+  std::unique_ptr<TierSet> tiers_;
+  struct PendingLoad {
+    int32_t block;
+    BlockHash hash;
+    TierRef ref;
+  };
+  std::vector<PendingLoad> pending_loads_;
+  std::vector<Event> tier_events_;  // reused by pull_tier_events
 };
 
 }  // namespace pagedkv

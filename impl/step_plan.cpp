@@ -108,6 +108,9 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   if (tokens > i32max || pages > i32max)
     fail(Errc::kInvalidArgument, "the batch has " + str(tokens) + " query tokens and " +
                                      str(pages) + " pages; each must fit in int32");
+  // Offload tiers: queued offloads finish before this plan's writes, and
+  // tier hits are loaded before the written check below reads their state.
+  p.settle_tiers_locked();
 
   // The slots this plan writes, and the context it reads: every context
   // slot must hold written K/V, or be written by this same plan first (a

@@ -260,3 +260,21 @@ pkvgo_result pkvgo_seq_admit_hashes(pkv_pool* pool, const pkv_seq_options* opts,
   return pkvgo_capture(pkv_seq_admit_hashes(pool, opts, tokens, num_tokens, hashes, num_hashes,
                                             num_lookahead, out_seq, out_num_cached));
 }
+
+/* tiers.h */
+pkvgo_result pkvgo_pool_attach_tiers(pkv_pool* pool, const pkv_tier_options* opts) {
+  return pkvgo_capture(pkv_pool_attach_tiers(pool, opts));
+}
+
+pkvgo_result pkvgo_seq_match_prefix_tiered(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                                           uint64_t num_tokens, pkv_tier_match* out) {
+  return pkvgo_capture(pkv_seq_match_prefix_tiered(pool, seq, tokens, num_tokens, out));
+}
+
+pkvgo_result pkvgo_pool_get_tier_stats(const pkv_pool* pool, uint32_t medium, pkv_tier_stats* out) {
+  return pkvgo_capture(pkv_pool_get_tier_stats(pool, medium, out));
+}
+
+pkvgo_result pkvgo_pool_flush_tiers(pkv_pool* pool) {
+  return pkvgo_capture(pkv_pool_flush_tiers(pool));
+}

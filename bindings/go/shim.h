@@ -119,4 +119,11 @@ pkvgo_result pkvgo_seq_admit_hashes(pkv_pool* pool, const pkv_seq_options* opts,
                                     uint32_t num_lookahead, pkv_seq_id* out_seq,
                                     uint64_t* out_num_cached);
 
+/* tiers.h */
+pkvgo_result pkvgo_pool_attach_tiers(pkv_pool* pool, const pkv_tier_options* opts);
+pkvgo_result pkvgo_seq_match_prefix_tiered(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                                           uint64_t num_tokens, pkv_tier_match* out);
+pkvgo_result pkvgo_pool_get_tier_stats(const pkv_pool* pool, uint32_t medium, pkv_tier_stats* out);
+pkvgo_result pkvgo_pool_flush_tiers(pkv_pool* pool);
+
 #endif /* PAGEDKV_GO_SHIM_H */

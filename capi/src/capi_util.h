@@ -109,5 +109,8 @@ constexpr uint32_t kPrefixMatchV1 = sizeof(pkv_prefix_match);
 constexpr uint32_t kHashOptionsV1 = offsetof(pkv_hash_options, lora_name);
 constexpr uint32_t kBatchInfoV1 = sizeof(pkv_batch_info);
 constexpr uint32_t kAttentionParamsV1 = sizeof(pkv_attention_params);
+constexpr uint32_t kTierOptionsV1 = sizeof(pkv_tier_options);
+constexpr uint32_t kTierMatchV1 = sizeof(pkv_tier_match);
+constexpr uint32_t kTierStatsV1 = sizeof(pkv_tier_stats);
 
 }  // namespace pkv_capi

@@ -203,9 +203,13 @@ pkv_status pkv_pool_drain_events(pkv_pool* pool, pkv_event* out, uint64_t capaci
     while (done < capacity) {
       size_t want = size_t(std::min<uint64_t>(64, capacity - done));
       size_t got = p.drain_events(buf, want);
+      size_t kept = 0;
       for (size_t i = 0; i < got; ++i) {
         const pagedkv::Event& e = buf[i];
-        pkv_event& o = out[done + i];
+        // Tier events (pagedkv/tiers.h) are not this call's: it reports
+        // the device's blocks, as in ABI 1.
+        if (e.medium != 0) continue;
+        pkv_event& o = out[done + kept++];
         std::memset(&o, 0, sizeof o);
         o.seq_no = e.seq_no;
         o.type = uint32_t(e.type);
@@ -216,7 +220,7 @@ pkv_status pkv_pool_drain_events(pkv_pool* pool, pkv_event* out, uint64_t capaci
         o.num_tokens = e.num_tokens;
         o.lora_id = e.lora_id;
       }
-      done += got;
+      done += kept;
       if (got < want) break;
     }
     *out_count = done;

@@ -47,6 +47,14 @@ pkv_pool_stats pool_stats(pkv_pool* pool) {
 
 }  // namespace
 
+void KvAllocator::attach_host_tier(uint64_t bytes) {
+  pkv_tier_options t;
+  pkv_tier_options_init(&t);
+  t.host_bytes = bytes;
+  check_status(pkv_pool_attach_tiers(pool(), &t), "pkv_pool_attach_tiers");
+  tiered_ = true;
+}
+
 const char* server_name(ServerKind kind) { return kind == ServerKind::kPaged ? "paged" : "static"; }
 
 KvAllocator::KvAllocator(PoolPtr pool) : pool_(std::move(pool)) {
@@ -114,7 +122,9 @@ std::unique_ptr<KvAllocator> make_paged_allocator(const Options& o, const PoolSh
                                                   pkv_status* status) {
   PoolPtr pool = create_pool(o, shape, 0, true, status);
   if (!pool) return nullptr;
-  return std::make_unique<PagedAllocator>(std::move(pool));
+  auto a = std::make_unique<PagedAllocator>(std::move(pool));
+  if (o.host_tier > 0) a->attach_host_tier(o.host_tier);
+  return a;
 }
 
 std::unique_ptr<StaticAllocator> make_static_allocator(const Options& o, const PoolShape& shape,

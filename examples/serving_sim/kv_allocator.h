@@ -30,6 +30,10 @@ class KvAllocator {
   uint64_t usable_blocks() const { return usable_blocks_; }
   virtual ServerKind kind() const = 0;
   virtual bool prefix_caching() const = 0;
+  // Whether the pool has offload tiers (--host-tier): prefix lookups then
+  // go through pkv_seq_match_prefix_tiered.
+  bool tiered() const { return tiered_; }
+  void attach_host_tier(uint64_t bytes);
 
   // Cheap refusal before any lookup: could a request whose first chunk
   // (without cache hits) is first_tokens long be admitted now?
@@ -49,6 +53,7 @@ class KvAllocator {
   PoolPtr pool_;
   uint64_t bytes_per_block_ = 0;
   uint64_t usable_blocks_ = 0;
+  bool tiered_ = false;
 };
 
 // Blocks on demand from the whole budget; admission keeps a 1% watermark

@@ -40,6 +40,9 @@ server:
                         what the static server reserves per sequence [4096]
   --step-tokens N       tokens computed per step (prefill chunks)  [512]
   --max-seqs N          running sequences at most                  [256]
+  --host-tier SIZE      host-memory tier under the paged server's prefix
+                        cache: evicted blocks are offloaded there and
+                        loaded back on a hit (CPU only), e.g. 256MiB [0 = none]
 model and device:
   --layers N --q-heads N --kv-heads N --head-dim N        [4, 8, 2, 64]
   --dtype bf16|f16|f32  KV, query and output element type          [bf16]
@@ -146,6 +149,9 @@ int parse_options(int argc, char** argv, Options* o) {
           return parse_size(s, &o->memory_budget) && o->memory_budget > 0;
         },
         "a size such as 64MiB, 1GiB or 500MB"}},
+      {"--host-tier",
+       {[o](const std::string& s) { return parse_size(s, &o->host_tier); },
+        "a size such as 256MiB, 1GiB or 0"}},
       {"--block-size", {u32(&o->block_size, 1, 1024), "8, 16, 32 or 64"}},
       {"--max-context", {u32(&o->max_context, 16, 1u << 20), "an integer in [16, 1048576]"}},
       {"--step-tokens", {u32(&o->step_tokens, 1, 1u << 20), "an integer >= 1"}},

@@ -21,6 +21,7 @@ struct Options {
   uint32_t max_context = 4096;  // per-sequence limit; what static allocation reserves
   uint32_t step_tokens = 512;   // tokens computed per step (chunked prefill budget)
   uint32_t max_seqs = 256;      // running sequences at most
+  uint64_t host_tier = 0;       // bytes of the paged server's host tier; 0 = none
   // Model shape and device.
   uint32_t layers = 4;
   uint32_t q_heads = 8;

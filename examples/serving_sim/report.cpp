@@ -173,6 +173,10 @@ void print_report(std::FILE* out, const RunInfo& run, const Summary& s) {
       with_commas(P.counters.preemptions) + " (" + with_commas(P.counters.recomputed_tokens) + ")",
       with_commas(S.counters.preemptions) + " (" + with_commas(S.counters.recomputed_tokens) + ")");
   row("prefix-cache hit rate", percent(p.hit_rate), "- (no prefix cache)");
+  row("prompt tokens computed", with_commas(P.counters.prompt_tokens),
+      with_commas(S.counters.prompt_tokens));
+  if (o.host_tier > 0)
+    row("host-tier hits (prompt tokens loaded)", with_commas(P.counters.tier_hit_tokens), "-");
   line("");
   line("  headline   in the same " + format_bytes(double(o.memory_budget)) +
        ", paging ran a median " + fmt("%.0f", p.running_median) + " sequences at once against " +

@@ -92,9 +92,20 @@ bool Scheduler::try_admit(Request* r, int64_t step, uint32_t budget, std::vector
   pkv_seq_id seq = PKV_SEQ_ID_INVALID;
   check_status(pkv_seq_create(pool_, &so, &seq), "pkv_seq_create");
   uint64_t cached = 0;
-  if (alloc_->prefix_caching())
+  uint64_t tier_hits = 0;
+  if (alloc_->tiered()) {
+    // Device hits, then blocks found in the host tier: the next plan loads
+    // those before attention reads them.
+    pkv_tier_match m;
+    pkv_tier_match_init(&m);
+    check_status(pkv_seq_match_prefix_tiered(pool_, seq, r->tokens.data(), r->tokens.size(), &m),
+                 "pkv_seq_match_prefix_tiered");
+    cached = m.num_cached;
+    tier_hits = m.host_tokens + m.file_tokens;
+  } else if (alloc_->prefix_caching()) {
     check_status(pkv_seq_match_prefix(pool_, seq, r->tokens.data(), r->tokens.size(), &cached),
                  "pkv_seq_match_prefix");
+  }
   const uint32_t n = uint32_t(std::min<uint64_t>(r->tokens.size() - cached, budget));
 
   bool fits = alloc_->fits(seq, n, others);
@@ -117,6 +128,7 @@ bool Scheduler::try_admit(Request* r, int64_t step, uint32_t budget, std::vector
   }
   alloc_->on_admit(r);
   if (alloc_->prefix_caching()) count_lookup(r, cached);
+  counters_.tier_hit_tokens += tier_hits;
   r->seq = seq;
   r->running = true;
   if (r->first_admit_step < 0) r->first_admit_step = step;

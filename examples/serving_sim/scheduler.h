@@ -28,6 +28,7 @@ struct Counters {
   uint64_t prompt_tokens = 0;      // prompt positions computed the first time
   uint64_t decode_tokens = 0;      // generated positions computed the first time
   uint64_t recomputed_tokens = 0;  // positions computed again after a preemption
+  uint64_t tier_hit_tokens = 0;    // prompt positions loaded from the host tier, not computed
   uint64_t generated_tokens = 0;   // tokens sampled
   uint64_t admissions = 0;
   uint32_t finished = 0;

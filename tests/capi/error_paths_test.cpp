@@ -540,6 +540,54 @@ TEST_F(ErrorPaths, PartialHitsAndRetention) {
   EXPECT_EQ(len, 101u);
 }
 
+// Offload tiers (issue 20).
+TEST_F(ErrorPaths, Tiers) {
+  pkv_tier_options o;
+  pkv_tier_options_init(&o);
+  o.host_bytes = 1 << 20;
+  FAILS(pkv_pool_attach_tiers(nullptr, &o), BAD, "pool is NULL");
+  FAILS(pkv_pool_attach_tiers(pool, nullptr), BAD, "opts is NULL");
+  FAILS(pkv_pool_attach_tiers(manager, &o), PKV_E_INVALID_STATE, "manager-only");
+  o.struct_size = 3;
+  FAILS(pkv_pool_attach_tiers(pool, &o), BAD, "struct_size");
+  pkv_tier_options_init(&o);
+  o.host_bytes = 1;
+  FAILS(pkv_pool_attach_tiers(pool, &o), BAD, "opts->host_bytes");
+  o.host_bytes = 1 << 20;
+  o.file_bytes = 1 << 20;
+  FAILS(pkv_pool_attach_tiers(pool, &o), BAD, "opts->file_bytes");
+  o.file_dir = "/nonexistent-pagedkv-dir";
+  FAILS(pkv_pool_attach_tiers(pool, &o), BAD, "opts->file_dir");
+  pkv_tier_stats st;
+  pkv_tier_stats_init(&st);
+  FAILS(pkv_pool_get_tier_stats(pool, PKV_MEDIUM_HOST, &st), PKV_E_INVALID_STATE, "no host tier");
+  pkv_tier_options_init(&o);
+  o.host_bytes = 1 << 20;
+  ASSERT_EQ(pkv_pool_attach_tiers(pool, &o), PKV_OK) << pkv_last_error_message();
+  FAILS(pkv_pool_attach_tiers(pool, &o), PKV_E_INVALID_STATE, "already");
+  FAILS(pkv_pool_get_tier_stats(nullptr, PKV_MEDIUM_HOST, &st), BAD, "pool is NULL");
+  FAILS(pkv_pool_get_tier_stats(pool, PKV_MEDIUM_HOST, nullptr), BAD, "out is NULL");
+  FAILS(pkv_pool_get_tier_stats(pool, PKV_MEDIUM_DEVICE, &st), BAD, "medium");
+  FAILS(pkv_pool_get_tier_stats(pool, PKV_MEDIUM_FILE, &st), PKV_E_INVALID_STATE, "no file tier");
+  ASSERT_EQ(pkv_pool_get_tier_stats(pool, PKV_MEDIUM_HOST, &st), PKV_OK);
+  EXPECT_EQ(st.capacity_blocks, (1u << 20) / (4 * 2 * 8 * 4 * 2 * 2));
+
+  int32_t t[4] = {1, 2, 3, 4};
+  pkv_tier_match m;
+  pkv_tier_match_init(&m);
+  FAILS(pkv_seq_match_prefix_tiered(nullptr, live, t, 4, &m), BAD, "pool is NULL");
+  FAILS(pkv_seq_match_prefix_tiered(pool, stale, t, 4, &m), PKV_E_NOT_FOUND, "stale");
+  FAILS(pkv_seq_match_prefix_tiered(pool, live, nullptr, 4, &m), BAD, "tokens is NULL");
+  FAILS(pkv_seq_match_prefix_tiered(pool, live, t, 4, nullptr), BAD, "out is NULL");
+  m.struct_size = 3;
+  FAILS(pkv_seq_match_prefix_tiered(pool, live, t, 4, &m), BAD, "struct_size");
+  pkv_tier_match_init(&m);
+  FAILS(pkv_seq_match_prefix_tiered(pool, live, t, 4, &m), PKV_E_INVALID_STATE, "empty sequence");
+  FAILS(pkv_pool_flush_tiers(nullptr), BAD, "pool is NULL");
+  EXPECT_EQ(pkv_pool_flush_tiers(pool), PKV_OK);
+  EXPECT_EQ(pkv_pool_validate(pool), PKV_OK);
+}
+
 TEST(NonFallible, NullArgumentsAreHarmless) {
   pkv_pool_options_init(nullptr);
   pkv_seq_options_init(nullptr);

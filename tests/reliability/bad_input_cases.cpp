@@ -189,6 +189,22 @@ pkv_retention_range rrange(uint64_t begin, uint64_t end, uint32_t priority) {
 pkv_status match_partial(Env& e, pkv_seq_id s, const int32_t* t, uint64_t n, pkv_prefix_match* m) {
   return pkv_seq_match_prefix_partial(e.pool, s, t, n, m);
 }
+pkv_tier_options tier_opts(uint64_t host_bytes) {
+  pkv_tier_options o;
+  pkv_tier_options_init(&o);
+  o.host_bytes = host_bytes;
+  return o;
+}
+pkv_tier_match tmatch() {
+  pkv_tier_match m;
+  pkv_tier_match_init(&m);
+  return m;
+}
+pkv_tier_stats tstats() {
+  pkv_tier_stats s;
+  pkv_tier_stats_init(&s);
+  return s;
+}
 pkv_prefix_match pmatch() {
   pkv_prefix_match m;
   pkv_prefix_match_init(&m);
@@ -753,6 +769,79 @@ std::vector<Case> make_cases() {
           "out_counts", uint64_t c[101];
           pkv_status s = pkv_pool_get_priority_counts(e.pool, c, 100, &e.u64);
           return s == kSmall && e.u64 != 101 ? PKV_E_INTERNAL : s;),
+
+        // ------------------------------------------------------------ tiers.h
+        V("pkv_tier_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
+          pkv_tier_options_init(nullptr);
+          return PKV_OK;),
+        V("pkv_tier_match_init", PKV_CLASS_NULL, "out = NULL", "no-op",
+          pkv_tier_match_init(nullptr);
+          return PKV_OK;),
+        V("pkv_tier_stats_init", PKV_CLASS_NULL, "stats = NULL", "no-op",
+          pkv_tier_stats_init(nullptr);
+          return PKV_OK;),
+        S("pkv_pool_attach_tiers", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          pkv_tier_options o = tier_opts(1 << 20);
+          return pkv_pool_attach_tiers(nullptr, &o);),
+        S("pkv_pool_attach_tiers", PKV_CLASS_NULL, "opts = NULL", kInv, "opts",
+          return pkv_pool_attach_tiers(e.pool, nullptr);),
+        S("pkv_pool_attach_tiers", PKV_CLASS_STRUCT, "opts->struct_size = 3", kInv, "struct_size",
+          pkv_tier_options o = tier_opts(1 << 20);
+          o.struct_size = 3; return pkv_pool_attach_tiers(e.pool, &o);),
+        S("pkv_pool_attach_tiers", PKV_CLASS_RANGE, "host_bytes below one block", kInv,
+          "opts->host_bytes", pkv_tier_options o = tier_opts(1);
+          return pkv_pool_attach_tiers(e.pool, &o);),
+        S("pkv_pool_attach_tiers", PKV_CLASS_RANGE, "file_bytes without file_dir", kInv,
+          "opts->file_bytes", pkv_tier_options o = tier_opts(1 << 20);
+          o.file_bytes = 1 << 20; return pkv_pool_attach_tiers(e.pool, &o);),
+        S("pkv_pool_attach_tiers", PKV_CLASS_RANGE, "file_dir does not exist", kInv,
+          "opts->file_dir", pkv_tier_options o = tier_opts(1 << 20);
+          o.file_dir = "/nonexistent-pagedkv-dir"; o.file_bytes = 1 << 20;
+          return pkv_pool_attach_tiers(e.pool, &o);),
+        S("pkv_pool_attach_tiers", PKV_CLASS_RANGE, "flags = 1", kInv, "opts->flags",
+          pkv_tier_options o = tier_opts(1 << 20);
+          o.flags = 1; return pkv_pool_attach_tiers(e.pool, &o);),
+        S("pkv_pool_attach_tiers", PKV_CLASS_STATE, "manager-only pool", kState, "manager-only",
+          pkv_tier_options o = tier_opts(1 << 20);
+          return pkv_pool_attach_tiers(e.mgr, &o);),
+        S("pkv_pool_attach_tiers", PKV_CLASS_STATE, "tiers attached twice", kState, "already",
+          pkv_tier_options o = tier_opts(1 << 20);
+          pkv_status s = pkv_pool_attach_tiers(e.pool, &o);
+          return s != PKV_OK ? PKV_E_INTERNAL : pkv_pool_attach_tiers(e.pool, &o);),
+        S("pkv_seq_match_prefix_tiered", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          pkv_tier_match m = tmatch();
+          return pkv_seq_match_prefix_tiered(nullptr, e.empty, e.tokens, 20, &m);),
+        S("pkv_seq_match_prefix_tiered", PKV_CLASS_NULL, "tokens = NULL, num_tokens = 20", kInv,
+          "tokens", pkv_tier_match m = tmatch();
+          return pkv_seq_match_prefix_tiered(e.pool, e.empty, nullptr, 20, &m);),
+        S("pkv_seq_match_prefix_tiered", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_seq_match_prefix_tiered(e.pool, e.empty, e.tokens, 20, nullptr);),
+        S("pkv_seq_match_prefix_tiered", PKV_CLASS_STRUCT, "out->struct_size = 3", kInv,
+          "struct_size", pkv_tier_match m = tmatch();
+          m.struct_size = 3;
+          return pkv_seq_match_prefix_tiered(e.pool, e.empty, e.tokens, 20, &m);),
+        S("pkv_seq_match_prefix_tiered", PKV_CLASS_STALE, "seq freed", kNf, "stale",
+          pkv_tier_match m = tmatch();
+          return pkv_seq_match_prefix_tiered(e.pool, e.dead, e.tokens, 20, &m);),
+        S("pkv_seq_match_prefix_tiered", PKV_CLASS_STATE, "seq already holds tokens", kState,
+          "empty", pkv_tier_match m = tmatch();
+          return pkv_seq_match_prefix_tiered(e.pool, e.a, e.tokens, 20, &m);),
+        S("pkv_pool_get_tier_stats", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          pkv_tier_stats st = tstats();
+          return pkv_pool_get_tier_stats(nullptr, 1, &st);),
+        S("pkv_pool_get_tier_stats", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_pool_get_tier_stats(e.pool, 1, nullptr);),
+        S("pkv_pool_get_tier_stats", PKV_CLASS_STRUCT, "out->struct_size = 3", kInv, "struct_size",
+          pkv_tier_stats st = tstats();
+          st.struct_size = 3; return pkv_pool_get_tier_stats(e.pool, 1, &st);),
+        S("pkv_pool_get_tier_stats", PKV_CLASS_RANGE, "medium = 0 (device)", kInv, "medium",
+          pkv_tier_stats st = tstats();
+          return pkv_pool_get_tier_stats(e.pool, 0, &st);),
+        S("pkv_pool_get_tier_stats", PKV_CLASS_STATE, "pool without tiers", kState, "no host tier",
+          pkv_tier_stats st = tstats();
+          return pkv_pool_get_tier_stats(e.pool, 1, &st);),
+        S("pkv_pool_flush_tiers", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_pool_flush_tiers(nullptr);),
 
         // ------------------------------------------------------------ batch.h
         S("pkv_batch_prepare", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", uint32_t q = 1;

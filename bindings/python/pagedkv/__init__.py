@@ -11,7 +11,7 @@ Errors are :class:`PagedKVError` subclasses, one per library status code.
 
 from __future__ import annotations
 
-from . import _pagedkv
+from . import _pagedkv, tiers
 from ._batch import Batch
 from ._hash import hash_prefix, hash_root, hash_size
 from ._pagedkv import (
@@ -136,6 +136,7 @@ __all__ = [
     "hash_root",
     "hash_size",
     "status_string",
+    "tiers",
     "version",
     "version_number",
 ]

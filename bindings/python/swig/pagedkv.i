@@ -82,6 +82,10 @@
 %thread pkv_seq_admit;
 %thread pkv_seq_match_prefix_hashes;
 %thread pkv_seq_admit_hashes;
+%thread pkv_pool_attach_tiers;
+%thread pkv_seq_match_prefix_tiered;
+%thread pkv_pool_get_tier_stats;
+%thread pkv_pool_flush_tiers;
 
 /* --------------------------------------------------------- status -> raise */
 
@@ -1078,6 +1082,8 @@ PKV_OUT_STRUCT(pkv_pool_stats, pkv_pool_stats_init(&tmp))
 PKV_OUT_STRUCT(pkv_batch_info, pkv_batch_info_init(&tmp))
 PKV_OUT_STRUCT(pkv_tensor, (void)0)
 PKV_OUT_STRUCT(pkv_prefix_match, pkv_prefix_match_init(&tmp))
+PKV_OUT_STRUCT(pkv_tier_match, pkv_tier_match_init(&tmp))
+PKV_OUT_STRUCT(pkv_tier_stats, pkv_tier_stats_init(&tmp))
 
 /* pkv_hash_root's digest: bytes (PKV_HASH_MAX_BYTES, zero-padded). */
 %typemap(in, numinputs=0) pkv_block_hash* out (pkv_block_hash tmp) {
@@ -1572,10 +1578,13 @@ PKV_OPTIONS_IN(pkv_hash_options, pkv_hash_options_init, %arg({"seed", "cache_sal
     if (!pkv_py_dict_mm($input, keep, &mm, &tmp.num_mm_items)) SWIG_fail;
     tmp.mm_items = mm; }))
 PKV_OPTIONS_IN(pkv_attention_params, pkv_attention_params_init, PKV_NO_SPECIAL, )
+PKV_OPTIONS_IN(pkv_tier_options, pkv_tier_options_init, %arg({"file_dir", NULL}), %arg(
+  { if (!pkv_py_dict_str($input, "file_dir", keep, &tmp.file_dir)) SWIG_fail; }))
 
 /* Borrowed pointers in option structs can only be set through the dict
  * form above; proxies expose them read-only. */
 %immutable pkv_pool_options::hash_seed;
+%immutable pkv_tier_options::file_dir;
 %immutable pkv_pool_options::k_scales;
 %immutable pkv_pool_options::v_scales;
 %immutable pkv_seq_options::cache_salt;
@@ -1628,6 +1637,7 @@ PKV_OPTIONS_IN(pkv_attention_params, pkv_attention_params_init, PKV_NO_SPECIAL, 
 %include "pagedkv/hash.h"
 %include "pagedkv/pool.h"
 %include "pagedkv/batch.h"
+%include "pagedkv/tiers.h"
 
 /* ------------------------------------------------------------ exceptions */
 

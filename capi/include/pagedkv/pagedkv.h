@@ -10,5 +10,6 @@
 #include "pagedkv/hash.h"
 #include "pagedkv/pool.h"
 #include "pagedkv/batch.h"
+#include "pagedkv/tiers.h"
 
 #endif /* PAGEDKV_H */

@@ -9,7 +9,8 @@
  * hold written K/V. Slots become written when the step that computes them
  * is committed (pkv_batch_commit, or pkv_cache_write of every layer of a
  * pool with storage; see batch.h), by a copy-on-write or pkv_copy_blocks
- * copy (the source's state), by a pkv_swap_blocks swap-in and, for the
+ * copy (the source's state), by a pkv_swap_blocks swap-in, by the load of
+ * an offload-tier hit (tiers.h, in the next pkv_batch_prepare) and, for the
  * copied slots, by a partial prefix hit (pkv_seq_match_prefix_partial).
  * A sequence's tokens count as computed when their slots are written
  * (pkv_seq_info.num_computed_tokens); only then does the sliding window

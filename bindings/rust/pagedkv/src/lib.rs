@@ -62,6 +62,7 @@ mod hash;
 mod pool;
 mod seq;
 mod tensor;
+mod tiers;
 mod types;
 
 pub use batch::{AttentionParams, Batch, BatchInfo, PlanArray};
@@ -73,6 +74,7 @@ pub use pool::{
 };
 pub use seq::Seq;
 pub use tensor::{RawTensor, Stream, TensorView, TensorViewMut};
+pub use tiers::{Medium, TierMatch, TierOptions, TierStats};
 pub use types::{
     abi_version, cuda_device_count, features, version_number, version_string, BlockHash, DType,
     Device, Element, Features, Fp8E4m3, Fp8E5m2, HashAlgo, KvScaleGranularity, HEADER_ABI_VERSION,

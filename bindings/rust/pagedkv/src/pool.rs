@@ -459,7 +459,7 @@ impl fmt::Debug for Pool {
     }
 }
 
-fn to_u64(n: usize) -> u64 {
+pub(crate) fn to_u64(n: usize) -> u64 {
     n as u64
 }
 
@@ -543,7 +543,7 @@ impl Pool {
         })
     }
 
-    fn ptr(&self) -> *mut sys::pkv_pool {
+    pub(crate) fn ptr(&self) -> *mut sys::pkv_pool {
         self.raw.as_ptr()
     }
 

@@ -86,6 +86,11 @@ impl<'pool> Seq<'pool> {
         self.pool.match_prefix_partial(self.id, tokens)
     }
 
+    /// [`Pool::match_prefix_tiered`].
+    pub fn match_prefix_tiered(&self, tokens: &[i32]) -> Result<crate::TierMatch> {
+        self.pool.match_prefix_tiered(self.id, tokens)
+    }
+
     /// [`Pool::set_retention`].
     pub fn set_retention(&self, ranges: &[crate::RetentionRange]) -> Result<()> {
         self.pool.set_retention(self.id, ranges)

@@ -20,6 +20,10 @@ const NOT_WRAPPED: &[(&str, &str)] = &[
         "struct_size, set by _init, versions the struct",
     ),
     (
+        "PKV_MEDIUM_DEVICE",
+        "the pool itself: Medium names only the tiers, which have stats",
+    ),
+    (
         "PKV_TOKEN_END",
         "UINT64_MAX, which bindgen does not evaluate: RetentionRange::END is u64::MAX",
     ),

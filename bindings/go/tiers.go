@@ -1,0 +1,121 @@
+package pagedkv
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import "runtime"
+
+// Media of the offload tiers (TierStats, events).
+const (
+	MediumDevice = C.PKV_MEDIUM_DEVICE
+	MediumHost   = C.PKV_MEDIUM_HOST
+	MediumFile   = C.PKV_MEDIUM_FILE
+)
+
+// TierOptions configures the offload tiers of a CPU pool with storage: a
+// host tier of HostBytes and, with FileDir set, a file tier of FileBytes
+// below it (one file, created and unlinked at once in FileDir).
+type TierOptions struct {
+	HostBytes uint64
+	FileDir   string
+	FileBytes uint64
+}
+
+// TierMatch is what MatchPrefixTiered attached, in tokens per medium.
+type TierMatch struct {
+	NumCached, DeviceTokens, HostTokens, FileTokens uint64
+}
+
+// TierStats are the counters of one tier. BytesLoaded / LoadNs is the load
+// bandwidth in bytes per nanosecond.
+type TierStats struct {
+	Medium                              uint32
+	CapacityBlocks, NumBlocks, Bytes    uint64
+	NumStored, NumRemoved, NumHits      uint64
+	NumLoaded, BytesStored, BytesLoaded uint64
+	LoadNs, NumChecksumFailures         uint64
+	NumIOErrors, NumDropped             uint64
+}
+
+// AttachTiers gives the pool offload tiers, once: blocks evicted from its
+// prefix cache are copied there and found again by MatchPrefixTiered.
+func (p *Pool) AttachTiers(o TierOptions) error {
+	const op = "pkv_pool_attach_tiers"
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer p.release()
+	var a cArena
+	defer a.free()
+	var c C.pkv_tier_options
+	C.pkv_tier_options_init(&c)
+	c.host_bytes = C.uint64_t(o.HostBytes)
+	c.file_bytes = C.uint64_t(o.FileBytes)
+	if o.FileDir != "" {
+		c.file_dir = a.str(o.FileDir)
+	}
+	return check(op, C.pkvgo_pool_attach_tiers(ptr, &c))
+}
+
+// MatchPrefixTiered is MatchPrefix continued with the blocks found in the
+// offload tiers; the next Prepare loads those (checksum verified) before
+// anything reads them.
+func (s Seq) MatchPrefixTiered(tokens []int32) (TierMatch, error) {
+	const op = "pkv_seq_match_prefix_tiered"
+	ptr, err := s.pool.acquire(op)
+	if err != nil {
+		return TierMatch{}, err
+	}
+	defer s.pool.release()
+	var m C.pkv_tier_match
+	C.pkv_tier_match_init(&m)
+	r := C.pkvgo_seq_match_prefix_tiered(ptr, C.pkv_seq_id(s.id), int32Ptr(tokens),
+		C.uint64_t(len(tokens)), &m)
+	runtime.KeepAlive(tokens)
+	if err := check(op, r); err != nil {
+		return TierMatch{}, err
+	}
+	return TierMatch{uint64(m.num_cached), uint64(m.device_tokens), uint64(m.host_tokens),
+		uint64(m.file_tokens)}, nil
+}
+
+// TierStats returns the counters of the host (MediumHost) or file
+// (MediumFile) tier.
+func (p *Pool) TierStats(medium uint32) (TierStats, error) {
+	const op = "pkv_pool_get_tier_stats"
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return TierStats{}, err
+	}
+	defer p.release()
+	var c C.pkv_tier_stats
+	C.pkv_tier_stats_init(&c)
+	if err := check(op, C.pkvgo_pool_get_tier_stats(ptr, C.uint32_t(medium), &c)); err != nil {
+		return TierStats{}, err
+	}
+	return TierStats{
+		Medium: uint32(c.medium), CapacityBlocks: uint64(c.capacity_blocks),
+		NumBlocks: uint64(c.num_blocks), Bytes: uint64(c.bytes), NumStored: uint64(c.num_stored),
+		NumRemoved: uint64(c.num_removed), NumHits: uint64(c.num_hits),
+		NumLoaded: uint64(c.num_loaded), BytesStored: uint64(c.bytes_stored),
+		BytesLoaded: uint64(c.bytes_loaded), LoadNs: uint64(c.load_ns),
+		NumChecksumFailures: uint64(c.num_checksum_failures),
+		NumIOErrors:         uint64(c.num_io_errors), NumDropped: uint64(c.num_dropped),
+	}, nil
+}
+
+// FlushTiers waits until queued offloads are in their tier and pending
+// loads ran.
+func (p *Pool) FlushTiers() error {
+	const op = "pkv_pool_flush_tiers"
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer p.release()
+	return check(op, C.pkvgo_pool_flush_tiers(ptr))
+}

@@ -1,0 +1,105 @@
+"""Offload tiers for the prefix cache (``pagedkv/tiers.h``).
+
+Blocks evicted from a pool's prefix cache go to host memory (and a file
+below it) on a copy thread; :func:`match_prefix_tiered` finds them again and
+the next :meth:`Pool.prepare` loads them back, checksum verified. A corrupt
+or unreadable block is a miss: the plan raises :class:`InvalidStateError`
+naming the tokens to compute, never serving its bytes.
+
+    pool = Pool(num_blocks=..., num_layers=..., ...)
+    tiers.attach(pool, host_bytes=8 << 30, file_dir="/mnt/nvme", file_bytes=64 << 30)
+    seq = pool.create_sequence()
+    m = tiers.match_prefix_tiered(seq, prompt)   # m.num_cached tokens need no prefill
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from . import _pagedkv as _c
+from ._types import _copy_fields
+
+if TYPE_CHECKING:
+    from ._pool import Pool, Sequence
+
+MEDIUM_DEVICE: int = _c.PKV_MEDIUM_DEVICE
+MEDIUM_HOST: int = _c.PKV_MEDIUM_HOST
+MEDIUM_FILE: int = _c.PKV_MEDIUM_FILE
+
+
+@dataclass(frozen=True)
+class TierMatch:
+    """What :func:`match_prefix_tiered` attached, in tokens (``pkv_tier_match``)."""
+
+    num_cached: int
+    device_tokens: int
+    host_tokens: int
+    file_tokens: int
+
+    @classmethod
+    def _from_c(cls, s: Any) -> TierMatch:
+        return _copy_fields(cls, s)
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """Counters of one tier (``pkv_tier_stats``). ``bytes_loaded / load_ns``
+    is the load bandwidth in bytes per nanosecond."""
+
+    medium: int
+    capacity_blocks: int
+    num_blocks: int
+    bytes: int
+    num_stored: int
+    num_removed: int
+    num_hits: int
+    num_loaded: int
+    bytes_stored: int
+    bytes_loaded: int
+    load_ns: int
+    num_checksum_failures: int
+    num_io_errors: int
+    num_dropped: int
+
+    @classmethod
+    def _from_c(cls, s: Any) -> TierStats:
+        return _copy_fields(cls, s)
+
+
+def attach(pool: Pool, *, host_bytes: int, file_dir: Optional[str] = None, file_bytes: int = 0) -> None:
+    """Gives a CPU pool with storage a host tier of host_bytes and, with
+    file_dir, a file tier of file_bytes below it. Once per pool."""
+    opts = {"host_bytes": host_bytes, "file_bytes": file_bytes}
+    if file_dir is not None:
+        opts["file_dir"] = file_dir
+    pool._call(_c.pkv_pool_attach_tiers, opts)
+
+
+def match_prefix_tiered(seq: Sequence, tokens: Any) -> TierMatch:
+    """Sequence.match_prefix, continued with blocks found in the tiers; those
+    are loaded by the next plan (before anything reads them)."""
+    return TierMatch._from_c(seq._pool._call(_c.pkv_seq_match_prefix_tiered, seq._id, tokens))
+
+
+def stats(pool: Pool, medium: int = MEDIUM_HOST) -> TierStats:
+    """The counters of the pool's host (MEDIUM_HOST) or file (MEDIUM_FILE) tier."""
+    return TierStats._from_c(pool._call(_c.pkv_pool_get_tier_stats, medium))
+
+
+def flush(pool: Pool) -> None:
+    """Waits until queued offloads are in their tier and pending loads ran."""
+    pool._call(_c.pkv_pool_flush_tiers)
+
+
+__all__ = [
+    "MEDIUM_DEVICE",
+    "MEDIUM_FILE",
+    "MEDIUM_HOST",
+    "TierMatch",
+    "TierStats",
+    "attach",
+    "flush",
+    "match_prefix_tiered",
+    "stats",
+]

@@ -1,0 +1,114 @@
+"""Issue 20: offload tiers. Evicted blocks come back from the host (and
+file) tier byte for byte; a corrupted or unreadable entry is a miss."""
+
+import numpy as np
+import pytest
+
+import pagedkv
+from pagedkv import tiers
+
+BS, HEADS, DIM = 4, 2, 8
+
+
+def make_pool(host_blocks, file_dir=None, file_blocks=0):
+    pool = pagedkv.Pool(num_blocks=6, block_size=BS, num_layers=2, num_kv_heads=HEADS, head_dim=DIM, dtype="f32")
+    block_bytes = pool.bytes_per_block
+    tiers.attach(
+        pool,
+        host_bytes=host_blocks * block_bytes,
+        file_dir=file_dir,
+        file_bytes=file_blocks * block_bytes,
+    )
+    return pool
+
+
+def write_all(pool, seq, rng):
+    n = len(seq)
+    with pool.prepare([seq], n) as b:
+        for layer in range(2):
+            k = rng.standard_normal((n, HEADS, DIM)).astype(np.float32)
+            v = rng.standard_normal((n, HEADS, DIM)).astype(np.float32)
+            b.cache_write(layer, k, v)
+
+
+def block_bytes(pool, blocks):
+    caches = pool.kv_caches()
+    return [
+        np.concatenate([caches[layer][w].numpy()[b].ravel() for layer in range(2) for w in range(2)]) for b in blocks
+    ]
+
+
+def offloaded(pool, rng):
+    tokens = list(range(17))
+    a = pool.create_sequence()
+    a.append(tokens)
+    write_all(pool, a, rng)
+    saved = block_bytes(pool, a.block_table()[:4])
+    a.free()
+    other = pool.create_sequence()
+    other.append(list(range(1000, 1020)))  # evicts every block of a
+    write_all(pool, other, rng)
+    other.free()
+    tiers.flush(pool)
+    return tokens, saved
+
+
+def test_host_tier_round_trip():
+    rng = np.random.default_rng(20)
+    pool = make_pool(4)
+    tokens, saved = offloaded(pool, rng)
+    st = tiers.stats(pool, tiers.MEDIUM_HOST)
+    assert st.num_stored == 4 and st.num_blocks == 4 and st.capacity_blocks == 4
+    s = pool.create_sequence()
+    m = tiers.match_prefix_tiered(s, tokens)
+    assert (m.num_cached, m.device_tokens, m.host_tokens, m.file_tokens) == (16, 0, 16, 0)
+    assert s.num_computed_tokens == 0  # loaded by the next plan
+    s.append([tokens[16]])
+    pool.prepare([s], 1).abort()  # the plan loads the tier hits
+    assert s.num_computed_tokens == 16
+    for got, want in zip(block_bytes(pool, s.block_table()[:4]), saved):
+        assert np.array_equal(got, want, equal_nan=False)
+    st = tiers.stats(pool)
+    assert st.num_loaded == 4 and st.bytes_loaded == 4 * pool.bytes_per_block
+    pool.validate()
+
+
+def test_file_tier_below_host(tmp_path):
+    rng = np.random.default_rng(21)
+    pool = make_pool(3, str(tmp_path), 2)
+    tokens, saved = offloaded(pool, rng)
+    assert tiers.stats(pool, tiers.MEDIUM_FILE).num_stored == 1
+    s = pool.create_sequence()
+    m = tiers.match_prefix_tiered(s, tokens)
+    assert (m.host_tokens, m.file_tokens) == (12, 4)
+    tiers.flush(pool)
+    assert s.num_computed_tokens == 16
+    for got, want in zip(block_bytes(pool, s.block_table()[:4]), saved):
+        assert np.array_equal(got, want)
+    pool.validate()
+
+
+def test_salt_keeps_tenants_apart():
+    rng = np.random.default_rng(22)
+    pool = make_pool(4)
+    tokens, _ = offloaded(pool, rng)
+    s = pool.create_sequence(cache_salt="other-tenant")
+    assert tiers.match_prefix_tiered(s, tokens).num_cached == 0
+
+
+def test_errors():
+    manager = pagedkv.Pool(num_blocks=8, block_size=4)
+    with pytest.raises(pagedkv.InvalidStateError, match="manager-only"):
+        tiers.attach(manager, host_bytes=1 << 20)
+    pool = pagedkv.Pool(num_blocks=8, block_size=4, num_layers=1, num_kv_heads=1, head_dim=8, dtype="f32")
+    with pytest.raises(pagedkv.InvalidStateError, match="no host tier"):
+        tiers.stats(pool)
+    with pytest.raises(pagedkv.InvalidArgumentError, match="host_bytes"):
+        tiers.attach(pool, host_bytes=1)
+    with pytest.raises(pagedkv.InvalidArgumentError, match="file_dir"):
+        tiers.attach(pool, host_bytes=1 << 20, file_dir="/nonexistent-pagedkv-dir", file_bytes=1 << 20)
+    tiers.attach(pool, host_bytes=1 << 20)
+    with pytest.raises(pagedkv.InvalidStateError, match="already"):
+        tiers.attach(pool, host_bytes=1 << 20)
+    with pytest.raises(pagedkv.InvalidArgumentError, match="medium"):
+        tiers.stats(pool, tiers.MEDIUM_DEVICE)

@@ -1,0 +1,102 @@
+//! Offload tiers (issue 20): evicted blocks come back from the host and
+//! file tiers byte for byte.
+
+use pagedkv::{DType, ErrorKind, Medium, Pool, PoolOptions, TensorView, TierMatch, TierOptions};
+
+fn step(pool: &Pool, s: pagedkv::SeqId, n: usize, seed: f32) {
+    let mut b = pool.prepare(&[s], &[n as u32]).unwrap();
+    let k: Vec<f32> = (0..n * 8).map(|i| seed + i as f32 * 0.37).collect();
+    let v: Vec<f32> = k.iter().map(|x| -x).collect();
+    let kt = TensorView::new(&k, &[n, 1, 8]).unwrap();
+    let vt = TensorView::new(&v, &[n, 1, 8]).unwrap();
+    b.cache_write(0, &kt, &vt).unwrap();
+}
+
+#[test]
+fn evicted_blocks_come_back_from_host_and_file_tiers() {
+    let pool = Pool::new(&PoolOptions {
+        block_size: 4,
+        num_blocks: 6,
+        num_layers: 1,
+        num_kv_heads: 1,
+        head_dim: 8,
+        dtype: DType::F32,
+        num_threads: 1,
+        ..PoolOptions::default()
+    })
+    .unwrap();
+    let bpb = pool.bytes_per_block().unwrap();
+    let dir = std::env::temp_dir();
+    pool.attach_tiers(&TierOptions {
+        host_bytes: 3 * bpb,
+        file_dir: Some(dir.to_string_lossy().into_owned()),
+        file_bytes: 2 * bpb,
+    })
+    .unwrap();
+    let again = pool.attach_tiers(&TierOptions {
+        host_bytes: bpb,
+        ..TierOptions::default()
+    });
+    assert_eq!(again.unwrap_err().kind(), ErrorKind::InvalidState);
+
+    let tokens: Vec<i32> = (0..17).collect();
+    let a = pool.create_seq().unwrap();
+    pool.append(a, &tokens).unwrap();
+    step(&pool, a, 17, 1.5);
+    let table = pool.block_table(a).unwrap();
+    let mut saved = vec![0u8; 4 * bpb as usize];
+    pool.swap_out(&table[..4], &mut saved).unwrap();
+    pool.free_seq(a).unwrap();
+    let other = pool.create_seq().unwrap();
+    let more: Vec<i32> = (1000..1020).collect();
+    pool.append(other, &more).unwrap();
+    step(&pool, other, 20, -7.0);
+    pool.free_seq(other).unwrap();
+    pool.flush_tiers().unwrap();
+    let host = pool.tier_stats(Medium::Host).unwrap();
+    let file = pool.tier_stats(Medium::File).unwrap();
+    assert_eq!(
+        (host.num_stored, host.num_blocks, file.num_stored),
+        (4, 3, 1)
+    );
+
+    let c = pool.sequence().unwrap();
+    let m = c.match_prefix_tiered(&tokens).unwrap();
+    assert_eq!(
+        m,
+        TierMatch {
+            num_cached: 16,
+            device_tokens: 0,
+            host_tokens: 12,
+            file_tokens: 4
+        }
+    );
+    pool.flush_tiers().unwrap(); // runs the loads
+    let mut got = vec![0u8; 4 * bpb as usize];
+    pool.swap_out(&c.block_table().unwrap()[..4], &mut got)
+        .unwrap();
+    assert_eq!(got, saved);
+    assert_eq!(c.info().unwrap().num_computed_tokens, 16);
+    assert_eq!(pool.tier_stats(Medium::Host).unwrap().num_loaded, 3);
+    assert_eq!(pool.tier_stats(Medium::File).unwrap().num_loaded, 1);
+    pool.validate().unwrap();
+}
+
+#[test]
+fn a_manager_only_pool_has_no_tiers() {
+    let pool = Pool::new(&PoolOptions {
+        block_size: 4,
+        num_blocks: 8,
+        ..PoolOptions::default()
+    })
+    .unwrap();
+    let e = pool.attach_tiers(&TierOptions {
+        host_bytes: 1 << 20,
+        ..TierOptions::default()
+    });
+    assert_eq!(e.unwrap_err().kind(), ErrorKind::InvalidState);
+    assert_eq!(
+        pool.tier_stats(Medium::Host).unwrap_err().kind(),
+        ErrorKind::InvalidState
+    );
+}

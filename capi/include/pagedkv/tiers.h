@@ -1,0 +1,111 @@
+/* pagedkv/tiers.h: offload tiers for the prefix cache (host memory, and a
+ * file below it).
+ *
+ * Opt-in per pool. When a cached, written block is evicted from the pool
+ * (its id reused by an allocation), its K/V of every layer is copied, on a
+ * copy thread, into the host tier; when the host tier is full its least
+ * recently used block moves down to the file tier (or is dropped when there
+ * is none; the file tier drops its own LRU block). The allocation only
+ * queues the copy: it never waits. The pool waits for queued copies only
+ * before it next writes into its storage (pkv_batch_prepare,
+ * pkv_pool_copy_blocks, pkv_pool_swap_blocks, pkv_pool_flush_tiers).
+ * A block whose copy has not finished is in no tier.
+ *
+ * pkv_seq_match_prefix_tiered continues the device hits with tier hits
+ * (same block hashes: cache salts, LoRA and multimodal keys keep tenants
+ * apart in every tier): each gets a fresh device block, cached and counted
+ * in the sequence's cached tokens but not yet written. The next
+ * pkv_batch_prepare loads them (CPU pools: a copy) before anything reads
+ * them; then they are written blocks. Every block carries an xxh3
+ * checksum taken when it was offloaded and verified on load; a mismatch or
+ * an I/O error makes the hit a miss: the block stays unwritten and leaves
+ * the prefix cache, the tier entry is dropped, the failure is counted, and
+ * the plan fails with PKV_E_INVALID_STATE naming the tokens to compute
+ * (see "Written blocks" in pool.h), so the bytes are never served.
+ *
+ * pkv_pool_reset_prefix_cache clears the tiers too. Tier events (STORED,
+ * REMOVED, ALL_CLEARED of medium host/file) are recorded internally;
+ * pkv_pool_drain_events returns device events only, as before.
+ *
+ * Implemented for CPU pools with storage; a CUDA pool returns
+ * PKV_E_UNSUPPORTED, a manager-only pool (num_layers 0) or a pool without
+ * prefix caching PKV_E_INVALID_STATE.
+ */
+#ifndef PAGEDKV_TIERS_H
+#define PAGEDKV_TIERS_H
+
+#include "pagedkv/pool.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PKV_MEDIUM_DEVICE 0
+#define PKV_MEDIUM_HOST 1
+#define PKV_MEDIUM_FILE 2
+
+typedef struct pkv_tier_options {
+  uint32_t struct_size; /* sizeof(pkv_tier_options); set by _init */
+  uint32_t flags;       /* reserved: 0 */
+  uint64_t host_bytes;  /* host tier size; holds host_bytes / bytes_per_block blocks (>= 1) */
+  const char* file_dir; /* directory of the file tier; NULL or "" = none. One file of
+                           fixed slots is created there and unlinked at once (it goes with
+                           the pool); read and written with preadv/pwritev */
+  uint64_t file_bytes;  /* file tier size (>= one block when file_dir is set) */
+} pkv_tier_options;
+
+PKV_API void pkv_tier_options_init(pkv_tier_options* opts);
+
+/* Attaches the tiers to a pool, once. opts is copied. */
+PKV_API pkv_status pkv_pool_attach_tiers(pkv_pool* pool, const pkv_tier_options* opts);
+
+typedef struct pkv_tier_match {
+  uint32_t struct_size; /* sizeof(pkv_tier_match); set by _init */
+  uint32_t reserved;
+  uint64_t num_cached; /* device_tokens + host_tokens + file_tokens */
+  uint64_t device_tokens;
+  uint64_t host_tokens;
+  uint64_t file_tokens;
+} pkv_tier_match;
+
+PKV_API void pkv_tier_match_init(pkv_tier_match* out);
+
+/* pkv_seq_match_prefix, then the blocks after the device hits found in the
+ * tiers (as many as there are free blocks for). Without tiers it equals
+ * pkv_seq_match_prefix. */
+PKV_API pkv_status pkv_seq_match_prefix_tiered(pkv_pool* pool, pkv_seq_id seq,
+                                               const int32_t* tokens, uint64_t num_tokens,
+                                               pkv_tier_match* out);
+
+typedef struct pkv_tier_stats {
+  uint32_t struct_size; /* sizeof(pkv_tier_stats); set by _init */
+  uint32_t medium;      /* PKV_MEDIUM_HOST or PKV_MEDIUM_FILE */
+  uint64_t capacity_blocks;
+  uint64_t num_blocks; /* held now */
+  uint64_t bytes;      /* held now */
+  uint64_t num_stored; /* blocks copied in (offloads; demotions for the file tier) */
+  uint64_t num_removed;
+  uint64_t num_hits;   /* blocks a tiered match found here */
+  uint64_t num_loaded; /* blocks loaded back into the pool, checksum verified */
+  uint64_t bytes_stored;
+  uint64_t bytes_loaded;
+  uint64_t load_ns; /* total time of the loads (bytes_loaded / load_ns = load bandwidth) */
+  uint64_t num_checksum_failures;
+  uint64_t num_io_errors;
+  uint64_t num_dropped; /* offloads not made: queue full, or every entry pinned */
+} pkv_tier_stats;
+
+PKV_API void pkv_tier_stats_init(pkv_tier_stats* stats);
+/* PKV_E_INVALID_STATE when the pool has no such tier. */
+PKV_API pkv_status pkv_pool_get_tier_stats(const pkv_pool* pool, uint32_t medium,
+                                           pkv_tier_stats* out);
+
+/* Waits until queued offloads are in their tier and runs pending loads
+ * (tests, benchmarks, a clean shutdown). Engines need not call it. */
+PKV_API pkv_status pkv_pool_flush_tiers(pkv_pool* pool);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PAGEDKV_TIERS_H */

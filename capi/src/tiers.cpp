@@ -1,0 +1,96 @@
+// pagedkv/tiers.h: offload tiers.
+#include "capi_util.h"
+
+namespace pc = pkv_capi;
+using pagedkv::Errc;
+using pagedkv::fail;
+
+void pkv_tier_options_init(pkv_tier_options* opts) {
+  if (!opts) return;
+  std::memset(opts, 0, sizeof *opts);
+  opts->struct_size = sizeof *opts;
+}
+
+pkv_status pkv_pool_attach_tiers(pkv_pool* pool, const pkv_tier_options* opts) {
+  PKV_GUARD({
+    pagedkv::Pool& p = pc::pool_of(pool);
+    pc::require(opts, "opts");
+    pc::check_struct_size(opts->struct_size, pc::kTierOptionsV1, "opts", "pkv_tier_options",
+                          "pkv_tier_options_init");
+    pagedkv::TierOptions o;
+    o.flags = opts->flags;
+    o.host_bytes = opts->host_bytes;
+    if (opts->file_dir) o.file_dir = opts->file_dir;
+    o.file_bytes = opts->file_bytes;
+    try {
+      p.attach_tiers(o);
+    } catch (const pagedkv::Error& e) {
+      if (e.code() != Errc::kInvalidArgument) throw;
+      fail(e.code(), std::string("opts->") + e.what());  // the fields are the caller's opts
+    }
+  });
+}
+
+void pkv_tier_match_init(pkv_tier_match* out) {
+  if (!out) return;
+  std::memset(out, 0, sizeof *out);
+  out->struct_size = sizeof *out;
+}
+
+pkv_status pkv_seq_match_prefix_tiered(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                                       uint64_t num_tokens, pkv_tier_match* out) {
+  PKV_GUARD({
+    pagedkv::Pool& p = pc::pool_of(pool);
+    if (num_tokens > 0 && !tokens)
+      fail(Errc::kInvalidArgument,
+           "tokens is NULL but num_tokens is " + std::to_string(num_tokens));
+    pc::require(out, "out");
+    pc::check_struct_size(out->struct_size, pc::kTierMatchV1, "out", "pkv_tier_match",
+                          "pkv_tier_match_init");
+    const pagedkv::TieredMatch m = p.match_prefix_tiered(seq, tokens, num_tokens);
+    pkv_tier_match r;
+    std::memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.device_tokens = m.device;
+    r.host_tokens = m.host;
+    r.file_tokens = m.file;
+    r.num_cached = m.device + m.host + m.file;
+    pc::write_out(out, r);
+  });
+}
+
+void pkv_tier_stats_init(pkv_tier_stats* stats) {
+  if (!stats) return;
+  std::memset(stats, 0, sizeof *stats);
+  stats->struct_size = sizeof *stats;
+}
+
+pkv_status pkv_pool_get_tier_stats(const pkv_pool* pool, uint32_t medium, pkv_tier_stats* out) {
+  PKV_GUARD({
+    const pagedkv::Pool& p = pc::pool_of(pool);
+    pc::require(out, "out");
+    pc::check_struct_size(out->struct_size, pc::kTierStatsV1, "out", "pkv_tier_stats",
+                          "pkv_tier_stats_init");
+    const pagedkv::TierStats s = p.tier_stats(medium);
+    pkv_tier_stats r;
+    std::memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.medium = medium;
+    r.capacity_blocks = s.capacity_blocks;
+    r.num_blocks = s.num_blocks;
+    r.bytes = s.bytes;
+    r.num_stored = s.num_stored;
+    r.num_removed = s.num_removed;
+    r.num_hits = s.num_hits;
+    r.num_loaded = s.num_loaded;
+    r.bytes_stored = s.bytes_stored;
+    r.bytes_loaded = s.bytes_loaded;
+    r.load_ns = s.load_ns;
+    r.num_checksum_failures = s.num_checksum_failures;
+    r.num_io_errors = s.num_io_errors;
+    r.num_dropped = s.num_dropped;
+    pc::write_out(out, r);
+  });
+}
+
+pkv_status pkv_pool_flush_tiers(pkv_pool* pool) { PKV_GUARD(pc::pool_of(pool).flush_tiers()); }

@@ -1,0 +1,341 @@
+#include "tier/tier_set.h"
+
+#include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "error.h"
+
+namespace pagedkv {
+
+namespace {
+
+constexpr size_t kMaxPendingEvents = 1 << 16;  // beyond: dropped (the pool's own ring counts)
+
+uint64_t now_ns() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count());
+}
+
+}  // namespace
+
+TierSet::TierSet(const TierOptions& o, const KvArena& arena, std::shared_ptr<void> hold,
+                 uint32_t block_size, size_t max_jobs)
+    : arena_(arena), hold_(std::move(hold)), block_size_(block_size) {
+  plane_bytes_ = arena_.layout.block_bytes();
+  slot_bytes_ = plane_bytes_ * 2 * size_t(arena_.num_layers);
+  const uint64_t host_slots = o.host_bytes / slot_bytes_;
+  if (host_slots == 0)
+    fail(Errc::kInvalidArgument, "host_bytes " + std::to_string(o.host_bytes) +
+                                     " holds no block of " + std::to_string(slot_bytes_) +
+                                     " bytes (all layers' K and V)");
+  if (host_slots > uint64_t(INT32_MAX))
+    fail(Errc::kInvalidArgument,
+         "host_bytes " + std::to_string(o.host_bytes) + " holds more than 2^31 - 1 blocks");
+  if (!o.file_dir.empty()) {
+    const uint64_t file_slots = o.file_bytes / slot_bytes_;
+    if (file_slots == 0 || file_slots > uint64_t(INT32_MAX))
+      fail(Errc::kInvalidArgument, "file_bytes " + std::to_string(o.file_bytes) + " holds " +
+                                       std::to_string(file_slots) + " blocks of " +
+                                       std::to_string(slot_bytes_) +
+                                       " bytes; [1, 2^31 - 1] are needed with file_dir set");
+    file_ = TierLevel::file(o.file_dir, file_slots, slot_bytes_);
+  }
+  host_ = TierLevel::host(host_slots, slot_bytes_);
+  host_stats_.capacity_blocks = host_slots;
+  if (file_) file_stats_.capacity_blocks = file_->capacity();
+  ring_.resize(std::max<size_t>(max_jobs, 1));
+  events_.reserve(256);
+  thread_ = std::thread([this] { run(); });
+}
+
+TierSet::~TierSet() { stop(); }
+
+void TierSet::stop() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    size_ = 0;  // queued copies are abandoned: the pool is going away
+  }
+  work_cv_.notify_all();
+  idle_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+TierLevel* TierSet::level(Medium m) const {
+  return m == Medium::kHost ? host_.get() : m == Medium::kFile ? file_.get() : nullptr;
+}
+
+void TierSet::enqueue(int32_t block, const BlockHash& h, uint64_t lora) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    if (size_ == ring_.size()) {
+      ++host_stats_.num_dropped;
+      return;
+    }
+    Job& j = ring_[(head_ + size_) % ring_.size()];
+    j.block = block;
+    j.hash = h;
+    j.lora = lora;
+    ++size_;
+  }
+  work_cv_.notify_one();
+}
+
+void TierSet::flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [&] { return stopping_ || (size_ == 0 && !busy_); });
+}
+
+void TierSet::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    work_cv_.wait(lock, [&] { return stopping_ || size_ > 0; });
+    if (stopping_) break;
+    const Job j = ring_[head_];
+    head_ = (head_ + 1) % ring_.size();
+    --size_;
+    busy_ = true;
+    lock.unlock();
+    try {
+      offload(j);
+    } catch (...) {  // out of memory for an event: the copy is lost, nothing else
+    }
+    lock.lock();
+    busy_ = false;
+    if (size_ == 0) idle_cv_.notify_all();
+  }
+  busy_ = false;
+  idle_cv_.notify_all();
+}
+
+void TierSet::push_event(EventType t, Medium m, int32_t slot, const BlockHash& h, uint64_t lora) {
+  if (events_.size() >= kMaxPendingEvents) return;
+  Event e;
+  e.type = t;
+  e.block_id = slot;
+  e.block_hash = h;
+  e.num_tokens = block_size_;
+  e.lora_id = lora;
+  e.medium = uint32_t(m);
+  events_.push_back(e);
+}
+
+void TierSet::remove(TierLevel& l, int32_t slot) {
+  const BlockHash h = l.hash(slot);
+  const uint64_t lora = l.lora(slot);
+  l.unpublish(slot);
+  l.release(slot);
+  TierStats& s = st(l.medium());
+  ++s.num_removed;
+  push_event(EventType::kRemoved, l.medium(), slot, h, lora);
+}
+
+int32_t TierSet::host_slot(std::unique_lock<std::mutex>& lock) {
+  int32_t slot = host_->take_free();
+  if (slot >= 0) return slot;
+  const int32_t victim = host_->lru_victim();
+  if (victim < 0) return -1;
+  const BlockHash h = host_->hash(victim);
+  const uint64_t sum = host_->checksum(victim), lora = host_->lora(victim);
+  // The victim leaves the host level now (a lookup no longer sees it) and
+  // its slot is ours once its bytes went down to the file level.
+  host_->unpublish(victim);
+  ++host_stats_.num_removed;
+  push_event(EventType::kRemoved, Medium::kHost, victim, h, lora);
+  if (!file_ || file_->find(h) >= 0) return victim;
+  int32_t fslot = file_->take_free();
+  if (fslot < 0) {
+    fslot = file_->lru_victim();
+    if (fslot < 0) return victim;  // every file entry pinned: dropped
+    remove(*file_, fslot);
+    fslot = file_->take_free();
+  }
+  lock.unlock();
+  struct iovec iov {
+    host_->data(victim), slot_bytes_
+  };
+  const bool ok = file_->write(fslot, &iov, 1);
+  lock.lock();
+  if (!ok) {
+    ++file_stats_.num_io_errors;
+    file_->release(fslot);
+    return victim;
+  }
+  // The host bytes go down as they are, with the checksum taken when they
+  // came up: corruption in either level is caught on load.
+  file_->publish(fslot, h, sum, lora);
+  ++file_stats_.num_stored;
+  file_stats_.bytes_stored += slot_bytes_;
+  push_event(EventType::kStored, Medium::kFile, fslot, h, lora);
+  return victim;
+}
+
+void TierSet::offload(const Job& j) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (host_->find(j.hash) >= 0 || (file_ && file_->find(j.hash) >= 0)) return;  // already kept
+  const int32_t slot = host_slot(lock);
+  if (slot < 0) {
+    ++host_stats_.num_dropped;
+    return;
+  }
+  lock.unlock();
+  // One pass: each plane is hashed right after its copy, while it is in
+  // cache (the same digest as XXH3_64bits over the whole slot).
+  char* dst = host_->data(slot);
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  for (int32_t p = 0; p < 2 * arena_.num_layers; ++p) {
+    char* d = dst + size_t(p) * plane_bytes_;
+    std::memcpy(d, block_plane(p, j.block), plane_bytes_);
+    XXH3_64bits_update(&st, d, plane_bytes_);
+  }
+  const uint64_t sum = XXH3_64bits_digest(&st);
+  lock.lock();
+  host_->publish(slot, j.hash, sum, j.lora);
+  ++host_stats_.num_stored;
+  host_stats_.bytes_stored += slot_bytes_;
+  push_event(EventType::kStored, Medium::kHost, slot, j.hash, j.lora);
+}
+
+TierRef TierSet::lookup_pin(const BlockHash& h) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Medium m : {Medium::kHost, Medium::kFile}) {
+    TierLevel* l = level(m);
+    if (!l) continue;
+    const int32_t s = l->find(h);
+    if (s < 0) continue;
+    l->pin(s);
+    ++st(m).num_hits;
+    return {m, s};
+  }
+  return {};
+}
+
+void TierSet::unpin(const TierRef& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (TierLevel* l = level(r.medium); l && r.slot >= 0) l->unpin(r.slot);
+}
+
+void TierSet::block_iov(int32_t b, std::vector<struct iovec>& iov) const {
+  iov.resize(size_t(2) * arena_.num_layers);
+  for (int32_t p = 0; p < 2 * arena_.num_layers; ++p) iov[p] = {block_plane(p, b), plane_bytes_};
+}
+
+uint64_t TierSet::block_checksum(int32_t b) const {
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  for (int32_t p = 0; p < 2 * arena_.num_layers; ++p)
+    XXH3_64bits_update(&st, block_plane(p, b), plane_bytes_);
+  return XXH3_64bits_digest(&st);
+}
+
+bool TierSet::load(const TierRef& r, int32_t block, const BlockHash& h) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TierLevel* l = level(r.medium);
+  TierStats& s = st(r.medium);
+  l->unpin(r.slot);
+  if (l->state(r.slot) != TierLevel::State::kReady || l->hash(r.slot) != h) return false;
+  const uint64_t t0 = now_ns();
+  bool ok;
+  if (r.medium == Medium::kHost) {
+    // One pass: each plane is hashed in the block right after its copy.
+    // On a mismatch the block stays unwritten (the caller drops its hash),
+    // so nothing ever reads what landed there.
+    const char* src = l->data(r.slot);
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    for (int32_t p = 0; p < 2 * arena_.num_layers; ++p) {
+      std::memcpy(block_plane(p, block), src + size_t(p) * plane_bytes_, plane_bytes_);
+      XXH3_64bits_update(&st, block_plane(p, block), plane_bytes_);
+    }
+    ok = XXH3_64bits_digest(&st) == l->checksum(r.slot);
+    if (!ok) ++s.num_checksum_failures;
+  } else {
+    // Read straight into the block's planes, then verified there; on a
+    // mismatch the block stays unwritten, so nothing reads these bytes.
+    std::vector<struct iovec> iov;
+    block_iov(block, iov);
+    ok = l->read(r.slot, iov.data(), int(iov.size()));
+    if (!ok)
+      ++s.num_io_errors;
+    else if (block_checksum(block) != l->checksum(r.slot))
+      ok = false, ++s.num_checksum_failures;
+  }
+  if (!ok) {
+    remove(*l, r.slot);
+    return false;
+  }
+  l->touch(r.slot);
+  ++s.num_loaded;
+  s.bytes_loaded += slot_bytes_;
+  s.load_ns += now_ns() - t0;
+  return true;
+}
+
+void TierSet::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Medium m : {Medium::kHost, Medium::kFile}) {
+    TierLevel* l = level(m);
+    if (!l) continue;
+    st(m).num_removed += l->num_ready();
+    l->clear();
+    Event e;
+    e.type = EventType::kAllCleared;
+    e.medium = uint32_t(m);
+    if (events_.size() < kMaxPendingEvents) events_.push_back(e);
+  }
+}
+
+TierStats TierSet::stats(Medium m) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  TierStats s = m == Medium::kHost ? host_stats_ : file_stats_;
+  if (const TierLevel* l = level(m)) {
+    s.num_blocks = l->num_ready();
+    s.bytes = s.num_blocks * slot_bytes_;
+  }
+  return s;
+}
+
+void TierSet::take_events(std::vector<Event>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  out->swap(events_);
+  events_.clear();
+}
+
+std::string TierSet::check() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string e = host_->check();
+  if (e.empty() && file_) e = file_->check();
+  return e;
+}
+
+bool TierSet::corrupt_for_testing(const BlockHash& h) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (int32_t s = host_->find(h); s >= 0) {
+    host_->data(s)[slot_bytes_ / 2] ^= 0x5a;
+    return true;
+  }
+  if (file_) {
+    if (int32_t s = file_->find(h); s >= 0) {
+      char c;
+      const off_t at = off_t(size_t(s) * slot_bytes_ + slot_bytes_ / 2);
+      if (pread(file_->fd(), &c, 1, at) != 1) return false;
+      c ^= 0x5a;
+      return pwrite(file_->fd(), &c, 1, at) == 1;
+    }
+  }
+  return false;
+}
+
+void TierSet::fail_io_for_testing(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file_) file_->fail_io_for_testing(on);
+}
+
+}  // namespace pagedkv

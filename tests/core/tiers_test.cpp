@@ -1,0 +1,395 @@
+// Offload tiers (issue 20): the tier level's LRU and index, and end to end
+// on a CPU pool with storage: random K/V written, evicted, offloaded to the
+// host (and file) tier, matched, loaded back byte for byte, attention equal
+// to the original; checksum mismatches and I/O errors become misses that
+// are counted and never served; salts keep tenants apart; stats, events.
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+
+#include "test_util.h"
+#include "tier/tier_level.h"
+
+namespace pagedkv {
+namespace {
+
+using test::iota_tokens;
+using test::random_floats;
+
+constexpr uint32_t kBs = 4, kLayers = 2, kHeads = 2, kDim = 8;
+constexpr size_t kPlane = size_t(kBs) * kHeads * kDim * sizeof(float);
+constexpr size_t kBlockBytes = kPlane * 2 * kLayers;
+
+BlockHash key(uint8_t b) {
+  BlockHash h;
+  h.size = 32;
+  h.bytes[0] = b;
+  h.bytes[31] = uint8_t(b * 7 + 1);
+  return h;
+}
+
+TEST(TierLevel, LruIndexAndPins) {
+  auto l = TierLevel::host(3, 64);
+  EXPECT_EQ(l->capacity(), 3u);
+  for (uint8_t i = 0; i < 3; ++i) {
+    const int32_t s = l->take_free();
+    ASSERT_GE(s, 0);
+    l->publish(s, key(i), 100 + i, 0);
+  }
+  EXPECT_EQ(l->take_free(), -1);
+  EXPECT_EQ(l->num_ready(), 3u);
+  const int32_t s0 = l->find(key(0)), s1 = l->find(key(1));
+  EXPECT_EQ(l->checksum(s1), 101u);
+  EXPECT_EQ(l->lru_victim(), s0);  // oldest first
+  l->touch(s0);
+  EXPECT_EQ(l->lru_victim(), s1);
+  l->pin(s1);  // pinned entries are skipped
+  EXPECT_EQ(l->lru_victim(), l->find(key(2)));
+  l->unpin(s1);
+  l->unpublish(s1);
+  EXPECT_EQ(l->find(key(1)), -1);
+  EXPECT_EQ(l->check(), "");
+  l->release(s1);
+  EXPECT_EQ(l->take_free(), s1);
+  l->release(s1);
+  l->clear();
+  EXPECT_EQ(l->num_ready(), 0u);
+  EXPECT_EQ(l->find(key(0)), -1);
+  EXPECT_EQ(l->check(), "");
+}
+
+TEST(TierLevel, FileRoundTripAndInjectedFailure) {
+  auto l = TierLevel::file(::testing::TempDir(), 2, 64);
+  std::vector<char> a(64), b(64, 0);
+  for (int i = 0; i < 64; ++i) a[i] = char(i * 3 + 1);
+  struct iovec wa {
+    a.data(), 64
+  }, rb{b.data(), 64};
+  ASSERT_TRUE(l->write(1, &wa, 1));
+  ASSERT_TRUE(l->read(1, &rb, 1));
+  EXPECT_EQ(a, b);
+  l->fail_io_for_testing(true);
+  EXPECT_FALSE(l->read(1, &rb, 1));
+  EXPECT_THROW(TierLevel::file("/nonexistent-dir-for-pagedkv", 2, 64), Error);
+}
+
+// ------------------------------------------------------------- end to end
+
+struct Fixture {
+  std::shared_ptr<Pool> pool;
+  // K/V rows [tokens][heads][dim] per layer as written for the first
+  // sequence, and what attention over it gave.
+  std::vector<std::vector<float>> k, v;
+  std::vector<float> q;
+  std::vector<std::vector<float>> ref_out;
+  std::vector<int32_t> tokens = iota_tokens(17);
+  SeqId a = 0;
+  // Bytes of each of a's full blocks (all planes), by block index.
+  std::vector<std::vector<char>> block_bytes;
+};
+
+TensorArg rows(std::vector<float>& v, int64_t n) { return test::rows(v, n, kHeads, kDim); }
+
+std::vector<char> bytes_of(Pool& p, int32_t block) {
+  std::vector<char> out;
+  for (uint32_t l = 0; l < kLayers; ++l)
+    for (uint32_t w = 0; w < 2; ++w) {
+      const char* base = static_cast<const char*>(p.kv_tensor(l, w).data) + size_t(block) * kPlane;
+      out.insert(out.end(), base, base + kPlane);
+    }
+  return out;
+}
+
+std::vector<std::vector<float>> attend_last(const std::shared_ptr<Pool>& p, SeqId s,
+                                            std::vector<float>& q, Fixture* write_from = nullptr) {
+  const uint32_t one = 1;
+  auto b = Batch::prepare(p, &s, &one, 1, nullptr);
+  std::vector<std::vector<float>> outs;
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    if (write_from) {  // the last token's K/V, as the first sequence had it
+      std::vector<float> kr(write_from->k[l].end() - kHeads * kDim, write_from->k[l].end());
+      std::vector<float> vr(write_from->v[l].end() - kHeads * kDim, write_from->v[l].end());
+      TensorArg kt = rows(kr, 1), vt = rows(vr, 1);
+      b->write(l, &kt, &vt, nullptr);
+    }
+    std::vector<float> out(kHeads * kDim, 0);
+    TensorArg qt = rows(q, 1), ot = rows(out, 1);
+    b->attend(l, &qt, &ot, nullptr, AttentionParams{}, nullptr);
+    outs.push_back(out);
+  }
+  if (!write_from) b->abort();
+  return outs;
+}
+
+// A pool of 5 usable blocks; sequence a (17 tokens: 4 full blocks) written
+// with random K/V, then freed and evicted by a second sequence of other
+// tokens, which offloads a's blocks to the tiers.
+Fixture offloaded(uint64_t host_blocks, uint64_t file_blocks, bool events = false) {
+  Fixture f;
+  PoolOptions o = test::manager_options(kBs, 6);
+  o.num_layers = kLayers;
+  o.num_kv_heads = kHeads;
+  o.head_dim = kDim;
+  o.dtype = DType::kF32;
+  o.num_threads = 1;
+  o.enable_events = events;
+  f.pool = Pool::create(o);
+  TierOptions t;
+  t.host_bytes = host_blocks * kBlockBytes + kBlockBytes / 2;  // a part block is unused
+  if (file_blocks) {
+    t.file_dir = ::testing::TempDir();
+    t.file_bytes = file_blocks * kBlockBytes;
+  }
+  f.pool->attach_tiers(t);
+  Pool& p = *f.pool;
+  f.a = p.seq_create({});
+  p.append(f.a, f.tokens.data(), f.tokens.size(), 0);
+  const uint32_t n = 17;
+  {
+    auto b = Batch::prepare(f.pool, &f.a, &n, 1, nullptr);
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      f.k.push_back(random_floats(n * kHeads * kDim, 10 + l));
+      f.v.push_back(random_floats(n * kHeads * kDim, 20 + l));
+      TensorArg kt = rows(f.k[l], n), vt = rows(f.v[l], n);
+      b->write(l, &kt, &vt, nullptr);
+    }
+    EXPECT_TRUE(b->committed());
+  }
+  f.q = random_floats(kHeads * kDim, 77);
+  f.ref_out = attend_last(f.pool, f.a, f.q);
+  for (int32_t blk : test::table(p, f.a)) f.block_bytes.push_back(bytes_of(p, blk));
+  p.free(f.a);
+  // Five blocks of other tokens: every block of a is evicted.
+  SeqId other = p.seq_create({});
+  const auto t2 = iota_tokens(20, 1000);
+  p.append(other, t2.data(), t2.size(), 0);
+  test::step_rest(f.pool, other);  // a storage pool: destroyed unwritten, nothing counts
+  p.free(other);
+  p.flush_tiers();
+  EXPECT_EQ(p.validate(), "");
+  return f;
+}
+
+TEST(Tiers, HostTierHitsLoadBackByteExactAndAttentionMatches) {
+  Fixture f = offloaded(4, 0);
+  Pool& p = *f.pool;
+  TierStats hs = p.tier_stats(1);
+  EXPECT_EQ(hs.num_stored, 4u);
+  EXPECT_EQ(hs.num_blocks, 4u);
+  EXPECT_EQ(hs.bytes_stored, 4 * kBlockBytes);
+  EXPECT_EQ(hs.capacity_blocks, 4u);
+
+  SeqId c = p.seq_create({});
+  const TieredMatch m = p.match_prefix_tiered(c, f.tokens.data(), f.tokens.size());
+  EXPECT_EQ(m.device, 0u);
+  EXPECT_EQ(m.host, 16u);
+  EXPECT_EQ(m.file, 0u);
+  EXPECT_EQ(p.seq_info(c).num_cached_tokens, 16u);
+  EXPECT_EQ(p.seq_info(c).num_computed_tokens, 0u);  // not loaded yet
+  EXPECT_EQ(p.validate(), "");
+  p.append(c, f.tokens.data() + 16, 1, 0);
+  const auto out = attend_last(f.pool, c, f.q, &f);  // the plan loads, then attends
+  for (uint32_t l = 0; l < kLayers; ++l)
+    for (size_t i = 0; i < out[l].size(); ++i)
+      ASSERT_EQ(out[l][i], f.ref_out[l][i]) << "layer " << l << " element " << i;
+  const auto tab = test::table(p, c);
+  for (size_t j = 0; j < 4; ++j) EXPECT_EQ(bytes_of(p, tab[j]), f.block_bytes[j]) << "block " << j;
+  EXPECT_EQ(p.seq_info(c).num_computed_tokens, 17u);
+  hs = p.tier_stats(1);
+  EXPECT_EQ(hs.num_hits, 4u);
+  EXPECT_EQ(hs.num_loaded, 4u);
+  EXPECT_EQ(hs.bytes_loaded, 4 * kBlockBytes);
+  EXPECT_EQ(hs.num_checksum_failures, 0u);
+  EXPECT_EQ(p.validate(), "");
+  // Loaded blocks are written blocks: a device hit for the next request.
+  p.free(c);
+  SeqId d = p.seq_create({});
+  EXPECT_EQ(p.match_prefix(d, f.tokens.data(), f.tokens.size()), 16u);
+  EXPECT_EQ(p.seq_info(d).num_computed_tokens, 16u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+TEST(Tiers, FullHostTierDemotesToTheFileTier) {
+  Fixture f = offloaded(3, 2);
+  Pool& p = *f.pool;
+  EXPECT_EQ(p.tier_stats(1).num_blocks, 3u);
+  EXPECT_EQ(p.tier_stats(1).num_removed, 1u);
+  EXPECT_EQ(p.tier_stats(2).num_stored, 1u);
+  EXPECT_EQ(p.tier_stats(2).num_blocks, 1u);
+  SeqId c = p.seq_create({});
+  const TieredMatch m = p.match_prefix_tiered(c, f.tokens.data(), f.tokens.size());
+  // a's blocks were evicted tail first (3, 2, 1, 0): block 3, the oldest
+  // in the host tier, went down to the file.
+  EXPECT_EQ(m.host, 12u);
+  EXPECT_EQ(m.file, 4u);
+  p.append(c, f.tokens.data() + 16, 1, 0);
+  const auto out = attend_last(f.pool, c, f.q, &f);
+  for (uint32_t l = 0; l < kLayers; ++l) EXPECT_EQ(out[l], f.ref_out[l]);
+  const auto tab = test::table(p, c);
+  for (size_t j = 0; j < 4; ++j) EXPECT_EQ(bytes_of(p, tab[j]), f.block_bytes[j]) << "block " << j;
+  EXPECT_EQ(p.tier_stats(2).num_loaded, 1u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+TEST(Tiers, WithoutAFileTierTheOldestHostEntryIsDropped) {
+  Fixture f = offloaded(3, 0);
+  Pool& p = *f.pool;
+  SeqId c = p.seq_create({});
+  const TieredMatch m = p.match_prefix_tiered(c, f.tokens.data(), f.tokens.size());
+  EXPECT_EQ(m.host, 12u);
+  EXPECT_EQ(m.file, 0u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+// The hashes of the first n blocks of tokens in p (a probe sequence, freed).
+std::vector<BlockHash> block_hashes_of(Pool& p, const std::vector<int32_t>& tokens, size_t n) {
+  SeqId probe = p.seq_create({});
+  p.append(probe, tokens.data(), n * kBs, 0);
+  std::vector<BlockHash> hs(n);
+  p.block_hashes(probe, hs.data(), n);
+  p.free(probe);
+  return hs;
+}
+
+// A corrupted entry: the hit becomes a miss at load, counted; the plan
+// that would read it fails naming the tokens to compute; nothing of it is
+// served, and computing them works.
+TEST(Tiers, ChecksumMismatchIsAMissNeverServed) {
+  Fixture f = offloaded(4, 0);
+  Pool& p = *f.pool;
+  const std::vector<BlockHash> hs = block_hashes_of(p, f.tokens, 2);
+  ASSERT_TRUE(p.tiers_for_testing()->corrupt_for_testing(hs[1]));
+  SeqId c = p.seq_create({});
+  EXPECT_EQ(p.match_prefix_tiered(c, f.tokens.data(), 17).host, 16u);
+  p.append(c, f.tokens.data() + 16, 1, 0);
+  const uint32_t one = 1;
+  try {
+    Batch::prepare(f.pool, &c, &one, 1, nullptr);
+    FAIL() << "a plan over a corrupted block was prepared";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kInvalidState);
+    EXPECT_NE(std::string(e.what()).find("tokens [4, 16)"), std::string::npos) << e.what();
+  }
+  const TierStats s = p.tier_stats(1);
+  EXPECT_EQ(s.num_checksum_failures, 1u);
+  EXPECT_EQ(s.num_loaded, 3u);  // the good ones
+  EXPECT_EQ(s.num_blocks, 3u);  // the bad entry is gone
+  EXPECT_EQ(p.seq_info(c).num_computed_tokens, 4u);
+  EXPECT_EQ(p.validate(), "");
+  // The bad block is no longer in the prefix cache: nobody else hits it.
+  SeqId d = p.seq_create({});
+  EXPECT_EQ(p.match_prefix(d, f.tokens.data(), 17), 4u);
+  p.free(d);
+  // The engine computes tokens [4, 17); then everything is written.
+  const uint32_t rest = 13;
+  auto b = Batch::prepare(f.pool, &c, &rest, 1, nullptr);
+  b->commit();
+  EXPECT_EQ(p.seq_info(c).num_computed_tokens, 17u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+TEST(Tiers, FileIoErrorIsAMiss) {
+  Fixture f = offloaded(3, 2);
+  Pool& p = *f.pool;
+  p.tiers_for_testing()->fail_io_for_testing(true);
+  SeqId c = p.seq_create({});
+  const TieredMatch m = p.match_prefix_tiered(c, f.tokens.data(), 17);
+  EXPECT_EQ(m.file, 4u);
+  p.flush_tiers();
+  EXPECT_EQ(p.tier_stats(2).num_io_errors, 1u);
+  EXPECT_EQ(p.tier_stats(2).num_blocks, 0u);
+  EXPECT_EQ(p.seq_info(c).num_computed_tokens, 12u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+TEST(Tiers, FileCorruptionIsCaught) {
+  Fixture f = offloaded(3, 2);
+  Pool& p = *f.pool;
+  const std::vector<BlockHash> hs = block_hashes_of(p, f.tokens, 4);
+  ASSERT_TRUE(p.tiers_for_testing()->corrupt_for_testing(hs[3]));  // in the file
+  SeqId c = p.seq_create({});
+  EXPECT_EQ(p.match_prefix_tiered(c, f.tokens.data(), 17).file, 4u);
+  p.flush_tiers();
+  EXPECT_EQ(p.tier_stats(2).num_checksum_failures, 1u);
+  EXPECT_EQ(p.seq_info(c).num_computed_tokens, 12u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+TEST(Tiers, CacheSaltsKeepTenantsApartInTheTiers) {
+  Fixture f = offloaded(4, 0);
+  Pool& p = *f.pool;
+  SeqOptions other;
+  other.cache_salt = "tenant-b";
+  SeqId c = p.seq_create(other);
+  const TieredMatch m = p.match_prefix_tiered(c, f.tokens.data(), 17);
+  EXPECT_EQ(m.device + m.host + m.file, 0u);
+  EXPECT_EQ(p.tier_stats(1).num_hits, 0u);
+}
+
+TEST(Tiers, EventsCarryTheirMediumAndResetClearsTheTiers) {
+  Fixture f = offloaded(3, 2, true);
+  Pool& p = *f.pool;
+  std::map<std::pair<uint32_t, uint32_t>, int> count;  // (medium, type) -> events
+  for (const Event& e : test::drain(p)) ++count[{e.medium, uint32_t(e.type)}];
+  EXPECT_EQ((count[{1, uint32_t(EventType::kStored)}]), 4);
+  EXPECT_EQ((count[{1, uint32_t(EventType::kRemoved)}]), 1);
+  EXPECT_EQ((count[{2, uint32_t(EventType::kStored)}]), 1);
+  p.reset_prefix_cache();
+  EXPECT_EQ(p.tier_stats(1).num_blocks, 0u);
+  EXPECT_EQ(p.tier_stats(2).num_blocks, 0u);
+  SeqId c = p.seq_create({});
+  const TieredMatch m = p.match_prefix_tiered(c, f.tokens.data(), 17);
+  EXPECT_EQ(m.host + m.file, 0u);
+  count.clear();
+  for (const Event& e : test::drain(p)) ++count[{e.medium, uint32_t(e.type)}];
+  EXPECT_EQ((count[{1, uint32_t(EventType::kAllCleared)}]), 1);
+  EXPECT_EQ((count[{2, uint32_t(EventType::kAllCleared)}]), 1);
+  EXPECT_EQ(p.validate(), "");
+}
+
+// The sequence that took a tier hit goes before its load: the entry is
+// unpinned, the block is not loaded, nothing leaks.
+TEST(Tiers, FreedBeforeTheLoadNothingLeaks) {
+  Fixture f = offloaded(4, 0);
+  Pool& p = *f.pool;
+  SeqId c = p.seq_create({});
+  EXPECT_EQ(p.match_prefix_tiered(c, f.tokens.data(), 17).host, 16u);
+  p.free(c);
+  p.flush_tiers();
+  EXPECT_EQ(p.tier_stats(1).num_loaded, 0u);
+  EXPECT_EQ(p.tier_stats(1).num_blocks, 4u);
+  EXPECT_EQ(p.validate(), "");
+  SeqId d = p.seq_create({});
+  EXPECT_EQ(p.match_prefix_tiered(d, f.tokens.data(), 17).host, 16u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+TEST(Tiers, AttachChecksItsArguments) {
+  PoolOptions mo = test::manager_options(4, 8);
+  auto manager = Pool::create(mo);
+  TierOptions t;
+  t.host_bytes = 1 << 20;
+  EXPECT_EQ(test::code_of([&] { manager->attach_tiers(t); }), Errc::kInvalidState);
+  PoolOptions so = test::storage_options(4, 8, 8);
+  auto pool = Pool::create(so);
+  TierOptions tiny;
+  tiny.host_bytes = 1;  // below one block
+  EXPECT_EQ(test::code_of([&] { pool->attach_tiers(tiny); }), Errc::kInvalidArgument);
+  TierOptions nodir = t;
+  nodir.file_bytes = 1 << 20;
+  EXPECT_EQ(test::code_of([&] { pool->attach_tiers(nodir); }), Errc::kInvalidArgument);
+  TierOptions baddir = t;
+  baddir.file_dir = "/nonexistent-dir-for-pagedkv";
+  baddir.file_bytes = 1 << 20;
+  EXPECT_EQ(test::code_of([&] { pool->attach_tiers(baddir); }), Errc::kInvalidArgument);
+  EXPECT_EQ(test::code_of([&] { pool->tier_stats(1); }), Errc::kInvalidState);
+  pool->attach_tiers(t);
+  EXPECT_EQ(test::code_of([&] { pool->attach_tiers(t); }), Errc::kInvalidState);
+  EXPECT_EQ(test::code_of([&] { pool->tier_stats(0); }), Errc::kInvalidArgument);
+  EXPECT_EQ(test::code_of([&] { pool->tier_stats(2); }), Errc::kInvalidState);
+  EXPECT_EQ(pool->validate(), "");
+}
+
+}  // namespace
+}  // namespace pagedkv
