@@ -22,7 +22,9 @@
 //                         each of 1024 sequences of ~1000 tokens (one call per
 //                         sequence, or pkv_seq_append_batch), then the step
 //                         plan built, committed and destroyed; *_only = the
-//                         batched appends alone (plan = the difference)
+//                         batched appends alone (plan = the difference);
+//                         persistent_table = batched appends and a
+//                         PKV_PREPARE_PERSISTENT_TABLE plan
 // Counters: vs_target = measured / goal (>= 1 meets it: 20M pairs/s; 50 us
 // per 1024-sequence step; 30 us per decode_step_plan step); vs_hash = match_prefix tokens/s over
 // hash_only.
@@ -139,7 +141,9 @@ void BM_DecodeStep(benchmark::State& state) {
 // token appended to each of 1024 sequences of ~1000 tokens, the step plan
 // built for them (1 query each, ~64k pages), committed and destroyed.
 // Arg 0: one pkv_seq_append per sequence; 1: pkv_seq_append_batch;
-// 3: the batched appends alone (the plan's share is the difference).
+// 2: pkv_seq_append_batch and a persistent-table plan (only changed rows
+// rewritten); 3: the batched appends alone (the plan's share is the
+// difference).
 void BM_DecodeStepPlan(benchmark::State& state) {
   const int mode = int(state.range(0));
   constexpr int kCtx = 1000;
@@ -178,7 +182,8 @@ void BM_DecodeStepPlan(benchmark::State& state) {
       st = pkv_seq_append_batch(pool, seqs.data(), toks.data(), kSeqs);
     }
     if (st == PKV_OK && mode != 3)
-      st = pkv_batch_prepare(pool, seqs.data(), ones.data(), kSeqs, nullptr, &b);
+      st = pkv_batch_prepare_ex(pool, seqs.data(), ones.data(), kSeqs,
+                                mode == 2 ? PKV_PREPARE_PERSISTENT_TABLE : 0, nullptr, &b);
     if (st == PKV_OK && mode != 3) {
       st = pkv_batch_commit(b);
       pkv_batch_destroy(b);
@@ -275,6 +280,11 @@ BENCHMARK(BM_DecodeStepPlan)
 BENCHMARK(BM_DecodeStepPlan)
     ->Name("decode_step_plan/append_batch")
     ->Arg(1)
+    ->Iterations(1024)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeStepPlan)
+    ->Name("decode_step_plan/persistent_table")
+    ->Arg(2)
     ->Iterations(1024)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeStepPlan)

@@ -124,6 +124,15 @@ class BlockPool {
   // lowered by the sole holder that appends new tokens into written slots
   // or truncates them. Only fully written blocks may be hit by a lookup.
   uint32_t written(int32_t id) const { return written_[id]; }
+  // Starts loading the prefix-cache slot a block hashed h would go to.
+  void prefetch_cache_slot(const BlockHash& h) const {
+    if (caching_) cache_.prefetch(h);
+  }
+  // Starts loading a block's fill and written counts (see SeqTable::prefetch).
+  void prefetch_counts(int32_t id) const {
+    __builtin_prefetch(&fill_[id]);
+    __builtin_prefetch(&written_[id]);
+  }
   void set_written(int32_t id, uint32_t w) noexcept { written_[id] = uint16_t(w); }
   bool fully_written(int32_t id) const { return written_[id] >= block_size_; }
   void set_block_size(uint32_t bs) { block_size_ = bs; }

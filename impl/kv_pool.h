@@ -126,6 +126,7 @@ struct PoolStats {
 
 class Batch;
 struct PlanHost;
+struct PageTable;
 
 class Pool {
  public:
@@ -413,6 +414,8 @@ class Pool {
   // Incremental step plans (step_plan_rows.h): the last plan's memory and
   // page rows, and a spare buffer for the next plan.
   std::shared_ptr<PlanHost> last_plan_, spare_plan_;
+  // Persistent page tables (step_plan_table.h): the last one built.
+  std::shared_ptr<PageTable> page_table_;
   // Batch::commit: per-block stamps telling whether a plan's written
   // ranges fall in distinct blocks (then no sort is needed).
   std::vector<uint32_t> written_stamp_;

@@ -45,9 +45,14 @@ void Pool::append_batch(const SeqId* ids, const int32_t* tokens, uint64_t m) {
   const uint64_t bs = opts_.block_size;
   uint64_t take = 0, gain = 0, events = 0, cow = 0;
   const uint64_t free_now = uint64_t(blocks_.num_free());
+  constexpr uint64_t kAhead = 16;  // prefetch distance, in sequences
   for (uint64_t i = 0; i < m; ++i) {
+    if (i + kAhead < m) seqs_.prefetch(ids[i + kAhead]);
     Sequence* s = batch_member(ids, i, mark);
     BatchItem it{s, s->tokens.size(), {}, 0, false};
+    __builtin_prefetch(s->tokens.data() + it.n0, 1);  // written in step 2
+    if (div_bs(it.n0) < s->blocks.size())
+      __builtin_prefetch(s->blocks.data() + div_bs(it.n0));  // read in step 3
     if (!s->tail_shared && opts_.sliding_window == 0 && it.n0 < kMaxSeqTokens) {
       const uint64_t j = div_bs(it.n0);
       it.simple = j < s->blocks.size() && div_bs(it.n0 + 1) == j;
@@ -81,9 +86,18 @@ void Pool::append_batch(const SeqId* ids, const int32_t* tokens, uint64_t m) {
   try {
     for (; staged < m; ++staged) {
       BatchItem& it = items[staged];
+      if (staged + kAhead < m) {
+        const BatchItem& ahead = items[staged + kAhead];
+        const uint64_t j = div_bs(ahead.n0);
+        if (ahead.simple) blocks_.prefetch_counts(ahead.s->blocks[j]);
+      }
       it.s->tokens.push_back(tokens[staged]);
       it.h0 = it.s->hashes.size();
-      if (!it.simple) it.h0 = hash_new_blocks(*it.s);
+      if (!it.simple) {
+        it.h0 = hash_new_blocks(*it.s);
+        for (size_t k = it.h0; k < it.s->hashes.size(); ++k)
+          blocks_.prefetch_cache_slot(it.s->hashes[k]);  // inserted in step 3
+      }
     }
   } catch (...) {
     for (size_t k = 0; k <= staged && k < m; ++k) {

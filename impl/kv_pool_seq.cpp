@@ -484,7 +484,7 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
       }
       if (new_block) {
         s.blocks.push_back(blocks_.allocate());
-        ++s.table_version;
+        s.bump_table_appended();
       }
       clamp_written(s.blocks[j], n0 - j * opts_.block_size);
       blocks_.add_filled_slot(s.blocks[j]);
@@ -526,6 +526,7 @@ void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahea
 void Pool::apply_append(Sequence& s, uint64_t n0, uint64_t n, const AppendNeed& need,
                         size_t h0) noexcept {
   const uint64_t bs = opts_.block_size;
+  bool replaced = need.window_end > need.window_first;  // a block of the table changed
   // 1. Sliding window: release what no query will read again, tail first.
   uncache_unwritten(s, need.window_first, need.window_end);  // none while the invariants hold
   for (uint64_t j = need.window_end; j-- > need.window_first;) {
@@ -550,6 +551,7 @@ void Pool::apply_append(Sequence& s, uint64_t n0, uint64_t n, const AppendNeed& 
         }
         blocks_.release(b);
         s.blocks[j] = fresh;
+        replaced = true;
       } else if (!blocks_.hash(b).empty()) {
         blocks_.uncache_block(b);
       }
@@ -577,7 +579,10 @@ void Pool::apply_append(Sequence& s, uint64_t n0, uint64_t n, const AppendNeed& 
   }
   num_tokens_ += n;
   ++s.version;
-  ++s.table_version;
+  if (replaced)
+    ++s.table_version;
+  else
+    s.bump_table_appended();
 }
 
 void Pool::settle_tail_fill(const Sequence& s) noexcept {

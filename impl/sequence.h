@@ -57,6 +57,22 @@ struct Sequence {
   // it already holds): a step plan reuses the previous plan's page row of
   // a sequence whose table_version did not change (step_plan_rows.h).
   uint32_t table_version = 0;
+  // The table versions [append_from, append_to] differ only by blocks
+  // appended at the end of the table (no block replaced or released):
+  // persistent page tables (step_plan_table.h) then write only the new
+  // blocks of a row built at a version in that run. Only the appends below
+  // extend the run; any other bump of table_version breaks it (the next
+  // append starts a new run), so a change made elsewhere is never taken
+  // for an append.
+  uint32_t append_from = 0, append_to = 0;
+  void bump_table_appended() {
+    if (append_to != table_version) append_from = table_version;
+    append_to = ++table_version;
+  }
+  // Whether the table at version v was a prefix of the current one.
+  bool table_extends(uint32_t v) const {
+    return append_to == table_version && v - append_from <= table_version - append_from;
+  }
   HashContext ctx;
   std::vector<RetentionRange> retention;  // empty = the default priority
 
@@ -95,6 +111,16 @@ class SeqTable {
     return s.live && s.gen == gen ? &s.seq : nullptr;
   }
   const Sequence* find(SeqId id) const { return const_cast<SeqTable*>(this)->find(id); }
+  // Starts loading the slot id names (batched calls touch ~1000 sequences
+  // per step: issued a few iterations ahead, the loads overlap).
+  void prefetch(SeqId id) {
+    const uint32_t slot = uint32_t(id) & (kMaxSlots - 1);
+    if (slot < size_) {
+      const char* p = reinterpret_cast<const char*>(&at(slot));
+      __builtin_prefetch(p);
+      __builtin_prefetch(p + 64);
+    }
+  }
 
   // A new empty sequence; its id through *id.
   Sequence& add(SeqId* id) {

@@ -54,8 +54,8 @@ ByteSpan layer_span(const KvArena& a, uint32_t l) {
 }  // namespace
 
 std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const SeqId* seqs,
-                                      const uint32_t* query_counts, uint32_t num_seqs,
-                                      void* stream) {
+                                      const uint32_t* query_counts, uint32_t num_seqs, void* stream,
+                                      bool persistent_table) {
   Pool& p = *pool;
   std::lock_guard<std::mutex> lock(p.mu_);
   p.check_open();
@@ -71,7 +71,9 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   const uint64_t epoch = ++p.plan_epoch_;
   uint64_t tokens = 0, pages = 0, max_ctx = 0;
   uint32_t max_q = 0;
+  constexpr uint32_t kAhead = 16;  // prefetch distance, in sequences
   for (uint32_t i = 0; i < num_seqs; ++i) {
+    if (i + kAhead < num_seqs) p.seqs_.prefetch(seqs[i + kAhead]);
     Sequence* s = p.seqs_.find(seqs[i]);
     if (!s)
       fail(Errc::kNotFound, "seqs[" + str(i) + "]: " + seq_name(seqs[i]) + " is stale or unknown");
@@ -94,9 +96,11 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
                                        " a query, which needs keys from " + str(first_key) +
                                        " on that the sliding window already released");
     live[i] = s;
+    if (n > 0 && p.div_bs(n - 1) < s->blocks.size())
+      __builtin_prefetch(s->blocks.data() + p.div_bs(n - 1));  // the query's block
     b->versions_[i] = s->version;
     tokens += q;
-    pages += (n + bs - 1) / bs;
+    pages += p.div_bs(n + bs - 1);
     max_ctx = std::max(max_ctx, n);
     max_q = std::max(max_q, q);
   }
@@ -114,29 +118,35 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   // compute those tokens as queries: fail before changing anything.
   b->epochs_.resize(num_seqs);
   b->ends_.resize(num_seqs);
+  b->ranges_.reserve(num_seqs);  // one each in a decode step
+  std::vector<uint32_t> unsure;  // sequences whose context may hold unwritten slots
   for (uint32_t i = 0; i < num_seqs; ++i) {
     const Sequence& s = *live[i];
     const uint64_t n = s.tokens.size(), start = n - query_counts[i];
     b->epochs_[i] = s.writes_epoch;
     b->ends_[i] = n;
-    for (uint64_t j = start / bs; j * bs < n; ++j)
+    for (uint64_t j = p.div_bs(start); j * bs < n; ++j)
       b->ranges_.push_back({i,
                             uint32_t(j),
                             {s.blocks[j], uint32_t(std::max(start, j * bs) - j * bs),
                              uint32_t(std::min(n, (j + 1) * bs) - j * bs)}});
+    // Without a window, positions before num_committed are written
+    // (validate checks it): a decode step's context usually is all of
+    // them. The others are checked below, once every range is known.
+    if (p.opts_.sliding_window != 0 || s.num_committed < start) unsure.push_back(i);
   }
   // The written counts after this plan's own writes, needed only when a
   // context block is not written yet (rare: built on first use).
   std::vector<std::pair<int32_t, uint32_t>> after;
   bool have_after = false;
-  for (uint32_t i = 0; i < num_seqs; ++i) {
+  for (const uint32_t i : unsure) {
     const Sequence& s = *live[i];
     const uint64_t n = s.tokens.size(), ctx_end = n - query_counts[i];
     const uint64_t w = p.opts_.sliding_window;
     const uint64_t first_key = w > 0 && n - query_counts[i] + 1 > w ? ctx_end + 1 - w : 0;
-    // Without a window, positions before num_committed are written
-    // (validate checks it); with one, the check reads at most the window.
-    uint64_t j = std::max<uint64_t>({s.num_null, first_key / bs, w ? 0 : s.num_committed / bs});
+    // With a window, the check reads at most the window.
+    uint64_t j =
+        std::max<uint64_t>({s.num_null, p.div_bs(first_key), w ? 0 : p.div_bs(s.num_committed)});
     for (; j * bs < ctx_end; ++j) {
       const int32_t blk = s.blocks[j];
       const uint32_t need = uint32_t(std::min(bs, ctx_end - j * bs));
@@ -164,6 +174,20 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
     }
   }
 
+  // A persistent table: its rows replace the CSR page ids (built before
+  // anything else changes: it may fail).
+  if (persistent_table) {
+    std::vector<uint32_t> np(num_seqs);
+    for (uint32_t i = 0; i < num_seqs; ++i)
+      np[i] = uint32_t(p.div_bs(live[i]->tokens.size() + bs - 1));
+    size_t rewritten = 0;
+    b->table_ =
+        persistent_page_table(p.page_table_, seqs, live.data(), np.data(), num_seqs, &rewritten);
+    b->rows_reused_ = num_seqs - rewritten;
+    pages = uint64_t(num_seqs) * b->table_->stride;
+  }
+  const bool host_table = b->table_ && !(p.backend_ && p.backend_->device_type() != kDeviceCpu);
+
   BatchInfo& info = b->info_;
   info.num_seqs = num_seqs;
   info.num_tokens = tokens;
@@ -173,8 +197,10 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   info.block_size = uint32_t(bs);
 
   // One buffer: i64 slots first, then the i32 arrays.
-  const size_t sizes[6] = {tokens * 8, (num_seqs + 1) * 4ull, (num_seqs + 1) * 4ull,
-                           pages * 4,  num_seqs * 4ull,       num_seqs * 4ull};
+  // A host pool's persistent table is not in the buffer: plans point at it.
+  const size_t sizes[6] = {
+      tokens * 8,      (num_seqs + 1) * 4ull, (num_seqs + 1) * 4ull, host_table ? 0 : pages * 4,
+      num_seqs * 4ull, num_seqs * 4ull};
   size_t off = 0;
   for (int a = 0; a < 6; ++a) {
     b->offsets_[a] = off;
@@ -202,18 +228,24 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   for (uint32_t i = 0; i < num_seqs; ++i) {
     const Sequence& s = *live[i];
     const uint64_t n = s.tokens.size();
-    const uint64_t np = (n + bs - 1) / bs;
-    for (uint64_t pos = n - query_counts[i]; pos < n; ++pos)
-      slots[t++] = int64_t(s.blocks[pos / bs]) * int64_t(bs) + int64_t(pos % bs);
-    pg += int64_t(np);
+    const uint64_t np = p.div_bs(n + bs - 1);
+    for (uint64_t pos = n - query_counts[i]; pos < n; ++pos) {
+      const uint64_t j = p.div_bs(pos);
+      slots[t++] = int64_t(s.blocks[j]) * int64_t(bs) + int64_t(pos - j * bs);
+    }
+    pg += b->table_ ? int64_t(b->table_->stride) : int64_t(np);
     qptr[i + 1] = int32_t(t);
     pptr[i + 1] = int32_t(pg);
     last[i] = int32_t(n - (np - 1) * bs);
     ctx[i] = int32_t(n);
   }
-  b->rows_reused_ =
-      fill_page_rows(p.last_plan_.get(), host, seqs, live.data(), pptr, pidx, num_seqs);
+  if (!b->table_)
+    b->rows_reused_ =
+        fill_page_rows(p.last_plan_.get(), host, seqs, live.data(), pptr, pidx, num_seqs);
+  else if (!host_table)
+    std::memcpy(pidx, b->table_->kern.get(), pages * sizeof(int32_t));
   b->host_view_ = view_at(base, b->offsets_, info);
+  if (host_table) b->host_view_.page_indices = b->table_->kern.get();
 
   // Nothing counts as computed yet: commit() (or a cache write of every
   // layer) says the step's writes happened. Allocated before the copies
@@ -241,7 +273,7 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   }
   b->state_ = State::kOpen;
   b->recyclable_ = true;
-  remember_plan(p.last_plan_, p.spare_plan_, b->host_);
+  if (!b->table_) remember_plan(p.last_plan_, p.spare_plan_, b->host_);
   return b;
 }
 
@@ -251,6 +283,7 @@ Batch::~Batch() {
   std::lock_guard<std::mutex> lock(pool_->mu_);
   // The plan memory goes back to the pool for the next plan.
   if (!pool_->closed_) recycle_plan_host(pool_->spare_plan_, std::move(host_));
+  table_.reset();  // under the lock: the next plan may update it in place
   // ABI 1 compatibility: a manager-only pool's engine writes K/V elsewhere
   // and older callers never commit, so a step destroyed without abort
   // counts as done. A pool with storage knows better: unless every layer
@@ -290,12 +323,15 @@ void Batch::commit_locked() {
   // less is always safe, the next plan computes the rest.
   std::vector<Sequence*> live(seqs_.size());
   for (size_t i = 0; i < seqs_.size(); ++i) {
+    if (i + 8 < seqs_.size()) p.seqs_.prefetch(seqs_[i + 8]);
     Sequence* s = p.seqs_.find(seqs_[i]);
     live[i] = s && s->writes_epoch == epochs_[i] ? s : nullptr;
   }
   std::vector<Pool::WrittenRange> rs;
   rs.reserve(ranges_.size());
-  for (const QueryRange& q : ranges_) {
+  for (size_t k = 0; k < ranges_.size(); ++k) {
+    if (k + 8 < ranges_.size()) p.blocks_.prefetch_counts(ranges_[k + 8].r.block);
+    const QueryRange& q = ranges_[k];
     const Sequence* s = live[q.seq];
     if (s && q.index < s->blocks.size() && s->blocks[q.index] == q.r.block) rs.push_back(q.r);
   }
@@ -337,6 +373,7 @@ TensorArg Batch::plan_tensor(uint32_t which) const {
     std::call_once(callers_copy_, [&] { std::memcpy(h + bytes_, h, bytes_); });
   }
   t.data = const_cast<char*>(base + bytes_ + offsets_[which]);  // the callers' copy
+  if (which == uint32_t(PlanArray::kPageIndices) && table_ && !device_) t.data = table_->call.get();
   t.dtype = which == 0 ? uint32_t(DType::kI64) : uint32_t(DType::kI32);
   t.device_type = pool_->opts_.device_type;
   t.device_id = pool_->opts_.device_id;

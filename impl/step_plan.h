@@ -12,6 +12,7 @@
 #include "kernel_types.h"
 #include "kv_pool.h"
 #include "step_plan_rows.h"
+#include "step_plan_table.h"
 #include "tensor_arg.h"
 
 namespace pagedkv {
@@ -44,9 +45,11 @@ class Batch {
  public:
   // Validates every id and query count (Error naming the index), runs the
   // pool's pending copy-on-write copies on stream, uploads the plan.
+  // persistent_table: the page table as padded rows kept by the pool
+  // across steps (step_plan_table.h) instead of CSR.
   static std::unique_ptr<Batch> prepare(const std::shared_ptr<Pool>& pool, const SeqId* seqs,
                                         const uint32_t* query_counts, uint32_t num_seqs,
-                                        void* stream);
+                                        void* stream, bool persistent_table = false);
   ~Batch();
   Batch(const Batch&) = delete;
   Batch& operator=(const Batch&) = delete;
@@ -57,7 +60,10 @@ class Batch {
   const PlanView& host_view() const { return host_view_; }  // host copies
   // Page-table rows this plan copied from the previous plan (the rest were
   // read from the sequences' tables), for tests and benchmarks.
+  // With a persistent table: the rows it did not rewrite.
   size_t rows_reused() const { return rows_reused_; }
+  // The persistent table's row stride (pages per row); 0 for CSR plans.
+  uint32_t page_row_stride() const { return table_ ? table_->stride : 0; }
 
   // What a model needs besides the page table (step_plan_positions.cpp):
   // i64 [num_tokens] position of each query row in its sequence, and i64
@@ -127,6 +133,9 @@ class Batch {
   // On the CPU the callers' copy is made when first asked for.
   mutable std::once_flag callers_copy_;
   size_t rows_reused_ = 0;  // page rows copied from the previous plan
+  // The persistent page table (kernels' and callers' copies) on the host;
+  // null for CSR plans. Device pools upload a copy with the plan.
+  std::shared_ptr<PageTable> table_;
   void* device_ = nullptr;  // the same bytes on the device (non-CPU pools)
   void* stream_ = nullptr;  // device_ is released ordered on the prepare stream
   size_t bytes_ = 0;

@@ -61,7 +61,26 @@ func (p *Pool) Prepare(seqs []Seq, queryCounts []int) (*Batch, error) {
 // PrepareOnStream is Prepare running the copy-on-write copies on a CUDA
 // stream (a cudaStream_t; nil for the default stream or CPU pools).
 func (p *Pool) PrepareOnStream(seqs []Seq, queryCounts []int, stream unsafe.Pointer) (*Batch, error) {
-	const op = "pkv_batch_prepare"
+	return p.prepare("pkv_batch_prepare", seqs, queryCounts, 0, stream)
+}
+
+// PrepareFlags select plan layouts for PrepareEx (PKV_PREPARE_*).
+type PrepareFlags uint32
+
+// PreparePersistentTable makes the page table a persistent block table of
+// padded rows that the pool keeps across steps, rewriting only the rows
+// whose sequence or block table changed: row i holds seqs[i]'s pages at
+// PAGE_INDICES[i*stride+j], 0 (the null block) past them, and
+// PAGE_INDPTR[i] = i*stride. Keep each sequence at the same index from
+// step to step. See pkv_batch_prepare_ex.
+const PreparePersistentTable PrepareFlags = C.PKV_PREPARE_PERSISTENT_TABLE
+
+// PrepareEx is PrepareOnStream with plan flags (0: the same plan).
+func (p *Pool) PrepareEx(seqs []Seq, queryCounts []int, flags PrepareFlags, stream unsafe.Pointer) (*Batch, error) {
+	return p.prepare("pkv_batch_prepare_ex", seqs, queryCounts, flags, stream)
+}
+
+func (p *Pool) prepare(op string, seqs []Seq, queryCounts []int, flags PrepareFlags, stream unsafe.Pointer) (*Batch, error) {
 	if len(seqs) != len(queryCounts) {
 		return nil, argError(op, "%d sequences but %d query counts", len(seqs), len(queryCounts))
 	}
@@ -91,7 +110,13 @@ func (p *Pool) PrepareOnStream(seqs []Seq, queryCounts []int, stream unsafe.Poin
 		idp, cp = &ids[0], &counts[0]
 	}
 	var bp *C.pkv_batch
-	if err := check(op, C.pkvgo_batch_prepare(ptr, idp, cp, C.uint32_t(len(seqs)), stream, &bp)); err != nil {
+	var res C.pkvgo_result
+	if flags == 0 {
+		res = C.pkvgo_batch_prepare(ptr, idp, cp, C.uint32_t(len(seqs)), stream, &bp)
+	} else {
+		res = C.pkvgo_batch_prepare_ex(ptr, idp, cp, C.uint32_t(len(seqs)), C.uint32_t(flags), stream, &bp)
+	}
+	if err := check(op, res); err != nil {
 		return nil, err
 	}
 	b := &Batch{

@@ -12,24 +12,37 @@ pagedkv::Batch& batch_of(const pkv_batch* b) {
   return *b->impl;
 }
 
+void prepare(pkv_pool* pool, const pkv_seq_id* seqs, const uint32_t* query_counts,
+             uint32_t num_seqs, uint32_t flags, void* stream, pkv_batch** out) {
+  pc::require(pool, "pool");
+  if (num_seqs > 0) {
+    pc::require(seqs, "seqs");
+    pc::require(query_counts, "query_counts");
+  }
+  pc::require(out, "out");
+  if (flags & ~uint32_t(PKV_PREPARE_PERSISTENT_TABLE))
+    fail(Errc::kInvalidArgument,
+         "flags " + std::to_string(flags) + " has bits that are not PKV_PREPARE_* flags");
+  auto b = std::make_unique<pkv_batch>();
+  pc::pool_of(pool);  // a multi-group pool has no step plans
+  b->impl = pagedkv::Batch::prepare(pool->impl, seqs, query_counts, num_seqs, stream,
+                                    (flags & PKV_PREPARE_PERSISTENT_TABLE) != 0);
+  *out = b.release();
+}
+
 }  // namespace
 
 extern "C" {
 
 pkv_status pkv_batch_prepare(pkv_pool* pool, const pkv_seq_id* seqs, const uint32_t* query_counts,
                              uint32_t num_seqs, void* stream, pkv_batch** out) {
-  PKV_GUARD({
-    pc::require(pool, "pool");
-    if (num_seqs > 0) {
-      pc::require(seqs, "seqs");
-      pc::require(query_counts, "query_counts");
-    }
-    pc::require(out, "out");
-    auto b = std::make_unique<pkv_batch>();
-    pc::pool_of(pool);  // a multi-group pool has no step plans
-    b->impl = pagedkv::Batch::prepare(pool->impl, seqs, query_counts, num_seqs, stream);
-    *out = b.release();
-  });
+  PKV_GUARD(prepare(pool, seqs, query_counts, num_seqs, 0, stream, out));
+}
+
+pkv_status pkv_batch_prepare_ex(pkv_pool* pool, const pkv_seq_id* seqs,
+                                const uint32_t* query_counts, uint32_t num_seqs, uint32_t flags,
+                                void* stream, pkv_batch** out) {
+  PKV_GUARD(prepare(pool, seqs, query_counts, num_seqs, flags, stream, out));
 }
 
 pkv_status pkv_batch_commit(pkv_batch* batch) { PKV_GUARD(batch_of(batch).commit()); }

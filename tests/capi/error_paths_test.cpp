@@ -444,6 +444,15 @@ TEST_F(ErrorPaths, BatchPrepareAndQueries) {
   FAILS(pkv_batch_prepare(pool, &live, &zero, 1, nullptr, &b), BAD, "query_counts[0] = 0");
   FAILS(pkv_batch_prepare(pool, &live, &seven, 1, nullptr, &b), BAD, "query_counts[0] = 7");
   EXPECT_EQ(b, nullptr);
+  const uint32_t pt = PKV_PREPARE_PERSISTENT_TABLE;
+  FAILS(pkv_batch_prepare_ex(nullptr, &live, q, 1, pt, nullptr, &b), BAD, "pool is NULL");
+  FAILS(pkv_batch_prepare_ex(pool, &live, q, 1, pt, nullptr, nullptr), BAD, "out is NULL");
+  FAILS(pkv_batch_prepare_ex(pool, &live, q, 1, 2, nullptr, &b), BAD, "flags 2");
+  FAILS(pkv_batch_prepare_ex(pool, &live, q, 1, pt | 0x80000000u, nullptr, &b), BAD, "flags");
+  FAILS(pkv_batch_prepare_ex(pool, &stale, q, 1, pt, nullptr, &b), PKV_E_NOT_FOUND, "seqs[0]");
+  FAILS(pkv_batch_prepare_ex(pool, two, q, 2, pt, nullptr, &b), BAD, "twice");
+  FAILS(pkv_batch_prepare_ex(pool, &live, &seven, 1, pt, nullptr, &b), BAD, "query_counts[0] = 7");
+  EXPECT_EQ(b, nullptr);
 
   pkv_batch_info info;
   pkv_batch_info_init(&info);

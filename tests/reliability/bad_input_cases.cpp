@@ -1091,6 +1091,23 @@ std::vector<Case> make_cases() {
         S("pkv_batch_prepare", PKV_CLASS_RANGE, "an empty sequence (query count 1)", kInv,
           "query_counts[0]", uint32_t q = 1;
           pkv_batch* b = nullptr; return pkv_batch_prepare(e.pool, &e.empty, &q, 1, nullptr, &b);),
+        S("pkv_batch_prepare_ex", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", uint32_t q = 1;
+          pkv_batch* b = nullptr;
+          return pkv_batch_prepare_ex(nullptr, &e.a, &q, 1, PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b);),
+        S("pkv_batch_prepare_ex", PKV_CLASS_NULL, "out = NULL", kInv, "out", uint32_t q = 1;
+          return pkv_batch_prepare_ex(e.pool, &e.a, &q, 1, PKV_PREPARE_PERSISTENT_TABLE, nullptr,
+                                      nullptr);),
+        S("pkv_batch_prepare_ex", PKV_CLASS_RANGE, "flags = 2 (unknown bit)", kInv, "flags",
+          uint32_t q = 1;
+          pkv_batch* b = nullptr; return pkv_batch_prepare_ex(e.pool, &e.a, &q, 1, 2, nullptr, &b);),
+        S("pkv_batch_prepare_ex", PKV_CLASS_STALE, "seqs[1] freed (persistent table)", kNf, "seqs[1]",
+          pkv_seq_id s[2] = {e.a, e.dead};
+          uint32_t q[2] = {1, 1}; pkv_batch* b = nullptr;
+          return pkv_batch_prepare_ex(e.pool, s, q, 2, PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b);),
+        S("pkv_batch_prepare_ex", PKV_CLASS_RANGE, "query_counts[0] = 0 (persistent table)", kInv,
+          "query_counts[0]", uint32_t q = 0;
+          pkv_batch* b = nullptr;
+          return pkv_batch_prepare_ex(e.pool, &e.a, &q, 1, PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b);),
         with_setup(S("pkv_batch_prepare", PKV_CLASS_STATE,
                      "context not computed (query_counts[0] = 1 after appending 2)", kState,
                      "would attend over tokens [40, 41)", pkv_batch* b = nullptr;

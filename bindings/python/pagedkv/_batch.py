@@ -36,7 +36,12 @@ class Batch(HandleOwner):
     """
 
     def __init__(
-        self, pool: Pool, seqs: Seq[Sequence], query_counts: Union[int, Seq[int]] = 1, stream: Any = None
+        self,
+        pool: Pool,
+        seqs: Seq[Sequence],
+        query_counts: Union[int, Seq[int]] = 1,
+        stream: Any = None,
+        persistent_table: bool = False,
     ) -> None:
         self._ids = None
         if not isinstance(seqs, (list, tuple)) and hasattr(seqs, "__array_interface__"):
@@ -60,7 +65,10 @@ class Batch(HandleOwner):
         self._pool = pool
         self._seqs = seqs  # alive while the plan is: their GC would free them
         self._lock = threading.Lock()
-        ptr = _c.pkv_batch_prepare(pool._h, (ids, counts), stream_ptr(stream))
+        if persistent_table:
+            ptr = _c.pkv_batch_prepare_ex(pool._h, (ids, counts), _c.PKV_PREPARE_PERSISTENT_TABLE, stream_ptr(stream))
+        else:
+            ptr = _c.pkv_batch_prepare(pool._h, (ids, counts), stream_ptr(stream))
         self._h = Handle(ptr, _c.pkv_batch_destroy, "batch")
         try:
             self._info = BatchInfo._from_c(_c.pkv_batch_get_info(ptr))

@@ -32,12 +32,16 @@ class _Handle:
     def closed(self) -> bool: ...
 
 class _SeqBase:
+    _pool: Any
     _h: Any
     _id: int
     _freed: bool
     _owned: bool
     @classmethod
     def _make(cls: Type[_S], pool: Any, handle: Any, id: int, owned: bool) -> _S: ...
+    @classmethod
+    def _create(cls: Type[_S], pool: Any, handle: Any, owned: bool) -> _S: ...
+    def free(self) -> None: ...
 
 ERROR_CLASSES: Dict[int, Type[PagedKVError]]
 PKV_VERSION_STRING: str

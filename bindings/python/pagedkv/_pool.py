@@ -306,11 +306,11 @@ class Pool(HandleOwner):
         ``pool.sequence(id)`` gives a handle back. lora_name keys its blocks
         by LoRA adapter name, as current vLLM does."""
         if priority or lora_id or cache_salt is not None or lora_name is not None or mm_items != ():
-            opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name)
-        else:
-            opts = None  # the C defaults: no conversion at all
-        h = self._h
-        return _make_seq(self, h, _seq_create(h, opts), owned)
+            h = self._h
+            return _make_seq(
+                self, h, _seq_create(h, _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name)), owned
+            )
+        return _create_seq(self, self._h, owned)  # the C defaults: create and wrap in one C call
 
     def sequence(self, seq_id: int, *, own: bool = False) -> Sequence:
         """A handle for an existing sequence id (NotFoundError if it is stale
@@ -322,13 +322,28 @@ class Pool(HandleOwner):
         self._call(_c.pkv_seq_get_info, seq_id)  # NotFoundError for a stale id
         return Sequence(self, seq_id, owned=own)
 
-    def prepare(self, seqs: Seq[Sequence], query_counts: Union[int, Seq[int]] = 1, stream: Any = None) -> Batch:
+    def prepare(
+        self,
+        seqs: Seq[Sequence],
+        query_counts: Union[int, Seq[int]] = 1,
+        stream: Any = None,
+        *,
+        persistent_table: bool = False,
+    ) -> Batch:
         """The step plan for seqs, each with query_counts[i] new tokens (an
         int applies to all: 1 for decode). Its tokens count as computed
         only when the step is committed: see :class:`Batch`. seqs may be a
         uint64 numpy array of ids (the fastest; the engine then keeps the
-        sequences alive while the plan is in use)."""
-        return _batch_class()(self, seqs, query_counts, stream)
+        sequences alive while the plan is in use).
+
+        persistent_table=True (``pkv_batch_prepare_ex`` with
+        PKV_PREPARE_PERSISTENT_TABLE): the page table is a block table of
+        padded rows that the pool keeps across steps, rewriting only the
+        rows whose sequence or block table changed: row i holds seqs[i]'s
+        pages at ``PAGE_INDICES[i * stride + j]``, 0 (the null block) past
+        them, ``PAGE_INDPTR[i] == i * stride``. Keep each sequence at the
+        same index from step to step."""
+        return _batch_class()(self, seqs, query_counts, stream, persistent_table)
 
     def admit(
         self,
@@ -454,9 +469,10 @@ class Sequence(_c._SeqBase):
     sees a stale id).
     """
 
-    # _h, _id, _freed and _owned live in the C base, whose deallocation frees
-    # an owned sequence not freed yet.
-    __slots__ = ("_pool",)
+    # _pool, _h, _id, _freed and _owned live in the C base, which also
+    # implements free() and whose deallocation frees an owned sequence not
+    # freed yet.
+    __slots__ = ()
 
     def __init__(self, pool: Pool, seq_id: int, owned: bool = True) -> None:
         self._freed = False
@@ -531,19 +547,6 @@ class Sequence(_c._SeqBase):
     def truncate(self, num_tokens: int) -> None:
         """Keeps the first num_tokens tokens, releasing emptied blocks."""
         _seq_truncate(self._h, self._id, num_tokens if num_tokens.__class__ is int else int(num_tokens))
-
-    def free(self) -> None:
-        """Releases the sequence and its blocks. Idempotent; a no-op once the
-        pool is closed (closing released everything)."""
-        if self._freed:
-            return
-        try:
-            _seq_free(self._h, self._id)
-        except _c.InvalidStateError:
-            pass  # the pool is closed: closing released everything
-        except _c.NotFoundError:
-            pass  # freed by a concurrent free() of this object, or a free_batch of its id
-        self._freed = True
 
     def info(self) -> SequenceInfo:
         return SequenceInfo._from_c(self._pool._call(_c.pkv_seq_get_info, self._id))
@@ -647,6 +650,7 @@ def _ids(seqs: Any) -> Any:
 
 
 _make_seq = Sequence._make
+_create_seq = Sequence._create
 
 
 def _batch_class() -> Any:

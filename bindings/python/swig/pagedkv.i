@@ -66,6 +66,7 @@
 %thread pkv_pool_set_kv_scales;
 %thread pkv_pool_get_kv_scales;
 %thread pkv_batch_prepare;
+%thread pkv_batch_prepare_ex;
 %thread pkv_batch_destroy;
 %thread pkv_batch_commit;
 %thread pkv_batch_abort;
@@ -312,14 +313,16 @@ static PyObject* pkv_py_handle_closed(pkv_py_handle* h, void* unused) {
   return PyBool_FromLong(h->closed);
 }
 
-/* _SeqBase: the C part of the package's Sequence handle (its pool's
- * _Handle, the id, freed/owned flags). Its deallocation frees an owned,
- * not yet freed sequence in C: a Python __del__ costs more than the
- * pkv_seq_free itself. */
+/* _SeqBase: the C part of the package's Sequence handle (its pool, the
+ * pool's _Handle, the id, freed/owned flags). Creation, free() and the
+ * deallocation of an owned, not yet freed sequence run here in C: a Python
+ * frame per call cost more than the pkv_seq_create / pkv_seq_free itself
+ * (issue 16: the package within 2x of the raw SWIG call). */
 typedef struct {
   PyObject_HEAD
-  PyObject* h;  /* the pool's _Handle */
-  PyObject* id; /* the pkv_seq_id, a Python int (read on every call) */
+  PyObject* pool; /* the package's Pool */
+  PyObject* h;    /* the pool's _Handle */
+  PyObject* id;   /* the pkv_seq_id, a Python int (read on every call) */
   char freed;
   char owned;
   PyObject* weakrefs;
@@ -327,56 +330,153 @@ typedef struct {
 
 static PyTypeObject pkv_py_seq_type;
 
-static void pkv_py_seq_dealloc(pkv_py_seq* s) {
-  if (s->weakrefs) PyObject_ClearWeakRefs((PyObject*)s);
-  if (s->owned && !s->freed && s->h && Py_TYPE(s->h) == &pkv_py_handle_type) {
-    pkv_py_handle* h = (pkv_py_handle*)s->h;
-    if (!h->closed && h->raw) { /* a closed pool released every sequence */
-      PyObject *et, *ev, *tb;
-      PyErr_Fetch(&et, &ev, &tb);
-      unsigned long long id = s->id ? PyLong_AsUnsignedLongLong(s->id) : 0;
-      if (PyErr_Occurred()) PyErr_Clear();
-      ++h->refs;
-      if (id) (void)pkv_seq_free((pkv_pool*)h->raw, (pkv_seq_id)id); /* stale: freed elsewhere */
-      pkv_py_handle_unpin(h);
-      PyErr_Restore(et, ev, tb);
-    }
+/* pkv_seq_free of an owned or explicit free, as the raw wrapper runs it
+ * (handle pinned, GIL released). Returns the status; a closed pool is
+ * PKV_E_INVALID_STATE without a call (closing released everything). */
+static pkv_status pkv_py_seq_free_id(pkv_py_handle* h, PyObject* idobj) {
+  if (h->closed || !h->raw) return PKV_E_INVALID_STATE;
+  unsigned long long id = PyLong_AsUnsignedLongLong(idobj);
+  if (id == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return PKV_E_NOT_FOUND;
   }
+  pkv_status st;
+  ++h->refs;
+  Py_BEGIN_ALLOW_THREADS
+  st = pkv_seq_free((pkv_pool*)h->raw, (pkv_seq_id)id);
+  Py_END_ALLOW_THREADS
+  pkv_py_handle_unpin(h);
+  return st;
+}
+
+static int pkv_py_seq_traverse(pkv_py_seq* s, visitproc visit, void* arg) {
+  Py_VISIT(s->pool);
+  Py_VISIT(s->h);
+  return 0;
+}
+
+static int pkv_py_seq_clear(pkv_py_seq* s) {
+  Py_CLEAR(s->pool);
+  return 0;
+}
+
+static void pkv_py_seq_dealloc(pkv_py_seq* s) {
+  PyObject_GC_UnTrack((PyObject*)s);
+  if (s->weakrefs) PyObject_ClearWeakRefs((PyObject*)s);
+  if (s->owned && !s->freed && s->h && s->id && Py_TYPE(s->h) == &pkv_py_handle_type) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    /* stale (freed elsewhere) or a closed pool: nothing to do */
+    (void)pkv_py_seq_free_id((pkv_py_handle*)s->h, s->id);
+    PyErr_Restore(et, ev, tb);
+  }
+  PyTypeObject* tp = Py_TYPE(s);
+  Py_CLEAR(s->pool);
   Py_CLEAR(s->h);
   Py_CLEAR(s->id);
-  Py_TYPE(s)->tp_free((PyObject*)s);
+  tp->tp_free((PyObject*)s);
+}
+
+static pkv_py_seq* pkv_py_seq_alloc(PyTypeObject* cls, PyObject* pool, PyObject* h, PyObject* id,
+                                    int owned) {
+  pkv_py_seq* s = (pkv_py_seq*)cls->tp_alloc(cls, 0);
+  if (!s) return NULL;
+  Py_INCREF(pool);
+  s->pool = pool;
+  Py_INCREF(h);
+  s->h = h;
+  s->id = id; /* stolen */
+  s->owned = (char)owned;
+  return s;
 }
 
 /* cls._make(pool, handle, id, owned): a handle without __init__'s
- * conversions, in one call (the package's create_sequence, fork, admit). */
+ * conversions, in one call (the package's fork, admit). */
 static PyObject* pkv_py_seq_make(PyTypeObject* cls, PyObject* const* args, Py_ssize_t nargs) {
-  static PyObject* pool_name = NULL;
   if (nargs != 4) {
     PyErr_SetString(PyExc_TypeError, "_make(pool, handle, id, owned)");
     return NULL;
   }
-  if (!pool_name && !(pool_name = PyUnicode_InternFromString("_pool"))) return NULL;
-  pkv_py_seq* s = (pkv_py_seq*)cls->tp_alloc(cls, 0);
-  if (!s) return NULL;
   int owned = PyObject_IsTrue(args[3]);
-  if (owned < 0 || PyObject_SetAttr((PyObject*)s, pool_name, args[0]) != 0) {
-    Py_DECREF(s);
+  if (owned < 0) return NULL;
+  Py_INCREF(args[2]);
+  pkv_py_seq* s = pkv_py_seq_alloc(cls, args[0], args[1], args[2], owned);
+  if (!s) Py_DECREF(args[2]);
+  return (PyObject*)s;
+}
+
+/* cls._create(pool, handle, owned): pkv_seq_create with the C defaults and
+ * the handle for it, in one call (the package's create_sequence). A closed
+ * pool raises InvalidStateError, as the raw call does. */
+static PyObject* pkv_py_seq_create(PyTypeObject* cls, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || Py_TYPE(args[1]) != &pkv_py_handle_type) {
+    PyErr_SetString(PyExc_TypeError, "_create(pool, handle, owned)");
     return NULL;
   }
-  Py_INCREF(args[1]);
-  s->h = args[1];
-  Py_INCREF(args[2]);
-  s->id = args[2];
-  s->owned = (char)owned;
+  int owned = PyObject_IsTrue(args[2]);
+  if (owned < 0) return NULL;
+  pkv_py_handle* h = (pkv_py_handle*)args[1];
+  if (h->ty != SWIGTYPE_p_pkv_pool) {
+    PyErr_SetString(PyExc_TypeError, "_create: handle is not a pool's");
+    return NULL;
+  }
+  if (!pkv_py_handle_pin(h)) return NULL;
+  pkv_seq_id id = 0;
+  pkv_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = pkv_seq_create((pkv_pool*)h->raw, NULL, &id);
+  Py_END_ALLOW_THREADS
+  PyObject* idobj = NULL;
+  if (st == PKV_OK) {
+    idobj = PyLong_FromUnsignedLongLong((unsigned long long)id);
+    if (!idobj) (void)pkv_seq_free((pkv_pool*)h->raw, id);
+  }
+  pkv_py_handle_unpin(h);
+  if (st != PKV_OK) {
+    pkv_py_raise(st);
+    return NULL;
+  }
+  if (!idobj) return NULL;
+  pkv_py_seq* s = pkv_py_seq_alloc(cls, args[0], args[1], idobj, owned);
+  if (!s) {
+    /* the handle may not free it now (pinned above, released): free by id */
+    if (!h->closed && h->raw) (void)pkv_py_seq_free_id(h, idobj);
+    Py_DECREF(idobj);
+  }
   return (PyObject*)s;
+}
+
+/* free(): see pagedkv.Sequence.free. */
+static PyObject* pkv_py_seq_free_method(pkv_py_seq* s, PyObject* unused) {
+  if (s->freed) Py_RETURN_NONE;
+  if (!s->h || !s->id || Py_TYPE(s->h) != &pkv_py_handle_type) {
+    PyErr_SetString(PyExc_TypeError, "free: the sequence handle is not initialised");
+    return NULL;
+  }
+  pkv_status st = pkv_py_seq_free_id((pkv_py_handle*)s->h, s->id);
+  /* INVALID_STATE: the pool is closed (closing released everything);
+   * NOT_FOUND: freed by a concurrent free() of this object, or a
+   * free_batch of its id. */
+  if (st != PKV_OK && st != PKV_E_INVALID_STATE && st != PKV_E_NOT_FOUND) {
+    pkv_py_raise(st);
+    return NULL;
+  }
+  s->freed = 1;
+  Py_RETURN_NONE;
 }
 
 static PyMethodDef pkv_py_seq_methods[] = {
     {"_make", (PyCFunction)(void (*)(void))pkv_py_seq_make, METH_FASTCALL | METH_CLASS,
      "_make(pool, handle, id, owned)"},
+    {"_create", (PyCFunction)(void (*)(void))pkv_py_seq_create, METH_FASTCALL | METH_CLASS,
+     "_create(pool, handle, owned)"},
+    {"free", (PyCFunction)pkv_py_seq_free_method, METH_NOARGS,
+     "Releases the sequence and its blocks. Idempotent; a no-op once the\n"
+     "pool is closed (closing released everything)."},
     {NULL, NULL, 0, NULL}};
 
 static PyMemberDef pkv_py_seq_members[] = {
+    {"_pool", T_OBJECT_EX, offsetof(pkv_py_seq, pool), 0, "the pool"},
     {"_h", T_OBJECT_EX, offsetof(pkv_py_seq, h), 0, "the pool's handle"},
     {"_id", T_OBJECT_EX, offsetof(pkv_py_seq, id), 0, "the pkv_seq_id"},
     {"_freed", T_BOOL, offsetof(pkv_py_seq, freed), 0, "freed through this handle"},
@@ -410,7 +510,9 @@ static PyGetSetDef pkv_py_handle_getset[] = {
   PyModule_AddObject(m, "_Handle", (PyObject*)&pkv_py_handle_type);
   pkv_py_seq_type.tp_name = "pagedkv._pagedkv._SeqBase";
   pkv_py_seq_type.tp_basicsize = sizeof(pkv_py_seq);
-  pkv_py_seq_type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE;
+  pkv_py_seq_type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
+  pkv_py_seq_type.tp_traverse = (traverseproc)pkv_py_seq_traverse;
+  pkv_py_seq_type.tp_clear = (inquiry)pkv_py_seq_clear;
   pkv_py_seq_type.tp_doc = "The C part of pagedkv.Sequence.";
   pkv_py_seq_type.tp_new = PyType_GenericNew;
   pkv_py_seq_type.tp_dealloc = (destructor)pkv_py_seq_dealloc;

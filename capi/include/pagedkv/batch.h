@@ -202,6 +202,34 @@ PKV_API pkv_status pkv_mla_attention(pkv_batch* batch, uint32_t layer, const pkv
                                      const pkv_tensor* lse, const pkv_attention_params* params,
                                      void* stream);
 
+/* pkv_batch_prepare with flags (0: exactly pkv_batch_prepare).
+ *
+ * PKV_PREPARE_PERSISTENT_TABLE: the page table is a persistent block table
+ * of padded rows, as vLLM's and FlashInfer's persistent batches keep it:
+ * row i (the plan's i-th sequence) holds its pages at
+ * PAGE_INDICES[i * stride + j], entries past its pages are 0 (the null
+ * block), PAGE_INDPTR[i] = i * stride (so stride = PAGE_INDPTR[1]) and
+ * num_pages = num_seqs * stride; a row's page count comes from
+ * CONTEXT_LENS (or LAST_PAGE_LEN). The other arrays are as in
+ * pkv_batch_prepare, and the library's kernels accept both layouts. The
+ * pool keeps the table across steps and the next such plan rewrites only
+ * the rows whose sequence or block table changed, so keep each sequence at
+ * the same index from step to step: a decode step then writes a few rows,
+ * not every page id. On a CPU pool the arrays are the kept table itself
+ * (zero copy); a CUDA pool uploads the table with the plan. A table is
+ * updated in place only when no other plan holds it (a plan's arrays never
+ * change while it lives), and the stride grows (one full rewrite) when a
+ * sequence outgrows it. The callers' copy (pkv_batch_plan_tensor) is kept
+ * the same way: writing into it misleads only the writer's own kernels.
+ *
+ * Errors: those of pkv_batch_prepare; PKV_E_INVALID_ARGUMENT for unknown
+ * flags, or a persistent table whose num_seqs * stride would exceed
+ * 2^31 - 1 entries. */
+#define PKV_PREPARE_PERSISTENT_TABLE 0x1u
+PKV_API pkv_status pkv_batch_prepare_ex(pkv_pool* pool, const pkv_seq_id* seqs,
+                                        const uint32_t* query_counts, uint32_t num_seqs,
+                                        uint32_t flags, void* stream, pkv_batch** out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1260,6 +1260,38 @@ impl Pool {
         query_counts: &[u32],
         stream: Stream,
     ) -> Result<Batch> {
+        self.prepare_flags(seqs, query_counts, 0, stream)
+    }
+
+    /// [`prepare_on`](Pool::prepare_on) with a persistent page table
+    /// (`pkv_batch_prepare_ex` with `PKV_PREPARE_PERSISTENT_TABLE`): the
+    /// page table is a block table of padded rows that the pool keeps
+    /// across steps, rewriting only the rows whose sequence or block table
+    /// changed. Row `i` holds `seqs[i]`'s pages at
+    /// `PAGE_INDICES[i * stride + j]`, 0 (the null block) past them, and
+    /// `PAGE_INDPTR[i] == i * stride`. Keep each sequence at the same index
+    /// from step to step.
+    pub fn prepare_persistent_on(
+        &self,
+        seqs: &[SeqId],
+        query_counts: &[u32],
+        stream: Stream,
+    ) -> Result<Batch> {
+        self.prepare_flags(
+            seqs,
+            query_counts,
+            sys::PKV_PREPARE_PERSISTENT_TABLE,
+            stream,
+        )
+    }
+
+    fn prepare_flags(
+        &self,
+        seqs: &[SeqId],
+        query_counts: &[u32],
+        flags: u32,
+        stream: Stream,
+    ) -> Result<Batch> {
         if seqs.len() != query_counts.len() {
             return Err(Error::invalid(format!(
                 "seqs and query_counts: {} and {} entries, must be equal",
@@ -1272,14 +1304,26 @@ impl Pool {
         // SAFETY: SeqId is repr(transparent) over pkv_seq_id, so seqs is a
         // valid pkv_seq_id array; both arrays hold n entries.
         check(unsafe {
-            sys::pkv_batch_prepare(
-                self.ptr(),
-                seqs.as_ptr() as *const sys::pkv_seq_id,
-                query_counts.as_ptr(),
-                n,
-                stream.as_raw(),
-                &mut out,
-            )
+            if flags == 0 {
+                sys::pkv_batch_prepare(
+                    self.ptr(),
+                    seqs.as_ptr() as *const sys::pkv_seq_id,
+                    query_counts.as_ptr(),
+                    n,
+                    stream.as_raw(),
+                    &mut out,
+                )
+            } else {
+                sys::pkv_batch_prepare_ex(
+                    self.ptr(),
+                    seqs.as_ptr() as *const sys::pkv_seq_id,
+                    query_counts.as_ptr(),
+                    n,
+                    flags,
+                    stream.as_raw(),
+                    &mut out,
+                )
+            }
         })?;
         let raw = NonNull::new(out)
             .ok_or_else(|| Error::new(ErrorKind::Internal, "pkv_batch_prepare returned no plan"))?;
