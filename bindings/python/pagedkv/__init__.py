@@ -48,8 +48,8 @@ from ._types import (
     RetentionRange,
     SequenceInfo,
 )
-from .hybrid import GroupKind, GroupStats, HybridPool, KVGroupSpec
 from .events import EventPublisher, EventV2, Medium
+from .hybrid import GroupKind, GroupStats, HybridPool, KVGroupSpec
 from .transfer import Transfer, TransferEngine
 
 __version__: str = _pagedkv.PKV_VERSION_STRING

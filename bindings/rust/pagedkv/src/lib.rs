@@ -58,8 +58,8 @@
 
 mod batch;
 mod error;
-mod groups;
 mod events;
+mod groups;
 mod hash;
 mod pool;
 mod seq;
@@ -70,11 +70,11 @@ mod types;
 
 pub use batch::{AttentionParams, Batch, BatchInfo, PlanArray};
 pub use error::{status_string, Error, ErrorKind, Result};
-pub use groups::{GroupKind, GroupSpec, GroupStats};
 pub use events::{
     drain_events_v2, EventEncoding, EventMedium, EventPublisher, EventV2, HashEncoding,
     PublisherOptions, PublisherStats,
 };
+pub use groups::{GroupKind, GroupSpec, GroupStats};
 pub use hash::{hash_prefix, hash_root, HashOptions, MmItem};
 pub use pool::{
     Event, EventKind, Events, Kv, Pool, PoolOptions, PoolStats, PrefixMatch, RetentionRange, SeqId,
