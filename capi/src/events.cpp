@@ -110,6 +110,7 @@ pkv_status pkv_event_publisher_create(pkv_pool* pool, const char* endpoint,
     pc::require(out, "out");
     pc::require(pool, "pool");
     pc::require(endpoint, "endpoint");
+    pc::pool_of(pool);  // a multi-group pool has no event publisher
     std::shared_ptr<pagedkv::Pool> p = pool->impl;
     pkv_event_publisher_options def;
     pkv_event_publisher_options_init(&def);

@@ -84,6 +84,7 @@ pkv_status pkv_transfer_export(pkv_transfer_engine* engine, pkv_pool* pool, pkv_
     pagedkv::TransferEngine& e = engine_of(engine);
     pc::require(pool, "pool");
     pc::require(out_export_id, "out_export_id");
+    pc::pool_of(pool);  // multi-group pools do not transfer (yet)
     *out_export_id = e.export_seq(pool->impl, seq);
   });
 }
@@ -124,6 +125,7 @@ pkv_status pkv_transfer_import(pkv_transfer_engine* engine, pkv_pool* pool,
     pc::require(descriptor, "descriptor");
     pc::require(out, "out");
     *out = nullptr;
+    pc::pool_of(pool);  // multi-group pools do not transfer (yet)
     const pagedkv::SeqOptions o = pc::seq_options(opts);
     auto h = std::make_unique<pkv_transfer>();
     h->impl = e.import_seq(pool->impl, o, descriptor, size);

@@ -1486,6 +1486,23 @@ std::vector<Case> make_cases() {
             const uint32_t q = 1;
             return pkv_batch_prepare(p, &s, &q, 1, nullptr, &b);
           });),
+        S("pkv_batch_prepare_ex", PKV_CLASS_STATE, "multi-group pool", PKV_E_UNSUPPORTED,
+          "multi-group", return on_groups(e, [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
+            pkv_batch* b = nullptr;
+            const uint32_t q = 1;
+            return pkv_batch_prepare_ex(p, &s, &q, 1, PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b);
+          });),
+        S("pkv_pool_drain_events_v2", PKV_CLASS_STATE, "multi-group pool", PKV_E_UNSUPPORTED,
+          "multi-group", return on_groups(e, [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
+            pkv_event_v2 ev[2] = {};
+            ev[0].struct_size = sizeof ev[0];
+            return pkv_pool_drain_events_v2(p, ev, 2, e.tokens, 64, &e.u64);
+          });),
+        S("pkv_event_publisher_create", PKV_CLASS_STATE, "multi-group pool", PKV_E_UNSUPPORTED,
+          "multi-group", return on_groups(e, [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
+            pkv_event_publisher* pub = nullptr;
+            return pkv_event_publisher_create(p, "inproc://groups", nullptr, nullptr, &pub);
+          });),
         // ---------------------------------------------------------- transfer.h
         V("pkv_transfer_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
           pkv_transfer_options_init(nullptr);

@@ -480,6 +480,40 @@ TEST_F(Local, MalformedDescriptorsAreRefused) {
   pkv_transfer_engine_destroy(a);
 }
 
+// A multi-group pool (pagedkv/groups.h) has no storage to export or import
+// into: both calls refuse it and nothing changes.
+TEST_F(Local, MultiGroupPoolsAreRefused) {
+  pkv_transfer_engine* e = nullptr;
+  ok(pkv_transfer_engine_create(nullptr, &e), "engine");
+  pkv_pool_options base;
+  pkv_pool_options_init(&base);
+  base.block_size = 4;
+  base.num_blocks = 16;
+  pkv_kv_group_spec g[2];
+  for (auto& x : g) {
+    pkv_kv_group_spec_init(&x);
+    x.num_kv_heads = 2;
+    x.head_dim = 8;
+  }
+  g[1].kind = PKV_GROUP_SLIDING_WINDOW;
+  g[1].sliding_window = 8;
+  pkv_pool* gp = nullptr;
+  ok(pkv_pool_create_groups(&base, g, 2, &gp), "groups pool");
+  pkv_seq_id gs = 0;
+  ok(pkv_seq_create(gp, nullptr, &gs), "groups seq");
+  uint64_t id = 0;
+  EXPECT_EQ(pkv_transfer_export(e, gp, gs, &id), PKV_E_UNSUPPORTED);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("multi-group"), std::string::npos);
+  uint64_t src_id = 0;
+  const std::vector<uint8_t> d = export_desc(e, &src_id);
+  pkv_transfer* t = nullptr;
+  EXPECT_EQ(pkv_transfer_import(e, gp, nullptr, d.data(), d.size(), &t), PKV_E_UNSUPPORTED);
+  EXPECT_EQ(t, nullptr);
+  EXPECT_EQ(pkv_pool_validate(gp), PKV_OK);
+  pkv_pool_destroy(gp);
+  pkv_transfer_engine_destroy(e);
+}
+
 TEST(TransferApi, NullsAndOptions) {
   EXPECT_EQ(pkv_transfer_engine_create(nullptr, nullptr), PKV_E_INVALID_ARGUMENT);
   pkv_transfer_options o;
