@@ -51,6 +51,8 @@ class PoolOptions(C.Structure):
         ("k_scales", C.POINTER(C.c_float)), ("v_scales", C.POINTER(C.c_float)),
         ("enable_partial_reuse", C.c_uint32), ("enable_retention", C.c_uint32),
         ("max_pinned_blocks", C.c_uint64),
+        ("kv_layout", C.c_uint32), ("kv_lora_rank", C.c_uint32),
+        ("qk_rope_head_dim", C.c_uint32),
     ]
 
 

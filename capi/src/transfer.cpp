@@ -1,6 +1,9 @@
 // pagedkv/transfer.h: KV transfers between pools (impl/transfer/).
 #include "capi_util.h"
 #include "transfer/engine.h"
+#ifdef PAGEDKV_WITH_UCX
+#include "transfer/ucx_api.h"
+#endif
 
 namespace pc = pkv_capi;
 using pagedkv::Errc;
@@ -34,7 +37,8 @@ extern "C" {
 
 uint32_t pkv_transfer_available(void) {
 #ifdef PAGEDKV_WITH_UCX
-  return 1;
+  // Built with UCX, and its runtime (dlopened, not linked) loads here.
+  return pagedkv::ucxdl::load(nullptr) != nullptr ? 1 : 0;
 #else
   return 0;
 #endif

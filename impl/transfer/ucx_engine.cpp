@@ -4,9 +4,6 @@
 // its packed remote key; imports open one endpoint per transfer (so that a
 // cancel or a dead peer touches nothing else) and pull each run of
 // consecutive blocks of each K/V plane with one ucp_get_nbx.
-#include <ucp/api/ucp.h>
-#include <ucs/config/global_opts.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -16,6 +13,35 @@
 #include "transfer/descriptor.h"
 #include "transfer/engine.h"
 #include "transfer/layout_check.h"
+#include "transfer/ucx_api.h"
+
+// Every UCX call goes through the run-time loaded API (transfer/ucx_api.h).
+#define ucs_status_string(...) (::pagedkv::ucxdl::api().ucs_status_string(__VA_ARGS__))
+#define ucp_request_free(...) (::pagedkv::ucxdl::api().ucp_request_free(__VA_ARGS__))
+#define ucp_request_check_status(...) \
+  (::pagedkv::ucxdl::api().ucp_request_check_status(__VA_ARGS__))
+#define ucp_worker_progress(...) (::pagedkv::ucxdl::api().ucp_worker_progress(__VA_ARGS__))
+#define ucp_mem_unmap(...) (::pagedkv::ucxdl::api().ucp_mem_unmap(__VA_ARGS__))
+#define ucp_ep_create(...) (::pagedkv::ucxdl::api().ucp_ep_create(__VA_ARGS__))
+#define ucp_config_release(...) (::pagedkv::ucxdl::api().ucp_config_release(__VA_ARGS__))
+#define ucp_worker_release_address(...) \
+  (::pagedkv::ucxdl::api().ucp_worker_release_address(__VA_ARGS__))
+#define ucp_worker_get_address(...) (::pagedkv::ucxdl::api().ucp_worker_get_address(__VA_ARGS__))
+#define ucp_worker_destroy(...) (::pagedkv::ucxdl::api().ucp_worker_destroy(__VA_ARGS__))
+#define ucp_worker_create(...) (::pagedkv::ucxdl::api().ucp_worker_create(__VA_ARGS__))
+#define ucp_rkey_pack(...) (::pagedkv::ucxdl::api().ucp_rkey_pack(__VA_ARGS__))
+#define ucp_rkey_destroy(...) (::pagedkv::ucxdl::api().ucp_rkey_destroy(__VA_ARGS__))
+#define ucp_rkey_buffer_release(...) (::pagedkv::ucxdl::api().ucp_rkey_buffer_release(__VA_ARGS__))
+#define ucp_mem_map(...) (::pagedkv::ucxdl::api().ucp_mem_map(__VA_ARGS__))
+#define ucp_get_nbx(...) (::pagedkv::ucxdl::api().ucp_get_nbx(__VA_ARGS__))
+#define ucp_ep_rkey_unpack(...) (::pagedkv::ucxdl::api().ucp_ep_rkey_unpack(__VA_ARGS__))
+#define ucp_ep_flush_nbx(...) (::pagedkv::ucxdl::api().ucp_ep_flush_nbx(__VA_ARGS__))
+#define ucp_ep_close_nbx(...) (::pagedkv::ucxdl::api().ucp_ep_close_nbx(__VA_ARGS__))
+#define ucp_config_read(...) (::pagedkv::ucxdl::api().ucp_config_read(__VA_ARGS__))
+#define ucp_config_modify(...) (::pagedkv::ucxdl::api().ucp_config_modify(__VA_ARGS__))
+#define ucp_cleanup(...) (::pagedkv::ucxdl::api().ucp_cleanup(__VA_ARGS__))
+#define ucp_init(params, config, context) \
+  (::pagedkv::ucxdl::api().ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, params, config, context))
 
 namespace pagedkv {
 namespace {
@@ -165,7 +191,8 @@ class UcxEngine final : public TransferEngine, public std::enable_shared_from_th
 void UcxEngine::init() {
   // The library never prints: UCX logs only fatal errors unless the user
   // asked for more (UCX_LOG_LEVEL).
-  if (!std::getenv("UCX_LOG_LEVEL")) ucs_global_opts.log_component.log_level = UCS_LOG_LEVEL_FATAL;
+  if (!std::getenv("UCX_LOG_LEVEL"))
+    ucxdl::api().global_opts->log_component.log_level = UCS_LOG_LEVEL_FATAL;
   ucp_config_t* cfg = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &cfg);
   if (st != UCS_OK) fail_ucx(Errc::kInvalidState, "UCX configuration could not be read", st);
@@ -571,6 +598,8 @@ void UcxTransfer::cancel() {
 }  // namespace
 
 std::shared_ptr<TransferEngine> TransferEngine::create(const TransferOptions& opts) {
+  std::string why;
+  if (!ucxdl::load(&why)) fail(Errc::kUnsupported, why);
   auto e = std::make_shared<UcxEngine>(opts);
   e->init();
   return e;

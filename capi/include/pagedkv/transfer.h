@@ -54,7 +54,14 @@ extern "C" {
 typedef struct pkv_transfer_engine pkv_transfer_engine;
 typedef struct pkv_transfer pkv_transfer;
 
-/* 1 when this build has the UCX transport, else 0. */
+/* 1 when this build has the UCX transport and the UCX runtime loads, else 0.
+ *
+ * libpagedkv does not link UCX: it dlopens libucp.so.0 (Debian's libucx0)
+ * on the first call of this function or of pkv_transfer_engine_create, so
+ * that merely loading pagedkv never installs UCX's crash-signal handlers in
+ * the host process. Before loading it sets UCX_HANDLE_ERRORS=none in the
+ * environment unless the user set that variable, for the same reason (Go's
+ * runtime, Python's faulthandler and the host's own handlers keep theirs). */
 PKV_API uint32_t pkv_transfer_available(void);
 
 typedef struct pkv_transfer_options {
