@@ -3,9 +3,10 @@
 // reads every K and V byte once) should take about half the time where the
 // bf16 kernel is bandwidth-bound. Also times two ways of widening FP8 codes
 // to f32 (a 256-entry table read with vpgatherdd, and the integer shift
-// into an f16 plus vcvtph2ps, the AVX2 kernels' E4M3 load and every set's
-// E5M2 V load; the AVX-512 sets widen E4M3 and the K of the bf16 dot path
-// through a bf16 table, fp8_ops_avx512.inc), on a buffer that stays in L2.
+// into an f16 plus vcvtph2ps, the method of the AVX2 kernels' loads (which
+// take 16 codes as even/odd f16 words, fp8_ops_avx2.inc) and of the AVX-512
+// sets' E5M2 V load; the AVX-512 sets widen E4M3 and the K of the bf16 dot
+// path through a bf16 table, fp8_ops_avx512.inc), on a buffer in L2.
 // --batch 1 --context 512 --threads 1 keeps K/V in L2: the per-core
 // compute rate of each cache dtype, which a busy machine barely moves.
 //
@@ -141,7 +142,7 @@ void conversion_rates() {
   }
   std::printf("E4M3 -> f32 widening, one thread, 128 KiB of codes in L2 (best of 200):\n");
   std::printf("  256-entry table + vpgatherdd: %6.2f Gcodes/s\n", n / best_g / 1e9);
-  std::printf("  shift into f16 + vcvtph2ps:   %6.2f Gcodes/s (the AVX2 kernels' load)\n\n",
+  std::printf("  shift into f16 + vcvtph2ps:   %6.2f Gcodes/s (the AVX2 kernels' method)\n\n",
               n / best_s / 1e9);
 }
 

@@ -109,12 +109,16 @@ class Attention {
     }
     dot_bf16_ = q.dtype == DType::kBF16 && dot != nullptr && dot[0] != nullptr && d_ % 32 == 0;
     qk_dot_ = dot_bf16_ ? dot : nullptr;
-    // bf16 and (where the ISA widens them to bf16) E4M3 pages are read in
-    // pairs: two f32 vectors from one load, by a shift and a mask. E5M2
-    // widens to f32 more cheaply through f16 (one shift) than through the
-    // bf16 table (bench_cpu_fp8_decode): its K goes through the table only
-    // for the bf16 dot product.
-    const int paired = kv_dt_ == 2 ? kBf16Paired : kv_dt_ == kFp8E4m3Kind ? kFp8E4m3Paired : -1;
+    // bf16 and (where the ISA has the kind) FP8 pages are read in pairs:
+    // two f32 vectors from one load, the even and the odd elements, with no
+    // shuffle. AVX-512 pairs E4M3 through the bf16 table; its E5M2 widens to
+    // f32 more cheaply through f16 (one shift) than through the table
+    // (bench_cpu_fp8_decode), so only its bf16 dot product uses the table.
+    // AVX2 pairs both formats through f16 (fp8_ops_avx2.inc).
+    const int paired = kv_dt_ == 2              ? kBf16Paired
+                       : kv_dt_ == kFp8E4m3Kind ? kFp8E4m3Paired
+                       : kv_dt_ == kFp8E5m2Kind ? kFp8E5m2Paired
+                                                : -1;
     pair_ = paired >= 0 && kt_->pair_width > 0 && kt_->pv[0][paired] != nullptr &&
                     d_ % (2 * kt_->pair_width) == 0
                 ? kt_->pair_width

@@ -117,13 +117,17 @@ constexpr int kNumDTypes = 3;    // f32, f16, bf16
 // Kernel variants by cache layout: the three dtypes, plus bf16 read in
 // pairs (see KernelTable::pair_width), plus the two FP8 formats (loads
 // scaled by fp8_load_factor, fp8.h), plus E4M3 widened to bf16 and read in
-// pairs like bf16 (AVX-512 only: null elsewhere).
-constexpr int kNumKvKinds = 7;
+// pairs like bf16 (AVX-512 and AVX2: null in scalar), plus E5M2 read in
+// pairs (AVX2 only: null elsewhere).
+constexpr int kNumKvKinds = 8;
 constexpr int kBf16Paired = 3;
 constexpr int kFp8E4m3Kind = 4;
 constexpr int kFp8E5m2Kind = 5;
 constexpr int kFp8E4m3Paired = 6;
-constexpr bool is_paired_kind(int kind) { return kind == kBf16Paired || kind == kFp8E4m3Paired; }
+constexpr int kFp8E5m2Paired = 7;
+constexpr bool is_paired_kind(int kind) {
+  return kind == kBf16Paired || kind == kFp8E4m3Paired || kind == kFp8E5m2Paired;
+}
 
 // dst[i] = FP8 encoding (format kFp8E4m3 / kFp8E5m2 of fp8.h) of src[i] / scale.
 using QuantizeFp8Fn = void (*)(const float* src, uint8_t* dst, int64_t n, float scale);

@@ -177,87 +177,96 @@ TEST(Fp8Codes, Bf16TableHoldsEveryCodeExactly) {
 // exactly for every query head; the K codes come back through the LSE of
 // one-hot queries, lse[h] = softmax_scale * k_scale * k[h], exactly.
 // bf16 q takes the bf16 dot-product path where the ISA has one (K widened to
-// bf16), f32 q the f32 one.
+// bf16), f32 q the f32 one. Paired loads widen even and odd elements by
+// different instructions, so the codes are laid out at offsets rot = 0 and
+// 1 (each code at an even and at an odd element), and 5 (another lane).
 TEST(Fp8Loads, EveryCodeThroughTheAttentionKernels) {
   for (CpuIsa isa : supported_isas()) {
     for (int f : kFormats) {
       for (DType qdt : {DType::kF32, DType::kBF16}) {
-        SCOPED_TRACE(std::string(isa_name(isa)) + " " + fmt_name(f) + " q " + dtype_name(qdt));
-        const int32_t D = 256, bs = 4, blocks = 3, hq = 16;
-        KvArena arena;
-        arena.num_layers = 1;
-        arena.layout = {blocks, 1, bs, D, fmt_dtype(f)};
-        Buffer storage(arena.layout.layer_bytes() * 2);
-        arena.base = storage.data();
-        std::memset(arena.base, 0x7f, arena.layout.layer_bytes() * 2);  // NaN everywhere else
-        const float scales[2] = {0.5f, 4.0f};
-        arena.scales = scales;
-        const int32_t block = 2;
-        uint8_t* k = static_cast<uint8_t*>(arena.plane(0, 0)) + size_t(block) * bs * D;
-        uint8_t* v = static_cast<uint8_t*>(arena.plane(0, 1)) + size_t(block) * bs * D;
-        for (int32_t d = 0; d < D; ++d) {
-          v[d] = uint8_t(d);
-          k[d] = std::isfinite(ref_decode(f, uint8_t(d))) ? uint8_t(d) : uint8_t(0x01);
-        }
-        // Query head h is one-hot at dim (h * 16 + j) for pass j.
-        for (int32_t j = 0; j < 16; ++j) {
-          Buffer q(size_t(hq) * D * 4);
-          for (int32_t i = 0; i < hq * D; ++i) store(q.data(), qdt, i, 0.0f);
-          std::vector<float> out(size_t(hq) * D, std::nanf(""));
-          std::vector<float> lse(hq, std::nanf(""));
-          for (int32_t h = 0; h < hq; ++h) store(q.data(), qdt, h * D + h * 16 + j, 1.0f);
-          std::vector<int64_t> slots(1, -1);
-          std::vector<int32_t> qptr = {0, 1}, pptr = {0, 1}, pages = {block}, last = {1}, ctx = {1};
-          PlanView plan{
-              1,           1,         1, 1, slots.data(), qptr.data(), pptr.data(), pages.data(),
-              last.data(), ctx.data()};
-          Tensor3 qt{q.data(), qdt, 1, hq, D, hq * D, D};
-          Tensor3 ot{out.data(), DType::kF32, 1, hq, D, hq * D, D};
-          AttentionArgs args{1.0f, 0, 0.0f, lse.data(), hq};
-          CpuBackendOptions o;
-          o.isa = isa;
-          o.num_threads = 1;
-          make_cpu_backend(o)->attend(arena, 0, plan, qt, ot, args, nullptr);
-          for (int32_t h = 0; h < hq; ++h) {
-            const int32_t d = h * 16 + j;
-            EXPECT_EQ(double(lse[h]), 0.5 * ref_decode(f, k[d])) << "K code " << d;
-            for (int32_t e = 0; e < D; ++e) {
-              const double want = 4.0 * ref_decode(f, uint8_t(e));
-              const float got = out[size_t(h) * D + e];
-              if (std::isnan(want)) {
-                EXPECT_TRUE(std::isnan(got)) << "V code " << e;
-              } else {
-                EXPECT_EQ(double(got), want) << "V code " << e;
+        for (int32_t rot : {0, 1, 5}) {
+          SCOPED_TRACE(std::string(isa_name(isa)) + " " + fmt_name(f) + " q " + dtype_name(qdt) +
+                       " rot " + std::to_string(rot));
+          const int32_t D = 256, bs = 4, blocks = 3, hq = 16;
+          KvArena arena;
+          arena.num_layers = 1;
+          arena.layout = {blocks, 1, bs, D, fmt_dtype(f)};
+          Buffer storage(arena.layout.layer_bytes() * 2);
+          arena.base = storage.data();
+          std::memset(arena.base, 0x7f, arena.layout.layer_bytes() * 2);  // NaN everywhere else
+          const float scales[2] = {0.5f, 4.0f};
+          arena.scales = scales;
+          const int32_t block = 2;
+          uint8_t* k = static_cast<uint8_t*>(arena.plane(0, 0)) + size_t(block) * bs * D;
+          uint8_t* v = static_cast<uint8_t*>(arena.plane(0, 1)) + size_t(block) * bs * D;
+          for (int32_t d = 0; d < D; ++d) {
+            const uint8_t c = uint8_t(d + rot);
+            v[d] = c;
+            k[d] = std::isfinite(ref_decode(f, c)) ? c : uint8_t(0x01);
+          }
+          // Query head h is one-hot at dim (h * 16 + j) for pass j.
+          for (int32_t j = 0; j < 16; ++j) {
+            Buffer q(size_t(hq) * D * 4);
+            for (int32_t i = 0; i < hq * D; ++i) store(q.data(), qdt, i, 0.0f);
+            std::vector<float> out(size_t(hq) * D, std::nanf(""));
+            std::vector<float> lse(hq, std::nanf(""));
+            for (int32_t h = 0; h < hq; ++h) store(q.data(), qdt, h * D + h * 16 + j, 1.0f);
+            std::vector<int64_t> slots(1, -1);
+            std::vector<int32_t> qptr = {0, 1}, pptr = {0, 1}, pages = {block}, last = {1},
+                                 ctx = {1};
+            PlanView plan{
+                1,           1,         1, 1, slots.data(), qptr.data(), pptr.data(), pages.data(),
+                last.data(), ctx.data()};
+            Tensor3 qt{q.data(), qdt, 1, hq, D, hq * D, D};
+            Tensor3 ot{out.data(), DType::kF32, 1, hq, D, hq * D, D};
+            AttentionArgs args{1.0f, 0, 0.0f, lse.data(), hq};
+            CpuBackendOptions o;
+            o.isa = isa;
+            o.num_threads = 1;
+            make_cpu_backend(o)->attend(arena, 0, plan, qt, ot, args, nullptr);
+            for (int32_t h = 0; h < hq; ++h) {
+              const int32_t d = h * 16 + j;
+              EXPECT_EQ(double(lse[h]), 0.5 * ref_decode(f, k[d])) << "K code " << d;
+              for (int32_t e = 0; e < D; ++e) {
+                const double want = 4.0 * ref_decode(f, v[e]);
+                const float got = out[size_t(h) * D + e];
+                if (std::isnan(want)) {
+                  EXPECT_TRUE(std::isnan(got)) << "V code " << e;
+                } else {
+                  EXPECT_EQ(double(got), want) << "V code " << e;
+                }
               }
             }
           }
-        }
-        // A NaN K code reaches every output of the query (as NaN K/V does in
-        // the other dtypes): NaN is never read as a number. Two keys of
-        // finite codes, then the same with one NaN code in the second key.
-        for (bool nan : {false, true}) {
-          std::memset(k, 0x30, size_t(2) * D);
-          std::memset(v, 0x30, size_t(2) * D);
-          if (nan) k[D + 7] = 0x7f;
-          Buffer q(size_t(D) * 4);
-          for (int32_t i = 0; i < D; ++i) store(q.data(), qdt, i, 0.25f);
-          std::vector<float> out(size_t(D), 0.0f);
-          std::vector<int64_t> slots(1, -1);
-          std::vector<int32_t> qptr = {0, 1}, pptr = {0, 1}, pages = {block}, last = {2}, ctx = {2};
-          PlanView plan{
-              1,           1,         1, 2, slots.data(), qptr.data(), pptr.data(), pages.data(),
-              last.data(), ctx.data()};
-          Tensor3 qt{q.data(), qdt, 1, 1, D, D, D};
-          Tensor3 ot{out.data(), DType::kF32, 1, 1, D, D, D};
-          AttentionArgs args{1.0f, 0, 0.0f, nullptr, 0};
-          CpuBackendOptions o;
-          o.isa = isa;
-          make_cpu_backend(o)->attend(arena, 0, plan, qt, ot, args, nullptr);
-          for (int32_t e = 0; e < D; ++e) {
-            if (nan) {
-              EXPECT_TRUE(std::isnan(out[size_t(e)])) << e;
-            } else {
-              EXPECT_EQ(double(out[size_t(e)]), 4.0 * ref_decode(f, 0x30)) << e;
+          // A NaN K code reaches every output of the query (as NaN K/V does in
+          // the other dtypes): NaN is never read as a number. Two keys of
+          // finite codes, then the same with one NaN code (either sign, at
+          // an odd or an even element, per rot) in the second key.
+          for (bool nan : {false, true}) {
+            std::memset(k, 0x30, size_t(2) * D);
+            std::memset(v, 0x30, size_t(2) * D);
+            if (nan) k[D + 7 + rot] = rot == 1 ? 0xff : 0x7f;
+            Buffer q(size_t(D) * 4);
+            for (int32_t i = 0; i < D; ++i) store(q.data(), qdt, i, 0.25f);
+            std::vector<float> out(size_t(D), 0.0f);
+            std::vector<int64_t> slots(1, -1);
+            std::vector<int32_t> qptr = {0, 1}, pptr = {0, 1}, pages = {block}, last = {2},
+                                 ctx = {2};
+            PlanView plan{
+                1,           1,         1, 2, slots.data(), qptr.data(), pptr.data(), pages.data(),
+                last.data(), ctx.data()};
+            Tensor3 qt{q.data(), qdt, 1, 1, D, D, D};
+            Tensor3 ot{out.data(), DType::kF32, 1, 1, D, D, D};
+            AttentionArgs args{1.0f, 0, 0.0f, nullptr, 0};
+            CpuBackendOptions o;
+            o.isa = isa;
+            make_cpu_backend(o)->attend(arena, 0, plan, qt, ot, args, nullptr);
+            for (int32_t e = 0; e < D; ++e) {
+              if (nan) {
+                EXPECT_TRUE(std::isnan(out[size_t(e)])) << e;
+              } else {
+                EXPECT_EQ(double(out[size_t(e)]), 4.0 * ref_decode(f, 0x30)) << e;
+              }
             }
           }
         }
