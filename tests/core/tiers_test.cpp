@@ -64,7 +64,7 @@ TEST(TierLevel, LruIndexAndPins) {
   EXPECT_EQ(l->check(), "");
 }
 
-TEST(TierLevel, FileRoundTripAndInjectedFailure) {
+TEST(TierLevel, FileRoundTripPartialReadsAndInjectedFailure) {
   auto l = TierLevel::file(::testing::TempDir(), 2, 64);
   std::vector<char> a(64), b(64, 0);
   for (int i = 0; i < 64; ++i) a[i] = char(i * 3 + 1);
@@ -74,23 +74,15 @@ TEST(TierLevel, FileRoundTripAndInjectedFailure) {
   ASSERT_TRUE(l->write(1, &wa, 1));
   ASSERT_TRUE(l->read(1, 0, &rb, 1));
   EXPECT_EQ(a, b);
+  // A part of a slot, scattered (file loads read a block in groups of planes).
+  std::vector<char> part(40, 0);
+  struct iovec rp[2] = {{part.data(), 16}, {part.data() + 16, 24}};
+  ASSERT_TRUE(l->read(1, 20, rp, 2));
+  EXPECT_EQ(std::vector<char>(a.begin() + 20, a.begin() + 60), part);
+  EXPECT_FALSE(l->read(1, 30, rp, 2)) << "past the end of the slot";
   l->fail_io_for_testing(true);
   EXPECT_FALSE(l->read(1, 0, &rb, 1));
   EXPECT_THROW(TierLevel::file("/nonexistent-dir-for-pagedkv", 2, 64), Error);
-}
-
-TEST(TierLevel, FileReadsAPartOfASlot) {
-  auto l = TierLevel::file(::testing::TempDir(), 3, 96);
-  std::vector<char> a(96), b(40, 0);
-  for (int i = 0; i < 96; ++i) a[i] = char(i * 5 + 3);
-  struct iovec wa {
-    a.data(), 96
-  };
-  ASSERT_TRUE(l->write(2, &wa, 1));
-  struct iovec rb[2] = {{b.data(), 16}, {b.data() + 16, 24}};
-  ASSERT_TRUE(l->read(2, 50, rb, 2));
-  EXPECT_EQ(std::vector<char>(a.begin() + 50, a.begin() + 90), b);
-  EXPECT_FALSE(l->read(2, 60, rb, 2)) << "past the end of the slot";
 }
 
 // The tiers' streamed checksum is XXH3_64bits of the concatenation, in
@@ -133,12 +125,12 @@ struct Fixture {
 
 TensorArg rows(std::vector<float>& v, int64_t n) { return test::rows(v, n, kHeads, kDim); }
 
-std::vector<char> bytes_of(Pool& p, int32_t block) {
+std::vector<char> bytes_of(Pool& p, int32_t block, size_t plane = kPlane) {
   std::vector<char> out;
   for (uint32_t l = 0; l < kLayers; ++l)
     for (uint32_t w = 0; w < 2; ++w) {
-      const char* base = static_cast<const char*>(p.kv_tensor(l, w).data) + size_t(block) * kPlane;
-      out.insert(out.end(), base, base + kPlane);
+      const char* base = static_cast<const char*>(p.kv_tensor(l, w).data) + size_t(block) * plane;
+      out.insert(out.end(), base, base + plane);
     }
   return out;
 }
@@ -167,14 +159,19 @@ std::vector<std::vector<float>> attend_last(const std::shared_ptr<Pool>& p, SeqI
 // A pool of 5 usable blocks; sequence a (17 tokens: 4 full blocks) written
 // with random K/V, then freed and evicted by a second sequence of other
 // tokens, which offloads a's blocks to the tiers.
-Fixture offloaded(uint64_t host_blocks, uint64_t file_blocks, bool events = false) {
-  Fixture f;
+PoolOptions f32_pool(uint32_t heads, uint32_t dim) {
   PoolOptions o = test::manager_options(kBs, 6);
   o.num_layers = kLayers;
-  o.num_kv_heads = kHeads;
-  o.head_dim = kDim;
+  o.num_kv_heads = heads;
+  o.head_dim = dim;
   o.dtype = DType::kF32;
   o.num_threads = 1;
+  return o;
+}
+
+Fixture offloaded(uint64_t host_blocks, uint64_t file_blocks, bool events = false) {
+  Fixture f;
+  PoolOptions o = f32_pool(kHeads, kDim);
   o.enable_events = events;
   f.pool = Pool::create(o);
   TierOptions t;
@@ -258,28 +255,14 @@ TEST(Tiers, HostTierHitsLoadBackByteExactAndAttentionMatches) {
 TEST(Tiers, LargePlanesRoundTripThroughBothTiers) {
   constexpr uint32_t heads = 4, dim = 4096;  // plane: 4 tokens x 4 heads x 4096 x f32 = 256 KiB
   constexpr size_t plane = size_t(kBs) * heads * dim * sizeof(float);
-  PoolOptions o = test::manager_options(kBs, 6);
-  o.num_layers = kLayers;
-  o.num_kv_heads = heads;
-  o.head_dim = dim;
-  o.dtype = DType::kF32;
-  o.num_threads = 1;
-  auto pool = Pool::create(o);
+  auto pool = Pool::create(f32_pool(heads, dim));
   Pool& p = *pool;
   TierOptions t;
   t.host_bytes = 2 * plane * 2 * kLayers;
   t.file_dir = ::testing::TempDir();
   t.file_bytes = 4 * plane * 2 * kLayers;
   p.attach_tiers(t);
-  auto bytes = [&](int32_t block) {
-    std::vector<char> out;
-    for (uint32_t l = 0; l < kLayers; ++l)
-      for (uint32_t w = 0; w < 2; ++w) {
-        const char* base = static_cast<const char*>(p.kv_tensor(l, w).data) + size_t(block) * plane;
-        out.insert(out.end(), base, base + plane);
-      }
-    return out;
-  };
+  auto bytes = [&](int32_t block) { return bytes_of(p, block, plane); };
   const auto tokens = iota_tokens(17);
   SeqId a = p.seq_create({});
   p.append(a, tokens.data(), tokens.size(), 0);
