@@ -1,6 +1,9 @@
 #include "tier/tier_set.h"
 
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -25,12 +28,47 @@ uint64_t now_ns() {
 // read) and their hash, so memory is read once.
 constexpr size_t kChunk = 128 << 10;
 
+// Copies with non-temporal stores where dst and n allow (x86-64): the
+// destination is not read first (no read-for-ownership), so a copy moves
+// 2 bytes of memory traffic per byte instead of 3, as glibc's memcpy does
+// for large copies; the bytes are not needed in cache afterwards.
+void copy_streaming(char* dst, const char* src, size_t n) {
+#if defined(__x86_64__)
+  if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0 && n % 64 == 0) {
+    for (size_t i = 0; i < n; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+    }
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
+}
+
+// Each chunk is hashed from the source (which brings it into cache) and
+// then copied from cache: memory is read once and written once. The slot's
+// bytes are not written by anyone while they move (kBusy or pinned), so the
+// hashed bytes are the copied bytes. Callers end with fence_streaming().
 void copy_hashed(char* dst, const char* src, size_t n, SlotHash& h) {
   for (size_t at = 0; at < n; at += kChunk) {
     const size_t len = std::min(kChunk, n - at);
-    std::memcpy(dst + at, src + at, len);
-    h.update(dst + at, len);
+    h.update(src + at, len);
+    copy_streaming(dst + at, src + at, len);
   }
+}
+
+// Orders the non-temporal stores before what follows (publishing the slot,
+// marking the block written) for every other thread.
+void fence_streaming() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
 }
 
 }  // namespace
@@ -197,12 +235,13 @@ void TierSet::offload(const Job& j) {
     return;
   }
   lock.unlock();
-  // One pass: each chunk is hashed right after its copy, while it is in
-  // cache (the same digest as XXH3_64bits over the whole slot).
+  // One pass: each chunk is hashed and then copied while it is in cache
+  // (the same digest as XXH3_64bits over the whole slot).
   char* dst = host_->data(slot);
   SlotHash sh;
   for (int32_t p = 0; p < arena_.num_planes(); ++p)
     copy_hashed(dst + size_t(p) * plane_bytes_, block_plane(p, j.block), plane_bytes_, sh);
+  fence_streaming();
   const uint64_t sum = sh.digest();
   lock.lock();
   host_->publish(slot, j.hash, sum, j.lora);
@@ -265,6 +304,7 @@ bool TierSet::load(const TierRef& r, int32_t block, const BlockHash& h) {
     SlotHash sh;
     for (int32_t p = 0; p < arena_.num_planes(); ++p)
       copy_hashed(block_plane(p, block), src + size_t(p) * plane_bytes_, plane_bytes_, sh);
+    fence_streaming();
     ok = sh.digest() == l->checksum(r.slot);
     if (!ok) ++s.num_checksum_failures;
   } else {
