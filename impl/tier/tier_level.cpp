@@ -78,6 +78,14 @@ std::unique_ptr<TierLevel> TierLevel::file(const std::string& dir, uint64_t slot
     fail(Errc::kInvalidArgument, "file_bytes: cannot size the tier file in \"" + dir + "\" to " +
                                      std::to_string(slots * slot_bytes) + " bytes (" +
                                      std::strerror(errno) + ")");
+  // Its blocks are allocated now, not by each offload's pwritev into a hole
+  // (measured on ext4: writes into a sparse region ran at about 0.6 of
+  // writes into an allocated one), and a full disk shows here, not as I/O
+  // errors later. A file system without fallocate keeps the sparse file.
+  if (fallocate(fd, 0, 0, off_t(slots * slot_bytes)) != 0 && errno != EOPNOTSUPP && errno != ENOSYS)
+    fail(Errc::kInvalidArgument,
+         "file_bytes: cannot allocate " + std::to_string(slots * slot_bytes) +
+             " bytes for the tier file in \"" + dir + "\" (" + std::strerror(errno) + ")");
   return t;
 }
 
@@ -158,10 +166,12 @@ void TierLevel::clear() {
   lru_head_ = lru_tail_ = -1;
 }
 
-bool TierLevel::read(int32_t slot, const struct iovec* iov, int n) const {
+bool TierLevel::read(int32_t slot, size_t at, const struct iovec* iov, int n) const {
   if (fail_io_) return false;
-  const off_t at = off_t(size_t(slot) * slot_bytes_);
-  return preadv(fd_, iov, n, at) == ssize_t(slot_bytes_);
+  size_t len = 0;
+  for (int i = 0; i < n; ++i) len += iov[i].iov_len;
+  if (at + len > slot_bytes_) return false;
+  return preadv(fd_, iov, n, off_t(size_t(slot) * slot_bytes_ + at)) == ssize_t(len);
 }
 
 bool TierLevel::write(int32_t slot, const struct iovec* iov, int n) const {

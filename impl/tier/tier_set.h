@@ -110,9 +110,9 @@ class TierSet final : public EvictSink {
   void remove(TierLevel& l, int32_t slot);  // unpublish + release + REMOVED
   TierLevel* level(Medium m) const;
   TierStats& st(Medium m) { return m == Medium::kHost ? host_stats_ : file_stats_; }
-  // iov over block b's planes in the arena (KvArena::num_planes() entries).
-  void block_iov(int32_t b, std::vector<struct iovec>& iov) const;
-  uint64_t block_checksum(int32_t b) const;
+  // Reads file slot `slot` into block b's planes and hashes them in the
+  // same pass; false on an I/O error.
+  bool read_hashed(const TierLevel& l, int32_t slot, int32_t b, uint64_t* sum) const;
   // Plane p (2 * layer + K/V; an MLA pool's layer p) of block b in the
   // pool's storage.
   char* block_plane(int32_t p, int32_t b) const {

@@ -8,7 +8,12 @@
 #include <cstring>
 #include <map>
 
+#include <xxhash.h>
+
+#include <random>
+
 #include "test_util.h"
+#include "tier/slot_hash.h"
 #include "tier/tier_level.h"
 
 namespace pagedkv {
@@ -59,7 +64,7 @@ TEST(TierLevel, LruIndexAndPins) {
   EXPECT_EQ(l->check(), "");
 }
 
-TEST(TierLevel, FileRoundTripAndInjectedFailure) {
+TEST(TierLevel, FileRoundTripPartialReadsAndInjectedFailure) {
   auto l = TierLevel::file(::testing::TempDir(), 2, 64);
   std::vector<char> a(64), b(64, 0);
   for (int i = 0; i < 64; ++i) a[i] = char(i * 3 + 1);
@@ -67,11 +72,40 @@ TEST(TierLevel, FileRoundTripAndInjectedFailure) {
     a.data(), 64
   }, rb{b.data(), 64};
   ASSERT_TRUE(l->write(1, &wa, 1));
-  ASSERT_TRUE(l->read(1, &rb, 1));
+  ASSERT_TRUE(l->read(1, 0, &rb, 1));
   EXPECT_EQ(a, b);
+  // A part of a slot, scattered (file loads read a block in groups of planes).
+  std::vector<char> part(40, 0);
+  struct iovec rp[2] = {{part.data(), 16}, {part.data() + 16, 24}};
+  ASSERT_TRUE(l->read(1, 20, rp, 2));
+  EXPECT_EQ(std::vector<char>(a.begin() + 20, a.begin() + 60), part);
+  EXPECT_FALSE(l->read(1, 30, rp, 2)) << "past the end of the slot";
   l->fail_io_for_testing(true);
-  EXPECT_FALSE(l->read(1, &rb, 1));
+  EXPECT_FALSE(l->read(1, 0, &rb, 1));
   EXPECT_THROW(TierLevel::file("/nonexistent-dir-for-pagedkv", 2, 64), Error);
+}
+
+// The tiers' streamed checksum is XXH3_64bits of the concatenation, in
+// whichever implementation (AVX2 build or the system library) this CPU runs.
+TEST(SlotHash, EqualsXxh3OfTheConcatenationForAnySplit) {
+  std::mt19937_64 rng(2026);
+  std::vector<unsigned char> data(3 << 20);
+  for (auto& c : data) c = (unsigned char)rng();
+  for (int round = 0; round < 40; ++round) {
+    const size_t n = round == 0 ? 0 : size_t(rng() % data.size());
+    const size_t off = size_t(rng() % 64);
+    const unsigned char* p = data.data() + std::min(off, data.size() - n);
+    SlotHash h;
+    for (size_t at = 0; at < n;) {
+      const size_t len =
+          std::min<size_t>(n - at, round % 3 == 0 ? 1 + rng() % 300 : rng() % (n + 1));
+      h.update(p + at, len);
+      at += len;
+    }
+    ASSERT_EQ(h.digest(), XXH3_64bits(p, n)) << "round " << round << ", " << n << " bytes";
+  }
+  const bool cpu_avx2 = __builtin_cpu_supports("avx2");
+  EXPECT_EQ(SlotHash::avx2(), cpu_avx2);
 }
 
 // ------------------------------------------------------------- end to end
@@ -91,12 +125,12 @@ struct Fixture {
 
 TensorArg rows(std::vector<float>& v, int64_t n) { return test::rows(v, n, kHeads, kDim); }
 
-std::vector<char> bytes_of(Pool& p, int32_t block) {
+std::vector<char> bytes_of(Pool& p, int32_t block, size_t plane = kPlane) {
   std::vector<char> out;
   for (uint32_t l = 0; l < kLayers; ++l)
     for (uint32_t w = 0; w < 2; ++w) {
-      const char* base = static_cast<const char*>(p.kv_tensor(l, w).data) + size_t(block) * kPlane;
-      out.insert(out.end(), base, base + kPlane);
+      const char* base = static_cast<const char*>(p.kv_tensor(l, w).data) + size_t(block) * plane;
+      out.insert(out.end(), base, base + plane);
     }
   return out;
 }
@@ -125,14 +159,19 @@ std::vector<std::vector<float>> attend_last(const std::shared_ptr<Pool>& p, SeqI
 // A pool of 5 usable blocks; sequence a (17 tokens: 4 full blocks) written
 // with random K/V, then freed and evicted by a second sequence of other
 // tokens, which offloads a's blocks to the tiers.
-Fixture offloaded(uint64_t host_blocks, uint64_t file_blocks, bool events = false) {
-  Fixture f;
+PoolOptions f32_pool(uint32_t heads, uint32_t dim) {
   PoolOptions o = test::manager_options(kBs, 6);
   o.num_layers = kLayers;
-  o.num_kv_heads = kHeads;
-  o.head_dim = kDim;
+  o.num_kv_heads = heads;
+  o.head_dim = dim;
   o.dtype = DType::kF32;
   o.num_threads = 1;
+  return o;
+}
+
+Fixture offloaded(uint64_t host_blocks, uint64_t file_blocks, bool events = false) {
+  Fixture f;
+  PoolOptions o = f32_pool(kHeads, kDim);
   o.enable_events = events;
   f.pool = Pool::create(o);
   TierOptions t;
@@ -207,6 +246,56 @@ TEST(Tiers, HostTierHitsLoadBackByteExactAndAttentionMatches) {
   SeqId d = p.seq_create({});
   EXPECT_EQ(p.match_prefix(d, f.tokens.data(), f.tokens.size()), 16u);
   EXPECT_EQ(p.seq_info(d).num_computed_tokens, 16u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+// Planes larger than the tiers' copy chunk (128 KiB): the host copies go
+// chunk by chunk and file loads plane by plane (several preadv calls per
+// slot), each hashed as it goes; every byte comes back.
+TEST(Tiers, LargePlanesRoundTripThroughBothTiers) {
+  constexpr uint32_t heads = 4, dim = 4096;  // plane: 4 tokens x 4 heads x 4096 x f32 = 256 KiB
+  constexpr size_t plane = size_t(kBs) * heads * dim * sizeof(float);
+  auto pool = Pool::create(f32_pool(heads, dim));
+  Pool& p = *pool;
+  TierOptions t;
+  t.host_bytes = 2 * plane * 2 * kLayers;
+  t.file_dir = ::testing::TempDir();
+  t.file_bytes = 4 * plane * 2 * kLayers;
+  p.attach_tiers(t);
+  auto bytes = [&](int32_t block) { return bytes_of(p, block, plane); };
+  const auto tokens = iota_tokens(17);
+  SeqId a = p.seq_create({});
+  p.append(a, tokens.data(), tokens.size(), 0);
+  const uint32_t n = 17;
+  {
+    auto b = Batch::prepare(pool, &a, &n, 1, nullptr);
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      auto k = random_floats(n * heads * dim, 30 + l), v = random_floats(n * heads * dim, 40 + l);
+      TensorArg kt = test::rows(k, n, heads, dim), vt = test::rows(v, n, heads, dim);
+      b->write(l, &kt, &vt, nullptr);
+    }
+    ASSERT_TRUE(b->committed());
+  }
+  std::vector<std::vector<char>> want;
+  for (int32_t blk : test::table(p, a)) want.push_back(bytes(blk));
+  p.free(a);
+  SeqId other = p.seq_create({});
+  const auto t2 = iota_tokens(20, 1000);
+  p.append(other, t2.data(), t2.size(), 0);
+  test::step_rest(pool, other);
+  p.free(other);
+  p.flush_tiers();
+  SeqId c = p.seq_create({});
+  const TieredMatch m = p.match_prefix_tiered(c, tokens.data(), tokens.size());
+  EXPECT_EQ(m.host, 8u);
+  EXPECT_EQ(m.file, 8u);
+  p.flush_tiers();  // runs the loads
+  EXPECT_EQ(p.seq_info(c).num_computed_tokens, 16u);
+  const auto tab = test::table(p, c);
+  for (size_t j = 0; j < 4; ++j) EXPECT_TRUE(bytes(tab[j]) == want[j]) << "block " << j;
+  EXPECT_EQ(p.tier_stats(1).num_loaded, 2u);
+  EXPECT_EQ(p.tier_stats(2).num_loaded, 2u);
+  EXPECT_EQ(p.tier_stats(2).num_checksum_failures + p.tier_stats(1).num_checksum_failures, 0u);
   EXPECT_EQ(p.validate(), "");
 }
 

@@ -50,7 +50,9 @@ typedef struct pkv_tier_options {
   uint64_t host_bytes;  /* host tier size; holds host_bytes / bytes_per_block blocks (>= 1) */
   const char* file_dir; /* directory of the file tier; NULL or "" = none. One file of
                            fixed slots is created there and unlinked at once (it goes with
-                           the pool); read and written with preadv/pwritev */
+                           the pool), allocated in full at attach (fallocate: a full disk
+                           is PKV_E_INVALID_ARGUMENT there, not I/O errors later); read
+                           and written with preadv/pwritev */
   uint64_t file_bytes;  /* file tier size (>= one block when file_dir is set) */
 } pkv_tier_options;
 
