@@ -39,8 +39,7 @@ std::unique_ptr<GroupBatch> GroupBatch::prepare(const std::shared_ptr<GroupPool>
   uint32_t max_q = 0;
   for (uint32_t i = 0; i < num_seqs; ++i) {
     auto it = p.seqs_.find(seqs[i]);
-    if (it == p.seqs_.end())
-      fail(Errc::kNotFound, at(i, seqs[i]) + " is stale or unknown");
+    if (it == p.seqs_.end()) fail(Errc::kNotFound, at(i, seqs[i]) + " is stale or unknown");
     if (!seen.insert(seqs[i]).second)
       fail(Errc::kInvalidArgument, at(i, seqs[i]) + " appears twice in the batch");
     GroupPool::Seq& s = it->second;
@@ -75,11 +74,10 @@ std::unique_ptr<GroupBatch> GroupBatch::prepare(const std::shared_ptr<GroupPool>
       const uint64_t w = spec.sliding_window;
       const uint64_t first_key = w > 0 && start + 1 > w ? start + 1 - w : 0;
       if (w > 0 && first_key / bs < s.num_null[g])
-        fail(Errc::kInvalidArgument, "query_counts[" + str(i) + "] = " + str(q) +
-                                         " makes position " + str(start) + " of " +
-                                         seq_name(seqs[i]) + " a query, which needs keys from " +
-                                         str(first_key) + " on that the sliding window of group " +
-                                         str(g) + " already released");
+        fail(Errc::kInvalidArgument,
+             "query_counts[" + str(i) + "] = " + str(q) + " makes position " + str(start) + " of " +
+                 seq_name(seqs[i]) + " a query, which needs keys from " + str(first_key) +
+                 " on that the sliding window of group " + str(g) + " already released");
     }
     live[i] = &s;
     computed[i] = c;
@@ -100,7 +98,8 @@ std::unique_ptr<GroupBatch> GroupBatch::prepare(const std::shared_ptr<GroupPool>
     fail(Errc::kOutOfBlocks, "the plan must move " + str(moves.size()) +
                                  " shared state slots to copies; " + str(p.queue_.size()) +
                                  " blocks are free");
-  for (const auto& m : moves) p.copies_[m.second].reserve(p.copies_[m.second].size() + moves.size());
+  for (const auto& m : moves)
+    p.copies_[m.second].reserve(p.copies_[m.second].size() + moves.size());
   const uint64_t i32max = uint64_t(std::numeric_limits<int32_t>::max());
   uint64_t max_pages = 0;
   for (uint32_t i = 0; i < num_seqs; ++i) max_pages += (live[i]->tokens.size() + bs - 1) / bs;
@@ -247,12 +246,24 @@ TensorArg GroupBatch::plan_tensor(uint32_t g, uint32_t which) const {
   const void* data = nullptr;
   size_t len = 0;
   switch (PlanArray(which)) {
-    case PlanArray::kSlotMapping: data = a.slots.data(), len = a.slots.size(); break;
-    case PlanArray::kQueryIndptr: data = qptr_.data(), len = qptr_.size(); break;
-    case PlanArray::kPageIndptr: data = a.pptr.data(), len = a.pptr.size(); break;
-    case PlanArray::kPageIndices: data = a.pidx.data(), len = a.pidx.size(); break;
-    case PlanArray::kLastPageLen: data = a.last.data(), len = a.last.size(); break;
-    case PlanArray::kContextLens: data = ctx_.data(), len = ctx_.size(); break;
+    case PlanArray::kSlotMapping:
+      data = a.slots.data(), len = a.slots.size();
+      break;
+    case PlanArray::kQueryIndptr:
+      data = qptr_.data(), len = qptr_.size();
+      break;
+    case PlanArray::kPageIndptr:
+      data = a.pptr.data(), len = a.pptr.size();
+      break;
+    case PlanArray::kPageIndices:
+      data = a.pidx.data(), len = a.pidx.size();
+      break;
+    case PlanArray::kLastPageLen:
+      data = a.last.data(), len = a.last.size();
+      break;
+    case PlanArray::kContextLens:
+      data = ctx_.data(), len = ctx_.size();
+      break;
   }
   t.data = const_cast<void*>(data);
   t.shape[0] = int64_t(len);

@@ -211,8 +211,8 @@ bool GroupPool::snapshot_due(const Seq& s, uint32_t g) const {
   const uint64_t bs = opts_.block_size, n = s.tokens.size();
   // Only a computed state is worth keeping (and may be hit).
   return opts_.enable_prefix_caching && recurrent(g) && !s.table[g].empty() && n > 0 &&
-         s.num_computed >= n &&
-         n % bs == 0 && s.hashes.size() >= n / bs && lookup(s.hashes[n / bs - 1], g) < 0;
+         s.num_computed >= n && n % bs == 0 && s.hashes.size() >= n / bs &&
+         lookup(s.hashes[n / bs - 1], g) < 0;
 }
 
 void GroupPool::hash_full_blocks(Seq& s) {
@@ -290,8 +290,7 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
     // pool's first plan): uncomputed ones will be queries needing it.
     // Released nearest-first so the earliest blocks reach the free tail
     // last and are evicted last (as vLLM's remove_skipped_blocks).
-    const uint64_t end =
-        std::min<uint64_t>(t.size(), window_end(g, std::min(n0, s.num_computed)));
+    const uint64_t end = std::min<uint64_t>(t.size(), window_end(g, std::min(n0, s.num_computed)));
     for (uint64_t j = end; j-- > s.num_null[g];)
       if (t[j] != 0) {
         release(t[j]);

@@ -95,7 +95,6 @@ class GroupPool {
   // pkv_pool_destroy: plans that still hold the pool fail cleanly after it.
   void close();
 
-
  private:
   friend class GroupBatch;  // step plans (group_plan.cpp)
   // The longest hit, in blocks, of hashes[0, max_blocks) that every group

@@ -176,8 +176,8 @@ pkv_status pkv_batch_token_positions(const pkv_batch* batch, pkv_tensor* out) {
   PKV_GUARD({
     pc::require(batch, "batch");
     pc::require(out, "out");
-    pc::from_arg(batch->groups ? batch->groups->token_positions() : batch_of(batch).token_positions(),
-                 out);
+    pc::from_arg(
+        batch->groups ? batch->groups->token_positions() : batch_of(batch).token_positions(), out);
   });
 }
 
@@ -185,9 +185,9 @@ pkv_status pkv_batch_last_token_indices(const pkv_batch* batch, pkv_tensor* out)
   PKV_GUARD({
     pc::require(batch, "batch");
     pc::require(out, "out");
-    pc::from_arg(batch->groups ? batch->groups->last_token_indices()
-                               : batch_of(batch).last_token_indices(),
-                 out);
+    pc::from_arg(
+        batch->groups ? batch->groups->last_token_indices() : batch_of(batch).last_token_indices(),
+        out);
   });
 }
 

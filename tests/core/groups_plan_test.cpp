@@ -64,8 +64,8 @@ std::vector<T> plan_array(const pkv_batch* b, uint32_t g, uint32_t which) {
   pkv_tensor t;
   EXPECT_EQ(pkv_batch_plan_tensor_group(b, g, which, &t), PKV_OK) << pkv_last_error_message();
   EXPECT_EQ(t.ndim, 1);
-  EXPECT_EQ(t.dtype, which == PKV_PLAN_SLOT_MAPPING ? uint32_t(PKV_DTYPE_I64)
-                                                     : uint32_t(PKV_DTYPE_I32));
+  EXPECT_EQ(t.dtype,
+            which == PKV_PLAN_SLOT_MAPPING ? uint32_t(PKV_DTYPE_I64) : uint32_t(PKV_DTYPE_I32));
   const T* d = reinterpret_cast<const T*>(static_cast<const char*>(t.data) + t.byte_offset);
   return std::vector<T>(d, d + t.shape[0]);
 }
@@ -128,7 +128,8 @@ struct Workload {
       return;
     }
     ok(st, "append");
-    log[s] += " append" + std::to_string(toks.size()) + "(c" + std::to_string(computed(pool, s)) + ")";
+    log[s] +=
+        " append" + std::to_string(toks.size()) + "(c" + std::to_string(computed(pool, s)) + ")";
     auto& t = seqs[s];
     t.insert(t.end(), toks.begin(), toks.end());
   }
@@ -172,8 +173,8 @@ struct Workload {
     if (ids.empty()) return;
     run_copies();
     pkv_batch* b = nullptr;
-    const pkv_status st = pkv_batch_prepare(pool, ids.data(), qs.data(), uint32_t(ids.size()),
-                                            nullptr, &b);
+    const pkv_status st =
+        pkv_batch_prepare(pool, ids.data(), qs.data(), uint32_t(ids.size()), nullptr, &b);
     if (st == PKV_E_INVALID_ARGUMENT && !recurrent) {  // recomputing into a released window
       ASSERT_NE(std::strstr(pkv_last_error_message(), "released"), nullptr)
           << pkv_last_error_message();
@@ -246,8 +247,8 @@ struct Workload {
           const int32_t blk = t[p / kBs];
           ASSERT_NE(blk, 0) << "group " << g << " position " << p;
           ASSERT_EQ(eng.block(blk)[p % kBs], Engine::value(p, toks[p]))
-              << "group " << g << " position " << p << " of " << n << " block " << blk
-              << " start " << start << ":" << log[ids[i]];
+              << "group " << g << " position " << p << " of " << n << " block " << blk << " start "
+              << start << ":" << log[ids[i]];
           ++checked;
         }
       }
@@ -315,8 +316,7 @@ struct Workload {
       if (st == PKV_OK) {
         it->second.resize(m);
         log[s] += " trunc" + std::to_string(m);
-      }
-      else
+      } else
         ASSERT_EQ(st, PKV_E_INVALID_ARGUMENT) << pkv_last_error_message();  // released window
     } else if (r < 14) {
       ok(pkv_seq_free(pool, s), "free");
@@ -366,16 +366,14 @@ void run_workload(std::vector<pkv_kv_group_spec> groups, uint32_t seed) {
 
 TEST(GroupPlans, FullWindowMlaRandomWorkload) {
   for (uint32_t seed : {1u, 2u, 3u})
-    run_workload({spec(PKV_GROUP_FULL), spec(PKV_GROUP_SLIDING_WINDOW, 6),
-                  spec(PKV_GROUP_MLA)},
+    run_workload({spec(PKV_GROUP_FULL), spec(PKV_GROUP_SLIDING_WINDOW, 6), spec(PKV_GROUP_MLA)},
                  seed);
 }
 
 TEST(GroupPlans, FullWindowRecurrentRandomWorkload) {
   for (uint32_t seed : {4u, 5u, 6u})
-    run_workload({spec(PKV_GROUP_FULL), spec(PKV_GROUP_SLIDING_WINDOW, 9),
-                  spec(PKV_GROUP_RECURRENT)},
-                 seed);
+    run_workload(
+        {spec(PKV_GROUP_FULL), spec(PKV_GROUP_SLIDING_WINDOW, 9), spec(PKV_GROUP_RECURRENT)}, seed);
 }
 
 }  // namespace

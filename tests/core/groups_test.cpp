@@ -55,7 +55,8 @@ std::vector<int32_t> table(const GroupPool& p, SeqId s, uint32_t g) {
 // The engine runs the pending copies: their blocks stay held until then.
 void take_all_copies(GroupPool& p) {
   std::vector<int32_t> src(p.options().num_blocks), dst(src.size());
-  for (uint32_t g = 0; g < p.num_groups(); ++g) p.take_copies(g, src.data(), dst.data(), src.size());
+  for (uint32_t g = 0; g < p.num_groups(); ++g)
+    p.take_copies(g, src.data(), dst.data(), src.size());
 }
 
 std::vector<int32_t> seq_tokens(uint64_t n, int32_t first) {

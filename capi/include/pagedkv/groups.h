@@ -39,7 +39,11 @@
  * pkv_batch_destroy work on it; the kernel calls (pkv_cache_write,
  * pkv_attention_forward, MLA) answer PKV_E_UNSUPPORTED. Copy-on-write and
  * state copies are not run by prepare: take them with
- * pkv_pool_group_take_copies before the step. Computed tokens follow
+ * pkv_pool_group_take_copies after prepare, before the step's writes (a
+ * plan over a sequence whose state slot a fork child still starts from
+ * moves it to a copy first; PKV_E_OUT_OF_BLOCKS when no block is free for
+ * that). The window of a sliding-window group moves with the computed
+ * tokens, so uncomputed queries keep their keys. Computed tokens follow
  * manager-only single-group plans (pagedkv/batch.h): from the pool's first
  * plan on, appended tokens count as computed (pkv_seq_info
  * num_computed_tokens), and their full blocks (and state snapshots) enter
@@ -135,7 +139,9 @@ PKV_API void pkv_group_stats_init(pkv_group_stats* stats);
 PKV_API pkv_status pkv_pool_group_stats(const pkv_pool* pool, uint32_t group, pkv_group_stats* out);
 
 /* Copy-on-write copies (src[i] -> dst[i], block ids of group `group`)
- * recorded since the last call, oldest first, and forgets them: the engine
+ * recorded since the last call, oldest first, and forgets them. Both blocks
+ * of a copy stay held (counted used) until it is taken here, so a block freed
+ * meanwhile cannot move to another group whose copies run first. The engine
  * copies those pages in every layer of the group before the next step
  * writes. An append writes into a copy when the block it writes into is
  * shared (pkv_seq_fork) or cached (a truncated full block). With capacity
