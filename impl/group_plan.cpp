@@ -230,6 +230,18 @@ void GroupBatch::commit_locked() {
   }
 }
 
+TensorArg GroupBatch::host_array(const void* data, size_t len, DType dtype) const {
+  TensorArg t;
+  t.ndim = 1;
+  t.strides[0] = 1;
+  t.device_type = pool_->opts_.device_type;
+  t.device_id = pool_->opts_.device_id;
+  t.dtype = uint32_t(dtype);
+  t.data = const_cast<void*>(data);
+  t.shape[0] = int64_t(len);
+  return t;
+}
+
 TensorArg GroupBatch::plan_tensor(uint32_t g, uint32_t which) const {
   if (g >= groups_.size())
     fail(Errc::kInvalidArgument,
@@ -237,56 +249,17 @@ TensorArg GroupBatch::plan_tensor(uint32_t g, uint32_t which) const {
   if (which > 5)
     fail(Errc::kInvalidArgument, "which " + str(which) + " is not a PKV_PLAN_* array (0..5)");
   const Arrays& a = groups_[g];
-  TensorArg t;
-  t.ndim = 1;
-  t.strides[0] = 1;
-  t.device_type = pool_->opts_.device_type;
-  t.device_id = pool_->opts_.device_id;
-  t.dtype = which == 0 ? uint32_t(DType::kI64) : uint32_t(DType::kI32);
-  const void* data = nullptr;
-  size_t len = 0;
-  switch (PlanArray(which)) {
-    case PlanArray::kSlotMapping:
-      data = a.slots.data(), len = a.slots.size();
-      break;
-    case PlanArray::kQueryIndptr:
-      data = qptr_.data(), len = qptr_.size();
-      break;
-    case PlanArray::kPageIndptr:
-      data = a.pptr.data(), len = a.pptr.size();
-      break;
-    case PlanArray::kPageIndices:
-      data = a.pidx.data(), len = a.pidx.size();
-      break;
-    case PlanArray::kLastPageLen:
-      data = a.last.data(), len = a.last.size();
-      break;
-    case PlanArray::kContextLens:
-      data = ctx_.data(), len = ctx_.size();
-      break;
-  }
-  t.data = const_cast<void*>(data);
-  t.shape[0] = int64_t(len);
-  return t;
+  const std::vector<int32_t>* i32[6] = {nullptr, &qptr_, &a.pptr, &a.pidx, &a.last, &ctx_};
+  if (which == 0) return host_array(a.slots.data(), a.slots.size(), DType::kI64);
+  return host_array(i32[which]->data(), i32[which]->size(), DType::kI32);
 }
 
 TensorArg GroupBatch::token_positions() const {
-  TensorArg t;
-  t.ndim = 1;
-  t.strides[0] = 1;
-  t.device_type = pool_->opts_.device_type;
-  t.device_id = pool_->opts_.device_id;
-  t.dtype = uint32_t(DType::kI64);
-  t.data = const_cast<int64_t*>(positions_.data());
-  t.shape[0] = int64_t(positions_.size());
-  return t;
+  return host_array(positions_.data(), positions_.size(), DType::kI64);
 }
 
 TensorArg GroupBatch::last_token_indices() const {
-  TensorArg t = token_positions();
-  t.data = const_cast<int64_t*>(last_rows_.data());
-  t.shape[0] = int64_t(last_rows_.size());
-  return t;
+  return host_array(last_rows_.data(), last_rows_.size(), DType::kI64);
 }
 
 }  // namespace pagedkv

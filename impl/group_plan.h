@@ -41,6 +41,8 @@ class GroupBatch {
  private:
   GroupBatch() = default;
   void commit_locked();  // holds pool_->mu_
+  // A 1-D view of len elements of this plan's host memory.
+  TensorArg host_array(const void* data, size_t len, DType dtype) const;
 
   enum class State : uint8_t { kOpen, kCommitted, kAborted };
   State state_ = State::kAborted;  // until prepare succeeds

@@ -292,6 +292,25 @@ pkv_status on_groups(Env& e, F&& f) {
   return on_groups(
       e, [](pkv_pool*, pkv_seq_id) {}, f);
 }
+// A plan over the multi-group pool (one query of seq g) handed to f, then
+// destroyed (committing one computed token: nothing observable) without a
+// call that would replace f's message.
+template <class F>
+pkv_status on_group_plan(Env& e, F&& f) {
+  pkv_batch* gb[2] = {};
+  int k = 0;
+  return on_groups(
+      e,
+      [&](pkv_pool* p, pkv_seq_id s) {
+        const uint32_t q = 1;
+        must(pkv_batch_prepare(p, &s, &q, 1, nullptr, &gb[k++]), "prepare");
+      },
+      [&](pkv_pool*, pkv_seq_id, pkv_seq_id) {
+        const pkv_status st = f(gb[k - 1]);
+        for (pkv_batch*& b : gb) pkv_batch_destroy(std::exchange(b, nullptr));
+        return st;
+      });
+}
 
 // MLA pools (issue 19): 2 layers of rank 32 + rope 8, f32, a 3-token
 // sequence planned. f gets the pool, the batch and valid tensors; a failure
@@ -1528,56 +1547,23 @@ std::vector<Case> make_cases() {
           "group 1", pkv_tensor t;
           return pkv_batch_plan_tensor_group(e.batch, 1, 0, &t);),
         S("pkv_batch_plan_tensor_group", PKV_CLASS_RANGE, "multi-group plan: group = 2 of 2", kInv,
-          "group 2", pkv_batch* gb[2] = {}; int k = 0;
-          return on_groups(
-              e,
-              [&](pkv_pool* p, pkv_seq_id s) {
-                const uint32_t q = 1;
-                must(pkv_batch_prepare(p, &s, &q, 1, nullptr, &gb[k++]), "prepare");
-              },
-              [&](pkv_pool*, pkv_seq_id, pkv_seq_id) {
-                pkv_tensor t;
-                (void)t;
-                const pkv_status st = pkv_batch_plan_tensor_group(gb[k - 1], 2, 0, &t);
-                // Destroyed (committing 1 computed token: nothing observable)
-                // without a call that would replace the error message.
-                for (pkv_batch*& b : gb) pkv_batch_destroy(std::exchange(b, nullptr));
-                return st;
-              });),
+          "group 2", return on_group_plan(e, [&](pkv_batch* b) {
+            pkv_tensor t;
+            (void)t;
+            return pkv_batch_plan_tensor_group(b, 2, 0, &t);
+          });),
         S("pkv_batch_plan_tensor_group", PKV_CLASS_RANGE, "multi-group plan: which = 6", kInv,
-          "which", pkv_batch* gb[2] = {}; int k = 0;
-          return on_groups(
-              e,
-              [&](pkv_pool* p, pkv_seq_id s) {
-                const uint32_t q = 1;
-                must(pkv_batch_prepare(p, &s, &q, 1, nullptr, &gb[k++]), "prepare");
-              },
-              [&](pkv_pool*, pkv_seq_id, pkv_seq_id) {
-                pkv_tensor t;
-                (void)t;
-                const pkv_status st = pkv_batch_plan_tensor_group(gb[k - 1], 1, 6, &t);
-                // Destroyed (committing 1 computed token: nothing observable)
-                // without a call that would replace the error message.
-                for (pkv_batch*& b : gb) pkv_batch_destroy(std::exchange(b, nullptr));
-                return st;
-              });),
+          "which", return on_group_plan(e, [&](pkv_batch* b) {
+            pkv_tensor t;
+            (void)t;
+            return pkv_batch_plan_tensor_group(b, 1, 6, &t);
+          });),
         S("pkv_cache_write", PKV_CLASS_STATE, "plan over a multi-group pool", PKV_E_UNSUPPORTED,
-          "manager only", pkv_batch* gb[2] = {}; int k = 0;
-          return on_groups(
-              e,
-              [&](pkv_pool* p, pkv_seq_id s) {
-                const uint32_t q = 1;
-                must(pkv_batch_prepare(p, &s, &q, 1, nullptr, &gb[k++]), "prepare");
-              },
-              [&](pkv_pool*, pkv_seq_id, pkv_seq_id) {
-                pkv_tensor t;
-                (void)t;
-                const pkv_status st = pkv_cache_write(gb[k - 1], 0, &e.kt, &e.vt, nullptr);
-                // Destroyed (committing 1 computed token: nothing observable)
-                // without a call that would replace the error message.
-                for (pkv_batch*& b : gb) pkv_batch_destroy(std::exchange(b, nullptr));
-                return st;
-              });),
+          "manager only", return on_group_plan(e, [&](pkv_batch* b) {
+            pkv_tensor t;
+            (void)t;
+            return pkv_cache_write(b, 0, &e.kt, &e.vt, nullptr);
+          });),
         S("pkv_pool_drain_events_v2", PKV_CLASS_STATE, "multi-group pool", PKV_E_UNSUPPORTED,
           "multi-group", return on_groups(e, [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
             pkv_event_v2 ev[2] = {};
