@@ -112,6 +112,7 @@ GroupPool::GroupPool(const PoolOptions& base, std::vector<GroupSpec> groups)
   num_blocks_ = int32_t(nb);
   ref_.assign(nb, 0);
   group_of_.assign(nb, -1);
+  pin_.assign(nb, 0);
   key_.assign(nb, BlockHash{});
   queue_ = FreeBlockQueue(num_blocks_);
   copies_.resize(groups_.size());
@@ -134,6 +135,7 @@ SeqId GroupPool::seq_create(const SeqOptions& o) {
   Seq s;
   s.ctx = std::move(ctx);
   s.priority = o.priority;
+  s.planned = planned_;
   s.table.resize(groups_.size());
   s.num_null.assign(groups_.size(), 0);
   s.state_src.assign(groups_.size(), 0);
@@ -162,6 +164,18 @@ void GroupPool::release(int32_t b) {
   } else {
     queue_.push_back(b);
   }
+}
+
+void GroupPool::record_copy(uint32_t g, int32_t src, int32_t dst) {
+  // Both blocks stay referenced until the engine took the copy: freed
+  // meanwhile, one could go to another group whose copies the engine may
+  // run first (take_copies is per group), so a block would be overwritten
+  // before it was read, or a copy would land after a newer one.
+  ++ref_[src];
+  ++ref_[dst];
+  ++pin_[src];
+  ++pin_[dst];
+  copies_[g].push_back({src, dst});
 }
 
 void GroupPool::cache(int32_t b, uint32_t g, const BlockHash& h) {
@@ -195,8 +209,10 @@ uint64_t GroupPool::window_end(uint32_t g, uint64_t n0) const {
 
 bool GroupPool::snapshot_due(const Seq& s, uint32_t g) const {
   const uint64_t bs = opts_.block_size, n = s.tokens.size();
+  // Only a computed state is worth keeping (and may be hit).
   return opts_.enable_prefix_caching && recurrent(g) && !s.table[g].empty() && n > 0 &&
-         n % bs == 0 && s.hashes.size() >= n / bs && lookup(s.hashes[n / bs - 1], g) < 0;
+         s.num_computed >= n && n % bs == 0 && s.hashes.size() >= n / bs &&
+         lookup(s.hashes[n / bs - 1], g) < 0;
 }
 
 void GroupPool::hash_full_blocks(Seq& s) {
@@ -233,7 +249,8 @@ GroupPool::Need GroupPool::need_of(const Seq& s, uint64_t n, uint32_t lookahead)
     for (uint64_t j = n0 / bs; n > 0 && j < last; ++j)
       if (t[j] != 0 && (ref_[t[j]] > 1 || !key_[t[j]].empty())) ++need.cow;
     if (n > 0) {
-      const uint64_t end = std::min<uint64_t>(t.size(), window_end(g, n0));
+      const uint64_t end =
+          std::min<uint64_t>(t.size(), window_end(g, std::min(n0, s.num_computed)));
       for (uint64_t j = s.num_null[g]; j < end; ++j)
         if (t[j] != 0 && ref_[t[j]] == 1) ++need.gain;
     }
@@ -264,6 +281,23 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
   s.hashes.reserve((n0 + n) / bs);
   for (uint32_t g = 0; g < groups_.size(); ++g)
     copies_[g].reserve(copies_[g].size() + s.table[g].size() + 1);
+  // The window releases of every group first: need_of counted what they
+  // give back towards the allocations of all groups.
+  for (uint32_t g = 0; g < groups_.size() && n > 0; ++g) {
+    if (recurrent(g)) continue;
+    std::vector<int32_t>& t = s.table[g];
+    // The window moves with the computed tokens (all of them before the
+    // pool's first plan): uncomputed ones will be queries needing it.
+    // Released nearest-first so the earliest blocks reach the free tail
+    // last and are evicted last (as vLLM's remove_skipped_blocks).
+    const uint64_t end = std::min<uint64_t>(t.size(), window_end(g, std::min(n0, s.num_computed)));
+    for (uint64_t j = end; j-- > s.num_null[g];)
+      if (t[j] != 0) {
+        release(t[j]);
+        t[j] = 0;
+      }
+    s.num_null[g] = std::max(s.num_null[g], end);
+  }
   for (uint32_t g = 0; g < groups_.size(); ++g) {
     std::vector<int32_t>& t = s.table[g];
     if (recurrent(g)) {
@@ -271,35 +305,36 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
       continue;
     }
     t.reserve(ceil_div(n0 + n + lookahead, bs));
-    if (n > 0) {
-      // Released nearest-first so the earliest blocks reach the free tail
-      // last and are evicted last (as vLLM's remove_skipped_blocks).
-      const uint64_t end = std::min<uint64_t>(t.size(), window_end(g, n0));
-      for (uint64_t j = end; j-- > s.num_null[g];)
-        if (t[j] != 0) {
-          release(t[j]);
-          t[j] = 0;
-        }
-      s.num_null[g] = std::max(s.num_null[g], end);
-      const uint64_t last = std::min<uint64_t>(t.size(), ceil_div(n0 + n, bs));
-      for (uint64_t j = n0 / bs; j < last; ++j) {
-        const int32_t b = t[j];
-        if (b == 0 || (ref_[b] == 1 && key_[b].empty())) continue;
-        const int32_t nb = allocate(g);
-        copies_[g].push_back({b, nb});
-        ++cow_;
-        t[j] = nb;
-        release(b);
-      }
+    const uint64_t last = std::min<uint64_t>(t.size(), ceil_div(n0 + n, bs));
+    for (uint64_t j = n0 / bs; n > 0 && j < last; ++j) {
+      const int32_t b = t[j];
+      if (b == 0 || (ref_[b] == 1 && key_[b].empty())) continue;
+      const int32_t nb = allocate(g);
+      record_copy(g, b, nb);
+      ++cow_;
+      t[j] = nb;
+      release(b);
     }
     while (t.size() < ceil_div(n0 + n + lookahead, bs)) t.push_back(allocate(g));
   }
   s.tokens.insert(s.tokens.end(), tokens, tokens + n);
   const uint64_t k0 = s.hashes.size();
   hash_full_blocks(s);
-  for (uint64_t k = k0; k < s.hashes.size(); ++k)
+  if (!planned_) s.num_computed = s.tokens.size();
+  cache_computed(s, k0);
+}
+
+void GroupPool::cache_computed(const Seq& s, uint64_t from) {
+  const uint64_t end = std::min<uint64_t>(s.hashes.size(), s.num_computed / opts_.block_size);
+  for (uint64_t k = from; k < end; ++k)
     for (uint32_t g = 0; g < groups_.size(); ++g)
-      if (!recurrent(g) && s.table[g][k] != 0) cache(s.table[g][k], g, s.hashes[k]);
+      if (!recurrent(g) && k < s.table[g].size() && s.table[g][k] != 0)
+        cache(s.table[g][k], g, s.hashes[k]);
+}
+
+void GroupPool::close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_ = true;
 }
 
 void GroupPool::append_state(Seq& s, uint32_t g) {
@@ -307,7 +342,7 @@ void GroupPool::append_state(Seq& s, uint32_t g) {
   if (t.empty()) {
     const int32_t slot = allocate(g);
     if (s.state_src[g] != 0) {
-      copies_[g].push_back({s.state_src[g], slot});
+      record_copy(g, s.state_src[g], slot);
       ++cow_;
       release(s.state_src[g]);
       s.state_src[g] = 0;
@@ -322,7 +357,7 @@ void GroupPool::append_state(Seq& s, uint32_t g) {
   // snapshot, or the state a fork child starts from) and the sequence goes
   // on in a copy.
   const int32_t next = allocate(g);
-  copies_[g].push_back({slot, next});
+  record_copy(g, slot, next);
   ++cow_;
   if (keep) cache(slot, g, s.hashes[s.tokens.size() / opts_.block_size - 1]);
   release(slot);
@@ -369,7 +404,7 @@ uint64_t GroupPool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
       ++ref_[b];
     }
   }
-  s.num_cached = k * bs;
+  s.num_cached = s.num_computed = k * bs;  // cached blocks hold computed K/V
   hit_tokens_ += k * bs;
   return k * bs;
 }
@@ -423,6 +458,8 @@ void GroupPool::truncate(SeqId id, uint64_t num_tokens) {
   s.tokens.resize(n);
   s.hashes.resize(std::min<uint64_t>(s.hashes.size(), n / bs));
   s.num_cached = std::min(s.num_cached, n);
+  s.num_computed = std::min(s.num_computed, n);
+  ++s.epoch;
 }
 
 void GroupPool::free(SeqId id) {
@@ -447,7 +484,7 @@ SeqInfo GroupPool::seq_info(SeqId id) const {
   info.priority = s.priority;
   info.num_tokens = s.tokens.size();
   info.num_cached_tokens = s.num_cached;
-  info.num_computed_tokens = s.tokens.size();
+  info.num_computed_tokens = s.num_computed;
   info.lora_id = s.ctx.lora_id;
   for (uint32_t g = 0; g < groups_.size(); ++g) {
     info.num_blocks += s.table[g].size() - s.num_null[g];
@@ -517,6 +554,12 @@ uint64_t GroupPool::take_copies(uint32_t g, int32_t* src, int32_t* dst, uint64_t
     src[i] = c[i].first;
     dst[i] = c[i].second;
   }
+  for (uint64_t i = n; i-- > 0;) {
+    --pin_[c[i].second];
+    --pin_[c[i].first];
+    release(c[i].second);
+    release(c[i].first);
+  }
   c.clear();
   return n;
 }
@@ -553,6 +596,8 @@ std::string GroupPool::check() const {
       if (recurrent(g) && s.table[g].size() > 1)
         return "seq " + str(kv.first) + " holds more than one state slot in group " + str(g);
   }
+  for (const auto& c : copies_)
+    for (const auto& pair : c) ++refs[pair.first], ++refs[pair.second];  // pinned until taken
   if (ref_[0] != 0 || queue_.contains(0)) return "the null block is in use or free";
   for (int32_t b = 1; b < num_blocks_; ++b) {
     if (refs[b] != ref_[b])

@@ -24,6 +24,8 @@
 
 namespace pagedkv {
 
+class GroupBatch;
+
 // Values equal PKV_GROUP_*.
 enum class GroupKind : uint32_t { kFull = 0, kSlidingWindow = 1, kMla = 2, kRecurrent = 3 };
 
@@ -90,9 +92,11 @@ class GroupPool {
   // when they all hold.
   std::string check() const;
   std::string validate() const { return check(); }  // as Pool::validate
-
+  // pkv_pool_destroy: plans that still hold the pool fail cleanly after it.
+  void close();
 
  private:
+  friend class GroupBatch;  // step plans (group_plan.cpp)
   // The longest hit, in blocks, of hashes[0, max_blocks) that every group
   // can serve from the cache, as vLLM's HybridKVCacheCoordinator computes
   // it: each group gives the longest hit it can serve at or below the
@@ -113,6 +117,12 @@ class GroupPool {
     // a fork parent's slot, held by a reference), 0 = the initial state.
     std::vector<int32_t> state_src;
     uint64_t num_cached = 0;
+    // Leading tokens whose K/V (and state) a committed step wrote, or a
+    // prefix hit brought; only their full blocks enter the prefix cache
+    // once the pool plans steps (planned_).
+    uint64_t num_computed = 0;
+    uint32_t epoch = 0;    // bumped by truncate: a plan's commit skips it
+    bool planned = false;  // its computed count follows committed plans
   };
   struct Key {
     BlockHash hash;
@@ -138,6 +148,9 @@ class GroupPool {
   bool snapshot_due(const Seq& s, uint32_t g) const;
   int32_t allocate(uint32_t g);
   void release(int32_t b);
+  // Records a copy-on-write or state copy; src and dst stay referenced
+  // until take_copies hands it out.
+  void record_copy(uint32_t g, int32_t src, int32_t dst);
   void cache(int32_t b, uint32_t g, const BlockHash& h);
   void uncache(int32_t b);
   int32_t lookup(const BlockHash& h, uint32_t g) const;
@@ -145,6 +158,9 @@ class GroupPool {
                         std::vector<int32_t>* out) const;
   void hash_full_blocks(Seq& s);
   void append_state(Seq& s, uint32_t g);  // a recurrent group's part of append
+  // Caches the full blocks of s from block `from` that its computed tokens
+  // cover, in every attention group.
+  void cache_computed(const Seq& s, uint64_t from);
 
   PoolOptions opts_;
   std::vector<GroupSpec> groups_;
@@ -154,12 +170,18 @@ class GroupPool {
   int32_t num_blocks_ = 0;
   std::vector<int32_t> ref_;
   std::vector<int32_t> group_of_;  // group of a used or cached block; -1 none
+  std::vector<int32_t> pin_;       // references held by pending copies
   std::vector<BlockHash> key_;     // hash of a cached block (empty = not cached)
   FreeBlockQueue queue_;
   std::unordered_multimap<Key, int32_t, KeyHasher> cache_;
   std::unordered_map<SeqId, Seq> seqs_;
   SeqId next_id_ = 1;
   std::vector<std::vector<std::pair<int32_t, int32_t>>> copies_;
+  // Set by the first step plan: from then on appended tokens count as
+  // computed only once a committed plan covers them (before, as manager
+  // calls alone always did, at append).
+  bool planned_ = false;
+  bool closed_ = false;
   uint64_t query_tokens_ = 0, hit_tokens_ = 0, evictions_ = 0, cow_ = 0;
 };
 

@@ -281,6 +281,25 @@ func (b *Batch) PlanInt32s(which PlanArray) ([]int32, error) {
 	return gt.Int32s()
 }
 
+// PlanGroupTensor is PlanTensor for one KV group of a plan over a
+// multi-group pool (pkv_batch_plan_tensor_group): that group's page table and
+// slot mapping (a recurrent group: one page per sequence, its state slot);
+// query offsets and context lengths are shared. Group 0 of a single-group
+// plan is PlanTensor.
+func (b *Batch) PlanGroupTensor(group uint32, which PlanArray) (Tensor, error) {
+	const op = "pkv_batch_plan_tensor_group"
+	ptr, err := b.acquire(op)
+	if err != nil {
+		return Tensor{}, err
+	}
+	defer b.release()
+	var t C.pkv_tensor
+	if err := check(op, C.pkvgo_batch_plan_tensor_group(ptr, C.uint32_t(group), C.uint32_t(which), &t)); err != nil {
+		return Tensor{}, err
+	}
+	return fromC(&t), nil
+}
+
 // SlotMapping copies a CPU plan's slot mapping (block_id*block_size+offset
 // per query row) into a new slice.
 func (b *Batch) SlotMapping() ([]int64, error) {

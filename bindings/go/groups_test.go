@@ -146,3 +146,62 @@ func TestGroupPoolRecurrentSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestGroupPoolStepPlanPerGroupArrays(t *testing.T) {
+	p := gptOssLike(t, 64)
+	s, err := p.CreateSeq(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := make([]int32, 20)
+	for i := range tokens {
+		tokens[i] = int32(100 + i)
+	}
+	if err := s.Append(tokens); err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.Prepare([]Seq{s}, []int{20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for g := uint32(0); g < 2; g++ {
+		table, err := s.GroupBlockTable(int(g))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pt, err := b.PlanGroupTensor(g, PlanPageIndices)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages, err := pt.Int32s()
+		if err != nil || len(pages) != len(table) {
+			t.Fatalf("group %d pages %v (%v), table %v", g, pages, err, table)
+		}
+		for j := range table {
+			if pages[j] != table[j] {
+				t.Fatalf("group %d page %d = %d, table %v", g, j, pages[j], table)
+			}
+		}
+		st, err := b.PlanGroupTensor(g, PlanSlotMapping)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slots, err := st.Int64s()
+		if err != nil || len(slots) != 20 {
+			t.Fatalf("group %d slots %v (%v)", g, slots, err)
+		}
+		for pos := range slots {
+			if want := int64(table[pos/4])*4 + int64(pos%4); slots[pos] != want {
+				t.Fatalf("group %d slot of %d = %d, want %d", g, pos, slots[pos], want)
+			}
+		}
+	}
+	var e *Error
+	if _, err := b.PlanGroupTensor(2, PlanPageIndices); !errors.As(err, &e) || e.Code != CodeInvalidArgument {
+		t.Fatalf("group 2: %v", err)
+	}
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}

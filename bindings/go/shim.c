@@ -165,6 +165,11 @@ pkvgo_result pkvgo_batch_plan_tensor(const pkv_batch* batch, uint32_t which, pkv
   return pkvgo_capture(pkv_batch_plan_tensor(batch, which, out));
 }
 
+pkvgo_result pkvgo_batch_plan_tensor_group(const pkv_batch* batch, uint32_t group, uint32_t which,
+                                          pkv_tensor* out) {
+  return pkvgo_capture(pkv_batch_plan_tensor_group(batch, group, which, out));
+}
+
 pkvgo_result pkvgo_batch_token_positions(const pkv_batch* batch, pkv_tensor* out) {
   return pkvgo_capture(pkv_batch_token_positions(batch, out));
 }

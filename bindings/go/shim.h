@@ -78,6 +78,8 @@ pkvgo_result pkvgo_batch_get_info(const pkv_batch* batch, pkv_batch_info* out);
 pkvgo_result pkvgo_batch_commit(pkv_batch* batch);
 pkvgo_result pkvgo_batch_abort(pkv_batch* batch);
 pkvgo_result pkvgo_batch_plan_tensor(const pkv_batch* batch, uint32_t which, pkv_tensor* out);
+pkvgo_result pkvgo_batch_plan_tensor_group(const pkv_batch* batch, uint32_t group, uint32_t which,
+                                          pkv_tensor* out);
 pkvgo_result pkvgo_batch_token_positions(const pkv_batch* batch, pkv_tensor* out);
 pkvgo_result pkvgo_batch_last_token_indices(const pkv_batch* batch, pkv_tensor* out);
 pkvgo_result pkvgo_cache_write(pkv_batch* batch, uint32_t layer, const pkv_tensor* k,

@@ -9,6 +9,10 @@ namespace {
 
 pagedkv::Batch& batch_of(const pkv_batch* b) {
   pc::require(b, "batch");
+  if (!b->impl)
+    fail(Errc::kUnsupported,
+         "batch is a plan over a multi-group pool, which is manager only: the engine writes and "
+         "attends with its own kernels (pagedkv/groups.h)");
   return *b->impl;
 }
 
@@ -24,7 +28,15 @@ void prepare(pkv_pool* pool, const pkv_seq_id* seqs, const uint32_t* query_count
     fail(Errc::kInvalidArgument,
          "flags " + std::to_string(flags) + " has bits that are not PKV_PREPARE_* flags");
   auto b = std::make_unique<pkv_batch>();
-  pc::pool_of(pool);  // a multi-group pool has no step plans
+  if (pool->groups) {
+    if (flags != 0)
+      fail(Errc::kUnsupported,
+           "flags " + std::to_string(flags) +
+               ": a multi-group pool's plans have CSR page tables only (flags must be 0)");
+    b->groups = pagedkv::GroupBatch::prepare(pool->groups, seqs, query_counts, num_seqs);
+    *out = b.release();
+    return;
+  }
   b->impl = pagedkv::Batch::prepare(pool->impl, seqs, query_counts, num_seqs, stream,
                                     (flags & PKV_PREPARE_PERSISTENT_TABLE) != 0);
   *out = b.release();
@@ -45,9 +57,25 @@ pkv_status pkv_batch_prepare_ex(pkv_pool* pool, const pkv_seq_id* seqs,
   PKV_GUARD(prepare(pool, seqs, query_counts, num_seqs, flags, stream, out));
 }
 
-pkv_status pkv_batch_commit(pkv_batch* batch) { PKV_GUARD(batch_of(batch).commit()); }
+pkv_status pkv_batch_commit(pkv_batch* batch) {
+  PKV_GUARD({
+    pc::require(batch, "batch");
+    if (batch->groups)
+      batch->groups->commit();
+    else
+      batch_of(batch).commit();
+  });
+}
 
-pkv_status pkv_batch_abort(pkv_batch* batch) { PKV_GUARD(batch_of(batch).abort()); }
+pkv_status pkv_batch_abort(pkv_batch* batch) {
+  PKV_GUARD({
+    pc::require(batch, "batch");
+    if (batch->groups)
+      batch->groups->abort();
+    else
+      batch_of(batch).abort();
+  });
+}
 
 void pkv_batch_destroy(pkv_batch* batch) {
   delete batch;  // ~Batch is noexcept and frees its plan memory
@@ -61,11 +89,11 @@ void pkv_batch_info_init(pkv_batch_info* info) {
 
 pkv_status pkv_batch_get_info(const pkv_batch* batch, pkv_batch_info* out) {
   PKV_GUARD({
-    const pagedkv::Batch& b = batch_of(batch);
+    pc::require(batch, "batch");
     pc::require(out, "out");
     pc::check_struct_size(out->struct_size, pc::kBatchInfoV1, "out", "pkv_batch_info",
                           "pkv_batch_info_init");
-    const pagedkv::BatchInfo& i = b.info();
+    const pagedkv::BatchInfo& i = batch->groups ? batch->groups->info() : batch_of(batch).info();
     pkv_batch_info r;
     std::memset(&r, 0, sizeof r);
     r.struct_size = sizeof r;
@@ -81,9 +109,28 @@ pkv_status pkv_batch_get_info(const pkv_batch* batch, pkv_batch_info* out) {
 
 pkv_status pkv_batch_plan_tensor(const pkv_batch* batch, uint32_t which, pkv_tensor* out) {
   PKV_GUARD({
-    const pagedkv::Batch& b = batch_of(batch);
+    pc::require(batch, "batch");
     pc::require(out, "out");
-    pc::from_arg(b.plan_tensor(which), out);
+    if (batch->groups)
+      pc::from_arg(batch->groups->plan_tensor(0, which), out);
+    else
+      pc::from_arg(batch_of(batch).plan_tensor(which), out);
+  });
+}
+
+pkv_status pkv_batch_plan_tensor_group(const pkv_batch* batch, uint32_t group, uint32_t which,
+                                       pkv_tensor* out) {
+  PKV_GUARD({
+    pc::require(batch, "batch");
+    pc::require(out, "out");
+    if (batch->groups) {
+      pc::from_arg(batch->groups->plan_tensor(group, which), out);
+    } else {
+      if (group != 0)
+        fail(Errc::kInvalidArgument,
+             "group " + std::to_string(group) + " is out of range (the pool has 1)");
+      pc::from_arg(batch_of(batch).plan_tensor(which), out);
+    }
   });
 }
 
@@ -127,17 +174,20 @@ pkv_status pkv_attention_forward(pkv_batch* batch, uint32_t layer, const pkv_ten
 
 pkv_status pkv_batch_token_positions(const pkv_batch* batch, pkv_tensor* out) {
   PKV_GUARD({
-    const pagedkv::Batch& b = batch_of(batch);
+    pc::require(batch, "batch");
     pc::require(out, "out");
-    pc::from_arg(b.token_positions(), out);
+    pc::from_arg(
+        batch->groups ? batch->groups->token_positions() : batch_of(batch).token_positions(), out);
   });
 }
 
 pkv_status pkv_batch_last_token_indices(const pkv_batch* batch, pkv_tensor* out) {
   PKV_GUARD({
-    const pagedkv::Batch& b = batch_of(batch);
+    pc::require(batch, "batch");
     pc::require(out, "out");
-    pc::from_arg(b.last_token_indices(), out);
+    pc::from_arg(
+        batch->groups ? batch->groups->last_token_indices() : batch_of(batch).last_token_indices(),
+        out);
   });
 }
 

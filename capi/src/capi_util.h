@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "error.h"
+#include "group_plan.h"
 #include "kv_groups.h"
 #include "kv_pool.h"
 #include "pagedkv/pagedkv.h"
@@ -23,6 +24,7 @@ struct pkv_pool {
 
 struct pkv_batch {
   std::unique_ptr<pagedkv::Batch> impl;
+  std::unique_ptr<pagedkv::GroupBatch> groups;  // a plan over a multi-group pool
 };
 
 namespace pkv_capi {

@@ -105,6 +105,7 @@ void pkv_pool_destroy(pkv_pool* pool) {
   if (!pool) return;
   try {
     if (pool->impl) pool->impl->close();
+    if (pool->groups) pool->groups->close();
   } catch (...) {
   }
   delete pool;

@@ -53,6 +53,14 @@ struct result {
   uint64_t hit_tokens, hit_blocks[8];
 };
 
+/* The engine runs each step's copies (state snapshots, copy-on-write) in every
+ * group before the step; until then both blocks of a copy stay held. */
+static void run_copies(pkv_pool* pool, uint32_t n) {
+  int32_t src[64], dst[64];
+  uint64_t len = 0;
+  for (uint32_t g = 0; g < n; ++g) CHECK(pkv_pool_group_take_copies(pool, g, src, dst, 64, &len));
+}
+
 static struct result run(const pkv_kv_group_spec* groups, uint32_t n, uint32_t bs, uint64_t T) {
   pkv_pool_options o;
   pkv_pool_options_init(&o);
@@ -65,9 +73,12 @@ static struct result run(const pkv_kv_group_spec* groups, uint32_t n, uint32_t b
   pkv_seq_id a = 0, b = 0;
   CHECK(pkv_seq_create(pool, NULL, &a));
   const uint64_t chunk = 2048 / bs * bs;
-  for (uint64_t done = 0; done < T; done += chunk) /* chunked prefill */
+  for (uint64_t done = 0; done < T; done += chunk) { /* chunked prefill */
     CHECK(pkv_seq_append(pool, a, tokens + done, T - done < chunk ? T - done : chunk, 0));
+    run_copies(pool, n);
+  }
   CHECK(pkv_seq_append(pool, a, tokens + T, 1, 0)); /* one decode step */
+  run_copies(pool, n);
   pkv_pool_stats st;
   pkv_pool_stats_init(&st);
   CHECK(pkv_pool_get_stats(pool, &st));

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pkv_rel {
@@ -290,6 +291,25 @@ template <class F>
 pkv_status on_groups(Env& e, F&& f) {
   return on_groups(
       e, [](pkv_pool*, pkv_seq_id) {}, f);
+}
+// A plan over the multi-group pool (one query of seq g) handed to f, then
+// destroyed (committing one computed token: nothing observable) without a
+// call that would replace f's message.
+template <class F>
+pkv_status on_group_plan(Env& e, F&& f) {
+  pkv_batch* gb[2] = {};
+  int k = 0;
+  return on_groups(
+      e,
+      [&](pkv_pool* p, pkv_seq_id s) {
+        const uint32_t q = 1;
+        must(pkv_batch_prepare(p, &s, &q, 1, nullptr, &gb[k++]), "prepare");
+      },
+      [&](pkv_pool*, pkv_seq_id, pkv_seq_id) {
+        const pkv_status st = f(gb[k - 1]);
+        for (pkv_batch*& b : gb) pkv_batch_destroy(std::exchange(b, nullptr));
+        return st;
+      });
 }
 
 // MLA pools (issue 19): 2 layers of rank 32 + rope 8, f32, a 3-token
@@ -1480,17 +1500,69 @@ std::vector<Case> make_cases() {
                 must(pkv_seq_append(p, s, e.tokens, 1, 0), "append 1");
               },
               [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) { return pkv_seq_truncate(p, s, 4); });),
-        S("pkv_batch_prepare", PKV_CLASS_STATE, "multi-group pool", PKV_E_UNSUPPORTED,
-          "multi-group", return on_groups(e, [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
+        S("pkv_batch_prepare", PKV_CLASS_RANGE, "multi-group pool: query_counts[0] = 11 of 10",
+          kInv, "query_counts[0]",
+          return on_groups(e, [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
             pkv_batch* b = nullptr;
-            const uint32_t q = 1;
+            const uint32_t q = 11;
             return pkv_batch_prepare(p, &s, &q, 1, nullptr, &b);
           });),
-        S("pkv_batch_prepare_ex", PKV_CLASS_STATE, "multi-group pool", PKV_E_UNSUPPORTED,
-          "multi-group", return on_groups(e, [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
+        S("pkv_batch_prepare", PKV_CLASS_STALE, "multi-group pool: seq freed", kNf, "stale",
+          return on_groups(e, [&](pkv_pool* p, pkv_seq_id, pkv_seq_id dead) {
+            pkv_batch* b = nullptr;
+            const uint32_t q = 1;
+            return pkv_batch_prepare(p, &dead, &q, 1, nullptr, &b);
+          });),
+        S("pkv_batch_prepare", PKV_CLASS_STATE,
+          "multi-group pool: context never computed (planned pool)", PKV_E_INVALID_STATE,
+          "no committed step",
+          return on_groups(
+              e,
+              [&](pkv_pool* p, pkv_seq_id s) {
+                // The pool plans from now on: an aborted step leaves 10 uncomputed.
+                pkv_batch* b = nullptr;
+                const uint32_t q = 10;
+                must(pkv_batch_prepare(p, &s, &q, 1, nullptr, &b), "prepare");
+                must(pkv_batch_abort(b), "abort");
+                pkv_batch_destroy(b);
+              },
+              [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
+                pkv_batch* b = nullptr;
+                const uint32_t q = 1;
+                return pkv_batch_prepare(p, &s, &q, 1, nullptr, &b);
+              });),
+        S("pkv_batch_prepare_ex", PKV_CLASS_STATE, "multi-group pool: persistent table",
+          PKV_E_UNSUPPORTED, "flags",
+          return on_groups(e, [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
             pkv_batch* b = nullptr;
             const uint32_t q = 1;
             return pkv_batch_prepare_ex(p, &s, &q, 1, PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b);
+          });),
+        S("pkv_batch_plan_tensor_group", PKV_CLASS_NULL, "batch = NULL", kInv, "batch",
+          pkv_tensor t;
+          return pkv_batch_plan_tensor_group(nullptr, 0, 0, &t);),
+        S("pkv_batch_plan_tensor_group", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_batch_plan_tensor_group(e.batch, 0, 0, nullptr);),
+        S("pkv_batch_plan_tensor_group", PKV_CLASS_RANGE, "group = 1 on a single-group plan", kInv,
+          "group 1", pkv_tensor t;
+          return pkv_batch_plan_tensor_group(e.batch, 1, 0, &t);),
+        S("pkv_batch_plan_tensor_group", PKV_CLASS_RANGE, "multi-group plan: group = 2 of 2", kInv,
+          "group 2", return on_group_plan(e, [&](pkv_batch* b) {
+            pkv_tensor t;
+            (void)t;
+            return pkv_batch_plan_tensor_group(b, 2, 0, &t);
+          });),
+        S("pkv_batch_plan_tensor_group", PKV_CLASS_RANGE, "multi-group plan: which = 6", kInv,
+          "which", return on_group_plan(e, [&](pkv_batch* b) {
+            pkv_tensor t;
+            (void)t;
+            return pkv_batch_plan_tensor_group(b, 1, 6, &t);
+          });),
+        S("pkv_cache_write", PKV_CLASS_STATE, "plan over a multi-group pool", PKV_E_UNSUPPORTED,
+          "manager only", return on_group_plan(e, [&](pkv_batch* b) {
+            pkv_tensor t;
+            (void)t;
+            return pkv_cache_write(b, 0, &e.kt, &e.vt, nullptr);
           });),
         S("pkv_pool_drain_events_v2", PKV_CLASS_STATE, "multi-group pool", PKV_E_UNSUPPORTED,
           "multi-group", return on_groups(e, [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {

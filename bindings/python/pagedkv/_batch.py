@@ -159,6 +159,14 @@ class Batch(HandleOwner):
         callers' copy: the library's kernels keep their own."""
         return self._view(_c.pkv_batch_plan_tensor, int(PlanArray(which)))
 
+    def plan_group(self, group: int, which: Union[PlanArray, int]) -> TensorView:
+        """plan() for one KV group of a plan over a HybridPool
+        (``pkv_batch_plan_tensor_group``): that group's page table and slot
+        mapping (a recurrent group: one page per sequence, its state slot);
+        the query offsets and context lengths are shared. Group 0 of a
+        single-group plan is plan()."""
+        return self._view(_c.pkv_batch_plan_tensor_group, int(group), int(PlanArray(which)))
+
     def token_positions(self) -> TensorView:
         """int64 [num_tokens]: each query row's position in its sequence (the
         position ids a model's rotary embedding takes). A zero-copy,

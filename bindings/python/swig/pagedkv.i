@@ -72,6 +72,7 @@
 %thread pkv_batch_abort;
 %thread pkv_batch_get_info;
 %thread pkv_batch_plan_tensor;
+%thread pkv_batch_plan_tensor_group;
 %thread pkv_cache_write;
 %thread pkv_attention_forward;
 %thread pkv_hash_prefix;

@@ -2,6 +2,7 @@
 
 import random
 
+import numpy as np
 import pytest
 
 import pagedkv as pk
@@ -79,7 +80,7 @@ def test_memory_per_block_and_errors():
         HybridPool([KVGroupSpec(GroupKind.RECURRENT)], num_blocks=8)
     with pytest.raises(pk.InvalidArgumentError, match="group 2"):
         pool.group_stats(2)
-    with pytest.raises(pk.UnsupportedError, match="multi-group"):
+    with pytest.raises(pk.InvalidArgumentError, match="query_counts"):  # an empty sequence
         pool.prepare([pool.create_sequence()])
     single = pk.Pool(num_blocks=8, block_size=4)
     with pytest.raises(pk.UnsupportedError, match="single-group"):
@@ -105,4 +106,32 @@ def test_recurrent_state_snapshot_and_hit():
     assert pool.take_copies(1) == ([slot], [mine])
     with pytest.raises(pk.InvalidArgumentError, match="recurrent"):
         a.truncate(4)
+    pool.validate()
+
+
+def test_step_plan_per_group_arrays_and_commit():
+    # gpt-oss-like: the plan's window table keeps released pages as the null block.
+    pool = gpt_oss_like()
+    seq = pool.create_sequence()
+    seq.append(list(range(100, 120)))
+    with pool.prepare([seq], [20]) as plan:
+        assert seq.info().num_computed_tokens == 0  # counted only once committed
+        for g in range(2):
+            table = pool.group_block_table(seq, g)
+            assert list(np.asarray(plan.plan_group(g, pk.PlanArray.PAGE_INDICES))) == table
+            slots = list(np.asarray(plan.plan_group(g, pk.PlanArray.SLOT_MAPPING)))
+            assert slots == [table[p // 4] * 4 + p % 4 for p in range(20)]
+        assert list(np.asarray(plan.plan_group(0, pk.PlanArray.CONTEXT_LENS))) == [20]
+        plan.commit()
+    assert seq.info().num_computed_tokens == 20
+    seq.append([120])
+    win = pool.group_block_table(seq, 0)
+    assert win[0] == pk.NULL_BLOCK  # the window moved once the tokens were computed
+    plan = pool.prepare([seq], [1])
+    assert list(np.asarray(plan.plan_group(0, pk.PlanArray.PAGE_INDICES))) == win
+    with pytest.raises(pk.InvalidArgumentError, match="group 2"):
+        plan.plan_group(2, pk.PlanArray.PAGE_INDICES)
+    plan.abort()
+    plan.close()
+    assert seq.info().num_computed_tokens == 20
     pool.validate()

@@ -28,7 +28,35 @@
  * blocks of all groups), pkv_seq_get_block_table (group 0's table),
  * pkv_pool_get_options (the base options, num_blocks resolved),
  * pkv_pool_get_stats, pkv_pool_bytes_per_block, pkv_pool_validate,
- * pkv_pool_destroy. Every other call answers PKV_E_UNSUPPORTED on it.
+ * pkv_pool_destroy, and the step-plan calls below. Every other call answers
+ * PKV_E_UNSUPPORTED on it.
+ *
+ * Step plans: pkv_batch_prepare (pkv_batch_prepare_ex with flags 0) builds
+ * one plan for the step with per-group arrays, read with
+ * pkv_batch_plan_tensor_group; pkv_batch_get_info (num_pages: group 0's),
+ * pkv_batch_plan_tensor (group 0's arrays), pkv_batch_token_positions,
+ * pkv_batch_last_token_indices, pkv_batch_commit, pkv_batch_abort and
+ * pkv_batch_destroy work on it; the kernel calls (pkv_cache_write,
+ * pkv_attention_forward, MLA) answer PKV_E_UNSUPPORTED. Copy-on-write and
+ * state copies are not run by prepare: take them with
+ * pkv_pool_group_take_copies after prepare, before the step's writes (a
+ * plan over a sequence whose state slot a fork child still starts from
+ * moves it to a copy first; PKV_E_OUT_OF_BLOCKS when no block is free for
+ * that). The window of a sliding-window group moves with the computed
+ * tokens, so uncomputed queries keep their keys. Computed tokens follow
+ * manager-only single-group plans (pagedkv/batch.h): from the pool's first
+ * plan on, appended tokens count as computed (pkv_seq_info
+ * num_computed_tokens), and their full blocks (and state snapshots) enter
+ * the prefix cache, only once a committed plan covered them (a plan
+ * destroyed with neither commit nor abort counts as committed, as ABI 1).
+ * Before any plan, manager calls alone count tokens computed at append. A
+ * sequence's first plan takes back, from its first query on, what its
+ * appends counted: its blocks there that it holds alone leave the cache.
+ * prepare fails with PKV_E_INVALID_STATE when a query's context is not
+ * computed (num_computed_tokens says where to start) or a recurrent group
+ * has no state slot yet (append first), and PKV_E_INVALID_ARGUMENT when
+ * queries would recompute tokens a recurrent state already holds or need
+ * keys a window group released.
  *
  * PKV_GROUP_RECURRENT (Jamba, Qwen3-Next): a block of the group is one
  * state slot. A sequence's table in it holds its live slot alone (taken at
@@ -47,6 +75,7 @@
 #ifndef PAGEDKV_GROUPS_H
 #define PAGEDKV_GROUPS_H
 
+#include "pagedkv/batch.h"
 #include "pagedkv/pool.h"
 
 #ifdef __cplusplus
@@ -110,13 +139,32 @@ PKV_API void pkv_group_stats_init(pkv_group_stats* stats);
 PKV_API pkv_status pkv_pool_group_stats(const pkv_pool* pool, uint32_t group, pkv_group_stats* out);
 
 /* Copy-on-write copies (src[i] -> dst[i], block ids of group `group`)
- * recorded since the last call, oldest first, and forgets them: the engine
+ * recorded since the last call, oldest first, and forgets them. Both blocks
+ * of a copy stay held (counted used) until it is taken here, so a block freed
+ * meanwhile cannot move to another group whose copies run first. The engine
  * copies those pages in every layer of the group before the next step
  * writes. An append writes into a copy when the block it writes into is
  * shared (pkv_seq_fork) or cached (a truncated full block). With capacity
  * too small: PKV_E_BUFFER_TOO_SMALL, *out_len set, nothing forgotten. */
 PKV_API pkv_status pkv_pool_group_take_copies(pkv_pool* pool, uint32_t group, int32_t* src,
                                               int32_t* dst, uint64_t capacity, uint64_t* out_len);
+
+/* Array `which` (PKV_PLAN_*, pagedkv/batch.h) of group `group` of a step
+ * plan; read-only host views valid until pkv_batch_destroy. QUERY_INDPTR and
+ * CONTEXT_LENS are shared by every group. Per group:
+ *  - FULL, MLA, SLIDING_WINDOW: PAGE_INDPTR / PAGE_INDICES the CSR of each
+ *    sequence's table of that group over its ceil(context / block_size)
+ *    pages, LAST_PAGE_LEN the tokens in the last page, SLOT_MAPPING i64
+ *    [num_tokens] block_id * block_size + offset of each query token. A
+ *    window group's released pages read as the null block 0 (vLLM's
+ *    convention: a page keeps its index, page j holds tokens [j*bs, (j+1)*bs)).
+ *  - RECURRENT: one page per sequence, its live state slot: PAGE_INDPTR
+ *    [0, 1, ..., num_seqs], PAGE_INDICES and SLOT_MAPPING (i64 [num_seqs])
+ *    the slot's block id, LAST_PAGE_LEN 1.
+ * On a single-group plan, group 0 is pkv_batch_plan_tensor and any other
+ * group PKV_E_INVALID_ARGUMENT. */
+PKV_API pkv_status pkv_batch_plan_tensor_group(const pkv_batch* batch, uint32_t group,
+                                               uint32_t which, pkv_tensor* out);
 
 #ifdef __cplusplus
 }

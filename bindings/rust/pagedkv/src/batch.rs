@@ -199,6 +199,33 @@ impl Batch {
         Ok(RawTensor::new(t))
     }
 
+    /// [`plan_tensor`](Batch::plan_tensor) of one KV group of a plan over a
+    /// multi-group pool (`pkv_batch_plan_tensor_group`): that group's page
+    /// table and slot mapping (a recurrent group: one page per sequence, its
+    /// state slot); query offsets and context lengths are shared. Group 0 of
+    /// a single-group plan is `plan_tensor`.
+    pub fn plan_group_tensor(&self, group: u32, which: PlanArray) -> Result<RawTensor> {
+        let mut t = sys::pkv_tensor::default();
+        // SAFETY: valid out-parameter.
+        check(unsafe {
+            sys::pkv_batch_plan_tensor_group(self.raw.as_ptr(), group, which.raw(), &mut t)
+        })?;
+        Ok(RawTensor::new(t))
+    }
+
+    /// An i32 array of one group (CPU pools): every `PlanArray` but
+    /// `SlotMapping` (see [`group_slot_mapping`](Batch::group_slot_mapping)).
+    pub fn plan_group_i32(&self, group: u32, which: PlanArray) -> Result<&[i32]> {
+        self.host_slice("group plan array", || self.plan_group_tensor(group, which))
+    }
+
+    /// The slot mapping of one group (CPU pools).
+    pub fn group_slot_mapping(&self, group: u32) -> Result<&[i64]> {
+        self.host_slice("group slot mapping", || {
+            self.plan_group_tensor(group, PlanArray::SlotMapping)
+        })
+    }
+
     /// Descriptor of the position of each query row in its sequence (i64
     /// `[num_tokens]`, the position ids of a model's rotary embedding), on
     /// the pool's device; valid while the plan lives. Built on the first

@@ -1,6 +1,6 @@
 //! Multi-group pools through the safe crate.
 
-use pagedkv::{ErrorKind, GroupSpec, Pool, PoolOptions, NULL_BLOCK};
+use pagedkv::{ErrorKind, GroupSpec, PlanArray, Pool, PoolOptions, NULL_BLOCK};
 
 fn opts(num_blocks: u64) -> PoolOptions {
     PoolOptions {
@@ -95,5 +95,39 @@ fn recurrent_state_resumes_from_a_snapshot() {
         pool.truncate(a, 4).unwrap_err().kind(),
         ErrorKind::InvalidArgument
     );
+    pool.validate().unwrap();
+}
+
+#[test]
+fn step_plans_have_per_group_arrays() {
+    let pool = Pool::with_groups(
+        &opts(64),
+        &[GroupSpec::window(8, 2, 2, 8), GroupSpec::full(2, 2, 8)],
+    )
+    .unwrap();
+    let s = pool.create_seq().unwrap();
+    let tokens: Vec<i32> = (100..120).collect();
+    pool.append(s, &tokens).unwrap();
+    let plan = pool.prepare(&[s], &[20]).unwrap();
+    assert_eq!(pool.seq_info(s).unwrap().num_computed_tokens, 0);
+    for g in 0..2 {
+        let table = pool.group_block_table(s, g).unwrap();
+        assert_eq!(
+            plan.plan_group_i32(g, PlanArray::PageIndices).unwrap(),
+            &table[..]
+        );
+        let want: Vec<i64> = (0..20)
+            .map(|p| table[p / 4] as i64 * 4 + (p % 4) as i64)
+            .collect();
+        assert_eq!(plan.group_slot_mapping(g).unwrap(), &want[..]);
+    }
+    assert_eq!(
+        plan.plan_group_tensor(2, PlanArray::PageIndices)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+    plan.commit().unwrap();
+    assert_eq!(pool.seq_info(s).unwrap().num_computed_tokens, 20);
     pool.validate().unwrap();
 }

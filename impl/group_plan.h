@@ -1,0 +1,63 @@
+// A step plan over a multi-group pool (pkv_batch_prepare on a pool from
+// pkv_pool_create_groups): the shared arrays of a plan (query offsets,
+// context lengths, positions) and, per group, its page table and slot
+// mapping, read from the sequences' per-group block tables. These pools
+// are manager only, so the plan is host arrays for the engine's kernels;
+// the library never reads them back. Commit and abort follow manager-only
+// single-group plans (batch.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kv_groups.h"
+#include "step_plan.h"
+#include "tensor_arg.h"
+
+namespace pagedkv {
+
+class GroupBatch {
+ public:
+  // Validates every id and query count (Error naming seqs[i] or
+  // query_counts[i]); changes nothing on failure.
+  static std::unique_ptr<GroupBatch> prepare(const std::shared_ptr<GroupPool>& pool,
+                                             const SeqId* seqs, const uint32_t* query_counts,
+                                             uint32_t num_seqs);
+  // Without commit or abort: committed, as manager-only plans (ABI 1).
+  ~GroupBatch();
+  GroupBatch(const GroupBatch&) = delete;
+  GroupBatch& operator=(const GroupBatch&) = delete;
+
+  const BatchInfo& info() const { return info_; }  // num_pages: group 0's
+  // PKV_PLAN_* array `which` of group g (the shared ones are the same for
+  // every group).
+  TensorArg plan_tensor(uint32_t g, uint32_t which) const;
+  TensorArg token_positions() const;
+  TensorArg last_token_indices() const;
+  void commit();
+  void abort();
+
+ private:
+  GroupBatch() = default;
+  void commit_locked();  // holds pool_->mu_
+  // A 1-D view of len elements of this plan's host memory.
+  TensorArg host_array(const void* data, size_t len, DType dtype) const;
+
+  enum class State : uint8_t { kOpen, kCommitted, kAborted };
+  State state_ = State::kAborted;  // until prepare succeeds
+  std::shared_ptr<GroupPool> pool_;
+  std::vector<SeqId> seqs_;
+  std::vector<uint32_t> epochs_;  // Seq::epoch at prepare
+  std::vector<uint64_t> ends_;    // token count at prepare
+  BatchInfo info_;
+  std::vector<int32_t> qptr_, ctx_;
+  std::vector<int64_t> positions_, last_rows_;
+  struct Arrays {
+    std::vector<int64_t> slots;
+    std::vector<int32_t> pptr, pidx, last;
+  };
+  std::vector<Arrays> groups_;
+};
+
+}  // namespace pagedkv
