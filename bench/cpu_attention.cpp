@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "bench_clock.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/half.h"
 #include "cpu/kernels.h"
@@ -54,20 +55,10 @@
 namespace {
 
 using namespace pagedkv;
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// CPU seconds of every thread of the process: on a shared machine, the
-// rate per CPU-second times the thread count is what the run would reach
-// with its cores to itself.
-double cpu_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
+using pkv_bench::Clock;
+using pkv_bench::cpu_model;
+using pkv_bench::cpu_seconds;
+using pkv_bench::seconds_since;
 
 struct Rate {
   double wall = 0;  // bytes per wall second (best rep)
@@ -186,15 +177,6 @@ Rate paged_read(ThreadPool& pool, const KvArena& arena, const PlanView& plan, in
     best.cpu = std::max(best.cpu, bytes / dc * pool.size());
   }
   return best;
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown CPU";
 }
 
 // ---- same-run compute ceilings ----

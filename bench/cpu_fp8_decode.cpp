@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "bench_clock.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/fp8.h"
 #include "cpu/half.h"
@@ -41,23 +42,9 @@ using namespace pagedkv;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t c = line.find(':');
-      return c == std::string::npos ? line : line.substr(c + 2);
-    }
-  }
-  return "unknown CPU";
-}
+using pkv_bench::Clock;
+using pkv_bench::cpu_model;
+using pkv_bench::seconds_since;
 
 struct Cache {
   DType dt;

@@ -27,6 +27,7 @@
 
 #include <time.h>
 
+#include "bench_clock.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/half.h"
 #include "cpu/kernels.h"
@@ -36,22 +37,11 @@
 namespace {
 
 using namespace pagedkv;
-using Clock = std::chrono::steady_clock;
+using pkv_bench::Clock;
+using pkv_bench::cpu_seconds;
+using pkv_bench::seconds_since;
 
 constexpr int32_t kRank = 512, kRope = 64, kD = kRank + kRope, kBs = 64;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// CPU seconds of every thread of the process: on a shared machine, a rate
-// per CPU-second times the thread count is what the run would reach with
-// its cores to itself (as bench_cpu_attention reports).
-double cpu_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
 
 struct Rate {
   double wall = 0, cpu = 0;  // per wall second; per CPU second x threads

@@ -21,23 +21,14 @@
 #include <string>
 #include <vector>
 
+#include "bench_clock.h"
 #include "pagedkv/pagedkv.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
-}
+using pkv_bench::Clock;
+using pkv_bench::cpu_model;
+using pkv_bench::seconds_since;
 
 void must(pkv_status s, const char* what) {
   if (s != PKV_OK) {

@@ -18,7 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "bench_clock.h"
+
 namespace {
+
+using pkv_bench::seconds_since;
 
 constexpr uint32_t kHeads = 8, kDim = 128, kBlock = 16;
 
@@ -87,10 +91,6 @@ pkv_transfer_engine* make_engine(const char* tls) {
   std::_Exit(0);
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -106,7 +106,8 @@ int main(int argc, char** argv) {
     std::printf("built without UCX: nothing to measure\n");
     return 0;
   }
-  std::printf("| transport | bytes | transfer median (ms) | GB/s | memcpy GB/s (same run) | ratio |\n");
+  std::printf(
+      "| transport | bytes | transfer median (ms) | GB/s | memcpy GB/s (same run) | ratio |\n");
   std::printf("|---|---|---|---|---|---|\n");
   for (const char* tls : {"shm", "tcp"}) {
     int down[2], up[2];
