@@ -25,8 +25,26 @@ stage_done() { echo "== $1: $((SECONDS - stage_start)) s"; stage_start=$SECONDS;
 echo "== ASan+UBSan: all C/C++ tests"
 cmake -S "$root" -B "$root/build-asan" "${common[@]}" -DPAGEDKV_SANITIZE=address >/dev/null
 cmake --build "$root/build-asan" -j"$jobs"
-ctest --test-dir "$root/build-asan" --output-on-failure -j"$jobs" -LE "gpu|python|rust|go|fuzz|bench" \
-  --timeout 900
+asan_log=$(mktemp)
+if ! ctest --test-dir "$root/build-asan" --output-on-failure -j"$jobs" -LE "gpu|python|rust|go|fuzz|bench" \
+  --timeout 900 2>&1 | tee "$asan_log"; then
+  # LeakSanitizer's stop-the-world tracer itself sometimes faults at exit
+  # ("Tracer caught signal 11" in ScanRangeForPointers) in processes that
+  # loaded UCX; that is the tool failing, not a leak or a memory error. Only
+  # when every failure is that, and nothing sanitizer-reported is among
+  # them, the failed tests run once more; anything else fails the stage.
+  failed=$(sed -n '/The following tests FAILED/,$p' "$asan_log" | grep -c '^[[:space:]]*[0-9]* - ' || true)
+  tracer=$(grep -c 'LeakSanitizer has encountered a fatal error' "$asan_log" || true)
+  if [ "$failed" -gt 0 ] && [ "$tracer" -ge "$failed" ] &&
+    ! grep -qE 'ERROR: (AddressSanitizer|LeakSanitizer: detected)|runtime error:|Failure$' "$asan_log"; then
+    echo "== ASan+UBSan: $failed test(s) lost to a LeakSanitizer tracer fault; running them again"
+    ctest --test-dir "$root/build-asan" --output-on-failure --rerun-failed --timeout 900
+  else
+    rm -f "$asan_log"
+    exit 1
+  fi
+fi
+rm -f "$asan_log"
 stage_done "ASan+UBSan"
 
 echo "== TSan: threading tests"
