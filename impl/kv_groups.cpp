@@ -47,6 +47,29 @@ void check_group(const GroupSpec& g, uint32_t i, uint32_t block_size) {
   (void)block_size;
 }
 
+// Model layer ids are given for every group or for none, and name each
+// layer once: a layer in two groups would have two caches.
+void check_layer_ids(const std::vector<GroupSpec>& groups) {
+  size_t given = 0;
+  for (const GroupSpec& g : groups) given += g.layer_ids.empty() ? 0 : 1;
+  if (given == 0) return;
+  std::unordered_map<uint32_t, std::pair<uint32_t, uint32_t>> seen;
+  for (uint32_t i = 0; i < groups.size(); ++i) {
+    if (groups[i].layer_ids.empty())
+      fail(Errc::kInvalidArgument, "groups[" + str(i) +
+                                       "].layer_ids is NULL while other groups give layer ids: "
+                                       "give them for every group or for none");
+    for (uint32_t k = 0; k < groups[i].layer_ids.size(); ++k) {
+      const uint32_t id = groups[i].layer_ids[k];
+      auto [it, fresh] = seen.emplace(id, std::make_pair(i, k));
+      if (!fresh)
+        fail(Errc::kInvalidArgument, "groups[" + str(i) + "].layer_ids[" + str(k) + "] = " +
+                                         str(id) + " is also groups[" + str(it->second.first) +
+                                         "].layer_ids[" + str(it->second.second) + "]");
+    }
+  }
+}
+
 }  // namespace
 
 uint64_t group_block_bytes(const GroupSpec& g, uint32_t block_size) {
@@ -85,6 +108,7 @@ std::shared_ptr<GroupPool> GroupPool::create(const PoolOptions& base,
   if (groups.empty()) fail(Errc::kInvalidArgument, "num_groups is 0");
   if (groups.size() > 64) fail(Errc::kInvalidArgument, "num_groups exceeds 64");
   for (uint32_t i = 0; i < groups.size(); ++i) check_group(groups[i], i, bs);
+  check_layer_ids(groups);
   auto p = std::shared_ptr<GroupPool>(new GroupPool(base, std::move(groups)));
   return p;
 }
@@ -117,6 +141,20 @@ GroupPool::GroupPool(const PoolOptions& base, std::vector<GroupSpec> groups)
   queue_ = FreeBlockQueue(num_blocks_);
   copies_.resize(groups_.size());
   cache_.reserve(nb);
+  // Without layer ids, model layers are numbered through the groups in order.
+  uint32_t next = 0;
+  for (uint32_t g = 0; g < groups_.size(); ++g)
+    for (uint32_t k = 0; k < groups_[g].num_layers; ++k)
+      layers_.emplace(groups_[g].layer_ids.empty() ? next++ : groups_[g].layer_ids[k],
+                      std::make_pair(g, k));
+}
+
+bool GroupPool::layer(uint32_t model_layer, uint32_t* group, uint32_t* index) const {
+  auto it = layers_.find(model_layer);
+  if (it == layers_.end()) return false;
+  *group = it->second.first;
+  *index = it->second.second;
+  return true;
 }
 
 GroupPool::Seq& GroupPool::seq_or_throw(SeqId id) {

@@ -61,6 +61,9 @@ class GroupPool {
   uint32_t num_groups() const { return uint32_t(groups_.size()); }
   const GroupSpec& group(uint32_t g) const { return groups_[g]; }
   uint64_t bytes_per_block() const { return bytes_per_block_; }
+  // The group holding model layer `model_layer` and its index among that
+  // group's layers (layer_ids, or numbered through the groups in order).
+  bool layer(uint32_t model_layer, uint32_t* group, uint32_t* index) const;
   uint64_t num_kv_scales() const { return 0; }  // no storage
 
   SeqId seq_create(const SeqOptions& o);
@@ -164,6 +167,7 @@ class GroupPool {
 
   PoolOptions opts_;
   std::vector<GroupSpec> groups_;
+  std::unordered_map<uint32_t, std::pair<uint32_t, uint32_t>> layers_;  // -> (group, index)
   uint64_t bytes_per_block_ = 0;
   BlockHash root_;
   mutable std::mutex mu_;

@@ -103,6 +103,25 @@ pkv_status pkv_pool_num_groups(const pkv_pool* pool, uint32_t* out) {
   });
 }
 
+pkv_status pkv_pool_group_of_layer(const pkv_pool* pool, uint32_t layer, uint32_t* out_group,
+                                   uint32_t* out_index) {
+  PKV_GUARD({
+    pc::require(pool, "pool");
+    pc::require(out_group, "out_group");
+    pc::require(out_index, "out_index");
+    uint32_t g = 0, k = layer;
+    bool found;
+    if (pool->groups) {
+      found = pool->groups->layer(layer, &g, &k);
+    } else {
+      found = layer < pc::pool_of(pool).options().num_layers;
+    }
+    if (!found) fail(Errc::kNotFound, "layer " + str(layer) + " is in no group of the pool");
+    *out_group = g;
+    *out_index = k;
+  });
+}
+
 pkv_status pkv_seq_group_block_table(const pkv_pool* pool, pkv_seq_id seq, uint32_t group,
                                      int32_t* out_blocks, uint64_t capacity, uint64_t* out_len) {
   PKV_GUARD({

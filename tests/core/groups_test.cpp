@@ -3,6 +3,7 @@
 // independent model of what each block holds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
@@ -530,6 +531,71 @@ TEST(GroupsRecurrent, AppendIsAllOrNothingWithTheStateSlot) {
   EXPECT_EQ(p->seq_info(a).num_tokens, 16u);
   EXPECT_TRUE(copies(*p, 1).empty());
   EXPECT_EQ(p->check(), "");
+}
+
+}  // namespace
+}  // namespace pagedkv
+
+namespace pagedkv {
+namespace {
+
+// Model layers to (group, index): given ids in a random interleave, and
+// numbered through the groups in order when none are given.
+TEST(GroupLayers, GivenIdsInARandomInterleaveAndNumberingInOrder) {
+  std::mt19937 rng(23);
+  for (int round = 0; round < 20; ++round) {
+    const uint32_t sizes[3] = {1 + rng() % 6, 1 + rng() % 6, 1 + rng() % 6};
+    const uint32_t total = sizes[0] + sizes[1] + sizes[2];
+    std::vector<uint32_t> ids(total);
+    for (uint32_t i = 0; i < total; ++i) ids[i] = 3 * i + 1;  // sparse, not from 0
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<GroupSpec> given = {full(sizes[0]), window(8, sizes[1]), full(sizes[2])};
+    std::vector<GroupSpec> plain = given;
+    std::map<uint32_t, std::pair<uint32_t, uint32_t>> want_given, want_plain;
+    uint32_t at = 0;
+    for (uint32_t g = 0; g < 3; ++g)
+      for (uint32_t k = 0; k < sizes[g]; ++k, ++at) {
+        given[g].layer_ids.push_back(ids[at]);
+        want_given[ids[at]] = {g, k};
+        want_plain[at] = {g, k};
+      }
+    for (auto [groups, want] : {std::make_pair(given, want_given), std::make_pair(plain, want_plain)}) {
+      auto p = GroupPool::create(base(4, 64), groups);
+      for (uint32_t layer = 0; layer < 3 * total + 3; ++layer) {
+        uint32_t g = 99, k = 99;
+        const bool found = p->layer(layer, &g, &k);
+        ASSERT_EQ(found, want.count(layer) == 1) << layer;
+        if (found) {
+          EXPECT_EQ(g, want[layer].first) << layer;
+          EXPECT_EQ(k, want[layer].second) << layer;
+        } else {
+          EXPECT_EQ(g, 99u);
+          EXPECT_EQ(k, 99u);
+        }
+      }
+    }
+  }
+}
+
+TEST(GroupLayers, IdsForSomeGroupsOrTwiceAreRefused) {
+  std::vector<GroupSpec> g = {full(2), full(2)};
+  g[0].layer_ids = {0, 1};
+  try {
+    GroupPool::create(base(4, 64), g);
+    FAIL() << "layer ids for one group only were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("groups[1].layer_ids is NULL"), std::string::npos)
+        << e.what();
+  }
+  g[1].layer_ids = {2, 1};
+  try {
+    GroupPool::create(base(4, 64), g);
+    FAIL() << "a layer in two groups was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("groups[1].layer_ids[1] = 1 is also groups[0].layer_ids[1]"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

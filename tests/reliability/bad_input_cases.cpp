@@ -1425,6 +1425,39 @@ std::vector<Case> make_cases() {
           return pkv_pool_num_groups(nullptr, &n);),
         S("pkv_pool_num_groups", PKV_CLASS_NULL, "out = NULL", kInv, "out",
           return pkv_pool_num_groups(e.pool, nullptr);),
+        S("pkv_pool_group_of_layer", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", uint32_t g, k;
+          return pkv_pool_group_of_layer(nullptr, 0, &g, &k);),
+        S("pkv_pool_group_of_layer", PKV_CLASS_NULL, "out_index = NULL", kInv, "out_index",
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
+                             uint32_t g;
+                             return pkv_pool_group_of_layer(p, 0, &g, nullptr);
+                           });),
+        S("pkv_pool_group_of_layer", PKV_CLASS_RANGE, "layer 2 of 2", kNf, "layer 2",
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
+                             uint32_t g = 7, k = 7;
+                             const pkv_status st = pkv_pool_group_of_layer(p, 2, &g, &k);
+                             return g == 7 && k == 7 ? st : PKV_E_INTERNAL;
+                           });),
+        S("pkv_pool_group_of_layer", PKV_CLASS_RANGE, "layer = num_layers, one group", kNf,
+          "layer 2", uint32_t g, k;
+          return pkv_pool_group_of_layer(e.pool, 2, &g, &k);),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "layer_ids in one group only", kInv,
+          "groups[1].layer_ids", pkv_pool_options o = gbase();
+          const uint32_t ids[1] = {3}; pkv_kv_group_spec g[2] = {gspec(PKV_GROUP_FULL),
+                                                                gspec(PKV_GROUP_FULL)};
+          g[0].layer_ids = ids; pkv_pool* p = nullptr;
+          const pkv_status st = pkv_pool_create_groups(&o, g, 2, &p); pkv_pool_destroy(p);
+          return st;),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "layer id in two groups", kInv,
+          "groups[1].layer_ids[0] = 3 is also groups[0].layer_ids[0]",
+          pkv_pool_options o = gbase();
+          const uint32_t ids[1] = {3}; pkv_kv_group_spec g[2] = {gspec(PKV_GROUP_FULL),
+                                                                gspec(PKV_GROUP_FULL)};
+          g[0].layer_ids = ids; g[1].layer_ids = ids; pkv_pool* p = nullptr;
+          const pkv_status st = pkv_pool_create_groups(&o, g, 2, &p); pkv_pool_destroy(p);
+          return st;),
         S("pkv_seq_group_block_table", PKV_CLASS_NULL, "out_len = NULL", kInv, "out_len",
           return on_groups(e,
                            [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {

@@ -99,7 +99,8 @@ typedef struct pkv_kv_group_spec {
   uint32_t dtype;            /* PKV_DTYPE_*; default PKV_DTYPE_BF16 */
   uint32_t reserved;         /* 0 */
   uint64_t state_bytes;      /* RECURRENT: bytes of one layer's state (conv + SSM) */
-  const uint32_t* layer_ids; /* NULL, or num_layers model layer indices (copied) */
+  const uint32_t* layer_ids; /* NULL, or num_layers model layer indices (copied);
+                                given for every group or none, each layer once */
 } pkv_kv_group_spec;
 
 /* Sets defaults. Always call before filling fields. */
@@ -117,6 +118,16 @@ PKV_API pkv_status pkv_pool_create_groups(const pkv_pool_options* base,
 
 /* Number of groups: 1 for a pool from pkv_pool_create. */
 PKV_API pkv_status pkv_pool_num_groups(const pkv_pool* pool, uint32_t* out);
+
+/* The group that holds model layer `layer`, and the layer's index among that
+ * group's layers (the index into the group's per-layer KV tensors). Layers
+ * are those given in layer_ids; when no group gives layer_ids (all or none
+ * must), they are numbered through the groups in order: group 0's layers are
+ * 0..num_layers-1, group 1's follow, and so on. On a pool from
+ * pkv_pool_create, layer L < num_layers is group 0, index L. A layer that no
+ * group holds: PKV_E_NOT_FOUND, and the outputs are not written. */
+PKV_API pkv_status pkv_pool_group_of_layer(const pkv_pool* pool, uint32_t layer,
+                                           uint32_t* out_group, uint32_t* out_index);
 
 /* The block table of group `group` (PKV_NULL_BLOCK where its sliding window
  * released a block). With capacity too small: PKV_E_BUFFER_TOO_SMALL and
