@@ -57,6 +57,20 @@ func (a *cArena) mmItems(items []MMItem) *C.pkv_mm_item {
 	return (*C.pkv_mm_item)(p)
 }
 
+// uint32s copies s into C memory owned by the arena (nil for an empty s).
+func (a *cArena) uint32s(s []uint32) *C.uint32_t {
+	if len(s) == 0 {
+		return nil
+	}
+	p := C.calloc(C.size_t(len(s)), 4)
+	if p == nil {
+		panic("pagedkv: out of C memory")
+	}
+	a.ptrs = append(a.ptrs, p)
+	copy(unsafe.Slice((*uint32)(p), len(s)), s)
+	return (*C.uint32_t)(p)
+}
+
 func (a *cArena) free() {
 	for _, p := range a.ptrs {
 		C.free(p)

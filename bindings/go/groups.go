@@ -5,6 +5,11 @@ package pagedkv
 */
 import "C"
 
+import (
+	"errors"
+	"fmt"
+)
+
 // GroupKind is what a KV group's layers cache (PKV_GROUP_*).
 type GroupKind uint32
 
@@ -33,6 +38,11 @@ type GroupSpec struct {
 	RopeDim       uint32
 	StateBytes    uint64 // GroupRecurrent only
 	DType         DType
+	// LayerIDs are the model layers of this group (NumLayers of them), e.g.
+	// the odd layers of a sliding-window/full interleave. Give them for
+	// every group or for none; without them layers are numbered through the
+	// groups in order. Pool.GroupOfLayer maps them back.
+	LayerIDs []uint32
 }
 
 // NewGroupPool creates a manager-only pool of several KV groups drawing
@@ -65,9 +75,18 @@ func NewGroupPool(opts *PoolOptions, groups []GroupSpec) (*Pool, error) {
 		if g.DType != 0 {
 			s.dtype = C.uint32_t(g.DType)
 		}
+		if g.LayerIDs != nil {
+			// The library reads num_layers entries: a shorter list must not reach it.
+			if len(g.LayerIDs) != int(s.num_layers) {
+				return nil, &Error{Code: CodeInvalidArgument, Op: op,
+					Msg: fmt.Sprintf("groups[%d].layer_ids holds %d entries, not num_layers %d", i, len(g.LayerIDs), s.num_layers)}
+			}
+			s.layer_ids = arena.uint32s(g.LayerIDs)
+		}
 	}
 	var ptr *C.pkv_pool
-	// specs holds no Go pointers (layer_ids stays NULL), so cgo may pass it.
+	// specs holds no Go pointers (layer_ids are copied into the arena's C
+	// memory), so cgo may pass it.
 	if err := check(op, C.pkvgo_pool_create_groups(&co, &specs[0], C.uint32_t(len(groups)), &ptr)); err != nil {
 		return nil, err
 	}
@@ -87,6 +106,26 @@ func (p *Pool) NumGroups() (int, error) {
 		return 0, err
 	}
 	return int(n), nil
+}
+
+// GroupOfLayer returns the group holding model layer layer and the
+// layer's index among that group's layers; ok is false for a layer that no
+// group holds.
+func (p *Pool) GroupOfLayer(layer uint32) (group, index uint32, ok bool, err error) {
+	const op = "pkv_pool_group_of_layer"
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	defer p.release()
+	var g, k C.uint32_t
+	if err := check(op, C.pkvgo_pool_group_of_layer(ptr, C.uint32_t(layer), &g, &k)); err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return 0, 0, false, nil
+		}
+		return 0, 0, false, err
+	}
+	return uint32(g), uint32(k), true, nil
 }
 
 // GroupBlockTable returns the sequence's block table in group (NullBlock

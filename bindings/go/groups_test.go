@@ -205,3 +205,48 @@ func TestGroupPoolStepPlanPerGroupArrays(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestGroupLayerIDs(t *testing.T) {
+	// A gpt-oss-like interleave, the even layers listed out of order.
+	even, odd := []uint32{4, 0, 6, 2}, []uint32{1, 3, 5, 7}
+	p, err := NewGroupPool(&PoolOptions{BlockSize: 4, NumBlocks: 16}, []GroupSpec{
+		{Kind: GroupSlidingWindow, NumLayers: 4, NumKVHeads: 1, HeadDim: 8, SlidingWindow: 8, LayerIDs: even},
+		{Kind: GroupFull, NumLayers: 4, NumKVHeads: 1, HeadDim: 8, LayerIDs: odd},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for layer := uint32(0); layer < 8; layer++ {
+		ids := odd
+		if layer%2 == 0 {
+			ids = even
+		}
+		want := -1
+		for i, l := range ids {
+			if l == layer {
+				want = i
+			}
+		}
+		g, k, ok, err := p.GroupOfLayer(layer)
+		if err != nil || !ok || g != layer%2 || int(k) != want {
+			t.Fatalf("GroupOfLayer(%d) = %d, %d, %v, %v; want %d, %d", layer, g, k, ok, err, layer%2, want)
+		}
+	}
+	if _, _, ok, err := p.GroupOfLayer(8); ok || err != nil {
+		t.Fatalf("GroupOfLayer(8) = %v, %v; want not found", ok, err)
+	}
+	_, err = NewGroupPool(&PoolOptions{BlockSize: 4, NumBlocks: 8}, []GroupSpec{
+		{Kind: GroupFull, NumLayers: 2, NumKVHeads: 1, HeadDim: 8, LayerIDs: []uint32{0}},
+	})
+	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "not num_layers 2") {
+		t.Fatalf("short layer_ids: %v", err)
+	}
+	_, err = NewGroupPool(&PoolOptions{BlockSize: 4, NumBlocks: 8}, []GroupSpec{
+		{Kind: GroupFull, NumLayers: 1, NumKVHeads: 1, HeadDim: 8, LayerIDs: []uint32{3}},
+		{Kind: GroupFull, NumLayers: 1, NumKVHeads: 1, HeadDim: 8, LayerIDs: []uint32{3}},
+	})
+	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "is also groups[0]") {
+		t.Fatalf("a layer twice: %v", err)
+	}
+}

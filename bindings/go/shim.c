@@ -362,6 +362,11 @@ pkvgo_result pkvgo_pool_num_groups(const pkv_pool* pool, uint32_t* out) {
   return pkvgo_capture(pkv_pool_num_groups(pool, out));
 }
 
+pkvgo_result pkvgo_pool_group_of_layer(const pkv_pool* pool, uint32_t layer, uint32_t* out_group,
+                                       uint32_t* out_index) {
+  return pkvgo_capture(pkv_pool_group_of_layer(pool, layer, out_group, out_index));
+}
+
 pkvgo_result pkvgo_seq_group_block_table(const pkv_pool* pool, pkv_seq_id seq, uint32_t group,
                                          int32_t* out_blocks, uint64_t capacity, uint64_t* out_len) {
   return pkvgo_capture(pkv_seq_group_block_table(pool, seq, group, out_blocks, capacity, out_len));

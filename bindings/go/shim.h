@@ -160,6 +160,8 @@ pkvgo_result pkvgo_pool_flush_tiers(pkv_pool* pool);
 pkvgo_result pkvgo_pool_create_groups(const pkv_pool_options* base, const pkv_kv_group_spec* groups,
                                       uint32_t num_groups, pkv_pool** out);
 pkvgo_result pkvgo_pool_num_groups(const pkv_pool* pool, uint32_t* out);
+pkvgo_result pkvgo_pool_group_of_layer(const pkv_pool* pool, uint32_t layer, uint32_t* out_group,
+                                       uint32_t* out_index);
 pkvgo_result pkvgo_seq_group_block_table(const pkv_pool* pool, pkv_seq_id seq, uint32_t group,
                                          int32_t* out_blocks, uint64_t capacity, uint64_t* out_len);
 pkvgo_result pkvgo_pool_group_stats(const pkv_pool* pool, uint32_t group, pkv_group_stats* out);

@@ -18,6 +18,7 @@ from typing import Sequence as Seq
 
 from . import _pagedkv as _c
 from ._handle import Handle
+from ._pagedkv import NotFoundError
 from ._pool import Pool, Sequence
 from ._types import DType, HashAlgo, PoolOptions
 
@@ -45,28 +46,58 @@ class KVGroupSpec:
     rope_dim: int = 0
     dtype: Any = None
     state_bytes: int = 0
+    #: The model layers of this group (``num_layers`` ints), e.g. the odd
+    #: layers of a sliding-window/full interleave. Give them for every group
+    #: or for none; without them layers are numbered through the groups in
+    #: order. :meth:`HybridPool.group_of_layer` maps them back.
+    layer_ids: Optional[Tuple[int, ...]] = None
 
     @classmethod
-    def full(cls, num_layers: int, num_kv_heads: int, head_dim: int, dtype: Any = None) -> KVGroupSpec:
-        return cls(GroupKind.FULL, num_layers, num_kv_heads, head_dim, dtype=dtype)
+    def full(
+        cls, num_layers: int, num_kv_heads: int, head_dim: int, dtype: Any = None, layer_ids: Any = None
+    ) -> KVGroupSpec:
+        return cls(GroupKind.FULL, num_layers, num_kv_heads, head_dim, dtype=dtype, layer_ids=_ids(layer_ids))
 
     @classmethod
     def window(
-        cls, sliding_window: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype: Any = None
+        cls,
+        sliding_window: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: Any = None,
+        layer_ids: Any = None,
     ) -> KVGroupSpec:
-        return cls(GroupKind.SLIDING_WINDOW, num_layers, num_kv_heads, head_dim, sliding_window, dtype=dtype)
+        return cls(
+            GroupKind.SLIDING_WINDOW,
+            num_layers,
+            num_kv_heads,
+            head_dim,
+            sliding_window,
+            dtype=dtype,
+            layer_ids=_ids(layer_ids),
+        )
 
     @classmethod
-    def mla(cls, num_layers: int, kv_lora_rank: int = 512, rope_dim: int = 64, dtype: Any = None) -> KVGroupSpec:
-        return cls(GroupKind.MLA, num_layers, kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, dtype=dtype)
+    def mla(
+        cls, num_layers: int, kv_lora_rank: int = 512, rope_dim: int = 64, dtype: Any = None, layer_ids: Any = None
+    ) -> KVGroupSpec:
+        return cls(
+            GroupKind.MLA,
+            num_layers,
+            kv_lora_rank=kv_lora_rank,
+            rope_dim=rope_dim,
+            dtype=dtype,
+            layer_ids=_ids(layer_ids),
+        )
 
     @classmethod
-    def recurrent(cls, num_layers: int, state_bytes: int) -> KVGroupSpec:
+    def recurrent(cls, num_layers: int, state_bytes: int, layer_ids: Any = None) -> KVGroupSpec:
         """A fixed-size state per sequence (Mamba): ``state_bytes`` per layer.
         Each sequence holds one state slot; with prefix caching the state at
         block boundaries is kept as a snapshot that later prompts resume from
         (copies from :meth:`HybridPool.take_copies`)."""
-        return cls(GroupKind.RECURRENT, num_layers, state_bytes=state_bytes)
+        return cls(GroupKind.RECURRENT, num_layers, state_bytes=state_bytes, layer_ids=_ids(layer_ids))
 
     def _to_c(self) -> dict:
         d = {
@@ -81,7 +112,13 @@ class KVGroupSpec:
         }
         if self.dtype is not None:
             d["dtype"] = int(DType.parse(self.dtype))
+        if self.layer_ids is not None:
+            d["layer_ids"] = [int(i) for i in self.layer_ids]
         return d
+
+
+def _ids(layer_ids: Any) -> Optional[Tuple[int, ...]]:
+    return None if layer_ids is None else tuple(int(i) for i in layer_ids)
 
 
 @dataclass(frozen=True)
@@ -154,6 +191,15 @@ class HybridPool(Pool):
     def __repr__(self) -> str:
         kinds = ", ".join(g.kind.name.lower() for g in self._groups)
         return f"HybridPool(groups=[{kinds}], num_blocks={self.num_blocks}, block_size={self.block_size})"
+
+    def group_of_layer(self, layer: int) -> Tuple[int, int]:
+        """The group holding model layer ``layer`` and the layer's index among
+        that group's layers (``KeyError`` for a layer no group holds)."""
+        try:
+            g, k = self._call(_c.pkv_pool_group_of_layer, int(layer))
+        except NotFoundError as e:
+            raise KeyError(layer) from e
+        return int(g), int(k)
 
     def group_block_table(self, seq: Sequence, group: int) -> List[int]:
         """The block table of ``seq`` in ``group`` (0, the null block, where

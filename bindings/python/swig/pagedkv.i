@@ -53,6 +53,7 @@
 %thread pkv_seq_get_block_table;
 %thread pkv_pool_create_groups;
 %thread pkv_seq_group_block_table;
+%thread pkv_pool_group_of_layer;
 %thread pkv_pool_group_stats;
 %thread pkv_pool_group_take_copies;
 %thread pkv_seq_get_block_hashes;
@@ -1106,6 +1107,8 @@ PKV_OUT_HANDLE(pkv_transfer_engine)
 PKV_OUT_HANDLE(pkv_transfer)
 PKV_OUT_U64(uint64_t, out_export_id)
 PKV_OUT_U64(uint32_t, out_state)
+PKV_OUT_U64(uint32_t, out_group)
+PKV_OUT_U64(uint32_t, out_index)
 
 /* A transfer descriptor in: any contiguous bytes-like object. */
 %typemap(in) (const uint8_t* descriptor, uint64_t size) (Py_buffer view = pkv_py_no_buffer()) {
@@ -1632,7 +1635,9 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
 }
 
 /* pkv_pool_create_groups' groups: a sequence of pkv_kv_group_spec proxies
- * or dicts of their fields (layer_ids cannot be given from Python). */
+ * or dicts of their fields. A dict's "layer_ids" (None or a sequence of
+ * num_layers ints) is copied into an array that lives for the call; a
+ * proxy's layer_ids pointer is never followed. */
 %typemap(in) (const pkv_kv_group_spec* groups, uint32_t num_groups) (PyObject* seq = NULL) {
   seq = PySequence_Fast($input, "groups: expected a sequence of pkv_kv_group_spec or dicts");
   if (!seq) SWIG_fail;
@@ -1652,6 +1657,32 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
       pkv_kv_group_spec_init(&$1[i]);
       if (!pkv_py_apply_dict(item, &$1[i], $descriptor(pkv_kv_group_spec*), "groups", special))
         SWIG_fail;
+      PyObject* ids = PyDict_GetItemString(item, "layer_ids");  /* borrowed */
+      if (ids && ids != Py_None) {
+        PyObject* f = PySequence_Fast(ids, "groups[i].layer_ids: expected a sequence of ints");
+        if (!f) SWIG_fail;
+        const Py_ssize_t m = PySequence_Fast_GET_SIZE(f);
+        if (m != (Py_ssize_t)$1[i].num_layers) {
+          PyErr_Format(PyExc_ValueError, "groups[%zd].layer_ids holds %zd entries, not num_layers %u",
+                       i, m, $1[i].num_layers);
+          Py_DECREF(f);
+          SWIG_fail;
+        }
+        uint32_t* a = (uint32_t*)calloc((size_t)(m > 0 ? m : 1), sizeof(uint32_t));
+        if (!a) { Py_DECREF(f); PyErr_NoMemory(); SWIG_fail; }
+        $1[i].layer_ids = a;  /* freed by freearg, also on the failure paths below */
+        for (Py_ssize_t k = 0; k < m; ++k) {
+          const unsigned long v = PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(f, k));
+          if ((v == (unsigned long)-1 && PyErr_Occurred()) || v > 0xFFFFFFFFul) {
+            if (!PyErr_Occurred())
+              PyErr_Format(PyExc_OverflowError, "groups[%zd].layer_ids[%zd] exceeds 2^32 - 1", i, k);
+            Py_DECREF(f);
+            SWIG_fail;
+          }
+          a[k] = (uint32_t)v;
+        }
+        Py_DECREF(f);
+      }
     } else if (SWIG_IsOK(SWIG_ConvertPtr(item, &argp, $descriptor(pkv_kv_group_spec*), 0))) {
       $1[i] = *(pkv_kv_group_spec*)argp;
       $1[i].layer_ids = NULL;
@@ -1663,6 +1694,8 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
   }
 }
 %typemap(freearg) (const pkv_kv_group_spec* groups, uint32_t num_groups) {
+  if ($1)
+    for (uint32_t i = 0; i < $2; ++i) free((void*)$1[i].layer_ids);
   free((void*)$1);
   Py_XDECREF(seq$argnum);
 }

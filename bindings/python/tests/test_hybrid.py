@@ -135,3 +135,34 @@ def test_step_plan_per_group_arrays_and_commit():
     plan.close()
     assert seq.info().num_computed_tokens == 20
     pool.validate()
+
+
+def test_layer_ids_map_model_layers_to_groups():
+    # A gpt-oss-like interleave: even layers slide, odd layers attend fully.
+    rng = random.Random(7)
+    n = 2 * rng.randint(2, 12)
+    even, odd = list(range(0, n, 2)), list(range(1, n, 2))
+    rng.shuffle(even)
+    pool = HybridPool(
+        [KVGroupSpec.window(8, len(even), 1, 8, layer_ids=even), KVGroupSpec.full(len(odd), 1, 8, layer_ids=odd)],
+        num_blocks=16,
+        block_size=4,
+    )
+    for layer in range(n):
+        group, index = pool.group_of_layer(layer)
+        ids = even if layer % 2 == 0 else odd
+        assert (group, index) == (layer % 2, ids.index(layer))
+    with pytest.raises(KeyError):
+        pool.group_of_layer(n)
+    # Without ids, layers are numbered through the groups in order.
+    plain = HybridPool([KVGroupSpec.window(8, 3, 1, 8), KVGroupSpec.full(2, 1, 8)], num_blocks=16, block_size=4)
+    assert [plain.group_of_layer(i) for i in range(5)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    # Ids for one group only, a layer twice, or the wrong count: refused.
+    with pytest.raises(pk.InvalidArgumentError, match="layer_ids is NULL"):
+        HybridPool([KVGroupSpec.full(1, 1, 8, layer_ids=[0]), KVGroupSpec.full(1, 1, 8)], num_blocks=8)
+    with pytest.raises(pk.InvalidArgumentError, match="is also groups"):
+        HybridPool([KVGroupSpec.full(1, 1, 8, layer_ids=[4]), KVGroupSpec.full(1, 1, 8, layer_ids=[4])], num_blocks=8)
+    with pytest.raises(ValueError, match="not num_layers 2"):
+        HybridPool([KVGroupSpec.full(2, 1, 8, layer_ids=[0])], num_blocks=8)
+    with pytest.raises(OverflowError):
+        HybridPool([KVGroupSpec.full(1, 1, 8, layer_ids=[2**32])], num_blocks=8)

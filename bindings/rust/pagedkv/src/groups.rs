@@ -34,6 +34,11 @@ pub struct GroupSpec {
     pub num_kv_heads: u32,
     pub head_dim: u32,
     pub dtype: DType,
+    /// The model layers of this group (`num_layers` of them), e.g. the odd
+    /// layers of a sliding-window/full interleave. Give them for every group
+    /// or for none; without them layers are numbered through the groups in
+    /// order. [`Pool::group_of_layer`] maps them back.
+    pub layer_ids: Option<Vec<u32>>,
 }
 
 impl GroupSpec {
@@ -44,7 +49,14 @@ impl GroupSpec {
             num_kv_heads,
             head_dim,
             dtype: DType::BF16,
+            layer_ids: None,
         }
+    }
+
+    /// This spec with its model layer ids.
+    pub fn with_layer_ids(mut self, ids: impl Into<Vec<u32>>) -> GroupSpec {
+        self.layer_ids = Some(ids.into());
+        self
     }
     pub fn window(window: u32, num_layers: u32, num_kv_heads: u32, head_dim: u32) -> GroupSpec {
         GroupSpec {
@@ -69,7 +81,8 @@ impl GroupSpec {
         }
     }
 
-    fn raw(&self) -> sys::pkv_kv_group_spec {
+    /// The C spec; its layer_ids points into self, which must outlive it.
+    fn raw(&self, i: usize) -> Result<sys::pkv_kv_group_spec> {
         let mut g = sys::pkv_kv_group_spec::default();
         // SAFETY: valid out-parameter.
         unsafe { sys::pkv_kv_group_spec_init(&mut g) };
@@ -96,7 +109,18 @@ impl GroupSpec {
                 g.state_bytes = state_bytes;
             }
         }
-        g
+        if let Some(ids) = &self.layer_ids {
+            // The library reads num_layers entries: a shorter list must not reach it.
+            if ids.len() != self.num_layers as usize {
+                return Err(Error::invalid(format!(
+                    "groups[{i}].layer_ids holds {} entries, not num_layers {}",
+                    ids.len(),
+                    self.num_layers
+                )));
+            }
+            g.layer_ids = ids.as_ptr();
+        }
+        Ok(g)
     }
 }
 
@@ -129,7 +153,11 @@ impl Pool {
         base.hash_seed = seed.as_ptr();
         base.num_layers = opts.num_layers;
         base.sliding_window = opts.sliding_window;
-        let raw: Vec<sys::pkv_kv_group_spec> = groups.iter().map(GroupSpec::raw).collect();
+        let raw = groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| g.raw(i))
+            .collect::<Result<Vec<sys::pkv_kv_group_spec>>>()?;
         let n = u32::try_from(raw.len()).map_err(|_| Error::invalid("too many groups"))?;
         let mut out = ptr::null_mut();
         // SAFETY: base, the seed and raw outlive the call; raw holds n specs.
@@ -149,6 +177,18 @@ impl Pool {
         // SAFETY: valid pool and out-parameter.
         check(unsafe { sys::pkv_pool_num_groups(self.as_raw(), &mut n) })?;
         Ok(n)
+    }
+
+    /// The group holding model layer `layer` and the layer's index among
+    /// that group's layers; `None` for a layer no group holds.
+    pub fn group_of_layer(&self, layer: u32) -> Result<Option<(u32, u32)>> {
+        let (mut g, mut k) = (0u32, 0u32);
+        // SAFETY: valid pool and out-parameters.
+        match check(unsafe { sys::pkv_pool_group_of_layer(self.as_raw(), layer, &mut g, &mut k) }) {
+            Ok(()) => Ok(Some((g, k))),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// The block table of `seq` in `group` (`NULL_BLOCK` where its sliding

@@ -131,3 +131,54 @@ fn step_plans_have_per_group_arrays() {
     assert_eq!(pool.seq_info(s).unwrap().num_computed_tokens, 20);
     pool.validate().unwrap();
 }
+
+#[test]
+fn layer_ids_map_model_layers_to_groups() {
+    // A gpt-oss-like interleave, the even layers listed out of order.
+    let even = vec![4u32, 0, 6, 2];
+    let odd = vec![1u32, 3, 5, 7];
+    let pool = Pool::with_groups(
+        &opts(16),
+        &[
+            GroupSpec::window(8, 4, 1, 8).with_layer_ids(even.clone()),
+            GroupSpec::full(4, 1, 8).with_layer_ids(odd.clone()),
+        ],
+    )
+    .unwrap();
+    for layer in 0..8u32 {
+        let ids = if layer % 2 == 0 { &even } else { &odd };
+        let index = ids.iter().position(|&l| l == layer).unwrap() as u32;
+        assert_eq!(
+            pool.group_of_layer(layer).unwrap(),
+            Some((layer % 2, index))
+        );
+    }
+    assert_eq!(pool.group_of_layer(8).unwrap(), None);
+    // Without ids: numbered through the groups in order.
+    let plain = Pool::with_groups(
+        &opts(16),
+        &[GroupSpec::window(8, 3, 1, 8), GroupSpec::full(2, 1, 8)],
+    )
+    .unwrap();
+    let got: Vec<_> = (0..5)
+        .map(|l| plain.group_of_layer(l).unwrap().unwrap())
+        .collect();
+    assert_eq!(got, vec![(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]);
+    // A short list never reaches the library; a layer twice is refused.
+    let e = Pool::with_groups(
+        &opts(8),
+        &[GroupSpec::full(2, 1, 8).with_layer_ids(vec![0])],
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.message().contains("not num_layers 2"), "{}", e.message());
+    let e = Pool::with_groups(
+        &opts(8),
+        &[
+            GroupSpec::full(1, 1, 8).with_layer_ids(vec![3]),
+            GroupSpec::full(1, 1, 8).with_layer_ids(vec![3]),
+        ],
+    )
+    .unwrap_err();
+    assert!(e.message().contains("is also groups[0]"), "{}", e.message());
+}
