@@ -15,7 +15,15 @@ jobs=$(nproc)
 common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPAGEDKV_CUDA=OFF -DPAGEDKV_BUILD_BENCH=OFF
         -DPAGEDKV_BUILD_BINDINGS=OFF -DPAGEDKV_BUILD_EXAMPLES=OFF)
 
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
+# intercept_tls_get_addr=0: GCC 12's runtime (up to GCC 13 / LLVM 16) takes a
+# dynamic TLS block whose address is 16 past a page boundary for one with a
+# pre-2.25 glibc header and reads the two words before it as a range; when a
+# heap block lands there, LeakSanitizer's tracer faults at exit ("Tracer
+# caught signal 11" in ScanRangeForPointers), the same way on every run of
+# that binary in that environment. glibc mallocs the dynamic TLS of dlopen'ed
+# libraries (UCX's), so the address depends on the heap layout.
+# Static TLS is still scanned.
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:intercept_tls_get_addr=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
@@ -25,26 +33,8 @@ stage_done() { echo "== $1: $((SECONDS - stage_start)) s"; stage_start=$SECONDS;
 echo "== ASan+UBSan: all C/C++ tests"
 cmake -S "$root" -B "$root/build-asan" "${common[@]}" -DPAGEDKV_SANITIZE=address >/dev/null
 cmake --build "$root/build-asan" -j"$jobs"
-asan_log=$(mktemp)
-if ! ctest --test-dir "$root/build-asan" --output-on-failure -j"$jobs" -LE "gpu|python|rust|go|fuzz|bench" \
-  --timeout 900 2>&1 | tee "$asan_log"; then
-  # LeakSanitizer's stop-the-world tracer itself sometimes faults at exit
-  # ("Tracer caught signal 11" in ScanRangeForPointers) in processes that
-  # loaded UCX; that is the tool failing, not a leak or a memory error. Only
-  # when every failure is that, and nothing sanitizer-reported is among
-  # them, the failed tests run once more; anything else fails the stage.
-  failed=$(sed -n '/The following tests FAILED/,$p' "$asan_log" | grep -c '^[[:space:]]*[0-9]* - ' || true)
-  tracer=$(grep -c 'LeakSanitizer has encountered a fatal error' "$asan_log" || true)
-  if [ "$failed" -gt 0 ] && [ "$tracer" -ge "$failed" ] &&
-    ! grep -qE 'ERROR: (AddressSanitizer|LeakSanitizer: detected)|runtime error:|Failure$' "$asan_log"; then
-    echo "== ASan+UBSan: $failed test(s) lost to a LeakSanitizer tracer fault; running them again"
-    ctest --test-dir "$root/build-asan" --output-on-failure --rerun-failed --timeout 900
-  else
-    rm -f "$asan_log"
-    exit 1
-  fi
-fi
-rm -f "$asan_log"
+ctest --test-dir "$root/build-asan" --output-on-failure -j"$jobs" -LE "gpu|python|rust|go|fuzz|bench" \
+  --timeout 900
 stage_done "ASan+UBSan"
 
 echo "== TSan: threading tests"

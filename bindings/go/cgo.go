@@ -57,19 +57,23 @@ func (a *cArena) mmItems(items []MMItem) *C.pkv_mm_item {
 	return (*C.pkv_mm_item)(p)
 }
 
-// uint32s copies s into C memory owned by the arena (nil for an empty s).
-func (a *cArena) uint32s(s []uint32) *C.uint32_t {
+// cCopy copies s into C memory owned by the arena (nil for an empty s), so
+// that a C struct may point at it without holding a Go pointer.
+func cCopy[T uint32 | float32](a *cArena, s []T) unsafe.Pointer {
 	if len(s) == 0 {
 		return nil
 	}
-	p := C.calloc(C.size_t(len(s)), 4)
+	p := C.calloc(C.size_t(len(s)), C.size_t(unsafe.Sizeof(s[0])))
 	if p == nil {
 		panic("pagedkv: out of C memory")
 	}
 	a.ptrs = append(a.ptrs, p)
-	copy(unsafe.Slice((*uint32)(p), len(s)), s)
-	return (*C.uint32_t)(p)
+	copy(unsafe.Slice((*T)(p), len(s)), s)
+	return p
 }
+
+// uint32s copies s into C memory owned by the arena (nil for an empty s).
+func (a *cArena) uint32s(s []uint32) *C.uint32_t { return (*C.uint32_t)(cCopy(a, s)) }
 
 func (a *cArena) free() {
 	for _, p := range a.ptrs {

@@ -75,18 +75,7 @@ const (
 func isFP8(d DType) bool { return d == Float8E4M3 || d == Float8E5M2 }
 
 // floats copies s into C memory owned by the arena (nil for an empty s).
-func (a *cArena) floats(s []float32) *C.float {
-	if len(s) == 0 {
-		return nil
-	}
-	p := C.calloc(C.size_t(len(s)), 4)
-	if p == nil {
-		panic("pagedkv: out of C memory")
-	}
-	a.ptrs = append(a.ptrs, p)
-	copy(unsafe.Slice((*float32)(p), len(s)), s)
-	return (*C.float)(p)
-}
+func (a *cArena) floats(s []float32) *C.float { return (*C.float)(cCopy(a, s)) }
 
 func (o *PoolOptions) toC(op string, arena *cArena, out *C.pkv_pool_options) error {
 	C.pkv_pool_options_init(out)
