@@ -38,7 +38,10 @@ TEST(TiersThreads, ConcurrentRequestsWithOffloadsAndLoads) {
         pool->match_prefix_tiered(s, tokens.data(), tokens.size());
         const uint64_t have = pool->seq_info(s).num_tokens;
         pool->append(s, tokens.data() + have, tokens.size() - have, 0);
-        const uint32_t q = uint32_t(tokens.size() - pool->seq_info(s).num_computed_tokens);
+        // Queries start after every hit, tier hits included (docs/tiers.md):
+        // the next plan loads those, and recomputing them would write into
+        // blocks that other requests may already share once loaded.
+        const uint32_t q = uint32_t(tokens.size() - have);
         auto b = Batch::prepare(pool, &s, &q, 1, nullptr);  // loads this request's tier hits
         std::vector<float> k(size_t(q) * kDim), v(size_t(q) * kDim);
         for (uint32_t r = 0; r < q; ++r)
