@@ -4,15 +4,21 @@
 // pool's planes), against a plain memcpy of the same bytes in the same run;
 // then the same through the file tier (preadv/pwritev of whole slots in one
 // file; the file sits in the page cache unless the directory is on a
-// device that bypasses it).
+// device that bypasses it). The file rows also time a plain pwrite of the
+// same bytes from a warm buffer into a file made as the tier makes its own,
+// one slot a call (buffered: the page cache's ceiling for any file offload;
+// O_DIRECT from an aligned buffer: the disk's), in the same round.
 //
 // Shape (default): 8 layers, 8 KV heads, head dim 128, block size 16, bf16
 // (512 KiB a block), 256 blocks moved. Flags:
 //   --blocks N   --reps N (best of; default 5)   --file-dir DIR (default /tmp)
 // Plain program (no Google Benchmark harness): the rows compare within a run.
+#include <fcntl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +29,7 @@
 
 #include "bench_clock.h"
 #include "pagedkv/pagedkv.h"
+#include "tier/slot_hash.h"
 
 namespace {
 
@@ -42,6 +49,8 @@ void must(pkv_status s, const char* what) {
 // would compare different loads).
 struct Result {
   double offload_s = 0, offload_memcpy_s = 0, load_s = 0, load_memcpy_s = 0;
+  double pwrite_s = 0, direct_s = 0;  // file rounds: the ceilings (direct: 0 = not supported)
+  double one_pass_s = 0;              // file rounds: xxh3 + pwritev straight from the planes
 };
 
 std::vector<char>& scratch(size_t bytes, int which) {
@@ -58,6 +67,92 @@ double memcpy_seconds(size_t bytes) {
   const double s = seconds_since(t0);
   src[size_t(s * 1e9) % bytes] ^= dst[bytes / 2];  // keeps the copy observable
   return s;
+}
+
+// A fresh file in dir as the file tier makes its own (mkostemp, unlinked,
+// fallocate'd to bytes); -1 on failure.
+int tier_like_file(const std::string& dir, size_t bytes, bool direct) {
+  std::string path = dir + "/pagedkv-bench-XXXXXX";
+  const int fd = mkostemp(path.data(), O_CLOEXEC | (direct ? O_DIRECT : 0));
+  if (fd < 0) return -1;
+  unlink(path.c_str());
+  if (fallocate(fd, 0, 0, off_t(bytes)) != 0 && errno != EOPNOTSUPP) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The same bytes written slot by slot from a warm buffer into a fresh file
+// in dir, made as the file tier makes its own (mkostemp, unlinked,
+// fallocate'd). direct: O_DIRECT from a page-aligned buffer; 0 when the file
+// system refuses it.
+double pwrite_seconds(size_t bytes, size_t slot, const std::string& dir, bool direct) {
+  static char* aligned = nullptr;
+  static size_t aligned_bytes = 0;
+  const char* src = scratch(bytes, 0).data();
+  if (direct) {
+    if (aligned_bytes != bytes) {
+      std::free(aligned);
+      if (posix_memalign(reinterpret_cast<void**>(&aligned), 4096, bytes) != 0) return 0;
+      std::memset(aligned, 3, bytes);
+      aligned_bytes = bytes;
+    }
+    src = aligned;
+  }
+  const int fd = tier_like_file(dir, bytes, direct);
+  if (fd < 0) return 0;
+  auto t0 = Clock::now();
+  for (size_t at = 0; at < bytes; at += slot) {
+    if (pwrite(fd, src + at, slot, off_t(at)) != ssize_t(slot)) {
+      close(fd);
+      return 0;
+    }
+  }
+  const double sec = seconds_since(t0);
+  close(fd);
+  return sec;
+}
+
+// What an offload that skipped the host tier would cost: each block's
+// planes straight from the pool's storage into a slot of a tier-like file,
+// in groups of about 128 KiB, each group hashed (the tiers' xxh3) and then
+// written with one pwritev while it is in cache. One pass over the bytes.
+double one_pass_seconds(pkv_pool* pool, uint32_t layers, uint32_t blocks, size_t plane,
+                        const std::string& dir) {
+  std::vector<char*> base;
+  for (uint32_t l = 0; l < layers; ++l)
+    for (uint32_t w = 0; w < 2; ++w) {
+      pkv_tensor kv;
+      must(pkv_pool_kv_tensor(pool, l, w, &kv), "kv_tensor");
+      base.push_back(static_cast<char*>(kv.data));
+    }
+  const size_t slot = plane * base.size(), group = std::max<size_t>(1, (128 << 10) / plane);
+  const int fd = tier_like_file(dir, slot * blocks, false);
+  if (fd < 0) return 0;
+  std::vector<struct iovec> iov(group);
+  uint64_t sums = 0;
+  auto t0 = Clock::now();
+  for (uint32_t b = 0; b < blocks; ++b) {
+    pagedkv::SlotHash h;
+    for (size_t p0 = 0; p0 < base.size(); p0 += group) {
+      const size_t k = std::min(group, base.size() - p0);
+      for (size_t i = 0; i < k; ++i) {
+        iov[i] = {base[p0 + i] + size_t(b + 1) * plane, plane};  // block 0 is the null block
+        h.update(iov[i].iov_base, plane);
+      }
+      if (pwritev(fd, iov.data(), int(k), off_t(size_t(b) * slot + p0 * plane)) !=
+          ssize_t(k * plane)) {
+        close(fd);
+        return 0;
+      }
+    }
+    sums ^= h.digest();
+  }
+  const double sec = seconds_since(t0);
+  close(fd);
+  if (sums == 1) std::printf(" ");  // keeps the hashing observable
+  return sec;
 }
 
 // One round: sequence a's blocks written (committed), freed, evicted by
@@ -110,10 +205,17 @@ Result round(uint32_t blocks, uint64_t host_bytes, const char* file_dir, uint64_
   const size_t bytes = size_t(n / 16) * 2 * 8 * 8 * 16 * 128 * 2;
   must(pkv_seq_create(pool, nullptr, &b), "seq b");
   r.offload_memcpy_s = memcpy_seconds(bytes);
+  if (file_dir) {
+    r.pwrite_s = pwrite_seconds(bytes, bytes / blocks, file_dir, false);
+    r.direct_s = pwrite_seconds(bytes, bytes / blocks, file_dir, true);
+  }
   auto t0 = Clock::now();
   must(pkv_seq_append(pool, b, tb.data(), n, 0), "append b");  // evicts every block of a
   must(pkv_pool_flush_tiers(pool), "flush");
   r.offload_s = seconds_since(t0);
+  // a's bytes are still in the planes (b wrote nothing).
+  if (file_dir)
+    r.one_pass_s = one_pass_seconds(pool, o.num_layers, blocks, 16 * 8 * 128 * 2, file_dir);
   must(pkv_seq_free(pool, b), "free b");
 
   pkv_seq_id c = 0;
@@ -184,21 +286,48 @@ int main(int argc, char** argv) {
   std::printf(
       "| path | GB/s (median) | memcpy GB/s (median) | path / memcpy (median of rounds) |\n");
   std::printf("|---|---|---|---|\n");
-  auto row = [&](const char* name, const std::vector<Result>& rs, bool load) {
+  // Each row: the median over rounds of (reference time / path time), the
+  // reference timed in the same round.
+  auto row = [&](const char* name, const std::vector<Result>& rs, auto path, auto ref) {
     std::vector<double> t, m, ratio;
     for (const Result& r : rs) {
-      const double ts = load ? r.load_s : r.offload_s,
-                   ms = load ? r.load_memcpy_s : r.offload_memcpy_s;
+      const double ts = path(r), ms = ref(r);
+      if (ts <= 0 || ms <= 0) continue;
       t.push_back(ts);
       m.push_back(ms);
       ratio.push_back(ms / ts);
     }
+    if (t.empty()) {
+      std::printf("| %s | n/a | n/a | n/a |\n", name);
+      return;
+    }
     std::printf("| %s | %.2f | %.2f | %.2f |\n", name, gbs(median(t)), gbs(median(m)),
                 median(ratio));
   };
-  row("offload to the host tier (copy thread: copy + xxh3)", host, false);
-  row("load from the host tier (copy + xxh3 verify)", host, true);
-  row("offload via the host tier to the file tier (+ pwritev)", file, false);
-  row("load from the file tier (preadv + xxh3 verify)", file, true);
+  auto offload = [](const Result& r) { return r.offload_s; };
+  auto load = [](const Result& r) { return r.load_s; };
+  auto offload_memcpy = [](const Result& r) { return r.offload_memcpy_s; };
+  auto load_memcpy = [](const Result& r) { return r.load_memcpy_s; };
+  auto pwrite_s = [](const Result& r) { return r.pwrite_s; };
+  auto direct_s = [](const Result& r) { return r.direct_s; };
+  row("offload to the host tier (copy thread: copy + xxh3)", host, offload, offload_memcpy);
+  row("load from the host tier (copy + xxh3 verify)", host, load, load_memcpy);
+  row("offload via the host tier to the file tier (+ pwritev)", file, offload, offload_memcpy);
+  row("load from the file tier (preadv + xxh3 verify)", file, load, load_memcpy);
+  row("ceiling: plain pwrite of the same bytes, one slot a call, warm buffer (page cache)", file,
+      pwrite_s, offload_memcpy);
+  row("ceiling: O_DIRECT pwrite of the same bytes, one slot a call (disk)", file, direct_s,
+      offload_memcpy);
+  std::printf(
+      "\n| against the page-cache ceiling | path GB/s | plain pwrite GB/s | pwrite time / path "
+      "time |\n");
+  std::printf("|---|---|---|---|\n");
+  row("offload via the host tier to the file tier", file, offload, pwrite_s);
+  auto one_pass = [](const Result& r) { return r.one_pass_s; };
+  row("reference: one pass, xxh3 + pwritev straight from the pool's planes", file, one_pass,
+      pwrite_s);
+  std::printf("\n| reference | GB/s | memcpy GB/s | memcpy time / its time |\n|---|---|---|---|\n");
+  row("one pass, xxh3 + pwritev straight from the pool's planes (no host tier)", file, one_pass,
+      offload_memcpy);
   return 0;
 }
