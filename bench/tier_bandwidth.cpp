@@ -2,19 +2,19 @@
 // the host tier (copy thread: gather every layer's K/V planes of a block,
 // xxh3 checksum) and of loading them back (checksum, scatter into the
 // pool's planes), against a plain memcpy of the same bytes in the same run;
-// then the same through the file tier (preadv/pwritev of whole slots in one
-// file; the file sits in the page cache unless the directory is on a
-// device that bypasses it). The file rows also time a plain pwrite of the
-// same bytes from a warm buffer into a file made as the tier makes its own,
-// one slot a call (buffered: the page cache's ceiling for any file offload;
-// O_DIRECT from an aligned buffer: the disk's), in the same round.
+// then the same through the file tier below a host tier (preadv/pwritev of
+// whole slots in one file; the file sits in the page cache unless the
+// directory is on a device that bypasses it), and through a file tier alone
+// (host_bytes 0: each block written straight from the pool's planes). The file rows also time a
+// plain pwrite of the same bytes from a warm buffer into a file made as the tier makes its own, one
+// slot a call (buffered: the page cache's ceiling for any file offload; O_DIRECT from an aligned
+// buffer: the disk's), in the same round.
 //
 // Shape (default): 8 layers, 8 KV heads, head dim 128, block size 16, bf16
 // (512 KiB a block), 256 blocks moved. Flags:
 //   --blocks N   --reps N (best of; default 5)   --file-dir DIR (default /tmp)
 // Plain program (no Google Benchmark harness): the rows compare within a run.
 #include <fcntl.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,7 +29,6 @@
 
 #include "bench_clock.h"
 #include "pagedkv/pagedkv.h"
-#include "tier/slot_hash.h"
 
 namespace {
 
@@ -50,7 +49,6 @@ void must(pkv_status s, const char* what) {
 struct Result {
   double offload_s = 0, offload_memcpy_s = 0, load_s = 0, load_memcpy_s = 0;
   double pwrite_s = 0, direct_s = 0;  // file rounds: the ceilings (direct: 0 = not supported)
-  double one_pass_s = 0;              // file rounds: xxh3 + pwritev straight from the planes
 };
 
 std::vector<char>& scratch(size_t bytes, int which) {
@@ -114,47 +112,6 @@ double pwrite_seconds(size_t bytes, size_t slot, const std::string& dir, bool di
   return sec;
 }
 
-// What an offload that skipped the host tier would cost: each block's
-// planes straight from the pool's storage into a slot of a tier-like file,
-// in groups of about 128 KiB, each group hashed (the tiers' xxh3) and then
-// written with one pwritev while it is in cache. One pass over the bytes.
-double one_pass_seconds(pkv_pool* pool, uint32_t layers, uint32_t blocks, size_t plane,
-                        const std::string& dir) {
-  std::vector<char*> base;
-  for (uint32_t l = 0; l < layers; ++l)
-    for (uint32_t w = 0; w < 2; ++w) {
-      pkv_tensor kv;
-      must(pkv_pool_kv_tensor(pool, l, w, &kv), "kv_tensor");
-      base.push_back(static_cast<char*>(kv.data));
-    }
-  const size_t slot = plane * base.size(), group = std::max<size_t>(1, (128 << 10) / plane);
-  const int fd = tier_like_file(dir, slot * blocks, false);
-  if (fd < 0) return 0;
-  std::vector<struct iovec> iov(group);
-  uint64_t sums = 0;
-  auto t0 = Clock::now();
-  for (uint32_t b = 0; b < blocks; ++b) {
-    pagedkv::SlotHash h;
-    for (size_t p0 = 0; p0 < base.size(); p0 += group) {
-      const size_t k = std::min(group, base.size() - p0);
-      for (size_t i = 0; i < k; ++i) {
-        iov[i] = {base[p0 + i] + size_t(b + 1) * plane, plane};  // block 0 is the null block
-        h.update(iov[i].iov_base, plane);
-      }
-      if (pwritev(fd, iov.data(), int(k), off_t(size_t(b) * slot + p0 * plane)) !=
-          ssize_t(k * plane)) {
-        close(fd);
-        return 0;
-      }
-    }
-    sums ^= h.digest();
-  }
-  const double sec = seconds_since(t0);
-  close(fd);
-  if (sums == 1) std::printf(" ");  // keeps the hashing observable
-  return sec;
-}
-
 // One round: sequence a's blocks written (committed), freed, evicted by
 // sequence b (the offloads: timed from b's append to the end of the flush),
 // then a's tokens matched from the tier and loaded (the tier's load time).
@@ -213,9 +170,6 @@ Result round(uint32_t blocks, uint64_t host_bytes, const char* file_dir, uint64_
   must(pkv_seq_append(pool, b, tb.data(), n, 0), "append b");  // evicts every block of a
   must(pkv_pool_flush_tiers(pool), "flush");
   r.offload_s = seconds_since(t0);
-  // a's bytes are still in the planes (b wrote nothing).
-  if (file_dir)
-    r.one_pass_s = one_pass_seconds(pool, o.num_layers, blocks, 16 * 8 * 128 * 2, file_dir);
   must(pkv_seq_free(pool, b), "free b");
 
   pkv_seq_id c = 0;
@@ -268,10 +222,12 @@ int main(int argc, char** argv) {
   // Host tier: every block fits. File tier: a one-block host tier, so every
   // offload but the last goes down to the file (a pwritev), and the loads
   // come from the file (a preadv).
-  std::vector<Result> host, file;
+  // File tier alone: host_bytes 0, every offload straight into the file.
+  std::vector<Result> host, file, alone;
   for (int i = 0; i < reps; ++i) {
     host.push_back(round(blocks, 2 * bytes, nullptr, 0, 0));
     file.push_back(round(blocks, block_bytes, dir.c_str(), 2 * bytes, 0));
+    alone.push_back(round(blocks, 0, dir.c_str(), 2 * bytes, 0));
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -314,20 +270,21 @@ int main(int argc, char** argv) {
   row("load from the host tier (copy + xxh3 verify)", host, load, load_memcpy);
   row("offload via the host tier to the file tier (+ pwritev)", file, offload, offload_memcpy);
   row("load from the file tier (preadv + xxh3 verify)", file, load, load_memcpy);
-  row("ceiling: plain pwrite of the same bytes, one slot a call, warm buffer (page cache)", file,
+  row("offload to a file tier alone (host_bytes 0: xxh3 + pwritev from the pool's planes)", alone,
+      offload, offload_memcpy);
+  row("load from a file tier alone (preadv + xxh3 verify)", alone, load, load_memcpy);
+  // The ceilings were timed in both kinds of file rounds.
+  std::vector<Result> files = file;
+  files.insert(files.end(), alone.begin(), alone.end());
+  row("ceiling: plain pwrite of the same bytes, one slot a call, warm buffer (page cache)", files,
       pwrite_s, offload_memcpy);
-  row("ceiling: O_DIRECT pwrite of the same bytes, one slot a call (disk)", file, direct_s,
+  row("ceiling: O_DIRECT pwrite of the same bytes, one slot a call (disk)", files, direct_s,
       offload_memcpy);
   std::printf(
       "\n| against the page-cache ceiling | path GB/s | plain pwrite GB/s | pwrite time / path "
       "time |\n");
   std::printf("|---|---|---|---|\n");
   row("offload via the host tier to the file tier", file, offload, pwrite_s);
-  auto one_pass = [](const Result& r) { return r.one_pass_s; };
-  row("reference: one pass, xxh3 + pwritev straight from the pool's planes", file, one_pass,
-      pwrite_s);
-  std::printf("\n| reference | GB/s | memcpy GB/s | memcpy time / its time |\n|---|---|---|---|\n");
-  row("one pass, xxh3 + pwritev straight from the pool's planes (no host tier)", file, one_pass,
-      offload_memcpy);
+  row("offload to a file tier alone", alone, offload, pwrite_s);
   return 0;
 }

@@ -182,3 +182,67 @@ func TestTiersAdmitAndHashLookup(t *testing.T) {
 	}
 	ok(t, p.Validate())
 }
+
+// HostBytes 0 with a file tier: no host tier; blocks go straight to the file
+// in one pass and come back byte for byte.
+func TestFileTierAlone(t *testing.T) {
+	p := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 6, NumLayers: 1, NumKVHeads: 1,
+		HeadDim: 8, DType: Float32, NumThreads: 1})
+	bpb, err := p.BytesPerBlock()
+	ok(t, err)
+	ok(t, p.AttachTiers(TierOptions{HostBytes: 0, FileDir: t.TempDir(), FileBytes: 4 * bpb}))
+	kt, err := p.KVTensor(0, Key)
+	ok(t, err)
+	keys, err := kt.Float32s()
+	ok(t, err)
+	tokens := make([]int32, 17)
+	for i := range tokens {
+		tokens[i] = int32(9*i + 1)
+	}
+	a, err := p.CreateSeq(nil)
+	ok(t, err)
+	ok(t, a.Append(tokens))
+	b, err := p.Prepare([]Seq{a}, []int{17})
+	ok(t, err)
+	k := make([]float32, 17*8)
+	for i := range k {
+		k[i] = -2 + float32(i)*0.375
+	}
+	ok(t, b.CacheWrite(0, k, k))
+	b.Close()
+	table, err := a.BlockTable()
+	ok(t, err)
+	saved := append([]float32(nil), keys[table[0]*32:(table[0]+1)*32]...)
+	ok(t, a.Free())
+	other, err := p.CreateSeq(nil)
+	ok(t, err)
+	more := make([]int32, 20)
+	for i := range more {
+		more[i] = int32(3000 + i)
+	}
+	ok(t, other.Append(more))
+	ok(t, other.Free())
+	ok(t, p.FlushTiers())
+	_, err = p.TierStats(MediumHost)
+	wantErr(t, err, ErrInvalidState)
+	c, m, err := p.AdmitTiered(nil, tokens, nil, 0)
+	ok(t, err)
+	if m != (TierMatch{NumCached: 16, FileTokens: 16}) {
+		t.Fatalf("admit %+v", m)
+	}
+	ok(t, p.FlushTiers())
+	table, err = c.BlockTable()
+	ok(t, err)
+	got := keys[table[0]*32 : (table[0]+1)*32]
+	for i := range got {
+		if got[i] != saved[i] {
+			t.Fatalf("element %d: %v != %v", i, got[i], saved[i])
+		}
+	}
+	fs, err := p.TierStats(MediumFile)
+	ok(t, err)
+	if fs.NumStored != 4 || fs.NumLoaded != 4 || fs.NumChecksumFailures != 0 {
+		t.Fatalf("file %+v", fs)
+	}
+	ok(t, p.Validate())
+}

@@ -71,7 +71,7 @@ TEST(TierLevel, FileRoundTripPartialReadsAndInjectedFailure) {
   struct iovec wa {
     a.data(), 64
   }, rb{b.data(), 64};
-  ASSERT_TRUE(l->write(1, &wa, 1));
+  ASSERT_TRUE(l->write(1, 0, &wa, 1));
   ASSERT_TRUE(l->read(1, 0, &rb, 1));
   EXPECT_EQ(a, b);
   // A part of a slot, scattered (file loads read a block in groups of planes).
@@ -169,18 +169,22 @@ PoolOptions f32_pool(uint32_t heads, uint32_t dim) {
   return o;
 }
 
-Fixture offloaded(uint64_t host_blocks, uint64_t file_blocks, bool events = false) {
+// host_blocks 0 (with file_blocks): a file tier alone. fail_writes: every
+// file write fails from the start.
+Fixture offloaded(uint64_t host_blocks, uint64_t file_blocks, bool events = false,
+                  bool fail_writes = false) {
   Fixture f;
   PoolOptions o = f32_pool(kHeads, kDim);
   o.enable_events = events;
   f.pool = Pool::create(o);
   TierOptions t;
-  t.host_bytes = host_blocks * kBlockBytes + kBlockBytes / 2;  // a part block is unused
+  t.host_bytes = host_blocks ? host_blocks * kBlockBytes + kBlockBytes / 2 : 0;  // part unused
   if (file_blocks) {
     t.file_dir = ::testing::TempDir();
     t.file_bytes = file_blocks * kBlockBytes;
   }
   f.pool->attach_tiers(t);
+  if (fail_writes) f.pool->tiers_for_testing()->fail_io_for_testing(true);
   Pool& p = *f.pool;
   f.a = p.seq_create({});
   p.append(f.a, f.tokens.data(), f.tokens.size(), 0);
@@ -452,6 +456,125 @@ TEST(Tiers, FreedBeforeTheLoadNothingLeaks) {
   SeqId d = p.seq_create({});
   EXPECT_EQ(p.match_prefix_tiered(d, f.tokens.data(), 17).host, 16u);
   EXPECT_EQ(p.validate(), "");
+}
+
+// -------------------------------------------- a file tier alone (one pass)
+
+// host_bytes 0 with a file tier: each block goes straight from the pool's
+// planes into a file slot, hashed as it is written; it comes back exactly.
+TEST(FileOnlyTier, OffloadsInOnePassAndLoadsBackByteExact) {
+  Fixture f = offloaded(0, 4);
+  Pool& p = *f.pool;
+  EXPECT_EQ(test::code_of([&] { p.tier_stats(1); }), Errc::kInvalidState);  // no host tier
+  const TierStats fs = p.tier_stats(2);
+  EXPECT_EQ(fs.num_stored, 4u);
+  EXPECT_EQ(fs.num_blocks, 4u);
+  EXPECT_EQ(fs.bytes_stored, 4 * kBlockBytes);
+  SeqId c = p.seq_create({});
+  const TieredMatch m = p.match_prefix_tiered(c, f.tokens.data(), f.tokens.size());
+  EXPECT_EQ(m.host, 0u);
+  EXPECT_EQ(m.file, 16u);
+  p.append(c, f.tokens.data() + 16, 1, 0);
+  const auto out = attend_last(f.pool, c, f.q, &f);
+  for (uint32_t l = 0; l < kLayers; ++l) EXPECT_EQ(out[l], f.ref_out[l]) << "layer " << l;
+  const auto tab = test::table(p, c);
+  for (size_t j = 0; j < 4; ++j) EXPECT_EQ(bytes_of(p, tab[j]), f.block_bytes[j]) << "block " << j;
+  EXPECT_EQ(p.tier_stats(2).num_loaded, 4u);
+  EXPECT_EQ(p.tier_stats(2).num_checksum_failures, 0u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+// Planes larger than the chunk: one plane a pwritev, each hashed first.
+TEST(FileOnlyTier, LargePlanesRoundTrip) {
+  constexpr uint32_t heads = 4, dim = 4096;  // 256 KiB planes
+  constexpr size_t plane = size_t(kBs) * heads * dim * sizeof(float);
+  auto pool = Pool::create(f32_pool(heads, dim));
+  Pool& p = *pool;
+  TierOptions t;
+  t.file_dir = ::testing::TempDir();
+  t.file_bytes = 4 * plane * 2 * kLayers;
+  p.attach_tiers(t);
+  const auto tokens = iota_tokens(17);
+  SeqId a = p.seq_create({});
+  p.append(a, tokens.data(), tokens.size(), 0);
+  const uint32_t n = 17;
+  {
+    auto b = Batch::prepare(pool, &a, &n, 1, nullptr);
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      auto k = random_floats(n * heads * dim, 70 + l), v = random_floats(n * heads * dim, 80 + l);
+      TensorArg kt = test::rows(k, n, heads, dim), vt = test::rows(v, n, heads, dim);
+      b->write(l, &kt, &vt, nullptr);
+    }
+    ASSERT_TRUE(b->committed());
+  }
+  std::vector<std::vector<char>> want;
+  for (int32_t blk : test::table(p, a)) want.push_back(bytes_of(p, blk, plane));
+  p.free(a);
+  SeqId other = p.seq_create({});
+  const auto t2 = iota_tokens(20, 1000);
+  p.append(other, t2.data(), t2.size(), 0);
+  p.free(other);
+  p.flush_tiers();
+  SeqId c = p.seq_create({});
+  EXPECT_EQ(p.match_prefix_tiered(c, tokens.data(), tokens.size()).file, 16u);
+  p.flush_tiers();
+  EXPECT_EQ(p.seq_info(c).num_computed_tokens, 16u);
+  const auto tab = test::table(p, c);
+  for (size_t j = 0; j < 4; ++j) EXPECT_TRUE(bytes_of(p, tab[j], plane) == want[j]) << j;
+  EXPECT_EQ(p.validate(), "");
+}
+
+TEST(FileOnlyTier, FullTierDropsItsOldestEntry) {
+  Fixture f = offloaded(0, 3);
+  Pool& p = *f.pool;
+  EXPECT_EQ(p.tier_stats(2).num_stored, 4u);
+  EXPECT_EQ(p.tier_stats(2).num_removed, 1u);  // block 3, evicted first
+  SeqId c = p.seq_create({});
+  EXPECT_EQ(p.match_prefix_tiered(c, f.tokens.data(), 17).file, 12u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+TEST(FileOnlyTier, WriteErrorsAreCountedAndStoreNothing) {
+  Fixture f = offloaded(0, 4, false, true);
+  Pool& p = *f.pool;
+  const TierStats s = p.tier_stats(2);
+  EXPECT_EQ(s.num_io_errors, 4u);
+  EXPECT_EQ(s.num_stored, 0u);
+  EXPECT_EQ(s.num_blocks, 0u);
+  SeqId c = p.seq_create({});
+  EXPECT_EQ(p.match_prefix_tiered(c, f.tokens.data(), 17).file, 0u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+TEST(FileOnlyTier, CorruptionAndReadErrorsAreMisses) {
+  Fixture f = offloaded(0, 4);
+  Pool& p = *f.pool;
+  const std::vector<BlockHash> hs = block_hashes_of(p, f.tokens, 4);
+  ASSERT_TRUE(p.tiers_for_testing()->corrupt_for_testing(hs[2]));
+  SeqId c = p.seq_create({});
+  EXPECT_EQ(p.match_prefix_tiered(c, f.tokens.data(), 17).file, 16u);
+  p.flush_tiers();
+  EXPECT_EQ(p.tier_stats(2).num_checksum_failures, 1u);
+  EXPECT_EQ(p.seq_info(c).num_computed_tokens, 8u);
+  EXPECT_EQ(p.validate(), "");
+  // Read errors: every load fails, is counted, and serves nothing.
+  Fixture g = offloaded(0, 4);
+  Pool& q = *g.pool;
+  q.tiers_for_testing()->fail_io_for_testing(true);
+  SeqId d = q.seq_create({});
+  EXPECT_EQ(q.match_prefix_tiered(d, g.tokens.data(), 17).file, 16u);
+  q.flush_tiers();
+  EXPECT_EQ(q.tier_stats(2).num_io_errors, 4u);
+  EXPECT_EQ(q.tier_stats(2).num_loaded, 0u);
+  EXPECT_EQ(q.seq_info(d).num_computed_tokens, 0u);
+  EXPECT_EQ(q.validate(), "");
+}
+
+TEST(FileOnlyTier, HostBytesZeroNeedsAFileTier) {
+  auto pool = Pool::create(f32_pool(kHeads, kDim));
+  TierOptions t;  // host_bytes 0, no file_dir
+  EXPECT_EQ(test::code_of([&] { pool->attach_tiers(t); }), Errc::kInvalidArgument);
+  EXPECT_EQ(pool->validate(), "");
 }
 
 // ------------------------------------- tiered admission and hash lookups

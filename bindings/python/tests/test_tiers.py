@@ -165,3 +165,20 @@ def test_admit_tiered_all_or_nothing():
     tiers.flush(pool)
     assert s.num_computed_tokens == 16 and tiers.stats(pool).num_loaded == 4
     pool.validate()
+
+
+def test_file_tier_alone(tmp_path):
+    """host_bytes=0 with a file_dir: blocks go straight to the file (one pass)."""
+    rng = np.random.default_rng(26)
+    pool = make_pool(0, str(tmp_path), 4)
+    tokens, saved = offloaded(pool, rng)
+    with pytest.raises(pagedkv.InvalidStateError, match="no host tier"):
+        tiers.stats(pool, tiers.MEDIUM_HOST)
+    assert tiers.stats(pool, tiers.MEDIUM_FILE).num_stored == 4
+    s, m = tiers.admit_tiered(pool, tokens)
+    assert (m.host_tokens, m.file_tokens) == (0, 16)
+    tiers.flush(pool)
+    assert s.num_computed_tokens == 16
+    for got, want in zip(block_bytes(pool, s.block_table()[:4]), saved):
+        assert np.array_equal(got, want)
+    pool.validate()

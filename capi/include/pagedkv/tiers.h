@@ -47,7 +47,11 @@ extern "C" {
 typedef struct pkv_tier_options {
   uint32_t struct_size; /* sizeof(pkv_tier_options); set by _init */
   uint32_t flags;       /* reserved: 0 */
-  uint64_t host_bytes;  /* host tier size; holds host_bytes / bytes_per_block blocks (>= 1) */
+  uint64_t host_bytes;  /* host tier size; holds host_bytes / bytes_per_block blocks (>= 1).
+                           0 with file_dir set: no host tier; an evicted block goes
+                           straight from the pool's storage into the file tier, hashed
+                           as it is written (one pass instead of a copy into the host
+                           tier and, later, a write of that copy) */
   const char* file_dir; /* directory of the file tier; NULL or "" = none. One file of
                            fixed slots is created there and unlinked at once (it goes with
                            the pool), allocated in full at attach (fallocate: a full disk

@@ -179,3 +179,54 @@ fn admit_tiered_and_hash_lookup_load_from_both_tiers() {
     assert_eq!(pool.tier_stats(Medium::File).unwrap().num_loaded, 1);
     pool.validate().unwrap();
 }
+
+#[test]
+fn a_file_tier_alone_takes_blocks_in_one_pass() {
+    let pool = Pool::new(&PoolOptions {
+        block_size: 4,
+        num_blocks: 6,
+        num_layers: 1,
+        num_kv_heads: 1,
+        head_dim: 8,
+        dtype: DType::F32,
+        num_threads: 1,
+        ..PoolOptions::default()
+    })
+    .unwrap();
+    let bpb = pool.bytes_per_block().unwrap();
+    // host_bytes 0 with a file tier: no host tier.
+    pool.attach_tiers(&TierOptions {
+        host_bytes: 0,
+        file_dir: Some(std::env::temp_dir().to_string_lossy().into_owned()),
+        file_bytes: 4 * bpb,
+    })
+    .unwrap();
+    let tokens: Vec<i32> = (0..17).map(|i| 3 * i + 1).collect();
+    let a = pool.create_seq().unwrap();
+    pool.append(a, &tokens).unwrap();
+    step(&pool, a, 17, -3.5);
+    let mut saved = vec![0u8; 4 * bpb as usize];
+    pool.swap_out(&pool.block_table(a).unwrap()[..4], &mut saved)
+        .unwrap();
+    pool.free_seq(a).unwrap();
+    let other = pool.create_seq().unwrap();
+    pool.append(other, &(2000..2020).collect::<Vec<i32>>())
+        .unwrap();
+    pool.free_seq(other).unwrap();
+    pool.flush_tiers().unwrap();
+    assert_eq!(
+        pool.tier_stats(Medium::Host).unwrap_err().kind(),
+        ErrorKind::InvalidState
+    );
+    assert_eq!(pool.tier_stats(Medium::File).unwrap().num_stored, 4);
+    let (c, m) = pool
+        .admit_tiered(&SeqOptions::default(), &tokens, None, 0)
+        .unwrap();
+    assert_eq!((m.host_tokens, m.file_tokens), (0, 16));
+    pool.flush_tiers().unwrap();
+    let mut got = vec![0u8; 4 * bpb as usize];
+    pool.swap_out(&pool.block_table(c).unwrap()[..4], &mut got)
+        .unwrap();
+    assert_eq!(got, saved);
+    pool.validate().unwrap();
+}
