@@ -17,7 +17,9 @@ const (
 
 // TierOptions configures the offload tiers of a CPU pool with storage: a
 // host tier of HostBytes and, with FileDir set, a file tier of FileBytes
-// below it (one file, created and unlinked at once in FileDir).
+// below it (one file, created and unlinked at once in FileDir). HostBytes 0
+// with FileDir set: a file tier alone, each evicted block hashed and written
+// straight from the pool (one pass).
 type TierOptions struct {
 	HostBytes uint64
 	FileDir   string

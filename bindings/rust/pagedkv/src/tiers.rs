@@ -28,7 +28,9 @@ impl Medium {
 }
 
 /// The tiers of a pool: a host tier of `host_bytes` and, with `file_dir`,
-/// a file tier of `file_bytes` below it.
+/// a file tier of `file_bytes` below it. `host_bytes` 0 with a `file_dir`:
+/// a file tier alone, each evicted block hashed and written straight from
+/// the pool (one pass).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TierOptions {
     pub host_bytes: u64,
