@@ -147,8 +147,8 @@ pkvgo_result pkvgo_batch_prepare(pkv_pool* pool, const pkv_seq_id* seqs,
 }
 
 pkvgo_result pkvgo_batch_prepare_ex(pkv_pool* pool, const pkv_seq_id* seqs,
-                                    const uint32_t* query_counts, uint32_t num_seqs, uint32_t flags,
-                                    void* stream, pkv_batch** out) {
+                                    const uint32_t* query_counts, uint32_t num_seqs,
+                                    uint32_t flags, void* stream, pkv_batch** out) {
   return pkvgo_capture(
       pkv_batch_prepare_ex(pool, seqs, query_counts, num_seqs, flags, stream, out));
 }
@@ -166,7 +166,7 @@ pkvgo_result pkvgo_batch_plan_tensor(const pkv_batch* batch, uint32_t which, pkv
 }
 
 pkvgo_result pkvgo_batch_plan_tensor_group(const pkv_batch* batch, uint32_t group, uint32_t which,
-                                           pkv_tensor* out) {
+                                          pkv_tensor* out) {
   return pkvgo_capture(pkv_batch_plan_tensor_group(batch, group, which, out));
 }
 
@@ -326,8 +326,7 @@ pkvgo_result pkvgo_mla_attention_host(pkv_batch* batch, uint32_t layer, uint32_t
   pkv_status st = pkv_tensor_init(q_latent, dtype, PKV_DEVICE_CPU, 0, 3, qs, &tq);
   if (st == PKV_OK) st = pkv_tensor_init(q_pe, dtype, PKV_DEVICE_CPU, 0, 3, ps, &tp);
   if (st == PKV_OK) st = pkv_tensor_init(out, dtype, PKV_DEVICE_CPU, 0, 3, qs, &to);
-  if (st == PKV_OK && lse != NULL)
-    st = pkv_tensor_init(lse, PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 2, ls, &tl);
+  if (st == PKV_OK && lse != NULL) st = pkv_tensor_init(lse, PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 2, ls, &tl);
   if (st == PKV_OK) {
     st = pkv_mla_attention(batch, layer, &tq, q_pe != NULL ? &tp : NULL, &to,
                            lse != NULL ? &tl : NULL, params, NULL);
@@ -386,8 +385,7 @@ pkvgo_result pkvgo_pool_group_of_layer(const pkv_pool* pool, uint32_t layer, uin
 }
 
 pkvgo_result pkvgo_seq_group_block_table(const pkv_pool* pool, pkv_seq_id seq, uint32_t group,
-                                         int32_t* out_blocks, uint64_t capacity,
-                                         uint64_t* out_len) {
+                                         int32_t* out_blocks, uint64_t capacity, uint64_t* out_len) {
   return pkvgo_capture(pkv_seq_group_block_table(pool, seq, group, out_blocks, capacity, out_len));
 }
 
@@ -395,7 +393,7 @@ pkvgo_result pkvgo_pool_group_stats(const pkv_pool* pool, uint32_t group, pkv_gr
   return pkvgo_capture(pkv_pool_group_stats(pool, group, out));
 }
 
-pkvgo_result pkvgo_pool_group_take_copies(pkv_pool* pool, uint32_t group, int32_t* src,
-                                          int32_t* dst, uint64_t capacity, uint64_t* out_len) {
+pkvgo_result pkvgo_pool_group_take_copies(pkv_pool* pool, uint32_t group, int32_t* src, int32_t* dst,
+                                          uint64_t capacity, uint64_t* out_len) {
   return pkvgo_capture(pkv_pool_group_take_copies(pool, group, src, dst, capacity, out_len));
 }

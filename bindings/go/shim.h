@@ -72,14 +72,14 @@ pkvgo_result pkvgo_batch_prepare(pkv_pool* pool, const pkv_seq_id* seqs,
                                  const uint32_t* query_counts, uint32_t num_seqs, void* stream,
                                  pkv_batch** out);
 pkvgo_result pkvgo_batch_prepare_ex(pkv_pool* pool, const pkv_seq_id* seqs,
-                                    const uint32_t* query_counts, uint32_t num_seqs, uint32_t flags,
-                                    void* stream, pkv_batch** out);
+                                    const uint32_t* query_counts, uint32_t num_seqs,
+                                    uint32_t flags, void* stream, pkv_batch** out);
 pkvgo_result pkvgo_batch_get_info(const pkv_batch* batch, pkv_batch_info* out);
 pkvgo_result pkvgo_batch_commit(pkv_batch* batch);
 pkvgo_result pkvgo_batch_abort(pkv_batch* batch);
 pkvgo_result pkvgo_batch_plan_tensor(const pkv_batch* batch, uint32_t which, pkv_tensor* out);
 pkvgo_result pkvgo_batch_plan_tensor_group(const pkv_batch* batch, uint32_t group, uint32_t which,
-                                           pkv_tensor* out);
+                                          pkv_tensor* out);
 pkvgo_result pkvgo_batch_token_positions(const pkv_batch* batch, pkv_tensor* out);
 pkvgo_result pkvgo_batch_last_token_indices(const pkv_batch* batch, pkv_tensor* out);
 pkvgo_result pkvgo_cache_write(pkv_batch* batch, uint32_t layer, const pkv_tensor* k,
@@ -135,6 +135,7 @@ pkvgo_result pkvgo_event_publisher_get_stats(const pkv_event_publisher* pub,
 pkvgo_result pkvgo_event_publisher_endpoint(const pkv_event_publisher* pub, uint32_t which,
                                             char* buf, uint64_t capacity, uint64_t* out_len);
 
+
 /* MLA (batch.h): tensor calls and f32 host helpers over row-major buffers. */
 pkvgo_result pkvgo_mla_cache_write(pkv_batch* batch, uint32_t layer, const pkv_tensor* kv_c,
                                    const pkv_tensor* k_pe, void* stream);
@@ -173,7 +174,7 @@ pkvgo_result pkvgo_pool_group_of_layer(const pkv_pool* pool, uint32_t layer, uin
 pkvgo_result pkvgo_seq_group_block_table(const pkv_pool* pool, pkv_seq_id seq, uint32_t group,
                                          int32_t* out_blocks, uint64_t capacity, uint64_t* out_len);
 pkvgo_result pkvgo_pool_group_stats(const pkv_pool* pool, uint32_t group, pkv_group_stats* out);
-pkvgo_result pkvgo_pool_group_take_copies(pkv_pool* pool, uint32_t group, int32_t* src,
-                                          int32_t* dst, uint64_t capacity, uint64_t* out_len);
+pkvgo_result pkvgo_pool_group_take_copies(pkv_pool* pool, uint32_t group, int32_t* src, int32_t* dst,
+                                          uint64_t capacity, uint64_t* out_len);
 
 #endif /* PAGEDKV_GO_SHIM_H */
