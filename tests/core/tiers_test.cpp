@@ -754,6 +754,47 @@ TEST(TiersAdmit, OutOfBlocksChangesNothing) {
   EXPECT_EQ(p.validate(), "");
 }
 
+// A sliding-window pool: the window releases device hits only (tier hits
+// are not computed until their load), and the loaded blocks then serve.
+TEST(TiersAdmit, SlidingWindowPool) {
+  PoolOptions o = f32_pool(1, kDim);
+  o.num_layers = 1;
+  o.num_blocks = 12;
+  o.sliding_window = 6;
+  auto pool = Pool::create(o);
+  Pool& p = *pool;
+  TierOptions t;
+  t.host_bytes = 1 << 20;
+  p.attach_tiers(t);
+  const auto tokens = iota_tokens(25);
+  SeqId a = p.seq_create({});
+  p.append(a, tokens.data(), 25, 0);
+  const uint32_t n = 25;
+  {
+    auto b = Batch::prepare(pool, &a, &n, 1, nullptr);
+    auto k = random_floats(n * kDim, 91), v = random_floats(n * kDim, 92);
+    TensorArg kt = test::rows(k, n, 1, kDim), vt = test::rows(v, n, 1, kDim);
+    b->write(0, &kt, &vt, nullptr);
+    ASSERT_TRUE(b->committed());
+  }
+  p.free(a);
+  SeqId other = p.seq_create({});
+  const auto t2 = iota_tokens(44, 1000);
+  p.append(other, t2.data(), t2.size(), 0);  // evicts a's cached blocks
+  p.free(other);
+  p.flush_tiers();
+  TieredMatch m;
+  const Pool::Admitted b = p.admit({}, tokens.data(), 25, nullptr, 0, 0, &m);
+  EXPECT_EQ(m.device + m.host, 24u);
+  EXPECT_GT(m.host, 0u);
+  EXPECT_EQ(p.validate(), "");
+  p.flush_tiers();
+  EXPECT_EQ(p.seq_info(b.id).num_computed_tokens, 24u);
+  const uint32_t one = 1;
+  Batch::prepare(pool, &b.id, &one, 1, nullptr)->abort();
+  EXPECT_EQ(p.validate(), "");
+}
+
 // Without tiers the tiered admit is admit: the same sequence, the device
 // hits in TieredMatch::device.
 TEST(TiersAdmit, WithoutTiersItIsAdmit) {
