@@ -7,6 +7,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -176,8 +177,10 @@ class Pool {
     SeqId id = 0;
     uint64_t num_cached = 0;
   };
+  // tiered: also take the blocks found in the offload tiers after the
+  // device hits (as match_prefix_tiered), and say what came from where.
   Admitted admit(const SeqOptions& o, const int32_t* tokens, uint64_t n, const BlockHash* given,
-                 uint64_t num_given, uint32_t lookahead);
+                 uint64_t num_given, uint32_t lookahead, TieredMatch* tiered = nullptr);
   // Copies min(len, capacity) entries; returns the full length.
   uint64_t block_table(SeqId id, int32_t* out, uint64_t capacity) const;
   uint64_t block_hashes(SeqId id, BlockHash* out, uint64_t capacity) const;
@@ -185,7 +188,9 @@ class Pool {
   // Offload tiers (kv_pool_tiers.cpp, impl/tier/). attach_tiers: once, on a
   // CPU pool with storage and prefix caching.
   void attach_tiers(const TierOptions& o);
-  TieredMatch match_prefix_tiered(SeqId id, const int32_t* tokens, uint64_t n);
+  // given/num_given: precomputed block hashes, as in match_prefix_hashes.
+  TieredMatch match_prefix_tiered(SeqId id, const int32_t* tokens, uint64_t n,
+                                  const BlockHash* given = nullptr, uint64_t num_given = 0);
   // medium: 1 host, 2 file; Error kInvalidState without that tier.
   TierStats tier_stats(uint32_t medium) const;
   // Waits for queued offloads and runs pending loads.
@@ -350,6 +355,18 @@ class Pool {
     if (tiers_) settle_tiers_slow();
   }
   void settle_tiers_slow();
+  // Tier hits of a lookup: the hash of each block and its pinned entry.
+  using TierHits = std::vector<std::pair<BlockHash, TierRef>>;
+  // Follows the chain of block hashes from block `first` (parent: the hash
+  // of block first - 1, or root_) through the tiers while it hits, for at
+  // most `room` blocks; given: the engine's hashes (nullptr = hash here).
+  // The entries found are pinned; on a throw none stays pinned.
+  TierHits find_tier_hits(const HashContext& ctx, const int32_t* tokens, uint64_t first,
+                          uint64_t room, const BlockHash& parent, const BlockHash* given);
+  // Gives each hit a fresh block, cached but not written, appended to
+  // s.blocks (s.hashes and s.tokens already hold them, and every vector
+  // has room), and queues its load; adds its tokens to r. No throw.
+  void attach_tier_hits(Sequence& s, const TierHits& hits, TieredMatch& r) noexcept;
   void pull_tier_events() noexcept;  // the tiers' events into events_
   void check_open() const;
   void check_fp8() const;  // kInvalidState unless the pool stores FP8

@@ -139,7 +139,8 @@ void Pool::free_batch(const SeqId* ids, uint64_t m) {
 }
 
 Pool::Admitted Pool::admit(const SeqOptions& o, const int32_t* tokens, uint64_t n,
-                           const BlockHash* given, uint64_t num_given, uint32_t lookahead) {
+                           const BlockHash* given, uint64_t num_given, uint32_t lookahead,
+                           TieredMatch* tiered) {
   HashContext ctx = make_ctx(o);
   std::lock_guard<std::mutex> lock(mu_);
   check_open();
@@ -176,21 +177,31 @@ Pool::Admitted Pool::admit(const SeqOptions& o, const int32_t* tokens, uint64_t 
                                  " lookahead needs " + str(fresh) + " new blocks (" + str(k) +
                                  " cached); " + str(avail) + " are free");
 
-  // 3. What can throw, on a new sequence that nothing else sees yet.
+  // 3. What can throw, on a new sequence that nothing else sees yet. Tier
+  // hits (tiered) continue the device hits; their blocks are among the
+  // fresh ones counted above, so they change nothing of the count.
+  TierHits tier_hits;
   SeqId id;
   Sequence& s = seqs_.add(&id);
   size_t h0;
   try {
+    if (tiered && n > 0 && blocks_.caching()) {
+      const uint64_t max_blocks = given ? std::min((n - 1) / bs, num_given) : (n - 1) / bs;
+      tier_hits = find_tier_hits(ctx, tokens, k, max_blocks - k, k ? hashes.back() : root_, given);
+    }
     s.ctx = std::move(ctx);
     s.priority = o.priority;
     s.tokens.reserve(n);
     s.tokens.assign(tokens, tokens + n);
     s.blocks.reserve(std::max<uint64_t>(want, 1));
     s.hashes = std::move(hashes);
+    for (const auto& t : tier_hits) s.hashes.push_back(t.first);
     h0 = hash_new_blocks(s);
     blocks_.reserve_events(fresh + 2 * (div_bs(n) + 2) + window_end);
+    grow(pending_loads_, pending_loads_.size() + tier_hits.size());
   } catch (...) {
     seqs_.remove(id);
+    for (const auto& t : tier_hits) tiers_->unpin(t.second);
     throw;
   }
 
@@ -202,16 +213,22 @@ Pool::Admitted Pool::admit(const SeqOptions& o, const int32_t* tokens, uint64_t 
   }
   if (blocks_.retention())  // a hit may raise its block's priority, as in match_prefix
     for (size_t j = 0; j < s.blocks.size(); ++j) assign_priority(s, j, false);
-  s.num_cached = s.num_committed = n_hit;
+  TieredMatch r;
+  r.device = n_hit;
+  attach_tier_hits(s, tier_hits, r);  // not computed until the next plan loads them
+  const uint64_t got = n_hit + r.host + r.file;
+  s.num_committed = n_hit;
+  s.num_cached = got;
   prefix_query_tokens_ += n;
-  prefix_hit_tokens_ += n_hit;
-  num_tokens_ += n_hit;
+  prefix_hit_tokens_ += got;
+  num_tokens_ += got;
   AppendNeed need;
-  need.fresh = fresh;
+  need.fresh = fresh - tier_hits.size();
   need.window_first = 0;
   need.window_end = window_end;
-  apply_append(s, n_hit, n - n_hit, need, h0);
-  return {id, n_hit};
+  apply_append(s, got, n - got, need, h0);
+  if (tiered) *tiered = r;
+  return {id, got};
 }
 
 }  // namespace pagedkv

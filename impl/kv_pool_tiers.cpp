@@ -38,13 +38,57 @@ void Pool::attach_tiers(const TierOptions& o) {
   blocks_.set_evict_sink(tiers_.get());
 }
 
-TieredMatch Pool::match_prefix_tiered(SeqId id, const int32_t* tokens, uint64_t n) {
+Pool::TierHits Pool::find_tier_hits(const HashContext& ctx, const int32_t* tokens, uint64_t first,
+                                    uint64_t room, const BlockHash& parent,
+                                    const BlockHash* given) {
+  TierHits found;
+  if (!tiers_ || room == 0) return found;
+  const uint64_t bs = opts_.block_size;
+  try {
+    found.reserve(room);
+    for (uint64_t j = first; found.size() < room; ++j) {
+      const BlockHash h = given ? given[j]
+                                : hasher_->hash(found.empty() ? parent : found.back().first,
+                                                tokens + j * bs, bs, ctx, j * bs);
+      const TierRef t = tiers_->lookup_pin(h);
+      if (t.slot < 0) break;
+      found.emplace_back(h, t);
+    }
+  } catch (...) {
+    for (const auto& f : found) tiers_->unpin(f.second);
+    throw;
+  }
+  return found;
+}
+
+void Pool::attach_tier_hits(Sequence& s, const TierHits& hits, TieredMatch& r) noexcept {
+  // The blocks are cached now (a lookup skips them until their load wrote
+  // them) and count as cached tokens, not yet as computed ones
+  // (pkv_seq_info.num_computed_tokens).
+  const uint32_t bs = opts_.block_size;
+  for (const auto& [h, ref] : hits) {
+    const size_t j = s.blocks.size();
+    const int32_t b = blocks_.allocate();
+    blocks_.set_fill(b, bs);
+    s.blocks.push_back(b);
+    blocks_.cache_block(b, h, j ? &s.hashes[j - 1] : nullptr, bs, s.ctx.lora_id,
+                        s.tokens.data() + j * bs);
+    if (blocks_.retention()) assign_priority(s, j, true);
+    pending_loads_.push_back({b, h, ref});
+    (ref.medium == Medium::kHost ? r.host : r.file) += bs;
+  }
+}
+
+TieredMatch Pool::match_prefix_tiered(SeqId id, const int32_t* tokens, uint64_t n,
+                                      const BlockHash* given, uint64_t num_given) {
   std::lock_guard<std::mutex> lock(mu_);
   TieredMatch r;
-  r.device = match_locked(id, tokens, n, false, nullptr, 0).full_tokens;
+  r.device = match_locked(id, tokens, n, false, given, num_given).full_tokens;
   if (!tiers_ || n == 0 || !blocks_.caching()) return r;
   Sequence& s = *seqs_.find(id);  // match_locked checked it
-  const uint64_t bs = opts_.block_size, max_blocks = (n - 1) / bs, first = s.blocks.size();
+  const uint64_t bs = opts_.block_size, first = s.blocks.size();
+  // As far as find_hits looked (given hashes: their checked range).
+  const uint64_t max_blocks = given ? std::min((n - 1) / bs, num_given) : (n - 1) / bs;
   const uint64_t room =
       std::min<uint64_t>(uint64_t(blocks_.num_free()), max_blocks > first ? max_blocks - first : 0);
   if (room == 0) return r;
@@ -52,18 +96,9 @@ TieredMatch Pool::match_prefix_tiered(SeqId id, const int32_t* tokens, uint64_t 
   // thread cannot evict it before its load; then make room for everything
   // the commit does. A failure here keeps the device hits (already
   // attached) and unpins: the tiers are an optimisation, never an error.
-  std::vector<std::pair<BlockHash, TierRef>> found;
+  TierHits found;
   try {
-    found.reserve(room);
-    for (uint64_t j = first; found.size() < room; ++j) {
-      const BlockHash& parent = j == 0          ? root_
-                                : found.empty() ? s.hashes[j - 1]
-                                                : found.back().first;
-      const BlockHash h = hasher_->hash(parent, tokens + j * bs, bs, s.ctx, j * bs);
-      const TierRef t = tiers_->lookup_pin(h);
-      if (t.slot < 0) break;
-      found.emplace_back(h, t);
-    }
+    found = find_tier_hits(s.ctx, tokens, first, room, first ? s.hashes[first - 1] : root_, given);
     if (found.empty()) return r;
     grow(s.blocks, first + found.size());
     grow(s.hashes, first + found.size());
@@ -74,22 +109,10 @@ TieredMatch Pool::match_prefix_tiered(SeqId id, const int32_t* tokens, uint64_t 
     for (const auto& f : found) tiers_->unpin(f.second);
     return r;
   }
-  // Commit: nothing below throws. The blocks are cached now (a lookup skips
-  // them until their load wrote them) and count as cached tokens, not yet
-  // as computed ones (pkv_seq_info.num_computed_tokens).
-  for (size_t i = 0; i < found.size(); ++i) {
-    const uint64_t j = first + i;
-    const int32_t b = blocks_.allocate();
-    blocks_.set_fill(b, uint32_t(bs));
-    s.blocks.push_back(b);
-    s.hashes.push_back(found[i].first);
-    s.tokens.insert(s.tokens.end(), tokens + j * bs, tokens + (j + 1) * bs);
-    blocks_.cache_block(b, found[i].first, j ? &s.hashes[j - 1] : nullptr, uint32_t(bs),
-                        s.ctx.lora_id, tokens + j * bs);
-    if (blocks_.retention()) assign_priority(s, j, true);
-    pending_loads_.push_back({b, found[i].first, found[i].second});
-    (found[i].second.medium == Medium::kHost ? r.host : r.file) += bs;
-  }
+  // Commit: nothing below throws.
+  for (const auto& f : found) s.hashes.push_back(f.first);
+  s.tokens.insert(s.tokens.end(), tokens + first * bs, tokens + (first + found.size()) * bs);
+  attach_tier_hits(s, found, r);
   const uint64_t got = found.size() * bs;
   s.num_cached += got;
   num_tokens_ += got;

@@ -344,6 +344,23 @@ pkvgo_result pkvgo_seq_match_prefix_tiered(pkv_pool* pool, pkv_seq_id seq, const
   return pkvgo_capture(pkv_seq_match_prefix_tiered(pool, seq, tokens, num_tokens, out));
 }
 
+pkvgo_result pkvgo_seq_match_prefix_hashes_tiered(pkv_pool* pool, pkv_seq_id seq,
+                                                  const int32_t* tokens, uint64_t num_tokens,
+                                                  const pkv_block_hash* hashes, uint64_t num_hashes,
+                                                  pkv_tier_match* out) {
+  return pkvgo_capture(
+      pkv_seq_match_prefix_hashes_tiered(pool, seq, tokens, num_tokens, hashes, num_hashes, out));
+}
+
+pkvgo_result pkvgo_seq_admit_tiered(pkv_pool* pool, const pkv_seq_options* opts,
+                                    const int32_t* tokens, uint64_t num_tokens,
+                                    const pkv_block_hash* hashes, uint64_t num_hashes,
+                                    uint32_t num_lookahead, pkv_seq_id* out_seq,
+                                    pkv_tier_match* out) {
+  return pkvgo_capture(pkv_seq_admit_tiered(pool, opts, tokens, num_tokens, hashes, num_hashes,
+                                            num_lookahead, out_seq, out));
+}
+
 pkvgo_result pkvgo_pool_get_tier_stats(const pkv_pool* pool, uint32_t medium, pkv_tier_stats* out) {
   return pkvgo_capture(pkv_pool_get_tier_stats(pool, medium, out));
 }

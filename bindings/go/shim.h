@@ -154,6 +154,15 @@ pkvgo_result pkvgo_mla_attention_host(pkv_batch* batch, uint32_t layer, uint32_t
 pkvgo_result pkvgo_pool_attach_tiers(pkv_pool* pool, const pkv_tier_options* opts);
 pkvgo_result pkvgo_seq_match_prefix_tiered(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
                                            uint64_t num_tokens, pkv_tier_match* out);
+pkvgo_result pkvgo_seq_match_prefix_hashes_tiered(pkv_pool* pool, pkv_seq_id seq,
+                                                  const int32_t* tokens, uint64_t num_tokens,
+                                                  const pkv_block_hash* hashes, uint64_t num_hashes,
+                                                  pkv_tier_match* out);
+pkvgo_result pkvgo_seq_admit_tiered(pkv_pool* pool, const pkv_seq_options* opts,
+                                    const int32_t* tokens, uint64_t num_tokens,
+                                    const pkv_block_hash* hashes, uint64_t num_hashes,
+                                    uint32_t num_lookahead, pkv_seq_id* out_seq,
+                                    pkv_tier_match* out);
 pkvgo_result pkvgo_pool_get_tier_stats(const pkv_pool* pool, uint32_t medium, pkv_tier_stats* out);
 pkvgo_result pkvgo_pool_flush_tiers(pkv_pool* pool);
 /* groups.h */

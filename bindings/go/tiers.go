@@ -17,7 +17,9 @@ const (
 
 // TierOptions configures the offload tiers of a CPU pool with storage: a
 // host tier of HostBytes and, with FileDir set, a file tier of FileBytes
-// below it (one file, created and unlinked at once in FileDir).
+// below it (one file, created and unlinked at once in FileDir). HostBytes 0
+// with FileDir set: a file tier alone, each evicted block hashed and written
+// straight from the pool (one pass).
 type TierOptions struct {
 	HostBytes uint64
 	FileDir   string
@@ -79,8 +81,83 @@ func (s Seq) MatchPrefixTiered(tokens []int32) (TierMatch, error) {
 	if err := check(op, r); err != nil {
 		return TierMatch{}, err
 	}
+	return tierMatch(&m), nil
+}
+
+// MatchPrefixHashesTiered is MatchPrefixHashes continued into the offload
+// tiers as MatchPrefixTiered: the engine's block hashes of tokens are
+// checked as there and followed through the tiers too. All or nothing.
+func (s Seq) MatchPrefixHashesTiered(tokens []int32, hashes []BlockHash) (TierMatch, error) {
+	const op = "pkv_seq_match_prefix_hashes_tiered"
+	ptr, err := s.pool.acquire(op)
+	if err != nil {
+		return TierMatch{}, err
+	}
+	defer s.pool.release()
+	// A non-NULL pointer selects the hash path even with no hashes.
+	var none C.pkv_block_hash
+	hp := hashPtr(hashes)
+	if hp == nil {
+		hp = &none
+	}
+	var m C.pkv_tier_match
+	C.pkv_tier_match_init(&m)
+	r := C.pkvgo_seq_match_prefix_hashes_tiered(ptr, C.pkv_seq_id(s.id), int32Ptr(tokens),
+		C.uint64_t(len(tokens)), hp, C.uint64_t(len(hashes)), &m)
+	runtime.KeepAlive(tokens)
+	runtime.KeepAlive(hashes)
+	if err := check(op, r); err != nil {
+		return TierMatch{}, err
+	}
+	return tierMatch(&m), nil
+}
+
+// AdmitTiered is Admit (hashes nil) or AdmitHashes whose lookup goes on into
+// the offload tiers after the device hits. The prompt fits exactly when it
+// fits Admit (tier hits take blocks the prompt needs anyway), and then every
+// tier hit is taken; on ErrOutOfBlocks no sequence exists and no hit was
+// taken. NumCached tokens need no prefill; the next Prepare loads the host
+// and file ones.
+func (p *Pool) AdmitTiered(opts *SeqOptions, tokens []int32, hashes []BlockHash, lookahead int) (Seq, TierMatch, error) {
+	const op = "pkv_seq_admit_tiered"
+	la, err := lookahead32(op, lookahead)
+	if err != nil {
+		return Seq{}, TierMatch{}, err
+	}
+	var arena cArena
+	defer arena.free()
+	var co C.pkv_seq_options
+	if err := fillSeqOptions(op, opts, &co, &arena); err != nil {
+		return Seq{}, TierMatch{}, err
+	}
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return Seq{}, TierMatch{}, err
+	}
+	defer p.release()
+	// nil hashes: NULL, the pool hashes the prompt; a non-nil empty slice
+	// selects the hash path with no hashes, as AdmitHashes.
+	var none C.pkv_block_hash
+	hp := hashPtr(hashes)
+	if hp == nil && hashes != nil {
+		hp = &none
+	}
+	var id C.pkv_seq_id
+	var m C.pkv_tier_match
+	C.pkv_tier_match_init(&m)
+	r := C.pkvgo_seq_admit_tiered(ptr, &co, int32Ptr(tokens), C.uint64_t(len(tokens)), hp,
+		C.uint64_t(len(hashes)), la, &id, &m)
+	runtime.KeepAlive(tokens)
+	runtime.KeepAlive(hashes)
+	if err := check(op, r); err != nil {
+		return Seq{}, TierMatch{}, err
+	}
+	return Seq{pool: p, id: SeqID(id)}, tierMatch(&m), nil
+}
+
+func tierMatch(m *C.pkv_tier_match) TierMatch {
 	return TierMatch{uint64(m.num_cached), uint64(m.device_tokens), uint64(m.host_tokens),
-		uint64(m.file_tokens)}, nil
+		uint64(m.file_tokens)}
 }
 
 // TierStats returns the counters of the host (MediumHost) or file

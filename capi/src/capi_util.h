@@ -9,6 +9,7 @@
 #include <new>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "error.h"
 #include "group_plan.h"
@@ -100,6 +101,23 @@ void from_arg(const pagedkv::TensorArg& a, pkv_tensor* out);
 void copy_hash(const pagedkv::BlockHash& h, pkv_block_hash* out);
 // A caller's pkv_seq_options (NULL = defaults), checked (capi/src/seq.cpp).
 pagedkv::SeqOptions seq_options(const pkv_seq_options* opts);
+// A caller's n block hashes at the pool's digest size (capi/src/seq.cpp);
+// hashes NULL with n > 0 fails naming them.
+std::vector<pagedkv::BlockHash> block_hashes(const pagedkv::Pool& p, const pkv_block_hash* hashes,
+                                             uint64_t n);
+
+// Runs f, naming errors of the options' contents as opts->field (the
+// calls that take a pkv_seq_options).
+template <class F>
+auto with_opts_prefix(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const pagedkv::Error& e) {
+    if (e.code() == Errc::kInvalidArgument && std::string(e.what()).rfind("mm_items", 0) == 0)
+      fail(e.code(), std::string("opts->") + e.what());
+    throw;
+  }
+}
 
 inline pagedkv::Pool& pool_of(const pkv_pool* p) {
   require(p, "pool");

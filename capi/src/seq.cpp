@@ -13,20 +13,10 @@ void check_tokens(const int32_t* tokens, uint64_t n) {
   if (n > 0 && !tokens) fail(Errc::kInvalidArgument, "tokens is NULL but num_tokens is " + str(n));
 }
 
-// Errors of the options' contents name them as opts->field.
-template <class F>
-auto with_opts_prefix(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const pagedkv::Error& e) {
-    if (e.code() == Errc::kInvalidArgument && std::string(e.what()).rfind("mm_items", 0) == 0)
-      fail(e.code(), std::string("opts->") + e.what());
-    throw;
-  }
-}
+}  // namespace
 
-std::vector<pagedkv::BlockHash> block_hashes(const pagedkv::Pool& p, const pkv_block_hash* hashes,
-                                             uint64_t n) {
+std::vector<pagedkv::BlockHash> pkv_capi::block_hashes(const pagedkv::Pool& p,
+                                                       const pkv_block_hash* hashes, uint64_t n) {
   if (n > 0 && !hashes) fail(Errc::kInvalidArgument, "hashes is NULL but num_hashes is " + str(n));
   const uint8_t size = uint8_t(pagedkv::hash_digest_size(p.options().hash_algo));
   std::vector<pagedkv::BlockHash> out(n);
@@ -36,8 +26,6 @@ std::vector<pagedkv::BlockHash> block_hashes(const pagedkv::Pool& p, const pkv_b
   }
   return out;
 }
-
-}  // namespace
 
 pagedkv::SeqOptions pkv_capi::seq_options(const pkv_seq_options* opts) {
   pagedkv::SeqOptions o;
@@ -277,7 +265,7 @@ pkv_status pkv_seq_match_prefix_hashes(pkv_pool* pool, pkv_seq_id seq, const int
     pagedkv::Pool& p = pc::pool_of(pool);
     check_tokens(tokens, num_tokens);
     pc::require(out_num_cached, "out_num_cached");
-    const std::vector<pagedkv::BlockHash> hs = block_hashes(p, hashes, num_hashes);
+    const std::vector<pagedkv::BlockHash> hs = pc::block_hashes(p, hashes, num_hashes);
     // A non-NULL pointer selects the hash path even for zero hashes.
     static const pagedkv::BlockHash kNone{};
     *out_num_cached =
@@ -295,10 +283,10 @@ pkv_status pkv_seq_admit_hashes(pkv_pool* pool, const pkv_seq_options* opts, con
     pc::require(out_seq, "out_seq");
     pc::require(out_num_cached, "out_num_cached");
     const pagedkv::SeqOptions o = pc::seq_options(opts);
-    const std::vector<pagedkv::BlockHash> hs = block_hashes(p, hashes, num_hashes);
+    const std::vector<pagedkv::BlockHash> hs = pc::block_hashes(p, hashes, num_hashes);
     static const pagedkv::BlockHash kNone{};
     const pagedkv::BlockHash* given = hashes ? (hs.empty() ? &kNone : hs.data()) : nullptr;
-    const pagedkv::Pool::Admitted a = with_opts_prefix(
+    const pagedkv::Pool::Admitted a = pc::with_opts_prefix(
         [&] { return p.admit(o, tokens, num_tokens, given, hs.size(), num_lookahead); });
     *out_seq = a.id;
     *out_num_cached = a.num_cached;

@@ -5,6 +5,32 @@ namespace pc = pkv_capi;
 using pagedkv::Errc;
 using pagedkv::fail;
 
+namespace {
+
+void check_tokens(const int32_t* tokens, uint64_t n) {
+  if (n > 0 && !tokens)
+    fail(Errc::kInvalidArgument, "tokens is NULL but num_tokens is " + std::to_string(n));
+}
+
+void check_match_out(pkv_tier_match* out) {
+  pc::require(out, "out");
+  pc::check_struct_size(out->struct_size, pc::kTierMatchV1, "out", "pkv_tier_match",
+                        "pkv_tier_match_init");
+}
+
+void write_match(const pagedkv::TieredMatch& m, pkv_tier_match* out) {
+  pkv_tier_match r;
+  std::memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  r.device_tokens = m.device;
+  r.host_tokens = m.host;
+  r.file_tokens = m.file;
+  r.num_cached = m.device + m.host + m.file;
+  pc::write_out(out, r);
+}
+
+}  // namespace
+
 void pkv_tier_options_init(pkv_tier_options* opts) {
   if (!opts) return;
   std::memset(opts, 0, sizeof *opts);
@@ -41,21 +67,46 @@ pkv_status pkv_seq_match_prefix_tiered(pkv_pool* pool, pkv_seq_id seq, const int
                                        uint64_t num_tokens, pkv_tier_match* out) {
   PKV_GUARD({
     pagedkv::Pool& p = pc::pool_of(pool);
-    if (num_tokens > 0 && !tokens)
-      fail(Errc::kInvalidArgument,
-           "tokens is NULL but num_tokens is " + std::to_string(num_tokens));
-    pc::require(out, "out");
-    pc::check_struct_size(out->struct_size, pc::kTierMatchV1, "out", "pkv_tier_match",
-                          "pkv_tier_match_init");
-    const pagedkv::TieredMatch m = p.match_prefix_tiered(seq, tokens, num_tokens);
-    pkv_tier_match r;
-    std::memset(&r, 0, sizeof r);
-    r.struct_size = sizeof r;
-    r.device_tokens = m.device;
-    r.host_tokens = m.host;
-    r.file_tokens = m.file;
-    r.num_cached = m.device + m.host + m.file;
-    pc::write_out(out, r);
+    check_tokens(tokens, num_tokens);
+    check_match_out(out);
+    write_match(p.match_prefix_tiered(seq, tokens, num_tokens), out);
+  });
+}
+
+pkv_status pkv_seq_match_prefix_hashes_tiered(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
+                                              uint64_t num_tokens, const pkv_block_hash* hashes,
+                                              uint64_t num_hashes, pkv_tier_match* out) {
+  PKV_GUARD({
+    pagedkv::Pool& p = pc::pool_of(pool);
+    check_tokens(tokens, num_tokens);
+    check_match_out(out);
+    const std::vector<pagedkv::BlockHash> hs = pc::block_hashes(p, hashes, num_hashes);
+    // A non-NULL pointer selects the hash path even for zero hashes.
+    static const pagedkv::BlockHash kNone{};
+    write_match(
+        p.match_prefix_tiered(seq, tokens, num_tokens, hs.empty() ? &kNone : hs.data(), hs.size()),
+        out);
+  });
+}
+
+pkv_status pkv_seq_admit_tiered(pkv_pool* pool, const pkv_seq_options* opts, const int32_t* tokens,
+                                uint64_t num_tokens, const pkv_block_hash* hashes,
+                                uint64_t num_hashes, uint32_t num_lookahead, pkv_seq_id* out_seq,
+                                pkv_tier_match* out) {
+  PKV_GUARD({
+    pagedkv::Pool& p = pc::pool_of(pool);
+    check_tokens(tokens, num_tokens);
+    pc::require(out_seq, "out_seq");
+    check_match_out(out);
+    const pagedkv::SeqOptions o = pc::seq_options(opts);
+    const std::vector<pagedkv::BlockHash> hs = pc::block_hashes(p, hashes, num_hashes);
+    static const pagedkv::BlockHash kNone{};
+    const pagedkv::BlockHash* given = hashes ? (hs.empty() ? &kNone : hs.data()) : nullptr;
+    pagedkv::TieredMatch m;
+    const pagedkv::Pool::Admitted a = pc::with_opts_prefix(
+        [&] { return p.admit(o, tokens, num_tokens, given, hs.size(), num_lookahead, &m); });
+    *out_seq = a.id;
+    write_match(m, out);
   });
 }
 

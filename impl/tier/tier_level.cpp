@@ -174,10 +174,12 @@ bool TierLevel::read(int32_t slot, size_t at, const struct iovec* iov, int n) co
   return preadv(fd_, iov, n, off_t(size_t(slot) * slot_bytes_ + at)) == ssize_t(len);
 }
 
-bool TierLevel::write(int32_t slot, const struct iovec* iov, int n) const {
+bool TierLevel::write(int32_t slot, size_t at, const struct iovec* iov, int n) const {
   if (fail_io_) return false;
-  const off_t at = off_t(size_t(slot) * slot_bytes_);
-  return pwritev(fd_, iov, n, at) == ssize_t(slot_bytes_);
+  size_t len = 0;
+  for (int i = 0; i < n; ++i) len += iov[i].iov_len;
+  if (at + len > slot_bytes_) return false;
+  return pwritev(fd_, iov, n, off_t(size_t(slot) * slot_bytes_ + at)) == ssize_t(len);
 }
 
 std::string TierLevel::check() const {

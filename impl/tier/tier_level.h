@@ -65,11 +65,11 @@ class TierLevel {
 
   // Host level: the slot's bytes.
   char* data(int32_t slot) const { return mem_.get() + size_t(slot) * slot_bytes_; }
-  // File level: scatter/gather I/O of a whole slot (read: of the part of
-  // the slot from byte `at` that iov covers); false on an I/O error or a
-  // short transfer.
+  // File level: scatter/gather I/O of the part of a slot from byte `at`
+  // that iov covers; false on an I/O error, a short transfer or a range
+  // past the slot.
   bool read(int32_t slot, size_t at, const struct iovec* iov, int n) const;
-  bool write(int32_t slot, const struct iovec* iov, int n) const;
+  bool write(int32_t slot, size_t at, const struct iovec* iov, int n) const;
   void fail_io_for_testing(bool on) { fail_io_ = on; }
   int fd() const { return fd_; }
 

@@ -79,10 +79,14 @@ TierSet::TierSet(const TierOptions& o, const KvArena& arena, std::shared_ptr<voi
   plane_bytes_ = arena_.layout.block_bytes();
   slot_bytes_ = plane_bytes_ * size_t(arena_.num_planes());
   const uint64_t host_slots = o.host_bytes / slot_bytes_;
-  if (host_slots == 0)
+  // host_bytes 0 with a file tier: no host tier; offloads go straight from
+  // the pool's storage into the file, one pass (offload_to_file).
+  const bool file_only = o.host_bytes == 0 && !o.file_dir.empty();
+  if (host_slots == 0 && !file_only)
     fail(Errc::kInvalidArgument, "host_bytes " + std::to_string(o.host_bytes) +
                                      " holds no block of " + std::to_string(slot_bytes_) +
-                                     " bytes (all layers' K and V)");
+                                     " bytes (all layers' K and V); 0 means no host tier, "
+                                     "which needs a file tier (file_dir)");
   if (host_slots > uint64_t(INT32_MAX))
     fail(Errc::kInvalidArgument,
          "host_bytes " + std::to_string(o.host_bytes) + " holds more than 2^31 - 1 blocks");
@@ -95,8 +99,10 @@ TierSet::TierSet(const TierOptions& o, const KvArena& arena, std::shared_ptr<voi
                                        " bytes; [1, 2^31 - 1] are needed with file_dir set");
     file_ = TierLevel::file(o.file_dir, file_slots, slot_bytes_);
   }
-  host_ = TierLevel::host(host_slots, slot_bytes_);
-  host_stats_.capacity_blocks = host_slots;
+  if (!file_only) {
+    host_ = TierLevel::host(host_slots, slot_bytes_);
+    host_stats_.capacity_blocks = host_slots;
+  }
   if (file_) file_stats_.capacity_blocks = file_->capacity();
   ring_.resize(std::max<size_t>(max_jobs, 1));
   events_.reserve(256);
@@ -125,7 +131,7 @@ void TierSet::enqueue(int32_t block, const BlockHash& h, uint64_t lora) noexcept
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
     if (size_ == ring_.size()) {
-      ++host_stats_.num_dropped;
+      ++(host_ ? host_stats_ : file_stats_).num_dropped;  // the tier it was bound for
       return;
     }
     Job& j = ring_[(head_ + size_) % ring_.size()];
@@ -199,18 +205,13 @@ int32_t TierSet::host_slot(std::unique_lock<std::mutex>& lock) {
   ++host_stats_.num_removed;
   push_event(EventType::kRemoved, Medium::kHost, victim, h, lora);
   if (!file_ || file_->find(h) >= 0) return victim;
-  int32_t fslot = file_->take_free();
-  if (fslot < 0) {
-    fslot = file_->lru_victim();
-    if (fslot < 0) return victim;  // every file entry pinned: dropped
-    remove(*file_, fslot);
-    fslot = file_->take_free();
-  }
+  const int32_t fslot = file_slot();
+  if (fslot < 0) return victim;  // every file entry pinned: dropped
   lock.unlock();
   struct iovec iov {
     host_->data(victim), slot_bytes_
   };
-  const bool ok = file_->write(fslot, &iov, 1);
+  const bool ok = file_->write(fslot, 0, &iov, 1);
   lock.lock();
   if (!ok) {
     ++file_stats_.num_io_errors;
@@ -226,9 +227,68 @@ int32_t TierSet::host_slot(std::unique_lock<std::mutex>& lock) {
   return victim;
 }
 
+int32_t TierSet::file_slot() {
+  int32_t fslot = file_->take_free();
+  if (fslot < 0) {
+    fslot = file_->lru_victim();
+    if (fslot < 0) return -1;
+    remove(*file_, fslot);
+    fslot = file_->take_free();
+  }
+  return fslot;
+}
+
+bool TierSet::write_hashed(const TierLevel& l, int32_t slot, int32_t b, uint64_t* sum) const {
+  // As read_hashed, the other way: planes in groups of about kChunk bytes,
+  // each group hashed (which brings it into cache) and then written from
+  // cache with one pwritev, so the pool's block is read from memory once.
+  const int32_t n = arena_.num_planes();
+  constexpr int32_t kMaxIov = 64;
+  const int32_t group =
+      int32_t(std::min<size_t>(kMaxIov, std::max<size_t>(1, kChunk / plane_bytes_)));
+  struct iovec iov[kMaxIov];
+  SlotHash sh;
+  for (int32_t p0 = 0, k = 0; p0 < n; p0 += k) {
+    k = std::min(group, n - p0);
+    for (int32_t i = 0; i < k; ++i) {
+      iov[i] = {block_plane(p0 + i, b), plane_bytes_};
+      sh.update(iov[i].iov_base, plane_bytes_);
+    }
+    if (!l.write(slot, size_t(p0) * plane_bytes_, iov, k)) return false;
+  }
+  *sum = sh.digest();
+  return true;
+}
+
+void TierSet::offload_to_file(const Job& j, std::unique_lock<std::mutex>& lock) {
+  const int32_t slot = file_slot();
+  if (slot < 0) {
+    ++file_stats_.num_dropped;  // every file entry pinned
+    return;
+  }
+  lock.unlock();
+  // The block's bytes stay as they are until the pool next writes into its
+  // storage, which waits for this copy (flush): the hashed bytes are the
+  // written bytes, and the checksum is verified on load as for a demotion.
+  uint64_t sum = 0;
+  const bool ok = write_hashed(*file_, slot, j.block, &sum);
+  lock.lock();
+  if (!ok) {
+    ++file_stats_.num_io_errors;
+    file_->release(slot);
+    return;
+  }
+  file_->publish(slot, j.hash, sum, j.lora);
+  ++file_stats_.num_stored;
+  file_stats_.bytes_stored += slot_bytes_;
+  push_event(EventType::kStored, Medium::kFile, slot, j.hash, j.lora);
+}
+
 void TierSet::offload(const Job& j) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (host_->find(j.hash) >= 0 || (file_ && file_->find(j.hash) >= 0)) return;  // already kept
+  if ((host_ && host_->find(j.hash) >= 0) || (file_ && file_->find(j.hash) >= 0))
+    return;  // already kept
+  if (!host_) return offload_to_file(j, lock);
   const int32_t slot = host_slot(lock);
   if (slot < 0) {
     ++host_stats_.num_dropped;
@@ -360,14 +420,14 @@ void TierSet::take_events(std::vector<Event>* out) {
 
 std::string TierSet::check() const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::string e = host_->check();
+  std::string e = host_ ? host_->check() : "";
   if (e.empty() && file_) e = file_->check();
   return e;
 }
 
 bool TierSet::corrupt_for_testing(const BlockHash& h) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (int32_t s = host_->find(h); s >= 0) {
+  if (int32_t s = host_ ? host_->find(h) : -1; s >= 0) {
     host_->data(s)[slot_bytes_ / 2] ^= 0x5a;
     return true;
   }

@@ -8,7 +8,9 @@
 // queue to drain: that is where an engine waits, if ever. A copy that has
 // not finished is not in the index, so a lookup cannot match it. When the
 // host level is full, its least recently used entry moves to the file level
-// (or is dropped) the same way, on the copy thread.
+// (or is dropped) the same way, on the copy thread. Without a host level
+// (host_bytes 0 and a file level) a block goes straight from the pool's
+// storage into the file, hashed as it is written: one pass.
 //
 // Locking: the owning Pool's mutex, then mu_ here; the copy thread takes
 // only mu_, and never holds it while moving bytes.
@@ -106,6 +108,12 @@ class TierSet final : public EvictSink {
   // every entry is pinned. Called and returns with lock held; drops it
   // around file I/O.
   int32_t host_slot(std::unique_lock<std::mutex>& lock);
+  // A free file slot, removing the LRU entry when full; -1 if every entry
+  // is pinned. With mu_ held.
+  int32_t file_slot();
+  // No host tier (host_bytes 0): the block goes straight into a file slot,
+  // hashed as it is written. Called with lock held; drops it around the I/O.
+  void offload_to_file(const Job& j, std::unique_lock<std::mutex>& lock);
   void push_event(EventType t, Medium m, int32_t slot, const BlockHash& h, uint64_t lora);
   void remove(TierLevel& l, int32_t slot);  // unpublish + release + REMOVED
   TierLevel* level(Medium m) const;
@@ -113,6 +121,9 @@ class TierSet final : public EvictSink {
   // Reads file slot `slot` into block b's planes and hashes them in the
   // same pass; false on an I/O error.
   bool read_hashed(const TierLevel& l, int32_t slot, int32_t b, uint64_t* sum) const;
+  // Writes block b's planes into file slot `slot`, hashing them in the same
+  // pass; false on an I/O error.
+  bool write_hashed(const TierLevel& l, int32_t slot, int32_t b, uint64_t* sum) const;
   // Plane p (2 * layer + K/V; an MLA pool's layer p) of block b in the
   // pool's storage.
   char* block_plane(int32_t p, int32_t b) const {
@@ -123,7 +134,7 @@ class TierSet final : public EvictSink {
   std::shared_ptr<void> hold_;
   uint32_t block_size_;
   size_t plane_bytes_, slot_bytes_;
-  std::unique_ptr<TierLevel> host_, file_;
+  std::unique_ptr<TierLevel> host_, file_;  // host_ null: a file tier alone
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_, idle_cv_;

@@ -98,4 +98,92 @@ TEST(CapiTiers, DrainEventsStaysDeviceOnlyAndGapFree) {
   pkv_pool_destroy(p);
 }
 
+// The tiered admit and hash lookup through the C ABI: hits per medium,
+// the loads in the next plan bring the bytes back exactly.
+TEST(CapiTiers, AdmitTieredAndHashLookupLoadFromBothTiers) {
+  pkv_pool_options o;
+  pkv_pool_options_init(&o);
+  o.block_size = 4;
+  o.num_blocks = 6;
+  o.num_layers = 1;
+  o.num_kv_heads = 1;
+  o.head_dim = 8;
+  o.dtype = PKV_DTYPE_F32;
+  o.num_threads = 1;
+  pkv_pool* p = nullptr;
+  PKV_ASSERT_OK(pkv_pool_create(&o, &p));
+  uint64_t bpb = 0;
+  PKV_ASSERT_OK(pkv_pool_bytes_per_block(p, &bpb));
+  pkv_tier_options t;
+  pkv_tier_options_init(&t);
+  t.host_bytes = 3 * bpb;
+  t.file_dir = "/tmp";
+  t.file_bytes = 2 * bpb;
+  PKV_ASSERT_OK(pkv_pool_attach_tiers(p, &t));
+
+  std::vector<int32_t> ta(17), tb(20);
+  for (int i = 0; i < 17; ++i) ta[i] = 7 * i + 3;
+  for (int i = 0; i < 20; ++i) tb[i] = 1000 + i;
+  pkv_seq_id a = 0, b = 0;
+  PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &a));
+  PKV_ASSERT_OK(pkv_seq_append(p, a, ta.data(), ta.size(), 0));
+  write_all(p, a, 17, 1.25f);
+  std::vector<pkv_block_hash> hs(4);
+  uint64_t n = 0;
+  PKV_ASSERT_OK(pkv_seq_get_block_hashes(p, a, hs.data(), hs.size(), &n));
+  ASSERT_EQ(n, 4u);
+  std::vector<int32_t> table(5);
+  PKV_ASSERT_OK(pkv_seq_get_block_table(p, a, table.data(), table.size(), &n));
+  std::vector<char> want(4 * bpb), got(4 * bpb);
+  PKV_ASSERT_OK(
+      pkv_pool_swap_blocks(p, table.data(), 4, want.data(), want.size(), PKV_SWAP_OUT, nullptr));
+  PKV_ASSERT_OK(pkv_seq_free(p, a));
+  PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &b));
+  PKV_ASSERT_OK(pkv_seq_append(p, b, tb.data(), tb.size(), 0));  // evicts a's 4 blocks
+  PKV_ASSERT_OK(pkv_seq_free(p, b));
+  PKV_ASSERT_OK(pkv_pool_flush_tiers(p));
+
+  for (int by_hash = 0; by_hash < 2; ++by_hash) {
+    SCOPED_TRACE(by_hash ? "hash lookup" : "admit");
+    pkv_tier_match m;
+    pkv_tier_match_init(&m);
+    pkv_seq_id c = 0;
+    if (by_hash) {
+      PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &c));
+      PKV_ASSERT_OK(
+          pkv_seq_match_prefix_hashes_tiered(p, c, ta.data(), ta.size(), hs.data(), 4, &m));
+      PKV_ASSERT_OK(pkv_seq_append(p, c, ta.data() + 16, 1, 0));
+    } else {
+      PKV_ASSERT_OK(pkv_seq_admit_tiered(p, nullptr, ta.data(), ta.size(), nullptr, 0, 0, &c, &m));
+    }
+    // The first round loaded the tier hits into device blocks that stay
+    // cached: the second finds them on the device.
+    if (by_hash) {
+      EXPECT_EQ(m.device_tokens, 16u);
+    } else {
+      EXPECT_EQ(m.host_tokens, 12u);
+      EXPECT_EQ(m.file_tokens, 4u);
+    }
+    EXPECT_EQ(m.num_cached, 16u);
+    PKV_ASSERT_OK(pkv_pool_flush_tiers(p));  // runs the loads
+    pkv_seq_info info;
+    pkv_seq_info_init(&info);
+    PKV_ASSERT_OK(pkv_seq_get_info(p, c, &info));
+    EXPECT_EQ(info.num_tokens, 17u);
+    EXPECT_EQ(info.num_computed_tokens, 16u);
+    PKV_ASSERT_OK(pkv_seq_get_block_table(p, c, table.data(), table.size(), &n));
+    PKV_ASSERT_OK(
+        pkv_pool_swap_blocks(p, table.data(), 4, got.data(), got.size(), PKV_SWAP_OUT, nullptr));
+    EXPECT_EQ(got, want);
+    PKV_ASSERT_OK(pkv_pool_validate(p));
+    PKV_ASSERT_OK(pkv_seq_free(p, c));
+  }
+  pkv_tier_stats st;
+  pkv_tier_stats_init(&st);
+  PKV_ASSERT_OK(pkv_pool_get_tier_stats(p, PKV_MEDIUM_FILE, &st));
+  EXPECT_EQ(st.num_loaded, 1u);
+  EXPECT_EQ(st.num_checksum_failures, 0u);
+  pkv_pool_destroy(p);
+}
+
 }  // namespace

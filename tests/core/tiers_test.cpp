@@ -71,7 +71,7 @@ TEST(TierLevel, FileRoundTripPartialReadsAndInjectedFailure) {
   struct iovec wa {
     a.data(), 64
   }, rb{b.data(), 64};
-  ASSERT_TRUE(l->write(1, &wa, 1));
+  ASSERT_TRUE(l->write(1, 0, &wa, 1));
   ASSERT_TRUE(l->read(1, 0, &rb, 1));
   EXPECT_EQ(a, b);
   // A part of a slot, scattered (file loads read a block in groups of planes).
@@ -169,18 +169,22 @@ PoolOptions f32_pool(uint32_t heads, uint32_t dim) {
   return o;
 }
 
-Fixture offloaded(uint64_t host_blocks, uint64_t file_blocks, bool events = false) {
+// host_blocks 0 (with file_blocks): a file tier alone. fail_writes: every
+// file write fails from the start.
+Fixture offloaded(uint64_t host_blocks, uint64_t file_blocks, bool events = false,
+                  bool fail_writes = false) {
   Fixture f;
   PoolOptions o = f32_pool(kHeads, kDim);
   o.enable_events = events;
   f.pool = Pool::create(o);
   TierOptions t;
-  t.host_bytes = host_blocks * kBlockBytes + kBlockBytes / 2;  // a part block is unused
+  t.host_bytes = host_blocks ? host_blocks * kBlockBytes + kBlockBytes / 2 : 0;  // part unused
   if (file_blocks) {
     t.file_dir = ::testing::TempDir();
     t.file_bytes = file_blocks * kBlockBytes;
   }
   f.pool->attach_tiers(t);
+  if (fail_writes) f.pool->tiers_for_testing()->fail_io_for_testing(true);
   Pool& p = *f.pool;
   f.a = p.seq_create({});
   p.append(f.a, f.tokens.data(), f.tokens.size(), 0);
@@ -451,6 +455,376 @@ TEST(Tiers, FreedBeforeTheLoadNothingLeaks) {
   EXPECT_EQ(p.validate(), "");
   SeqId d = p.seq_create({});
   EXPECT_EQ(p.match_prefix_tiered(d, f.tokens.data(), 17).host, 16u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+// -------------------------------------------- a file tier alone (one pass)
+
+// host_bytes 0 with a file tier: each block goes straight from the pool's
+// planes into a file slot, hashed as it is written; it comes back exactly.
+TEST(FileOnlyTier, OffloadsInOnePassAndLoadsBackByteExact) {
+  Fixture f = offloaded(0, 4);
+  Pool& p = *f.pool;
+  EXPECT_EQ(test::code_of([&] { p.tier_stats(1); }), Errc::kInvalidState);  // no host tier
+  const TierStats fs = p.tier_stats(2);
+  EXPECT_EQ(fs.num_stored, 4u);
+  EXPECT_EQ(fs.num_blocks, 4u);
+  EXPECT_EQ(fs.bytes_stored, 4 * kBlockBytes);
+  SeqId c = p.seq_create({});
+  const TieredMatch m = p.match_prefix_tiered(c, f.tokens.data(), f.tokens.size());
+  EXPECT_EQ(m.host, 0u);
+  EXPECT_EQ(m.file, 16u);
+  p.append(c, f.tokens.data() + 16, 1, 0);
+  const auto out = attend_last(f.pool, c, f.q, &f);
+  for (uint32_t l = 0; l < kLayers; ++l) EXPECT_EQ(out[l], f.ref_out[l]) << "layer " << l;
+  const auto tab = test::table(p, c);
+  for (size_t j = 0; j < 4; ++j) EXPECT_EQ(bytes_of(p, tab[j]), f.block_bytes[j]) << "block " << j;
+  EXPECT_EQ(p.tier_stats(2).num_loaded, 4u);
+  EXPECT_EQ(p.tier_stats(2).num_checksum_failures, 0u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+// Planes larger than the chunk: one plane a pwritev, each hashed first.
+TEST(FileOnlyTier, LargePlanesRoundTrip) {
+  constexpr uint32_t heads = 4, dim = 4096;  // 256 KiB planes
+  constexpr size_t plane = size_t(kBs) * heads * dim * sizeof(float);
+  auto pool = Pool::create(f32_pool(heads, dim));
+  Pool& p = *pool;
+  TierOptions t;
+  t.file_dir = ::testing::TempDir();
+  t.file_bytes = 4 * plane * 2 * kLayers;
+  p.attach_tiers(t);
+  const auto tokens = iota_tokens(17);
+  SeqId a = p.seq_create({});
+  p.append(a, tokens.data(), tokens.size(), 0);
+  const uint32_t n = 17;
+  {
+    auto b = Batch::prepare(pool, &a, &n, 1, nullptr);
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      auto k = random_floats(n * heads * dim, 70 + l), v = random_floats(n * heads * dim, 80 + l);
+      TensorArg kt = test::rows(k, n, heads, dim), vt = test::rows(v, n, heads, dim);
+      b->write(l, &kt, &vt, nullptr);
+    }
+    ASSERT_TRUE(b->committed());
+  }
+  std::vector<std::vector<char>> want;
+  for (int32_t blk : test::table(p, a)) want.push_back(bytes_of(p, blk, plane));
+  p.free(a);
+  SeqId other = p.seq_create({});
+  const auto t2 = iota_tokens(20, 1000);
+  p.append(other, t2.data(), t2.size(), 0);
+  p.free(other);
+  p.flush_tiers();
+  SeqId c = p.seq_create({});
+  EXPECT_EQ(p.match_prefix_tiered(c, tokens.data(), tokens.size()).file, 16u);
+  p.flush_tiers();
+  EXPECT_EQ(p.seq_info(c).num_computed_tokens, 16u);
+  const auto tab = test::table(p, c);
+  for (size_t j = 0; j < 4; ++j) EXPECT_TRUE(bytes_of(p, tab[j], plane) == want[j]) << j;
+  EXPECT_EQ(p.validate(), "");
+}
+
+TEST(FileOnlyTier, FullTierDropsItsOldestEntry) {
+  Fixture f = offloaded(0, 3);
+  Pool& p = *f.pool;
+  EXPECT_EQ(p.tier_stats(2).num_stored, 4u);
+  EXPECT_EQ(p.tier_stats(2).num_removed, 1u);  // block 3, evicted first
+  SeqId c = p.seq_create({});
+  EXPECT_EQ(p.match_prefix_tiered(c, f.tokens.data(), 17).file, 12u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+TEST(FileOnlyTier, WriteErrorsAreCountedAndStoreNothing) {
+  Fixture f = offloaded(0, 4, false, true);
+  Pool& p = *f.pool;
+  const TierStats s = p.tier_stats(2);
+  EXPECT_EQ(s.num_io_errors, 4u);
+  EXPECT_EQ(s.num_stored, 0u);
+  EXPECT_EQ(s.num_blocks, 0u);
+  SeqId c = p.seq_create({});
+  EXPECT_EQ(p.match_prefix_tiered(c, f.tokens.data(), 17).file, 0u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+TEST(FileOnlyTier, CorruptionAndReadErrorsAreMisses) {
+  Fixture f = offloaded(0, 4);
+  Pool& p = *f.pool;
+  const std::vector<BlockHash> hs = block_hashes_of(p, f.tokens, 4);
+  ASSERT_TRUE(p.tiers_for_testing()->corrupt_for_testing(hs[2]));
+  SeqId c = p.seq_create({});
+  EXPECT_EQ(p.match_prefix_tiered(c, f.tokens.data(), 17).file, 16u);
+  p.flush_tiers();
+  EXPECT_EQ(p.tier_stats(2).num_checksum_failures, 1u);
+  EXPECT_EQ(p.seq_info(c).num_computed_tokens, 8u);
+  EXPECT_EQ(p.validate(), "");
+  // Read errors: every load fails, is counted, and serves nothing.
+  Fixture g = offloaded(0, 4);
+  Pool& q = *g.pool;
+  q.tiers_for_testing()->fail_io_for_testing(true);
+  SeqId d = q.seq_create({});
+  EXPECT_EQ(q.match_prefix_tiered(d, g.tokens.data(), 17).file, 16u);
+  q.flush_tiers();
+  EXPECT_EQ(q.tier_stats(2).num_io_errors, 4u);
+  EXPECT_EQ(q.tier_stats(2).num_loaded, 0u);
+  EXPECT_EQ(q.seq_info(d).num_computed_tokens, 0u);
+  EXPECT_EQ(q.validate(), "");
+}
+
+TEST(FileOnlyTier, HostBytesZeroNeedsAFileTier) {
+  auto pool = Pool::create(f32_pool(kHeads, kDim));
+  TierOptions t;  // host_bytes 0, no file_dir
+  EXPECT_EQ(test::code_of([&] { pool->attach_tiers(t); }), Errc::kInvalidArgument);
+  EXPECT_EQ(pool->validate(), "");
+}
+
+// ------------------------------------- tiered admission and hash lookups
+
+// Both lookups with the engine's hashes follow them through the tiers: a
+// fresh pool's hashes of the same tokens (same seed, no salt).
+TEST(TiersAdmit, AdmitTieredLoadsFromBothTiersByteExactAndAttentionMatches) {
+  for (const bool by_hash : {false, true}) {
+    SCOPED_TRACE(by_hash ? "admit with hashes" : "admit");
+    Fixture f = offloaded(3, 2);  // blocks 0-2 in the host tier, block 3 in the file
+    Pool& p = *f.pool;
+    const std::vector<BlockHash> hs = block_hashes_of(p, f.tokens, 4);
+    TieredMatch m;
+    const Pool::Admitted a = p.admit({}, f.tokens.data(), f.tokens.size(),
+                                     by_hash ? hs.data() : nullptr, by_hash ? 4 : 0, 0, &m);
+    EXPECT_EQ(a.num_cached, 16u);
+    EXPECT_EQ(m.device, 0u);
+    EXPECT_EQ(m.host, 12u);
+    EXPECT_EQ(m.file, 4u);
+    EXPECT_EQ(p.seq_info(a.id).num_tokens, 17u);
+    EXPECT_EQ(p.seq_info(a.id).num_cached_tokens, 16u);
+    EXPECT_EQ(p.seq_info(a.id).num_computed_tokens, 0u);  // not loaded yet
+    EXPECT_EQ(p.validate(), "");
+    const auto out = attend_last(f.pool, a.id, f.q, &f);  // the plan loads, then attends
+    for (uint32_t l = 0; l < kLayers; ++l) EXPECT_EQ(out[l], f.ref_out[l]) << "layer " << l;
+    const auto tab = test::table(p, a.id);
+    for (size_t j = 0; j < 4; ++j)
+      EXPECT_EQ(bytes_of(p, tab[j]), f.block_bytes[j]) << "block " << j;
+    EXPECT_EQ(p.seq_info(a.id).num_computed_tokens, 17u);
+    EXPECT_EQ(p.tier_stats(1).num_loaded, 3u);
+    EXPECT_EQ(p.tier_stats(2).num_loaded, 1u);
+    EXPECT_EQ(p.validate(), "");
+  }
+}
+
+TEST(TiersAdmit, MatchPrefixHashesTieredContinuesTheDeviceHits) {
+  Fixture f = offloaded(4, 0);
+  Pool& p = *f.pool;
+  const std::vector<BlockHash> hs = block_hashes_of(p, f.tokens, 4);
+  // Block 0 comes back to the device first (a one-block tiered match,
+  // loaded); then the full lookup hits it there and the rest in the host
+  // tier, the chain going on from the device hit's hash.
+  SeqId d = p.seq_create({});
+  EXPECT_EQ(p.match_prefix_tiered(d, f.tokens.data(), kBs + 1).host, kBs);
+  p.flush_tiers();
+  p.free(d);
+  SeqId c = p.seq_create({});
+  const TieredMatch m = p.match_prefix_tiered(c, f.tokens.data(), 17, hs.data(), 4);
+  EXPECT_EQ(m.device, 4u);
+  EXPECT_EQ(m.host, 12u);
+  EXPECT_EQ(m.file, 0u);
+  EXPECT_EQ(p.seq_info(c).num_computed_tokens, 4u);
+  p.append(c, f.tokens.data() + 16, 1, 0);
+  const auto out = attend_last(f.pool, c, f.q, &f);
+  for (uint32_t l = 0; l < kLayers; ++l) EXPECT_EQ(out[l], f.ref_out[l]) << "layer " << l;
+  const auto tab = test::table(p, c);
+  for (size_t j = 0; j < 4; ++j) EXPECT_EQ(bytes_of(p, tab[j]), f.block_bytes[j]) << "block " << j;
+  EXPECT_EQ(p.validate(), "");
+  // Fewer hashes limit the lookup, in the tiers too.
+  p.free(c);
+  SeqId e = p.seq_create({});
+  const TieredMatch two = p.match_prefix_tiered(e, f.tokens.data(), 17, hs.data(), 2);
+  EXPECT_EQ(two.device + two.host + two.file, 8u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+TEST(TiersAdmit, FileTierThroughTheHashLookup) {
+  Fixture f = offloaded(3, 2);
+  Pool& p = *f.pool;
+  const std::vector<BlockHash> hs = block_hashes_of(p, f.tokens, 4);
+  SeqId c = p.seq_create({});
+  const TieredMatch m = p.match_prefix_tiered(c, f.tokens.data(), 17, hs.data(), 4);
+  EXPECT_EQ(m.host, 12u);
+  EXPECT_EQ(m.file, 4u);
+  p.append(c, f.tokens.data() + 16, 1, 0);
+  const auto out = attend_last(f.pool, c, f.q, &f);
+  for (uint32_t l = 0; l < kLayers; ++l) EXPECT_EQ(out[l], f.ref_out[l]) << "layer " << l;
+  const auto tab = test::table(p, c);
+  for (size_t j = 0; j < 4; ++j) EXPECT_EQ(bytes_of(p, tab[j]), f.block_bytes[j]) << "block " << j;
+  EXPECT_EQ(p.tier_stats(2).num_loaded, 1u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+// Corruption in either tier: the hit taken through the new calls becomes a
+// counted miss at load; the plan fails naming the tokens to compute.
+TEST(TiersAdmit, CorruptionIsACountedMissNeverServed) {
+  for (const bool in_file : {false, true}) {
+    SCOPED_TRACE(in_file ? "file tier" : "host tier");
+    Fixture f = offloaded(3, 2);
+    Pool& p = *f.pool;
+    const std::vector<BlockHash> hs = block_hashes_of(p, f.tokens, 4);
+    // Block 1 is in the host tier, block 3 in the file.
+    ASSERT_TRUE(p.tiers_for_testing()->corrupt_for_testing(hs[in_file ? 3 : 1]));
+    TieredMatch m;
+    const Pool::Admitted a = p.admit({}, f.tokens.data(), 17, hs.data(), 4, 0, &m);
+    EXPECT_EQ(m.host + m.file, 16u);
+    const uint32_t one = 1;
+    try {
+      Batch::prepare(f.pool, &a.id, &one, 1, nullptr);
+      FAIL() << "a plan over a corrupted block was prepared";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::kInvalidState);
+      const std::string want = in_file ? "tokens [12, 16)" : "tokens [4, 16)";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    const TierStats s = p.tier_stats(in_file ? 2 : 1);
+    EXPECT_EQ(s.num_checksum_failures, 1u);
+    EXPECT_EQ(s.num_blocks, 0u + (in_file ? 0 : 2));  // the bad entry is gone
+    EXPECT_EQ(p.seq_info(a.id).num_computed_tokens, in_file ? 12u : 4u);
+    EXPECT_EQ(p.validate(), "");
+    // Nobody else hits the bad block: it left the prefix cache.
+    SeqId d = p.seq_create({});
+    EXPECT_EQ(p.match_prefix(d, f.tokens.data(), 17), in_file ? 12u : 4u);
+    p.free(d);
+    // The engine computes the rest; then everything is written.
+    const uint32_t rest = in_file ? 5 : 13;
+    auto b = Batch::prepare(f.pool, &a.id, &rest, 1, nullptr);
+    b->commit();
+    EXPECT_EQ(p.seq_info(a.id).num_computed_tokens, 17u);
+    EXPECT_EQ(p.validate(), "");
+  }
+}
+
+TEST(TiersAdmit, SaltsKeepTenantsApart) {
+  Fixture f = offloaded(4, 0);
+  Pool& p = *f.pool;
+  SeqOptions other;
+  other.cache_salt = "tenant-b";
+  // The other tenant's own hashes of the same tokens: no hit in any tier.
+  SeqId probe = p.seq_create(other);
+  p.append(probe, f.tokens.data(), 16, 0);
+  std::vector<BlockHash> salted(4);
+  p.block_hashes(probe, salted.data(), 4);
+  p.free(probe);
+  TieredMatch m;
+  const Pool::Admitted a = p.admit(other, f.tokens.data(), 17, nullptr, 0, 0, &m);
+  EXPECT_EQ(m.device + m.host + m.file, 0u);
+  p.free(a.id);
+  const Pool::Admitted b = p.admit(other, f.tokens.data(), 17, salted.data(), 4, 0, &m);
+  EXPECT_EQ(m.device + m.host + m.file, 0u);
+  p.free(b.id);
+  SeqId c = p.seq_create(other);
+  m = p.match_prefix_tiered(c, f.tokens.data(), 17, salted.data(), 4);
+  EXPECT_EQ(m.device + m.host + m.file, 0u);
+  EXPECT_EQ(p.tier_stats(1).num_hits, 0u);
+  // The unsalted hashes under the salted sequence are refused, not looked up.
+  const std::vector<BlockHash> plain = block_hashes_of(p, f.tokens, 4);
+  p.free(c);
+  c = p.seq_create(other);
+  EXPECT_EQ(test::code_of([&] { p.match_prefix_tiered(c, f.tokens.data(), 17, plain.data(), 4); }),
+            Errc::kInvalidArgument);
+  EXPECT_EQ(test::code_of([&] { p.admit(other, f.tokens.data(), 17, plain.data(), 4, 0, &m); }),
+            Errc::kInvalidArgument);
+  EXPECT_EQ(p.tier_stats(1).num_hits, 0u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+// All or nothing: a prompt that does not fit takes no tier entry and
+// creates no sequence; one that fits takes every tier hit.
+TEST(TiersAdmit, OutOfBlocksChangesNothing) {
+  Fixture f = offloaded(4, 0);
+  Pool& p = *f.pool;
+  const PoolStats before = p.stats();
+  TieredMatch m;
+  EXPECT_EQ(test::code_of([&] { p.admit({}, f.tokens.data(), 17, nullptr, 0, 8, &m); }),
+            Errc::kOutOfBlocks);
+  const PoolStats after = p.stats();
+  EXPECT_EQ(after.num_seqs, before.num_seqs);
+  EXPECT_EQ(after.num_free_blocks, before.num_free_blocks);
+  EXPECT_EQ(p.tier_stats(1).num_hits, 0u);
+  EXPECT_EQ(p.validate(), "");
+  const Pool::Admitted a = p.admit({}, f.tokens.data(), 17, nullptr, 0, 3, &m);
+  EXPECT_EQ(m.host, 16u);
+  EXPECT_EQ(p.seq_info(a.id).num_slots, 20u);
+  p.flush_tiers();
+  EXPECT_EQ(p.seq_info(a.id).num_computed_tokens, 16u);
+  EXPECT_EQ(p.validate(), "");
+}
+
+// A sliding-window pool: the window releases device hits only (tier hits
+// are not computed until their load), and the loaded blocks then serve.
+TEST(TiersAdmit, SlidingWindowPool) {
+  PoolOptions o = f32_pool(1, kDim);
+  o.num_layers = 1;
+  o.num_blocks = 12;
+  o.sliding_window = 6;
+  auto pool = Pool::create(o);
+  Pool& p = *pool;
+  TierOptions t;
+  t.host_bytes = 1 << 20;
+  p.attach_tiers(t);
+  const auto tokens = iota_tokens(25);
+  SeqId a = p.seq_create({});
+  p.append(a, tokens.data(), 25, 0);
+  const uint32_t n = 25;
+  {
+    auto b = Batch::prepare(pool, &a, &n, 1, nullptr);
+    auto k = random_floats(n * kDim, 91), v = random_floats(n * kDim, 92);
+    TensorArg kt = test::rows(k, n, 1, kDim), vt = test::rows(v, n, 1, kDim);
+    b->write(0, &kt, &vt, nullptr);
+    ASSERT_TRUE(b->committed());
+  }
+  p.free(a);
+  SeqId other = p.seq_create({});
+  const auto t2 = iota_tokens(44, 1000);
+  p.append(other, t2.data(), t2.size(), 0);  // evicts a's cached blocks
+  p.free(other);
+  p.flush_tiers();
+  TieredMatch m;
+  const Pool::Admitted b = p.admit({}, tokens.data(), 25, nullptr, 0, 0, &m);
+  EXPECT_EQ(m.device + m.host, 24u);
+  EXPECT_GT(m.host, 0u);
+  EXPECT_EQ(p.validate(), "");
+  p.flush_tiers();
+  EXPECT_EQ(p.seq_info(b.id).num_computed_tokens, 24u);
+  const uint32_t one = 1;
+  Batch::prepare(pool, &b.id, &one, 1, nullptr)->abort();
+  EXPECT_EQ(p.validate(), "");
+}
+
+// Without tiers the tiered admit is admit: the same sequence, the device
+// hits in TieredMatch::device.
+TEST(TiersAdmit, WithoutTiersItIsAdmit) {
+  auto pool = Pool::create(f32_pool(kHeads, kDim));
+  Pool& p = *pool;
+  const auto tokens = iota_tokens(17);
+  SeqId a = p.seq_create({});
+  p.append(a, tokens.data(), 17, 0);
+  const uint32_t n = 17;
+  {
+    auto b = Batch::prepare(pool, &a, &n, 1, nullptr);
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      auto k = random_floats(n * kHeads * kDim, 50 + l),
+           v = random_floats(n * kHeads * kDim, 60 + l);
+      TensorArg kt = rows(k, n), vt = rows(v, n);
+      b->write(l, &kt, &vt, nullptr);
+    }
+    ASSERT_TRUE(b->committed());
+  }
+  const auto want = test::table(p, a);
+  p.free(a);
+  TieredMatch m;
+  const Pool::Admitted b = p.admit({}, tokens.data(), 17, nullptr, 0, 0, &m);
+  EXPECT_EQ(b.num_cached, 16u);
+  EXPECT_EQ(m.device, 16u);
+  EXPECT_EQ(m.host + m.file, 0u);
+  EXPECT_EQ(p.seq_info(b.id).num_computed_tokens, 16u);
+  const auto got = test::table(p, b.id);
+  EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + 4),
+            std::vector<int32_t>(want.begin(), want.begin() + 4));
   EXPECT_EQ(p.validate(), "");
 }
 

@@ -1060,6 +1060,75 @@ std::vector<Case> make_cases() {
         S("pkv_seq_match_prefix_tiered", PKV_CLASS_STATE, "seq already holds tokens", kState,
           "empty", pkv_tier_match m = tmatch();
           return pkv_seq_match_prefix_tiered(e.pool, e.a, e.tokens, 20, &m);),
+        S("pkv_seq_match_prefix_hashes_tiered", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          pkv_tier_match m = tmatch();
+          return pkv_seq_match_prefix_hashes_tiered(nullptr, e.empty, e.tokens, 20, e.hashes, 1,
+                                                    &m);),
+        S("pkv_seq_match_prefix_hashes_tiered", PKV_CLASS_NULL, "tokens = NULL, num_tokens = 20",
+          kInv, "tokens", pkv_tier_match m = tmatch();
+          return pkv_seq_match_prefix_hashes_tiered(e.pool, e.empty, nullptr, 20, e.hashes, 1,
+                                                    &m);),
+        S("pkv_seq_match_prefix_hashes_tiered", PKV_CLASS_NULL, "hashes = NULL, num_hashes = 1",
+          kInv, "hashes is NULL", pkv_tier_match m = tmatch();
+          return pkv_seq_match_prefix_hashes_tiered(e.pool, e.empty, e.tokens, 20, nullptr, 1,
+                                                    &m);),
+        S("pkv_seq_match_prefix_hashes_tiered", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_seq_match_prefix_hashes_tiered(e.pool, e.empty, e.tokens, 20, e.hashes, 1,
+                                                    nullptr);),
+        S("pkv_seq_match_prefix_hashes_tiered", PKV_CLASS_STRUCT, "out->struct_size = 3", kInv,
+          "struct_size", pkv_tier_match m = tmatch();
+          m.struct_size = 3; return pkv_seq_match_prefix_hashes_tiered(e.pool, e.empty, e.tokens,
+                                                                       20, e.hashes, 1, &m);),
+        S("pkv_seq_match_prefix_hashes_tiered", PKV_CLASS_RANGE, "num_hashes above the full blocks",
+          kInv, "num_hashes", pkv_tier_match m = tmatch();
+          return pkv_seq_match_prefix_hashes_tiered(e.pool, e.empty, e.tokens, 20, e.hashes, 2,
+                                                    &m);),
+        S("pkv_seq_match_prefix_hashes_tiered", PKV_CLASS_RANGE,
+          "hashes[0] not this pool's hash of the first block (another salt, seed, algorithm)", kInv,
+          "hashes[0]", pkv_tier_match m = tmatch();
+          return pkv_seq_match_prefix_hashes_tiered(e.pool, e.empty, e.tokens, 40, e.hashes, 2,
+                                                    &m);),
+        S("pkv_seq_match_prefix_hashes_tiered", PKV_CLASS_STALE, "seq freed", kNf, "stale",
+          pkv_tier_match m = tmatch();
+          return pkv_seq_match_prefix_hashes_tiered(e.pool, e.dead, e.tokens, 20, e.hashes, 1,
+                                                    &m);),
+        S("pkv_seq_match_prefix_hashes_tiered", PKV_CLASS_STATE, "seq already holds tokens", kState,
+          "empty", pkv_tier_match m = tmatch();
+          return pkv_seq_match_prefix_hashes_tiered(e.pool, e.a, e.tokens, 20, e.hashes, 1, &m);),
+        S("pkv_seq_admit_tiered", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          pkv_tier_match m = tmatch();
+          return pkv_seq_admit_tiered(nullptr, nullptr, e.tokens, 20, nullptr, 0, 0, &e.id_out,
+                                      &m);),
+        S("pkv_seq_admit_tiered", PKV_CLASS_NULL, "tokens = NULL, num_tokens = 20", kInv, "tokens",
+          pkv_tier_match m = tmatch();
+          return pkv_seq_admit_tiered(e.pool, nullptr, nullptr, 20, nullptr, 0, 0, &e.id_out, &m);),
+        S("pkv_seq_admit_tiered", PKV_CLASS_NULL, "out_seq = NULL", kInv, "out_seq",
+          pkv_tier_match m = tmatch();
+          return pkv_seq_admit_tiered(e.pool, nullptr, e.tokens, 20, nullptr, 0, 0, nullptr, &m);),
+        S("pkv_seq_admit_tiered", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_seq_admit_tiered(e.pool, nullptr, e.tokens, 20, nullptr, 0, 0, &e.id_out,
+                                      nullptr);),
+        S("pkv_seq_admit_tiered", PKV_CLASS_STRUCT, "out->struct_size = 3", kInv, "struct_size",
+          pkv_tier_match m = tmatch();
+          m.struct_size = 3; return pkv_seq_admit_tiered(e.pool, nullptr, e.tokens, 20, nullptr, 0,
+                                                         0, &e.id_out, &m);),
+        S("pkv_seq_admit_tiered", PKV_CLASS_NULL, "hashes = NULL, num_hashes = 1", kInv,
+          "hashes is NULL", pkv_tier_match m = tmatch();
+          return pkv_seq_admit_tiered(e.pool, nullptr, e.tokens, 20, nullptr, 1, 0, &e.id_out,
+                                      &m);),
+        S("pkv_seq_admit_tiered", PKV_CLASS_ABSURD, "num_tokens = 2^62", kInv, "2^31",
+          pkv_tier_match m = tmatch();
+          return pkv_seq_admit_tiered(e.pool, nullptr, e.tokens, k2_62, nullptr, 0, 0, &e.id_out,
+                                      &m);),
+        S("pkv_seq_admit_tiered", PKV_CLASS_RANGE, "hashes[0] not this pool's hash", kInv,
+          "hashes[0]", pkv_tier_match m = tmatch();
+          return pkv_seq_admit_tiered(e.pool, nullptr, e.tokens, 40, e.hashes, 2, 0, &e.id_out,
+                                      &m);),
+        S("pkv_seq_admit_tiered", PKV_CLASS_EXHAUSTED,
+          "prompt larger than the free blocks (64 + 512)", kOob, "free",
+          pkv_tier_match m = tmatch();
+          return pkv_seq_admit_tiered(e.pool, nullptr, e.tokens, 64, nullptr, 0, 512, &e.id_out,
+                                      &m);),
         S("pkv_pool_get_tier_stats", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
           pkv_tier_stats st = tstats();
           return pkv_pool_get_tier_stats(nullptr, 1, &st);),

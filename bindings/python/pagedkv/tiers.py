@@ -10,15 +10,17 @@ naming the tokens to compute, never serving its bytes.
     tiers.attach(pool, host_bytes=8 << 30, file_dir="/mnt/nvme", file_bytes=64 << 30)
     seq = pool.create_sequence()
     m = tiers.match_prefix_tiered(seq, prompt)   # m.num_cached tokens need no prefill
+    seq2, m2 = tiers.admit_tiered(pool, prompt)  # or admission in one call
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Tuple
 
 from . import _pagedkv as _c
-from ._types import _copy_fields
+from ._pool import _new_seq, _seq_opts
+from ._types import MMItemLike, _copy_fields
 
 if TYPE_CHECKING:
     from ._pool import Pool, Sequence
@@ -69,17 +71,47 @@ class TierStats:
 
 def attach(pool: Pool, *, host_bytes: int, file_dir: Optional[str] = None, file_bytes: int = 0) -> None:
     """Gives a CPU pool with storage a host tier of host_bytes and, with
-    file_dir, a file tier of file_bytes below it. Once per pool."""
+    file_dir, a file tier of file_bytes below it. host_bytes=0 with a
+    file_dir: a file tier alone, each evicted block hashed and written
+    straight from the pool (one pass). Once per pool."""
     opts = {"host_bytes": host_bytes, "file_bytes": file_bytes}
     if file_dir is not None:
         opts["file_dir"] = file_dir
     pool._call(_c.pkv_pool_attach_tiers, opts)
 
 
-def match_prefix_tiered(seq: Sequence, tokens: Any) -> TierMatch:
+def match_prefix_tiered(seq: Sequence, tokens: Any, hashes: Any = None) -> TierMatch:
     """Sequence.match_prefix, continued with blocks found in the tiers; those
-    are loaded by the next plan (before anything reads them)."""
-    return TierMatch._from_c(seq._pool._call(_c.pkv_seq_match_prefix_tiered, seq._id, tokens))
+    are loaded by the next plan (before anything reads them). hashes: the
+    tokens' block hashes computed beforehand (:meth:`Pool.hash_prefix` with
+    the sequence's keys; ``pkv_seq_match_prefix_hashes_tiered``), checked as
+    by Sequence.match_prefix and followed through the tiers too."""
+    if hashes is None:
+        return TierMatch._from_c(seq._pool._call(_c.pkv_seq_match_prefix_tiered, seq._id, tokens))
+    return TierMatch._from_c(seq._pool._call(_c.pkv_seq_match_prefix_hashes_tiered, seq._id, tokens, hashes))
+
+
+def admit_tiered(
+    pool: Pool,
+    tokens: Any,
+    *,
+    hashes: Any = None,
+    lookahead: int = 0,
+    priority: int = 0,
+    lora_id: int = 0,
+    cache_salt: Optional[str] = None,
+    mm_items: Iterable[MMItemLike] = (),
+    lora_name: Optional[str] = None,
+) -> Tuple[Sequence, TierMatch]:
+    """Pool.admit whose lookup goes on into the tiers after the device hits
+    (``pkv_seq_admit_tiered``). The prompt fits exactly when it fits
+    Pool.admit (tier hits take blocks the prompt needs anyway), and then
+    every tier hit is taken; all or nothing (OutOfBlocksError: no sequence,
+    no hit). Returns (sequence, TierMatch): ``num_cached`` tokens need no
+    prefill, and the next plan loads the host and file ones."""
+    opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name)
+    sid, m = pool._call(_c.pkv_seq_admit_tiered, opts, tokens, hashes, int(lookahead))
+    return _new_seq(pool, sid, True), TierMatch._from_c(m)
 
 
 def stats(pool: Pool, medium: int = MEDIUM_HOST) -> TierStats:
@@ -98,6 +130,7 @@ __all__ = [
     "MEDIUM_HOST",
     "TierMatch",
     "TierStats",
+    "admit_tiered",
     "attach",
     "flush",
     "match_prefix_tiered",

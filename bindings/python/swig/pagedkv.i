@@ -96,6 +96,8 @@
 %thread pkv_mla_attention;
 %thread pkv_pool_attach_tiers;
 %thread pkv_seq_match_prefix_tiered;
+%thread pkv_seq_match_prefix_hashes_tiered;
+%thread pkv_seq_admit_tiered;
 %thread pkv_pool_get_tier_stats;
 %thread pkv_pool_flush_tiers;
 %thread pkv_transfer_engine_create;

@@ -112,3 +112,73 @@ def test_errors():
         tiers.attach(pool, host_bytes=1 << 20)
     with pytest.raises(pagedkv.InvalidArgumentError, match="medium"):
         tiers.stats(pool, tiers.MEDIUM_DEVICE)
+
+
+def test_admit_tiered_loads_from_both_tiers(tmp_path):
+    rng = np.random.default_rng(23)
+    pool = make_pool(3, str(tmp_path), 2)
+    tokens, saved = offloaded(pool, rng)
+    s, m = tiers.admit_tiered(pool, tokens)
+    assert (m.num_cached, m.device_tokens, m.host_tokens, m.file_tokens) == (16, 0, 12, 4)
+    assert len(s) == 17 and s.num_computed_tokens == 0  # loaded by the next plan
+    pool.prepare([s], 1).abort()  # the plan loads the tier hits
+    assert s.num_computed_tokens == 16
+    for got, want in zip(block_bytes(pool, s.block_table()[:4]), saved):
+        assert np.array_equal(got, want)
+    assert tiers.stats(pool, tiers.MEDIUM_FILE).num_loaded == 1
+    pool.validate()
+
+
+def test_hash_lookup_tiered_and_salts(tmp_path):
+    rng = np.random.default_rng(24)
+    pool = make_pool(10)  # room for the blocks the salted admission evicts too
+    tokens, saved = offloaded(pool, rng)
+    hashes = pool.hash_prefix(tokens[:16])
+    salted = pool.hash_prefix(tokens[:16], cache_salt="other-tenant")
+    # Another tenant's own hashes find nothing; the unsalted ones are refused.
+    _o, m = tiers.admit_tiered(pool, tokens, hashes=salted, cache_salt="other-tenant")
+    assert m.num_cached == 0
+    _o.free()
+    with pytest.raises(pagedkv.InvalidArgumentError, match=r"hashes\[0\]"):
+        tiers.admit_tiered(pool, tokens, hashes=hashes, cache_salt="other-tenant")
+    assert tiers.stats(pool).num_hits == 0
+    s = pool.create_sequence()
+    m = tiers.match_prefix_tiered(s, tokens, hashes=hashes)
+    assert (m.num_cached, m.host_tokens) == (16, 16)
+    tiers.flush(pool)
+    assert s.num_computed_tokens == 16
+    for got, want in zip(block_bytes(pool, s.block_table()[:4]), saved):
+        assert np.array_equal(got, want)
+    pool.validate()
+
+
+def test_admit_tiered_all_or_nothing():
+    rng = np.random.default_rng(25)
+    pool = make_pool(4)
+    tokens, _ = offloaded(pool, rng)
+    # Out of blocks: no sequence, no tier entry taken.
+    with pytest.raises(pagedkv.OutOfBlocksError):
+        tiers.admit_tiered(pool, tokens, lookahead=8)
+    assert tiers.stats(pool).num_hits == 0
+    s, m = tiers.admit_tiered(pool, tokens, lookahead=3)
+    assert m.host_tokens == 16 and len(s) == 17
+    tiers.flush(pool)
+    assert s.num_computed_tokens == 16 and tiers.stats(pool).num_loaded == 4
+    pool.validate()
+
+
+def test_file_tier_alone(tmp_path):
+    """host_bytes=0 with a file_dir: blocks go straight to the file (one pass)."""
+    rng = np.random.default_rng(26)
+    pool = make_pool(0, str(tmp_path), 4)
+    tokens, saved = offloaded(pool, rng)
+    with pytest.raises(pagedkv.InvalidStateError, match="no host tier"):
+        tiers.stats(pool, tiers.MEDIUM_HOST)
+    assert tiers.stats(pool, tiers.MEDIUM_FILE).num_stored == 4
+    s, m = tiers.admit_tiered(pool, tokens)
+    assert (m.host_tokens, m.file_tokens) == (0, 16)
+    tiers.flush(pool)
+    assert s.num_computed_tokens == 16
+    for got, want in zip(block_bytes(pool, s.block_table()[:4]), saved):
+        assert np.array_equal(got, want)
+    pool.validate()

@@ -47,7 +47,11 @@ extern "C" {
 typedef struct pkv_tier_options {
   uint32_t struct_size; /* sizeof(pkv_tier_options); set by _init */
   uint32_t flags;       /* reserved: 0 */
-  uint64_t host_bytes;  /* host tier size; holds host_bytes / bytes_per_block blocks (>= 1) */
+  uint64_t host_bytes;  /* host tier size; holds host_bytes / bytes_per_block blocks (>= 1).
+                           0 with file_dir set: no host tier; an evicted block goes
+                           straight from the pool's storage into the file tier, hashed
+                           as it is written (one pass instead of a copy into the host
+                           tier and, later, a write of that copy) */
   const char* file_dir; /* directory of the file tier; NULL or "" = none. One file of
                            fixed slots is created there and unlinked at once (it goes with
                            the pool), allocated in full at attach (fallocate: a full disk
@@ -78,6 +82,33 @@ PKV_API void pkv_tier_match_init(pkv_tier_match* out);
 PKV_API pkv_status pkv_seq_match_prefix_tiered(pkv_pool* pool, pkv_seq_id seq,
                                                const int32_t* tokens, uint64_t num_tokens,
                                                pkv_tier_match* out);
+
+/* pkv_seq_match_prefix_hashes continued into the tiers as
+ * pkv_seq_match_prefix_tiered does: hashes[0, num_hashes) are the
+ * engine's block hashes of tokens (checked as there; the tier lookup
+ * follows them too, as far as they go), and out says what came from which
+ * tier. All or nothing as pkv_seq_match_prefix_hashes: on an error nothing
+ * is attached and no tier entry is taken. */
+PKV_API pkv_status pkv_seq_match_prefix_hashes_tiered(pkv_pool* pool, pkv_seq_id seq,
+                                                      const int32_t* tokens, uint64_t num_tokens,
+                                                      const pkv_block_hash* hashes,
+                                                      uint64_t num_hashes, pkv_tier_match* out);
+
+/* pkv_seq_admit (hashes NULL) or pkv_seq_admit_hashes, whose lookup goes on
+ * into the tiers after the device hits, as pkv_seq_match_prefix_tiered
+ * does: the tier hits' blocks are among the blocks the prompt needs anyway,
+ * so the prompt fits exactly when it fits pkv_seq_admit, and then every
+ * tier hit is taken (PKV_E_OUT_OF_BLOCKS otherwise: no sequence, no hit).
+ * out->num_cached tokens need no prefill; the next pkv_batch_prepare loads
+ * the host_tokens + file_tokens (a failed load is a miss there, as for
+ * pkv_seq_match_prefix_tiered). Without tiers it equals pkv_seq_admit(_hashes)
+ * with out->device_tokens its out_num_cached. The ABI-1 admit and hash
+ * lookup stay device-only: their out_num_cached counts computed tokens. */
+PKV_API pkv_status pkv_seq_admit_tiered(pkv_pool* pool, const pkv_seq_options* opts,
+                                        const int32_t* tokens, uint64_t num_tokens,
+                                        const pkv_block_hash* hashes, uint64_t num_hashes,
+                                        uint32_t num_lookahead, pkv_seq_id* out_seq,
+                                        pkv_tier_match* out);
 
 typedef struct pkv_tier_stats {
   uint32_t struct_size; /* sizeof(pkv_tier_stats); set by _init */

@@ -91,6 +91,16 @@ impl<'pool> Seq<'pool> {
         self.pool.match_prefix_tiered(self.id, tokens)
     }
 
+    /// [`Pool::match_prefix_hashes_tiered`].
+    pub fn match_prefix_hashes_tiered(
+        &self,
+        tokens: &[i32],
+        hashes: &[crate::BlockHash],
+    ) -> Result<crate::TierMatch> {
+        self.pool
+            .match_prefix_hashes_tiered(self.id, tokens, hashes)
+    }
+
     /// [`Pool::set_retention`].
     pub fn set_retention(&self, ranges: &[crate::RetentionRange]) -> Result<()> {
         self.pool.set_retention(self.id, ranges)

@@ -8,7 +8,8 @@ use pagedkv_sys as sys;
 
 use crate::error::{check, Result};
 use crate::hash::{opt_c_string, opt_ptr};
-use crate::pool::{to_u64, Pool, SeqId};
+use crate::pool::{to_u64, with_raw_seq_options, Pool, SeqId, SeqOptions};
+use crate::types::BlockHash;
 
 /// Which tier ([`Pool::tier_stats`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +28,9 @@ impl Medium {
 }
 
 /// The tiers of a pool: a host tier of `host_bytes` and, with `file_dir`,
-/// a file tier of `file_bytes` below it.
+/// a file tier of `file_bytes` below it. `host_bytes` 0 with a `file_dir`:
+/// a file tier alone, each evicted block hashed and written straight from
+/// the pool (one pass).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TierOptions {
     pub host_bytes: u64,
@@ -42,6 +45,31 @@ pub struct TierMatch {
     pub device_tokens: u64,
     pub host_tokens: u64,
     pub file_tokens: u64,
+}
+
+impl TierMatch {
+    fn from_raw(raw: &sys::pkv_tier_match) -> TierMatch {
+        TierMatch {
+            num_cached: raw.num_cached,
+            device_tokens: raw.device_tokens,
+            host_tokens: raw.host_tokens,
+            file_tokens: raw.file_tokens,
+        }
+    }
+}
+
+fn new_match() -> sys::pkv_tier_match {
+    let mut raw = sys::pkv_tier_match::default();
+    // SAFETY: valid out-parameter.
+    unsafe { sys::pkv_tier_match_init(&mut raw) };
+    raw
+}
+
+fn raw_hashes(hashes: &[BlockHash]) -> Vec<sys::pkv_block_hash> {
+    hashes
+        .iter()
+        .map(|h| sys::pkv_block_hash { bytes: h.0 })
+        .collect()
 }
 
 /// Counters of one tier; `bytes_loaded / load_ns` is the load bandwidth.
@@ -79,9 +107,8 @@ impl Pool {
     /// [`match_prefix`](Pool::match_prefix), continued with the blocks found
     /// in the tiers; the next plan loads those before anything reads them.
     pub fn match_prefix_tiered(&self, seq: SeqId, tokens: &[i32]) -> Result<TierMatch> {
-        let mut raw = sys::pkv_tier_match::default();
+        let mut raw = new_match();
         // SAFETY: valid out-parameter; tokens is valid for its length.
-        unsafe { sys::pkv_tier_match_init(&mut raw) };
         check(unsafe {
             sys::pkv_seq_match_prefix_tiered(
                 self.ptr(),
@@ -91,11 +118,75 @@ impl Pool {
                 &mut raw,
             )
         })?;
-        Ok(TierMatch {
-            num_cached: raw.num_cached,
-            device_tokens: raw.device_tokens,
-            host_tokens: raw.host_tokens,
-            file_tokens: raw.file_tokens,
+        Ok(TierMatch::from_raw(&raw))
+    }
+
+    /// [`match_prefix_hashes`](Pool::match_prefix_hashes) continued into the
+    /// tiers as [`match_prefix_tiered`](Pool::match_prefix_tiered): the
+    /// engine's block hashes of `tokens` are checked as there and followed
+    /// through the tiers too. All or nothing.
+    pub fn match_prefix_hashes_tiered(
+        &self,
+        seq: SeqId,
+        tokens: &[i32],
+        hashes: &[BlockHash],
+    ) -> Result<TierMatch> {
+        let raw_hashes = raw_hashes(hashes);
+        let mut raw = new_match();
+        // SAFETY: valid out-parameter; tokens and raw_hashes are valid for
+        // their lengths.
+        check(unsafe {
+            sys::pkv_seq_match_prefix_hashes_tiered(
+                self.ptr(),
+                seq.raw(),
+                tokens.as_ptr(),
+                to_u64(tokens.len()),
+                raw_hashes.as_ptr(),
+                to_u64(raw_hashes.len()),
+                &mut raw,
+            )
+        })?;
+        Ok(TierMatch::from_raw(&raw))
+    }
+
+    /// [`admit`](Pool::admit) (`hashes` None) or
+    /// [`admit_hashes`](Pool::admit_hashes) whose lookup goes on into the
+    /// tiers after the device hits. The prompt fits exactly when it fits
+    /// `admit` (tier hits take blocks the prompt needs anyway), and then
+    /// every tier hit is taken; all or nothing. Returns the bare id (freed by
+    /// the caller) and the tokens found per medium: `num_cached` need no
+    /// prefill, and the next plan loads the host and file ones.
+    pub fn admit_tiered(
+        &self,
+        opts: &SeqOptions,
+        tokens: &[i32],
+        hashes: Option<&[BlockHash]>,
+        num_lookahead: u32,
+    ) -> Result<(SeqId, TierMatch)> {
+        let raw_hashes = raw_hashes(hashes.unwrap_or(&[]));
+        with_raw_seq_options(opts, |opts| {
+            let mut id = 0;
+            let mut raw = new_match();
+            // SAFETY: opts' pointers, tokens and raw_hashes outlive the call;
+            // a null hashes pointer selects the hashing path.
+            check(unsafe {
+                sys::pkv_seq_admit_tiered(
+                    self.ptr(),
+                    opts,
+                    tokens.as_ptr(),
+                    to_u64(tokens.len()),
+                    if hashes.is_some() {
+                        raw_hashes.as_ptr()
+                    } else {
+                        std::ptr::null()
+                    },
+                    to_u64(raw_hashes.len()),
+                    num_lookahead,
+                    &mut id,
+                    &mut raw,
+                )
+            })?;
+            Ok((SeqId::from_raw(id), TierMatch::from_raw(&raw)))
         })
     }
 
