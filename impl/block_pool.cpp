@@ -11,8 +11,7 @@ BlockPool::BlockPool(int32_t num_blocks, bool enable_caching, EventQueue* events
       ref_(num_blocks, 0),
       hash_(num_blocks),
       lora_(num_blocks, 0),
-      fill_(num_blocks, 0),
-      written_(num_blocks, 0),
+      counts_(num_blocks),
       queue_(num_blocks, 1),
       cache_(&hash_, num_blocks),
       events_(events) {}
@@ -246,14 +245,14 @@ std::string BlockPool::check() const {
   uint64_t filled = 0;
   for (int32_t id = 1; id < num_blocks_; ++id) {
     if (ref_[id] < 0) return "ref counts: block " + std::to_string(id) + " has a negative count";
-    if (ref_[id] > 0) ++used, filled += fill_[id];
+    if (ref_[id] > 0) ++used, filled += counts_[id].fill;
     if (ref_[id] > 0 && queue_.contains(id))
       return "free queue: block " + std::to_string(id) + " is referenced and free";
     if (ref_[id] == 0 && !queue_.contains(id))
       return "free queue: block " + std::to_string(id) + " is unreferenced but not free";
-    if (block_size_ && written_[id] > block_size_)
-      return "written state: block " + std::to_string(id) + " has " + std::to_string(written_[id]) +
-             " written slots, more than a block holds";
+    if (block_size_ && counts_[id].written > block_size_)
+      return "written state: block " + std::to_string(id) + " has " +
+             std::to_string(counts_[id].written) + " written slots, more than a block holds";
     if (!hash_[id].empty() && ref_[id] == 0 && !fully_written(id))
       return "written state: block " + std::to_string(id) +
              " sits cached in the free queue but its K/V was never (fully) written";

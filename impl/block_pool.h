@@ -68,8 +68,8 @@ class BlockPool {
     int32_t id = queue_.pop_front();
     if (!hash_[id].empty()) evict(id);
     ref_[id] = 1;
-    fill_[id] = 0;
-    written_[id] = 0;
+    counts_[id].fill = 0;
+    counts_[id].written = 0;
     ++num_used_;
     return id;
   }
@@ -80,7 +80,7 @@ class BlockPool {
       queue_.remove(id);
       if (ret_) ++ret_->arm[id];  // in use: a pending expiry no longer applies
       ++num_used_;
-      filled_ += fill_[id];
+      filled_ += counts_[id].fill;
     }
     ++ref_[id];
   }
@@ -90,7 +90,7 @@ class BlockPool {
   void release(int32_t id) noexcept {
     if (--ref_[id] == 0) {
       --num_used_;
-      filled_ -= fill_[id];
+      filled_ -= counts_[id].fill;
       if (ret_) {
         release_retained(id);
       } else if (hash_[id].empty()) {
@@ -106,13 +106,13 @@ class BlockPool {
   // alone) and by a truncate of the only holder; a shared block keeps the
   // fill of its fullest holder. filled() sums it over used blocks, so stats
   // need no walk over the tables.
-  uint32_t fill(int32_t id) const { return fill_[id]; }
+  uint32_t fill(int32_t id) const { return counts_[id].fill; }
   void set_fill(int32_t id, uint32_t f) noexcept {
-    if (ref_[id] > 0) filled_ += uint64_t(f) - fill_[id];
-    fill_[id] = uint16_t(f);
+    if (ref_[id] > 0) filled_ += uint64_t(f) - counts_[id].fill;
+    counts_[id].fill = uint16_t(f);
   }
   void add_filled_slot(int32_t id) noexcept {  // id in use: one more token (decode)
-    ++fill_[id];
+    ++counts_[id].fill;
     ++filled_;
   }
   uint64_t filled() const { return filled_; }
@@ -123,18 +123,15 @@ class BlockPool {
   // so a count of leading slots is the whole state. Reset by allocate;
   // lowered by the sole holder that appends new tokens into written slots
   // or truncates them. Only fully written blocks may be hit by a lookup.
-  uint32_t written(int32_t id) const { return written_[id]; }
+  uint32_t written(int32_t id) const { return counts_[id].written; }
   // Starts loading the prefix-cache slot a block hashed h would go to.
   void prefetch_cache_slot(const BlockHash& h) const {
     if (caching_) cache_.prefetch(h);
   }
   // Starts loading a block's fill and written counts (see SeqTable::prefetch).
-  void prefetch_counts(int32_t id) const {
-    __builtin_prefetch(&fill_[id]);
-    __builtin_prefetch(&written_[id]);
-  }
-  void set_written(int32_t id, uint32_t w) noexcept { written_[id] = uint16_t(w); }
-  bool fully_written(int32_t id) const { return written_[id] >= block_size_; }
+  void prefetch_counts(int32_t id) const { __builtin_prefetch(&counts_[id]); }
+  void set_written(int32_t id, uint32_t w) noexcept { counts_[id].written = uint16_t(w); }
+  bool fully_written(int32_t id) const { return counts_[id].written >= block_size_; }
   void set_block_size(uint32_t bs) { block_size_ = bs; }
 
   // Room for n more events, before a caller starts mutating (may throw).
@@ -243,8 +240,12 @@ class BlockPool {
   std::vector<int32_t> ref_;
   std::vector<BlockHash> hash_;
   std::vector<uint64_t> lora_;  // for REMOVED events
-  std::vector<uint16_t> fill_;  // block_size <= 1024
-  std::vector<uint16_t> written_;
+  // Per block: its fill and written counts (block_size <= 1024), side by
+  // side: a decode step reads and updates both, one cache line.
+  struct Counts {
+    uint16_t fill = 0, written = 0;
+  };
+  std::vector<Counts> counts_;
   // Set by the owning Pool; 0 (tests of the block pool alone) counts every
   // block as written.
   uint32_t block_size_ = 0;

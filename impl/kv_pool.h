@@ -17,6 +17,7 @@
 #include "kernel_types.h"
 #include "pool_tag.h"
 #include "sequence.h"
+#include "step_plan_rows.h"
 #include "tensor_arg.h"
 #include "tier/tier_set.h"
 
@@ -126,7 +127,6 @@ struct PoolStats {
 };
 
 class Batch;
-struct PlanHost;
 struct PageTable;
 
 class Pool {
@@ -331,10 +331,7 @@ class Pool {
     if (blocks_.written(b) > from) blocks_.set_written(b, uint32_t(from));
   }
   // Marks the slots a committed step wrote (see Batch::commit); holds mu_.
-  struct WrittenRange {
-    int32_t block;
-    uint32_t lo, hi;  // slots [lo, hi) of block
-  };
+  using WrittenRange = ::pagedkv::WrittenRange;  // step_plan_rows.h
   // The written count of each block in ranges after applying them in slot
   // order to the current state: sorted by block, one entry per block.
   std::vector<std::pair<int32_t, uint32_t>> written_after(std::vector<WrittenRange> ranges) const;
@@ -419,15 +416,19 @@ class Pool {
   std::vector<uint32_t> copy_stamp_;
   uint32_t copy_round_ = 0;
   std::vector<int32_t> copy_src_, copy_dst_;
-  // append_batch's per-sequence work list, kept between calls.
+  // append_batch's per-sequence work list, kept between calls (small: a
+  // 1024-sequence list stays in L1 across its three passes).
   struct BatchItem {
+    static constexpr uint32_t kSimple = ~0u;
     Sequence* s;
     uint64_t n0;
-    AppendNeed need;
-    size_t h0;
-    bool simple;  // the decode fast path: no new block, nothing fills
+    uint32_t h0;
+    // Index of its AppendNeed in batch_needs_, or kSimple: the decode fast
+    // path (no new block, nothing fills).
+    uint32_t need;
   };
   std::vector<BatchItem> batch_items_;
+  std::vector<AppendNeed> batch_needs_;
   // Incremental step plans (step_plan_rows.h): the last plan's memory and
   // page rows, and a spare buffer for the next plan.
   std::shared_ptr<PlanHost> last_plan_, spare_plan_;

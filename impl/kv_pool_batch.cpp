@@ -37,89 +37,92 @@ void Pool::append_batch(const SeqId* ids, const int32_t* tokens, uint64_t m) {
   check_open();
   if (m == 0) return;
   std::vector<BatchItem>& items = batch_items_;
+  std::vector<AppendNeed>& needs = batch_needs_;
   items.clear();
+  needs.clear();
   items.reserve(m);  // may throw: nothing changed yet
 
-  // 1. Checks, in order, as if the appends ran one after another.
+  // 1. In order, as if the appends ran one after another: the checks, room
+  // in the vectors that grow, then the token and the hashes of the blocks
+  // it fills (one pass: each sequence's lines are loaded once). What can
+  // throw (a check, an allocation, hashing) takes back the tokens and
+  // hashes staged so far; nothing else changed yet.
   const uint64_t mark = ++plan_epoch_;
   const uint64_t bs = opts_.block_size;
   uint64_t take = 0, gain = 0, events = 0, cow = 0;
   const uint64_t free_now = uint64_t(blocks_.num_free());
-  constexpr uint64_t kAhead = 16;  // prefetch distance, in sequences
-  for (uint64_t i = 0; i < m; ++i) {
-    if (i + kAhead < m) seqs_.prefetch(ids[i + kAhead]);
-    Sequence* s = batch_member(ids, i, mark);
-    BatchItem it{s, s->tokens.size(), {}, 0, false};
-    __builtin_prefetch(s->tokens.data() + it.n0, 1);  // written in step 2
-    if (div_bs(it.n0) < s->blocks.size())
-      __builtin_prefetch(s->blocks.data() + div_bs(it.n0));  // read in step 3
-    if (!s->tail_shared && opts_.sliding_window == 0 && it.n0 < kMaxSeqTokens) {
-      const uint64_t j = div_bs(it.n0);
-      it.simple = j < s->blocks.size() && div_bs(it.n0 + 1) == j;
-    }
-    if (!it.simple) {
-      try {
-        it.need = append_need(*s, 1, 0);
-      } catch (const Error& e) {
-        fail(e.code(), at("seqs", i, ids[i]) + ": " + e.what());
-      }
-      take += it.need.fresh + it.need.cow;
-      gain += it.need.window_gain;
-      cow += it.need.cow;
-      events += it.need.fresh + it.need.cow + 4 + (it.need.window_end - it.need.window_first);
-      if (take > free_now + gain)
-        fail(Errc::kOutOfBlocks, at("seqs", i, ids[i]) + ": the appends up to this one need " +
-                                     str(take) + " blocks; " + str(free_now + gain) +
-                                     " are free (nothing was appended)");
-    }
-    items.push_back(it);
-  }
-
-  // 2. What can throw: room in every vector, then the tokens and hashes.
-  blocks_.reserve_events(events);
-  if (cow) grow(blocks_.pending_copies(), blocks_.pending_copies().size() + cow);
-  for (BatchItem& it : items) {
-    grow(it.s->tokens, it.n0 + 1);
-    if (!it.simple) grow(it.s->blocks, it.s->blocks.size() + it.need.fresh);
-  }
-  size_t staged = 0;
+  constexpr uint64_t kAhead = 16, kNear = 8, kClose = 4;  // prefetch distances, in sequences
   try {
-    for (; staged < m; ++staged) {
-      BatchItem& it = items[staged];
-      if (staged + kAhead < m) {
-        const BatchItem& ahead = items[staged + kAhead];
-        const uint64_t j = div_bs(ahead.n0);
-        if (ahead.simple) blocks_.prefetch_counts(ahead.s->blocks[j]);
+    for (uint64_t i = 0; i < m; ++i) {
+      if (i + kAhead < m) seqs_.prefetch(ids[i + kAhead]);
+      Sequence* s = batch_member(ids, i, mark);
+      BatchItem it{s, s->tokens.size(), uint32_t(s->hashes.size()), BatchItem::kSimple};
+      const uint64_t j = div_bs(it.n0);
+      if (j < s->blocks.size()) __builtin_prefetch(s->blocks.data() + j);  // read in step 2
+      // The decode fast path: no new block, nothing fills.
+      const bool simple = !s->tail_shared && opts_.sliding_window == 0 && it.n0 < kMaxSeqTokens &&
+                          j < s->blocks.size() && div_bs(it.n0 + 1) == j;
+      if (!simple) {
+        AppendNeed need;
+        try {
+          need = append_need(*s, 1, 0);
+        } catch (const Error& e) {
+          fail(e.code(), at("seqs", i, ids[i]) + ": " + e.what());
+        }
+        take += need.fresh + need.cow;
+        gain += need.window_gain;
+        cow += need.cow;
+        events += need.fresh + need.cow + 4 + (need.window_end - need.window_first);
+        if (take > free_now + gain)
+          fail(Errc::kOutOfBlocks, at("seqs", i, ids[i]) + ": the appends up to this one need " +
+                                       str(take) + " blocks; " + str(free_now + gain) +
+                                       " are free (nothing was appended)");
+        grow(s->blocks, s->blocks.size() + need.fresh);
+        it.need = uint32_t(needs.size());
+        needs.push_back(need);
       }
-      it.s->tokens.push_back(tokens[staged]);
-      it.h0 = it.s->hashes.size();
-      if (!it.simple) {
-        it.h0 = hash_new_blocks(*it.s);
-        for (size_t k = it.h0; k < it.s->hashes.size(); ++k)
-          blocks_.prefetch_cache_slot(it.s->hashes[k]);  // inserted in step 3
+      grow(s->tokens, it.n0 + 1);
+      items.push_back(it);             // reserved
+      s->tokens.push_back(tokens[i]);  // reserved
+      if (!simple) {
+        items.back().h0 = uint32_t(hash_new_blocks(*s));  // on failure s->hashes is as before
+        for (size_t k = items.back().h0; k < s->hashes.size(); ++k)
+          blocks_.prefetch_cache_slot(s->hashes[k]);  // inserted in step 2
       }
     }
+    blocks_.reserve_events(events);
+    if (cow) grow(blocks_.pending_copies(), blocks_.pending_copies().size() + cow);
   } catch (...) {
-    for (size_t k = 0; k <= staged && k < m; ++k) {
-      BatchItem& it = items[k];
+    for (const BatchItem& it : items) {
       it.s->tokens.resize(it.n0);
       it.s->hashes.resize(it.h0);
     }
     throw;
   }
 
-  // 3. Commit, in order.
+  // 2. Commit, in order (nothing fails from here).
   tick();  // retention: priorities whose time ran out, before allocating
-  for (BatchItem& it : items) {
+  for (uint64_t i = 0; i < m; ++i) {
+    // The slot, then its table entry, then that block's counts.
+    if (i + kAhead < m) __builtin_prefetch(items[i + kAhead].s);
+    if (i + kNear < m) {
+      const BatchItem& a = items[i + kNear];
+      if (a.need == BatchItem::kSimple) __builtin_prefetch(a.s->blocks.data() + div_bs(a.n0));
+    }
+    if (i + kClose < m) {
+      const BatchItem& a = items[i + kClose];
+      if (a.need == BatchItem::kSimple) blocks_.prefetch_counts(a.s->blocks[div_bs(a.n0)]);
+    }
+    const BatchItem& it = items[i];
     Sequence& s = *it.s;
-    if (it.simple) {
+    if (it.need == BatchItem::kSimple) {
       const uint64_t j = div_bs(it.n0);
       clamp_written(s.blocks[j], it.n0 - j * bs);
       blocks_.add_filled_slot(s.blocks[j]);
       ++num_tokens_;
       ++s.version;
     } else {
-      apply_append(s, it.n0, 1, it.need, it.h0);
+      apply_append(s, it.n0, 1, needs[it.need], it.h0);
     }
   }
 }

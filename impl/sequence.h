@@ -27,7 +27,9 @@ struct RetentionRange {
 };
 
 // Hot fields first: with the slot header, tokens, blocks, version and
-// tail_shared fill the slot's first 64-byte line, all a decode append reads.
+// tail_shared fill the slot's first 64-byte line, all a decode append reads;
+// the second line holds what batched appends, step plans and commits read
+// besides (SeqTable::prefetch loads both).
 struct Sequence {
   std::vector<int32_t> tokens;  // every token appended, incl. a cached prefix
   std::vector<int32_t> blocks;  // block table; 0 = released by the sliding window
@@ -39,10 +41,7 @@ struct Sequence {
   // the hot append path need not read their ref counts. Set by fork and
   // truncate; cleared by the append that finds it true again.
   bool tail_shared = false;
-  std::vector<BlockHash> hashes;  // chained hashes of the full blocks (caching on)
-  uint64_t num_null = 0;          // leading table entries released to the null block
-  int32_t priority = 0;
-  uint64_t num_cached = 0;  // tokens attached by match_prefix
+  uint64_t plan_mark = 0;  // batch-prepare epoch, to reject duplicates
   // End of the positions whose K/V this sequence knows written: a
   // committed step covered them, or they were attached as written prefix
   // hits. The sliding window releases relative to it. Whether a slot is
@@ -52,7 +51,6 @@ struct Sequence {
   // Bumped by truncate: a step prepared before it wrote K/V of tokens that
   // may have been replaced, so its commit must not mark their slots.
   uint32_t writes_epoch = 0;
-  uint64_t plan_mark = 0;  // batch-prepare epoch, to reject duplicates
   // Bumped by every change of the block table (not by appends into a block
   // it already holds): a step plan reuses the previous plan's page row of
   // a sequence whose table_version did not change (step_plan_rows.h).
@@ -65,6 +63,10 @@ struct Sequence {
   // append starts a new run), so a change made elsewhere is never taken
   // for an append.
   uint32_t append_from = 0, append_to = 0;
+  std::vector<BlockHash> hashes;  // chained hashes of the full blocks (caching on)
+  uint64_t num_null = 0;          // leading table entries released to the null block
+  int32_t priority = 0;
+  uint64_t num_cached = 0;  // tokens attached by match_prefix
   void bump_table_appended() {
     if (append_to != table_version) append_from = table_version;
     append_to = ++table_version;
@@ -156,9 +158,11 @@ class SeqTable {
       // slot is never used again (one slot per 2^24 - 1 frees of it).
       s.seq = Sequence();
       ++retired_;
+      ++removals_;
       return;
     }
     ++s.gen;
+    ++removals_;
     // Keep small buffers for reuse; drop big ones so a finished long
     // request does not pin its memory.
     if (s.seq.tokens.capacity() > (1u << 16)) s.seq = Sequence();
@@ -168,6 +172,10 @@ class SeqTable {
   size_t size() const { return live_; }
   bool full() const { return size_ == kMaxSlots && free_.empty(); }
   size_t num_retired() const { return retired_; }
+  // Sequences removed (or the table cleared) so far: while it is unchanged,
+  // every live Sequence* taken from find() still names the same sequence
+  // (a slot is only reused after a remove). Step plans rely on it.
+  uint64_t removals() const { return removals_; }
 
   template <class F>
   void for_each(F&& f) const {
@@ -182,6 +190,7 @@ class SeqTable {
     size_ = 0;
     live_ = 0;
     retired_ = 0;
+    ++removals_;
   }
 
   // Tests reach a used-up generation without 2^24 create/free cycles: sets
@@ -198,6 +207,8 @@ class SeqTable {
   };
   static_assert(offsetof(Slot, seq) + offsetof(Sequence, tail_shared) < 64,
                 "a decode append's fields must share the slot's first cache line");
+  static_assert(offsetof(Slot, seq) + offsetof(Sequence, num_null) + 8 <= 128,
+                "a plan's fields must lie in the slot's first two cache lines");
   // Fixed-size chunks keep slot addresses stable as the table grows.
   static constexpr uint32_t kChunk = 64;
   struct Chunk {
@@ -214,6 +225,7 @@ class SeqTable {
   uint32_t size_ = 0;  // slots ever used
   size_t live_ = 0;
   size_t retired_ = 0;
+  uint64_t removals_ = 0;
 };
 
 std::string seq_name(SeqId id);  // "seq 0x0001000001000002"

@@ -60,21 +60,70 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   std::lock_guard<std::mutex> lock(p.mu_);
   p.check_open();
   if (num_seqs == 0) fail(Errc::kInvalidArgument, "num_seqs is 0");
-  const uint64_t bs = p.opts_.block_size;
   std::unique_ptr<Batch> b(new Batch);
   b->pool_ = pool;
-  b->seqs_.assign(seqs, seqs + num_seqs);
-  b->versions_.resize(num_seqs);
-  std::vector<Sequence*> live(num_seqs);
+  // The plan's memory and per-sequence state: recycled from an earlier
+  // plan, so a steady-state step allocates nothing.
+  b->host_ = take_plan_host(p.spare_plan_);
+  try {
+    b->build(seqs, query_counts, num_seqs, stream, persistent_table);
+  } catch (...) {
+    // Back for the next plan (this batch is dropped without the lock,
+    // which prepare holds).
+    recycle_plan_host(p.spare_plan_, std::move(b->host_));
+    throw;
+  }
+  return b;
+}
 
-  // Validate everything before touching anything.
+void Batch::build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_seqs, void* stream,
+                  bool persistent_table) {
+  Pool& p = *pool_;
+  PlanHost& h = *host_;
+  const uint64_t bs = p.opts_.block_size;
+  const uint64_t w = p.opts_.sliding_window;
+  h.seqs.assign(seqs, seqs + num_seqs);
+  h.live.resize(num_seqs);
+  h.versions.resize(num_seqs);
+  h.epochs.resize(num_seqs);
+  h.pages.resize(num_seqs);
+  h.ends.resize(num_seqs);
+  h.table_versions.resize(num_seqs);
+  h.ranges.clear();
+  h.ranges.reserve(num_seqs);  // one each in a decode step
+  h.unsure.clear();
+  removals_ = p.seqs_.removals();
+  // Raw pointers: stores through them cannot alias the vectors' own
+  // members, so the loops below keep them in registers.
+  Sequence** const live = h.live.data();
+  uint32_t* const versions = h.versions.data();
+  uint32_t* const epochs = h.epochs.data();
+  uint32_t* const page_counts = h.pages.data();
+  uint64_t* const ends = h.ends.data();
+
+  // One pass validates everything before touching anything, and notes
+  // what the plan needs of each sequence: the slots its queries write
+  // (ranges), and whether its context may hold unwritten slots (unsure).
   const uint64_t epoch = ++p.plan_epoch_;
   uint64_t tokens = 0, pages = 0, max_ctx = 0;
-  uint32_t max_q = 0;
-  constexpr uint32_t kAhead = 16;  // prefetch distance, in sequences
+  uint32_t max_q = 0, max_pages = 0;
+  // Sequences are looked up kNear ahead of their checks (in h.live), once
+  // their slot arrived (prefetched kAhead ahead), and the block-table
+  // entry of their first query is prefetched then.
+  constexpr uint32_t kAhead = 16, kNear = 8;
+  const auto resolve = [&](uint32_t j) {
+    Sequence* a = p.seqs_.find(seqs[j]);
+    live[j] = a;
+    if (!a) return;
+    const uint64_t n = a->tokens.size(), q = query_counts[j];
+    if (q <= n && p.div_bs(n - q) < a->blocks.size())
+      __builtin_prefetch(a->blocks.data() + p.div_bs(n - q));
+  };
+  for (uint32_t j = 0; j < std::min(kNear, num_seqs); ++j) resolve(j);
   for (uint32_t i = 0; i < num_seqs; ++i) {
     if (i + kAhead < num_seqs) p.seqs_.prefetch(seqs[i + kAhead]);
-    Sequence* s = p.seqs_.find(seqs[i]);
+    if (i + kNear < num_seqs) resolve(i + kNear);
+    Sequence* s = live[i];
     if (!s)
       fail(Errc::kNotFound, "seqs[" + str(i) + "]: " + seq_name(seqs[i]) + " is stale or unknown");
     if (s->plan_mark == epoch)
@@ -88,21 +137,32 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
                                        str(n) + "], the tokens of " + seq_name(seqs[i]));
     // The first query (position n - q) reads keys from n - q - w + 1 on:
     // none of them may lie in a block the sliding window released.
-    const uint64_t w = p.opts_.sliding_window;
     const uint64_t first_key = n - q + 1 > w ? n - q + 1 - w : 0;
     if (w > 0 && first_key / bs < s->num_null)
       fail(Errc::kInvalidArgument, "query_counts[" + str(i) + "] = " + str(q) + " makes position " +
                                        str(n - q) + " of " + seq_name(seqs[i]) +
                                        " a query, which needs keys from " + str(first_key) +
                                        " on that the sliding window already released");
-    live[i] = s;
-    if (n > 0 && p.div_bs(n - 1) < s->blocks.size())
-      __builtin_prefetch(s->blocks.data() + p.div_bs(n - 1));  // the query's block
-    b->versions_[i] = s->version;
+    const uint64_t start = n - q;
+    const uint32_t np = uint32_t(p.div_bs(n + bs - 1));
+    versions[i] = s->version;
+    epochs[i] = s->writes_epoch;
+    ends[i] = n;
+    page_counts[i] = np;
+    for (uint64_t j = p.div_bs(start); j * bs < n; ++j)
+      h.ranges.push_back({i,
+                          uint32_t(j),
+                          {s->blocks[j], uint32_t(std::max(start, j * bs) - j * bs),
+                           uint32_t(std::min(n, (j + 1) * bs) - j * bs)}});
+    // Without a window, positions before num_committed are written
+    // (validate checks it): a decode step's context usually is all of
+    // them. The others are checked below, once every range is known.
+    if (w != 0 || s->num_committed < start) h.unsure.push_back(i);
     tokens += q;
-    pages += p.div_bs(n + bs - 1);
+    pages += np;
     max_ctx = std::max(max_ctx, n);
     max_q = std::max(max_q, q);
+    max_pages = std::max(max_pages, np);
   }
   const uint64_t i32max = uint64_t(std::numeric_limits<int32_t>::max());
   if (tokens > i32max || pages > i32max)
@@ -112,37 +172,17 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   // tier hits are loaded before the written check below reads their state.
   p.settle_tiers_locked();
 
-  // The slots this plan writes, and the context it reads: every context
-  // slot must hold written K/V, or be written by this same plan first (a
-  // layer's cache write precedes its attention). Otherwise the engine must
-  // compute those tokens as queries: fail before changing anything.
-  b->epochs_.resize(num_seqs);
-  b->ends_.resize(num_seqs);
-  b->ranges_.reserve(num_seqs);  // one each in a decode step
-  std::vector<uint32_t> unsure;  // sequences whose context may hold unwritten slots
-  for (uint32_t i = 0; i < num_seqs; ++i) {
-    const Sequence& s = *live[i];
-    const uint64_t n = s.tokens.size(), start = n - query_counts[i];
-    b->epochs_[i] = s.writes_epoch;
-    b->ends_[i] = n;
-    for (uint64_t j = p.div_bs(start); j * bs < n; ++j)
-      b->ranges_.push_back({i,
-                            uint32_t(j),
-                            {s.blocks[j], uint32_t(std::max(start, j * bs) - j * bs),
-                             uint32_t(std::min(n, (j + 1) * bs) - j * bs)}});
-    // Without a window, positions before num_committed are written
-    // (validate checks it): a decode step's context usually is all of
-    // them. The others are checked below, once every range is known.
-    if (p.opts_.sliding_window != 0 || s.num_committed < start) unsure.push_back(i);
-  }
+  // The context each query reads: every context slot must hold written
+  // K/V, or be written by this same plan first (a layer's cache write
+  // precedes its attention). Otherwise the engine must compute those
+  // tokens as queries: fail before changing anything.
   // The written counts after this plan's own writes, needed only when a
   // context block is not written yet (rare: built on first use).
   std::vector<std::pair<int32_t, uint32_t>> after;
   bool have_after = false;
-  for (const uint32_t i : unsure) {
+  for (const uint32_t i : h.unsure) {
     const Sequence& s = *live[i];
-    const uint64_t n = s.tokens.size(), ctx_end = n - query_counts[i];
-    const uint64_t w = p.opts_.sliding_window;
+    const uint64_t n = ends[i], ctx_end = n - query_counts[i];
     const uint64_t first_key = w > 0 && n - query_counts[i] + 1 > w ? ctx_end + 1 - w : 0;
     // With a window, the check reads at most the window.
     uint64_t j =
@@ -153,8 +193,8 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
       uint32_t wr = p.blocks_.written(blk);
       if (wr < need) {
         if (!have_after) {
-          std::vector<Pool::WrittenRange> rs(b->ranges_.size());
-          for (size_t k = 0; k < rs.size(); ++k) rs[k] = b->ranges_[k].r;
+          std::vector<WrittenRange> rs(h.ranges.size());
+          for (size_t k = 0; k < rs.size(); ++k) rs[k] = h.ranges[k].r;
           after = p.written_after(std::move(rs));
           have_after = true;
         }
@@ -174,21 +214,16 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
     }
   }
 
-  // A persistent table: its rows replace the CSR page ids (built before
-  // anything else changes: it may fail).
+  // A persistent table: its rows replace the CSR page ids (room made
+  // before anything changes: it may fail; the rows are written below).
   if (persistent_table) {
-    std::vector<uint32_t> np(num_seqs);
-    for (uint32_t i = 0; i < num_seqs; ++i)
-      np[i] = uint32_t(p.div_bs(live[i]->tokens.size() + bs - 1));
-    size_t rewritten = 0;
-    b->table_ =
-        persistent_page_table(p.page_table_, seqs, live.data(), np.data(), num_seqs, &rewritten);
-    b->rows_reused_ = num_seqs - rewritten;
-    pages = uint64_t(num_seqs) * b->table_->stride;
+    table_ = page_table_for(p.page_table_, max_pages, num_seqs);
+    pages = uint64_t(num_seqs) * table_->stride;
   }
-  const bool host_table = b->table_ && !(p.backend_ && p.backend_->device_type() != kDeviceCpu);
+  const bool on_device = p.backend_ && p.backend_->device_type() != kDeviceCpu;
+  const bool host_table = table_ && !on_device;
 
-  BatchInfo& info = b->info_;
+  BatchInfo& info = info_;
   info.num_seqs = num_seqs;
   info.num_tokens = tokens;
   info.num_pages = pages;
@@ -203,87 +238,84 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
       num_seqs * 4ull, num_seqs * 4ull};
   size_t off = 0;
   for (int a = 0; a < 6; ++a) {
-    b->offsets_[a] = off;
+    offsets_[a] = off;
     off += (sizes[a] + 7) & ~size_t(7);
   }
-  b->bytes_ = off;
+  bytes_ = off;
   // Two copies of the arrays: the kernels read the first, callers get the
   // second (plan_tensor), so nothing a caller writes into a plan array can
   // move a kernel's reads or writes out of bounds (DESIGN.md section 9).
-  b->host_ = take_plan_host(p.spare_plan_, 2 * off / 8);
-  PlanHost& host = *b->host_;
-  host.seqs.resize(num_seqs);
-  host.table_versions.resize(num_seqs);
-  host.page_indptr_off = b->offsets_[2];
-  host.page_indices_off = b->offsets_[3];
-  char* base = reinterpret_cast<char*>(host.data.get());
-  int64_t* slots = reinterpret_cast<int64_t*>(base + b->offsets_[0]);
-  int32_t* qptr = reinterpret_cast<int32_t*>(base + b->offsets_[1]);
-  int32_t* pptr = reinterpret_cast<int32_t*>(base + b->offsets_[2]);
-  int32_t* pidx = reinterpret_cast<int32_t*>(base + b->offsets_[3]);
-  int32_t* last = reinterpret_cast<int32_t*>(base + b->offsets_[4]);
-  int32_t* ctx = reinterpret_cast<int32_t*>(base + b->offsets_[5]);
-  int64_t t = 0, pg = 0;
+  reserve_plan_words(h, 2 * off / 8);
+  // Nothing counts as computed yet: commit() (or a cache write of every
+  // layer) says the step's writes happened.
+  if (p.has_storage()) {
+    layer_written_.assign(p.opts_.num_layers, 0);
+    layers_left_ = p.opts_.num_layers;
+  }
+  h.page_indptr_off = offsets_[2];
+  h.page_indices_off = offsets_[3];
+  char* base = reinterpret_cast<char*>(h.data.get());
+  int64_t* slots = reinterpret_cast<int64_t*>(base + offsets_[0]);
+  int32_t* qptr = reinterpret_cast<int32_t*>(base + offsets_[1]);
+  int32_t* pptr = reinterpret_cast<int32_t*>(base + offsets_[2]);
+  int32_t* pidx = reinterpret_cast<int32_t*>(base + offsets_[3]);
+  int32_t* last = reinterpret_cast<int32_t*>(base + offsets_[4]);
+  int32_t* ctx = reinterpret_cast<int32_t*>(base + offsets_[5]);
+  // The arrays, and the persistent table's rows, in one pass (no throw
+  // from here to the copies below). The slots come from the ranges.
+  PageTable* const t = table_.get();
+  int64_t tk = 0, pg = 0;
+  size_t rewritten = 0, k = 0;
   qptr[0] = pptr[0] = 0;
   for (uint32_t i = 0; i < num_seqs; ++i) {
-    const Sequence& s = *live[i];
-    const uint64_t n = s.tokens.size();
-    const uint64_t np = p.div_bs(n + bs - 1);
-    for (uint64_t pos = n - query_counts[i]; pos < n; ++pos) {
-      const uint64_t j = p.div_bs(pos);
-      slots[t++] = int64_t(s.blocks[j]) * int64_t(bs) + int64_t(pos - j * bs);
+    const uint64_t n = ends[i];
+    const uint32_t np = page_counts[i];
+    for (; k < h.ranges.size() && h.ranges[k].seq == i; ++k) {
+      const QueryRange& q = h.ranges[k];
+      const int64_t first = int64_t(q.r.block) * int64_t(bs);
+      for (uint32_t slot = q.r.lo; slot < q.r.hi; ++slot) slots[tk++] = first + slot;
     }
-    pg += b->table_ ? int64_t(b->table_->stride) : int64_t(np);
-    qptr[i + 1] = int32_t(t);
+    pg += t ? int64_t(t->stride) : int64_t(np);
+    qptr[i + 1] = int32_t(tk);
     pptr[i + 1] = int32_t(pg);
-    last[i] = int32_t(n - (np - 1) * bs);
+    last[i] = int32_t(n - (uint64_t(np) - 1) * bs);
     ctx[i] = int32_t(n);
+    if (t) rewritten += update_page_row(*t, i, seqs[i], *live[i], np);
   }
-  if (!b->table_)
-    b->rows_reused_ =
-        fill_page_rows(p.last_plan_.get(), host, seqs, live.data(), pptr, pidx, num_seqs);
-  else if (!host_table)
-    std::memcpy(pidx, b->table_->kern.get(), pages * sizeof(int32_t));
-  b->host_view_ = view_at(base, b->offsets_, info);
-  if (host_table) b->host_view_.page_indices = b->table_->kern.get();
+  if (!t)
+    rows_reused_ = fill_page_rows(p.last_plan_.get(), h, seqs, live, pptr, pidx, num_seqs);
+  else
+    rows_reused_ = num_seqs - rewritten;
+  if (t && !host_table) std::memcpy(pidx, t->kern.get(), pages * sizeof(int32_t));
+  host_view_ = view_at(base, offsets_, info);
+  if (host_table) host_view_.page_indices = t->kern.get();
 
-  // Nothing counts as computed yet: commit() (or a cache write of every
-  // layer) says the step's writes happened. Allocated before the copies
-  // run: nothing after them may fail.
-  if (p.has_storage()) {
-    b->layer_written_.assign(p.opts_.num_layers, 0);
-    b->layers_left_ = p.opts_.num_layers;
-  }
-  if (p.backend_ && p.backend_->device_type() != kDeviceCpu) {
+  if (on_device) {
     std::memcpy(base + off, base, off);  // the callers' copy, uploaded with the kernels'
-    b->device_ = p.backend_->allocate_async(2 * b->bytes_, stream);
-    b->stream_ = stream;
+    device_ = p.backend_->allocate_async(2 * bytes_, stream);
+    stream_ = stream;
     try {
       p.run_pending_copies(stream);
-      p.backend_->upload(b->device_, base, 2 * b->bytes_, stream);
+      p.backend_->upload(device_, base, 2 * bytes_, stream);
     } catch (...) {
-      p.backend_->deallocate_async(b->device_, stream);
-      b->device_ = nullptr;
+      p.backend_->deallocate_async(device_, stream);
+      device_ = nullptr;
       throw;
     }
-    b->view_ = view_at(static_cast<const char*>(b->device_), b->offsets_, info);
+    view_ = view_at(static_cast<const char*>(device_), offsets_, info);
   } else {
     p.run_pending_copies(stream);
-    b->view_ = b->host_view_;
+    view_ = host_view_;
   }
-  b->state_ = State::kOpen;
-  b->recyclable_ = true;
-  if (!b->table_) remember_plan(p.last_plan_, p.spare_plan_, b->host_);
-  return b;
+  state_ = State::kOpen;
+  recyclable_ = true;
+  if (!t) remember_plan(p.last_plan_, p.spare_plan_, host_);
 }
 
 Batch::~Batch() {
   const bool count = state_ == State::kOpen && !pool_->has_storage();
   if (!recyclable_) return;  // prepare failed (and holds the lock); nothing on the device yet
   std::lock_guard<std::mutex> lock(pool_->mu_);
-  // The plan memory goes back to the pool for the next plan.
-  if (!pool_->closed_) recycle_plan_host(pool_->spare_plan_, std::move(host_));
-  table_.reset();  // under the lock: the next plan may update it in place
   // ABI 1 compatibility: a manager-only pool's engine writes K/V elsewhere
   // and older callers never commit, so a step destroyed without abort
   // counts as done. A pool with storage knows better: unless every layer
@@ -294,6 +326,9 @@ Batch::~Batch() {
     } catch (...) {  // out of memory: the tokens stay uncomputed, which is safe
     }
   }
+  // The plan memory goes back to the pool for the next plan.
+  if (!pool_->closed_) recycle_plan_host(pool_->spare_plan_, std::move(host_));
+  table_.reset();  // under the lock: the next plan may update it in place
   if (device_) pool_->backend_->deallocate_async(device_, stream_);
   if (positions_device_) pool_->backend_->deallocate_async(positions_device_, stream_);
 }
@@ -317,46 +352,87 @@ void Batch::abort() {
 
 void Batch::commit_locked() {
   Pool& p = *pool_;
+  PlanHost& h = *host_;
+  const size_t m = h.seqs.size();
   // A sequence freed or truncated since prepare is skipped (its slots may
   // hold other tokens now), and so is any block its table no longer names
   // at that place (a copy-on-write moved it, or it was released): marking
   // less is always safe, the next plan computes the rest.
-  std::vector<Sequence*> live(seqs_.size());
-  for (size_t i = 0; i < seqs_.size(); ++i) {
-    if (i + 8 < seqs_.size()) p.seqs_.prefetch(seqs_[i + 8]);
-    Sequence* s = p.seqs_.find(seqs_[i]);
-    live[i] = s && s->writes_epoch == epochs_[i] ? s : nullptr;
+  // The sequences prepare resolved still stand unless some sequence was
+  // freed since (a slot is reused only after a free); otherwise each id is
+  // looked up again, so a freed one is never read through its old slot.
+  const bool same = p.seqs_.removals() == removals_;
+  // Ranges in blocks the sequence holds alone (its tail, by the
+  // tail_shared promise: every decode query but those that fill a block)
+  // cannot meet another sequence's range, so only the others need
+  // Pool::apply_written's check for ranges sharing a block.
+  h.written.clear();
+  h.exclusive.clear();
+  h.written.reserve(h.ranges.size());  // may throw: before any change
+  h.exclusive.reserve(h.ranges.size());
+  // Prefetch distances, in sequences: the slot, then (once it arrived)
+  // the table entry of the first range, and the block's counts.
+  constexpr size_t kAhead = 16, kNear = 8;
+  Sequence** const live = h.live.data();
+  const SeqId* const ids = h.seqs.data();
+  const uint32_t* const epochs = h.epochs.data();
+  const QueryRange* const ranges = h.ranges.data();
+  const size_t num_ranges = h.ranges.size();
+  size_t k = 0;
+  for (size_t i = 0; i < m; ++i) {
+    if (i + kAhead < m) {
+      if (!same)
+        p.seqs_.prefetch(ids[i + kAhead]);
+      else if (const Sequence* a = live[i + kAhead]) {
+        __builtin_prefetch(a);
+        __builtin_prefetch(&a->writes_epoch);  // the line after tokens and blocks
+      }
+    }
+    if (same && i + kNear < m && k + kNear < num_ranges)
+      if (const Sequence* a = live[i + kNear]) {
+        const QueryRange& q = ranges[k + kNear];  // a range of a sequence near i + kNear
+        if (q.index < a->blocks.size()) __builtin_prefetch(a->blocks.data() + q.index);
+      }
+    if (k + kNear < num_ranges) p.blocks_.prefetch_counts(ranges[k + kNear].r.block);
+    Sequence* s = same ? live[i] : p.seqs_.find(ids[i]);
+    if (s && s->writes_epoch != epochs[i]) s = nullptr;
+    live[i] = s;             // only ever cleared: a sequence that went away does not come back
+    const size_t first = k;  // the ranges of sequence i: [first, k)
+    while (k < num_ranges && ranges[k].seq == i) ++k;
+    if (!s) continue;
+    const uint64_t tail = s->tail_shared ? ~uint64_t(0) : p.div_bs(s->tokens.size());
+    for (size_t r = first; r < k; ++r) {
+      const QueryRange& q = ranges[r];
+      if (q.index < s->blocks.size() && s->blocks[q.index] == q.r.block)
+        (q.index >= tail ? h.exclusive : h.written).push_back(q.r);
+    }
   }
-  std::vector<Pool::WrittenRange> rs;
-  rs.reserve(ranges_.size());
-  for (size_t k = 0; k < ranges_.size(); ++k) {
-    if (k + 8 < ranges_.size()) p.blocks_.prefetch_counts(ranges_[k + 8].r.block);
-    const QueryRange& q = ranges_[k];
-    const Sequence* s = live[q.seq];
-    if (s && q.index < s->blocks.size() && s->blocks[q.index] == q.r.block) rs.push_back(q.r);
+  p.apply_written(h.written);  // may throw before any change
+  for (const WrittenRange& r : h.exclusive) {
+    const uint32_t w = p.blocks_.written(r.block);
+    if (r.lo <= w && r.hi > w) p.blocks_.set_written(r.block, r.hi);
   }
-  p.apply_written(rs);  // may throw before any change
   state_ = State::kCommitted;
   if (p.opts_.sliding_window == 0) {
-    for (size_t i = 0; i < seqs_.size(); ++i)
-      if (Sequence* s = live[i])
-        s->num_committed =
-            std::max(s->num_committed, std::min(ends_[i], p.computed_tokens(*s, s->num_committed)));
+    for (size_t i = 0; i < m; ++i)
+      if (Sequence* s = h.live[i])
+        s->num_committed = std::max(s->num_committed,
+                                    std::min(h.ends[i], p.computed_tokens(*s, s->num_committed)));
     return;
   }
   // With a window, tokens before it may never have been computed (nothing
   // reads them): a sequence whose every query slot is now written counts
   // up to its end, which lets the window release behind it.
-  std::vector<uint8_t> whole(seqs_.size(), 1);
-  for (const QueryRange& q : ranges_) {
-    const Sequence* s = live[q.seq];
+  std::vector<uint8_t> whole(m, 1);
+  for (const QueryRange& q : h.ranges) {
+    const Sequence* s = h.live[q.seq];
     const bool ok = s && q.index < s->blocks.size() && s->blocks[q.index] == q.r.block &&
                     p.blocks_.written(q.r.block) >= q.r.hi;
     if (!ok) whole[q.seq] = 0;
   }
-  for (size_t i = 0; i < seqs_.size(); ++i)
-    if (Sequence* s = live[i]; s && whole[i])
-      s->num_committed = std::max(s->num_committed, ends_[i]);
+  for (size_t i = 0; i < m; ++i)
+    if (Sequence* s = h.live[i]; s && whole[i])
+      s->num_committed = std::max(s->num_committed, h.ends[i]);
 }
 
 TensorArg Batch::plan_tensor(uint32_t which) const {
@@ -386,11 +462,12 @@ TensorArg Batch::plan_tensor(uint32_t which) const {
 void Batch::check_fresh() const {
   const Pool& p = *pool_;
   p.check_open();
-  for (size_t i = 0; i < seqs_.size(); ++i) {
-    const Sequence* s = p.seqs_.find(seqs_[i]);
-    if (!s) fail(Errc::kInvalidState, "the plan is stale: " + seq_name(seqs_[i]) + " was freed");
-    if (s->version != versions_[i])
-      fail(Errc::kInvalidState, "the plan is stale: " + seq_name(seqs_[i]) +
+  const PlanHost& h = *host_;
+  for (size_t i = 0; i < h.seqs.size(); ++i) {
+    const Sequence* s = p.seqs_.find(h.seqs[i]);
+    if (!s) fail(Errc::kInvalidState, "the plan is stale: " + seq_name(h.seqs[i]) + " was freed");
+    if (s->version != h.versions[i])
+      fail(Errc::kInvalidState, "the plan is stale: " + seq_name(h.seqs[i]) +
                                     " changed (append, truncate) after pkv_batch_prepare");
   }
 }

@@ -103,14 +103,10 @@ class Batch {
   void check_layer_call(uint32_t layer, bool mla, const char* call) const;
   // After a successful write of layer: the last layer commits; holds mu_.
   void mark_layer_written(uint32_t layer);
-  void commit_locked();      // holds pool->mu_
-  // The slots a plan's queries write, one range per (sequence, block), with
-  // the sequence each came from.
-  struct QueryRange {
-    uint32_t seq;    // index in seqs_
-    uint32_t index;  // of the block in the sequence's table
-    Pool::WrittenRange r;
-  };
+  void commit_locked();  // holds pool->mu_
+  // prepare's work once the batch holds its plan memory; holds pool->mu_.
+  void build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_seqs, void* stream,
+             bool persistent_table);
 
   enum class State : uint8_t { kOpen, kCommitted, kAborted };
   // Aborted until prepare succeeds, so that a batch dropped by a failing
@@ -118,16 +114,15 @@ class Batch {
   State state_ = State::kAborted;
   std::vector<uint8_t> layer_written_;  // per layer, storage pools
   uint32_t layers_left_ = 0;
-  std::vector<uint32_t> epochs_;  // writes_epoch of each sequence at prepare
-  std::vector<uint64_t> ends_;    // token count of each sequence at prepare
-  std::vector<QueryRange> ranges_;
+  // The pool's count of freed sequences at prepare (SeqTable::removals):
+  // while it holds, the sequences prepare resolved are the plan's.
+  uint64_t removals_ = 0;
 
   std::shared_ptr<Pool> pool_;
-  std::vector<SeqId> seqs_;
-  std::vector<uint32_t> versions_;
   BatchInfo info_;
-  // Every array, 8-byte aligned, twice (kernel copy, callers' copy), in
-  // memory recycled between plans (step_plan_rows.h).
+  // Every array, 8-byte aligned, twice (kernel copy, callers' copy), and
+  // the plan's per-sequence state (ids, versions, ranges), in memory
+  // recycled between plans (step_plan_rows.h).
   std::shared_ptr<PlanHost> host_;
   bool recyclable_ = false;  // prepare succeeded: the destructor may lock the pool
   // On the CPU the callers' copy is made when first asked for.

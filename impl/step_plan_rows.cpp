@@ -4,14 +4,17 @@
 
 namespace pagedkv {
 
-std::shared_ptr<PlanHost> take_plan_host(std::shared_ptr<PlanHost>& spare, size_t words) {
-  if (spare && spare->words >= words) return std::move(spare);
-  auto h = std::make_shared<PlanHost>();
+std::shared_ptr<PlanHost> take_plan_host(std::shared_ptr<PlanHost>& spare) {
+  if (spare) return std::move(spare);
+  return std::make_shared<PlanHost>();
+}
+
+void reserve_plan_words(PlanHost& h, size_t words) {
+  if (h.words >= words) return;
   // Headroom: decode plans grow by a page per sequence every block_size steps.
   const size_t cap = words + words / 8 + 64;
-  h->data.reset(new int64_t[cap]);
-  h->words = cap;
-  return h;
+  h.data.reset(new int64_t[cap]);
+  h.words = cap;
 }
 
 size_t fill_page_rows(const PlanHost* prev, PlanHost& now, const SeqId* seqs, Sequence* const* live,

@@ -21,18 +21,50 @@
 
 namespace pagedkv {
 
+// Slots [lo, hi) of a block that a step writes (Batch::commit).
+struct WrittenRange {
+  int32_t block;
+  uint32_t lo, hi;
+};
+
+// The slots a plan's queries write, one range per (sequence, block): seq is
+// the sequence's index in the plan, index the block's in its table.
+struct QueryRange {
+  uint32_t seq;
+  uint32_t index;
+  WrittenRange r;
+};
+
 struct PlanHost {
   std::unique_ptr<int64_t[]> data;  // not zeroed: prepare writes every element read
   size_t words = 0;                 // capacity in int64
-  // What the page rows were built from, for the next plan.
+  // The plan's sequences and what the page rows were built from (the
+  // next plan's memo, see fill_page_rows).
   std::vector<SeqId> seqs;
   std::vector<uint32_t> table_versions;
   size_t page_indptr_off = 0, page_indices_off = 0;  // byte offsets (kernel copy)
+  // The plan's own state per sequence (Batch), kept here so that a
+  // steady-state plan allocates nothing: each freed vector of a
+  // 1024-sequence plan would otherwise be returned to the heap's top, and
+  // the next plan's pages faulted in again.
+  std::vector<Sequence*> live;     // as resolved at prepare (commit reuses them, see Batch)
+  std::vector<uint32_t> versions;  // Sequence::version at prepare
+  std::vector<uint32_t> epochs;    // Sequence::writes_epoch at prepare
+  std::vector<uint32_t> pages;     // page count of each sequence
+  std::vector<uint64_t> ends;      // token count at prepare
+  std::vector<QueryRange> ranges;
+  std::vector<uint32_t> unsure;  // prepare: sequences whose context may be unwritten
+  // commit: the ranges still valid, in blocks possibly shared / held alone
+  std::vector<WrittenRange> written, exclusive;
 };
 
-// A buffer of at least `words` int64: the pool's spare one if large enough
-// (taken), else a new one. May throw (allocation).
-std::shared_ptr<PlanHost> take_plan_host(std::shared_ptr<PlanHost>& spare, size_t words);
+// The pool's spare plan memory (taken), or a new one; its data is sized
+// later (reserve_plan_words). May throw (allocation).
+std::shared_ptr<PlanHost> take_plan_host(std::shared_ptr<PlanHost>& spare);
+
+// Room for at least `words` int64 in h.data (contents not kept). May throw
+// (allocation) before changing h.
+void reserve_plan_words(PlanHost& h, size_t words);
 
 // Writes the page ids of seqs[i] at pidx[pptr[i]] for every i (pptr filled):
 // copied from prev for sequences at the same index with the same table

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -32,14 +33,36 @@ struct PageTable {
   std::vector<uint32_t> pages;
 };
 
-// The table for a plan over seqs (live[i] their sequences, pages[i] the
-// pages of each): kept itself, updated in place, when no plan holds it and
-// it is large enough, else a new one (which becomes kept). Sets *rewritten
-// to the rows written. Throws kInvalidArgument when num_seqs * stride does
-// not fit int32, or on allocation failure, before changing anything.
-std::shared_ptr<PageTable> persistent_page_table(std::shared_ptr<PageTable>& kept,
-                                                 const SeqId* seqs, Sequence* const* live,
-                                                 const uint32_t* pages, uint32_t num_seqs,
-                                                 size_t* rewritten);
+// The table for a plan of num_seqs rows of up to max_pages pages: kept
+// itself (to be updated in place) when no plan holds it and it is large
+// enough, else a new one (which becomes kept). Throws kInvalidArgument when
+// num_seqs * max_pages does not fit int32, or on allocation failure, before
+// changing anything.
+std::shared_ptr<PageTable> page_table_for(std::shared_ptr<PageTable>& kept, uint32_t max_pages,
+                                          uint32_t num_seqs);
+
+// Brings row i of t to sequence s (id) with np pages; returns whether it
+// was rewritten (false: the row already holds it). t has room (page_table_for).
+inline bool update_page_row(PageTable& t, uint32_t i, SeqId id, const Sequence& s,
+                            uint32_t np) noexcept {
+  if (t.seq[i] == id && t.version[i] == s.table_version && t.pages[i] == np) return false;
+  const size_t stride = t.stride;
+  int32_t* k = t.kern.get() + i * stride;
+  int32_t* c = t.call.get() + i * stride;
+  // Only blocks appended since the row was written (a decode step's new
+  // block): the rest of the row is still the table's prefix.
+  const uint32_t from =
+      t.seq[i] == id && np >= t.pages[i] && s.table_extends(t.version[i]) ? t.pages[i] : 0;
+  std::memcpy(k + from, s.blocks.data() + from, (np - from) * sizeof(int32_t));
+  std::memcpy(c + from, s.blocks.data() + from, (np - from) * sizeof(int32_t));
+  if (t.pages[i] > np) {  // the row held more pages: back to the null block
+    std::memset(k + np, 0, (t.pages[i] - np) * sizeof(int32_t));
+    std::memset(c + np, 0, (t.pages[i] - np) * sizeof(int32_t));
+  }
+  t.seq[i] = id;
+  t.version[i] = s.table_version;
+  t.pages[i] = np;
+  return true;
+}
 
 }  // namespace pagedkv

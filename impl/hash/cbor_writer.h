@@ -67,26 +67,22 @@ inline uint8_t* put_head(uint8_t* p, uint8_t major, uint64_t v) {
 }
 
 // A signed 32-bit integer: major type 0 for t >= 0, else major type 1 with
-// argument -1 - t (which is ~t, and always fits 32 bits).
+// argument -1 - t (which is ~t, and always fits 32 bits). Without branches
+// (token ids of a block mix argument sizes at random, which a branch per
+// size mispredicts): always stores 5 bytes, the head and up to 4 argument
+// bytes, and advances past those used, so p needs room for kMaxInt32Size.
 inline uint8_t* put_int32(uint8_t* p, int32_t t) {
   const uint32_t sign = static_cast<uint32_t>(t >> 31);  // 0 or all ones
   const uint32_t v = static_cast<uint32_t>(t) ^ sign;
   const uint8_t major = static_cast<uint8_t>(sign & kMajorNegInt);
-  if (v < 24) {
-    *p = static_cast<uint8_t>(major | v);
-    return p + 1;
-  }
-  if (v <= 0xff) {
-    p[0] = major | 24;
-    p[1] = static_cast<uint8_t>(v);
-    return p + 2;
-  }
-  if (v <= 0xffff) {
-    *p = major | 25;
-    return put_be16(p + 1, v);
-  }
-  *p = major | 26;
-  return put_be32(p + 1, v);
+  // k = 0: v in the head; 1, 2, 3: a 1-, 2- or 4-byte argument (info 24 + k - 1).
+  const uint32_t k = (v >= 24) + (v > 0xff) + (v > 0xffff);
+  const uint32_t bytes = k + (k == 3);
+  p[0] = static_cast<uint8_t>(major | (k == 0 ? v : 23 + k));
+  // The argument's `bytes` low bytes, big-endian, at p + 1.
+  const uint32_t be = static_cast<uint32_t>(uint64_t(__builtin_bswap32(v)) >> (32 - 8 * bytes));
+  std::memcpy(p + 1, &be, 4);
+  return p + 1 + bytes;
 }
 
 inline uint8_t* put_string(uint8_t* p, uint8_t major, const void* data, size_t n) {

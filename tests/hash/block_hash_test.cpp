@@ -4,6 +4,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <unordered_set>
@@ -11,6 +12,7 @@
 
 #include "error.h"
 #include "hash/block_hash.h"
+#include "hash/cbor_writer.h"
 #include "hex.h"
 #include "pagedkv/pagedkv.h"
 
@@ -286,6 +288,29 @@ std::vector<std::string> describe(const std::vector<ExtraKey>& keys) {
 }
 
 using Keys = std::vector<std::string>;
+
+// The branch-free token encoder equals the head encoder (shortest form) at
+// every argument-size boundary and on random ids of every size, and never
+// writes past its kMaxInt32Size bytes.
+TEST(HashCbor, TokenEncodingMatchesTheHeadEncoder) {
+  std::vector<int64_t> vals = {0,     1,     23,    24,       25,        255,    256,
+                               65535, 65536, 65537, 16777216, INT32_MAX, -1,     -24,
+                               -25,   -256,  -257,  -65536,   -65537,    -65538, INT32_MIN};
+  std::mt19937 rng(17);
+  for (int i = 0; i < 20000; ++i) vals.push_back(int32_t(rng()) >> (rng() % 32));
+  for (int64_t x : vals) {
+    const int32_t t = int32_t(x);
+    uint8_t got[16], want[16];
+    std::memset(got, 0xAB, sizeof got);
+    std::memset(want, 0xAB, sizeof want);
+    const uint8_t* g = cbor::put_int32(got, t);
+    const uint8_t* w = t >= 0 ? cbor::put_head(want, cbor::kMajorUint, uint64_t(t))
+                              : cbor::put_head(want, cbor::kMajorNegInt, uint64_t(-1 - int64_t(t)));
+    ASSERT_EQ(g - got, w - want) << t;
+    ASSERT_EQ(0, std::memcmp(got, want, size_t(w - want))) << t;
+    for (size_t i = cbor::kMaxInt32Size; i < sizeof got; ++i) ASSERT_EQ(got[i], 0xAB) << t;
+  }
+}
 
 TEST(HashExtraKeys, OrderLoraMmSalt) {
   const HashContext ctx = rich_context();
