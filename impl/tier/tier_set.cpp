@@ -238,10 +238,11 @@ int32_t TierSet::file_slot() {
   return fslot;
 }
 
-bool TierSet::write_hashed(const TierLevel& l, int32_t slot, int32_t b, uint64_t* sum) const {
-  // As read_hashed, the other way: planes in groups of about kChunk bytes,
-  // each group hashed (which brings it into cache) and then written from
-  // cache with one pwritev, so the pool's block is read from memory once.
+bool TierSet::file_io_hashed(const TierLevel& l, int32_t slot, int32_t b, bool write,
+                             uint64_t* sum) const {
+  // Planes go in groups of about kChunk bytes, one preadv / pwritev each,
+  // hashed while they are in cache (before a write, right after a read):
+  // the pool's block is read from or written to memory once.
   const int32_t n = arena_.num_planes();
   constexpr int32_t kMaxIov = 64;
   const int32_t group =
@@ -250,11 +251,13 @@ bool TierSet::write_hashed(const TierLevel& l, int32_t slot, int32_t b, uint64_t
   SlotHash sh;
   for (int32_t p0 = 0, k = 0; p0 < n; p0 += k) {
     k = std::min(group, n - p0);
-    for (int32_t i = 0; i < k; ++i) {
-      iov[i] = {block_plane(p0 + i, b), plane_bytes_};
-      sh.update(iov[i].iov_base, plane_bytes_);
-    }
-    if (!l.write(slot, size_t(p0) * plane_bytes_, iov, k)) return false;
+    for (int32_t i = 0; i < k; ++i) iov[i] = {block_plane(p0 + i, b), plane_bytes_};
+    if (write)
+      for (int32_t i = 0; i < k; ++i) sh.update(iov[i].iov_base, plane_bytes_);
+    const size_t at = size_t(p0) * plane_bytes_;
+    if (!(write ? l.write(slot, at, iov, k) : l.read(slot, at, iov, k))) return false;
+    if (!write)
+      for (int32_t i = 0; i < k; ++i) sh.update(iov[i].iov_base, plane_bytes_);
   }
   *sum = sh.digest();
   return true;
@@ -271,7 +274,7 @@ void TierSet::offload_to_file(const Job& j, std::unique_lock<std::mutex>& lock) 
   // storage, which waits for this copy (flush): the hashed bytes are the
   // written bytes, and the checksum is verified on load as for a demotion.
   uint64_t sum = 0;
-  const bool ok = write_hashed(*file_, slot, j.block, &sum);
+  const bool ok = file_io_hashed(*file_, slot, j.block, true, &sum);
   lock.lock();
   if (!ok) {
     ++file_stats_.num_io_errors;
@@ -329,25 +332,6 @@ void TierSet::unpin(const TierRef& r) {
   if (TierLevel* l = level(r.medium); l && r.slot >= 0) l->unpin(r.slot);
 }
 
-bool TierSet::read_hashed(const TierLevel& l, int32_t slot, int32_t b, uint64_t* sum) const {
-  // Planes go in groups of about kChunk bytes, one preadv each, hashed
-  // right after while they are in cache: memory is read once.
-  const int32_t n = arena_.num_planes();
-  constexpr int32_t kMaxIov = 64;
-  const int32_t group =
-      int32_t(std::min<size_t>(kMaxIov, std::max<size_t>(1, kChunk / plane_bytes_)));
-  struct iovec iov[kMaxIov];
-  SlotHash sh;
-  for (int32_t p0 = 0, k = 0; p0 < n; p0 += k) {
-    k = std::min(group, n - p0);
-    for (int32_t i = 0; i < k; ++i) iov[i] = {block_plane(p0 + i, b), plane_bytes_};
-    if (!l.read(slot, size_t(p0) * plane_bytes_, iov, k)) return false;
-    for (int32_t i = 0; i < k; ++i) sh.update(iov[i].iov_base, plane_bytes_);
-  }
-  *sum = sh.digest();
-  return true;
-}
-
 bool TierSet::load(const TierRef& r, int32_t block, const BlockHash& h) {
   std::lock_guard<std::mutex> lock(mu_);
   TierLevel* l = level(r.medium);
@@ -371,7 +355,7 @@ bool TierSet::load(const TierRef& r, int32_t block, const BlockHash& h) {
     // Read straight into the block's planes, verified there; on a mismatch
     // the block stays unwritten, so nothing reads these bytes.
     uint64_t sum = 0;
-    ok = read_hashed(*l, r.slot, block, &sum);
+    ok = file_io_hashed(*l, r.slot, block, false, &sum);
     if (!ok)
       ++s.num_io_errors;
     else if (sum != l->checksum(r.slot))

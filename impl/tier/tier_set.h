@@ -118,12 +118,9 @@ class TierSet final : public EvictSink {
   void remove(TierLevel& l, int32_t slot);  // unpublish + release + REMOVED
   TierLevel* level(Medium m) const;
   TierStats& st(Medium m) { return m == Medium::kHost ? host_stats_ : file_stats_; }
-  // Reads file slot `slot` into block b's planes and hashes them in the
-  // same pass; false on an I/O error.
-  bool read_hashed(const TierLevel& l, int32_t slot, int32_t b, uint64_t* sum) const;
-  // Writes block b's planes into file slot `slot`, hashing them in the same
-  // pass; false on an I/O error.
-  bool write_hashed(const TierLevel& l, int32_t slot, int32_t b, uint64_t* sum) const;
+  // Writes block b's planes into file slot `slot` (write) or reads the slot
+  // into them, hashing them in the same pass; false on an I/O error.
+  bool file_io_hashed(const TierLevel& l, int32_t slot, int32_t b, bool write, uint64_t* sum) const;
   // Plane p (2 * layer + K/V; an MLA pool's layer p) of block b in the
   // pool's storage.
   char* block_plane(int32_t p, int32_t b) const {
