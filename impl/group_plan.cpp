@@ -64,10 +64,15 @@ std::unique_ptr<GroupBatch> GroupBatch::prepare(const std::shared_ptr<GroupPool>
         if (s.table[g].empty())
           fail(Errc::kInvalidState, at(i, seqs[i]) + " has no state slot in group " + str(g) +
                                         " yet (pkv_seq_append gives it one)");
-        if (start < c)
+        // The state holds every token counted computed, those a first plan
+        // takes back included (appends before the pool's first plan
+        // counted them): recomputing some of them would apply them twice.
+        // Only a recompute from position 0 (the state restarts) is whole.
+        const uint64_t held = s.planned ? c : (start == 0 ? 0 : s.num_computed);
+        if (start < held)
           fail(Errc::kInvalidArgument,
                "query_counts[" + str(i) + "] = " + str(q) + " recomputes tokens [" + str(start) +
-                   ", " + str(c) + ") of " + seq_name(seqs[i]) + " that the state of group " +
+                   ", " + str(held) + ") of " + seq_name(seqs[i]) + " that the state of group " +
                    str(g) + " already holds (a recurrent state cannot be rolled back)");
         continue;
       }

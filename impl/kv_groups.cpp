@@ -63,9 +63,9 @@ void check_layer_ids(const std::vector<GroupSpec>& groups) {
       const uint32_t id = groups[i].layer_ids[k];
       auto [it, fresh] = seen.emplace(id, std::make_pair(i, k));
       if (!fresh)
-        fail(Errc::kInvalidArgument, "groups[" + str(i) + "].layer_ids[" + str(k) + "] = " +
-                                         str(id) + " is also groups[" + str(it->second.first) +
-                                         "].layer_ids[" + str(it->second.second) + "]");
+        fail(Errc::kInvalidArgument,
+             "groups[" + str(i) + "].layer_ids[" + str(k) + "] = " + str(id) + " is also groups[" +
+                 str(it->second.first) + "].layer_ids[" + str(it->second.second) + "]");
     }
   }
 }
@@ -319,6 +319,13 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
   s.hashes.reserve((n0 + n) / bs);
   for (uint32_t g = 0; g < groups_.size(); ++g)
     copies_[g].reserve(copies_[g].size() + s.table[g].size() + 1);
+  // Whether each recurrent group keeps a snapshot is decided now, as
+  // need_of counted it: an allocation below may evict the cached snapshot
+  // of the same hash, and deciding after it would take a block more than
+  // counted (one that may not be free).
+  uint64_t due = 0;
+  for (uint32_t g = 0; g < groups_.size(); ++g)
+    if (snapshot_due(s, g)) due |= uint64_t(1) << g;
   // The window releases of every group first: need_of counted what they
   // give back towards the allocations of all groups.
   for (uint32_t g = 0; g < groups_.size() && n > 0; ++g) {
@@ -339,7 +346,7 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
   for (uint32_t g = 0; g < groups_.size(); ++g) {
     std::vector<int32_t>& t = s.table[g];
     if (recurrent(g)) {
-      if (n > 0) append_state(s, g);
+      if (n > 0) append_state(s, g, (due >> g) & 1);
       continue;
     }
     t.reserve(ceil_div(n0 + n + lookahead, bs));
@@ -375,7 +382,7 @@ void GroupPool::close() {
   closed_ = true;
 }
 
-void GroupPool::append_state(Seq& s, uint32_t g) {
+void GroupPool::append_state(Seq& s, uint32_t g, bool keep) {
   std::vector<int32_t>& t = s.table[g];
   if (t.empty()) {
     const int32_t slot = allocate(g);
@@ -389,7 +396,6 @@ void GroupPool::append_state(Seq& s, uint32_t g) {
     return;
   }
   const int32_t slot = t[0];
-  const bool keep = snapshot_due(s, g);
   if (!keep && ref_[slot] == 1 && key_[slot].empty()) return;
   // The slot holds the state at the current length: it stays as is (a
   // snapshot, or the state a fork child starts from) and the sequence goes

@@ -160,7 +160,9 @@ class GroupPool {
   uint64_t hit_of_group(uint32_t g, const std::vector<BlockHash>& hashes, uint64_t max_blocks,
                         std::vector<int32_t>* out) const;
   void hash_full_blocks(Seq& s);
-  void append_state(Seq& s, uint32_t g);  // a recurrent group's part of append
+  // A recurrent group's part of append; keep: snapshot_due before the
+  // append's allocations.
+  void append_state(Seq& s, uint32_t g, bool keep);
   // Caches the full blocks of s from block `from` that its computed tokens
   // cover, in every attention group.
   void cache_computed(const Seq& s, uint64_t from);

@@ -55,8 +55,11 @@
  * prepare fails with PKV_E_INVALID_STATE when a query's context is not
  * computed (num_computed_tokens says where to start) or a recurrent group
  * has no state slot yet (append first), and PKV_E_INVALID_ARGUMENT when
- * queries would recompute tokens a recurrent state already holds or need
- * keys a window group released.
+ * queries would recompute tokens a recurrent state already holds (those
+ * that appends before the pool's first plan counted included: a first plan
+ * takes them back for attention pages, but a state would apply them twice;
+ * only a plan from position 0 restarts it) or need keys a window group
+ * released.
  *
  * PKV_GROUP_RECURRENT (Jamba, Qwen3-Next): a block of the group is one
  * state slot. A sequence's table in it holds its live slot alone (taken at
