@@ -8,6 +8,7 @@
 #include <random>
 
 #include "error.h"
+#include "group_plan_table.h"
 #include "seq_util.h"
 
 namespace pagedkv {
@@ -140,6 +141,7 @@ GroupPool::GroupPool(const PoolOptions& base, std::vector<GroupSpec> groups)
   key_.assign(nb, BlockHash{});
   queue_ = FreeBlockQueue(num_blocks_);
   copies_.resize(groups_.size());
+  kept_tables_.resize(groups_.size());
   cache_.reserve(nb);
   // Without layer ids, model layers are numbered through the groups in order.
   uint32_t next = 0;
@@ -177,6 +179,7 @@ SeqId GroupPool::seq_create(const SeqOptions& o) {
   s.table.resize(groups_.size());
   s.num_null.assign(groups_.size(), 0);
   s.state_src.assign(groups_.size(), 0);
+  s.version.assign(groups_.size(), 0);
   const SeqId id = next_id_++;
   seqs_.emplace(id, std::move(s));
   return id;
@@ -358,6 +361,7 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
       record_copy(g, b, nb);
       ++cow_;
       t[j] = nb;
+      ++s.version[g];
       release(b);
     }
     while (t.size() < ceil_div(n0 + n + lookahead, bs)) t.push_back(allocate(g));
@@ -406,6 +410,7 @@ void GroupPool::append_state(Seq& s, uint32_t g, bool keep) {
   if (keep) cache(slot, g, s.hashes[s.tokens.size() / opts_.block_size - 1]);
   release(slot);
   t[0] = next;
+  ++s.version[g];
 }
 
 uint64_t GroupPool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
@@ -439,6 +444,7 @@ uint64_t GroupPool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
       continue;
     }
     s.table[g] = hit[g];
+    ++s.version[g];
     uint64_t nulls = 0;
     while (nulls < k && hit[g][nulls] == 0) ++nulls;
     s.num_null[g] = nulls;
@@ -497,6 +503,7 @@ void GroupPool::truncate(SeqId id, uint64_t num_tokens) {
       if (t.back() != 0) release(t.back());
       t.pop_back();
     }
+    ++s.version[g];
     s.num_null[g] = std::min<uint64_t>(s.num_null[g], keep);
   }
   s.tokens.resize(n);

@@ -179,6 +179,7 @@ struct Harness {
   std::vector<pkv_seq_id> dead;        // freed ids (stale)
   uint64_t query_tokens = 0, hit_tokens = 0;
   bool copies_pending = false;  // an op may have recorded copies not taken yet
+  bool persistent = false;      // the current plan's page table is padded rows
 
   bool rec(uint32_t g) const { return kind[g] == PKV_GROUP_RECURRENT; }
   bool any_rec() const {
@@ -738,8 +739,10 @@ struct Harness {
     }
     Obs before = observe();
     pkv_batch* b = nullptr;
+    persistent = in.below(2) == 0;
     pkv_status st =
-        pkv_batch_prepare(pool, ids.data(), qs.data(), uint32_t(ids.size()), nullptr, &b);
+        pkv_batch_prepare_ex(pool, ids.data(), qs.data(), uint32_t(ids.size()),
+                             persistent ? PKV_PREPARE_PERSISTENT_TABLE : 0, nullptr, &b);
     trace("step over %zu seqs -> %d (model %d) %s\n", ids.size(), int(st), int(want),
           st ? pkv_last_error_message() : "");
     for (size_t k = 0; k < ids.size(); ++k)
@@ -840,6 +843,14 @@ struct Harness {
           plan_array(b, g, PKV_PLAN_LAST_PAGE_LEN, PKV_DTYPE_I32, int64_t(m)));
       uint64_t pages = 0;
       for (size_t k = 0; k < m; ++k) pages += rec(g) ? 1 : ceil_div(seqs[idx[k]].tokens.size(), bs);
+      // Padded rows (PKV_PREPARE_PERSISTENT_TABLE): row k at k * stride, 0
+      // past its pages; a recurrent group's rows are one page.
+      const int64_t stride = persistent ? pptr[1] : 0;
+      if (persistent) {
+        CHECK(stride >= 1 && (!rec(g) || stride == 1), "group %u stride %lld", g,
+              (long long)stride);
+        pages = m * uint64_t(stride);
+      }
       auto pidx = static_cast<const int32_t*>(
           plan_array(b, g, PKV_PLAN_PAGE_INDICES, PKV_DTYPE_I32, int64_t(pages)));
       auto slots = static_cast<const int64_t*>(
@@ -853,19 +864,31 @@ struct Harness {
         CHECK(ctx[k] == int32_t(n), "context_lens[%zu] %d, tokens %llu", k, ctx[k],
               (unsigned long long)n);
         CHECK(qptr[k + 1] - qptr[k] == int32_t(qs[k]), "query_indptr");
+        const uint64_t np = rec(g) ? 1 : ceil_div(n, bs);
+        const std::vector<int32_t> want(t.begin(), t.begin() + int64_t(np));
+        if (persistent) {
+          CHECK(pptr[k] == int64_t(k) * stride && int64_t(np) <= stride,
+                "group %u persistent row %zu: indptr %d, %llu pages, stride %lld", g, k, pptr[k],
+                (unsigned long long)np, (long long)stride);
+          for (int64_t j = 0; j < stride; ++j)
+            CHECK(pidx[int64_t(k) * stride + j] == (uint64_t(j) < np ? want[size_t(j)] : 0),
+                  "group %u persistent row %zu page %lld is %d", g, k, (long long)j,
+                  pidx[int64_t(k) * stride + j]);
+        } else {
+          CHECK(uint64_t(pptr[k + 1] - pptr[k]) == np,
+                "group %u row %zu has %d pages, expected %llu", g, k, pptr[k + 1] - pptr[k],
+                (unsigned long long)np);
+          for (uint64_t j = 0; j < np; ++j)
+            CHECK(pidx[pptr[k] + int64_t(j)] == want[j],
+                  "group %u row %zu page %llu is %d, table %d", g, k, (unsigned long long)j,
+                  pidx[pptr[k] + int64_t(j)], want[j]);
+        }
         if (rec(g)) {
-          CHECK(
-              pptr[k + 1] == int32_t(k + 1) && pidx[k] == t[0] && slots[k] == t[0] && last[k] == 1,
-              "recurrent group %u row %zu: page %d slot %lld, the table says %d", g, k, pidx[k],
-              (long long)slots[k], t[0]);
+          CHECK(slots[k] == t[0] && last[k] == 1,
+                "recurrent group %u row %zu: slot %lld, the table says %d", g, k,
+                (long long)slots[k], t[0]);
           continue;
         }
-        const uint64_t np = ceil_div(n, bs);
-        CHECK(uint64_t(pptr[k + 1] - pptr[k]) == np, "group %u row %zu has %d pages, expected %llu",
-              g, k, pptr[k + 1] - pptr[k], (unsigned long long)np);
-        for (uint64_t j = 0; j < np; ++j)
-          CHECK(pidx[pptr[k] + int64_t(j)] == t[j], "group %u row %zu page %llu is %d, table %d", g,
-                k, (unsigned long long)j, pidx[pptr[k] + int64_t(j)], t[j]);
         CHECK(uint64_t(last[k]) == n - (np - 1) * bs, "last_page_len");
         for (uint64_t p = n - qs[k]; p < n; ++p, ++row) {
           CHECK(t[p / bs] != 0, "group %u: query token %llu lands in a released entry", g,

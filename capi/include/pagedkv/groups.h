@@ -33,7 +33,15 @@
  *
  * Step plans: pkv_batch_prepare (pkv_batch_prepare_ex with flags 0) builds
  * one plan for the step with per-group arrays, read with
- * pkv_batch_plan_tensor_group; pkv_batch_get_info (num_pages: group 0's),
+ * pkv_batch_plan_tensor_group. With PKV_PREPARE_PERSISTENT_TABLE every
+ * group's page table is a persistent table of padded rows as batch.h
+ * describes (row i at PAGE_INDICES[i * stride], stride = PAGE_INDPTR[1],
+ * each group its own stride, a recurrent group's rows one page: stride 1),
+ * kept by the pool per group across steps; the next such plan rewrites only
+ * the rows whose sequence changed, and in them only the appended pages and
+ * the pages a sliding window released since (to the null block 0), unless
+ * a copy-on-write, state move, truncate or hit changed an earlier entry.
+ * pkv_batch_get_info (num_pages: group 0's),
  * pkv_batch_plan_tensor (group 0's arrays), pkv_batch_token_positions,
  * pkv_batch_last_token_indices, pkv_batch_commit, pkv_batch_abort and
  * pkv_batch_destroy work on it; the kernel calls (pkv_cache_write,
