@@ -64,9 +64,9 @@ void check_layer_ids(const std::vector<GroupSpec>& groups) {
       const uint32_t id = groups[i].layer_ids[k];
       auto [it, fresh] = seen.emplace(id, std::make_pair(i, k));
       if (!fresh)
-        fail(Errc::kInvalidArgument,
-             "groups[" + str(i) + "].layer_ids[" + str(k) + "] = " + str(id) + " is also groups[" +
-                 str(it->second.first) + "].layer_ids[" + str(it->second.second) + "]");
+        fail(Errc::kInvalidArgument, "groups[" + str(i) + "].layer_ids[" + str(k) + "] = " +
+                                         str(id) + " is also groups[" + str(it->second.first) +
+                                         "].layer_ids[" + str(it->second.second) + "]");
     }
   }
 }
