@@ -19,7 +19,7 @@ std::string at(uint32_t i, SeqId id) { return "seqs[" + str(i) + "]: " + seq_nam
 
 std::unique_ptr<GroupBatch> GroupBatch::prepare(const std::shared_ptr<GroupPool>& pool,
                                                 const SeqId* seqs, const uint32_t* query_counts,
-                                                uint32_t num_seqs) {
+                                                uint32_t num_seqs, bool persistent) {
   GroupPool& p = *pool;
   std::lock_guard<std::mutex> lock(p.mu_);
   if (p.closed_) fail(Errc::kInvalidState, "the pool was destroyed");
@@ -64,10 +64,15 @@ std::unique_ptr<GroupBatch> GroupBatch::prepare(const std::shared_ptr<GroupPool>
         if (s.table[g].empty())
           fail(Errc::kInvalidState, at(i, seqs[i]) + " has no state slot in group " + str(g) +
                                         " yet (pkv_seq_append gives it one)");
-        if (start < c)
+        // The state holds every token counted computed, those a first plan
+        // takes back included (appends before the pool's first plan
+        // counted them): recomputing some of them would apply them twice.
+        // Only a recompute from position 0 (the state restarts) is whole.
+        const uint64_t held = s.planned ? c : (start == 0 ? 0 : s.num_computed);
+        if (start < held)
           fail(Errc::kInvalidArgument,
                "query_counts[" + str(i) + "] = " + str(q) + " recomputes tokens [" + str(start) +
-                   ", " + str(c) + ") of " + seq_name(seqs[i]) + " that the state of group " +
+                   ", " + str(held) + ") of " + seq_name(seqs[i]) + " that the state of group " +
                    str(g) + " already holds (a recurrent state cannot be rolled back)");
         continue;
       }
@@ -130,17 +135,30 @@ std::unique_ptr<GroupBatch> GroupBatch::prepare(const std::shared_ptr<GroupPool>
       const std::vector<int32_t>& t = live[i]->table[g];
       const uint64_t n = live[i]->tokens.size();
       if (rec) {  // the live state slot is the sequence's one page
-        a.pidx.push_back(t[0]);
+        if (!persistent) a.pidx.push_back(t[0]);
         a.slots.push_back(t[0]);
         a.last[i] = 1;
       } else {
         const uint64_t np = (n + bs - 1) / bs;
-        a.pidx.insert(a.pidx.end(), t.begin(), t.begin() + np);
+        if (!persistent) a.pidx.insert(a.pidx.end(), t.begin(), t.begin() + np);
         for (uint64_t pos = n - query_counts[i]; pos < n; ++pos)
           a.slots.push_back(int64_t(t[pos / bs]) * int64_t(bs) + int64_t(pos % bs));
         a.last[i] = int32_t(n - (np - 1) * bs);
       }
       a.pptr[i + 1] = int32_t(a.pidx.size());
+    }
+    if (persistent) {
+      // Rows hold the tables as they are now; a state slot moved below is
+      // patched there (which cannot throw).
+      std::vector<GroupRow> rows(num_seqs);
+      for (uint32_t i = 0; i < num_seqs; ++i) {
+        const GroupPool::Seq& s = *live[i];
+        const uint64_t np = (s.tokens.size() + bs - 1) / bs;
+        rows[i] = {seqs[i], s.table[g].data(), rec ? 1u : uint32_t(np),
+                   rec ? 0u : uint32_t(std::min<uint64_t>(s.num_null[g], np)), s.version[g]};
+      }
+      a.table = group_page_table(p.kept_tables_[g], rows, !rec, &a.rewritten);
+      for (uint32_t i = 0; i <= num_seqs; ++i) a.pptr[i] = int32_t(uint64_t(i) * a.table->stride);
     }
   }
   b->epochs_.resize(num_seqs);
@@ -148,7 +166,8 @@ std::unique_ptr<GroupBatch> GroupBatch::prepare(const std::shared_ptr<GroupPool>
   BatchInfo& info = b->info_;
   info.num_seqs = num_seqs;
   info.num_tokens = tokens;
-  info.num_pages = b->groups_[0].pidx.size();
+  info.num_pages =
+      persistent ? uint64_t(num_seqs) * b->groups_[0].table->stride : b->groups_[0].pidx.size();
   info.max_context = max_ctx;
   info.max_query = max_q;
   info.block_size = uint32_t(bs);
@@ -161,8 +180,15 @@ std::unique_ptr<GroupBatch> GroupBatch::prepare(const std::shared_ptr<GroupPool>
     ++p.cow_;
     p.release(slot);
     slot = next;
-    b->groups_[m.second].pidx[m.first] = next;
-    b->groups_[m.second].slots[m.first] = next;
+    const uint32_t version = ++live[m.first]->version[m.second];
+    Arrays& a = b->groups_[m.second];
+    if (a.table) {  // the row was written with the old slot
+      a.table->ids[size_t(m.first) * a.table->stride] = next;
+      a.table->version[m.first] = version;
+    } else {
+      a.pidx[m.first] = next;
+    }
+    a.slots[m.first] = next;
   }
   p.planned_ = true;
   for (uint32_t i = 0; i < num_seqs; ++i) {
@@ -251,6 +277,8 @@ TensorArg GroupBatch::plan_tensor(uint32_t g, uint32_t which) const {
   const Arrays& a = groups_[g];
   const std::vector<int32_t>* i32[6] = {nullptr, &qptr_, &a.pptr, &a.pidx, &a.last, &ctx_};
   if (which == 0) return host_array(a.slots.data(), a.slots.size(), DType::kI64);
+  if (which == 3 && a.table)  // the kept table's rows of this plan
+    return host_array(a.table->ids.get(), size_t(info_.num_seqs) * a.table->stride, DType::kI32);
   return host_array(i32[which]->data(), i32[which]->size(), DType::kI32);
 }
 

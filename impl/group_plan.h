@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "group_plan_table.h"
 #include "kv_groups.h"
 #include "step_plan.h"
 #include "tensor_arg.h"
@@ -21,9 +22,13 @@ class GroupBatch {
  public:
   // Validates every id and query count (Error naming seqs[i] or
   // query_counts[i]); changes nothing on failure.
+  // persistent: each group's page table is the pool's kept table of padded
+  // rows (PKV_PREPARE_PERSISTENT_TABLE, group_plan_table.h), not CSR.
   static std::unique_ptr<GroupBatch> prepare(const std::shared_ptr<GroupPool>& pool,
                                              const SeqId* seqs, const uint32_t* query_counts,
-                                             uint32_t num_seqs);
+                                             uint32_t num_seqs, bool persistent = false);
+  // Rows of group g's persistent table this plan wrote (0 for CSR plans).
+  size_t rows_rewritten(uint32_t g) const { return g < groups_.size() ? groups_[g].rewritten : 0; }
   // Without commit or abort: committed, as manager-only plans (ABI 1).
   ~GroupBatch();
   GroupBatch(const GroupBatch&) = delete;
@@ -56,6 +61,10 @@ class GroupBatch {
   struct Arrays {
     std::vector<int64_t> slots;
     std::vector<int32_t> pptr, pidx, last;
+    // Persistent plans: the kept table (PAGE_INDICES is its first
+    // num_seqs * stride entries; pidx stays empty).
+    std::shared_ptr<GroupPageTable> table;
+    size_t rewritten = 0;
   };
   std::vector<Arrays> groups_;
 };

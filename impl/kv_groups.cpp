@@ -8,6 +8,7 @@
 #include <random>
 
 #include "error.h"
+#include "group_plan_table.h"
 #include "seq_util.h"
 
 namespace pagedkv {
@@ -140,6 +141,7 @@ GroupPool::GroupPool(const PoolOptions& base, std::vector<GroupSpec> groups)
   key_.assign(nb, BlockHash{});
   queue_ = FreeBlockQueue(num_blocks_);
   copies_.resize(groups_.size());
+  kept_tables_.resize(groups_.size());
   cache_.reserve(nb);
   // Without layer ids, model layers are numbered through the groups in order.
   uint32_t next = 0;
@@ -177,6 +179,7 @@ SeqId GroupPool::seq_create(const SeqOptions& o) {
   s.table.resize(groups_.size());
   s.num_null.assign(groups_.size(), 0);
   s.state_src.assign(groups_.size(), 0);
+  s.version.assign(groups_.size(), 0);
   const SeqId id = next_id_++;
   seqs_.emplace(id, std::move(s));
   return id;
@@ -319,6 +322,13 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
   s.hashes.reserve((n0 + n) / bs);
   for (uint32_t g = 0; g < groups_.size(); ++g)
     copies_[g].reserve(copies_[g].size() + s.table[g].size() + 1);
+  // Whether each recurrent group keeps a snapshot is decided now, as
+  // need_of counted it: an allocation below may evict the cached snapshot
+  // of the same hash, and deciding after it would take a block more than
+  // counted (one that may not be free).
+  uint64_t due = 0;
+  for (uint32_t g = 0; g < groups_.size(); ++g)
+    if (snapshot_due(s, g)) due |= uint64_t(1) << g;
   // The window releases of every group first: need_of counted what they
   // give back towards the allocations of all groups.
   for (uint32_t g = 0; g < groups_.size() && n > 0; ++g) {
@@ -339,7 +349,7 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
   for (uint32_t g = 0; g < groups_.size(); ++g) {
     std::vector<int32_t>& t = s.table[g];
     if (recurrent(g)) {
-      if (n > 0) append_state(s, g);
+      if (n > 0) append_state(s, g, (due >> g) & 1);
       continue;
     }
     t.reserve(ceil_div(n0 + n + lookahead, bs));
@@ -351,6 +361,7 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
       record_copy(g, b, nb);
       ++cow_;
       t[j] = nb;
+      ++s.version[g];
       release(b);
     }
     while (t.size() < ceil_div(n0 + n + lookahead, bs)) t.push_back(allocate(g));
@@ -375,7 +386,7 @@ void GroupPool::close() {
   closed_ = true;
 }
 
-void GroupPool::append_state(Seq& s, uint32_t g) {
+void GroupPool::append_state(Seq& s, uint32_t g, bool keep) {
   std::vector<int32_t>& t = s.table[g];
   if (t.empty()) {
     const int32_t slot = allocate(g);
@@ -389,7 +400,6 @@ void GroupPool::append_state(Seq& s, uint32_t g) {
     return;
   }
   const int32_t slot = t[0];
-  const bool keep = snapshot_due(s, g);
   if (!keep && ref_[slot] == 1 && key_[slot].empty()) return;
   // The slot holds the state at the current length: it stays as is (a
   // snapshot, or the state a fork child starts from) and the sequence goes
@@ -400,6 +410,7 @@ void GroupPool::append_state(Seq& s, uint32_t g) {
   if (keep) cache(slot, g, s.hashes[s.tokens.size() / opts_.block_size - 1]);
   release(slot);
   t[0] = next;
+  ++s.version[g];
 }
 
 uint64_t GroupPool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
@@ -433,6 +444,7 @@ uint64_t GroupPool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
       continue;
     }
     s.table[g] = hit[g];
+    ++s.version[g];
     uint64_t nulls = 0;
     while (nulls < k && hit[g][nulls] == 0) ++nulls;
     s.num_null[g] = nulls;
@@ -491,6 +503,7 @@ void GroupPool::truncate(SeqId id, uint64_t num_tokens) {
       if (t.back() != 0) release(t.back());
       t.pop_back();
     }
+    ++s.version[g];
     s.num_null[g] = std::min<uint64_t>(s.num_null[g], keep);
   }
   s.tokens.resize(n);

@@ -25,6 +25,7 @@
 namespace pagedkv {
 
 class GroupBatch;
+struct GroupPageTable;
 
 // Values equal PKV_GROUP_*.
 enum class GroupKind : uint32_t { kFull = 0, kSlidingWindow = 1, kMla = 2, kRecurrent = 3 };
@@ -124,6 +125,11 @@ class GroupPool {
     // prefix hit brought; only their full blocks enter the prefix cache
     // once the pool plans steps (planned_).
     uint64_t num_computed = 0;
+    // Per group: bumped when an entry of the table changes other than by
+    // appending pages or releasing them to the window (a copy-on-write or
+    // state move, a truncate, a hit), so a persistent page table row knows
+    // what to rewrite (group_plan_table.h).
+    std::vector<uint32_t> version;
     uint32_t epoch = 0;    // bumped by truncate: a plan's commit skips it
     bool planned = false;  // its computed count follows committed plans
   };
@@ -160,7 +166,9 @@ class GroupPool {
   uint64_t hit_of_group(uint32_t g, const std::vector<BlockHash>& hashes, uint64_t max_blocks,
                         std::vector<int32_t>* out) const;
   void hash_full_blocks(Seq& s);
-  void append_state(Seq& s, uint32_t g);  // a recurrent group's part of append
+  // A recurrent group's part of append; keep: snapshot_due before the
+  // append's allocations.
+  void append_state(Seq& s, uint32_t g, bool keep);
   // Caches the full blocks of s from block `from` that its computed tokens
   // cover, in every attention group.
   void cache_computed(const Seq& s, uint64_t from);
@@ -181,6 +189,8 @@ class GroupPool {
   std::unordered_map<SeqId, Seq> seqs_;
   SeqId next_id_ = 1;
   std::vector<std::vector<std::pair<int32_t, int32_t>>> copies_;
+  // Per group: the persistent page table the last such plan used.
+  std::vector<std::shared_ptr<GroupPageTable>> kept_tables_;
   // Set by the first step plan: from then on appended tokens count as
   // computed only once a committed plan covers them (before, as manager
   // calls alone always did, at append).

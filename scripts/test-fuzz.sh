@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Bounded libFuzzer runs of the two harnesses (tests/fuzz/): configures a
-# clang build with ASan+UBSan and libFuzzer coverage, builds fuzz_ops and
-# fuzz_tensors only, fuzzes the operation-sequence harness for
-# PKV_FUZZ_SECONDS (default 120) and the tensor/attention entry-point harness
-# for PKV_FUZZ_TENSOR_SECONDS (default 30), each from its committed seed
+# Bounded libFuzzer runs of the three harnesses (tests/fuzz/): configures a
+# clang build with ASan+UBSan and libFuzzer coverage, builds fuzz_ops,
+# fuzz_tensors and fuzz_groups only, fuzzes the operation-sequence harness for
+# PKV_FUZZ_SECONDS (default 120), the tensor/attention entry-point harness
+# for PKV_FUZZ_TENSOR_SECONDS (default 30) and the multi-group pool harness
+# for PKV_FUZZ_GROUPS_SECONDS (default 30), each from its committed seed
 # corpus, and fails on any crash, leak, timeout or disagreement. Skips (exit
 # 0, with a notice) when clang cannot link -fsanitize=fuzzer. Long runs:
 # tests/fuzz/README.md.
@@ -12,6 +13,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PKV_FUZZ_BUILD_DIR:-$root/build-fuzz}
 seconds=${PKV_FUZZ_SECONDS:-120}
 tensor_seconds=${PKV_FUZZ_TENSOR_SECONDS:-30}
+groups_seconds=${PKV_FUZZ_GROUPS_SECONDS:-30}
 cc=${PKV_FUZZ_CC:-clang}
 cxx=${PKV_FUZZ_CXX:-clang++}
 
@@ -34,7 +36,7 @@ CC=$cc CXX=$cxx cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWith
   -DPAGEDKV_CUDA=OFF -DPAGEDKV_BUILD_BENCH=OFF -DPAGEDKV_BUILD_BINDINGS=OFF \
   -DPAGEDKV_BUILD_EXAMPLES=OFF -DPAGEDKV_SANITIZE=address -DPAGEDKV_FUZZER=ON \
   -DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link -DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link >/dev/null
-cmake --build "$build" -j"$(nproc)" --target fuzz_ops fuzz_tensors
+cmake --build "$build" -j"$(nproc)" --target fuzz_ops fuzz_tensors fuzz_groups
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
@@ -53,7 +55,7 @@ fuzz() {
     "$work/log.txt" || true
   if [ "$status" -ne 0 ]; then
     echo "test-fuzz: $target failed (exit $status); log: $work/log.txt, reproducer in $work/artifacts/"
-    echo "  replay: $build/tests/fuzz/$target $work/artifacts/<file>  (PKV_FUZZ_TRACE=1 prints fuzz_ops' ops)"
+    echo "  replay: $build/tests/fuzz/$target $work/artifacts/<file>  (PKV_FUZZ_TRACE=1 prints fuzz_ops' and fuzz_groups' ops)"
     tail -40 "$work/log.txt"
     exit 1
   fi
@@ -62,3 +64,4 @@ fuzz() {
 
 fuzz fuzz_ops "$root/tests/fuzz/corpus" "$seconds"
 fuzz fuzz_tensors "$root/tests/fuzz/corpus_tensors" "$tensor_seconds"
+fuzz fuzz_groups "$root/tests/fuzz/corpus_groups" "$groups_seconds"

@@ -72,7 +72,9 @@ type PrepareFlags uint32
 // whose sequence or block table changed: row i holds seqs[i]'s pages at
 // PAGE_INDICES[i*stride+j], 0 (the null block) past them, and
 // PAGE_INDPTR[i] = i*stride. Keep each sequence at the same index from
-// step to step. See pkv_batch_prepare_ex.
+// step to step. On a multi-group pool every group has its own kept table
+// and stride (PlanGroupTensor; a recurrent group's rows are one page). See
+// pkv_batch_prepare_ex.
 const PreparePersistentTable PrepareFlags = C.PKV_PREPARE_PERSISTENT_TABLE
 
 // PrepareEx is PrepareOnStream with plan flags (0: the same plan).

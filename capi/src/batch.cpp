@@ -29,11 +29,8 @@ void prepare(pkv_pool* pool, const pkv_seq_id* seqs, const uint32_t* query_count
          "flags " + std::to_string(flags) + " has bits that are not PKV_PREPARE_* flags");
   auto b = std::make_unique<pkv_batch>();
   if (pool->groups) {
-    if (flags != 0)
-      fail(Errc::kUnsupported,
-           "flags " + std::to_string(flags) +
-               ": a multi-group pool's plans have CSR page tables only (flags must be 0)");
-    b->groups = pagedkv::GroupBatch::prepare(pool->groups, seqs, query_counts, num_seqs);
+    b->groups = pagedkv::GroupBatch::prepare(pool->groups, seqs, query_counts, num_seqs,
+                                             (flags & PKV_PREPARE_PERSISTENT_TABLE) != 0);
     *out = b.release();
     return;
   }

@@ -1633,12 +1633,13 @@ std::vector<Case> make_cases() {
                 const uint32_t q = 1;
                 return pkv_batch_prepare(p, &s, &q, 1, nullptr, &b);
               });),
-        S("pkv_batch_prepare_ex", PKV_CLASS_STATE, "multi-group pool: persistent table",
-          PKV_E_UNSUPPORTED, "flags",
+        S("pkv_batch_prepare_ex", PKV_CLASS_RANGE, "multi-group pool: flags with an unknown bit",
+          kInv, "flags",
           return on_groups(e, [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
             pkv_batch* b = nullptr;
             const uint32_t q = 1;
-            return pkv_batch_prepare_ex(p, &s, &q, 1, PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b);
+            return pkv_batch_prepare_ex(p, &s, &q, 1, PKV_PREPARE_PERSISTENT_TABLE | 0x8u, nullptr,
+                                        &b);
           });),
         S("pkv_batch_plan_tensor_group", PKV_CLASS_NULL, "batch = NULL", kInv, "batch",
           pkv_tensor t;

@@ -166,3 +166,43 @@ def test_layer_ids_map_model_layers_to_groups():
         HybridPool([KVGroupSpec.full(2, 1, 8, layer_ids=[0])], num_blocks=8)
     with pytest.raises(OverflowError):
         HybridPool([KVGroupSpec.full(1, 1, 8, layer_ids=[2**32])], num_blocks=8)
+
+
+def test_persistent_table_per_group():
+    # prepare(..., persistent_table=True) on a multi-group pool: every group's
+    # page table is padded rows of its own stride, equal to the group's block
+    # table (released window pages as the null block), kept across steps.
+    rng = random.Random(19)
+    pool = HybridPool(
+        [KVGroupSpec.window(5, 1, 1, 8), KVGroupSpec.full(1, 1, 8), KVGroupSpec.recurrent(1, 64)],
+        num_blocks=96,
+        block_size=4,
+    )
+    seqs = [pool.create_sequence() for _ in range(3)]
+    for s in seqs:
+        s.append([rng.randrange(1000) for _ in range(rng.randrange(3, 12))])
+    with pool.prepare(seqs, [s.info().num_tokens for s in seqs]) as first:
+        first.commit()
+    for _ in range(12):
+        for s in seqs:
+            s.append([rng.randrange(1000) for _ in range(rng.choice([1, 1, 3]))])
+        order = rng.sample(seqs, len(seqs))
+        counts = [s.info().num_tokens - s.info().num_computed_tokens for s in order]
+        with pool.prepare(order, counts, persistent_table=True) as plan:
+            for g in range(3):
+                indptr = list(np.asarray(plan.plan_group(g, pk.PlanArray.PAGE_INDPTR)))
+                stride = indptr[1]
+                assert indptr == [i * stride for i in range(len(order) + 1)]
+                pages = list(np.asarray(plan.plan_group(g, pk.PlanArray.PAGE_INDICES)))
+                assert len(pages) == len(order) * stride
+                for i, s in enumerate(order):
+                    table = pool.group_block_table(s, g)
+                    n = s.info().num_tokens
+                    want = table[:1] if g == 2 else table[: (n + 3) // 4]
+                    assert pages[i * stride : (i + 1) * stride] == want + [pk.NULL_BLOCK] * (stride - len(want))
+            assert stride == 1  # the recurrent group: one state slot per row
+            for g in range(3):
+                pool.take_copies(g)
+            plan.commit()
+    assert pool.group_block_table(seqs[0], 0)[0] == pk.NULL_BLOCK  # the window released pages
+    pool.validate()

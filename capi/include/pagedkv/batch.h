@@ -222,6 +222,9 @@ PKV_API pkv_status pkv_mla_attention(pkv_batch* batch, uint32_t layer, const pkv
  * sequence outgrows it. The callers' copy (pkv_batch_plan_tensor) is kept
  * the same way: writing into it misleads only the writer's own kernels.
  *
+ * On a multi-group pool each group has its own kept table and stride
+ * (pagedkv/groups.h, pkv_batch_plan_tensor_group).
+ *
  * Errors: those of pkv_batch_prepare; PKV_E_INVALID_ARGUMENT for unknown
  * flags, or a persistent table whose num_seqs * stride would exceed
  * 2^31 - 1 entries. */

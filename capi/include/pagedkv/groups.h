@@ -33,7 +33,15 @@
  *
  * Step plans: pkv_batch_prepare (pkv_batch_prepare_ex with flags 0) builds
  * one plan for the step with per-group arrays, read with
- * pkv_batch_plan_tensor_group; pkv_batch_get_info (num_pages: group 0's),
+ * pkv_batch_plan_tensor_group. With PKV_PREPARE_PERSISTENT_TABLE every
+ * group's page table is a persistent table of padded rows as batch.h
+ * describes (row i at PAGE_INDICES[i * stride], stride = PAGE_INDPTR[1],
+ * each group its own stride, a recurrent group's rows one page: stride 1),
+ * kept by the pool per group across steps; the next such plan rewrites only
+ * the rows whose sequence changed, and in them only the appended pages and
+ * the pages a sliding window released since (to the null block 0), unless
+ * a copy-on-write, state move, truncate or hit changed an earlier entry.
+ * pkv_batch_get_info (num_pages: group 0's),
  * pkv_batch_plan_tensor (group 0's arrays), pkv_batch_token_positions,
  * pkv_batch_last_token_indices, pkv_batch_commit, pkv_batch_abort and
  * pkv_batch_destroy work on it; the kernel calls (pkv_cache_write,
@@ -55,8 +63,11 @@
  * prepare fails with PKV_E_INVALID_STATE when a query's context is not
  * computed (num_computed_tokens says where to start) or a recurrent group
  * has no state slot yet (append first), and PKV_E_INVALID_ARGUMENT when
- * queries would recompute tokens a recurrent state already holds or need
- * keys a window group released.
+ * queries would recompute tokens a recurrent state already holds (those
+ * that appends before the pool's first plan counted included: a first plan
+ * takes them back for attention pages, but a state would apply them twice;
+ * only a plan from position 0 restarts it) or need keys a window group
+ * released.
  *
  * PKV_GROUP_RECURRENT (Jamba, Qwen3-Next): a block of the group is one
  * state slot. A sequence's table in it holds its live slot alone (taken at

@@ -1270,7 +1270,9 @@ impl Pool {
     /// changed. Row `i` holds `seqs[i]`'s pages at
     /// `PAGE_INDICES[i * stride + j]`, 0 (the null block) past them, and
     /// `PAGE_INDPTR[i] == i * stride`. Keep each sequence at the same index
-    /// from step to step.
+    /// from step to step. On a multi-group pool every group has its own
+    /// kept table and stride (read with `Batch::plan_group_i32`; a recurrent
+    /// group's rows are one page).
     pub fn prepare_persistent_on(
         &self,
         seqs: &[SeqId],

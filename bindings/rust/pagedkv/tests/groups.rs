@@ -1,6 +1,6 @@
 //! Multi-group pools through the safe crate.
 
-use pagedkv::{ErrorKind, GroupSpec, PlanArray, Pool, PoolOptions, NULL_BLOCK};
+use pagedkv::{ErrorKind, GroupSpec, PlanArray, Pool, PoolOptions, Stream, NULL_BLOCK};
 
 fn opts(num_blocks: u64) -> PoolOptions {
     PoolOptions {
@@ -181,4 +181,88 @@ fn layer_ids_map_model_layers_to_groups() {
     )
     .unwrap_err();
     assert!(e.message().contains("is also groups[0]"), "{}", e.message());
+}
+
+#[test]
+fn persistent_plans_pad_every_group() {
+    // prepare_persistent_on on a multi-group pool: each group's page table
+    // is padded rows of its own stride (a recurrent group's: one page),
+    // equal to the group's block table, kept and updated across steps.
+    let pool = Pool::with_groups(
+        &opts(96),
+        &[
+            GroupSpec::window(5, 1, 1, 8),
+            GroupSpec::full(1, 1, 8),
+            GroupSpec::recurrent(1, 64),
+        ],
+    )
+    .unwrap();
+    let seqs: Vec<_> = (0..3).map(|_| pool.create_seq().unwrap()).collect();
+    let mut next = 7i32;
+    let mut tok = |k: usize| -> Vec<i32> {
+        (0..k)
+            .map(|_| {
+                next = (next * 31 + 11) % 997;
+                next
+            })
+            .collect()
+    };
+    for (i, &s) in seqs.iter().enumerate() {
+        pool.append(s, &tok(3 + 4 * i)).unwrap();
+    }
+    let all: Vec<u32> = seqs
+        .iter()
+        .map(|&s| pool.seq_info(s).unwrap().num_tokens as u32)
+        .collect();
+    pool.prepare(&seqs, &all).unwrap().commit().unwrap();
+    for step in 0..10usize {
+        for (i, &s) in seqs.iter().enumerate() {
+            pool.append(s, &tok(if (step + i) % 4 == 0 { 3 } else { 1 }))
+                .unwrap();
+        }
+        let mut order = seqs.clone();
+        order.rotate_left(step % 3);
+        let q: Vec<u32> = order
+            .iter()
+            .map(|&s| {
+                let info = pool.seq_info(s).unwrap();
+                (info.num_tokens - info.num_computed_tokens) as u32
+            })
+            .collect();
+        let plan = pool
+            .prepare_persistent_on(&order, &q, Stream::DEFAULT)
+            .unwrap();
+        for g in 0..3u32 {
+            let indptr = plan.plan_group_i32(g, PlanArray::PageIndptr).unwrap();
+            let stride = indptr[1] as usize;
+            let want_ptr: Vec<i32> = (0..=order.len()).map(|i| (i * stride) as i32).collect();
+            assert_eq!(indptr, &want_ptr[..]);
+            if g == 2 {
+                assert_eq!(stride, 1);
+            }
+            let pages = plan.plan_group_i32(g, PlanArray::PageIndices).unwrap();
+            assert_eq!(pages.len(), order.len() * stride);
+            for (i, &s) in order.iter().enumerate() {
+                let table = pool.group_block_table(s, g).unwrap();
+                let n = pool.seq_info(s).unwrap().num_tokens as usize;
+                let mut want = if g == 2 {
+                    table[..1].to_vec()
+                } else {
+                    table[..(n + 3) / 4].to_vec()
+                };
+                want.resize(stride, NULL_BLOCK);
+                assert_eq!(
+                    &pages[i * stride..(i + 1) * stride],
+                    &want[..],
+                    "group {g} row {i}"
+                );
+            }
+        }
+        for g in 0..3 {
+            pool.take_copies(g).unwrap();
+        }
+        plan.commit().unwrap();
+    }
+    assert_eq!(pool.group_block_table(seqs[2], 0).unwrap()[0], NULL_BLOCK);
+    pool.validate().unwrap();
 }

@@ -1,0 +1,128 @@
+// Regressions found by the multi-group fuzz harness (tests/fuzz/
+// groups_harness.cpp), each reduced to the calls that show it.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "pagedkv/pagedkv.h"
+
+namespace {
+
+constexpr uint32_t kBs = 4;
+
+pkv_kv_group_spec spec(uint32_t kind) {
+  pkv_kv_group_spec g;
+  pkv_kv_group_spec_init(&g);
+  g.kind = kind;
+  g.num_kv_heads = 2;
+  g.head_dim = 8;
+  if (kind == PKV_GROUP_RECURRENT) g.state_bytes = 64;
+  return g;
+}
+
+pkv_pool* full_and_recurrent(uint64_t blocks) {
+  const std::vector<pkv_kv_group_spec> groups = {spec(PKV_GROUP_FULL), spec(PKV_GROUP_RECURRENT)};
+  pkv_pool_options o;
+  pkv_pool_options_init(&o);
+  o.block_size = kBs;
+  o.num_blocks = blocks;
+  pkv_pool* p = nullptr;
+  EXPECT_EQ(pkv_pool_create_groups(&o, groups.data(), 2, &p), PKV_OK) << pkv_last_error_message();
+  return p;
+}
+
+uint64_t free_blocks(pkv_pool* p) {
+  pkv_pool_stats st;
+  pkv_pool_stats_init(&st);
+  EXPECT_EQ(pkv_pool_get_stats(p, &st), PKV_OK);
+  return st.num_free_blocks;
+}
+
+void take_all_copies(pkv_pool* p) {
+  for (uint32_t g = 0; g < 2; ++g) {
+    int32_t src[16], dst[16];
+    uint64_t n = 0;
+    ASSERT_EQ(pkv_pool_group_take_copies(p, g, src, dst, 16, &n), PKV_OK);
+  }
+}
+
+// A step over the sequence's last q tokens, committed.
+void step(pkv_pool* p, pkv_seq_id s, uint32_t q) {
+  pkv_batch* b = nullptr;
+  ASSERT_EQ(pkv_batch_prepare(p, &s, &q, 1, nullptr, &b), PKV_OK) << pkv_last_error_message();
+  take_all_copies(p);
+  ASSERT_EQ(pkv_batch_commit(b), PKV_OK);
+  pkv_batch_destroy(b);
+}
+
+// An append at a block boundary of a recurrent group keeps no snapshot when
+// one of that hash is cached, and pkv_seq_blocks_needed counts no block for
+// it. The append's own allocation in the full group could evict that very
+// snapshot (it is the oldest free block); the append then decided to keep a
+// snapshot after all and took one block more than counted, from a free
+// queue that may have been empty.
+TEST(GroupRegress, AppendTakesWhatBlocksNeededCountedWhenItEvictsTheSnapshot) {
+  pkv_pool* p = full_and_recurrent(5);  // 4 usable blocks
+  const int32_t t[5] = {11, 12, 13, 14, 15};
+  pkv_seq_id a = 0, b = 0;
+  ASSERT_EQ(pkv_seq_create(p, nullptr, &a), PKV_OK);
+  ASSERT_EQ(pkv_seq_append(p, a, t, 4, 0), PKV_OK);
+  step(p, a, 4);
+  ASSERT_EQ(pkv_seq_append(p, a, t + 4, 1, 0), PKV_OK);  // keeps the state at 4 as a snapshot
+  step(p, a, 1);
+  ASSERT_EQ(pkv_seq_free(p, a), PKV_OK);  // its block 0 and the snapshot stay cached, free
+
+  ASSERT_EQ(pkv_seq_create(p, nullptr, &b), PKV_OK);
+  ASSERT_EQ(pkv_seq_append(p, b, t, 4, 0), PKV_OK);  // takes the two uncached free blocks
+  step(p, b, 4);
+  uint64_t needed = 0;
+  ASSERT_EQ(pkv_seq_blocks_needed(p, b, 1, 0, &needed), PKV_OK);
+  EXPECT_EQ(needed, 1u);  // a new block in the full group; the snapshot exists
+  const uint64_t before = free_blocks(p);
+  ASSERT_EQ(before, 2u);  // a's snapshot (oldest) and a's block 0
+  ASSERT_EQ(pkv_seq_append(p, b, t + 4, 1, 0), PKV_OK);
+  EXPECT_EQ(before - free_blocks(p), needed);
+  take_all_copies(p);
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
+  ASSERT_EQ(pkv_seq_free(p, b), PKV_OK);
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
+  pkv_pool_destroy(p);
+}
+
+// Before a pool's first plan, appends count their tokens computed: a
+// recurrent state then holds them. A sequence's first plan takes that count
+// back from its first query on, which is right for attention pages (they
+// are rewritten with the same K/V) but would apply tokens a second time to
+// the state: it is refused, unless the plan starts at position 0 (the
+// state restarts from scratch).
+TEST(GroupRegress, FirstPlanDoesNotRecomputeARecurrentStateFromTheMiddle) {
+  pkv_pool* p = full_and_recurrent(16);
+  const int32_t t[6] = {1, 2, 3, 4, 5, 6};
+  pkv_seq_id a = 0, c = 0;
+  ASSERT_EQ(pkv_seq_create(p, nullptr, &a), PKV_OK);
+  ASSERT_EQ(pkv_seq_create(p, nullptr, &c), PKV_OK);
+  ASSERT_EQ(pkv_seq_append(p, a, t, 5, 0), PKV_OK);  // counted computed: 5
+  ASSERT_EQ(pkv_seq_append(p, c, t, 3, 0), PKV_OK);  // counted computed: 3
+  uint32_t q = 2;  // would recompute tokens 3 and 4 on top of the state after 5
+  pkv_batch* b = nullptr;
+  EXPECT_EQ(pkv_batch_prepare(p, &a, &q, 1, nullptr, &b), PKV_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("recurrent"), std::string::npos)
+      << pkv_last_error_message();
+  q = 5;  // from position 0: the state restarts
+  step(p, a, q);
+  // c's appends before the first plan still count: its first plan may
+  // start where they end, not before.
+  ASSERT_EQ(pkv_seq_append(p, c, t + 3, 1, 0), PKV_OK);
+  q = 2;
+  EXPECT_EQ(pkv_batch_prepare(p, &c, &q, 1, nullptr, &b), PKV_E_INVALID_ARGUMENT);
+  step(p, c, 1);
+  pkv_seq_info info;
+  pkv_seq_info_init(&info);
+  ASSERT_EQ(pkv_seq_get_info(p, c, &info), PKV_OK);
+  EXPECT_EQ(info.num_computed_tokens, 4u);
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
+  pkv_pool_destroy(p);
+}
+
+}  // namespace
