@@ -216,10 +216,37 @@ void Batch::build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_
 
   // A persistent table: its rows replace the CSR page ids (room made
   // before anything changes: it may fail; the rows are written below).
-  if (persistent_table) {
-    table_ = page_table_for(p.page_table_, max_pages, num_seqs);
-    pages = uint64_t(num_seqs) * table_->stride;
+  if (persistent_table) table_ = page_table_for(p.page_table_, max_pages, num_seqs);
+  const PlanArrays a = lay_out(tokens, pages, max_ctx, max_q, num_seqs);
+  // The arrays, and the persistent table's rows, in one pass (no throw
+  // from here to the copies below). The slots come from the ranges.
+  PageTable* const t = table_.get();
+  int64_t tk = 0, pg = 0;
+  size_t rewritten = 0, k = 0;
+  a.qptr[0] = a.pptr[0] = 0;
+  for (uint32_t i = 0; i < num_seqs; ++i) {
+    const uint64_t n = ends[i];
+    const uint32_t np = page_counts[i];
+    for (; k < h.ranges.size() && h.ranges[k].seq == i; ++k) {
+      const QueryRange& q = h.ranges[k];
+      const int64_t first = int64_t(q.r.block) * int64_t(bs);
+      for (uint32_t slot = q.r.lo; slot < q.r.hi; ++slot) a.slots[tk++] = first + slot;
+    }
+    pg += t ? int64_t(t->stride) : int64_t(np);
+    a.qptr[i + 1] = int32_t(tk);
+    a.pptr[i + 1] = int32_t(pg);
+    a.last[i] = int32_t(n - (uint64_t(np) - 1) * bs);
+    a.ctx[i] = int32_t(n);
+    if (t) rewritten += update_page_row(*t, i, seqs[i], *live[i], np);
   }
+  finish(a, seqs, rewritten, stream);
+}
+
+Batch::PlanArrays Batch::lay_out(uint64_t tokens, uint64_t pages, uint64_t max_ctx, uint32_t max_q,
+                                 uint32_t num_seqs) {
+  Pool& p = *pool_;
+  PlanHost& h = *host_;
+  if (table_) pages = uint64_t(num_seqs) * table_->stride;
   const bool on_device = p.backend_ && p.backend_->device_type() != kDeviceCpu;
   const bool host_table = table_ && !on_device;
 
@@ -229,7 +256,7 @@ void Batch::build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_
   info.num_pages = pages;
   info.max_context = max_ctx;
   info.max_query = max_q;
-  info.block_size = uint32_t(bs);
+  info.block_size = uint32_t(p.opts_.block_size);
 
   // One buffer: i64 slots first, then the i32 arrays.
   // A host pool's persistent table is not in the buffer: plans point at it.
@@ -255,39 +282,33 @@ void Batch::build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_
   h.page_indptr_off = offsets_[2];
   h.page_indices_off = offsets_[3];
   char* base = reinterpret_cast<char*>(h.data.get());
-  int64_t* slots = reinterpret_cast<int64_t*>(base + offsets_[0]);
-  int32_t* qptr = reinterpret_cast<int32_t*>(base + offsets_[1]);
-  int32_t* pptr = reinterpret_cast<int32_t*>(base + offsets_[2]);
-  int32_t* pidx = reinterpret_cast<int32_t*>(base + offsets_[3]);
-  int32_t* last = reinterpret_cast<int32_t*>(base + offsets_[4]);
-  int32_t* ctx = reinterpret_cast<int32_t*>(base + offsets_[5]);
-  // The arrays, and the persistent table's rows, in one pass (no throw
-  // from here to the copies below). The slots come from the ranges.
+  PlanArrays a;
+  a.slots = reinterpret_cast<int64_t*>(base + offsets_[0]);
+  a.qptr = reinterpret_cast<int32_t*>(base + offsets_[1]);
+  a.pptr = reinterpret_cast<int32_t*>(base + offsets_[2]);
+  a.pidx = reinterpret_cast<int32_t*>(base + offsets_[3]);
+  a.last = reinterpret_cast<int32_t*>(base + offsets_[4]);
+  a.ctx = reinterpret_cast<int32_t*>(base + offsets_[5]);
+  return a;
+}
+
+void Batch::finish(const PlanArrays& a, const SeqId* seqs, size_t rewritten, void* stream) {
+  Pool& p = *pool_;
+  PlanHost& h = *host_;
   PageTable* const t = table_.get();
-  int64_t tk = 0, pg = 0;
-  size_t rewritten = 0, k = 0;
-  qptr[0] = pptr[0] = 0;
-  for (uint32_t i = 0; i < num_seqs; ++i) {
-    const uint64_t n = ends[i];
-    const uint32_t np = page_counts[i];
-    for (; k < h.ranges.size() && h.ranges[k].seq == i; ++k) {
-      const QueryRange& q = h.ranges[k];
-      const int64_t first = int64_t(q.r.block) * int64_t(bs);
-      for (uint32_t slot = q.r.lo; slot < q.r.hi; ++slot) slots[tk++] = first + slot;
-    }
-    pg += t ? int64_t(t->stride) : int64_t(np);
-    qptr[i + 1] = int32_t(tk);
-    pptr[i + 1] = int32_t(pg);
-    last[i] = int32_t(n - (uint64_t(np) - 1) * bs);
-    ctx[i] = int32_t(n);
-    if (t) rewritten += update_page_row(*t, i, seqs[i], *live[i], np);
-  }
+  const uint32_t num_seqs = info_.num_seqs;
+  const uint64_t pages = info_.num_pages;
+  const bool on_device = p.backend_ && p.backend_->device_type() != kDeviceCpu;
+  const bool host_table = t && !on_device;
+  char* base = reinterpret_cast<char*>(h.data.get());
+  const size_t off = bytes_;
   if (!t)
-    rows_reused_ = fill_page_rows(p.last_plan_.get(), h, seqs, live, pptr, pidx, num_seqs);
+    rows_reused_ =
+        fill_page_rows(p.last_plan_.get(), h, seqs, h.live.data(), a.pptr, a.pidx, num_seqs);
   else
     rows_reused_ = num_seqs - rewritten;
-  if (t && !host_table) std::memcpy(pidx, t->kern.get(), pages * sizeof(int32_t));
-  host_view_ = view_at(base, offsets_, info);
+  if (t && !host_table) std::memcpy(a.pidx, t->kern.get(), pages * sizeof(int32_t));
+  host_view_ = view_at(base, offsets_, info_);
   if (host_table) host_view_.page_indices = t->kern.get();
 
   if (on_device) {
@@ -302,7 +323,7 @@ void Batch::build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_
       device_ = nullptr;
       throw;
     }
-    view_ = view_at(static_cast<const char*>(device_), offsets_, info);
+    view_ = view_at(static_cast<const char*>(device_), offsets_, info_);
   } else {
     p.run_pending_copies(stream);
     view_ = host_view_;

@@ -50,6 +50,13 @@ class Batch {
   static std::unique_ptr<Batch> prepare(const std::shared_ptr<Pool>& pool, const SeqId* seqs,
                                         const uint32_t* query_counts, uint32_t num_seqs,
                                         void* stream, bool persistent_table = false);
+  // One decode step in one pass (step_plan_decode.cpp): appends tokens[i]
+  // to seqs[i] and builds the plan whose queries are those tokens, as
+  // Pool::append_batch then prepare with query counts 1 would, but all or
+  // nothing: every check of both comes before any change.
+  static std::unique_ptr<Batch> prepare_decode(const std::shared_ptr<Pool>& pool, const SeqId* seqs,
+                                               const int32_t* tokens, uint32_t num_seqs,
+                                               void* stream, bool persistent_table = false);
   ~Batch();
   Batch(const Batch&) = delete;
   Batch& operator=(const Batch&) = delete;
@@ -107,6 +114,24 @@ class Batch {
   // prepare's work once the batch holds its plan memory; holds pool->mu_.
   void build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_seqs, void* stream,
              bool persistent_table);
+  void build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_seqs, void* stream,
+                    bool persistent_table);
+  // build_decode's check that every query's context is written (or
+  // written first by the plan), on the state before its appends.
+  void check_decode_context(const SeqId* seqs);
+  // The host arrays of a plan, in the plan memory (kernels' copy).
+  struct PlanArrays {
+    int64_t* slots;
+    int32_t *qptr, *pptr, *pidx, *last, *ctx;
+  };
+  // Sizes the plan memory for the arrays (info_ set; may throw, before
+  // any change). table_, if any, is already sized.
+  PlanArrays lay_out(uint64_t tokens, uint64_t pages, uint64_t max_ctx, uint32_t max_q,
+                     uint32_t num_seqs);
+  // Once every array but the CSR page ids is written (and the persistent
+  // table's rows, rewritten of them): the page ids, the callers' copy,
+  // pending copy-on-write copies, the upload. The plan is open after it.
+  void finish(const PlanArrays& a, const SeqId* seqs, size_t rewritten, void* stream);
 
   enum class State : uint8_t { kOpen, kCommitted, kAborted };
   // Aborted until prepare succeeds, so that a batch dropped by a failing

@@ -16,6 +16,12 @@ pagedkv::Batch& batch_of(const pkv_batch* b) {
   return *b->impl;
 }
 
+void check_prepare_flags(uint32_t flags) {
+  if (flags & ~uint32_t(PKV_PREPARE_PERSISTENT_TABLE))
+    fail(Errc::kInvalidArgument,
+         "flags " + std::to_string(flags) + " has bits that are not PKV_PREPARE_* flags");
+}
+
 void prepare(pkv_pool* pool, const pkv_seq_id* seqs, const uint32_t* query_counts,
              uint32_t num_seqs, uint32_t flags, void* stream, pkv_batch** out) {
   pc::require(pool, "pool");
@@ -24,9 +30,7 @@ void prepare(pkv_pool* pool, const pkv_seq_id* seqs, const uint32_t* query_count
     pc::require(query_counts, "query_counts");
   }
   pc::require(out, "out");
-  if (flags & ~uint32_t(PKV_PREPARE_PERSISTENT_TABLE))
-    fail(Errc::kInvalidArgument,
-         "flags " + std::to_string(flags) + " has bits that are not PKV_PREPARE_* flags");
+  check_prepare_flags(flags);
   auto b = std::make_unique<pkv_batch>();
   if (pool->groups) {
     b->groups = pagedkv::GroupBatch::prepare(pool->groups, seqs, query_counts, num_seqs,
@@ -52,6 +56,28 @@ pkv_status pkv_batch_prepare_ex(pkv_pool* pool, const pkv_seq_id* seqs,
                                 const uint32_t* query_counts, uint32_t num_seqs, uint32_t flags,
                                 void* stream, pkv_batch** out) {
   PKV_GUARD(prepare(pool, seqs, query_counts, num_seqs, flags, stream, out));
+}
+
+pkv_status pkv_batch_prepare_decode(pkv_pool* pool, const pkv_seq_id* seqs, const int32_t* tokens,
+                                    uint32_t num_seqs, uint32_t flags, void* stream,
+                                    pkv_batch** out) {
+  PKV_GUARD({
+    pc::require(pool, "pool");
+    if (num_seqs > 0) {
+      pc::require(seqs, "seqs");
+      pc::require(tokens, "tokens");
+    }
+    pc::require(out, "out");
+    check_prepare_flags(flags);
+    if (pool->groups)
+      fail(Errc::kUnsupported,
+           "pkv_batch_prepare_decode is not supported on a multi-group pool: append with "
+           "pkv_seq_append, then pkv_batch_prepare_ex (pagedkv/groups.h)");
+    auto b = std::make_unique<pkv_batch>();
+    b->impl = pagedkv::Batch::prepare_decode(pool->impl, seqs, tokens, num_seqs, stream,
+                                             (flags & PKV_PREPARE_PERSISTENT_TABLE) != 0);
+    *out = b.release();
+  });
 }
 
 pkv_status pkv_batch_commit(pkv_batch* batch) {

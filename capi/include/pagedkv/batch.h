@@ -233,6 +233,26 @@ PKV_API pkv_status pkv_batch_prepare_ex(pkv_pool* pool, const pkv_seq_id* seqs,
                                         const uint32_t* query_counts, uint32_t num_seqs,
                                         uint32_t flags, void* stream, pkv_batch** out);
 
+/* One decode step in one call: appends tokens[i] to seqs[i] (one token
+ * each, as pkv_seq_append_batch) and prepares the plan whose queries are
+ * those tokens (as pkv_batch_prepare_ex with every query count 1 and
+ * flags, over seqs in that order). The plan, its commit and abort are
+ * those of pkv_batch_prepare_ex; only the appends and the plan are made
+ * together: every sequence is resolved and checked once, and its appends
+ * and plan rows are written in one pass (bench/README.md, decode step).
+ *
+ * All or nothing, unlike the two calls: when the plan cannot be built (an
+ * unknown or repeated id, too few free blocks, a context no committed
+ * step wrote: PKV_E_INVALID_STATE names the sequence and the tokens to
+ * compute with pkv_batch_prepare) nothing is appended. Device errors on a
+ * CUDA pool (running pending copy-on-write copies, the plan's upload)
+ * come after the appends, which then stay, uncomputed, as after a
+ * failing pkv_batch_prepare. PKV_E_UNSUPPORTED on a multi-group pool
+ * (append there with pkv_seq_append, then pkv_batch_prepare_ex). */
+PKV_API pkv_status pkv_batch_prepare_decode(pkv_pool* pool, const pkv_seq_id* seqs,
+                                            const int32_t* tokens, uint32_t num_seqs,
+                                            uint32_t flags, void* stream, pkv_batch** out);
+
 #ifdef __cplusplus
 }
 #endif
