@@ -24,7 +24,8 @@
 //                         plan built, committed and destroyed; *_only = the
 //                         batched appends alone (plan = the difference);
 //                         persistent_table = batched appends and a
-//                         PKV_PREPARE_PERSISTENT_TABLE plan; *_xxh3 = the
+//                         PKV_PREPARE_PERSISTENT_TABLE plan; prepare_decode
+//                         = both in one pkv_batch_prepare_decode; *_xxh3 = the
 //                         same with XXH3-128 block hashes (others SHA-256);
 //                         faults_per_step = minor page faults in the loop
 // Counters: vs_target = measured / goal (>= 1 meets it: 20M pairs/s; 50 us
@@ -154,7 +155,8 @@ void BM_DecodeStep(benchmark::State& state) {
 // Arg 0: one pkv_seq_append per sequence; 1: pkv_seq_append_batch;
 // 2: pkv_seq_append_batch and a persistent-table plan (only changed rows
 // rewritten); 3: the batched appends alone (the plan's share is the
-// difference).
+// difference); 4: pkv_batch_prepare_decode (appends and persistent-table
+// plan in one call and one pass).
 void BM_DecodeStepPlan(benchmark::State& state) {
   const int mode = int(state.range(0));
   const uint32_t algo = state.range(1) ? uint32_t(state.range(1)) : PKV_HASH_SHA256_CBOR;
@@ -188,16 +190,23 @@ void BM_DecodeStepPlan(benchmark::State& state) {
     for (int i = 0; i < kSeqs; ++i)
       toks[i] = int32_t((step * 2654435761u + uint32_t(i) * 40503u) % 152064u);
     pkv_status st = PKV_OK;
-    if (mode == 0) {
+    if (mode == 4) {
+      st = pkv_batch_prepare_decode(pool, seqs.data(), toks.data(), kSeqs,
+                                    PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b);
+      if (st == PKV_OK) {
+        st = pkv_batch_commit(b);
+        pkv_batch_destroy(b);
+      }
+    } else if (mode == 0) {
       for (int i = 0; i < kSeqs && st == PKV_OK; ++i)
         st = pkv_seq_append(pool, seqs[i], &toks[i], 1, 0);
     } else {
       st = pkv_seq_append_batch(pool, seqs.data(), toks.data(), kSeqs);
     }
-    if (st == PKV_OK && mode != 3)
+    if (st == PKV_OK && mode != 3 && mode != 4)
       st = pkv_batch_prepare_ex(pool, seqs.data(), ones.data(), kSeqs,
                                 mode == 2 ? PKV_PREPARE_PERSISTENT_TABLE : 0, nullptr, &b);
-    if (st == PKV_OK && mode != 3) {
+    if (st == PKV_OK && mode != 3 && mode != 4) {
       st = pkv_batch_commit(b);
       pkv_batch_destroy(b);
     }
@@ -314,6 +323,11 @@ BENCHMARK(BM_DecodeStepPlan)
     ->Iterations(1024)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeStepPlan)
+    ->Name("decode_step_plan/prepare_decode")
+    ->Args({4, 0})
+    ->Iterations(1024)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeStepPlan)
     ->Name("decode_step_plan/append_batch_only")
     ->Args({3, 0})
     ->Iterations(1024)
@@ -323,6 +337,11 @@ BENCHMARK(BM_DecodeStepPlan)
 BENCHMARK(BM_DecodeStepPlan)
     ->Name("decode_step_plan/persistent_table_xxh3")
     ->Args({2, PKV_HASH_XXH3_128})
+    ->Iterations(1024)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeStepPlan)
+    ->Name("decode_step_plan/prepare_decode_xxh3")
+    ->Args({4, PKV_HASH_XXH3_128})
     ->Iterations(1024)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeStepPlan)

@@ -1202,6 +1202,38 @@ std::vector<Case> make_cases() {
                      "would attend over tokens [40, 41)", pkv_batch* b = nullptr;
                      uint32_t q = 1; return pkv_batch_prepare(e.pool, &e.a, &q, 1, nullptr, &b);),
                    append_a),
+        S("pkv_batch_prepare_decode", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          pkv_batch* b = nullptr;
+          return pkv_batch_prepare_decode(nullptr, &e.a, e.tokens, 1, 0, nullptr, &b);),
+        S("pkv_batch_prepare_decode", PKV_CLASS_NULL, "seqs = NULL or tokens = NULL, num_seqs = 1",
+          kInv, "is NULL", pkv_batch* b = nullptr;
+          pkv_status s = pkv_batch_prepare_decode(e.pool, nullptr, e.tokens, 1, 0, nullptr, &b);
+          return s != kInv ? s : pkv_batch_prepare_decode(e.pool, &e.a, nullptr, 1, 0, nullptr, &b);),
+        S("pkv_batch_prepare_decode", PKV_CLASS_NULL, "out = NULL", kInv, "out",
+          return pkv_batch_prepare_decode(e.pool, &e.a, e.tokens, 1, 0, nullptr, nullptr);),
+        S("pkv_batch_prepare_decode", PKV_CLASS_RANGE, "num_seqs = 0", kInv, "num_seqs",
+          pkv_batch* b = nullptr;
+          return pkv_batch_prepare_decode(e.pool, &e.a, e.tokens, 0, 0, nullptr, &b);),
+        S("pkv_batch_prepare_decode", PKV_CLASS_RANGE, "flags = 2 (unknown bit)", kInv, "flags",
+          pkv_batch* b = nullptr;
+          return pkv_batch_prepare_decode(e.pool, &e.a, e.tokens, 1, 2, nullptr, &b);),
+        S("pkv_batch_prepare_decode", PKV_CLASS_STALE, "seqs[1] freed", kNf, "seqs[1]",
+          pkv_seq_id s[2] = {e.a, e.dead};
+          pkv_batch* b = nullptr;
+          return pkv_batch_prepare_decode(e.pool, s, e.tokens, 2, 0, nullptr, &b);),
+        S("pkv_batch_prepare_decode", PKV_CLASS_UNKNOWN, "seqs[0] never issued", kNf, "seqs[0]",
+          pkv_batch* b = nullptr;
+          return pkv_batch_prepare_decode(e.pool, &e.unknown, e.tokens, 1, 0, nullptr, &b);),
+        S("pkv_batch_prepare_decode", PKV_CLASS_RANGE, "seqs[2] repeats seqs[0]", kInv, "seqs[2]",
+          pkv_seq_id s[3] = {e.a, e.b, e.a};
+          pkv_batch* b = nullptr;
+          return pkv_batch_prepare_decode(e.pool, s, e.tokens, 3, PKV_PREPARE_PERSISTENT_TABLE,
+                                          nullptr, &b);),
+        with_setup(S("pkv_batch_prepare_decode", PKV_CLASS_STATE,
+                     "context not computed (2 tokens appended since the last step)", kState,
+                     "nothing was appended", pkv_batch* b = nullptr;
+                     return pkv_batch_prepare_decode(e.pool, &e.a, e.tokens, 1, 0, nullptr, &b);),
+                   append_a),
         S("pkv_batch_commit", PKV_CLASS_NULL, "batch = NULL", kInv, "batch",
           return pkv_batch_commit(nullptr);),
         S("pkv_batch_commit", PKV_CLASS_STATE, "after pkv_batch_abort", kState, "aborted",
@@ -1633,6 +1665,12 @@ std::vector<Case> make_cases() {
                 const uint32_t q = 1;
                 return pkv_batch_prepare(p, &s, &q, 1, nullptr, &b);
               });),
+        S("pkv_batch_prepare_decode", PKV_CLASS_STATE, "multi-group pool", PKV_E_UNSUPPORTED,
+          "multi-group",
+          return on_groups(e, [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
+            pkv_batch* b = nullptr;
+            return pkv_batch_prepare_decode(p, &s, e.tokens, 1, 0, nullptr, &b);
+          });),
         S("pkv_batch_prepare_ex", PKV_CLASS_RANGE, "multi-group pool: flags with an unknown bit",
           kInv, "flags",
           return on_groups(e, [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
