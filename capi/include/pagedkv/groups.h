@@ -208,7 +208,10 @@ PKV_API pkv_status pkv_pool_group_take_copies(pkv_pool* pool, uint32_t group, in
  * that hash was cached meanwhile or its sequence was freed or truncated
  * since prepare; pkv_batch_abort returns them all to the free blocks, never
  * hittable. Cached snapshot slots are evicted like any cached block (a
- * sequence's deepest first). */
+ * sequence's deepest first). pkv_seq_blocks_needed does not count them: a
+ * scheduler budgets about one block per block_size query tokens of each
+ * such group. The values start at 16 so that batch.h's PKV_PLAN_* can grow
+ * without meeting them. */
 #define PKV_PLAN_SNAPSHOT_INDPTR 16 /* i32 [num_seqs + 1] */
 #define PKV_PLAN_SNAPSHOT_ROWS 17   /* i64 [num_snapshots]: query row after which to save */
 #define PKV_PLAN_SNAPSHOT_BLOCKS 18 /* i32 [num_snapshots]: state slot to save it in */
