@@ -161,6 +161,11 @@ std::unique_ptr<GroupBatch> GroupBatch::prepare(const std::shared_ptr<GroupPool>
       for (uint32_t i = 0; i <= num_seqs; ++i) a.pptr[i] = int32_t(uint64_t(i) * a.table->stride);
     }
   }
+  const uint64_t snapshots = b->plan_snapshots(live, query_counts);
+  if (moves.size() + snapshots > uint64_t(p.queue_.size()))
+    fail(Errc::kOutOfBlocks, "the plan needs " + str(moves.size() + snapshots) +
+                                 " blocks (state slot moves and snapshot slots); " +
+                                 str(p.queue_.size()) + " are free");
   b->epochs_.resize(num_seqs);
   b->ends_.resize(num_seqs);
   BatchInfo& info = b->info_;
@@ -190,6 +195,7 @@ std::unique_ptr<GroupBatch> GroupBatch::prepare(const std::shared_ptr<GroupPool>
     }
     a.slots[m.first] = next;
   }
+  b->take_snapshots();
   p.planned_ = true;
   for (uint32_t i = 0; i < num_seqs; ++i) {
     GroupPool::Seq& s = *live[i];
@@ -238,12 +244,14 @@ void GroupBatch::abort() {
   std::lock_guard<std::mutex> lock(pool_->mu_);
   if (state_ == State::kCommitted)
     fail(Errc::kInvalidState, "the step is already committed (pkv_batch_commit)");
+  if (state_ == State::kOpen && !pool_->closed_) drop_snapshots();
   state_ = State::kAborted;
 }
 
 void GroupBatch::commit_locked() {
   GroupPool& p = *pool_;
   state_ = State::kCommitted;
+  keep_snapshots();  // first: it hands every slot back whatever follows
   // A sequence freed or truncated since prepare is skipped: its slots may
   // hold other tokens now, and counting less is always safe.
   for (size_t i = 0; i < seqs_.size(); ++i) {
@@ -272,9 +280,22 @@ TensorArg GroupBatch::plan_tensor(uint32_t g, uint32_t which) const {
   if (g >= groups_.size())
     fail(Errc::kInvalidArgument,
          "group " + str(g) + " is out of range (the pool has " + str(groups_.size()) + ")");
-  if (which > 5)
-    fail(Errc::kInvalidArgument, "which " + str(which) + " is not a PKV_PLAN_* array (0..5)");
   const Arrays& a = groups_[g];
+  if (which >= kPlanSnapshotIndptr && which <= kPlanSnapshotBlocks) {
+    if (!pool_->recurrent(g))
+      fail(Errc::kInvalidArgument, "which " + str(which) +
+                                       " is a PKV_PLAN_SNAPSHOT_* array but group " + str(g) +
+                                       " is not PKV_GROUP_RECURRENT");
+    if (which == kPlanSnapshotIndptr)
+      return host_array(a.snap_ptr.data(), a.snap_ptr.size(), DType::kI32);
+    if (which == kPlanSnapshotRows)
+      return host_array(a.snap_rows.data(), a.snap_rows.size(), DType::kI64);
+    return host_array(a.snap_blocks.data(), a.snap_blocks.size(), DType::kI32);
+  }
+  if (which > 5)
+    fail(Errc::kInvalidArgument, "which " + str(which) +
+                                     " is not a PKV_PLAN_* array (0..5) or a PKV_PLAN_SNAPSHOT_* "
+                                     "array (16..18)");
   const std::vector<int32_t>* i32[6] = {nullptr, &qptr_, &a.pptr, &a.pidx, &a.last, &ctx_};
   if (which == 0) return host_array(a.slots.data(), a.slots.size(), DType::kI64);
   if (which == 3 && a.table)  // the kept table's rows of this plan

@@ -18,6 +18,9 @@
 
 namespace pagedkv {
 
+// Group arrays of a plan beyond PKV_PLAN_* (values of PKV_PLAN_SNAPSHOT_*).
+constexpr uint32_t kPlanSnapshotIndptr = 16, kPlanSnapshotRows = 17, kPlanSnapshotBlocks = 18;
+
 class GroupBatch {
  public:
   // Validates every id and query count (Error naming seqs[i] or
@@ -46,6 +49,16 @@ class GroupBatch {
  private:
   GroupBatch() = default;
   void commit_locked();  // holds pool_->mu_
+  // State snapshots at block boundaries inside the query chunks of groups
+  // with PKV_GROUP_SNAPSHOT_EVERY_BLOCK (group_snapshots.cpp). plan_: fills
+  // the arrays (may throw; changes nothing) and returns the slots needed;
+  // take_: allocates them (cannot throw; the caller checked the blocks);
+  // keep_ (commit): caches each under its block's hash unless one is
+  // cached already; both keep_ and drop_ (abort) hand the slots back.
+  uint64_t plan_snapshots(const std::vector<GroupPool::Seq*>& live, const uint32_t* query_counts);
+  void take_snapshots();
+  void keep_snapshots();
+  void drop_snapshots();
   // A 1-D view of len elements of this plan's host memory.
   TensorArg host_array(const void* data, size_t len, DType dtype) const;
 
@@ -65,6 +78,12 @@ class GroupBatch {
     // num_seqs * stride entries; pidx stays empty).
     std::shared_ptr<GroupPageTable> table;
     size_t rewritten = 0;
+    // Recurrent groups: CSR over the plan's sequences of the snapshots to
+    // write (PKV_PLAN_SNAPSHOT_*), with each one's key and sequence.
+    std::vector<int32_t> snap_ptr, snap_blocks;
+    std::vector<int64_t> snap_rows;
+    std::vector<BlockHash> snap_keys;
+    std::vector<uint32_t> snap_seq;
   };
   std::vector<Arrays> groups_;
 };

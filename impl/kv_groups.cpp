@@ -45,6 +45,9 @@ void check_group(const GroupSpec& g, uint32_t i, uint32_t block_size) {
     fail(Errc::kInvalidArgument, at + "sliding_window is " + str(g.sliding_window) +
                                      " but kind is not PKV_GROUP_SLIDING_WINDOW");
   }
+  if (g.snapshot_every_block && g.kind != GroupKind::kRecurrent)
+    fail(Errc::kInvalidArgument, at + "flags has PKV_GROUP_SNAPSHOT_EVERY_BLOCK but kind is not "
+                                      "PKV_GROUP_RECURRENT");
   (void)block_size;
 }
 
@@ -138,6 +141,7 @@ GroupPool::GroupPool(const PoolOptions& base, std::vector<GroupSpec> groups)
   ref_.assign(nb, 0);
   group_of_.assign(nb, -1);
   pin_.assign(nb, 0);
+  plan_hold_.assign(nb, 0);
   key_.assign(nb, BlockHash{});
   queue_ = FreeBlockQueue(num_blocks_);
   copies_.resize(groups_.size());
@@ -649,6 +653,7 @@ std::string GroupPool::check() const {
   }
   for (const auto& c : copies_)
     for (const auto& pair : c) ++refs[pair.first], ++refs[pair.second];  // pinned until taken
+  for (int32_t b = 1; b < num_blocks_; ++b) refs[b] += plan_hold_[b];    // open plans' snapshots
   if (ref_[0] != 0 || queue_.contains(0)) return "the null block is in use or free";
   for (int32_t b = 1; b < num_blocks_; ++b) {
     if (refs[b] != ref_[b])
@@ -657,6 +662,8 @@ std::string GroupPool::check() const {
     if ((ref_[b] == 0) != queue_.contains(b))
       return "block " + str(b) + (ref_[b] ? " is used and free" : " is neither used nor free");
     if (!key_[b].empty() && group_of_[b] < 0) return "cached block " + str(b) + " has no group";
+    if (plan_hold_[b] != 0 && (!key_[b].empty() || group_of_[b] < 0 || !recurrent(group_of_[b])))
+      return "snapshot slot " + str(b) + " of an open plan is cached or not a recurrent block";
   }
   size_t keyed = 0;
   for (int32_t b = 1; b < num_blocks_; ++b) keyed += !key_[b].empty();

@@ -39,6 +39,10 @@ struct GroupSpec {
   uint32_t kv_lora_rank = 0, rope_dim = 0;  // kMla only
   uint64_t state_bytes = 0;                 // kRecurrent: one layer's state
   DType dtype = DType::kBF16;
+  // kRecurrent: step plans give a snapshot slot at every block boundary
+  // inside each query chunk (PKV_GROUP_SNAPSHOT_EVERY_BLOCK), so a prompt
+  // prefilled in one chunk can be hit at any of them.
+  bool snapshot_every_block = false;
 };
 
 // Bytes one block of the group takes over all its layers: K and V pages
@@ -183,6 +187,8 @@ class GroupPool {
   std::vector<int32_t> ref_;
   std::vector<int32_t> group_of_;  // group of a used or cached block; -1 none
   std::vector<int32_t> pin_;       // references held by pending copies
+  // References held by open step plans' snapshot slots (group_snapshots.cpp).
+  std::vector<int32_t> plan_hold_;
   std::vector<BlockHash> key_;     // hash of a cached block (empty = not cached)
   FreeBlockQueue queue_;
   std::unordered_multimap<Key, int32_t, KeyHasher> cache_;

@@ -247,6 +247,12 @@ const (
 	PlanPageIndices PlanArray = C.PKV_PLAN_PAGE_INDICES  // i32 [num_pages]
 	PlanLastPageLen PlanArray = C.PKV_PLAN_LAST_PAGE_LEN // i32 [num_seqs]
 	PlanContextLens PlanArray = C.PKV_PLAN_CONTEXT_LENS  // i32 [num_seqs]
+	// A recurrent group's state snapshots (GroupSpec.SnapshotEveryBlock;
+	// PlanGroupTensor only): CSR offsets per sequence, the query row after
+	// which each state is saved, and its state slot (block id).
+	PlanSnapshotIndptr PlanArray = C.PKV_PLAN_SNAPSHOT_INDPTR // i32 [num_seqs+1]
+	PlanSnapshotRows   PlanArray = C.PKV_PLAN_SNAPSHOT_ROWS   // i64 [num_snapshots]
+	PlanSnapshotBlocks PlanArray = C.PKV_PLAN_SNAPSHOT_BLOCKS // i32 [num_snapshots]
 )
 
 // PlanTensor describes one of the plan's arrays on the pool's device, for

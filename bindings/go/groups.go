@@ -43,6 +43,12 @@ type GroupSpec struct {
 	// every group or for none; without them layers are numbered through the
 	// groups in order. Pool.GroupOfLayer maps them back.
 	LayerIDs []uint32
+	// SnapshotEveryBlock (GroupRecurrent only, PKV_GROUP_SNAPSHOT_EVERY_BLOCK):
+	// every step plan gives a state snapshot slot at each block boundary
+	// inside each query chunk (PlanSnapshotIndptr, PlanSnapshotRows,
+	// PlanSnapshotBlocks), so a prompt prefilled in one chunk can be hit at
+	// any of its block boundaries, not only where its appends started.
+	SnapshotEveryBlock bool
 }
 
 // NewGroupPool creates a manager-only pool of several KV groups drawing
@@ -74,6 +80,9 @@ func NewGroupPool(opts *PoolOptions, groups []GroupSpec) (*Pool, error) {
 		s.state_bytes = C.uint64_t(g.StateBytes)
 		if g.DType != 0 {
 			s.dtype = C.uint32_t(g.DType)
+		}
+		if g.SnapshotEveryBlock {
+			s.flags = C.PKV_GROUP_SNAPSHOT_EVERY_BLOCK
 		}
 		if g.LayerIDs != nil {
 			// The library reads num_layers entries: a shorter list must not reach it.

@@ -2,6 +2,7 @@ package pagedkv
 
 import (
 	"errors"
+	"math/rand"
 	"strings"
 	"testing"
 )
@@ -248,5 +249,94 @@ func TestGroupLayerIDs(t *testing.T) {
 	})
 	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "is also groups[0]") {
 		t.Fatalf("a layer twice: %v", err)
+	}
+}
+
+func TestGroupRecurrentSnapshotsAtEveryBlockBoundary(t *testing.T) {
+	// Jamba-like with the flag: one prefill chunk of 5 blocks + 2 tokens
+	// names a snapshot slot per boundary; the engine writes its state there
+	// and a later prompt sharing 3 blocks and a bit resumes from the one at 12.
+	p, err := NewGroupPool(&PoolOptions{BlockSize: 4, NumBlocks: 64}, []GroupSpec{
+		{Kind: GroupFull, NumLayers: 1, NumKVHeads: 2, HeadDim: 8},
+		{Kind: GroupRecurrent, NumLayers: 2, StateBytes: 64, SnapshotEveryBlock: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	rng := rand.New(rand.NewSource(19))
+	prompt := make([]int32, 22)
+	for i := range prompt {
+		prompt[i] = int32(rng.Intn(50000))
+	}
+	a, err := p.CreateSeq(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Append(prompt); err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.Prepare([]Seq{a}, []int{22})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(which PlanArray) Tensor {
+		pt, err := b.PlanGroupTensor(1, which)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pt
+	}
+	indptr, rowsT, blocksT := get(PlanSnapshotIndptr), get(PlanSnapshotRows), get(PlanSnapshotBlocks)
+	ptr, _ := indptr.Int32s()
+	rows, err := rowsT.Int64s()
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, _ := blocksT.Int32s()
+	if len(ptr) != 2 || ptr[0] != 0 || ptr[1] != 5 || len(blocks) != 5 {
+		t.Fatalf("indptr %v blocks %v", ptr, blocks)
+	}
+	storage := map[int32][2]int64{} // engine-owned state, by block id
+	for j, row := range rows {
+		if row != int64(4*j+3) {
+			t.Fatalf("rows %v", rows)
+		}
+		storage[blocks[j]] = [2]int64{rng.Int63(), row}
+	}
+	var e *Error
+	if _, err := b.PlanGroupTensor(0, PlanSnapshotIndptr); !errors.As(err, &e) || e.Code != CodeInvalidArgument {
+		t.Fatalf("snapshot array of a full group: %v", err)
+	}
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if st, _ := p.GroupStats(1); st.NumCachedBlocks != 5 {
+		t.Fatalf("cached snapshots %d", st.NumCachedBlocks)
+	}
+	other := append(append([]int32{}, prompt[:14]...), 50001, 50002)
+	c, err := p.CreateSeq(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.MatchPrefix(other); err != nil || n != 12 {
+		t.Fatalf("hit %d (%v), want 12", n, err)
+	}
+	if err := c.Append(other[12:]); err != nil {
+		t.Fatal(err)
+	}
+	src, dst, err := p.TakeCopies(1)
+	if err != nil || len(src) != 1 {
+		t.Fatalf("copies %v %v (%v)", src, dst, err)
+	}
+	if mine, _ := c.GroupBlockTable(1); mine[0] != dst[0] {
+		t.Fatalf("copy to %d, slot %v", dst[0], mine)
+	}
+	if storage[src[0]][1] != 11 { // the state after token 11, as written
+		t.Fatalf("hit state %v", storage[src[0]])
+	}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,4 +1,6 @@
 // pagedkv/groups.h: multi-group pools.
+#include <algorithm>
+
 #include "capi_util.h"
 
 namespace pc = pkv_capi;
@@ -9,7 +11,8 @@ namespace {
 
 std::string str(uint64_t v) { return std::to_string(v); }
 
-constexpr uint32_t kGroupSpecV1 = sizeof(pkv_kv_group_spec);
+// The first version ended at layer_ids; flags and reserved1 came after.
+constexpr uint32_t kGroupSpecV1 = offsetof(pkv_kv_group_spec, flags);
 constexpr uint32_t kGroupStatsV1 = sizeof(pkv_group_stats);
 
 pagedkv::GroupSpec group_spec(const pkv_kv_group_spec& in, uint32_t i) {
@@ -31,6 +34,14 @@ pagedkv::GroupSpec group_spec(const pkv_kv_group_spec& in, uint32_t i) {
   g.rope_dim = in.rope_dim;
   g.state_bytes = in.state_bytes;
   g.dtype = pagedkv::DType(in.dtype);
+  if (PKV_HAS_FIELD(&in, flags)) {
+    if (in.flags & ~uint32_t(PKV_GROUP_SNAPSHOT_EVERY_BLOCK))
+      fail(Errc::kInvalidArgument,
+           at + ".flags " + str(in.flags) + " has bits that are not PKV_GROUP_SNAPSHOT_* flags");
+    g.snapshot_every_block = (in.flags & PKV_GROUP_SNAPSHOT_EVERY_BLOCK) != 0;
+  }
+  if (PKV_HAS_FIELD(&in, reserved1) && in.reserved1 != 0)
+    fail(Errc::kInvalidArgument, at + ".reserved1 is not 0");
   if (in.layer_ids && in.num_layers > 0)
     g.layer_ids.assign(in.layer_ids, in.layer_ids + in.num_layers);
   return g;
@@ -88,7 +99,24 @@ pkv_status pkv_pool_create_groups(const pkv_pool_options* base, const pkv_kv_gro
     if (PKV_HAS_FIELD(base, enable_retention)) o.enable_retention = base->enable_retention;
     std::vector<pagedkv::GroupSpec> specs;
     specs.reserve(num_groups);
-    for (uint32_t i = 0; i < num_groups; ++i) specs.push_back(group_spec(groups[i], i));
+    // The caller's array steps by its own spec size: an older binary's
+    // specs are shorter than this header's. Each is read into a zeroed
+    // spec, no byte past its struct_size.
+    const uint32_t stride = num_groups > 0 ? groups[0].struct_size : 0;
+    if (num_groups > 0)
+      pc::check_struct_size(stride, kGroupSpecV1, "groups[0]", "pkv_kv_group_spec",
+                            "pkv_kv_group_spec_init");
+    for (uint32_t i = 0; i < num_groups; ++i) {
+      const char* at = reinterpret_cast<const char*>(groups) + uint64_t(i) * stride;
+      pkv_kv_group_spec in;
+      std::memset(&in, 0, sizeof in);
+      std::memcpy(&in, at, std::min<size_t>(stride, sizeof in));
+      if (in.struct_size != stride)
+        fail(Errc::kInvalidArgument, "groups[" + str(i) + "].struct_size " + str(in.struct_size) +
+                                         " differs from groups[0].struct_size " + str(stride) +
+                                         " (one array, one spec version)");
+      specs.push_back(group_spec(in, i));
+    }
     auto p = std::make_unique<pkv_pool>();
     p->groups = pagedkv::GroupPool::create(o, std::move(specs));
     *out = p.release();

@@ -12,7 +12,11 @@
  *    attention page at least a state slot, so the two alias one arena.
  * Prefill goes in block-aligned chunks of 2048 / bs * bs tokens (chunked
  * prefill; 2000 at bs 80); a state group keeps a snapshot where each chunk
- * starts, so the hit there is the last chunk start.
+ * starts, so the hit there is the last chunk start. With
+ * PKV_GROUP_SNAPSHOT_EVERY_BLOCK on the state groups (the last Jamba rows),
+ * each chunk runs as a committed step plan whose PKV_PLAN_SNAPSHOT_* arrays
+ * name a slot per block boundary inside the chunk (the engine's chunked
+ * scan writes the state there), so the hit is the last block boundary.
  * For each, one request of T prompt tokens is prefilled and decodes one
  * token; memory is the blocks it then holds times the pool's block bytes.
  * "vLLM" is what vLLM's hybrid allocator holds for the same request: full
@@ -61,7 +65,19 @@ static void run_copies(pkv_pool* pool, uint32_t n) {
   for (uint32_t g = 0; g < n; ++g) CHECK(pkv_pool_group_take_copies(pool, g, src, dst, 64, &len));
 }
 
-static struct result run(const pkv_kv_group_spec* groups, uint32_t n, uint32_t bs, uint64_t T) {
+/* One committed step computing the last q tokens of seq (an engine would
+ * run its kernels, and write the snapshots the plan names, before commit). */
+static void step(pkv_pool* pool, pkv_seq_id seq, uint32_t q, uint32_t n) {
+  pkv_batch* plan = NULL;
+  CHECK(pkv_batch_prepare(pool, &seq, &q, 1, NULL, &plan));
+  run_copies(pool, n);
+  CHECK(pkv_batch_commit(plan));
+  pkv_batch_destroy(plan);
+}
+
+/* planned: every chunk and the decode step run as committed step plans. */
+static struct result run(const pkv_kv_group_spec* groups, uint32_t n, uint32_t bs, uint64_t T,
+                         int planned) {
   pkv_pool_options o;
   pkv_pool_options_init(&o);
   o.block_size = bs;
@@ -74,11 +90,14 @@ static struct result run(const pkv_kv_group_spec* groups, uint32_t n, uint32_t b
   CHECK(pkv_seq_create(pool, NULL, &a));
   const uint64_t chunk = 2048 / bs * bs;
   for (uint64_t done = 0; done < T; done += chunk) { /* chunked prefill */
-    CHECK(pkv_seq_append(pool, a, tokens + done, T - done < chunk ? T - done : chunk, 0));
+    const uint64_t q = T - done < chunk ? T - done : chunk;
+    CHECK(pkv_seq_append(pool, a, tokens + done, q, 0));
     run_copies(pool, n);
+    if (planned) step(pool, a, (uint32_t)q, n);
   }
   CHECK(pkv_seq_append(pool, a, tokens + T, 1, 0)); /* one decode step */
   run_copies(pool, n);
+  if (planned) step(pool, a, 1, n);
   pkv_pool_stats st;
   pkv_pool_stats_init(&st);
   CHECK(pkv_pool_get_stats(pool, &st));
@@ -134,7 +153,7 @@ int main(void) {
   printf("|---|---|---|---|---|---|---|\n");
   for (int i = 0; i < 3; ++i) {
     const uint64_t T = lengths[i];
-    struct result h = run(gpt_oss, 2, 16, T), f = run(all_full, 1, 16, T);
+    struct result h = run(gpt_oss, 2, 16, T, 0), f = run(all_full, 1, 16, T, 0);
     printf(
         "| gpt-oss-20b (12 x window 128 + 12 x full), bs 16 | %llu | %.2f | %.2f | %.2f | %llu |"
         " window %llu, full %llu |\n",
@@ -145,7 +164,7 @@ int main(void) {
   }
   for (int i = 0; i < 3; ++i) {
     const uint64_t T = lengths[i];
-    struct result m = run(&mla, 1, 64, T);
+    struct result m = run(&mla, 1, 64, T, 0);
     printf(
         "| DeepSeek-V3-like (61 x MLA 512 + 64), bs 64 | %llu | %.2f | %.2f | - | %llu |"
         " mla %llu |\n",
@@ -166,7 +185,7 @@ int main(void) {
   jamba_full[0].head_dim = 128;
   for (int i = 0; i < 3; ++i) {
     const uint64_t T = lengths[i];
-    struct result j = run(jamba, 8, 80, T), f = run(jamba_full, 1, 80, T);
+    struct result j = run(jamba, 8, 80, T, 0), f = run(jamba_full, 1, 80, T, 0);
     printf(
         "| Jamba-v0.1-like (4 x attention + 28 x Mamba in 7 state groups), bs 80 | %llu | %.2f |"
         " %.2f | %.2f | %llu | attention %llu; each state group copies its snapshot |\n",
@@ -175,6 +194,19 @@ int main(void) {
         (unsigned long long)j.hit_blocks[0]);
     /* The state has snapshots where prefill chunks (2000 tokens) start. */
     if (j.bytes_per_token > f.bytes_per_token || j.hit_tokens != T / 2000 * 2000) bad = 1;
+  }
+  for (int g = 1; g < 8; ++g) jamba[g].flags = PKV_GROUP_SNAPSHOT_EVERY_BLOCK;
+  for (int i = 0; i < 3; ++i) {
+    const uint64_t T = lengths[i];
+    struct result j = run(jamba, 8, 80, T, 1), f = run(jamba_full, 1, 80, T, 1);
+    printf(
+        "| Jamba-v0.1-like, PKV_GROUP_SNAPSHOT_EVERY_BLOCK, bs 80 | %llu | %.2f | %.2f | %.2f |"
+        " %llu | attention %llu; each state group copies its snapshot |\n",
+        (unsigned long long)T, j.bytes_per_token / 1024, j.vllm_bytes_per_token / 1024,
+        f.bytes_per_token / 1024, (unsigned long long)j.hit_tokens,
+        (unsigned long long)j.hit_blocks[0]);
+    /* A snapshot at every block boundary: the hit is the last one <= T. */
+    if (j.bytes_per_token > f.bytes_per_token || j.hit_tokens != T / 80 * 80) bad = 1;
   }
   return bad;
 }

@@ -27,7 +27,11 @@
 // harness wrote for that token, and a recurrent slot the state after the
 // computed tokens. Every prefix hit's blocks hold exactly the queried
 // tokens (written, by a committed step, for this group). Every plan's
-// arrays equal the tables; a plan is refused exactly when its context is
+// arrays equal the tables, and a recurrent group's snapshot arrays
+// (PKV_GROUP_SNAPSHOT_EVERY_BLOCK, on in pools whose header sets it) name
+// increasing block boundaries inside each query chunk in fresh slots, which
+// the harness as engine writes with the state after that boundary, so a
+// hit on one is checked like any state; a plan is refused exactly when its context is
 // not computed (INVALID_STATE) or it recomputes a recurrent state or needs
 // released keys (INVALID_ARGUMENT). A failed call changes nothing that can
 // be observed. An append fails with OUT_OF_BLOCKS exactly when
@@ -173,6 +177,7 @@ struct Harness {
   uint32_t G = 0, bs = 0, nb = 0;
   std::vector<uint32_t> kind, window;
   bool caching = true;
+  bool snap_every = false;  // recurrent groups take PKV_GROUP_SNAPSHOT_EVERY_BLOCK
   bool planned = false;  // the pool has prepared a plan
   std::vector<MSeq> seqs;
   std::vector<std::vector<Slot>> mem;  // [block][slot]; recurrent: slot 0
@@ -856,6 +861,7 @@ struct Harness {
       auto slots = static_cast<const int64_t*>(
           plan_array(b, g, PKV_PLAN_SLOT_MAPPING, PKV_DTYPE_I64, int64_t(rec(g) ? m : tokens)));
       CHECK(qptr[0] == 0 && pptr[0] == 0, "indptr starts");
+      if (rec(g)) (void)snapshots(b, g, idx, qs);  // checks the snapshot arrays
       uint64_t row = 0;
       for (size_t k = 0; k < m; ++k) {
         const MSeq& s = seqs[idx[k]];
@@ -901,9 +907,61 @@ struct Harness {
     }
   }
 
+  // A recurrent group's snapshots of a plan (PKV_PLAN_SNAPSHOT_*) as
+  // (plan row k, slot, tokens the state holds), checked against what the
+  // contract allows: none without the flag or caching; else, per sequence,
+  // increasing block boundaries in (start, n], each in a fresh slot that no
+  // table holds and no other snapshot of the plan takes.
+  struct Snap {
+    size_t k;
+    int32_t block;
+    uint64_t pos;
+  };
+  std::vector<Snap> snapshots(pkv_batch* b, uint32_t g, const std::vector<size_t>& idx,
+                              const std::vector<uint32_t>& qs) {
+    const size_t m = idx.size();
+    auto ptr = static_cast<const int32_t*>(
+        plan_array(b, g, PKV_PLAN_SNAPSHOT_INDPTR, PKV_DTYPE_I32, int64_t(m + 1)));
+    const int64_t count = ptr[m];
+    CHECK(ptr[0] == 0 && count >= 0, "group %u snapshot indptr", g);
+    auto rows =
+        static_cast<const int64_t*>(plan_array(b, g, PKV_PLAN_SNAPSHOT_ROWS, PKV_DTYPE_I64, count));
+    auto blocks = static_cast<const int32_t*>(
+        plan_array(b, g, PKV_PLAN_SNAPSHOT_BLOCKS, PKV_DTYPE_I32, count));
+    if (count) trace("  group %u: %lld snapshots\n", g, (long long)count);
+    CHECK(count == 0 || (snap_every && caching),
+          "group %u names %lld snapshots without PKV_GROUP_SNAPSHOT_EVERY_BLOCK and caching", g,
+          (long long)count);
+    std::set<int32_t> taken;
+    for (const MSeq& s : seqs)
+      for (uint32_t h = 0; h < G; ++h) taken.insert(s.tables[h].begin(), s.tables[h].end());
+    std::vector<Snap> out;
+    uint64_t row0 = 0;
+    for (size_t k = 0; k < m; ++k) {
+      const uint64_t n = seqs[idx[k]].tokens.size(), start = n - qs[k];
+      CHECK(ptr[k + 1] >= ptr[k], "group %u snapshot indptr decreases", g);
+      uint64_t prev = start;
+      for (int32_t j = ptr[k]; j < ptr[k + 1]; ++j) {
+        CHECK(rows[j] >= int64_t(row0) && rows[j] < int64_t(row0 + qs[k]),
+              "group %u snapshot %d row %lld is not a query of plan row %zu", g, j,
+              (long long)rows[j], k);
+        const uint64_t pos = start + uint64_t(rows[j]) - row0 + 1;  // tokens the state holds
+        CHECK(pos % bs == 0 && pos > prev, "group %u snapshot %d after %llu tokens", g, j,
+              (unsigned long long)pos);
+        prev = pos;
+        CHECK(blocks[j] > 0 && uint32_t(blocks[j]) < nb && taken.insert(blocks[j]).second,
+              "group %u snapshot slot %d is not a fresh block", g, blocks[j]);
+        out.push_back({k, blocks[j], pos});
+      }
+      row0 += qs[k];
+    }
+    return out;
+  }
+
   // The engine's writes of a step: every query token's K/V at its slot, and
-  // the state after the last token in the recurrent slot. Reads first: the
-  // recurrent state the step starts from must be the one after its context.
+  // the state after the last token in the recurrent slot (and after each
+  // snapshot's row in its slot). Reads first: the recurrent state the step
+  // starts from must be the one after its context.
   void write_plan(pkv_batch* b, const std::vector<size_t>& idx, const std::vector<uint32_t>& qs) {
     for (uint32_t g = 0; g < G; ++g) {
       const size_t m = idx.size();
@@ -923,6 +981,9 @@ struct Harness {
         for (uint64_t p = n - qs[k]; p < n; ++p, ++row)
           mem[size_t(slots[row] / bs)][size_t(slots[row] % bs)] = Slot{int32_t(g), fps[p]};
       }
+      if (rec(g))
+        for (const Snap& sn : snapshots(b, g, idx, qs))
+          mem[size_t(sn.block)][0] = Slot{int32_t(g), state_fp(seqs[idx[sn.k]].fps(), sn.pos)};
     }
   }
 
@@ -964,6 +1025,7 @@ struct Harness {
     nb = G + 2 + h3 % 40;                      // room for the warm-up step in every group
     caching = (h0 & 4) == 0 || (h0 & 8) != 0;  // on in 3/4
     const bool warm = (h0 & 16) != 0;          // a first plan before anything else
+    snap_every = (h0 & 64) != 0;
     pkv_pool_options base;
     pkv_pool_options_init(&base);
     base.block_size = bs;
@@ -979,6 +1041,7 @@ struct Harness {
       sp.kind = (h1 >> (2 * g)) & 3;
       kind[g] = sp.kind;
       sp.num_layers = 1 + g % 2;
+      if (sp.kind == PKV_GROUP_RECURRENT && snap_every) sp.flags = PKV_GROUP_SNAPSHOT_EVERY_BLOCK;
       switch (sp.kind) {
         case PKV_GROUP_FULL:
           sp.num_kv_heads = 2;
@@ -998,8 +1061,8 @@ struct Harness {
           sp.state_bytes = 96;
       }
     }
-    trace("pool: %u groups, bs %u, %u blocks, caching %d, warm %d\n", G, bs, nb, int(caching),
-          int(warm));
+    trace("pool: %u groups, bs %u, %u blocks, caching %d, warm %d, snapshots %d\n", G, bs, nb,
+          int(caching), int(warm), int(snap_every));
     for (uint32_t g = 0; g < G; ++g) trace("  group %u kind %u window %u\n", g, kind[g], window[g]);
     OK(pkv_pool_create_groups(&base, specs.data(), G, &pool));
     mem.assign(nb, std::vector<Slot>(bs));

@@ -4,7 +4,8 @@
 Each input is a 4-byte pool header followed by operation bytes
 (groups_harness.cpp):
   b0: bits 0-1 groups - 1; bit 2 caching off unless bit 3; bit 4 a first
-      plan before anything (planned mode from the start); bit 5 XXH3
+      plan before anything (planned mode from the start); bit 5 XXH3; bit 6
+      recurrent groups take PKV_GROUP_SNAPSHOT_EVERY_BLOCK
   b1: 2 bits per group: PKV_GROUP_FULL / SLIDING_WINDOW / MLA / RECURRENT
   b2: bits 0-1 block size 1/2/4/8, bit 2 block size 3, bits 3-6 wider windows
   b3: num_blocks = 4 + b3 % 40; b3 / 40 shifts the windows
@@ -42,6 +43,9 @@ HEADERS = [
     (0x10 | 2, kinds(FULL, SWA, REC), 0, 35),    # bs 1
     (0x04 | 1, kinds(FULL, SWA), 2, 16),         # caching off
     (0x30 | 1, kinds(SWA, SWA), 2, 5),           # xxh3, exhaustion
+    (0x40 | 1, kinds(FULL, REC), 2, 24),         # Jamba-like, snapshots at every block
+    (0x50 | 2, kinds(FULL, SWA, REC), 1, 38),    # planned from the start, bs 2, snapshots
+    (0x40 | 3, kinds(FULL, SWA, MLA, REC), 0, 12),  # every kind, bs 1, snapshots, tight
 ]
 
 

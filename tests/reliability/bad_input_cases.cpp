@@ -312,6 +312,41 @@ pkv_status on_group_plan(Env& e, F&& f) {
       });
 }
 
+// A plan whose recurrent snapshot slots (PKV_GROUP_SNAPSHOT_EVERY_BLOCK)
+// exceed the free blocks: 40 tokens take 10 pages and a state slot of 15
+// blocks, 10 snapshots do not fit in the 4 left. Checks that the failed
+// prepare changed nothing (else PKV_E_INTERNAL).
+pkv_status snapshot_prepare_oob(Env& e) {
+  pkv_kv_group_spec g[2] = {gspec(PKV_GROUP_FULL), gspec(PKV_GROUP_RECURRENT)};
+  g[1].state_bytes = 16;
+  g[1].flags = PKV_GROUP_SNAPSHOT_EVERY_BLOCK;
+  std::vector<int32_t> toks(e.tokens, e.tokens + 20);
+  toks.insert(toks.end(), e.tokens, e.tokens + 20);
+  // Two passes as on_groups: the first checks, the second leaves the message.
+  for (int pass = 0;; ++pass) {
+    pkv_pool_options o = gbase();
+    pkv_pool* p = nullptr;
+    must(pkv_pool_create_groups(&o, g, 2, &p), "snapshot pool");
+    pkv_seq_id s = 0;
+    must(pkv_seq_create(p, nullptr, &s), "snapshot seq");
+    must(pkv_seq_append(p, s, toks.data(), 40, 0), "snapshot append");
+    const GroupsState before = groups_state(p, s);
+    const uint32_t q = 40;
+    pkv_batch* b = nullptr;
+    const pkv_status st = pkv_batch_prepare(p, &s, &q, 1, nullptr, &b);
+    if (pass == 1) {
+      pkv_batch_destroy(b);
+      pkv_pool_destroy(p);
+      return st;
+    }
+    const bool same =
+        b == nullptr && pkv_pool_validate(p) == PKV_OK && groups_state(p, s) == before;
+    pkv_batch_destroy(b);
+    pkv_pool_destroy(p);
+    if (!same) return PKV_E_INTERNAL;
+  }
+}
+
 // MLA pools (issue 19): 2 layers of rank 32 + rope 8, f32, a 3-token
 // sequence planned. f gets the pool, the batch and valid tensors; a failure
 // must leave the step uncommitted. Returns f's status.
@@ -1495,6 +1530,16 @@ std::vector<Case> make_cases() {
         S("pkv_pool_create_groups", PKV_CLASS_RANGE, "groups[1].kind = 9", kInv, "groups[1].kind",
           pkv_kv_group_spec g = gspec(PKV_GROUP_FULL);
           g.kind = 9; return create_groups_with(gbase(), g);),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE,
+          "groups[1].flags = PKV_GROUP_SNAPSHOT_EVERY_BLOCK on a full-attention group", kInv,
+          "groups[1].flags", pkv_kv_group_spec g = gspec(PKV_GROUP_FULL);
+          g.flags = PKV_GROUP_SNAPSHOT_EVERY_BLOCK; return create_groups_with(gbase(), g);),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "groups[1].flags = 0x2 (not a flag)", kInv,
+          "groups[1].flags", pkv_kv_group_spec g = gspec(PKV_GROUP_RECURRENT);
+          g.state_bytes = 16; g.flags = 0x2u; return create_groups_with(gbase(), g);),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "groups[1].reserved1 = 1", kInv,
+          "groups[1].reserved1", pkv_kv_group_spec g = gspec(PKV_GROUP_FULL);
+          g.reserved1 = 1; return create_groups_with(gbase(), g);),
         S("pkv_pool_create_groups", PKV_CLASS_RANGE, "recurrent group with state_bytes = 0", kInv,
           "groups[1].state_bytes", pkv_kv_group_spec g = gspec(PKV_GROUP_RECURRENT);
           return create_groups_with(gbase(), g);),
@@ -1699,6 +1744,16 @@ std::vector<Case> make_cases() {
             (void)t;
             return pkv_batch_plan_tensor_group(b, 1, 6, &t);
           });),
+        S("pkv_batch_plan_tensor_group", PKV_CLASS_RANGE,
+          "multi-group plan: which = PKV_PLAN_SNAPSHOT_INDPTR of a window group", kInv,
+          "not PKV_GROUP_RECURRENT", return on_group_plan(e, [&](pkv_batch* b) {
+            pkv_tensor t;
+            (void)t;
+            return pkv_batch_plan_tensor_group(b, 1, PKV_PLAN_SNAPSHOT_INDPTR, &t);
+          });),
+        S("pkv_batch_prepare", PKV_CLASS_EXHAUSTED,
+          "recurrent snapshot slots (PKV_GROUP_SNAPSHOT_EVERY_BLOCK) exceed the free blocks", kOob,
+          "snapshot slots", return snapshot_prepare_oob(e);),
         S("pkv_cache_write", PKV_CLASS_STATE, "plan over a multi-group pool", PKV_E_UNSUPPORTED,
           "manager only", return on_group_plan(e, [&](pkv_batch* b) {
             pkv_tensor t;

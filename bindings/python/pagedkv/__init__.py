@@ -47,6 +47,7 @@ from ._types import (
     PrefixMatch,
     RetentionRange,
     SequenceInfo,
+    SnapshotArray,
 )
 from .events import EventPublisher, EventV2, Medium
 from .hybrid import GroupKind, GroupStats, HybridPool, KVGroupSpec
@@ -139,6 +140,7 @@ __all__ = [
     "RetentionRange",
     "Sequence",
     "SequenceInfo",
+    "SnapshotArray",
     "TensorView",
     "Transfer",
     "TransferEngine",

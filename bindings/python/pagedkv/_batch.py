@@ -10,7 +10,9 @@ from . import _pagedkv as _c
 from ._handle import Handle, HandleOwner
 from ._pool import Pool, Sequence
 from ._tensor import TensorView, check, describe, empty_like, stream_ptr
-from ._types import BatchInfo, DType, PlanArray
+from ._types import BatchInfo, DType, PlanArray, SnapshotArray
+
+_SNAPSHOT_ARRAYS = frozenset(int(a) for a in SnapshotArray)
 
 
 class Batch(HandleOwner):
@@ -159,13 +161,17 @@ class Batch(HandleOwner):
         callers' copy: the library's kernels keep their own."""
         return self._view(_c.pkv_batch_plan_tensor, int(PlanArray(which)))
 
-    def plan_group(self, group: int, which: Union[PlanArray, int]) -> TensorView:
+    def plan_group(self, group: int, which: Union[PlanArray, SnapshotArray, int]) -> TensorView:
         """plan() for one KV group of a plan over a HybridPool
         (``pkv_batch_plan_tensor_group``): that group's page table and slot
-        mapping (a recurrent group: one page per sequence, its state slot);
-        the query offsets and context lengths are shared. Group 0 of a
+        mapping (a recurrent group: one page per sequence, its state slot,
+        and the :class:`SnapshotArray` arrays of the state snapshots to
+        save); the query offsets and context lengths are shared. Group 0 of a
         single-group plan is plan()."""
-        return self._view(_c.pkv_batch_plan_tensor_group, int(group), int(PlanArray(which)))
+        w = int(which)
+        if w not in _SNAPSHOT_ARRAYS:
+            w = int(PlanArray(w))
+        return self._view(_c.pkv_batch_plan_tensor_group, int(group), w)
 
     def token_positions(self) -> TensorView:
         """int64 [num_tokens]: each query row's position in its sequence (the

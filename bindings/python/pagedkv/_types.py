@@ -203,6 +203,17 @@ class PlanArray(enum.IntEnum):
     CONTEXT_LENS = _c.PKV_PLAN_CONTEXT_LENS
 
 
+class SnapshotArray(enum.IntEnum):
+    """A recurrent group's arrays of a HybridPool plan (``PKV_PLAN_SNAPSHOT_*``,
+    ``Batch.plan_group`` only): CSR over the sequences of the state snapshots
+    to save (``KVGroupSpec.recurrent(..., snapshot_every_block=True)``), the
+    query row after which each is taken (int64) and its state slot (int32)."""
+
+    INDPTR = _c.PKV_PLAN_SNAPSHOT_INDPTR
+    ROWS = _c.PKV_PLAN_SNAPSHOT_ROWS
+    BLOCKS = _c.PKV_PLAN_SNAPSHOT_BLOCKS
+
+
 @dataclass(frozen=True)
 class MMItem:
     """A multimodal item covering tokens [offset, offset + length), named by

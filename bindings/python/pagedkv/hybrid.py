@@ -51,6 +51,11 @@ class KVGroupSpec:
     #: or for none; without them layers are numbered through the groups in
     #: order. :meth:`HybridPool.group_of_layer` maps them back.
     layer_ids: Optional[Tuple[int, ...]] = None
+    #: Recurrent groups: every step plan gives a state snapshot slot at each
+    #: block boundary inside each query chunk (``PKV_GROUP_SNAPSHOT_EVERY_BLOCK``),
+    #: read with ``plan_group(g, SnapshotArray.*)``, so a prompt
+    #: prefilled in one chunk can be hit at any of its block boundaries.
+    snapshot_every_block: bool = False
 
     @classmethod
     def full(
@@ -92,12 +97,23 @@ class KVGroupSpec:
         )
 
     @classmethod
-    def recurrent(cls, num_layers: int, state_bytes: int, layer_ids: Any = None) -> KVGroupSpec:
+    def recurrent(
+        cls, num_layers: int, state_bytes: int, layer_ids: Any = None, snapshot_every_block: bool = False
+    ) -> KVGroupSpec:
         """A fixed-size state per sequence (Mamba): ``state_bytes`` per layer.
         Each sequence holds one state slot; with prefix caching the state at
         block boundaries is kept as a snapshot that later prompts resume from
-        (copies from :meth:`HybridPool.take_copies`)."""
-        return cls(GroupKind.RECURRENT, num_layers, state_bytes=state_bytes, layer_ids=_ids(layer_ids))
+        (copies from :meth:`HybridPool.take_copies`): where appends start,
+        and with ``snapshot_every_block`` at every block boundary inside a
+        committed plan's query chunk, written by the engine into the slots
+        the plan's ``SnapshotArray`` arrays name."""
+        return cls(
+            GroupKind.RECURRENT,
+            num_layers,
+            state_bytes=state_bytes,
+            layer_ids=_ids(layer_ids),
+            snapshot_every_block=bool(snapshot_every_block),
+        )
 
     def _to_c(self) -> dict:
         d = {
@@ -109,6 +125,7 @@ class KVGroupSpec:
             "kv_lora_rank": int(self.kv_lora_rank),
             "rope_dim": int(self.rope_dim),
             "state_bytes": int(self.state_bytes),
+            "flags": _c.PKV_GROUP_SNAPSHOT_EVERY_BLOCK if self.snapshot_every_block else 0,
         }
         if self.dtype is not None:
             d["dtype"] = int(DType.parse(self.dtype))

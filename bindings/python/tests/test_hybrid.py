@@ -206,3 +206,39 @@ def test_persistent_table_per_group():
             plan.commit()
     assert pool.group_block_table(seqs[0], 0)[0] == pk.NULL_BLOCK  # the window released pages
     pool.validate()
+
+
+def test_recurrent_snapshots_at_every_block_boundary_of_a_chunk():
+    # Jamba-like with the flag: one prefill chunk of 5 blocks + 2 tokens names
+    # a snapshot slot per boundary; the engine writes its state there, and a
+    # later prompt sharing 3 blocks and a bit resumes from the one at 12.
+    rng = random.Random(19)
+    pool = HybridPool(
+        [KVGroupSpec.full(1, 2, 8), KVGroupSpec.recurrent(2, 64, snapshot_every_block=True)],
+        num_blocks=64,
+        block_size=4,
+    )
+    assert pool.group_stats(1).kind == GroupKind.RECURRENT
+    prompt = [rng.randrange(50000) for _ in range(22)]
+    a = pool.create_sequence()
+    a.append(prompt)
+    storage = {}  # engine-owned state storage, by block id
+    with pool.prepare([a], [22]) as plan:
+        assert list(np.asarray(plan.plan_group(1, pk.SnapshotArray.INDPTR))) == [0, 5]
+        rows = np.asarray(plan.plan_group(1, pk.SnapshotArray.ROWS))
+        blocks = np.asarray(plan.plan_group(1, pk.SnapshotArray.BLOCKS))
+        assert rows.dtype == np.int64 and blocks.dtype == np.int32
+        assert list(rows) == [3, 7, 11, 15, 19]
+        for row, block in zip(rows, blocks):
+            storage[int(block)] = bytes(rng.randrange(256) for _ in range(16)) + bytes([int(row)])
+        with pytest.raises(pk.InvalidArgumentError, match="not PKV_GROUP_RECURRENT"):
+            plan.plan_group(0, pk.SnapshotArray.INDPTR)
+        plan.commit()
+    assert pool.group_stats(1).num_cached_blocks == 5
+    b = pool.create_sequence()
+    assert b.match_prefix([*prompt[:14], 50001, 50002]) == 12
+    b.append([50001, 50002])
+    (src,), (dst,) = pool.take_copies(1)
+    assert dst == pool.group_block_table(b, 1)[0]
+    assert storage[src][-1] == 11  # the state after token 11, as written
+    pool.validate()

@@ -74,7 +74,10 @@
  * its first append). With prefix caching, the state at a block boundary is
  * kept as a snapshot keyed by that block's hash (vLLM's Mamba prefix
  * caching): when an append starts at a boundary (the previous tokens are
- * computed by then) or the sequence is freed there. A hit in this group
+ * computed by then) or the sequence is freed there, and, with
+ * PKV_GROUP_SNAPSHOT_EVERY_BLOCK, at every block boundary inside a
+ * committed plan's query chunk (written by the engine's kernel into the
+ * slots that PKV_PLAN_SNAPSHOT_* name). A hit in this group
  * needs a snapshot at exactly the hit point; the sequence's first append
  * then copies it into its new slot. A fork child starts from the parent's
  * state the same way (copy at its first append; the parent moves to a copy
@@ -112,7 +115,22 @@ typedef struct pkv_kv_group_spec {
   uint64_t state_bytes;      /* RECURRENT: bytes of one layer's state (conv + SSM) */
   const uint32_t* layer_ids; /* NULL, or num_layers model layer indices (copied);
                                 given for every group or none, each layer once */
+  /* Appended after ABI 1's first version (read only when struct_size covers
+   * them; an array of specs is walked by groups[0].struct_size, so older
+   * binaries' smaller specs work): */
+  uint32_t flags;     /* PKV_GROUP_SNAPSHOT_*; default 0 */
+  uint32_t reserved1; /* 0 */
 } pkv_kv_group_spec;
+
+/* flags of a PKV_GROUP_RECURRENT group (PKV_E_INVALID_ARGUMENT on others):
+ * every step plan gives a state snapshot slot at each block boundary inside
+ * (or at the end of) each sequence's query chunk, so a prompt prefilled in
+ * one chunk can be hit at any of its block boundaries, not only where its
+ * appends started. The engine's chunked scan (Mamba2 SSD, chunked linear
+ * attention) writes the state after each named query row into the named
+ * slot (PKV_PLAN_SNAPSHOT_*, pkv_batch_plan_tensor_group). Without prefix
+ * caching the flag gives no snapshots. */
+#define PKV_GROUP_SNAPSHOT_EVERY_BLOCK 0x1u
 
 /* Sets defaults. Always call before filling fields. */
 PKV_API void pkv_kv_group_spec_init(pkv_kv_group_spec* spec);
@@ -171,6 +189,33 @@ PKV_API pkv_status pkv_pool_group_stats(const pkv_pool* pool, uint32_t group, pk
 PKV_API pkv_status pkv_pool_group_take_copies(pkv_pool* pool, uint32_t group, int32_t* src,
                                               int32_t* dst, uint64_t capacity, uint64_t* out_len);
 
+/* Snapshot arrays of a recurrent group's plan (`which` of
+ * pkv_batch_plan_tensor_group; PKV_E_INVALID_ARGUMENT on other groups).
+ * CSR over the plan's sequences: snapshots SNAPSHOT_INDPTR[i] ..
+ * SNAPSHOT_INDPTR[i + 1] - 1 belong to sequence i, in position order. Each
+ * asks the step to save the state after query row SNAPSHOT_ROWS[j] (an index
+ * into the plan's query tokens, as pkv_batch_last_token_indices) into the
+ * state slot SNAPSHOT_BLOCKS[j] (a block id of the group, as PAGE_INDICES).
+ * A snapshot is given for each block boundary k * block_size with
+ * start < k * block_size <= context (start = context - query count) that the
+ * prefix cache does not hold yet (one per hash within a plan); a group
+ * without PKV_GROUP_SNAPSHOT_EVERY_BLOCK gives none (INDPTR all 0). The
+ * slots come from the pool's one block budget at prepare (all or nothing:
+ * PKV_E_OUT_OF_BLOCKS and nothing changed when they, with the state moves,
+ * exceed the free blocks). pkv_batch_commit (or destroying the plan
+ * uncommitted, which counts as committed) puts each slot in the prefix
+ * cache keyed by its block's hash, as a snapshot kept at an append, unless
+ * that hash was cached meanwhile or its sequence was freed or truncated
+ * since prepare; pkv_batch_abort returns them all to the free blocks, never
+ * hittable. Cached snapshot slots are evicted like any cached block (a
+ * sequence's deepest first). pkv_seq_blocks_needed does not count them: a
+ * scheduler budgets about one block per block_size query tokens of each
+ * such group. The values start at 16 so that batch.h's PKV_PLAN_* can grow
+ * without meeting them. */
+#define PKV_PLAN_SNAPSHOT_INDPTR 16 /* i32 [num_seqs + 1] */
+#define PKV_PLAN_SNAPSHOT_ROWS 17   /* i64 [num_snapshots]: query row after which to save */
+#define PKV_PLAN_SNAPSHOT_BLOCKS 18 /* i32 [num_snapshots]: state slot to save it in */
+
 /* Array `which` (PKV_PLAN_*, pagedkv/batch.h) of group `group` of a step
  * plan; read-only host views valid until pkv_batch_destroy. QUERY_INDPTR and
  * CONTEXT_LENS are shared by every group. Per group:
@@ -182,7 +227,7 @@ PKV_API pkv_status pkv_pool_group_take_copies(pkv_pool* pool, uint32_t group, in
  *    convention: a page keeps its index, page j holds tokens [j*bs, (j+1)*bs)).
  *  - RECURRENT: one page per sequence, its live state slot: PAGE_INDPTR
  *    [0, 1, ..., num_seqs], PAGE_INDICES and SLOT_MAPPING (i64 [num_seqs])
- *    the slot's block id, LAST_PAGE_LEN 1.
+ *    the slot's block id, LAST_PAGE_LEN 1; and PKV_PLAN_SNAPSHOT_* above.
  * On a single-group plan, group 0 is pkv_batch_plan_tensor and any other
  * group PKV_E_INVALID_ARGUMENT. */
 PKV_API pkv_status pkv_batch_plan_tensor_group(const pkv_batch* batch, uint32_t group,

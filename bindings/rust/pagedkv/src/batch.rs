@@ -40,6 +40,15 @@ pub enum PlanArray {
     LastPageLen,
     /// i32 `[num_seqs]`: tokens of each sequence.
     ContextLens,
+    /// Recurrent groups with [`GroupSpec::snapshot_every_block`]: i32
+    /// `[num_seqs + 1]`, CSR offsets of each sequence's state snapshots.
+    ///
+    /// [`GroupSpec::snapshot_every_block`]: crate::GroupSpec::snapshot_every_block
+    SnapshotIndptr,
+    /// i64 `[num_snapshots]`: the query row after which each state is saved.
+    SnapshotRows,
+    /// i32 `[num_snapshots]`: the state slot (block id) to save it in.
+    SnapshotBlocks,
 }
 
 impl PlanArray {
@@ -51,6 +60,9 @@ impl PlanArray {
             PlanArray::PageIndices => sys::PKV_PLAN_PAGE_INDICES,
             PlanArray::LastPageLen => sys::PKV_PLAN_LAST_PAGE_LEN,
             PlanArray::ContextLens => sys::PKV_PLAN_CONTEXT_LENS,
+            PlanArray::SnapshotIndptr => sys::PKV_PLAN_SNAPSHOT_INDPTR,
+            PlanArray::SnapshotRows => sys::PKV_PLAN_SNAPSHOT_ROWS,
+            PlanArray::SnapshotBlocks => sys::PKV_PLAN_SNAPSHOT_BLOCKS,
         }
     }
 }
@@ -214,9 +226,19 @@ impl Batch {
     }
 
     /// An i32 array of one group (CPU pools): every `PlanArray` but
-    /// `SlotMapping` (see [`group_slot_mapping`](Batch::group_slot_mapping)).
+    /// `SlotMapping` (see [`group_slot_mapping`](Batch::group_slot_mapping))
+    /// and `SnapshotRows` (see [`group_snapshot_rows`](Batch::group_snapshot_rows)).
     pub fn plan_group_i32(&self, group: u32, which: PlanArray) -> Result<&[i32]> {
         self.host_slice("group plan array", || self.plan_group_tensor(group, which))
+    }
+
+    /// The query rows after which a recurrent group's state snapshots are
+    /// saved ([`PlanArray::SnapshotRows`], CPU pools); their slots are
+    /// `plan_group_i32(group, PlanArray::SnapshotBlocks)`.
+    pub fn group_snapshot_rows(&self, group: u32) -> Result<&[i64]> {
+        self.host_slice("group snapshot rows", || {
+            self.plan_group_tensor(group, PlanArray::SnapshotRows)
+        })
     }
 
     /// The slot mapping of one group (CPU pools).

@@ -39,6 +39,14 @@ pub struct GroupSpec {
     /// or for none; without them layers are numbered through the groups in
     /// order. [`Pool::group_of_layer`] maps them back.
     pub layer_ids: Option<Vec<u32>>,
+    /// Recurrent groups: every step plan gives a state snapshot slot at each
+    /// block boundary inside each query chunk
+    /// (`PKV_GROUP_SNAPSHOT_EVERY_BLOCK`; [`PlanArray::SnapshotIndptr`] and
+    /// the arrays after it), so a prompt prefilled in one chunk can be hit
+    /// at any of its block boundaries.
+    ///
+    /// [`PlanArray::SnapshotIndptr`]: crate::PlanArray::SnapshotIndptr
+    pub snapshot_every_block: bool,
 }
 
 impl GroupSpec {
@@ -50,7 +58,15 @@ impl GroupSpec {
             head_dim,
             dtype: DType::BF16,
             layer_ids: None,
+            snapshot_every_block: false,
         }
+    }
+
+    /// This spec with snapshots at every block boundary of a plan's query
+    /// chunks (recurrent groups; see [`snapshot_every_block`](GroupSpec::snapshot_every_block)).
+    pub fn with_snapshot_every_block(mut self) -> GroupSpec {
+        self.snapshot_every_block = true;
+        self
     }
 
     /// This spec with its model layer ids.
@@ -90,6 +106,9 @@ impl GroupSpec {
         g.num_kv_heads = self.num_kv_heads;
         g.head_dim = self.head_dim;
         g.dtype = self.dtype.raw();
+        if self.snapshot_every_block {
+            g.flags = sys::PKV_GROUP_SNAPSHOT_EVERY_BLOCK;
+        }
         match self.kind {
             GroupKind::Full => g.kind = sys::PKV_GROUP_FULL,
             GroupKind::SlidingWindow { window } => {

@@ -266,3 +266,62 @@ fn persistent_plans_pad_every_group() {
     assert_eq!(pool.group_block_table(seqs[2], 0).unwrap()[0], NULL_BLOCK);
     pool.validate().unwrap();
 }
+
+#[test]
+fn recurrent_snapshots_at_every_block_boundary_of_a_chunk() {
+    // Jamba-like with the flag: one prefill chunk of 5 blocks + 2 tokens names
+    // a snapshot slot per boundary; the engine writes its state there and a
+    // later prompt sharing 3 blocks and a bit resumes from the one at 12.
+    let pool = Pool::with_groups(
+        &opts(64),
+        &[
+            GroupSpec::full(1, 2, 8),
+            GroupSpec::recurrent(2, 64).with_snapshot_every_block(),
+        ],
+    )
+    .unwrap();
+    let mut x = 0x9E37_79B9u32;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        x
+    };
+    let prompt: Vec<i32> = (0..22).map(|_| (rnd() % 50000) as i32).collect();
+    let a = pool.create_seq().unwrap();
+    pool.append(a, &prompt).unwrap();
+    let mut storage = std::collections::HashMap::new(); // engine-owned state, by block id
+    let plan = pool.prepare(&[a], &[22]).unwrap();
+    assert_eq!(
+        plan.plan_group_i32(1, PlanArray::SnapshotIndptr).unwrap(),
+        &[0, 5]
+    );
+    let rows = plan.group_snapshot_rows(1).unwrap().to_vec();
+    let blocks = plan
+        .plan_group_i32(1, PlanArray::SnapshotBlocks)
+        .unwrap()
+        .to_vec();
+    assert_eq!(rows, vec![3, 7, 11, 15, 19]);
+    for (&row, &block) in rows.iter().zip(&blocks) {
+        storage.insert(block, (rnd(), row));
+    }
+    assert_eq!(
+        plan.plan_group_tensor(0, PlanArray::SnapshotIndptr)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+    plan.commit().unwrap();
+    assert_eq!(pool.group_stats(1).unwrap().num_cached_blocks, 5);
+    let b = pool.create_seq().unwrap();
+    let mut other = prompt[..14].to_vec();
+    other.extend([50001, 50002]);
+    assert_eq!(pool.match_prefix(b, &other).unwrap(), 12);
+    pool.append(b, &other[12..]).unwrap();
+    let mine = pool.group_block_table(b, 1).unwrap()[0];
+    let copies = pool.take_copies(1).unwrap();
+    assert_eq!(copies.len(), 1);
+    assert_eq!(copies[0].1, mine);
+    assert_eq!(storage[&copies[0].0].1, 11); // the state after token 11, as written
+    pool.validate().unwrap();
+}
