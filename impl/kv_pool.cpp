@@ -544,6 +544,13 @@ void Pool::check_block_ids(const int32_t* ids, uint64_t n, const char* name) con
                                        " is not a block id in [1, " + str(opts_.num_blocks) + ")");
 }
 
+void Pool::reserve_copies(size_t n) {
+  if (!arena_.base) return;  // a manager-only pool moves no bytes
+  if (copy_stamp_.empty()) copy_stamp_.assign(opts_.num_blocks, 0);
+  copy_src_.reserve(n);
+  copy_dst_.reserve(n);
+}
+
 void Pool::run_pending_copies(void* stream) {
   auto& pending = blocks_.pending_copies();
   if (pending.empty()) return;
@@ -557,9 +564,7 @@ void Pool::run_pending_copies(void* stream) {
   // A block's stamp says what the current round does with it (2 * round:
   // read, 2 * round + 1: written; older values: untouched), so starting a
   // round is one increment, not a clear of a per-block array.
-  if (copy_stamp_.empty()) copy_stamp_.assign(opts_.num_blocks, 0);
-  copy_src_.reserve(pending.size());
-  copy_dst_.reserve(pending.size());
+  reserve_copies(pending.size());
   copy_src_.clear();
   copy_dst_.clear();
   auto next_round = [&] {

@@ -343,6 +343,9 @@ class Pool {
   void release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin,
                               size_t end) noexcept;
   void run_pending_copies(void* stream);  // caller holds mu_
+  // Room for run_pending_copies' bookkeeping of n pending copies, so that a
+  // call that queues copies can make it before changing anything (may throw).
+  void reserve_copies(size_t n);
   // Before the pool writes into its storage, or reads a block a tier hit
   // gave: waits for queued offloads (their blocks' bytes must be copied
   // before anything overwrites them), then loads tier hits into their

@@ -64,8 +64,6 @@ void Batch::build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_
   Sequence** const live = h.live.data();
   uint32_t* const page_counts = h.pages.data();
   uint64_t* const ends = h.ends.data();
-  // Tier hits are loaded before the written checks below read their state.
-  p.settle_tiers_locked();
 
   // 1. Every check of the append and of the plan, in order, staging the
   // tokens and the hashes of the blocks they fill; on failure they are
@@ -131,11 +129,17 @@ void Batch::build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_
       max_ctx = std::max(max_ctx, n);
       max_pages = std::max(max_pages, np);
     }
+    // Tier hits are loaded before the written check reads their state (and
+    // only once every id is known good: a refused call loads nothing).
+    p.settle_tiers_locked();
     check_decode_context(seqs);
     if (pages > uint64_t(INT32_MAX))
       fail(Errc::kInvalidArgument, "the batch has " + str(pages) + " pages; it must fit in int32");
     p.blocks_.reserve_events(events);
-    if (cow) grow(p.blocks_.pending_copies(), p.blocks_.pending_copies().size() + cow);
+    if (cow) {
+      grow(p.blocks_.pending_copies(), p.blocks_.pending_copies().size() + cow);
+      p.reserve_copies(p.blocks_.pending_copies().size() + cow);  // finish() runs them
+    }
     if (persistent_table) table_ = page_table_for(p.page_table_, max_pages, num_seqs);
     a = lay_out(num_seqs, pages, max_ctx, 1, num_seqs);
   } catch (...) {
@@ -194,6 +198,10 @@ void Batch::build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_
     a.ctx[i] = int32_t(n0 + 1);
     if (t) rewritten += update_page_row(*t, i, seqs[i], s, np);
   }
+  // Blocks this step's allocations evicted may be queued for offload: their
+  // bytes must reach the tier before the copies below or the step's writes
+  // overwrite them (as prepare's own settle does after append_batch).
+  p.settle_tiers_locked();
   finish(a, seqs, rewritten, stream);
 }
 

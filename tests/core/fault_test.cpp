@@ -470,4 +470,36 @@ TEST(Faults, BatchPrepareWithCopies) {
   });
 }
 
+// The fused decode step, all or nothing under allocation failure (its
+// copy-on-write copies run after the appends: their room is made before).
+TEST(Faults, PrepareDecode) {
+  Cfg storage;
+  storage.block_size = 8;
+  storage.storage = true;
+  Cfg manager;
+  for (const Cfg& cfg : {storage, manager})
+    for (uint32_t flags : {0u, 1u})
+      run_all({
+          {"prepare_decode with copy-on-write", cfg,
+           [](Ctx& c) {
+             pkv_seq_id a = make_seq(c);
+             append(c, a, 21, 1);
+             step(c, a, 21);
+             pkv_seq_id b, d;
+             ASSERT_EQ(pkv_seq_fork(c.pool, a, &b), PKV_OK);
+             ASSERT_EQ(pkv_seq_fork(c.pool, a, &d), PKV_OK);
+             c.seqs.push_back(b);
+             c.seqs.push_back(d);
+           },
+           [flags](Ctx& c) {
+             pkv_batch* batch = nullptr;
+             const int32_t t[3] = {50, 60, 70};
+             pkv_status st =
+                 pkv_batch_prepare_decode(c.pool, c.seqs.data(), t, 3, flags, nullptr, &batch);
+             pkv_batch_destroy(batch);
+             return st;
+           }},
+      });
+}
+
 }  // namespace
