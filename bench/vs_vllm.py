@@ -17,7 +17,9 @@ layers above it, so its figures are a lower bound of vLLM's cost. The
 decode-step "plan" on vLLM's side is what its model runner does in numpy:
 update a persistent [seqs, max_blocks] block table for new blocks, then the
 slot mapping and sequence lengths; pagedkv's is a full step plan
-(pkv_batch_prepare: slot mapping, CSR page table, context lengths).
+(pkv_batch_prepare: slot mapping, CSR page table, context lengths); the
+fused row appends and plans in one call (pkv_batch_prepare_decode with the
+persistent table, Pool.prepare_decode).
 """
 
 from __future__ import annotations
@@ -176,6 +178,17 @@ def pagedkv_traces():
             b.commit()
 
     out["decode_plan_pt"] = pair(raw_step_pt, pkg_step_pt, STEPS)
+
+    def raw_step_fused():
+        bt = raw.pkv_batch_prepare_decode(h, (ids, next_tokens()), raw.PKV_PREPARE_PERSISTENT_TABLE, None)
+        raw.pkv_batch_commit(bt)
+        raw.pkv_batch_destroy(bt)
+
+    def pkg_step_fused():
+        with pool.prepare_decode(ids, next_tokens(), persistent_table=True) as b:
+            b.commit()
+
+    out["decode_fused_pt"] = pair(raw_step_fused, pkg_step_fused, STEPS)
     pool.free_batch(seqs)
 
     # Admission of an 8k-token prompt fully cached (written), by hashes
@@ -344,8 +357,11 @@ ROWS = [
     ("decode", "decode step, 1024 seqs: appends"),
     ("decode_plan", "same + step plan"),
     ("decode_plan_pt", "same, persistent-table plan"),
+    ("decode_fused_pt", "same in one call: prepare_decode, persistent table"),
     ("admit8k", "admission, 8k-token full hit (hashes at arrival)"),
 ]
+# Rows compared with another row of vLLM's (its plan is one way only).
+VLLM_ROW = {"decode_plan_pt": "decode_plan", "decode_fused_pt": "decode_plan"}
 
 
 def machine():
@@ -389,7 +405,7 @@ def main():
         print("|---|---|---|---|---|---|---|")
     for key, name in ROWS:
         r, p = pk[key]
-        v = vl.get(key if key != "decode_plan_pt" else "decode_plan") if vl is not None else None
+        v = vl.get(VLLM_ROW.get(key, key)) if vl is not None else None
         if vl is None:
             print(f"| {name} | {r:.2f} | {p:.2f} | {p / r:.2f} |")
         elif v is None:

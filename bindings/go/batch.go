@@ -121,6 +121,54 @@ func (p *Pool) prepare(op string, seqs []Seq, queryCounts []int, flags PrepareFl
 	if err := check(op, res); err != nil {
 		return nil, err
 	}
+	return p.newBatch(bp)
+}
+
+// PrepareDecode is one decode step in one call (pkv_batch_prepare_decode):
+// it appends tokens[i] (one token) to seqs[i] and builds the plan whose
+// queries are those tokens, as AppendBatch then Prepare with every query
+// count 1 would. The Batch is committed, aborted and closed as Prepare's.
+//
+// All or nothing: when the plan cannot be built (a stale or repeated id,
+// too few free blocks, a context no committed step wrote: ErrInvalidState)
+// nothing is appended. ErrUnsupported on a multi-group pool (Seq.Append,
+// then Prepare); an argument error when seqs and tokens differ in length.
+func (p *Pool) PrepareDecode(seqs []SeqID, tokens []int32) (*Batch, error) {
+	return p.PrepareDecodeEx(seqs, tokens, 0, nil)
+}
+
+// PrepareDecodeEx is PrepareDecode with plan flags (PreparePersistentTable:
+// the page table is the pool's persistent block table, as PrepareEx lays
+// it out; keep each sequence at the same index from step to step) and a
+// CUDA stream (nil for the default stream or CPU pools). Device errors on
+// a CUDA pool (pending copy-on-write copies, the plan's upload) come after
+// the appends, which then stay, uncomputed.
+func (p *Pool) PrepareDecodeEx(seqs []SeqID, tokens []int32, flags PrepareFlags, stream unsafe.Pointer) (*Batch, error) {
+	const op = "pkv_batch_prepare_decode"
+	if len(seqs) != len(tokens) {
+		return nil, argError(op, "seqs and tokens differ in length (%d vs %d)", len(seqs), len(tokens))
+	}
+	if int64(len(seqs)) > 1<<32-1 {
+		return nil, argError(op, "too many sequences (%d)", len(seqs))
+	}
+	ptr, err := p.acquire(op)
+	if err != nil {
+		return nil, err
+	}
+	defer p.release()
+	var bp *C.pkv_batch
+	res := C.pkvgo_batch_prepare_decode(ptr, seqIDPtr(seqs), int32Ptr(tokens), C.uint32_t(len(seqs)),
+		C.uint32_t(flags), stream, &bp)
+	runtime.KeepAlive(seqs)
+	runtime.KeepAlive(tokens)
+	if err := check(op, res); err != nil {
+		return nil, err
+	}
+	return p.newBatch(bp)
+}
+
+// newBatch wraps a plan the library just built on p.
+func (p *Pool) newBatch(bp *C.pkv_batch) (*Batch, error) {
 	b := &Batch{
 		ptr:        bp,
 		pool:       p,

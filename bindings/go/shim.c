@@ -153,6 +153,13 @@ pkvgo_result pkvgo_batch_prepare_ex(pkv_pool* pool, const pkv_seq_id* seqs,
       pkv_batch_prepare_ex(pool, seqs, query_counts, num_seqs, flags, stream, out));
 }
 
+pkvgo_result pkvgo_batch_prepare_decode(pkv_pool* pool, const pkv_seq_id* seqs,
+                                        const int32_t* tokens, uint32_t num_seqs, uint32_t flags,
+                                        void* stream, pkv_batch** out) {
+  return pkvgo_capture(
+      pkv_batch_prepare_decode(pool, seqs, tokens, num_seqs, flags, stream, out));
+}
+
 pkvgo_result pkvgo_batch_commit(pkv_batch* batch) { return pkvgo_capture(pkv_batch_commit(batch)); }
 
 pkvgo_result pkvgo_batch_abort(pkv_batch* batch) { return pkvgo_capture(pkv_batch_abort(batch)); }

@@ -74,6 +74,9 @@ pkvgo_result pkvgo_batch_prepare(pkv_pool* pool, const pkv_seq_id* seqs,
 pkvgo_result pkvgo_batch_prepare_ex(pkv_pool* pool, const pkv_seq_id* seqs,
                                     const uint32_t* query_counts, uint32_t num_seqs,
                                     uint32_t flags, void* stream, pkv_batch** out);
+pkvgo_result pkvgo_batch_prepare_decode(pkv_pool* pool, const pkv_seq_id* seqs,
+                                        const int32_t* tokens, uint32_t num_seqs, uint32_t flags,
+                                        void* stream, pkv_batch** out);
 pkvgo_result pkvgo_batch_get_info(const pkv_batch* batch, pkv_batch_info* out);
 pkvgo_result pkvgo_batch_commit(pkv_batch* batch);
 pkvgo_result pkvgo_batch_abort(pkv_batch* batch);

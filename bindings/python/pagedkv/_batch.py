@@ -78,6 +78,33 @@ class Batch(HandleOwner):
             self._h.close()
             raise
 
+    @classmethod
+    def _decode(cls, pool: Pool, seqs: Any, tokens: Any, stream: Any, persistent_table: bool) -> Batch:
+        """Pool.prepare_decode: appends tokens[i] to seqs[i] and prepares the
+        plan of those tokens in one call (``pkv_batch_prepare_decode``)."""
+        self = cls.__new__(cls)
+        self._ids = None
+        if isinstance(seqs, (list, tuple)) and (not seqs or isinstance(seqs[0], Sequence)):
+            seqs = list(seqs)
+            ids: Any = self._collect_ids(pool, seqs)
+        else:
+            # Ids (a uint64 array is borrowed, not converted): the engine
+            # keeps their sequences alive while the plan is in use.
+            ids = self._ids = seqs
+            seqs = None
+        self._pool = pool
+        self._seqs = seqs
+        self._lock = threading.Lock()
+        flags = _c.PKV_PREPARE_PERSISTENT_TABLE if persistent_table else 0
+        ptr = _c.pkv_batch_prepare_decode(pool._h, (ids, tokens), flags, stream_ptr(stream))
+        self._h = Handle(ptr, _c.pkv_batch_destroy, "batch")
+        try:
+            self._info = BatchInfo._from_c(_c.pkv_batch_get_info(ptr))
+        except BaseException:
+            self._h.close()
+            raise
+        return self
+
     @staticmethod
     def _collect_ids(pool: Pool, seqs: List[Sequence]) -> List[int]:
         try:  # the common case in one pass; the checks below name the culprit

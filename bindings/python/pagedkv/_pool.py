@@ -345,6 +345,30 @@ class Pool(HandleOwner):
         same index from step to step."""
         return _batch_class()(self, seqs, query_counts, stream, persistent_table)
 
+    def prepare_decode(
+        self,
+        seqs: Any,
+        tokens: Tokens,
+        stream: Any = None,
+        *,
+        persistent_table: bool = False,
+    ) -> Batch:
+        """One decode step in one call (``pkv_batch_prepare_decode``):
+        appends tokens[i] (one token id) to seqs[i] and returns the plan whose
+        queries are those tokens, as :meth:`append_batch` then
+        ``prepare(seqs, 1, stream, persistent_table=...)`` would. seqs:
+        Sequence objects of this pool or ids (a uint64 numpy array of ids is
+        the fastest, borrowed as is); tokens: any int buffer (numpy int32,
+        array.array, a CPU torch tensor) or sequence of the same length
+        (else InvalidArgumentError).
+
+        All or nothing: when the plan cannot be built (an unknown or
+        repeated id, too few free blocks, a context no committed step wrote:
+        InvalidStateError) nothing is appended. The Batch is committed,
+        aborted and closed like prepare()'s. UnsupportedError on a
+        HybridPool (append, then prepare)."""
+        return _batch_class()._decode(self, seqs, tokens, stream, persistent_table)
+
     def admit(
         self,
         tokens: Tokens,

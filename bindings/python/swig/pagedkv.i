@@ -68,6 +68,7 @@
 %thread pkv_pool_get_kv_scales;
 %thread pkv_batch_prepare;
 %thread pkv_batch_prepare_ex;
+%thread pkv_batch_prepare_decode;
 %thread pkv_batch_destroy;
 %thread pkv_batch_commit;
 %thread pkv_batch_abort;
@@ -1419,6 +1420,43 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
   $3 = ns;
 }
 %typemap(freearg) (const pkv_seq_id* seqs, const int32_t* tokens, uint64_t num_seqs) {
+  if ($1 || sv$argnum.obj) pkv_py_seq_ids_release((pkv_seq_id*)$1, &sv$argnum, sown$argnum);
+  if ($2 || tv$argnum.obj) pkv_py_int32_release((int32_t*)$2, &tv$argnum, town$argnum);
+}
+
+/* pkv_batch_prepare_decode: one argument (seqs, tokens) of equal length,
+ * both as for pkv_seq_append_batch (uint64 ids and int32 tokens borrowed
+ * from a buffer); a length mismatch raises InvalidArgumentError before the
+ * call. */
+%typemap(in) (const pkv_seq_id* seqs, const int32_t* tokens, uint32_t num_seqs)
+    (Py_buffer sv = pkv_py_no_buffer(), Py_buffer tv = pkv_py_no_buffer(), int sown = 0, int town = 0, uint64_t ns = 0, uint64_t nt = 0) {
+  sv.obj = NULL;
+  tv.obj = NULL;
+  if (!PyTuple_Check($input) || PyTuple_GET_SIZE($input) != 2) {
+    PyErr_SetString(PyExc_TypeError, "decode: expected a tuple (seq ids, token ids)");
+    SWIG_fail;
+  }
+  if (!pkv_py_seq_ids(PyTuple_GET_ITEM($input, 0), "seqs", (pkv_seq_id**)&$1, &ns, &sv, &sown)) SWIG_fail;
+  if (!pkv_py_int32_array(PyTuple_GET_ITEM($input, 1), "tokens", (int32_t**)&$2, &nt, &tv, &town)) SWIG_fail;
+  if (ns != nt || ns > 0xffffffffULL) {
+    PyObject* cls = pkv_py_error_classes[-PKV_E_INVALID_ARGUMENT];
+    PyObject* msg = ns != nt
+        ? PyUnicode_FromFormat("seqs and tokens differ in length (%llu vs %llu)",
+                               (unsigned long long)ns, (unsigned long long)nt)
+        : PyUnicode_FromFormat("%llu sequences exceed 2^32 - 1", (unsigned long long)ns);
+    PyObject* exc = cls && msg ? PyObject_CallFunction(cls, "Oi", msg, (int)PKV_E_INVALID_ARGUMENT) : NULL;
+    if (exc) {
+      PyErr_SetObject((PyObject*)Py_TYPE(exc), exc);
+      Py_DECREF(exc);
+    } else if (msg && !PyErr_Occurred()) {
+      PyErr_SetObject(PyExc_ValueError, msg);
+    }
+    Py_XDECREF(msg);
+    SWIG_fail;
+  }
+  $3 = (uint32_t)ns;
+}
+%typemap(freearg) (const pkv_seq_id* seqs, const int32_t* tokens, uint32_t num_seqs) {
   if ($1 || sv$argnum.obj) pkv_py_seq_ids_release((pkv_seq_id*)$1, &sv$argnum, sown$argnum);
   if ($2 || tv$argnum.obj) pkv_py_int32_release((int32_t*)$2, &tv$argnum, town$argnum);
 }

@@ -1332,6 +1332,85 @@ impl Pool {
         Ok(Batch::new(raw, self.device, stream))
     }
 
+    /// One decode step in one call (`pkv_batch_prepare_decode`): appends
+    /// `tokens[i]` (one token) to `seqs[i]` and builds the plan whose
+    /// queries are those tokens, as [`append_batch`](Pool::append_batch)
+    /// then [`prepare`](Pool::prepare) with every query count 1 would. The
+    /// plan commits and aborts as `prepare`'s.
+    ///
+    /// All or nothing: when the plan cannot be built (a stale or repeated
+    /// id, too few free blocks, a context no committed step wrote:
+    /// [`ErrorKind::InvalidState`]) nothing is appended. Device errors on a
+    /// CUDA pool (pending copy-on-write copies, the plan's upload) come
+    /// after the appends, which then stay, uncomputed.
+    /// [`ErrorKind::Unsupported`] on a multi-group pool (append, then
+    /// prepare); [`ErrorKind::InvalidArgument`] when `seqs` and `tokens`
+    /// differ in length.
+    pub fn prepare_decode(&self, seqs: &[SeqId], tokens: &[i32]) -> Result<Batch> {
+        self.prepare_decode_flags(seqs, tokens, 0, Stream::DEFAULT)
+    }
+
+    /// [`prepare_decode`](Pool::prepare_decode) on a CUDA stream; the batch
+    /// keeps using that stream for its kernels.
+    pub fn prepare_decode_on(
+        &self,
+        seqs: &[SeqId],
+        tokens: &[i32],
+        stream: Stream,
+    ) -> Result<Batch> {
+        self.prepare_decode_flags(seqs, tokens, 0, stream)
+    }
+
+    /// [`prepare_decode_on`](Pool::prepare_decode_on) with a persistent page
+    /// table, as [`prepare_persistent_on`](Pool::prepare_persistent_on)
+    /// lays it out. Keep each sequence at the same index from step to step.
+    pub fn prepare_decode_persistent_on(
+        &self,
+        seqs: &[SeqId],
+        tokens: &[i32],
+        stream: Stream,
+    ) -> Result<Batch> {
+        self.prepare_decode_flags(seqs, tokens, sys::PKV_PREPARE_PERSISTENT_TABLE, stream)
+    }
+
+    fn prepare_decode_flags(
+        &self,
+        seqs: &[SeqId],
+        tokens: &[i32],
+        flags: u32,
+        stream: Stream,
+    ) -> Result<Batch> {
+        if seqs.len() != tokens.len() {
+            return Err(Error::invalid(format!(
+                "seqs and tokens differ in length ({} vs {})",
+                seqs.len(),
+                tokens.len()
+            )));
+        }
+        let n = u32::try_from(seqs.len()).map_err(|_| Error::invalid("seqs: too many"))?;
+        let mut out = ptr::null_mut();
+        // SAFETY: SeqId is repr(transparent) over pkv_seq_id, so seqs is a
+        // valid pkv_seq_id array; both arrays hold n entries.
+        check(unsafe {
+            sys::pkv_batch_prepare_decode(
+                self.ptr(),
+                seqs.as_ptr().cast::<sys::pkv_seq_id>(),
+                tokens.as_ptr(),
+                n,
+                flags,
+                stream.as_raw(),
+                &mut out,
+            )
+        })?;
+        let raw = NonNull::new(out).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Internal,
+                "pkv_batch_prepare_decode returned no plan",
+            )
+        })?;
+        Ok(Batch::new(raw, self.device, stream))
+    }
+
     /// Whether the pool has KV storage (`num_layers > 0`).
     pub fn has_storage(&self) -> bool {
         self.has_storage
