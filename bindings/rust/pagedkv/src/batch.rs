@@ -40,15 +40,31 @@ pub enum PlanArray {
     LastPageLen,
     /// i32 `[num_seqs]`: tokens of each sequence.
     ContextLens,
-    /// Recurrent groups with [`GroupSpec::snapshot_every_block`]: i32
-    /// `[num_seqs + 1]`, CSR offsets of each sequence's state snapshots.
-    ///
-    /// [`GroupSpec::snapshot_every_block`]: crate::GroupSpec::snapshot_every_block
-    SnapshotIndptr,
+}
+
+/// A recurrent group's state-snapshot arrays of a step plan (groups with
+/// [`GroupSpec::snapshot_every_block`]); apart from [`PlanArray`] so that
+/// code matching every `PlanArray` keeps compiling.
+///
+/// [`GroupSpec::snapshot_every_block`]: crate::GroupSpec::snapshot_every_block
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SnapshotArray {
+    /// i32 `[num_seqs + 1]`: CSR offsets of each sequence's snapshots.
+    Indptr,
     /// i64 `[num_snapshots]`: the query row after which each state is saved.
-    SnapshotRows,
+    Rows,
     /// i32 `[num_snapshots]`: the state slot (block id) to save it in.
-    SnapshotBlocks,
+    Blocks,
+}
+
+impl SnapshotArray {
+    fn raw(self) -> u32 {
+        match self {
+            SnapshotArray::Indptr => sys::PKV_PLAN_SNAPSHOT_INDPTR,
+            SnapshotArray::Rows => sys::PKV_PLAN_SNAPSHOT_ROWS,
+            SnapshotArray::Blocks => sys::PKV_PLAN_SNAPSHOT_BLOCKS,
+        }
+    }
 }
 
 impl PlanArray {
@@ -60,9 +76,6 @@ impl PlanArray {
             PlanArray::PageIndices => sys::PKV_PLAN_PAGE_INDICES,
             PlanArray::LastPageLen => sys::PKV_PLAN_LAST_PAGE_LEN,
             PlanArray::ContextLens => sys::PKV_PLAN_CONTEXT_LENS,
-            PlanArray::SnapshotIndptr => sys::PKV_PLAN_SNAPSHOT_INDPTR,
-            PlanArray::SnapshotRows => sys::PKV_PLAN_SNAPSHOT_ROWS,
-            PlanArray::SnapshotBlocks => sys::PKV_PLAN_SNAPSHOT_BLOCKS,
         }
     }
 }
@@ -217,27 +230,43 @@ impl Batch {
     /// state slot); query offsets and context lengths are shared. Group 0 of
     /// a single-group plan is `plan_tensor`.
     pub fn plan_group_tensor(&self, group: u32, which: PlanArray) -> Result<RawTensor> {
+        self.group_tensor(group, which.raw())
+    }
+
+    /// A state-snapshot array of a recurrent group (any device).
+    pub fn group_snapshot_tensor(&self, group: u32, which: SnapshotArray) -> Result<RawTensor> {
+        self.group_tensor(group, which.raw())
+    }
+
+    /// An i32 snapshot array of a recurrent group (CPU pools): `Indptr` or
+    /// `Blocks` (`Rows` is i64: [`group_snapshot_rows`](Batch::group_snapshot_rows)).
+    pub fn group_snapshot_i32(&self, group: u32, which: SnapshotArray) -> Result<&[i32]> {
+        self.host_slice("group snapshot array", || {
+            self.group_snapshot_tensor(group, which)
+        })
+    }
+
+    fn group_tensor(&self, group: u32, which: u32) -> Result<RawTensor> {
         let mut t = sys::pkv_tensor::default();
         // SAFETY: valid out-parameter.
         check(unsafe {
-            sys::pkv_batch_plan_tensor_group(self.raw.as_ptr(), group, which.raw(), &mut t)
+            sys::pkv_batch_plan_tensor_group(self.raw.as_ptr(), group, which, &mut t)
         })?;
         Ok(RawTensor::new(t))
     }
 
     /// An i32 array of one group (CPU pools): every `PlanArray` but
-    /// `SlotMapping` (see [`group_slot_mapping`](Batch::group_slot_mapping))
-    /// and `SnapshotRows` (see [`group_snapshot_rows`](Batch::group_snapshot_rows)).
+    /// `SlotMapping` (see [`group_slot_mapping`](Batch::group_slot_mapping)).
     pub fn plan_group_i32(&self, group: u32, which: PlanArray) -> Result<&[i32]> {
         self.host_slice("group plan array", || self.plan_group_tensor(group, which))
     }
 
     /// The query rows after which a recurrent group's state snapshots are
-    /// saved ([`PlanArray::SnapshotRows`], CPU pools); their slots are
-    /// `plan_group_i32(group, PlanArray::SnapshotBlocks)`.
+    /// saved ([`SnapshotArray::Rows`], CPU pools); their slots are
+    /// `group_snapshot_i32(group, SnapshotArray::Blocks)`.
     pub fn group_snapshot_rows(&self, group: u32) -> Result<&[i64]> {
         self.host_slice("group snapshot rows", || {
-            self.plan_group_tensor(group, PlanArray::SnapshotRows)
+            self.group_snapshot_tensor(group, SnapshotArray::Rows)
         })
     }
 

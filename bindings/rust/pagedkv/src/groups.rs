@@ -41,11 +41,11 @@ pub struct GroupSpec {
     pub layer_ids: Option<Vec<u32>>,
     /// Recurrent groups: every step plan gives a state snapshot slot at each
     /// block boundary inside each query chunk
-    /// (`PKV_GROUP_SNAPSHOT_EVERY_BLOCK`; [`PlanArray::SnapshotIndptr`] and
-    /// the arrays after it), so a prompt prefilled in one chunk can be hit
+    /// (`PKV_GROUP_SNAPSHOT_EVERY_BLOCK`; the arrays of
+    /// [`SnapshotArray`]), so a prompt prefilled in one chunk can be hit
     /// at any of its block boundaries.
     ///
-    /// [`PlanArray::SnapshotIndptr`]: crate::PlanArray::SnapshotIndptr
+    /// [`SnapshotArray`]: crate::SnapshotArray
     pub snapshot_every_block: bool,
 }
 

@@ -68,7 +68,7 @@ mod tiers;
 mod transfer;
 mod types;
 
-pub use batch::{AttentionParams, Batch, BatchInfo, PlanArray};
+pub use batch::{AttentionParams, Batch, BatchInfo, PlanArray, SnapshotArray};
 pub use error::{status_string, Error, ErrorKind, Result};
 pub use events::{
     drain_events_v2, EventEncoding, EventMedium, EventPublisher, EventV2, HashEncoding,

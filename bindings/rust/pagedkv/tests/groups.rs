@@ -1,6 +1,8 @@
 //! Multi-group pools through the safe crate.
 
-use pagedkv::{ErrorKind, GroupSpec, PlanArray, Pool, PoolOptions, Stream, NULL_BLOCK};
+use pagedkv::{
+    ErrorKind, GroupSpec, PlanArray, Pool, PoolOptions, SnapshotArray, Stream, NULL_BLOCK,
+};
 
 fn opts(num_blocks: u64) -> PoolOptions {
     PoolOptions {
@@ -293,12 +295,12 @@ fn recurrent_snapshots_at_every_block_boundary_of_a_chunk() {
     let mut storage = std::collections::HashMap::new(); // engine-owned state, by block id
     let plan = pool.prepare(&[a], &[22]).unwrap();
     assert_eq!(
-        plan.plan_group_i32(1, PlanArray::SnapshotIndptr).unwrap(),
+        plan.group_snapshot_i32(1, SnapshotArray::Indptr).unwrap(),
         &[0, 5]
     );
     let rows = plan.group_snapshot_rows(1).unwrap().to_vec();
     let blocks = plan
-        .plan_group_i32(1, PlanArray::SnapshotBlocks)
+        .group_snapshot_i32(1, SnapshotArray::Blocks)
         .unwrap()
         .to_vec();
     assert_eq!(rows, vec![3, 7, 11, 15, 19]);
@@ -306,7 +308,7 @@ fn recurrent_snapshots_at_every_block_boundary_of_a_chunk() {
         storage.insert(block, (rnd(), row));
     }
     assert_eq!(
-        plan.plan_group_tensor(0, PlanArray::SnapshotIndptr)
+        plan.group_snapshot_tensor(0, SnapshotArray::Indptr)
             .unwrap_err()
             .kind(),
         ErrorKind::InvalidArgument
