@@ -56,6 +56,13 @@ ByteSpan layer_span(const KvArena& a, uint32_t l) {
 std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const SeqId* seqs,
                                       const uint32_t* query_counts, uint32_t num_seqs, void* stream,
                                       bool persistent_table) {
+  return make(pool, num_seqs,
+              [&](Batch& b) { b.build(seqs, query_counts, num_seqs, stream, persistent_table); });
+}
+
+template <class Build>
+std::unique_ptr<Batch> Batch::make(const std::shared_ptr<Pool>& pool, uint32_t num_seqs,
+                                   Build&& build) {
   Pool& p = *pool;
   std::lock_guard<std::mutex> lock(p.mu_);
   p.check_open();
@@ -66,7 +73,7 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   // plan, so a steady-state step allocates nothing.
   b->host_ = take_plan_host(p.spare_plan_);
   try {
-    b->build(seqs, query_counts, num_seqs, stream, persistent_table);
+    build(*b);
   } catch (...) {
     // Back for the next plan (this batch is dropped without the lock,
     // which prepare holds).
@@ -76,12 +83,15 @@ std::unique_ptr<Batch> Batch::prepare(const std::shared_ptr<Pool>& pool, const S
   return b;
 }
 
-void Batch::build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_seqs, void* stream,
-                  bool persistent_table) {
-  Pool& p = *pool_;
+std::unique_ptr<Batch> Batch::prepare_decode(const std::shared_ptr<Pool>& pool, const SeqId* seqs,
+                                             const int32_t* tokens, uint32_t num_seqs, void* stream,
+                                             bool persistent_table) {
+  return make(pool, num_seqs,
+              [&](Batch& b) { b.build_decode(seqs, tokens, num_seqs, stream, persistent_table); });
+}
+
+void Batch::start_host(const SeqId* seqs, uint32_t num_seqs) {
   PlanHost& h = *host_;
-  const uint64_t bs = p.opts_.block_size;
-  const uint64_t w = p.opts_.sliding_window;
   h.seqs.assign(seqs, seqs + num_seqs);
   h.live.resize(num_seqs);
   h.versions.resize(num_seqs);
@@ -92,7 +102,16 @@ void Batch::build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_
   h.ranges.clear();
   h.ranges.reserve(num_seqs);  // one each in a decode step
   h.unsure.clear();
-  removals_ = p.seqs_.removals();
+  removals_ = pool_->seqs_.removals();
+}
+
+void Batch::build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_seqs, void* stream,
+                  bool persistent_table) {
+  Pool& p = *pool_;
+  PlanHost& h = *host_;
+  const uint64_t bs = p.opts_.block_size;
+  const uint64_t w = p.opts_.sliding_window;
+  start_host(seqs, num_seqs);
   // Raw pointers: stores through them cannot alias the vectors' own
   // members, so the loops below keep them in registers.
   Sequence** const live = h.live.data();
@@ -184,34 +203,19 @@ void Batch::build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_
     const Sequence& s = *live[i];
     const uint64_t n = ends[i], ctx_end = n - query_counts[i];
     const uint64_t first_key = w > 0 && n - query_counts[i] + 1 > w ? ctx_end + 1 - w : 0;
-    // With a window, the check reads at most the window.
-    uint64_t j =
-        std::max<uint64_t>({s.num_null, p.div_bs(first_key), w ? 0 : p.div_bs(s.num_committed)});
-    for (; j * bs < ctx_end; ++j) {
-      const int32_t blk = s.blocks[j];
-      const uint32_t need = uint32_t(std::min(bs, ctx_end - j * bs));
-      uint32_t wr = p.blocks_.written(blk);
-      if (wr < need) {
-        if (!have_after) {
-          std::vector<WrittenRange> rs(h.ranges.size());
-          for (size_t k = 0; k < rs.size(); ++k) rs[k] = h.ranges[k].r;
-          after = p.written_after(std::move(rs));
-          have_after = true;
-        }
-        auto it = std::lower_bound(after.begin(), after.end(), std::make_pair(blk, uint32_t(0)));
-        if (it != after.end() && it->first == blk) wr = it->second;
-      }
-      if (wr < need) {
-        const uint64_t from = j * bs + wr;
-        fail(Errc::kInvalidState,
-             "seqs[" + str(i) + "]: " + seq_name(seqs[i]) + " would attend over tokens [" +
-                 str(from) + ", " + str(ctx_end) +
-                 ") whose K/V no committed step wrote (the step meant to compute them was "
-                 "aborted, or the sequence it shared them with went away before writing); "
-                 "compute them in this step: query_counts[" +
-                 str(i) + "] >= " + str(n - from));
-      }
-    }
+    const uint64_t from = first_unwritten(s, ctx_end, first_key, after, have_after, [&] {
+      std::vector<WrittenRange> rs(h.ranges.size());
+      for (size_t k = 0; k < rs.size(); ++k) rs[k] = h.ranges[k].r;
+      return rs;
+    });
+    if (from < ctx_end)
+      fail(Errc::kInvalidState,
+           "seqs[" + str(i) + "]: " + seq_name(seqs[i]) + " would attend over tokens [" +
+               str(from) + ", " + str(ctx_end) +
+               ") whose K/V no committed step wrote (the step meant to compute them was "
+               "aborted, or the sequence it shared them with went away before writing); "
+               "compute them in this step: query_counts[" +
+               str(i) + "] >= " + str(n - from));
   }
 
   // A persistent table: its rows replace the CSR page ids (room made

@@ -4,6 +4,7 @@
 // plan whose sequence changed, or whose pool was destroyed, fails cleanly.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -116,6 +117,44 @@ class Batch {
              bool persistent_table);
   void build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_seqs, void* stream,
                     bool persistent_table);
+  // A new plan over num_seqs sequences made by build(batch) under the
+  // pool's lock, in recycled plan memory (returned to the pool if build
+  // throws).
+  template <class Build>
+  static std::unique_ptr<Batch> make(const std::shared_ptr<Pool>& pool, uint32_t num_seqs,
+                                     Build&& build);
+  // The plan's per-sequence state sized for seqs (contents left to build).
+  void start_host(const SeqId* seqs, uint32_t num_seqs);
+  // The first position in [from block of first_key, ctx_end) of s whose
+  // slot holds no written K/V, counting what the plan writes first (the
+  // written counts after its own writes: ranges(), a vector of
+  // WrittenRange, built only when a block is not written yet); ctx_end
+  // when every one is written. Holds pool->mu_.
+  template <class Ranges>
+  uint64_t first_unwritten(const Sequence& s, uint64_t ctx_end, uint64_t first_key,
+                           std::vector<std::pair<int32_t, uint32_t>>& after, bool& have_after,
+                           Ranges&& ranges) const {
+    const Pool& p = *pool_;
+    const uint64_t bs = p.opts_.block_size, w = p.opts_.sliding_window;
+    // With a window, the check reads at most the window.
+    uint64_t j =
+        std::max<uint64_t>({s.num_null, p.div_bs(first_key), w ? 0 : p.div_bs(s.num_committed)});
+    for (; j * bs < ctx_end; ++j) {
+      const int32_t blk = s.blocks[j];
+      const uint32_t need = uint32_t(std::min(bs, ctx_end - j * bs));
+      uint32_t wr = p.blocks_.written(blk);
+      if (wr < need) {
+        if (!have_after) {
+          after = p.written_after(ranges());
+          have_after = true;
+        }
+        auto it = std::lower_bound(after.begin(), after.end(), std::make_pair(blk, uint32_t(0)));
+        if (it != after.end() && it->first == blk) wr = it->second;
+      }
+      if (wr < need) return j * bs + wr;
+    }
+    return ctx_end;
+  }
   // build_decode's check that every query's context is written (or
   // written first by the plan), on the state before its appends.
   void check_decode_context(const SeqId* seqs);

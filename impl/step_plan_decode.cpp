@@ -20,47 +20,18 @@ using seq_util::grow;
 using seq_util::kMaxSeqTokens;
 using seq_util::str;
 
-std::unique_ptr<Batch> Batch::prepare_decode(const std::shared_ptr<Pool>& pool, const SeqId* seqs,
-                                             const int32_t* tokens, uint32_t num_seqs, void* stream,
-                                             bool persistent_table) {
-  Pool& p = *pool;
-  std::lock_guard<std::mutex> lock(p.mu_);
-  p.check_open();
-  if (num_seqs == 0) fail(Errc::kInvalidArgument, "num_seqs is 0");
-  std::unique_ptr<Batch> b(new Batch);
-  b->pool_ = pool;
-  b->host_ = take_plan_host(p.spare_plan_);
-  try {
-    b->build_decode(seqs, tokens, num_seqs, stream, persistent_table);
-  } catch (...) {
-    recycle_plan_host(p.spare_plan_, std::move(b->host_));
-    throw;
-  }
-  return b;
-}
-
 void Batch::build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_seqs, void* stream,
                          bool persistent_table) {
   Pool& p = *pool_;
   PlanHost& h = *host_;
   const uint64_t bs = p.opts_.block_size;
   const uint64_t w = p.opts_.sliding_window;
-  h.seqs.assign(seqs, seqs + num_seqs);
-  h.live.resize(num_seqs);
-  h.versions.resize(num_seqs);
-  h.epochs.resize(num_seqs);
-  h.pages.resize(num_seqs);
-  h.ends.resize(num_seqs);
-  h.table_versions.resize(num_seqs);
-  h.ranges.clear();
-  h.ranges.reserve(num_seqs);
-  h.unsure.clear();
+  start_host(seqs, num_seqs);
   std::vector<Pool::BatchItem>& items = p.batch_items_;
   std::vector<Pool::AppendNeed>& needs = p.batch_needs_;
   items.clear();
   needs.clear();
   items.reserve(num_seqs);
-  removals_ = p.seqs_.removals();
   Sequence** const live = h.live.data();
   uint32_t* const page_counts = h.pages.data();
   uint64_t* const ends = h.ends.data();
@@ -220,41 +191,27 @@ void Batch::check_decode_context(const SeqId* seqs) {
     const Sequence& s = *h.live[i];
     const uint64_t ctx_end = h.ends[i] - 1;
     const uint64_t first_key = w > 0 && ctx_end + 1 > w ? ctx_end + 1 - w : 0;
-    uint64_t j =
-        std::max<uint64_t>({s.num_null, p.div_bs(first_key), w ? 0 : p.div_bs(s.num_committed)});
-    for (; j * bs < ctx_end; ++j) {
-      const int32_t blk = s.blocks[j];
-      const uint32_t need = uint32_t(std::min(bs, ctx_end - j * bs));
-      uint32_t wr = p.blocks_.written(blk);
-      if (wr < need) {
-        if (!have_after) {
-          // The step's own writes, into blocks that stay in place (a new
-          // block or a copy is in nobody's context).
-          std::vector<WrittenRange> rs;
-          for (size_t k = 0; k < h.seqs.size(); ++k) {
-            const Sequence& o = *h.live[k];
-            const uint64_t n0 = h.ends[k] - 1, jj = p.div_bs(n0);
-            if (jj >= o.blocks.size()) continue;
-            const int32_t b = o.blocks[jj];
-            if (o.tail_shared && p.blocks_.ref(b) > 1) continue;
-            rs.push_back({b, uint32_t(n0 - jj * bs), uint32_t(n0 - jj * bs + 1)});
-          }
-          after = p.written_after(std::move(rs));
-          have_after = true;
-        }
-        auto it = std::lower_bound(after.begin(), after.end(), std::make_pair(blk, uint32_t(0)));
-        if (it != after.end() && it->first == blk) wr = it->second;
+    const uint64_t from = first_unwritten(s, ctx_end, first_key, after, have_after, [&] {
+      // The step's own writes, into blocks that stay in place (a new
+      // block or a copy is in nobody's context).
+      std::vector<WrittenRange> rs;
+      for (size_t k = 0; k < h.seqs.size(); ++k) {
+        const Sequence& o = *h.live[k];
+        const uint64_t n0 = h.ends[k] - 1, jj = p.div_bs(n0);
+        if (jj >= o.blocks.size()) continue;
+        const int32_t b = o.blocks[jj];
+        if (o.tail_shared && p.blocks_.ref(b) > 1) continue;
+        rs.push_back({b, uint32_t(n0 - jj * bs), uint32_t(n0 - jj * bs + 1)});
       }
-      if (wr < need) {
-        const uint64_t from = j * bs + wr;
-        fail(Errc::kInvalidState,
-             "seqs[" + str(i) + "]: " + seq_name(seqs[i]) + " would attend over tokens [" +
-                 str(from) + ", " + str(ctx_end) +
-                 ") whose K/V no committed step wrote (nothing was appended): compute them "
-                 "with pkv_batch_prepare and query_counts[" +
-                 str(i) + "] >= " + str(ctx_end + 1 - from));
-      }
-    }
+      return rs;
+    });
+    if (from < ctx_end)
+      fail(Errc::kInvalidState,
+           "seqs[" + str(i) + "]: " + seq_name(seqs[i]) + " would attend over tokens [" +
+               str(from) + ", " + str(ctx_end) +
+               ") whose K/V no committed step wrote (nothing was appended): compute them "
+               "with pkv_batch_prepare and query_counts[" +
+               str(i) + "] >= " + str(ctx_end + 1 - from));
   }
 }
 

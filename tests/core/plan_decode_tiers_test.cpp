@@ -19,6 +19,22 @@ using test::random_floats;
 constexpr uint32_t kBs = 4, kLayers = 2, kHeads = 4, kDim = 4096;
 constexpr size_t kPlane = size_t(kBs) * kHeads * kDim * sizeof(float);  // 256 KiB
 
+// A storage pool of 5 usable blocks (f32, 2 layers, 256 KiB planes) with a
+// host tier of 4 blocks.
+std::shared_ptr<Pool> tiered_pool() {
+  PoolOptions o = test::manager_options(kBs, 6);
+  o.num_layers = kLayers;
+  o.num_kv_heads = kHeads;
+  o.head_dim = kDim;
+  o.dtype = DType::kF32;
+  o.num_threads = 1;
+  auto pool = Pool::create(o);
+  TierOptions t;
+  t.host_bytes = 4 * kPlane * 2 * kLayers;
+  pool->attach_tiers(t);
+  return pool;
+}
+
 std::vector<char> bytes_of(Pool& p, int32_t block) {
   std::vector<char> out;
   for (uint32_t l = 0; l < kLayers; ++l)
@@ -42,17 +58,8 @@ void write_all(const std::shared_ptr<Pool>& pool, SeqId s, uint32_t n, uint32_t 
 
 // Returns whether the host tier's copy of A's evicted block 1 is byte-exact.
 bool run(bool fused) {
-  PoolOptions o = test::manager_options(kBs, 6);  // 5 usable blocks
-  o.num_layers = kLayers;
-  o.num_kv_heads = kHeads;
-  o.head_dim = kDim;
-  o.dtype = DType::kF32;
-  o.num_threads = 1;
-  auto pool = Pool::create(o);
+  auto pool = tiered_pool();
   Pool& p = *pool;
-  TierOptions t;
-  t.host_bytes = 4 * kPlane * 2 * kLayers;
-  p.attach_tiers(t);
   // A: two full blocks, written, freed: cached in the free queue.
   auto ta = iota_tokens(12, 1);
   SeqId a = p.seq_create({});
@@ -116,17 +123,8 @@ TEST(PlanDecodeTiers, FusedOffloadsTheEvictedBlockIntact) {
 // num_computed_tokens would move although nothing changed), as
 // pkv_batch_prepare_ex refuses the same batch before settling the tiers.
 void stale_id_case(bool fused, uint64_t* before, uint64_t* after) {
-  PoolOptions o = test::manager_options(kBs, 6);
-  o.num_layers = kLayers;
-  o.num_kv_heads = kHeads;
-  o.head_dim = kDim;
-  o.dtype = DType::kF32;
-  o.num_threads = 1;
-  auto pool = Pool::create(o);
+  auto pool = tiered_pool();
   Pool& p = *pool;
-  TierOptions t;
-  t.host_bytes = 4 * kPlane * 2 * kLayers;
-  p.attach_tiers(t);
   auto ta = iota_tokens(8, 1);
   SeqId a = p.seq_create({});
   p.append(a, ta.data(), ta.size(), 0);

@@ -71,12 +71,7 @@ class Batch(HandleOwner):
             ptr = _c.pkv_batch_prepare_ex(pool._h, (ids, counts), _c.PKV_PREPARE_PERSISTENT_TABLE, stream_ptr(stream))
         else:
             ptr = _c.pkv_batch_prepare(pool._h, (ids, counts), stream_ptr(stream))
-        self._h = Handle(ptr, _c.pkv_batch_destroy, "batch")
-        try:
-            self._info = BatchInfo._from_c(_c.pkv_batch_get_info(ptr))
-        except BaseException:
-            self._h.close()
-            raise
+        self._adopt(ptr)
 
     @classmethod
     def _decode(cls, pool: Pool, seqs: Any, tokens: Any, stream: Any, persistent_table: bool) -> Batch:
@@ -97,13 +92,17 @@ class Batch(HandleOwner):
         self._lock = threading.Lock()
         flags = _c.PKV_PREPARE_PERSISTENT_TABLE if persistent_table else 0
         ptr = _c.pkv_batch_prepare_decode(pool._h, (ids, tokens), flags, stream_ptr(stream))
+        self._adopt(ptr)
+        return self
+
+    def _adopt(self, ptr: Any) -> None:
+        """Owns the new plan ptr (destroyed with this object) and reads its info."""
         self._h = Handle(ptr, _c.pkv_batch_destroy, "batch")
         try:
             self._info = BatchInfo._from_c(_c.pkv_batch_get_info(ptr))
         except BaseException:
             self._h.close()
             raise
-        return self
 
     @staticmethod
     def _collect_ids(pool: Pool, seqs: List[Sequence]) -> List[int]:
