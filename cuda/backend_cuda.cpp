@@ -188,6 +188,20 @@ class CudaBackend final : public Backend {
            "cudaMalloc(" + str(int64_t(bytes)) + " bytes) on CUDA device " + str(device_) + ": " +
                cudaGetErrorString(e));
     }
+    // The KV arena starts as zeros, not whatever the allocator hands back: a
+    // copy-on-write copy moves whole blocks, unwritten slots included, and
+    // pkv_pool_kv_tensor exposes the planes, so no byte of them is ever
+    // undefined (compute-sanitizer initcheck flagged the copies). One
+    // memset at pool creation.
+    cudaError_t z = cudaMemsetAsync(p, 0, bytes == 0 ? 1 : bytes, nullptr);
+    if (z == cudaSuccess) z = cudaStreamSynchronize(nullptr);
+    if (z != cudaSuccess) {
+      (void)cudaGetLastError();
+      (void)cudaFree(p);
+      fail(Errc::kCuda, "cudaMemset of the new KV arena (" + str(int64_t(bytes)) +
+                            " bytes) on CUDA device " + str(device_) + ": " +
+                            cudaGetErrorString(z));
+    }
     return p;
   }
 

@@ -21,7 +21,9 @@
 # skipped and says so in summary.txt (then run a second call with
 # PKV_SKIP_BENCH=1 or PKV_SKIP_SANITIZERS=1).
 # Env: PKV_ARCH (default 90), PKV_BUDGET, PKV_SKIP_BENCH=1,
-#      PKV_SKIP_SANITIZERS=1, PKV_BENCH_ARGS (extra benchmark arguments).
+#      PKV_SKIP_SANITIZERS=1, PKV_BENCH_ARGS (extra benchmark arguments),
+#      PKV_INITCHECK=1 (compute-sanitizer initcheck too; initcheck.log),
+#      PKV_DEMO=1 (serving_sim --device cuda, PKV_DEMO_ARGS; demo.log).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$root/gpu-check-out}
@@ -140,6 +142,34 @@ else
   note "bench: skipped"
 fi
 
-sanitize racecheck "$race_filter" racecheck.log 200 0
+sanitize racecheck "$race_filter" racecheck.log 200 "$([ "${PKV_DEMO:-0}" = 1 ] && echo 150 || echo 0)"
+# initcheck: device memory read before anything wrote it (a plan array or
+# a workspace the kernels read unwritten). Off unless PKV_INITCHECK=1: it
+# shares the time budget with the steps above.
+if [ "${PKV_INITCHECK:-0}" = 1 ]; then
+  sanitize initcheck "$mem_filter" initcheck.log 150 "$([ "${PKV_DEMO:-0}" = 1 ] && echo 120 || echo 0)"
+fi
+
+# ---------------------------------------------------------------- demo
+# PKV_DEMO=1: the serving demo with the cache and kernels on the GPU (its
+# attention check compares rows against a float64 reference; exit 0 = all
+# checks passed on both servers).
+if [ "${PKV_DEMO:-0}" = 1 ]; then
+  if cmake -S "$src" -B "$build" -DPAGEDKV_BUILD_EXAMPLES=ON >>"$OUT/build.log" 2>&1 &&
+    cmake --build "$build" -j"$(nproc)" --target serving_sim >>"$OUT/build.log" 2>&1; then
+    t=$(limit 240 0)
+    # shellcheck disable=SC2086
+    if timeout "$t" "$build/examples/serving_sim/serving_sim" --device cuda ${PKV_DEMO_ARGS:-} \
+      >"$OUT/demo.log" 2>&1; then
+      note "demo --device cuda: ok (exit 0: attention check PASS)"
+    else
+      note "demo --device cuda: FAILED, exit $? (see demo.log)"
+    fi
+    tail -25 "$OUT/demo.log"
+  else
+    note "demo: build FAILED (see build.log)"
+    tail -30 "$OUT/build.log"
+  fi
+fi
 note "done"
 cat "$summary"

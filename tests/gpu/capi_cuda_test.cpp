@@ -246,6 +246,34 @@ TEST(CudaCapi, Fp8EngineStepsMatchCpuPool) {
   }
 }
 
+// A new CUDA pool's KV planes are zeros, even where the allocator hands
+// back memory an earlier pool filled: copy-on-write copies move unwritten
+// slots too, and compute-sanitizer initcheck flagged those reads of
+// undefined bytes (fixed by zeroing the arena at creation).
+TEST(CudaCapi, NewArenaIsZeros) {
+  PKV_SKIP_WITHOUT_GPU();
+  for (int round = 0; round < 3; ++round) {
+    Engine e(true);
+    for (uint32_t layer = 0; layer < kLayers; ++layer)
+      for (uint32_t which = 0; which < 2; ++which) {
+        pkv_tensor t{};
+        ASSERT_EQ(pkv_pool_kv_tensor(e.pool, layer, which, &t), PKV_OK) << pkv_last_error_message();
+        size_t n = 2;  // bf16
+        for (uint32_t d = 0; d < t.ndim; ++d) n *= size_t(t.shape[d]);
+        std::vector<uint8_t> host(n, 0xab);
+        ASSERT_EQ(cudaMemcpy(host.data(), static_cast<char*>(t.data) + t.byte_offset, n,
+                             cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        size_t nonzero = 0;
+        for (uint8_t b : host) nonzero += b != 0;
+        EXPECT_EQ(nonzero, 0u) << "round " << round << " layer " << layer << " plane " << which;
+        // Dirty it, so that the next round's pool may get these bytes back.
+        ASSERT_EQ(cudaMemset(static_cast<char*>(t.data) + t.byte_offset, 0x5a, n), cudaSuccess);
+      }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+}
+
 TEST(CudaCapi, FeaturesAndDeviceCount) {
   // Runs everywhere: a CUDA build reports the feature; the count never fails.
   EXPECT_TRUE(pkv_features() & PKV_FEATURE_CUDA);
