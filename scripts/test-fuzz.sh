@@ -2,7 +2,7 @@
 # Bounded libFuzzer runs of the three harnesses (tests/fuzz/): configures a
 # clang build with ASan+UBSan and libFuzzer coverage, builds fuzz_ops,
 # fuzz_tensors and fuzz_groups only, fuzzes the operation-sequence harness for
-# PKV_FUZZ_SECONDS (default 120), the tensor/attention entry-point harness
+# PKV_FUZZ_SECONDS (default 90), the tensor/attention entry-point harness
 # for PKV_FUZZ_TENSOR_SECONDS (default 30) and the multi-group pool harness
 # for PKV_FUZZ_GROUPS_SECONDS (default 30), each from its committed seed
 # corpus, and fails on any crash, leak, timeout or disagreement. Skips (exit
@@ -11,7 +11,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PKV_FUZZ_BUILD_DIR:-$root/build-fuzz}
-seconds=${PKV_FUZZ_SECONDS:-120}
+seconds=${PKV_FUZZ_SECONDS:-90}
 tensor_seconds=${PKV_FUZZ_TENSOR_SECONDS:-30}
 groups_seconds=${PKV_FUZZ_GROUPS_SECONDS:-30}
 cc=${PKV_FUZZ_CC:-clang}
