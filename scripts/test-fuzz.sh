@@ -3,8 +3,8 @@
 # clang build with ASan+UBSan and libFuzzer coverage, builds fuzz_ops,
 # fuzz_tensors and fuzz_groups only, fuzzes the operation-sequence harness for
 # PKV_FUZZ_SECONDS (default 90), the tensor/attention entry-point harness
-# for PKV_FUZZ_TENSOR_SECONDS (default 30) and the multi-group pool harness
-# for PKV_FUZZ_GROUPS_SECONDS (default 30), each from its committed seed
+# for PKV_FUZZ_TENSOR_SECONDS (default 15) and the multi-group pool harness
+# for PKV_FUZZ_GROUPS_SECONDS (default 15), each from its committed seed
 # corpus, and fails on any crash, leak, timeout or disagreement. Skips (exit
 # 0, with a notice) when clang cannot link -fsanitize=fuzzer. Long runs:
 # tests/fuzz/README.md.
@@ -12,8 +12,8 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PKV_FUZZ_BUILD_DIR:-$root/build-fuzz}
 seconds=${PKV_FUZZ_SECONDS:-90}
-tensor_seconds=${PKV_FUZZ_TENSOR_SECONDS:-30}
-groups_seconds=${PKV_FUZZ_GROUPS_SECONDS:-30}
+tensor_seconds=${PKV_FUZZ_TENSOR_SECONDS:-15}
+groups_seconds=${PKV_FUZZ_GROUPS_SECONDS:-15}
 cc=${PKV_FUZZ_CC:-clang}
 cxx=${PKV_FUZZ_CXX:-clang++}
 
