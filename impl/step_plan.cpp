@@ -367,6 +367,15 @@ void Batch::commit() {
   commit_locked();
 }
 
+void Batch::commit_general_for_testing() {
+  std::lock_guard<std::mutex> lock(pool_->mu_);
+  if (state_ == State::kAborted)
+    fail(Errc::kInvalidState, "the batch was aborted (pkv_batch_abort); it cannot be committed");
+  if (state_ == State::kCommitted) return;
+  pool_->check_open();
+  commit_locked(false);
+}
+
 void Batch::abort() {
   std::lock_guard<std::mutex> lock(pool_->mu_);
   if (state_ == State::kCommitted)
@@ -375,7 +384,7 @@ void Batch::abort() {
   state_ = State::kAborted;
 }
 
-void Batch::commit_locked() {
+void Batch::commit_locked(bool fast) {
   Pool& p = *pool_;
   PlanHost& h = *host_;
   const size_t m = h.seqs.size();
@@ -387,6 +396,7 @@ void Batch::commit_locked() {
   // freed since (a slot is reused only after a free); otherwise each id is
   // looked up again, so a freed one is never read through its old slot.
   const bool same = p.seqs_.removals() == removals_;
+  if (fast && p.opts_.sliding_window == 0 && decode_shaped()) return commit_decode_locked(same);
   // Ranges in blocks the sequence holds alone (its tail, by the
   // tail_shared promise: every decode query but those that fill a block)
   // cannot meet another sequence's range, so only the others need
@@ -458,6 +468,90 @@ void Batch::commit_locked() {
   for (size_t i = 0; i < m; ++i)
     if (Sequence* s = h.live[i]; s && whole[i])
       s->num_committed = std::max(s->num_committed, h.ends[i]);
+}
+
+bool Batch::decode_shaped() const {
+  if (decode_step_) return true;
+  const PlanHost& h = *host_;
+  const size_t m = h.seqs.size();
+  if (h.ranges.size() != m) return false;
+  for (size_t i = 0; i < m; ++i)
+    if (h.ranges[i].seq != i || h.ranges[i].r.hi != h.ranges[i].r.lo + 1) return false;
+  return true;
+}
+
+// commit_locked for a decode step (one query per sequence, no window): the
+// general path's three passes (classify the ranges, mark them, then walk
+// each sequence's blocks for its computed count) in one, for what nearly
+// every sequence of such a step is: its query slot is the next one of a
+// tail block it holds alone, and everything before it was computed. That
+// slot is marked and the count moves past it at once (no other range can
+// touch that block, and the count depends on nothing else). The rest (a
+// query that filled its block, a shared tail, a context not yet computed)
+// take the general path's rules after all ranges are marked.
+void Batch::commit_decode_locked(bool same) {
+  Pool& p = *pool_;
+  PlanHost& h = *host_;
+  const size_t m = h.seqs.size();
+  const uint64_t bs = p.opts_.block_size;
+  h.written.clear();
+  h.unsure.clear();
+  h.written.reserve(m);  // may throw: before any change
+  h.unsure.reserve(m);
+  constexpr size_t kAhead = 16, kNear = 8;
+  Sequence** const live = h.live.data();
+  const SeqId* const ids = h.seqs.data();
+  const uint32_t* const epochs = h.epochs.data();
+  const QueryRange* const ranges = h.ranges.data();
+  const uint64_t* const ends = h.ends.data();
+  for (size_t i = 0; i < m; ++i) {
+    if (i + kAhead < m) {
+      if (!same)
+        p.seqs_.prefetch(ids[i + kAhead]);
+      else if (const Sequence* a = live[i + kAhead]) {
+        __builtin_prefetch(a);
+        __builtin_prefetch(&a->writes_epoch);
+      }
+    }
+    if (i + kNear < m) {
+      p.blocks_.prefetch_counts(ranges[i + kNear].r.block);
+      if (same)
+        if (const Sequence* a = live[i + kNear])
+          if (ranges[i + kNear].index < a->blocks.size())
+            __builtin_prefetch(a->blocks.data() + ranges[i + kNear].index);
+    }
+    Sequence* s = same ? live[i] : p.seqs_.find(ids[i]);
+    if (s && s->writes_epoch != epochs[i]) s = nullptr;
+    live[i] = s;  // only ever cleared, as in commit_locked
+    if (!s) continue;
+    const QueryRange& q = ranges[i];
+    if (q.index >= s->blocks.size() || s->blocks[q.index] != q.r.block) {
+      h.unsure.push_back(uint32_t(i));  // its count may still move (reserved)
+      continue;
+    }
+    const bool alone = !s->tail_shared && q.index >= p.div_bs(s->tokens.size());
+    if (!alone) {
+      h.written.push_back(q.r);  // reserved
+      h.unsure.push_back(uint32_t(i));
+      continue;
+    }
+    const uint32_t w = p.blocks_.written(q.r.block);
+    if (q.r.lo <= w && q.r.hi > w) p.blocks_.set_written(q.r.block, q.r.hi);
+    // Computed up to the query and its slot now written: computed through
+    // it (computed_tokens would stop in this block or at its end, and the
+    // count never passes ends[i]).
+    const uint64_t at = q.index * bs + q.r.lo;
+    if (s->num_committed == at && p.blocks_.written(q.r.block) >= q.r.hi && q.index >= s->num_null)
+      s->num_committed = ends[i];
+    else if (s->num_committed < ends[i])
+      h.unsure.push_back(uint32_t(i));
+  }
+  p.apply_written(h.written);  // only shared or filled blocks; distinct ones allocate nothing
+  state_ = State::kCommitted;
+  for (const uint32_t i : h.unsure)
+    if (Sequence* s = live[i])
+      s->num_committed =
+          std::max(s->num_committed, std::min(ends[i], p.computed_tokens(*s, s->num_committed)));
 }
 
 TensorArg Batch::plan_tensor(uint32_t which) const {

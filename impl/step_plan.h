@@ -85,6 +85,9 @@ class Batch {
   // slots written, full blocks hittable, the sliding window advances).
   // Idempotent; fails (kInvalidState) after abort() or on a closed pool.
   void commit();
+  // Tests: commit() through the general path only (the decode fast path's
+  // reference).
+  void commit_general_for_testing();
   // The step's writes did not happen: nothing counts. Fails (kInvalidState)
   // after a commit; idempotent otherwise.
   void abort();
@@ -111,7 +114,9 @@ class Batch {
   void check_layer_call(uint32_t layer, bool mla, const char* call) const;
   // After a successful write of layer: the last layer commits; holds mu_.
   void mark_layer_written(uint32_t layer);
-  void commit_locked();  // holds pool->mu_
+  void commit_locked(bool fast = true);  // holds pool->mu_
+  bool decode_shaped() const;            // one query per sequence, ranges in order
+  void commit_decode_locked(bool same);
   // prepare's work once the batch holds its plan memory; holds pool->mu_.
   void build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_seqs, void* stream,
              bool persistent_table);
@@ -189,6 +194,7 @@ class Batch {
   // recycled between plans (step_plan_rows.h).
   std::shared_ptr<PlanHost> host_;
   bool recyclable_ = false;  // prepare succeeded: the destructor may lock the pool
+  bool decode_step_ = false;  // built by build_decode: ranges are decode_shaped()
   // On the CPU the callers' copy is made when first asked for.
   mutable std::once_flag callers_copy_;
   size_t rows_reused_ = 0;  // page rows copied from the previous plan

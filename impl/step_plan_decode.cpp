@@ -174,6 +174,7 @@ void Batch::build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_
   // overwrite them (as prepare's own settle does after append_batch).
   p.settle_tiers_locked();
   finish(a, seqs, rewritten, stream);
+  decode_step_ = true;
 }
 
 // prepare's written-context check for a decode step, before its appends:
