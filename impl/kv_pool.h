@@ -307,7 +307,15 @@ class Pool {
                     size_t h0) noexcept;
   // The live sequence ids[i] of a batched call, marked with mark (a fresh
   // plan_epoch_); fails naming seqs[i] when it is stale or given twice.
-  Sequence* batch_member(const SeqId* ids, uint64_t i, uint64_t mark);
+  Sequence* batch_member(const SeqId* ids, uint64_t i, uint64_t mark) {
+    Sequence* s = seqs_.find(ids[i]);
+    if (__builtin_expect(s == nullptr || s->plan_mark == mark, 0))
+      batch_member_fail(ids, i, s != nullptr);
+    s->plan_mark = mark;
+    return s;
+  }
+  [[noreturn, gnu::noinline, gnu::cold]] void batch_member_fail(const SeqId* ids, uint64_t i,
+                                                                bool found) const;
   // free() once its events are reserved.
   void free_locked(SeqId id, Sequence& s) noexcept;
   // Registers blocks [from, s.hashes.size()) in the prefix cache; no throw.

@@ -23,13 +23,9 @@ std::string at(const char* name, uint64_t i, SeqId id) {
 
 }  // namespace
 
-Sequence* Pool::batch_member(const SeqId* ids, uint64_t i, uint64_t mark) {
-  Sequence* s = seqs_.find(ids[i]);
-  if (!s) fail(Errc::kNotFound, at("seqs", i, ids[i]) + " is stale or unknown");
-  if (s->plan_mark == mark)
-    fail(Errc::kInvalidArgument, at("seqs", i, ids[i]) + " appears twice in the batch");
-  s->plan_mark = mark;
-  return s;
+void Pool::batch_member_fail(const SeqId* ids, uint64_t i, bool found) const {
+  if (!found) fail(Errc::kNotFound, at("seqs", i, ids[i]) + " is stale or unknown");
+  fail(Errc::kInvalidArgument, at("seqs", i, ids[i]) + " appears twice in the batch");
 }
 
 void Pool::append_batch(const SeqId* ids, const int32_t* tokens, uint64_t m) {

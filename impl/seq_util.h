@@ -14,9 +14,15 @@ constexpr uint64_t kMaxSeqTokens = uint64_t(std::numeric_limits<int32_t>::max())
 inline std::string str(uint64_t v) { return std::to_string(v); }
 
 // Amortised growth: reserve() alone would reallocate on every append.
+// The check inline (batched calls grow every sequence's vectors per step),
+// the reallocation out of line.
 template <class V>
-void grow(V& v, size_t need) {
-  if (need > v.capacity()) v.reserve(std::max(need, v.capacity() * 2));
+[[gnu::noinline, gnu::cold]] void grow_slow(V& v, size_t need) {
+  v.reserve(std::max(need, v.capacity() * 2));
+}
+template <class V>
+inline void grow(V& v, size_t need) {
+  if (__builtin_expect(need > v.capacity(), 0)) grow_slow(v, need);
 }
 
 }  // namespace pagedkv::seq_util

@@ -55,12 +55,14 @@ void Batch::build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_
       if (j < s->blocks.size()) __builtin_prefetch(s->blocks.data() + j);
       // The query at n0 reads keys from n0 + 1 - w on (the append
       // releases none of them: its window follows the committed tokens).
-      const uint64_t first_key = n0 + 1 > w ? n0 + 1 - w : 0;
-      if (w > 0 && first_key / bs < s->num_null)
-        fail(Errc::kInvalidArgument, "seqs[" + str(i) + "]: " + seq_name(seqs[i]) +
-                                         " would query position " + str(n0) +
-                                         ", which needs keys from " + str(first_key) +
-                                         " on that the sliding window already released");
+      if (w > 0) {
+        const uint64_t first_key = n0 + 1 > w ? n0 + 1 - w : 0;
+        if (first_key / bs < s->num_null)
+          fail(Errc::kInvalidArgument, "seqs[" + str(i) + "]: " + seq_name(seqs[i]) +
+                                           " would query position " + str(n0) +
+                                           ", which needs keys from " + str(first_key) +
+                                           " on that the sliding window already released");
+      }
       if (w != 0 || s->num_committed < n0) h.unsure.push_back(i);
       const bool simple = !s->tail_shared && w == 0 && n0 < kMaxSeqTokens && j < s->blocks.size() &&
                           p.div_bs(n0 + 1) == j;
