@@ -65,7 +65,7 @@ void Batch::build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_
       }
       if (w != 0 || s->num_committed < n0) h.unsure.push_back(i);
       const bool simple = !s->tail_shared && w == 0 && n0 < kMaxSeqTokens && j < s->blocks.size() &&
-                          p.div_bs(n0 + 1) == j;
+                          n0 + 1 - j * bs < bs;
       if (!simple) {
         Pool::AppendNeed need;
         try {
@@ -95,7 +95,7 @@ void Batch::build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_
           p.blocks_.prefetch_cache_slot(s->hashes[k]);
       }
       const uint64_t n = n0 + 1;
-      const uint32_t np = uint32_t(p.div_bs(n + bs - 1));
+      const uint32_t np = uint32_t(j + 1);  // the query's block is the last page
       ends[i] = n;
       page_counts[i] = np;
       pages += np;
@@ -140,16 +140,16 @@ void Batch::build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_
     if (i + kNear < num_seqs) {
       const Pool::BatchItem& b = items[i + kNear];
       if (b.need == Pool::BatchItem::kSimple)
-        __builtin_prefetch(b.s->blocks.data() + p.div_bs(b.n0));
+        __builtin_prefetch(b.s->blocks.data() + (page_counts[i + kNear] - 1));
     }
     if (i + kClose < num_seqs) {
       const Pool::BatchItem& b = items[i + kClose];
       if (b.need == Pool::BatchItem::kSimple)
-        p.blocks_.prefetch_counts(b.s->blocks[p.div_bs(b.n0)]);
+        p.blocks_.prefetch_counts(b.s->blocks[page_counts[i + kClose] - 1]);
     }
     const Pool::BatchItem& it = items[i];
     Sequence& s = *it.s;
-    const uint64_t n0 = it.n0, j = p.div_bs(n0), off = n0 - j * bs;
+    const uint64_t n0 = it.n0, j = page_counts[i] - 1, off = n0 - j * bs;
     if (it.need == Pool::BatchItem::kSimple) {
       p.clamp_written(s.blocks[j], off);
       p.blocks_.add_filled_slot(s.blocks[j]);
@@ -167,7 +167,7 @@ void Batch::build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_
     pg += t ? int64_t(t->stride) : int64_t(np);
     a.qptr[i + 1] = int32_t(i + 1);
     a.pptr[i + 1] = int32_t(pg);
-    a.last[i] = int32_t(n0 + 1 - (uint64_t(np) - 1) * bs);
+    a.last[i] = int32_t(off + 1);  // the query's block is the last page
     a.ctx[i] = int32_t(n0 + 1);
     if (t) rewritten += update_page_row(*t, i, seqs[i], s, np);
   }
