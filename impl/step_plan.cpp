@@ -358,22 +358,17 @@ Batch::~Batch() {
   if (positions_device_) pool_->backend_->deallocate_async(positions_device_, stream_);
 }
 
-void Batch::commit() {
-  std::lock_guard<std::mutex> lock(pool_->mu_);
-  if (state_ == State::kAborted)
-    fail(Errc::kInvalidState, "the batch was aborted (pkv_batch_abort); it cannot be committed");
-  if (state_ == State::kCommitted) return;
-  pool_->check_open();
-  commit_locked();
-}
+void Batch::commit() { commit_checked(true); }
 
-void Batch::commit_general_for_testing() {
+void Batch::commit_general_for_testing() { commit_checked(false); }
+
+void Batch::commit_checked(bool fast) {
   std::lock_guard<std::mutex> lock(pool_->mu_);
   if (state_ == State::kAborted)
     fail(Errc::kInvalidState, "the batch was aborted (pkv_batch_abort); it cannot be committed");
   if (state_ == State::kCommitted) return;
   pool_->check_open();
-  commit_locked(false);
+  commit_locked(fast);
 }
 
 void Batch::abort() {

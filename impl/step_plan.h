@@ -114,6 +114,7 @@ class Batch {
   void check_layer_call(uint32_t layer, bool mla, const char* call) const;
   // After a successful write of layer: the last layer commits; holds mu_.
   void mark_layer_written(uint32_t layer);
+  void commit_checked(bool fast);        // commit(), with or without the decode fast path
   void commit_locked(bool fast = true);  // holds pool->mu_
   bool decode_shaped() const;            // one query per sequence, ranges in order
   void commit_decode_locked(bool same);
