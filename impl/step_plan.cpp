@@ -379,6 +379,28 @@ void Batch::abort() {
   state_ = State::kAborted;
 }
 
+// Plan row i's sequence as commit finds it: null when it was freed, or
+// truncated or rewritten, since prepare (its slots may hold other tokens
+// now). Row i + 16's lines are requested on the way. live[i] is only ever
+// cleared: a sequence that went away does not come back.
+inline Sequence* Batch::commit_member(size_t i, bool same) {
+  Pool& p = *pool_;
+  PlanHost& h = *host_;
+  constexpr size_t kAhead = 16;
+  if (i + kAhead < h.seqs.size()) {
+    if (!same)
+      p.seqs_.prefetch(h.seqs[i + kAhead]);
+    else if (const Sequence* a = h.live[i + kAhead]) {
+      __builtin_prefetch(a);
+      __builtin_prefetch(&a->writes_epoch);  // the line after tokens and blocks
+    }
+  }
+  Sequence* s = same ? h.live[i] : p.seqs_.find(h.seqs[i]);
+  if (s && s->writes_epoch != h.epochs[i]) s = nullptr;
+  h.live[i] = s;
+  return s;
+}
+
 void Batch::commit_locked(bool fast) {
   Pool& p = *pool_;
   PlanHost& h = *host_;
@@ -402,31 +424,19 @@ void Batch::commit_locked(bool fast) {
   h.exclusive.reserve(h.ranges.size());
   // Prefetch distances, in sequences: the slot, then (once it arrived)
   // the table entry of the first range, and the block's counts.
-  constexpr size_t kAhead = 16, kNear = 8;
+  constexpr size_t kNear = 8;
   Sequence** const live = h.live.data();
-  const SeqId* const ids = h.seqs.data();
-  const uint32_t* const epochs = h.epochs.data();
   const QueryRange* const ranges = h.ranges.data();
   const size_t num_ranges = h.ranges.size();
   size_t k = 0;
   for (size_t i = 0; i < m; ++i) {
-    if (i + kAhead < m) {
-      if (!same)
-        p.seqs_.prefetch(ids[i + kAhead]);
-      else if (const Sequence* a = live[i + kAhead]) {
-        __builtin_prefetch(a);
-        __builtin_prefetch(&a->writes_epoch);  // the line after tokens and blocks
-      }
-    }
+    Sequence* s = commit_member(i, same);
     if (same && i + kNear < m && k + kNear < num_ranges)
       if (const Sequence* a = live[i + kNear]) {
         const QueryRange& q = ranges[k + kNear];  // a range of a sequence near i + kNear
         if (q.index < a->blocks.size()) __builtin_prefetch(a->blocks.data() + q.index);
       }
     if (k + kNear < num_ranges) p.blocks_.prefetch_counts(ranges[k + kNear].r.block);
-    Sequence* s = same ? live[i] : p.seqs_.find(ids[i]);
-    if (s && s->writes_epoch != epochs[i]) s = nullptr;
-    live[i] = s;             // only ever cleared: a sequence that went away does not come back
     const size_t first = k;  // the ranges of sequence i: [first, k)
     while (k < num_ranges && ranges[k].seq == i) ++k;
     if (!s) continue;
@@ -493,21 +503,12 @@ void Batch::commit_decode_locked(bool same) {
   h.unsure.clear();
   h.written.reserve(m);  // may throw: before any change
   h.unsure.reserve(m);
-  constexpr size_t kAhead = 16, kNear = 8;
+  constexpr size_t kNear = 8;
   Sequence** const live = h.live.data();
-  const SeqId* const ids = h.seqs.data();
-  const uint32_t* const epochs = h.epochs.data();
   const QueryRange* const ranges = h.ranges.data();
   const uint64_t* const ends = h.ends.data();
   for (size_t i = 0; i < m; ++i) {
-    if (i + kAhead < m) {
-      if (!same)
-        p.seqs_.prefetch(ids[i + kAhead]);
-      else if (const Sequence* a = live[i + kAhead]) {
-        __builtin_prefetch(a);
-        __builtin_prefetch(&a->writes_epoch);
-      }
-    }
+    Sequence* s = commit_member(i, same);
     if (i + kNear < m) {
       p.blocks_.prefetch_counts(ranges[i + kNear].r.block);
       if (same)
@@ -515,9 +516,6 @@ void Batch::commit_decode_locked(bool same) {
           if (ranges[i + kNear].index < a->blocks.size())
             __builtin_prefetch(a->blocks.data() + ranges[i + kNear].index);
     }
-    Sequence* s = same ? live[i] : p.seqs_.find(ids[i]);
-    if (s && s->writes_epoch != epochs[i]) s = nullptr;
-    live[i] = s;  // only ever cleared, as in commit_locked
     if (!s) continue;
     const QueryRange& q = ranges[i];
     if (q.index >= s->blocks.size() || s->blocks[q.index] != q.r.block) {
