@@ -379,27 +379,38 @@ void Batch::abort() {
   state_ = State::kAborted;
 }
 
-// Plan row i's sequence as commit finds it: null when it was freed, or
-// truncated or rewritten, since prepare (its slots may hold other tokens
-// now). Row i + 16's lines are requested on the way. live[i] is only ever
-// cleared: a sequence that went away does not come back.
-inline Sequence* Batch::commit_member(size_t i, bool same) {
-  Pool& p = *pool_;
-  PlanHost& h = *host_;
-  constexpr size_t kAhead = 16;
-  if (i + kAhead < h.seqs.size()) {
-    if (!same)
-      p.seqs_.prefetch(h.seqs[i + kAhead]);
-    else if (const Sequence* a = h.live[i + kAhead]) {
-      __builtin_prefetch(a);
-      __builtin_prefetch(&a->writes_epoch);  // the line after tokens and blocks
+// The plan rows' sequences as commit finds them: null when one was freed,
+// or truncated or rewritten, since prepare (its slots may hold other
+// tokens now). The arrays are read through local pointers so that the
+// stores of a commit pass do not force them to be loaded again.
+struct Batch::CommitRows {
+  Sequence** live;
+  const SeqId* ids;
+  const uint32_t* epochs;
+  size_t m;
+  bool same;  // no sequence removed since prepare: live[] still stands
+
+  explicit CommitRows(PlanHost& h, bool same_)
+      : live(h.live.data()), ids(h.seqs.data()), epochs(h.epochs.data()), m(h.seqs.size()),
+        same(same_) {}
+  // Row i's sequence; row i + 16's lines are requested on the way. live[i]
+  // is only ever cleared: a sequence that went away does not come back.
+  Sequence* at(size_t i, SeqTable& seqs) {
+    constexpr size_t kAhead = 16;
+    if (i + kAhead < m) {
+      if (!same)
+        seqs.prefetch(ids[i + kAhead]);
+      else if (const Sequence* a = live[i + kAhead]) {
+        __builtin_prefetch(a);
+        __builtin_prefetch(&a->writes_epoch);  // the line after tokens and blocks
+      }
     }
+    Sequence* s = same ? live[i] : seqs.find(ids[i]);
+    if (s && s->writes_epoch != epochs[i]) s = nullptr;
+    live[i] = s;
+    return s;
   }
-  Sequence* s = same ? h.live[i] : p.seqs_.find(h.seqs[i]);
-  if (s && s->writes_epoch != h.epochs[i]) s = nullptr;
-  h.live[i] = s;
-  return s;
-}
+};
 
 void Batch::commit_locked(bool fast) {
   Pool& p = *pool_;
@@ -426,11 +437,12 @@ void Batch::commit_locked(bool fast) {
   // the table entry of the first range, and the block's counts.
   constexpr size_t kNear = 8;
   Sequence** const live = h.live.data();
+  CommitRows rows(h, same);
   const QueryRange* const ranges = h.ranges.data();
   const size_t num_ranges = h.ranges.size();
   size_t k = 0;
   for (size_t i = 0; i < m; ++i) {
-    Sequence* s = commit_member(i, same);
+    Sequence* s = rows.at(i, p.seqs_);
     if (same && i + kNear < m && k + kNear < num_ranges)
       if (const Sequence* a = live[i + kNear]) {
         const QueryRange& q = ranges[k + kNear];  // a range of a sequence near i + kNear
@@ -505,10 +517,11 @@ void Batch::commit_decode_locked(bool same) {
   h.unsure.reserve(m);
   constexpr size_t kNear = 8;
   Sequence** const live = h.live.data();
+  CommitRows rows(h, same);
   const QueryRange* const ranges = h.ranges.data();
   const uint64_t* const ends = h.ends.data();
   for (size_t i = 0; i < m; ++i) {
-    Sequence* s = commit_member(i, same);
+    Sequence* s = rows.at(i, p.seqs_);
     if (i + kNear < m) {
       p.blocks_.prefetch_counts(ranges[i + kNear].r.block);
       if (same)

@@ -118,7 +118,7 @@ class Batch {
   void commit_locked(bool fast = true);  // holds pool->mu_
   bool decode_shaped() const;            // one query per sequence, ranges in order
   void commit_decode_locked(bool same);
-  Sequence* commit_member(size_t i, bool same);
+  struct CommitRows;
   // prepare's work once the batch holds its plan memory; holds pool->mu_.
   void build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_seqs, void* stream,
              bool persistent_table);
