@@ -391,7 +391,10 @@ struct Batch::CommitRows {
   bool same;  // no sequence removed since prepare: live[] still stands
 
   explicit CommitRows(PlanHost& h, bool same_)
-      : live(h.live.data()), ids(h.seqs.data()), epochs(h.epochs.data()), m(h.seqs.size()),
+      : live(h.live.data()),
+        ids(h.seqs.data()),
+        epochs(h.epochs.data()),
+        m(h.seqs.size()),
         same(same_) {}
   // Row i's sequence; row i + 16's lines are requested on the way. live[i]
   // is only ever cleared: a sequence that went away does not come back.
