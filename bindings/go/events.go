@@ -127,6 +127,16 @@ type EventPublisher struct {
 // without PAGEDKV_EVENTS.
 func NewEventPublisher(pool *Pool, endpoint, replayEndpoint string, opts *PublisherOptions) (*EventPublisher, error) {
 	const op = "pkv_event_publisher_create"
+	// C reads a string up to its first NUL: refuse one inside.
+	strs := [][2]string{{"endpoint", endpoint}, {"replayEndpoint", replayEndpoint}}
+	if opts != nil {
+		strs = append(strs, [2]string{"Topic", opts.Topic}, [2]string{"DeviceMedium", opts.DeviceMedium})
+	}
+	for _, s := range strs {
+		if err := checkCString(op, s[0], s[1]); err != nil {
+			return nil, err
+		}
+	}
 	ptr, err := pool.acquire(op)
 	if err != nil {
 		return nil, err

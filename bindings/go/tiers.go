@@ -46,6 +46,9 @@ type TierStats struct {
 // prefix cache are copied there and found again by MatchPrefixTiered.
 func (p *Pool) AttachTiers(o TierOptions) error {
 	const op = "pkv_pool_attach_tiers"
+	if err := checkCString(op, "FileDir", o.FileDir); err != nil {
+		return err // C would read the path up to the NUL: another directory
+	}
 	ptr, err := p.acquire(op)
 	if err != nil {
 		return err

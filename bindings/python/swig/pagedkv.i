@@ -918,8 +918,39 @@ static int pkv_py_dict_str(PyObject* dict, const char* key, PyObject* keep, cons
                  Py_TYPE(v)->tp_name);
     return 0;
   }
-  const char* s = PyUnicode_AsUTF8(v);
-  if (!s || PyList_Append(keep, v) != 0) return 0;
+  Py_ssize_t len = 0;
+  const char* s = PyUnicode_AsUTF8AndSize(v, &len);
+  if (!s) return 0;
+  if (strlen(s) != (size_t)len) {
+    /* C reads up to the first NUL: "salt\0a" and "salt\0b" would be one
+     * cache salt (one tenant), two hash seeds one seed, a path another path. */
+    PyErr_Format(PyExc_ValueError, "option %s: embedded null character", key);
+    return 0;
+  }
+  if (PyList_Append(keep, v) != 0) return 0;
+  *out = s;
+  return 1;
+}
+
+/* A C string argument (const char* seed, endpoint, replay_endpoint): a str
+ * without NUL characters (C would read only up to the first), or None
+ * (NULL) where allowed. The UTF-8 buffer is the str's own, alive while the
+ * caller holds the argument. */
+static int pkv_py_c_str(PyObject* v, const char* name, int allow_none, const char** out) {
+  *out = NULL;
+  if (v == Py_None && allow_none) return 1;
+  if (!PyUnicode_Check(v)) {
+    PyErr_Format(PyExc_TypeError, "%s: expected str%s, got %s", name, allow_none ? " or None" : "",
+                 Py_TYPE(v)->tp_name);
+    return 0;
+  }
+  Py_ssize_t len = 0;
+  const char* s = PyUnicode_AsUTF8AndSize(v, &len);
+  if (!s) return 0;
+  if (strlen(s) != (size_t)len) {
+    PyErr_Format(PyExc_ValueError, "%s: embedded null character", name);
+    return 0;
+  }
   *out = s;
   return 1;
 }
@@ -1001,7 +1032,12 @@ static int pkv_py_dict_mm(PyObject* dict, PyObject* keep, pkv_mm_item** items, u
       Py_DECREF(seq);
       return 0;
     }
-    const char* hs = PyUnicode_AsUTF8(h);
+    Py_ssize_t hl = 0;
+    const char* hs = PyUnicode_AsUTF8AndSize(h, &hl);
+    if (hs && strlen(hs) != (size_t)hl) {
+      PyErr_Format(PyExc_ValueError, "option mm_items[%zd]: embedded null character in the hash", i);
+      hs = NULL;
+    }
     if (!hs || PyList_Append(keep, h) != 0) {
       free(arr);
       Py_DECREF(seq);
@@ -1849,6 +1885,14 @@ PKV_OPTIONS_IN(pkv_tier_options, pkv_tier_options_init, %arg({"file_dir", NULL})
 PKV_OPTIONS_IN(pkv_transfer_options, pkv_transfer_options_init, %arg({"transports", NULL}), %arg(
   { if (!pkv_py_dict_str($input, "transports", keep, &tmp.transports)) SWIG_fail; }))
 %immutable pkv_transfer_options::transports;
+
+/* C string arguments: str without NUL characters (C reads up to the first,
+ * so "a\0b" would silently be "a"); replay_endpoint may be None (NULL). */
+%typemap(in) const char* seed { if (!pkv_py_c_str($input, "seed", 0, &$1)) SWIG_fail; }
+%typemap(in) const char* endpoint { if (!pkv_py_c_str($input, "endpoint", 0, &$1)) SWIG_fail; }
+%typemap(in) const char* replay_endpoint {
+  if (!pkv_py_c_str($input, "replay_endpoint", 1, &$1)) SWIG_fail;
+}
 
 /* Borrowed pointers in option structs can only be set through the dict
  * form above; proxies expose them read-only. */

@@ -1,0 +1,73 @@
+"""Strings handed to C are refused with ValueError when they hold a NUL
+character: C reads them up to the first one, so "tenant\\0a" and
+"tenant\\0b" would be one cache salt (two tenants sharing prefix-cache
+hits), two hash seeds one seed, and a file tier's directory another
+directory."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import pagedkv
+from pagedkv import tiers
+
+
+@pytest.mark.parametrize("key", ["cache_salt", "lora_name"])
+def test_seq_key_with_nul_is_refused(key):
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    s, _ = pool.admit([1, 2, 3, 4, 5], **{key: "tenant"})
+    with pool.prepare([s], 5) as b:
+        b.commit()
+    before = pool.stats()
+    with pytest.raises(ValueError, match="null character"):
+        pool.admit([1, 2, 3, 4, 5], **{key: "tenant\0b"})
+    with pytest.raises(ValueError, match="null character"):
+        pool.create_sequence(**{key: "tenant\0b"})
+    with pytest.raises(ValueError, match="null character"):
+        pool.hash_prefix([1, 2, 3, 4], **{key: "tenant\0b"})
+    assert pool.stats().num_seqs == before.num_seqs
+    # the key without the NUL still works and hits
+    _, cached = pool.admit([1, 2, 3, 4, 5], **{key: "tenant"})
+    assert cached == 4
+
+
+def test_mm_item_hash_with_nul_is_refused():
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    with pytest.raises(ValueError, match="null character"):
+        pool.admit([1, 2, 3, 4, 5], mm_items=[(0, 2, "img\0a")])
+    assert pool.stats().num_seqs == 0
+
+
+def test_hash_seed_with_nul_is_refused():
+    with pytest.raises(ValueError, match="null character"):
+        pagedkv.Pool(num_blocks=16, block_size=4, hash_seed="a\0b")
+    with pytest.raises(ValueError, match="null character"):
+        pagedkv.hash_root(seed="a\0b")
+    assert pagedkv.hash_root(seed="a") != pagedkv.hash_root(seed="b")
+
+
+def test_tier_file_dir_with_nul_is_refused(tmp_path):
+    pool = pagedkv.Pool(num_blocks=8, block_size=4, num_layers=1, num_kv_heads=1, head_dim=4)
+    d = tmp_path / "tier"
+    d.mkdir()
+    with pytest.raises(ValueError, match="null character"):
+        tiers.attach(pool, host_bytes=0, file_dir=f"{d}\0/elsewhere", file_bytes=1 << 16)
+    with pytest.raises(pagedkv.InvalidStateError):  # nothing attached
+        tiers.stats(pool, tiers.MEDIUM_FILE)
+    tiers.attach(pool, host_bytes=0, file_dir=os.fspath(d), file_bytes=1 << 16)
+    assert tiers.stats(pool, tiers.MEDIUM_FILE).capacity_blocks >= 1
+
+
+def test_publisher_strings_with_nul_are_refused():
+    from pagedkv.events import EventPublisher
+
+    pool = pagedkv.Pool(num_blocks=8, block_size=4, enable_events=True)
+    for args, kw in [
+        (("inproc://pkv-nul\0x",), {}),
+        (("inproc://pkv-nul", "inproc://r\0x"), {}),
+        (("inproc://pkv-nul",), {"topic": "kv\0x"}),
+    ]:
+        with pytest.raises(ValueError, match="null character"):  # before the C call
+            EventPublisher(pool, *args, **kw).close()
