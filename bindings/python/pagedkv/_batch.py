@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any, Dict, List, Optional, Tuple, Union
 from typing import Sequence as Seq
 
@@ -79,6 +80,9 @@ class Batch(HandleOwner):
         plan of those tokens in one call (``pkv_batch_prepare_decode``)."""
         self = cls.__new__(cls)
         self._ids = None
+        if not isinstance(seqs, (list, tuple)) and not hasattr(seqs, "__array_interface__"):
+            if isinstance(seqs, Iterator):  # a generator of Sequences or ids: read once, as prepare()
+                seqs = list(seqs)
         if isinstance(seqs, (list, tuple)) and (not seqs or isinstance(seqs[0], Sequence)):
             seqs = list(seqs)
             ids: Any = self._collect_ids(pool, seqs)

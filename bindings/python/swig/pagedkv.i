@@ -793,9 +793,19 @@ static void* pkv_py_uint_array(PyObject* obj, const char* name, size_t width,
   for (Py_ssize_t i = 0; i < len; ++i) {
     PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
     PyObject* idx = PyNumber_Index(item);
-    unsigned long long v = idx ? PyLong_AsUnsignedLongLong(idx) : 0;
-    Py_XDECREF(idx);
-    if (!idx || (v == (unsigned long long)-1 && PyErr_Occurred()) || v > hi) {
+    if (!idx) {
+      /* Not an int (a float, a Sequence object, None): a TypeError, as the
+       * int32 arrays (tokens) raise, not an OverflowError. */
+      PyErr_Clear();
+      PyErr_Format(PyExc_TypeError, "%s[%zd]: expected an int, got %s", name, i,
+                   Py_TYPE(item)->tp_name);
+      free(buf);
+      Py_DECREF(seq);
+      return NULL;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(idx);
+    Py_DECREF(idx);
+    if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > hi) {
       PyErr_Clear();
       PyErr_Format(PyExc_OverflowError, "%s[%zd]: expected an int in [0, %llu]", name, i, hi);
       free(buf);
@@ -1888,10 +1898,10 @@ PKV_OPTIONS_IN(pkv_transfer_options, pkv_transfer_options_init, %arg({"transport
 
 /* C string arguments: str without NUL characters (C reads up to the first,
  * so "a\0b" would silently be "a"); replay_endpoint may be None (NULL). */
-%typemap(in) const char* seed { if (!pkv_py_c_str($input, "seed", 0, &$1)) SWIG_fail; }
-%typemap(in) const char* endpoint { if (!pkv_py_c_str($input, "endpoint", 0, &$1)) SWIG_fail; }
+%typemap(in) const char* seed { if (!pkv_py_c_str($input, "seed", 0, (const char**)&$1)) SWIG_fail; }
+%typemap(in) const char* endpoint { if (!pkv_py_c_str($input, "endpoint", 0, (const char**)&$1)) SWIG_fail; }
 %typemap(in) const char* replay_endpoint {
-  if (!pkv_py_c_str($input, "replay_endpoint", 1, &$1)) SWIG_fail;
+  if (!pkv_py_c_str($input, "replay_endpoint", 1, (const char**)&$1)) SWIG_fail;
 }
 
 /* Borrowed pointers in option structs can only be set through the dict

@@ -234,3 +234,29 @@ def test_hybrid_pool_is_unsupported():
     with pool.prepare([s], 1) as b:
         b.commit()
     assert s.num_computed_tokens == 4
+
+
+def test_ids_of_the_wrong_type_and_generators():
+    """Non-int ids are a TypeError (as non-int tokens are), not an
+    OverflowError claiming a range; a generator of Sequences works as it does
+    for prepare()."""
+    pool = pagedkv.Pool(num_blocks=32, block_size=4)
+    seqs = [pool.admit([1, 2, 3])[0] for _ in range(3)]
+    with pool.prepare(seqs, [3, 3, 3]) as b:
+        b.commit()
+    ids = np.array([s.id for s in seqs], dtype=np.uint64)
+    for bad in (ids.astype(np.float64), [float(ids[0]), 1.0, 2.0], [seqs[0].id, seqs[1], seqs[2].id], [None] * 3):
+        with pytest.raises(TypeError, match=r"seqs\[\d\]: expected an int"):
+            pool.prepare_decode(bad, [7, 7, 7])
+        with pytest.raises(TypeError, match=r"seqs\[\d\]: expected an int"):
+            pool.append_batch(bad, [7, 7, 7])
+    with pytest.raises(OverflowError, match=r"seqs\[1\]"):  # an int out of range stays one
+        pool.prepare_decode([seqs[0].id, -1, seqs[2].id], [7, 7, 7])
+    assert [len(s) for s in seqs] == [3, 3, 3]
+    with pool.prepare_decode((s for s in seqs), [7, 8, 9]) as b:
+        assert b.num_seqs == 3
+        b.commit()
+    with pool.prepare_decode(iter([s.id for s in seqs]), [1, 2, 3]) as b:
+        b.commit()
+    assert [len(s) for s in seqs] == [5, 5, 5]
+    assert [s.num_computed_tokens for s in seqs] == [5, 5, 5]
