@@ -173,6 +173,13 @@ const GroupPool::Seq& GroupPool::seq_or_throw(SeqId id) const {
   return const_cast<GroupPool*>(this)->seq_or_throw(id);
 }
 
+SeqId GroupPool::new_id() {
+  constexpr int kTagShift = 48;  // SeqTable::kTagShift
+  if (next_id_ >= (SeqId(1) << kTagShift))
+    fail(Errc::kOutOfMemory, "the pool has handed out 2^48 - 1 sequence ids");
+  return (SeqId(tag_.value()) << kTagShift) | next_id_++;
+}
+
 SeqId GroupPool::seq_create(const SeqOptions& o) {
   HashContext ctx = make_hash_context(opts_, o);
   std::lock_guard<std::mutex> lock(mu_);
@@ -184,7 +191,7 @@ SeqId GroupPool::seq_create(const SeqOptions& o) {
   s.num_null.assign(groups_.size(), 0);
   s.state_src.assign(groups_.size(), 0);
   s.version.assign(groups_.size(), 0);
-  const SeqId id = next_id_++;
+  const SeqId id = new_id();
   seqs_.emplace(id, std::move(s));
   return id;
 }
@@ -467,6 +474,7 @@ SeqId GroupPool::fork(SeqId parent) {
   std::lock_guard<std::mutex> lock(mu_);
   const Seq& p = seq_or_throw(parent);
   Seq child = p;
+  const SeqId id = new_id();  // may throw: before the references below
   for (uint32_t g = 0; g < groups_.size(); ++g)
     if (recurrent(g)) {
       // The child starts from the parent's state; its first append copies it.
@@ -478,7 +486,6 @@ SeqId GroupPool::fork(SeqId parent) {
       if (b != 0) ++ref_[b];
   for (int32_t b : child.state_src)
     if (b != 0) ++ref_[b];
-  const SeqId id = next_id_++;
   seqs_.emplace(id, std::move(child));
   return id;
 }

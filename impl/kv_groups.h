@@ -153,6 +153,10 @@ class GroupPool {
   GroupPool(const PoolOptions& base, std::vector<GroupSpec> groups);
   Seq& seq_or_throw(SeqId id);
   const Seq& seq_or_throw(SeqId id) const;
+  // A new sequence id: the pool's tag in the top 16 bits (as a single-group
+  // pool's ids, sequence.h), so an id used on another pool is unknown there,
+  // and a counter below it that never repeats.
+  SeqId new_id();
   Need need_of(const Seq& s, uint64_t n, uint32_t lookahead) const;
   uint64_t window_end(uint32_t g, uint64_t n0) const;  // blocks wholly before n0's window
   bool recurrent(uint32_t g) const { return groups_[g].kind == GroupKind::kRecurrent; }
@@ -193,6 +197,7 @@ class GroupPool {
   FreeBlockQueue queue_;
   std::unordered_multimap<Key, int32_t, KeyHasher> cache_;
   std::unordered_map<SeqId, Seq> seqs_;
+  PoolTag tag_;  // no live pool of either kind shares it (pool_tag.h)
   SeqId next_id_ = 1;
   std::vector<std::vector<std::pair<int32_t, int32_t>>> copies_;
   // Per group: the persistent page table the last such plan used.

@@ -126,3 +126,55 @@ TEST(GroupRegress, FirstPlanDoesNotRecomputeARecurrentStateFromTheMiddle) {
 }
 
 }  // namespace
+
+// Found by review (wave 9): a multi-group pool's ids were 1, 2, 3...
+// without the pool's tag, so an id of one multi-group pool named the
+// sequence of the same number in another (DESIGN.md section 9, Ids: an id
+// used on another pool is PKV_E_NOT_FOUND). Ids now carry the pool tag as
+// single-group ids do.
+TEST(GroupRegress, AnIdOfAnotherPoolIsNotFound) {
+  pkv_pool* a = full_and_recurrent(16);
+  pkv_pool* b = full_and_recurrent(16);
+  pkv_pool_options o;
+  pkv_pool_options_init(&o);
+  o.block_size = kBs;
+  o.num_blocks = 16;
+  pkv_pool* single = nullptr;
+  ASSERT_EQ(pkv_pool_create(&o, &single), PKV_OK);
+  pkv_seq_id sa = 0, sb = 0, ss = 0;
+  ASSERT_EQ(pkv_seq_create(a, nullptr, &sa), PKV_OK);
+  ASSERT_EQ(pkv_seq_create(b, nullptr, &sb), PKV_OK);
+  ASSERT_EQ(pkv_seq_create(single, nullptr, &ss), PKV_OK);
+  EXPECT_NE(sa, sb);
+  const int32_t toks[3] = {1, 2, 3};
+  ASSERT_EQ(pkv_seq_append(b, sb, toks, 3, 0), PKV_OK);
+  pkv_seq_info info;
+  pkv_seq_info_init(&info);
+  const uint64_t before = free_blocks(b);
+  // a's id on b (and on a single-group pool), b's and the single pool's on a.
+  EXPECT_EQ(pkv_seq_get_info(b, sa, &info), PKV_E_NOT_FOUND);
+  EXPECT_EQ(pkv_seq_append(b, sa, toks, 3, 0), PKV_E_NOT_FOUND);
+  pkv_seq_id child = 0;
+  EXPECT_EQ(pkv_seq_fork(b, sa, &child), PKV_E_NOT_FOUND);
+  EXPECT_EQ(pkv_seq_truncate(b, sa, 0), PKV_E_NOT_FOUND);
+  const uint32_t q = 1;
+  pkv_batch* batch = nullptr;
+  EXPECT_EQ(pkv_batch_prepare(b, &sa, &q, 1, nullptr, &batch), PKV_E_NOT_FOUND);
+  EXPECT_EQ(pkv_seq_free(b, sa), PKV_E_NOT_FOUND);
+  EXPECT_EQ(pkv_seq_get_info(single, sa, &info), PKV_E_NOT_FOUND);
+  EXPECT_EQ(pkv_seq_get_info(a, sb, &info), PKV_E_NOT_FOUND);
+  EXPECT_EQ(pkv_seq_get_info(a, ss, &info), PKV_E_NOT_FOUND);
+  // b's own sequence is untouched.
+  ASSERT_EQ(pkv_seq_get_info(b, sb, &info), PKV_OK);
+  EXPECT_EQ(info.num_tokens, 3u);
+  EXPECT_EQ(free_blocks(b), before);
+  // Forks get tagged ids too, and a freed id stays unknown.
+  ASSERT_EQ(pkv_seq_fork(b, sb, &child), PKV_OK);
+  EXPECT_EQ(pkv_seq_get_info(a, child, &info), PKV_E_NOT_FOUND);
+  ASSERT_EQ(pkv_seq_free(b, child), PKV_OK);
+  EXPECT_EQ(pkv_seq_get_info(b, child, &info), PKV_E_NOT_FOUND);
+  EXPECT_EQ(pkv_pool_validate(b), PKV_OK);
+  pkv_pool_destroy(single);
+  pkv_pool_destroy(b);
+  pkv_pool_destroy(a);
+}
