@@ -242,3 +242,19 @@ def test_recurrent_snapshots_at_every_block_boundary_of_a_chunk():
     assert dst == pool.group_block_table(b, 1)[0]
     assert storage[src][-1] == 11  # the state after token 11, as written
     pool.validate()
+
+
+def test_an_id_of_another_hybrid_pool_is_not_found():
+    """Ids name their pool: a HybridPool's sequence ids were 1, 2, 3... in
+    every pool, so another pool's id named this pool's sequence."""
+    a, b = gpt_oss_like(), gpt_oss_like()
+    sa, sb = a.create_sequence(), b.create_sequence()
+    sb.append([1, 2, 3])
+    assert sa.id != sb.id
+    with pytest.raises(pk.NotFoundError):
+        b.sequence(sa.id)
+    with pytest.raises(pk.NotFoundError):
+        b.prepare(np.array([sa.id], dtype=np.uint64), 1)
+    with pytest.raises(pk.NotFoundError):
+        pk.Pool(num_blocks=8, block_size=4).sequence(sa.id)
+    assert len(sb) == 3 and b.sequence(sb.id).num_tokens == 3
