@@ -1,5 +1,7 @@
 #include "transfer/descriptor.h"
 
+#include <xxhash.h>
+
 #include <cstring>
 
 #include "error.h"
@@ -93,19 +95,37 @@ std::vector<uint8_t> TransferDescriptor::encode() const {
   w.bytes(hs.data(), hs.size());
   w.bytes(worker_address.data(), worker_address.size());
   w.bytes(rkey.data(), rkey.size());
+  w.put<uint64_t>(XXH3_64bits(w.out.data(), w.out.size()));  // version 2: the checksum
   return std::move(w.out);
 }
 
 TransferDescriptor TransferDescriptor::decode(const uint8_t* data, uint64_t size) {
   if (!data) fail(Errc::kInvalidArgument, "descriptor is NULL");
-  Reader r(data, size);
-  if (r.get<uint32_t>("magic") != kMagic)
-    fail(Errc::kInvalidArgument, "descriptor: not a pagedkv transfer descriptor (bad magic)");
-  const uint32_t version = r.get<uint32_t>("version");
-  if (version != kVersion)
-    fail(Errc::kInvalidArgument, "descriptor: version " + std::to_string(version) +
-                                     " is not supported (this library reads version " +
-                                     std::to_string(kVersion) + ")");
+  {
+    Reader head(data, size);
+    if (head.get<uint32_t>("magic") != kMagic)
+      fail(Errc::kInvalidArgument, "descriptor: not a pagedkv transfer descriptor (bad magic)");
+    const uint32_t version = head.get<uint32_t>("version");
+    if (version != kVersion)
+      fail(Errc::kInvalidArgument, "descriptor: version " + std::to_string(version) +
+                                       " is not supported (this library reads version " +
+                                       std::to_string(kVersion) + ")");
+  }
+  // The checksum of every byte before it, verified before any field is
+  // used: the addresses in a descriptor (remote_base, the arena's extent)
+  // cannot be checked against the exporter's memory, and a read at a
+  // corrupted one over a shared-memory transport is a wild read in this
+  // process. A descriptor cut or changed in transit is refused here.
+  uint64_t sum = 0;
+  if (size < 16) fail(Errc::kInvalidArgument, "descriptor: truncated at checksum");
+  std::memcpy(&sum, data + size - sizeof sum, sizeof sum);
+  if (XXH3_64bits(data, size - sizeof sum) != sum)
+    fail(Errc::kInvalidArgument,
+         "descriptor: checksum mismatch (cut or corrupted in transit: its bytes are not those "
+         "pkv_transfer_export_descriptor gave)");
+  Reader r(data, size - sizeof sum);
+  r.get<uint32_t>("magic");
+  r.get<uint32_t>("version");
   TransferDescriptor d;
   d.num_layers = r.get<uint32_t>("num_layers");
   d.num_kv_heads = r.get<uint32_t>("num_kv_heads");

@@ -1,8 +1,13 @@
 // The bytes one pool hands another to move a sequence (pkv_transfer_export
 // -> pkv_transfer_import): who to read from (a UCX worker address and a
 // remote key), where (the exporter's arena), what (block ids, tokens, block
-// hashes) and in which layout. Little-endian, versioned; decode() trusts
-// nothing in it and names the first field that is wrong.
+// hashes) and in which layout. Little-endian, versioned, and ending with
+// an XXH3-64 checksum of the bytes before it (version 2): decode() refuses a
+// descriptor cut or corrupted in transit, then trusts nothing in it that it
+// can check and names the first field that is wrong. What it cannot check
+// are the exporter's addresses (remote_base and the arena's extent, read
+// through the remote key): a descriptor crafted to lie about them is the
+// trusted-network caveat of pagedkv/transfer.h.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +20,7 @@ namespace pagedkv {
 
 struct TransferDescriptor {
   static constexpr uint32_t kMagic = 0x58564b50;  // "PKVX"
-  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kVersion = 2;  // 2: trailing checksum
 
   // Layout of the exporter's pool; an importer must match it exactly.
   uint32_t num_layers = 0, num_kv_heads = 0, block_size = 0, head_dim = 0, dtype = 0;

@@ -480,6 +480,51 @@ TEST_F(Local, MalformedDescriptorsAreRefused) {
   pkv_transfer_engine_destroy(a);
 }
 
+// Found by review (wave 9): a descriptor with one byte changed in transit
+// was parsed and its reads posted; a change in remote_base (or in the
+// arena's extent with the block ids) sent them outside the exporter's
+// arena, and over a shared-memory or loopback transport the importer read
+// wild memory (a segfault, or other bytes imported as K/V). The descriptor
+// now ends with a checksum: every one-byte change is refused before any
+// field is used, and nothing changes in the pool.
+TEST_F(Local, EveryOneByteChangeOfADescriptorIsRefused) {
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  uint64_t id = 0;
+  const auto d = export_desc(a, &id);
+  const pkv_pool_stats before = stats(dst);
+  for (size_t i = 0; i < d.size(); ++i) {
+    for (uint8_t x : {uint8_t(0x01), uint8_t(0x80)}) {
+      std::vector<uint8_t> bad = d;
+      bad[i] ^= x;
+      pkv_transfer* t = nullptr;
+      ASSERT_EQ(pkv_transfer_import(b, dst, nullptr, bad.data(), bad.size(), &t),
+                PKV_E_INVALID_ARGUMENT)
+          << "byte " << i << " ^ " << int(x);
+      EXPECT_EQ(t, nullptr);
+    }
+  }
+  EXPECT_NE(std::string(pkv_last_error_message()).find("checksum"), std::string::npos)
+      << pkv_last_error_message();
+  EXPECT_EQ(stats(dst).num_free_blocks, before.num_free_blocks);
+  EXPECT_EQ(stats(dst).num_seqs, 0u);
+  // The unchanged descriptor still imports.
+  pkv_transfer* t = nullptr;
+  ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), "import");
+  uint32_t state = PKV_TRANSFER_RUNNING;
+  pkv_seq_id got = 0;
+  while (state == PKV_TRANSFER_RUNNING) {
+    ok(pkv_transfer_engine_progress(a), "progress");
+    ok(pkv_transfer_poll(t, &state, &got), "poll");
+  }
+  ASSERT_EQ(state, uint32_t(PKV_TRANSFER_DONE));
+  EXPECT_TRUE(block_bytes(dst, l, got, tokens.size()) == block_bytes(src, l, seq, tokens.size()));
+  pkv_transfer_destroy(t);
+  ok(pkv_seq_free(dst, got), "free");
+  ok(pkv_transfer_export_release(a, id), "release");
+  pkv_transfer_engine_destroy(b);
+  pkv_transfer_engine_destroy(a);
+}
+
 // A multi-group pool (pagedkv/groups.h) has no storage to export or import
 // into: both calls refuse it and nothing changes.
 TEST_F(Local, MultiGroupPoolsAreRefused) {

@@ -32,6 +32,11 @@
  * pkv_transfer_engine_progress on the exporting engine while imports of its
  * exports run. A peer that can reach the engine's worker can read the whole
  * registered arena of an exported pool: run it on a trusted network.
+ * A descriptor ends with a checksum of its bytes: one cut or corrupted in
+ * transit is PKV_E_INVALID_ARGUMENT at import and nothing is read. The
+ * exporter's addresses in it are trusted (they cannot be checked against
+ * the exporter's memory; over shared memory a read at a wrong one is a
+ * wild read in the importer): import descriptors from trusted peers only.
  *
  * Builds without UCX (CMake PAGEDKV_UCX=OFF or libucx-dev missing) compile
  * the same header; pkv_transfer_available() returns 0 and
