@@ -1670,6 +1670,21 @@ std::vector<Case> make_cases() {
           "free",
           return on_groups(e, [&](pkv_pool* p, pkv_seq_id s,
                                   pkv_seq_id) { return pkv_seq_append(p, s, e.tokens, 64, 0); });),
+        S("pkv_seq_append", PKV_CLASS_UNKNOWN, "multi-group pool: seq of another multi-group pool",
+          kNf, "stale or unknown",
+          // Before the ids carried the pool tag, the other pool's first id
+          // named this pool's first sequence (s) and the append landed there.
+          return on_groups(e, [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
+            const pkv_kv_group_spec g[2] = {gspec(PKV_GROUP_FULL), gspec(PKV_GROUP_FULL)};
+            pkv_pool_options o = gbase();
+            pkv_pool* other = nullptr;
+            must(pkv_pool_create_groups(&o, g, 2, &other), "pool_create_groups other");
+            pkv_seq_id theirs = 0;
+            must(pkv_seq_create(other, nullptr, &theirs), "other seq_create");
+            const pkv_status st = pkv_seq_append(p, theirs, e.tokens, 1, 0);
+            pkv_pool_destroy(other);
+            return st;
+          });),
         S("pkv_seq_truncate", PKV_CLASS_RANGE, "multi-group pool: into released window blocks",
           kInv, "released",
           return on_groups(
