@@ -53,3 +53,20 @@ class HandleOwner:
             self.close()
         except Exception:
             pass
+
+    # A copy would share the handle and close it when collected (a copied
+    # Pool closed the original, a copied Batch aborted it): one object owns
+    # one handle, so share the object itself.
+    def __copy__(self) -> Any:
+        raise TypeError(no_copy(self))
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError(no_copy(self))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(f"cannot pickle a pagedkv.{type(self).__name__}: it owns a library handle")
+
+
+def no_copy(obj: Any) -> str:
+    """The message for copying an object that owns or pins a library handle."""
+    return f"cannot copy a pagedkv.{type(obj).__name__}: it owns a library handle (share the object itself)"

@@ -15,6 +15,7 @@ import sys
 from typing import Any, Optional, Sequence, Tuple
 
 from . import _pagedkv as _c
+from ._handle import no_copy
 from ._types import CPU, Device, DeviceType, DType
 
 InvalidArgumentError = _c.InvalidArgumentError
@@ -358,6 +359,17 @@ class TensorView:
                 pin.release()
             except Exception:
                 pass
+
+    # A copy would release the one pin a second time when collected, and the
+    # handle could then go while arrays over the memory are still in use.
+    def __copy__(self) -> Any:
+        raise TypeError(no_copy(self))
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError(no_copy(self))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("cannot pickle a pagedkv.TensorView: it pins library memory")
 
     def _interface(self) -> dict:
         item = self.dtype.itemsize

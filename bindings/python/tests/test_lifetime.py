@@ -183,3 +183,32 @@ def test_sequence_handles_do_not_leak():
         assert pool.stats().num_seqs == 0 and pool.stats().num_free_blocks == 63
     assert (sys.getrefcount(pool), sys.getrefcount(pool._h)) == refs  # no handle kept a reference
     pool.validate()
+
+
+def test_objects_owning_handles_refuse_copy_and_pickle():
+    """copy.copy shared the handle: a collected copy of a TensorView released
+    its pin a second time, so the pool's memory went while arrays over it
+    were in use (a segfault reading them); a collected copy of a Pool closed
+    the original, one of a Batch aborted it. They refuse copy and pickle now
+    (as Sequence, a C type, always did)."""
+    import copy
+    import pickle
+
+    pool = make_pool(num_layers=1, num_kv_heads=1, head_dim=4, dtype="float32")
+    seq = pool.admit([1, 2, 3, 4, 5])[0]
+    batch = pool.prepare([seq], 5)
+    view = pool.kv_tensor(0, "k")
+    arr = np.asarray(view)
+    arr[:] = 1.0
+    for obj in (pool, batch, view, batch.plan(pagedkv.PlanArray.CONTEXT_LENS)):
+        for fn in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError, match=r"cannot (copy|pickle) a pagedkv"):
+                fn(obj)
+    gc.collect()
+    assert not pool.closed and not batch.closed
+    assert len(seq) == 5
+    pool.close()
+    del pool, view
+    gc.collect()
+    assert arr.sum() == arr.size  # the pin of the view kept the storage
+    batch.close()
