@@ -6,6 +6,7 @@ package pagedkv
 import "C"
 
 import (
+	"runtime"
 	"sync"
 	"unsafe"
 )
@@ -64,7 +65,11 @@ func NewTransferEngine(opts *TransferOptions) (*TransferEngine, error) {
 	if err := check(op, C.pkvgo_transfer_engine_create(&co, &ptr)); err != nil {
 		return nil, err
 	}
-	return &TransferEngine{ptr: ptr}, nil
+	e := &TransferEngine{ptr: ptr}
+	// As Pool, Batch and EventPublisher: an engine dropped without Close
+	// is destroyed by the collector (its exports released), not leaked.
+	runtime.SetFinalizer(e, (*TransferEngine).Close)
+	return e, nil
 }
 
 func (e *TransferEngine) acquire(op string) (*C.pkv_transfer_engine, error) {
@@ -92,6 +97,7 @@ func (e *TransferEngine) Close() error {
 	if e.ptr != nil {
 		C.pkv_transfer_engine_destroy(e.ptr)
 		e.ptr = nil
+		runtime.SetFinalizer(e, nil)
 	}
 	return nil
 }
@@ -205,7 +211,11 @@ func (e *TransferEngine) Import(p *Pool, opts *SeqOptions, descriptor []byte) (*
 	if err := check(op, r); err != nil {
 		return nil, err
 	}
-	return &Transfer{ptr: t, pool: p}, nil
+	tr := &Transfer{ptr: t, pool: p}
+	// A transfer dropped without Close is cancelled and freed by the
+	// collector: its blocks go back to the pool instead of staying held.
+	runtime.SetFinalizer(tr, (*Transfer).Close)
+	return tr, nil
 }
 
 // Poll drives the transfer without blocking: its state and, once
@@ -250,6 +260,7 @@ func (t *Transfer) Close() error {
 	if t.ptr != nil {
 		C.pkv_transfer_destroy(t.ptr)
 		t.ptr = nil
+		runtime.SetFinalizer(t, nil)
 	}
 	return nil
 }

@@ -2,7 +2,9 @@ package pagedkv
 
 import (
 	"math/rand"
+	"runtime"
 	"testing"
+	"time"
 )
 
 func transferPools(t *testing.T) (*Pool, *Pool) {
@@ -97,5 +99,57 @@ func TestTransferRefusalsChangeNothing(t *testing.T) {
 	ok(t, tr.Close())
 	ok(t, tr.Close())
 	ok(t, a.ReleaseExport(id))
+	ok(t, src.Validate())
+}
+
+// A Transfer or TransferEngine dropped without Close was never destroyed
+// (no finalizer, unlike Pool, Batch and EventPublisher): a running import
+// kept its blocks allocated in the pool for good. The collector now cancels
+// and frees it.
+func TestDroppedTransferIsCancelledByTheCollector(t *testing.T) {
+	a, b := engines(t)
+	src, dst := transferPools(t)
+	s := seqOf(t, src, randTokens(rand.New(rand.NewSource(9)), 70))
+	id, desc, err := a.Export(s)
+	ok(t, err)
+	free0 := stats(t, dst).NumFreeBlocks
+	func() {
+		tr, err := b.Import(dst, nil, desc)
+		ok(t, err)
+		if f := stats(t, dst).NumFreeBlocks; f == free0 {
+			t.Fatalf("the running import holds no blocks")
+		}
+		_ = tr // dropped without Close; the exporter makes no progress, so it keeps running
+	}()
+	for i := 0; i < 100 && stats(t, dst).NumFreeBlocks != free0; i++ {
+		runtime.GC()
+		time.Sleep(time.Millisecond)
+	}
+	if f := stats(t, dst).NumFreeBlocks; f != free0 {
+		t.Fatalf("free blocks %d after the dropped transfer was collected, want %d", f, free0)
+	}
+	ok(t, dst.Validate())
+	ok(t, a.ReleaseExport(id))
+	// An engine dropped without Close is destroyed too: its exports are
+	// released, so the blocks they pinned come back.
+	srcFree := stats(t, src).NumFreeBlocks
+	s2 := seqOf(t, src, randTokens(rand.New(rand.NewSource(10)), 40))
+	func() {
+		e, err := NewTransferEngine(&TransferOptions{Transports: "tcp"})
+		ok(t, err)
+		_, _, err = e.Export(s2)
+		ok(t, err)
+	}()
+	ok(t, s2.Free()) // the export still pins its blocks
+	if f := stats(t, src).NumFreeBlocks; f == srcFree {
+		t.Fatalf("the export pins no blocks")
+	}
+	for i := 0; i < 100 && stats(t, src).NumFreeBlocks != srcFree; i++ {
+		runtime.GC()
+		time.Sleep(time.Millisecond)
+	}
+	if f := stats(t, src).NumFreeBlocks; f != srcFree {
+		t.Fatalf("free blocks %d after the dropped engine was collected, want %d", f, srcFree)
+	}
 	ok(t, src.Validate())
 }
