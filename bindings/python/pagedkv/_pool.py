@@ -265,10 +265,10 @@ class Pool(HandleOwner):
         return buffer
 
     def swap_in(self, blocks: Tokens, buffer: Any, stream: Any = None) -> None:
-        """Copies a buffer written by swap_out back into the given blocks."""
-        self._call(
-            _c.pkv_pool_swap_blocks, blocks, _host_buffer(buffer, writable=False), _c.PKV_SWAP_IN, stream_ptr(stream)
-        )
+        """Copies a buffer written by swap_out back into the given blocks
+        (a read-only buffer, e.g. bytes, will do: it is only read)."""
+        host = _host_buffer(buffer, writable=False)
+        self._call(_c.pkv_pool_swap_blocks, blocks, host, _c.PKV_SWAP_IN, stream_ptr(stream))
 
     # ------------------------------------------------------------ FP8 scales
 
@@ -465,10 +465,24 @@ def _host_buffer(buffer: Any, writable: bool) -> Any:
     """A buffer-protocol object as is, else (address, nbytes) of a host
     tensor (e.g. pinned torch memory) described without a copy."""
     try:
-        memoryview(buffer).release()
-        return buffer
+        mv = memoryview(buffer)
     except TypeError:
-        pass
+        mv = None
+    if mv is not None:
+        if not mv.readonly or writable:
+            mv.release()
+            return buffer  # the raw call refuses a read-only one to write into
+        # Read-only (bytes, a read-only array) for a call that only reads
+        # it: described by address, the caller keeping it alive.
+        if not mv.c_contiguous:
+            mv.release()
+            raise _c.InvalidArgumentError("buffer: expected a contiguous buffer", _c.PKV_E_INVALID_ARGUMENT)
+        try:
+            import numpy as np
+        except ImportError:
+            return bytearray(mv)  # a copy, writable
+        arr = np.frombuffer(mv.cast("B"), dtype=np.uint8)
+        return (arr.ctypes.data, arr.nbytes)
     desc = describe(buffer, "buffer")
     if desc.device is None or desc.device.type != DeviceType.CPU:
         raise _c.InvalidArgumentError("buffer: expected host (CPU or pinned) memory", _c.PKV_E_INVALID_ARGUMENT)

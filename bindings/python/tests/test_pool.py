@@ -196,6 +196,21 @@ def test_swap_round_trip(rng):
             pool.swap_out([2, 3], np.empty(10, np.uint8))
         with pytest.raises(TypeError):
             pool.swap_out([2], b"read-only bytes")
+        # swap_in only reads its buffer: read-only ones (bytes, a read-only
+        # array) are taken as they are (they raised TypeError, "expected a
+        # writable contiguous buffer").
+        ro = np.frombuffer(buf.tobytes(), dtype=np.uint8)
+        assert not ro.flags.writeable
+        for src in (buf.tobytes(), ro, memoryview(buf.tobytes())):
+            for a in arrays:
+                a.view(np.uint16)[4:6] = 0
+            pool.swap_in([4, 5], src)
+            for a, b in zip(arrays, before):
+                np.testing.assert_array_equal(a.view(np.uint16)[4:6], b.view(np.uint16)[2:4])
+        with pytest.raises(pagedkv.InvalidArgumentError, match="contiguous"):
+            pool.swap_in([4], np.frombuffer(buf.tobytes() * 2, dtype=np.uint8)[::2])
+        with pytest.raises(pagedkv.InvalidArgumentError):
+            pool.swap_in([4, 5], buf.tobytes()[:10])
 
 
 def test_pool_is_usable_from_its_own_raw_module(manager_pool):
