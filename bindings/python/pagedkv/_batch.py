@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Iterator
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -38,6 +39,8 @@ class Batch(HandleOwner):
     ``seq.num_computed_tokens`` on.
     """
 
+    _aborted = False  # abort() succeeded: leaving a `with` block commits nothing
+
     def __init__(
         self,
         pool: Pool,
@@ -55,12 +58,23 @@ class Batch(HandleOwner):
             seqs = list(seqs)
             ids = self._collect_ids(pool, seqs)
         n = len(ids)
+        if query_counts.__class__ is not int and not hasattr(query_counts, "__len__"):
+            if hasattr(query_counts, "__index__"):  # a numpy integer scalar
+                query_counts = operator.index(query_counts)
+            elif not hasattr(query_counts, "__iter__"):
+                raise TypeError(f"query_counts: expected an int or ints, got {type(query_counts).__name__}")
         if isinstance(query_counts, int):
             if query_counts < 0:
                 raise OverflowError("query_counts: expected an int in [0, 2^32 - 1]")
             counts: Any = query_counts
         else:
-            counts = [int(c) for c in query_counts]
+            try:  # ints only: int() would truncate 1.9 to 1 and read "3" as 3
+                counts = [operator.index(c) for c in query_counts]
+            except TypeError:
+                for i, c in enumerate(query_counts):
+                    if not hasattr(c, "__index__"):
+                        raise TypeError(f"query_counts[{i}]: expected an int, got {type(c).__name__}") from None
+                raise
             if len(counts) != n:
                 raise _c.InvalidArgumentError(
                     f"query_counts: {len(counts)} counts for {n} sequences", _c.PKV_E_INVALID_ARGUMENT
@@ -142,6 +156,7 @@ class Batch(HandleOwner):
         """The step failed before its writes: nothing of it counts.
         Idempotent; InvalidStateError if it was already committed."""
         self._call(_c.pkv_batch_abort)
+        self._aborted = True
 
     def close(self) -> None:
         """Aborts the step unless it was committed, then releases the plan."""
@@ -155,8 +170,10 @@ class Batch(HandleOwner):
 
     def __exit__(self, exc_type: Any, *rest: Any) -> None:
         try:
-            if exc_type is None and self._pool.num_layers == 0 and not self._h.closed:
-                self.commit()  # the engine's own writes ended normally
+            # The engine's own writes ended normally, unless the block
+            # aborted the step itself (a commit would raise: it was aborted).
+            if exc_type is None and self._pool.num_layers == 0 and not self._h.closed and not self._aborted:
+                self.commit()
         finally:
             self.close()
 

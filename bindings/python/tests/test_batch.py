@@ -225,3 +225,35 @@ def test_prepare_argument_checks():
         b = pool.prepare([s], 2)
         assert b.sequences == [s] and b.pool is pool and "1 seqs" in repr(b)
         b.close()
+
+
+def test_query_counts_take_ints_only_and_numpy_scalars():
+    """int() truncated 1.9 to 1 and read "3" as 3, and a numpy integer
+    scalar count raised "'numpy.int64' object is not iterable"."""
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    s = pool.admit(list(range(6)))[0]
+    for bad in ([1.9], ["6"], np.array([6.0]), [np.float32(6)], 6.0):
+        with pytest.raises(TypeError, match="query_counts"):
+            pool.prepare([s], bad)
+    for good in (6, np.int64(6), np.uint32(6), [np.int64(6)], np.array([6], dtype=np.int32), (6,)):
+        with pool.prepare([s], good) as b:
+            assert b.num_tokens == 6
+            b.abort()
+    assert s.num_computed_tokens == 0
+
+
+def test_with_block_that_aborts_does_not_commit_on_exit():
+    """Leaving `with pool.prepare(...) as b:` normally commits a manager-only
+    pool's step; a block that called b.abort() itself raised
+    InvalidStateError ("the batch was aborted") from __exit__'s commit."""
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    s = pool.admit(list(range(6)))[0]
+    with pool.prepare([s], 6) as b:
+        b.abort()
+    assert b.closed and s.num_computed_tokens == 0
+    with pool.prepare([s], 6) as b:
+        b.commit()
+    assert s.num_computed_tokens == 6
+    with pool.prepare_decode([s], [7]) as b:
+        b.abort()
+    assert len(s) == 7 and s.num_computed_tokens == 6
