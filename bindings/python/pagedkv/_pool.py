@@ -409,8 +409,17 @@ class Pool(HandleOwner):
         """Frees the given distinct sequences (Sequence objects or ids) in
         one call. All or nothing: a stale or repeated id raises and frees
         none."""
-        if seqs and isinstance(seqs[0], Sequence):
-            _seq_free_batch(self._h, [s._id for s in seqs])
+        if isinstance(seqs, Iterator):  # a generator: read once
+            seqs = list(seqs)
+        # `seqs and ...` was the truth value of a numpy id array: ValueError
+        # ("ambiguous") for two or more ids, and for none.
+        if isinstance(seqs, (list, tuple)) and seqs and isinstance(seqs[0], Sequence):
+            ids = []
+            for i, s in enumerate(seqs):
+                if not isinstance(s, Sequence):
+                    raise TypeError(f"seqs[{i}]: expected a pagedkv.Sequence, got {type(s).__name__}")
+                ids.append(s._id)
+            _seq_free_batch(self._h, ids)
             for s in seqs:
                 s._freed = True
         else:
@@ -681,7 +690,9 @@ def _new_seq(pool: Pool, seq_id: int, owned: bool) -> Sequence:
 
 def _ids(seqs: Any) -> Any:
     """Sequence ids for a batched call: Sequence objects become their ids;
-    id arrays and lists pass as they are."""
+    id arrays and lists pass as they are (a generator is read once)."""
+    if isinstance(seqs, Iterator):
+        seqs = list(seqs)
     if isinstance(seqs, (list, tuple)) and seqs and isinstance(seqs[0], Sequence):
         return [s._id for s in seqs]
     return seqs

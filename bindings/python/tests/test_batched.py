@@ -140,6 +140,29 @@ def test_free_batch_is_all_or_nothing():
     pool.validate()
 
 
+def test_free_batch_and_append_batch_take_id_arrays_and_generators():
+    """free_batch tested `seqs and ...`: a numpy id array of two or more ids
+    (the fast form the batched calls document) raised ValueError "truth
+    value of an array ... is ambiguous", and so did an empty one; a
+    generator raised "not subscriptable"."""
+    pool = pagedkv.Pool(num_blocks=32, block_size=4)
+    seqs = [pool.create_sequence() for _ in range(6)]
+    pool.append_batch((s for s in seqs), [1] * 6)
+    assert [len(s) for s in seqs] == [1] * 6
+    ids = np.array([s.detach() for s in seqs], dtype=np.uint64)
+    pool.free_batch(np.array([], dtype=np.uint64))
+    pool.free_batch(ids[:3])
+    assert pool.stats().num_seqs == 3
+    pool.free_batch(iter(ids[3:5].tolist()))
+    assert pool.stats().num_seqs == 1
+    keep = pool.sequence(int(ids[5]), own=False)
+    with pytest.raises(TypeError, match=r"seqs\[1\]: expected a pagedkv.Sequence"):
+        pool.free_batch([keep, int(ids[5])])
+    pool.free_batch(s for s in [keep])
+    assert keep.freed and pool.stats().num_seqs == 0
+    pool.validate()
+
+
 def test_admit_equals_match_then_append():
     pool = pagedkv.Pool(num_blocks=64, block_size=4)
     prompt = list(range(100, 118))
