@@ -35,11 +35,11 @@ using pagedkv::TieredMatch;
 using pagedkv::TierOptions;
 using pagedkv::TierStats;
 
-constexpr uint32_t kBs = 16, kLayers = 2, kHkv = 2, kHq = 4, kD = 128;
+constexpr uint32_t kBs = 16, kLayers = 2, kHkv = 2, kHq = 8, kD = 128;  // GQA group 4, as tested elsewhere
 constexpr uint32_t kPromptBlocks = 4, kPrompt = kPromptBlocks * kBs + 1;  // 4 full blocks + 1
 constexpr uint64_t kNumBlocks = 7;  // 6 usable: a second prompt evicts every block of the first
 
-bool is_fp8(DType t) { return t == DType::kFp8E4m3 || t == DType::kFp8E5m2; }
+using pagedkv::is_fp8;
 // What the kernels take as K/V/Q for a pool of dtype t (FP8 pools: bf16).
 DType act(DType t) { return is_fp8(t) ? DType::kBF16 : t; }
 
