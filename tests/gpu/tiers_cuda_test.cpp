@@ -35,7 +35,8 @@ using pagedkv::TieredMatch;
 using pagedkv::TierOptions;
 using pagedkv::TierStats;
 
-constexpr uint32_t kBs = 16, kLayers = 2, kHkv = 2, kHq = 8, kD = 128;  // GQA group 4, as tested elsewhere
+// GQA group 4, as the other GPU tests use.
+constexpr uint32_t kBs = 16, kLayers = 2, kHkv = 2, kHq = 8, kD = 128;
 constexpr uint32_t kPromptBlocks = 4, kPrompt = kPromptBlocks * kBs + 1;  // 4 full blocks + 1
 constexpr uint64_t kNumBlocks = 7;  // 6 usable: a second prompt evicts every block of the first
 
