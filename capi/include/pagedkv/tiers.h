@@ -32,15 +32,16 @@
  * the block as on CPU; the copy thread issues its device-to-host copy on a
  * stream of the tiers' own, ordered (an event recorded when the copy is
  * issued) after the work queued so far on the stream the pool last
- * planned on: the stream given to the last pkv_batch_prepare,
- * pkv_batch_prepare_decode, pkv_pool_copy_blocks or pkv_pool_swap_blocks
+ * planned on: the stream given to the last pkv_batch_prepare (_ex,
+ * _decode), pkv_pool_copy_blocks or pkv_pool_swap_blocks
  * (the legacy default stream before the first). So the step that wrote a
  * block must have queued its writes on that stream, or on one ordered
  * before it, as pkv_batch_commit already asks. The slot's checksum is
  * taken once the copy completed; only then is the block in the tier. The
  * next writer does not wait on the host for offloads, only until the copy
- * thread issued them (microseconds): its stream waits on the device for
- * the last copy (cudaStreamWaitEvent). Tier hits are verified on the host
+ * thread issued them (microseconds; longer after a burst of evictions
+ * beyond the free host slots, docs/tiers.md): its stream waits on the
+ * device for the last copy (cudaStreamWaitEvent). Tier hits are verified on the host
  * and copied to the device on the stream given to the next
  * pkv_batch_prepare, before the plan's own work; a host slot (or the
  * pinned staging buffer a file slot is read into) is not reused until
@@ -50,8 +51,9 @@
  * pool's next call that takes a stream (or pkv_pool_destroy): later
  * offloads record an event on it. When the pool plans on a new stream,
  * the new one is first ordered after the previous one. Destroying the
- * pool waits for the tiers' copies already queued (not for the engine's
- * kernels), then frees the slots.
+ * pool waits for the tiers' copies already queued (a load's copy, queued
+ * on the plan's stream, after the work before it there), then frees the
+ * slots.
  *
  * Implemented for CPU and CUDA pools with storage; a manager-only pool
  * (num_layers 0) or a pool without prefix caching returns
