@@ -25,6 +25,7 @@ using cuda::check;
 using cuda::DeviceGuard;
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
 
 std::string str(int64_t v) { return std::to_string(v); }
 
@@ -362,6 +363,82 @@ class CudaBackend final : public Backend {
     check(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
   }
 
+  // --- Offload tiers (impl/tier/tier_set_async.cpp): page-locked host
+  // slots, so that copies to and from them are DMA the host does not wait
+  // for, ordered by streams and events.
+  bool async_host_copies() const override { return true; }
+
+  void* host_alloc_pinned(size_t bytes) override {
+    DeviceGuard g(device_);
+    void* p = nullptr;
+    // Portable: page-locked for every context, whichever device the caller
+    // has current later.
+    const cudaError_t e = cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      fail(Errc::kOutOfMemory, "cudaHostAlloc(" + str(int64_t(bytes)) +
+                                   " bytes) of page-locked host memory: " + cudaGetErrorString(e));
+    }
+    return p;
+  }
+  void host_free_pinned(void* p) noexcept override {
+    if (p != nullptr) (void)cudaFreeHost(p);
+  }
+
+  void* stream_create() override {
+    DeviceGuard g(device_);
+    cudaStream_t s = nullptr;
+    // Non-blocking: no implicit order with the legacy default stream;
+    // the tiers order their copies with events only.
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return s;
+  }
+  void stream_destroy(void* stream) noexcept override {
+    if (stream != nullptr) (void)cudaStreamDestroy(as_stream(stream));
+  }
+
+  void* event_create(bool timing) override {
+    DeviceGuard g(device_);
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming),
+          "cudaEventCreateWithFlags");
+    return e;
+  }
+  void event_destroy(void* ev) noexcept override {
+    if (ev != nullptr) (void)cudaEventDestroy(as_event(ev));
+  }
+  void event_record(void* ev, void* stream) override {
+    DeviceGuard g(device_);
+    check(cudaEventRecord(as_event(ev), as_stream(stream)), "cudaEventRecord");
+  }
+  void stream_wait_event(void* stream, void* ev) override {
+    DeviceGuard g(device_);
+    check(cudaStreamWaitEvent(as_stream(stream), as_event(ev), 0), "cudaStreamWaitEvent");
+  }
+  bool event_query(void* ev) override {
+    const cudaError_t q = cudaEventQuery(as_event(ev));
+    if (q == cudaErrorNotReady) return false;
+    check(q, "cudaEventQuery");
+    return true;
+  }
+  void event_synchronize(void* ev) override {
+    check(cudaEventSynchronize(as_event(ev)), "cudaEventSynchronize");
+  }
+  uint64_t event_elapsed_ns(void* start, void* end) override {
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, as_event(start), as_event(end)), "cudaEventElapsedTime");
+    return ms > 0 ? uint64_t(double(ms) * 1e6) : 0;
+  }
+
+  void copy_block_to_host_async(const KvArena& arena, int32_t block, void* host,
+                                void* stream) override {
+    copy_block_host(arena, block, host, true, stream);
+  }
+  void copy_block_from_host_async(const KvArena& arena, int32_t block, const void* host,
+                                  void* stream) override {
+    copy_block_host(arena, block, const_cast<void*>(host), false, stream);
+  }
+
   void synchronize_device() override {
     DeviceGuard g(device_);
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -386,7 +463,45 @@ class CudaBackend final : public Backend {
     check(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
           "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
     max_smem_ = size_t(v);
+    check(cudaDeviceGetAttribute(&v, cudaDevAttrMaxPitch, device),
+          "cudaDeviceGetAttribute(MaxPitch)");
+    max_pitch_ = size_t(v);
     return device;
+  }
+
+  // One block's bytes are num_planes rows of block_bytes, layer_bytes
+  // apart in the arena and packed in the host slot: one cudaMemcpy2DAsync
+  // moves them all (one call, one copy-engine job, no kernel and no
+  // scratch memory, so an offload takes no SM time from the engine's
+  // kernels, unlike swap()'s gather kernel, which pays off for many blocks
+  // at once, not for one). A plane pitch beyond the device's limit for 2D
+  // copies (about 2 GiB) falls back to one copy per plane.
+  void copy_block_host(const KvArena& arena, int32_t block, void* host, bool to_host,
+                       void* stream) {
+    const size_t bb = arena.layout.block_bytes(), pitch = arena.layout.layer_bytes();
+    const int32_t planes = arena.num_planes();
+    if (planes <= 0 || bb == 0) return;
+    char* dev = static_cast<char*>(arena.base) + size_t(block) * bb;
+    char* h = static_cast<char*>(host);
+    DeviceGuard g(device_);
+    const cudaStream_t s = as_stream(stream);
+    if (pitch <= max_pitch_) {
+      check(
+          to_host
+              ? cudaMemcpy2DAsync(h, bb, dev, pitch, bb, size_t(planes), cudaMemcpyDeviceToHost, s)
+              : cudaMemcpy2DAsync(dev, pitch, h, bb, bb, size_t(planes), cudaMemcpyHostToDevice, s),
+          to_host ? "cudaMemcpy2DAsync(device -> host tier)"
+                  : "cudaMemcpy2DAsync(host tier -> device)");
+      return;
+    }
+    for (int32_t p = 0; p < planes; ++p) {
+      char* d = dev + size_t(p) * pitch;
+      char* hp = h + size_t(p) * bb;
+      check(to_host ? cudaMemcpyAsync(hp, d, bb, cudaMemcpyDeviceToHost, s)
+                    : cudaMemcpyAsync(d, hp, bb, cudaMemcpyHostToDevice, s),
+            to_host ? "cudaMemcpyAsync(device -> host tier)"
+                    : "cudaMemcpyAsync(host tier -> device)");
+    }
   }
 
   static void check_block_count(int64_t n, const char* name) {
@@ -398,6 +513,7 @@ class CudaBackend final : public Backend {
   int32_t device_;
   int sm_count_ = 1;
   size_t max_smem_ = 0;
+  size_t max_pitch_ = 0;  // largest pitch of a 2D copy
   Scratch scratch_;
   PinnedStaging staging_;
 };

@@ -104,6 +104,57 @@ class Backend {
   virtual void synchronize(void* stream) = 0;
   // Blocks until work queued on every stream of the device is done.
   virtual void synchronize_device() { synchronize(nullptr); }
+
+  // --- Offload tiers (impl/tier/tier_set.h). A backend whose storage the
+  // host cannot read directly (CUDA) moves blocks between its storage and
+  // host tier slots with queued copies ordered by streams and events; the
+  // CPU backend keeps the defaults below and TierSet copies on its own
+  // thread. Handles (streams, events) are opaque; null is never a valid
+  // event but is the default stream.
+  //
+  // true: the tiers use the calls below (async_* return with the copy
+  // queued, not done).
+  virtual bool async_host_copies() const { return false; }
+  // Host memory the device can copy to and from asynchronously (CUDA:
+  // page-locked); throws Error(kOutOfMemory). CPU: aligned malloc.
+  virtual void* host_alloc_pinned(size_t bytes);
+  virtual void host_free_pinned(void* p) noexcept;
+  // A stream of the backend's own (the tiers' offload copies); CPU: null.
+  virtual void* stream_create() { return nullptr; }
+  virtual void stream_destroy(void* stream) noexcept { (void)stream; }
+  // Events mark a point in a stream. timing: elapsed_ns can measure them.
+  virtual void* event_create(bool timing) {
+    (void)timing;
+    fail(Errc::kUnsupported, "this backend has no events");
+  }
+  virtual void event_destroy(void* ev) noexcept { (void)ev; }
+  virtual void event_record(void* ev, void* stream) { (void)ev, (void)stream; }
+  // Later work on stream waits (on the device) for ev's last record.
+  virtual void stream_wait_event(void* stream, void* ev) { (void)stream, (void)ev; }
+  // true: the work before ev's last record is done (never blocks).
+  virtual bool event_query(void* ev) {
+    (void)ev;
+    return true;
+  }
+  virtual void event_synchronize(void* ev) { (void)ev; }
+  // Device time between two completed timing events, in nanoseconds.
+  virtual uint64_t event_elapsed_ns(void* start, void* end) {
+    (void)start, (void)end;
+    return 0;
+  }
+  // Block `block` of every plane (plane_at(p) + block * block_bytes) to
+  // host [num_planes][block_bytes] and back, queued on stream. host must be
+  // host_alloc_pinned memory and stay untouched until the copy completed.
+  virtual void copy_block_to_host_async(const KvArena& arena, int32_t block, void* host,
+                                        void* stream) {
+    (void)arena, (void)block, (void)host, (void)stream;
+    fail(Errc::kUnsupported, "this backend has no asynchronous host copies");
+  }
+  virtual void copy_block_from_host_async(const KvArena& arena, int32_t block, const void* host,
+                                          void* stream) {
+    (void)arena, (void)block, (void)host, (void)stream;
+    fail(Errc::kUnsupported, "this backend has no asynchronous host copies");
+  }
 };
 
 // num_threads 0 = hardware concurrency.

@@ -327,7 +327,7 @@ void Pool::reset_prefix_cache() {
     // Whatever made the device cache stale (new weights) made the tiers
     // stale too. Pending loads are dropped: their blocks lose their hashes
     // below and stay unwritten.
-    tiers_->flush();
+    tiers_->wait_idle();
     tiers_->clear();
     pending_loads_.clear();
     pull_tier_events();
@@ -604,7 +604,7 @@ void Pool::copy_blocks(const int32_t* src, const int32_t* dst, uint64_t n, void*
   check_block_ids(src, n, "src");
   check_block_ids(dst, n, "dst");
   blocks_.reserve_events(n);  // may throw: first
-  settle_tiers_locked();
+  settle_tiers_locked(stream);
   run_pending_copies(stream);
   std::unique_lock<std::shared_mutex> kv(kv_mu_);
   if (n) backend_->copy_blocks(arena_, src, dst, int64_t(n), stream);
@@ -658,7 +658,7 @@ void Pool::swap_blocks(const int32_t* ids, uint64_t n, void* host, uint64_t host
          "host_buffer + num_blocks * bytes_per_block wraps the address space");
   if (n && h < a_end && a < h_end)
     fail(Errc::kInvalidArgument, "host_buffer overlaps the pool's KV storage");
-  settle_tiers_locked();
+  settle_tiers_locked(stream);
   run_pending_copies(stream);
   if (to_host) {
     std::shared_lock<std::shared_mutex> kv(kv_mu_);

@@ -186,7 +186,7 @@ class Pool {
   uint64_t block_hashes(SeqId id, BlockHash* out, uint64_t capacity) const;
 
   // Offload tiers (kv_pool_tiers.cpp, impl/tier/). attach_tiers: once, on a
-  // CPU pool with storage and prefix caching.
+  // pool with storage and prefix caching (CPU or CUDA).
   void attach_tiers(const TierOptions& o);
   // given/num_given: precomputed block hashes, as in match_prefix_hashes.
   TieredMatch match_prefix_tiered(SeqId id, const int32_t* tokens, uint64_t n,
@@ -358,11 +358,13 @@ class Pool {
   // gave: waits for queued offloads (their blocks' bytes must be copied
   // before anything overwrites them), then loads tier hits into their
   // blocks (a failed load leaves its block unwritten and uncached). Holds
-  // mu_; nothing to do without tiers.
-  void settle_tiers_locked() {
-    if (tiers_) settle_tiers_slow();
+  // mu_; nothing to do without tiers. stream: the one the caller's writes
+  // go on next (CUDA: ordered after the offloads on the device; the loads'
+  // copies are queued on it).
+  void settle_tiers_locked(void* stream) {
+    if (tiers_) settle_tiers_slow(stream);
   }
-  void settle_tiers_slow();
+  void settle_tiers_slow(void* stream);
   // Tier hits of a lookup: the hash of each block and its pinned entry.
   using TierHits = std::vector<std::pair<BlockHash, TierRef>>;
   // Follows the chain of block hashes from block `first` (parent: the hash

@@ -20,10 +20,6 @@ void Pool::attach_tiers(const TierOptions& o) {
     fail(Errc::kInvalidState,
          "the pool has no KV storage (created with num_layers 0): a manager-only pool has no "
          "blocks to offload");
-  if (opts_.device_type != kDeviceCpu)
-    fail(Errc::kUnsupported,
-         "tiers are implemented for CPU pools only (a pinned host tier for "
-         "CUDA pools is not there yet)");
   if (!blocks_.caching())
     fail(Errc::kInvalidState,
          "prefix caching is off (enable_prefix_caching 0): nothing is cached "
@@ -33,8 +29,11 @@ void Pool::attach_tiers(const TierOptions& o) {
   if (o.file_dir.empty() && o.file_bytes != 0)
     fail(Errc::kInvalidArgument,
          "file_bytes " + str(o.file_bytes) + " is set but file_dir is NULL or empty");
-  tiers_ =
-      std::make_unique<TierSet>(o, arena_, arena_hold_, opts_.block_size, size_t(opts_.num_blocks));
+  // The backend decides how bytes move: the CPU backend's storage is host
+  // memory the copy thread copies itself; a CUDA pool's tiers queue copies
+  // between the device and page-locked slots (tier_set.h).
+  tiers_ = std::make_unique<TierSet>(o, arena_, arena_hold_, opts_.block_size,
+                                     size_t(opts_.num_blocks), backend_);
   blocks_.set_evict_sink(tiers_.get());
 }
 
@@ -122,12 +121,16 @@ TieredMatch Pool::match_prefix_tiered(SeqId id, const int32_t* tokens, uint64_t 
   return r;
 }
 
-void Pool::settle_tiers_slow() {
-  tiers_->flush();
+void Pool::settle_tiers_slow(void* stream) {
+  // CPU: waits for the queued offloads. CUDA: waits until they were issued
+  // and orders stream (whose work writes the storage next) after them.
+  tiers_->flush(stream);
   if (!pending_loads_.empty()) {
     const uint32_t bs = opts_.block_size;
-    // Loads write into the storage: exclusive of every kernel.
+    // Loads write into the storage: exclusive of every kernel (CUDA: of
+    // every launch; the copies are queued on stream, before the plan's).
     std::unique_lock<std::shared_mutex> kv(kv_mu_);
+    tiers_->begin_loads(stream);
     for (const PendingLoad& l : pending_loads_) {
       // The sequence that took the hit may have gone (or truncated into
       // the block) since: then the block is no longer waiting for it.
@@ -143,6 +146,7 @@ void Pool::settle_tiers_slow() {
         blocks_.uncache_block(l.block);
       }
     }
+    tiers_->end_loads();
     pending_loads_.clear();
   }
   pull_tier_events();
@@ -158,7 +162,12 @@ void Pool::pull_tier_events() noexcept {
 void Pool::flush_tiers() {
   std::lock_guard<std::mutex> lock(mu_);
   check_open();
-  settle_tiers_locked();
+  if (!tiers_) return;
+  // Pending loads go on the stream the pool last planned on (no stream is
+  // given here); then everything completes, on the host.
+  settle_tiers_slow(tiers_->source_stream());
+  tiers_->wait_idle();
+  pull_tier_events();
 }
 
 TierStats Pool::tier_stats(uint32_t medium) const {

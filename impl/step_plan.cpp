@@ -189,7 +189,7 @@ void Batch::build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_
                                      str(pages) + " pages; each must fit in int32");
   // Offload tiers: queued offloads finish before this plan's writes, and
   // tier hits are loaded before the written check below reads their state.
-  p.settle_tiers_locked();
+  p.settle_tiers_locked(stream);
 
   // The context each query reads: every context slot must hold written
   // K/V, or be written by this same plan first (a layer's cache write

@@ -104,7 +104,7 @@ void Batch::build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_
     }
     // Tier hits are loaded before the written check reads their state (and
     // only once every id is known good: a refused call loads nothing).
-    p.settle_tiers_locked();
+    p.settle_tiers_locked(stream);
     check_decode_context(seqs);
     if (pages > uint64_t(INT32_MAX))
       fail(Errc::kInvalidArgument, "the batch has " + str(pages) + " pages; it must fit in int32");
@@ -174,7 +174,7 @@ void Batch::build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_
   // Blocks this step's allocations evicted may be queued for offload: their
   // bytes must reach the tier before the copies below or the step's writes
   // overwrite them (as prepare's own settle does after append_batch).
-  p.settle_tiers_locked();
+  p.settle_tiers_locked(stream);
   finish(a, seqs, rewritten, stream);
   decode_step_ = true;
 }

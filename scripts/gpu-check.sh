@@ -23,7 +23,9 @@
 # Env: PKV_ARCH (default 90), PKV_BUDGET, PKV_SKIP_BENCH=1,
 #      PKV_SKIP_SANITIZERS=1, PKV_BENCH_ARGS (extra benchmark arguments),
 #      PKV_INITCHECK=1 (compute-sanitizer initcheck too; initcheck.log),
-#      PKV_DEMO=1 (serving_sim --device cuda, PKV_DEMO_ARGS; demo.log).
+#      PKV_DEMO=1 (serving_sim --device cuda, PKV_DEMO_ARGS; demo.log),
+#      PKV_TIER_BENCH=1 (bench/tier_bandwidth_cuda.cpp against the built
+#      libpagedkv.so; tier_bench.log; PKV_TIER_BENCH_ARGS).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$root/gpu-check-out}
@@ -120,8 +122,10 @@ sanitize() {  # tool, filter, log, cap seconds, seconds to leave for later steps
     note "$1: FAILED or timed out after ${t}s (see $3)"
   fi
 }
-mem_filter='*f32_D80_G4*:*f16_D256_G1*:*bf16_D128_G8*:*bf16_D64_G4*:*f16_D96_G8*:AttentionShapes.*:CudaWrite.*:CudaCopyBlocks.*:*CudaSwap*:CudaBackendBasics.*:CudaCapi.*:CudaMla.*-*e5m2*:*e4m3_f16_D96*:*e4m3_bf16_D96*:*e4m3_bf16_D256*'
-race_filter='*bf16_D128_G8*:*f32_D64_G4*:*f16_D256_G4*:CudaWrite.*:CudaCopyBlocks.*-*e5m2*'
+# CudaTiers (offload tiers: pinned host slots, copies on the tiers' stream
+# and the plan's, pools destroyed with copies in flight) in both.
+mem_filter='*f32_D80_G4*:*f16_D256_G1*:*bf16_D128_G8*:*bf16_D64_G4*:*f16_D96_G8*:AttentionShapes.*:CudaWrite.*:CudaCopyBlocks.*:*CudaSwap*:CudaBackendBasics.*:CudaCapi.*:CudaMla.*:*CudaTiers.*-*e5m2*:*e4m3_f16_D96*:*e4m3_bf16_D96*:*e4m3_bf16_D256*'
+race_filter='*bf16_D128_G8*:*f32_D64_G4*:*f16_D256_G4*:CudaWrite.*:CudaCopyBlocks.*:*CudaTiers.*/bf16-*e5m2*'
 sanitize memcheck "$mem_filter" memcheck.log 180 "$([ "${PKV_SKIP_BENCH:-0}" = 1 ] && echo 100 || echo 260)"
 
 if [ "${PKV_SKIP_BENCH:-0}" != 1 ]; then
@@ -148,6 +152,28 @@ sanitize racecheck "$race_filter" racecheck.log 200 "$([ "${PKV_DEMO:-0}" = 1 ] 
 # shares the time budget with the steps above.
 if [ "${PKV_INITCHECK:-0}" = 1 ]; then
   sanitize initcheck "$mem_filter" initcheck.log 150 "$([ "${PKV_DEMO:-0}" = 1 ] && echo 120 || echo 0)"
+fi
+
+# ---------------------------------------------------------------- tier bench
+# PKV_TIER_BENCH=1: offload/load bandwidth of a CUDA pool's pinned host tier
+# against a plain cudaMemcpyAsync of the same bytes (no Google Benchmark
+# needed: the program uses the C ABI and the CUDA runtime only).
+if [ "${PKV_TIER_BENCH:-0}" = 1 ]; then
+  if g++ -O2 -std=c++17 -I"$src/capi/include" -I/usr/local/cuda/include \
+    "$src/bench/tier_bandwidth_cuda.cpp" -o /tmp/pkv-tier-bench -L"$(dirname "$lib")" -lpagedkv \
+    -L/usr/local/cuda/lib64 -lcudart -Wl,-rpath,"$(dirname "$lib")":/usr/local/cuda/lib64 \
+    >>"$OUT/build.log" 2>&1; then
+    t=$(limit 120 "$([ "${PKV_DEMO:-0}" = 1 ] && echo 120 || echo 0)")
+    # shellcheck disable=SC2086
+    if timeout "$t" /tmp/pkv-tier-bench ${PKV_TIER_BENCH_ARGS:-} >"$OUT/tier_bench.log" 2>&1; then
+      note "tier bench: ok (tier_bench.log)"
+    else
+      note "tier bench: FAILED or timed out (see tier_bench.log)"
+    fi
+    cat "$OUT/tier_bench.log"
+  else
+    note "tier bench: build FAILED (see build.log)"
+  fi
 fi
 
 # ---------------------------------------------------------------- demo

@@ -15,7 +15,8 @@ const (
 	MediumFile   = C.PKV_MEDIUM_FILE
 )
 
-// TierOptions configures the offload tiers of a CPU pool with storage: a
+// TierOptions configures the offload tiers of a pool with storage (CPU or
+// CUDA; a CUDA pool's host tier is page-locked memory): a
 // host tier of HostBytes and, with FileDir set, a file tier of FileBytes
 // below it (one file, created and unlinked at once in FileDir). HostBytes 0
 // with FileDir set: a file tier alone, each evicted block hashed and written

@@ -42,7 +42,8 @@ server:
   --max-seqs N          running sequences at most                  [256]
   --host-tier SIZE      host-memory tier under the paged server's prefix
                         cache: evicted blocks are offloaded there and
-                        loaded back on a hit (CPU only), e.g. 256MiB [0 = none]
+                        loaded back on a hit (CPU, or pinned memory with
+                        --device cuda), e.g. 256MiB                [0 = none]
 model and device:
   --layers N --q-heads N --kv-heads N --head-dim N        [4, 8, 2, 64]
   --dtype bf16|f16|f32  KV, query and output element type          [bf16]

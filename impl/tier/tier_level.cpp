@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 
+#include "backend.h"
 #include "error.h"
 
 namespace pagedkv {
@@ -30,8 +31,6 @@ uint64_t random_seed() {
 size_t TierLevel::KeyedHasher::operator()(const BlockHash& h) const noexcept {
   return size_t(XXH3_64bits_withSeed(h.bytes.data(), h.size, seed));
 }
-
-void TierLevel::FreeDeleter::operator()(char* p) const noexcept { std::free(p); }
 
 TierLevel::TierLevel(Medium m, uint64_t slots, size_t slot_bytes)
     : medium_(m),
@@ -56,9 +55,23 @@ std::unique_ptr<TierLevel> TierLevel::host(uint64_t slots, size_t slot_bytes) {
   if (posix_memalign(&p, 4096, slots * slot_bytes) != 0)
     fail(Errc::kOutOfMemory, "host_bytes: cannot allocate " + std::to_string(slots * slot_bytes) +
                                  " bytes of host tier memory");
-  t->mem_.reset(static_cast<char*>(p));
+  t->mem_ = static_cast<char*>(p);
   // Faulted in now, not page by page on the copy thread's first offloads.
   std::memset(p, 0, slots * slot_bytes);
+  return t;
+}
+
+std::unique_ptr<TierLevel> TierLevel::host_pinned(uint64_t slots, size_t slot_bytes,
+                                                  std::shared_ptr<Backend> backend) {
+  std::unique_ptr<TierLevel> t(new TierLevel(Medium::kHost, slots, slot_bytes));
+  try {
+    t->mem_ = static_cast<char*>(backend->host_alloc_pinned(slots * slot_bytes));
+  } catch (const Error& e) {
+    fail(Errc::kOutOfMemory, "host_bytes: cannot allocate " + std::to_string(slots * slot_bytes) +
+                                 " bytes of pinned host tier memory (" + e.what() + ")");
+  }
+  // Page-locking faulted every page in already: no memset pass.
+  t->pinned_by_ = std::move(backend);
   return t;
 }
 
@@ -91,6 +104,10 @@ std::unique_ptr<TierLevel> TierLevel::file(const std::string& dir, uint64_t slot
 
 TierLevel::~TierLevel() {
   if (fd_ >= 0) close(fd_);
+  if (pinned_by_)
+    pinned_by_->host_free_pinned(mem_);
+  else
+    std::free(mem_);
 }
 
 int32_t TierLevel::find(const BlockHash& h) const {

@@ -19,6 +19,8 @@
 
 namespace pagedkv {
 
+class Backend;
+
 enum class Medium : uint32_t { kDevice = 0, kHost = 1, kFile = 2 };
 
 class TierLevel {
@@ -27,6 +29,11 @@ class TierLevel {
 
   // Host memory of slots * slot_bytes (throws Error kOutOfMemory).
   static std::unique_ptr<TierLevel> host(uint64_t slots, size_t slot_bytes);
+  // The same in memory the backend's asynchronous copies can use (CUDA:
+  // page-locked, so a device copy in or out is DMA that the host does not
+  // wait for); freed through the backend, which the level keeps alive.
+  static std::unique_ptr<TierLevel> host_pinned(uint64_t slots, size_t slot_bytes,
+                                                std::shared_ptr<Backend> backend);
   // One file of slots * slot_bytes in dir, unlinked at once so that nothing
   // outlives the pool (throws Error kInvalidArgument naming the directory).
   static std::unique_ptr<TierLevel> file(const std::string& dir, uint64_t slots, size_t slot_bytes);
@@ -64,7 +71,7 @@ class TierLevel {
   State state(int32_t slot) const { return state_[slot]; }
 
   // Host level: the slot's bytes.
-  char* data(int32_t slot) const { return mem_.get() + size_t(slot) * slot_bytes_; }
+  char* data(int32_t slot) const { return mem_ + size_t(slot) * slot_bytes_; }
   // File level: scatter/gather I/O of the part of a slot from byte `at`
   // that iov covers; false on an I/O error, a short transfer or a range
   // past the slot.
@@ -88,10 +95,8 @@ class TierLevel {
 
   Medium medium_;
   size_t slot_bytes_;
-  struct FreeDeleter {
-    void operator()(char* p) const noexcept;
-  };
-  std::unique_ptr<char, FreeDeleter> mem_;
+  char* mem_ = nullptr;  // std::free, or pinned_by_->host_free_pinned
+  std::shared_ptr<Backend> pinned_by_;
   int fd_ = -1;
   bool fail_io_ = false;
   std::vector<State> state_;

@@ -74,8 +74,9 @@ void fence_streaming() {
 }  // namespace
 
 TierSet::TierSet(const TierOptions& o, const KvArena& arena, std::shared_ptr<void> hold,
-                 uint32_t block_size, size_t max_jobs)
-    : arena_(arena), hold_(std::move(hold)), block_size_(block_size) {
+                 uint32_t block_size, size_t max_jobs, std::shared_ptr<Backend> backend)
+    : arena_(arena), hold_(std::move(hold)), block_size_(block_size), backend_(std::move(backend)) {
+  async_ = backend_ && backend_->async_host_copies();
   plane_bytes_ = arena_.layout.block_bytes();
   slot_bytes_ = plane_bytes_ * size_t(arena_.num_planes());
   const uint64_t host_slots = o.host_bytes / slot_bytes_;
@@ -100,13 +101,24 @@ TierSet::TierSet(const TierOptions& o, const KvArena& arena, std::shared_ptr<voi
     file_ = TierLevel::file(o.file_dir, file_slots, slot_bytes_);
   }
   if (!file_only) {
-    host_ = TierLevel::host(host_slots, slot_bytes_);
+    host_ = async_ ? TierLevel::host_pinned(host_slots, slot_bytes_, backend_)
+                   : TierLevel::host(host_slots, slot_bytes_);
     host_stats_.capacity_blocks = host_slots;
   }
   if (file_) file_stats_.capacity_blocks = file_->capacity();
   ring_.resize(std::max<size_t>(max_jobs, 1));
   events_.reserve(256);
-  thread_ = std::thread([this] { run(); });
+  if (async_) {
+    try {
+      init_async(o);
+    } catch (...) {
+      destroy_async();
+      throw;
+    }
+    thread_ = std::thread([this] { run_async(); });
+  } else {
+    thread_ = std::thread([this] { run(); });
+  }
 }
 
 TierSet::~TierSet() { stop(); }
@@ -120,6 +132,9 @@ void TierSet::stop() noexcept {
   work_cv_.notify_all();
   idle_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // Copies already issued still read the pool's storage and write host
+  // slots (or read them, for loads): they complete before any of it goes.
+  if (async_) destroy_async();
 }
 
 TierLevel* TierSet::level(Medium m) const {
@@ -143,9 +158,50 @@ void TierSet::enqueue(int32_t block, const BlockHash& h, uint64_t lora) noexcept
   work_cv_.notify_one();
 }
 
-void TierSet::flush() {
+void TierSet::flush(void* stream) {
   std::unique_lock<std::mutex> lock(mu_);
-  idle_cv_.wait(lock, [&] { return stopping_ || (size_ == 0 && !busy_); });
+  if (!async_) {
+    idle_cv_.wait(lock, [&] { return stopping_ || (size_ == 0 && !busy_); });
+    return;
+  }
+  // Issued, not completed: the device orders the rest.
+  idle_cv_.wait(lock, [&] { return stopping_ || (size_ == 0 && !issuing_); });
+  if (stopping_) return;
+  drain_loads(false);
+  try {
+    if (have_source_ && stream != source_) {
+      // Copies the pool queued on the previous stream (loads, block
+      // copies) come before anything on the new one, so that a later
+      // offload's fence, recorded on the new stream only, still follows
+      // them.
+      backend_->event_record(chain_, source_);
+      backend_->stream_wait_event(stream, chain_);
+    }
+    if (tail_recorded_) backend_->stream_wait_event(stream, tail_);
+  } catch (...) {
+    // A device error: the order the events would give is had by waiting
+    // on the host instead (never throws: plans call this after changes).
+    for (void* s : {tier_stream_, source_}) {
+      try {
+        backend_->synchronize(s);
+      } catch (...) {
+      }
+    }
+  }
+  source_ = stream;
+  have_source_ = true;
+}
+
+void TierSet::wait_idle() {
+  if (!async_) return flush();
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [&] { return stopping_ || (size_ == 0 && !issuing_ && inflight_.empty()); });
+  drain_loads(true);
+}
+
+void* TierSet::source_stream() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return source_;
 }
 
 void TierSet::run() {
@@ -333,7 +389,8 @@ void TierSet::unpin(const TierRef& r) {
 }
 
 bool TierSet::load(const TierRef& r, int32_t block, const BlockHash& h) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (async_) return load_async(r, block, h, lock);
   TierLevel* l = level(r.medium);
   TierStats& s = st(r.medium);
   l->unpin(r.slot);
@@ -373,6 +430,9 @@ bool TierSet::load(const TierRef& r, int32_t block, const BlockHash& h) {
 }
 
 void TierSet::clear() {
+  // Asynchronous: no copy may still write a slot (an offload) or read one
+  // (a load) that clearing frees.
+  if (async_) wait_idle();
   std::lock_guard<std::mutex> lock(mu_);
   for (Medium m : {Medium::kHost, Medium::kFile}) {
     TierLevel* l = level(m);

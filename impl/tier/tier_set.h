@@ -12,12 +12,25 @@
 // (host_bytes 0 and a file level) a block goes straight from the pool's
 // storage into the file, hashed as it is written: one pass.
 //
+// Backends whose storage the host cannot read (CUDA; Backend::
+// async_host_copies) move bytes with queued copies instead
+// (tier_set_async.cpp): host slots are page-locked, the copy thread only
+// *issues* each offload's device->host copy, on a stream of the tiers' own,
+// ordered after the work queued so far on the stream the pool last planned
+// on (an event recorded there when the copy is issued), and hashes and
+// publishes the slot once the copy's event completed. flush(stream) then
+// waits only until the queued offloads were issued, and makes the next
+// writer's stream wait (on the device) for the last of them. Loads verify
+// a slot's checksum on the host and queue its host->device copy on the
+// plan's stream; the slot stays pinned until that copy's event completed.
+//
 // Locking: the owning Pool's mutex, then mu_ here; the copy thread takes
 // only mu_, and never holds it while moving bytes.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -53,13 +66,16 @@ struct TierRef {
 
 class TierSet final : public EvictSink {
  public:
-  // arena: the pool's storage (CPU memory), kept alive by hold while the
-  // copy thread may read it. max_jobs: the most evictions between two
-  // flushes (a block is evicted at most once in between: the pool's block
-  // count).
+  // arena: the pool's storage, kept alive by hold while the copy thread
+  // may read it. max_jobs: the most evictions between two flushes (a block
+  // is evicted at most once in between: the pool's block count). backend:
+  // the pool's; when it has asynchronous host copies (CUDA) the tiers use
+  // them (see above), otherwise (null, CPU) the copy thread copies itself.
   TierSet(const TierOptions& o, const KvArena& arena, std::shared_ptr<void> hold,
-          uint32_t block_size, size_t max_jobs);
-  ~TierSet();  // stops the copy thread
+          uint32_t block_size, size_t max_jobs, std::shared_ptr<Backend> backend = nullptr);
+  // Stops the copy thread; asynchronous copies already queued are waited
+  // for (they read and write memory that goes with this object).
+  ~TierSet();
   TierSet(const TierSet&) = delete;
   TierSet& operator=(const TierSet&) = delete;
 
@@ -70,9 +86,18 @@ class TierSet final : public EvictSink {
     enqueue(id, h, lora_id);
   }
   // Waits until every queued copy finished (the copy thread is then idle
-  // until the next enqueue).
-  void flush();
+  // until the next enqueue). Asynchronous: waits until every queued copy
+  // was issued, then makes stream (the next writer's; the pool's storage
+  // is written only on it from now on) wait on the device for them, and
+  // remembers stream as the one later offloads order after (a new stream
+  // is first ordered after the previous one).
+  void flush(void* stream = nullptr);
+  // Asynchronous: waits (on the host) until every queued offload is in its
+  // tier and every load's copy completed. Otherwise flush().
+  void wait_idle();
   void stop() noexcept;
+  bool async() const { return async_; }
+  void* source_stream() const;  // the stream of the last flush(stream)
 
   // Pins and returns the entry holding h (host first), or slot -1. Counts
   // a hit.
@@ -82,7 +107,12 @@ class TierSet final : public EvictSink {
   // nothing else moves tier bytes), verifies its checksum and unpins it.
   // false: checksum mismatch or I/O error; the entry is dropped, counted,
   // and the block's bytes must not be served.
+  // Asynchronous: the copy is queued on the stream of begin_loads (call
+  // begin_loads, the loads, then end_loads, after flush(stream)); the slot
+  // is released once the copy completed.
   bool load(const TierRef& r, int32_t block, const BlockHash& h);
+  void begin_loads(void* stream);
+  void end_loads();
   void clear();  // after flush(): every entry goes (reset_prefix_cache)
 
   TierStats stats(Medium m) const;
@@ -104,6 +134,36 @@ class TierSet final : public EvictSink {
   };
   void run();
   void offload(const Job& j);
+  // tier_set_async.cpp.
+  struct Inflight {
+    Job job;
+    int32_t slot;     // host slot being filled, or -1: staging (file tier alone)
+    int32_t staging;  // offload staging buffer, or -1
+    void* done;       // event after the copy
+  };
+  struct LoadBatch {
+    void* stream = nullptr;
+    void* start = nullptr;  // timing events around the batch's copies
+    void* end = nullptr;
+    std::vector<TierRef> pinned;                      // host slots the copies read
+    std::vector<int32_t> staging;                     // load staging buffers the copies read
+    uint64_t host_ns[2] = {0, 0}, bytes[2] = {0, 0};  // per medium (host, file)
+  };
+  void init_async(const TierOptions& o);
+  void run_async();
+  void issue_queued(std::unique_lock<std::mutex>& lock);
+  // Completes finished offloads in order (block: wait for the oldest).
+  void complete_offloads(std::unique_lock<std::mutex>& lock, bool block);
+  void complete_front(std::unique_lock<std::mutex>& lock);
+  bool load_async(const TierRef& r, int32_t block, const BlockHash& h,
+                  std::unique_lock<std::mutex>& lock);
+  // Releases the slots and staging of load batches whose copies completed
+  // (block: waits for all of them). With mu_ held.
+  void drain_loads(bool block);
+  void finish_load_batch(LoadBatch& b);
+  void* take_event(bool timing);
+  void put_event(void* ev, bool timing) noexcept;
+  void destroy_async() noexcept;
   // A free host slot, demoting or dropping the LRU entry when full; -1 if
   // every entry is pinned. Called and returns with lock held; drops it
   // around file I/O.
@@ -140,6 +200,27 @@ class TierSet final : public EvictSink {
   bool busy_ = false, stopping_ = false;
   std::vector<Event> events_;
   TierStats host_stats_, file_stats_;
+
+  // Asynchronous host copies (tier_set_async.cpp); unused otherwise.
+  std::shared_ptr<Backend> backend_;
+  bool async_ = false;
+  bool issuing_ = false;         // the copy thread is issuing taken jobs
+  void* tier_stream_ = nullptr;  // the offloads' device->host copies
+  void* fence_ = nullptr;        // on source_ before a batch of offloads
+  void* tail_ = nullptr;         // on tier_stream_ after the last issued offload
+  void* chain_ = nullptr;        // orders a new source stream after the last
+  bool tail_recorded_ = false;
+  void* source_ = nullptr;  // the stream the pool last planned on
+  bool have_source_ = false;
+  std::vector<Job> batch_;
+  std::deque<Inflight> inflight_;  // issue order = completion order
+  std::vector<void*> free_events_, free_timing_events_;
+  std::vector<char*> ostage_, lstage_;  // offload / load staging slots (pinned)
+  std::vector<int32_t> ostage_free_, lstage_free_;
+  LoadBatch cur_;  // between begin_loads and end_loads
+  bool loading_ = false;
+  std::deque<LoadBatch> loads_;  // queued, copies maybe not complete
+
   std::thread thread_;  // last: starts after everything above exists
 };
 

@@ -70,8 +70,9 @@ class TierStats:
 
 
 def attach(pool: Pool, *, host_bytes: int, file_dir: Optional[str] = None, file_bytes: int = 0) -> None:
-    """Gives a CPU pool with storage a host tier of host_bytes and, with
-    file_dir, a file tier of file_bytes below it. host_bytes=0 with a
+    """Gives a pool with storage (CPU, or CUDA: page-locked host memory) a
+    host tier of host_bytes and, with file_dir, a file tier of file_bytes
+    below it. host_bytes=0 with a
     file_dir: a file tier alone, each evicted block hashed and written
     straight from the pool (one pass). Once per pool."""
     opts = {"host_bytes": host_bytes, "file_bytes": file_bytes}

@@ -27,9 +27,37 @@
  * REMOVED, ALL_CLEARED of medium host/file) are recorded internally;
  * pkv_pool_drain_events returns device events only, as before.
  *
- * Implemented for CPU pools with storage; a CUDA pool returns
- * PKV_E_UNSUPPORTED, a manager-only pool (num_layers 0) or a pool without
- * prefix caching PKV_E_INVALID_STATE.
+ * CUDA pools: the host tier is page-locked memory (cudaHostAlloc) and
+ * bytes move by DMA that the host does not wait for. An eviction queues
+ * the block as on CPU; the copy thread issues its device-to-host copy on a
+ * stream of the tiers' own, ordered (an event recorded when the copy is
+ * issued) after the work queued so far on the stream the pool last
+ * planned on: the stream given to the last pkv_batch_prepare (_ex,
+ * _decode), pkv_pool_copy_blocks or pkv_pool_swap_blocks
+ * (the legacy default stream before the first). So the step that wrote a
+ * block must have queued its writes on that stream, or on one ordered
+ * before it, as pkv_batch_commit already asks. The slot's checksum is
+ * taken once the copy completed; only then is the block in the tier. The
+ * next writer does not wait on the host for offloads, only until the copy
+ * thread issued them (microseconds; longer after a burst of evictions
+ * beyond the free host slots, docs/tiers.md): its stream waits on the
+ * device for the last copy (cudaStreamWaitEvent). Tier hits are verified on the host
+ * and copied to the device on the stream given to the next
+ * pkv_batch_prepare, before the plan's own work; a host slot (or the
+ * pinned staging buffer a file slot is read into) is not reused until
+ * that copy completed. pkv_pool_flush_tiers queues pending loads on the
+ * stream the pool last planned on and then waits on the host for every
+ * copy. The stream the pool last planned on must stay valid until the
+ * pool's next call that takes a stream (or pkv_pool_destroy): later
+ * offloads record an event on it. When the pool plans on a new stream,
+ * the new one is first ordered after the previous one. Destroying the
+ * pool waits for the tiers' copies already queued (a load's copy, queued
+ * on the plan's stream, after the work before it there), then frees the
+ * slots.
+ *
+ * Implemented for CPU and CUDA pools with storage; a manager-only pool
+ * (num_layers 0) or a pool without prefix caching returns
+ * PKV_E_INVALID_STATE.
  */
 #ifndef PAGEDKV_TIERS_H
 #define PAGEDKV_TIERS_H
@@ -134,7 +162,9 @@ PKV_API pkv_status pkv_pool_get_tier_stats(const pkv_pool* pool, uint32_t medium
                                            pkv_tier_stats* out);
 
 /* Waits until queued offloads are in their tier and runs pending loads
- * (tests, benchmarks, a clean shutdown). Engines need not call it. */
+ * (tests, benchmarks, a clean shutdown). Engines need not call it. CUDA
+ * pools: the loads go on the stream the pool last planned on, and the call
+ * returns once every copy of the tiers completed. */
 PKV_API pkv_status pkv_pool_flush_tiers(pkv_pool* pool);
 
 #ifdef __cplusplus

@@ -91,8 +91,8 @@ pub struct TierStats {
 }
 
 impl Pool {
-    /// Attaches offload tiers (once; a CPU pool with storage and prefix
-    /// caching).
+    /// Attaches offload tiers (once; a CPU or CUDA pool with storage and
+    /// prefix caching; a CUDA pool's host tier is page-locked memory).
     pub fn attach_tiers(&self, o: &TierOptions) -> Result<()> {
         let dir = opt_c_string(&o.file_dir, "file_dir")?;
         let mut raw = sys::pkv_tier_options::default();
