@@ -544,7 +544,8 @@ namespace {
 TEST(GroupLayers, GivenIdsInARandomInterleaveAndNumberingInOrder) {
   std::mt19937 rng(23);
   for (int round = 0; round < 20; ++round) {
-    const uint32_t sizes[3] = {1 + rng() % 6, 1 + rng() % 6, 1 + rng() % 6};
+    const uint32_t sizes[3] = {uint32_t(1 + rng() % 6), uint32_t(1 + rng() % 6),
+                              uint32_t(1 + rng() % 6)};
     const uint32_t total = sizes[0] + sizes[1] + sizes[2];
     std::vector<uint32_t> ids(total);
     for (uint32_t i = 0; i < total; ++i) ids[i] = 3 * i + 1;  // sparse, not from 0
