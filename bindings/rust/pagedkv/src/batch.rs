@@ -241,6 +241,11 @@ impl Batch {
     /// An i32 snapshot array of a recurrent group (CPU pools): `Indptr` or
     /// `Blocks` (`Rows` is i64: [`group_snapshot_rows`](Batch::group_snapshot_rows)).
     pub fn group_snapshot_i32(&self, group: u32, which: SnapshotArray) -> Result<&[i32]> {
+        if which == SnapshotArray::Rows {
+            return Err(Error::invalid(
+                "group_snapshot_i32: the snapshot rows are i64; use group_snapshot_rows",
+            ));
+        }
         self.host_slice("group snapshot array", || {
             self.group_snapshot_tensor(group, which)
         })
@@ -258,6 +263,11 @@ impl Batch {
     /// An i32 array of one group (CPU pools): every `PlanArray` but
     /// `SlotMapping` (see [`group_slot_mapping`](Batch::group_slot_mapping)).
     pub fn plan_group_i32(&self, group: u32, which: PlanArray) -> Result<&[i32]> {
+        if which == PlanArray::SlotMapping {
+            return Err(Error::invalid(
+                "plan_group_i32: the slot mapping is i64; use group_slot_mapping",
+            ));
+        }
         self.host_slice("group plan array", || self.plan_group_tensor(group, which))
     }
 

@@ -506,6 +506,10 @@ pub(crate) fn read_vec<T: Clone>(
 }
 
 impl Pool {
+    /// The most events one [`drain_events`](Pool::drain_events) call
+    /// returns (the Go binding's cap).
+    pub const MAX_DRAIN: usize = 1 << 16;
+
     /// Creates a pool.
     pub fn new(opts: &PoolOptions) -> Result<Pool> {
         let seed = c_string(&opts.hash_seed, "hash_seed")?;
@@ -1012,8 +1016,12 @@ impl Pool {
         check(unsafe { sys::pkv_pool_set_clock(self.ptr(), now_ns) })
     }
 
-    /// Removes and returns up to `max` oldest events, in order.
+    /// Removes and returns up to `max` oldest events (at most
+    /// [`Pool::MAX_DRAIN`] per call), in order.
     pub fn drain_events(&self, max: usize) -> Result<Vec<Event>> {
+        // The buffer is allocated up front: a huge max would overflow its
+        // capacity (a panic) or abort on a failed allocation.
+        let max = max.min(Self::MAX_DRAIN);
         let mut raw = vec![sys::pkv_event::default(); max];
         let mut n = 0u64;
         let out = if max == 0 {
@@ -1087,7 +1095,9 @@ impl Pool {
         }
         let t = self.kv_tensor(layer, which)?;
         let shape = t.shape();
-        if shape.len() != 4 || !t.is_dense() || t.dtype() != Some(T::DTYPE) {
+        // [num_blocks, num_kv_heads, block_size, head_dim]; an MLA pool's
+        // one latent tensor per layer is [num_blocks, block_size, width].
+        if !(shape.len() == 4 || shape.len() == 3) || !t.is_dense() || t.dtype() != Some(T::DTYPE) {
             return Err(Error::new(
                 ErrorKind::Internal,
                 format!("unexpected KV storage layout: shape {shape:?}"),
@@ -1099,7 +1109,9 @@ impl Pool {
                 shape[0]
             )));
         }
-        let per_block = (shape[1] * shape[2] * shape[3]) as usize;
+        let per_block = shape[1..].iter().product::<i64>() as usize;
+        // Planes of one layer in the swap layout: K and V, or the latent.
+        let planes_per_layer = if shape.len() == 3 { 1 } else { 2 };
         let plane = per_block * std::mem::size_of::<T>();
         let mut out: Vec<T> = Vec::with_capacity(per_block);
         if block == NULL_BLOCK {
@@ -1113,10 +1125,11 @@ impl Pool {
             }
             return Ok(out);
         }
-        // Host layout of a swapped-out block: [layer][K, V][kv_head][slot][dim].
+        // Host layout of a swapped-out block: [layer][K, V][kv_head][slot][dim]
+        // (MLA: [layer][slot][width]).
         let mut host = vec![0u8; self.bytes_per_block()? as usize];
         self.swap_out(&[block], &mut host)?;
-        let off = (layer as usize * 2 + which.raw() as usize) * plane;
+        let off = (layer as usize * planes_per_layer + which.raw() as usize) * plane;
         if off + plane > host.len() {
             return Err(Error::new(ErrorKind::Internal, "unexpected swap layout"));
         }
