@@ -49,6 +49,9 @@ func NewTensor(data unsafe.Pointer, dtype DType, device DeviceType, deviceID int
 
 // NumElements is the product of the extents.
 func (t *Tensor) NumElements() int64 {
+	if t == nil {
+		return 0
+	}
 	n := int64(1)
 	for _, s := range t.Shape {
 		n *= s
@@ -117,6 +120,9 @@ func fromC(t *C.pkv_tensor) Tensor {
 // hostView checks that t is dense CPU memory of dtype and returns its
 // element count.
 func (t *Tensor) hostView(op string, dtype DType) (int, error) {
+	if t == nil {
+		return 0, argError(op, "the tensor is nil")
+	}
 	if t.Device != CPU {
 		return 0, &Error{Code: CodeUnsupported, Op: op, Msg: "tensor lives on " + t.Device.String() +
 			", not host memory"}
@@ -133,7 +139,22 @@ func (t *Tensor) hostView(op string, dtype DType) (int, error) {
 			expect *= t.Shape[i]
 		}
 	}
-	return int(t.NumElements()), nil
+	// A malformed descriptor (a negative extent, a count past the address
+	// space, no data) would make the slice below panic.
+	n := int64(1)
+	for i, e := range t.Shape {
+		if e < 0 {
+			return 0, argError(op, "tensor extent %d is %d", i, e)
+		}
+		if e != 0 && n > (1<<62)/e {
+			return 0, argError(op, "tensor shape %v holds too many elements", t.Shape)
+		}
+		n *= e
+	}
+	if n > 0 && t.Data == nil {
+		return 0, argError(op, "tensor data is nil but its shape %v holds %d elements", t.Shape, n)
+	}
+	return int(n), nil
 }
 
 // Float32s is a []float32 over a dense CPU f32 tensor's memory, without
@@ -149,6 +170,9 @@ func (t *Tensor) Float32s() ([]float32, error) {
 
 // Uint16s is a []uint16 over a dense CPU f16 or bf16 tensor's memory.
 func (t *Tensor) Uint16s() ([]uint16, error) {
+	if t == nil {
+		return nil, argError("Tensor.Uint16s", "the tensor is nil")
+	}
 	dt := t.DType
 	if dt != Float16 && dt != BFloat16 {
 		return nil, argError("Tensor.Uint16s", "tensor dtype is %v, not f16 or bf16", dt)
@@ -163,6 +187,9 @@ func (t *Tensor) Uint16s() ([]uint16, error) {
 // Codes is a []uint8 over a dense CPU FP8 tensor's memory (the stored
 // codes; their values are code * the pool's K or V scale).
 func (t *Tensor) Codes() ([]uint8, error) {
+	if t == nil {
+		return nil, argError("Tensor.Codes", "the tensor is nil")
+	}
 	dt := t.DType
 	if !isFP8(dt) {
 		return nil, argError("Tensor.Codes", "tensor dtype is %v, not fp8", dt)
@@ -180,6 +207,9 @@ func (t *Tensor) Int32s() ([]int32, error) {
 	if err != nil {
 		return nil, err
 	}
+	if n == 0 {
+		return []int32{}, nil
+	}
 	out := make([]int32, n)
 	copy(out, unsafe.Slice((*int32)(unsafe.Add(t.Data, t.ByteOffset)), n))
 	return out, nil
@@ -190,6 +220,9 @@ func (t *Tensor) Int64s() ([]int64, error) {
 	n, err := t.hostView("Tensor.Int64s", Int64)
 	if err != nil {
 		return nil, err
+	}
+	if n == 0 {
+		return []int64{}, nil
 	}
 	out := make([]int64, n)
 	copy(out, unsafe.Slice((*int64)(unsafe.Add(t.Data, t.ByteOffset)), n))
