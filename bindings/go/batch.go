@@ -35,6 +35,11 @@ type Batch struct {
 	device     DeviceType
 	numKVHeads int
 	headDim    int
+	// The MLA widths (kvLayout LayoutMLA), kept here like the fields
+	// above: Close clears pool, and later calls must still fail cleanly.
+	kvLayout   KVLayout
+	kvLoRARank int
+	qkRopeDim  int
 }
 
 // BatchInfo describes a plan.
@@ -176,6 +181,9 @@ func (p *Pool) newBatch(bp *C.pkv_batch) (*Batch, error) {
 		device:     p.opts.Device,
 		numKVHeads: int(p.opts.NumKVHeads),
 		headDim:    int(p.opts.HeadDim),
+		kvLayout:   p.opts.KVLayout,
+		kvLoRARank: int(p.opts.KVLoRARank),
+		qkRopeDim:  int(p.opts.QKRopeHeadDim),
 	}
 	var ci C.pkv_batch_info
 	C.pkv_batch_info_init(&ci)

@@ -1,6 +1,7 @@
 package pagedkv
 
 import (
+	"errors"
 	"testing"
 	"unsafe"
 )
@@ -52,5 +53,46 @@ func TestTensorHostViewsOfBadDescriptorsAreErrors(t *testing.T) {
 	ok(t, err)
 	if len(got) != 0 {
 		t.Fatalf("got %v", got)
+	}
+}
+
+// The MLA host calls of a closed Batch are ErrClosed like every other
+// Batch method (they read the pool's options through the batch, which
+// Close clears: a nil dereference).
+func TestMLAHostCallsAfterBatchCloseAreErrClosed(t *testing.T) {
+	for _, layout := range []KVLayout{LayoutMLA, LayoutMHA} {
+		o := PoolOptions{BlockSize: 4, NumBlocks: 8, NumLayers: 1, DType: Float32, NumThreads: 1}
+		if layout == LayoutMLA {
+			o.KVLayout, o.KVLoRARank, o.QKRopeHeadDim = LayoutMLA, 16, 8
+		} else {
+			o.NumKVHeads, o.HeadDim = 1, 8
+		}
+		p := newPool(t, o)
+		s, err := p.CreateSeq(nil)
+		ok(t, err)
+		ok(t, s.Append([]int32{1, 2}))
+		b, err := p.Prepare([]Seq{s}, []int{2})
+		ok(t, err)
+		ok(t, b.Close())
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Fatalf("%v: panic %v", layout, r)
+				}
+			}()
+			// An MHA pool's batch refuses MLA calls before it looks at
+			// being closed: either error, never a panic.
+			want := func(err error) bool {
+				return errors.Is(err, ErrClosed) || layout == LayoutMHA && errors.Is(err, ErrInvalidState)
+			}
+			err := b.MLACacheWrite(0, make([]float32, 2*16), make([]float32, 2*8))
+			if !want(err) {
+				t.Fatalf("%v: MLACacheWrite after Close: %v", layout, err)
+			}
+			err = b.MLAAttention(0, make([]float32, 2*16), make([]float32, 2*8), make([]float32, 2*16), nil, 0.1)
+			if !want(err) {
+				t.Fatalf("%v: MLAAttention after Close: %v", layout, err)
+			}
+		}()
 	}
 }

@@ -23,12 +23,11 @@ const (
 
 // mlaDims returns the MLA pool's latent and rotary widths.
 func (b *Batch) mlaDims(op string) (int, int, error) {
-	o := b.pool.opts
-	if o.KVLayout != LayoutMLA {
+	if b.kvLayout != LayoutMLA {
 		return 0, 0, &Error{Code: CodeInvalidState, Op: op,
 			Msg: "the pool stores K and V (KVLayout LayoutMHA): use CacheWrite / Attention"}
 	}
-	return int(o.KVLoRARank), int(o.QKRopeHeadDim), nil
+	return b.kvLoRARank, b.qkRopeDim, nil
 }
 
 // mlaHost checks a host (f32 CPU) MLA call and returns the pool's latent
