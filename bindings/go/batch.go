@@ -290,7 +290,12 @@ func (b *Batch) Info() (BatchInfo, error) {
 }
 
 // NumTokens is the number of query rows of the plan.
-func (b *Batch) NumTokens() int { return int(b.info.NumTokens) }
+func (b *Batch) NumTokens() int {
+	if b == nil {
+		return 0
+	}
+	return int(b.info.NumTokens)
+}
 
 // PlanArray selects one of a plan's arrays.
 type PlanArray uint32

@@ -2,6 +2,7 @@ package pagedkv
 
 import (
 	"errors"
+	"reflect"
 	"testing"
 	"unsafe"
 )
@@ -95,4 +96,142 @@ func TestMLAHostCallsAfterBatchCloseAreErrClosed(t *testing.T) {
 			}
 		}()
 	}
+}
+
+// Every Batch method on a nil *Batch, a closed Batch and a Batch whose pool
+// was closed returns an error or (the orphan's readable arrays) its answer,
+// never a panic; Close stays idempotent.
+func TestBatchMethodsOnNilClosedAndOrphanedBatches(t *testing.T) {
+	o := PoolOptions{BlockSize: 4, NumBlocks: 8, NumLayers: 1, NumKVHeads: 1, HeadDim: 8,
+		DType: Float32, NumThreads: 1}
+	f := make([]float32, 16)
+	u := make([]uint16, 16)
+	// No data (a Go pointer may not be passed inside a Tensor): refused by
+	// the library, or before it by the closed checks.
+	tensor := &Tensor{DType: Float32, Device: CPU, Shape: []int64{2, 1, 8}}
+	calls := map[string]func(b *Batch) error{
+		"Commit":           func(b *Batch) error { return b.Commit() },
+		"Abort":            func(b *Batch) error { return b.Abort() },
+		"Info":             func(b *Batch) error { _, err := b.Info(); return err },
+		"PlanTensor":       func(b *Batch) error { _, err := b.PlanTensor(PlanSlotMapping); return err },
+		"PlanInt32s":       func(b *Batch) error { _, err := b.PlanInt32s(PlanContextLens); return err },
+		"PlanGroupTensor":  func(b *Batch) error { _, err := b.PlanGroupTensor(0, PlanContextLens); return err },
+		"SlotMapping":      func(b *Batch) error { _, err := b.SlotMapping(); return err },
+		"TokenPositions":   func(b *Batch) error { _, err := b.TokenPositions(); return err },
+		"LastTokenIndices": func(b *Batch) error { _, err := b.LastTokenIndices(); return err },
+		"CacheWrite":       func(b *Batch) error { return b.CacheWrite(0, f, f) },
+		"CacheWrite16":     func(b *Batch) error { return b.CacheWrite16(0, u, u) },
+		"Attention":        func(b *Batch) error { return b.Attention(0, f, f, nil, nil) },
+		"Attention16":      func(b *Batch) error { return b.Attention16(0, u, u, nil, nil) },
+		"CacheWriteTensor": func(b *Batch) error { return b.CacheWriteTensor(0, tensor, tensor, nil) },
+		"AttentionTensor":  func(b *Batch) error { return b.AttentionTensor(0, tensor, tensor, nil, nil, nil) },
+		"MLACacheWrite":    func(b *Batch) error { return b.MLACacheWrite(0, f, f) },
+		"MLAAttention":     func(b *Batch) error { return b.MLAAttention(0, f, f, f, nil, 1) },
+		"MLACacheWriteTensor": func(b *Batch) error {
+			return b.MLACacheWriteTensor(0, tensor, tensor, nil)
+		},
+		"MLAAttentionTensor": func(b *Batch) error {
+			return b.MLAAttentionTensor(0, tensor, tensor, tensor, nil, nil, nil)
+		},
+	}
+	for _, state := range []string{"nil", "closed", "orphaned"} {
+		var b *Batch
+		if state != "nil" {
+			p, err := NewPool(&o)
+			ok(t, err)
+			s, err := p.CreateSeq(nil)
+			ok(t, err)
+			ok(t, s.Append([]int32{1, 2}))
+			b, err = p.Prepare([]Seq{s}, []int{2})
+			ok(t, err)
+			if state == "closed" {
+				ok(t, b.Close())
+			}
+			ok(t, p.Close())
+		}
+		for name, call := range calls {
+			func() {
+				defer func() {
+					if r := recover(); r != nil {
+						t.Fatalf("%s batch: %s panicked: %v", state, name, r)
+					}
+				}()
+				err := call(b)
+				// A plan outlives its pool: its arrays stay readable and
+				// aborting it is harmless; what needs the pool fails.
+				readable := map[string]bool{"Info": true, "PlanTensor": true, "PlanInt32s": true,
+					"PlanGroupTensor": true, "SlotMapping": true, "TokenPositions": true,
+					"LastTokenIndices": true, "Abort": true}
+				if state == "orphaned" && readable[name] {
+					ok(t, err)
+				} else if err == nil {
+					t.Errorf("%s batch: %s succeeded", state, name)
+				}
+			}()
+		}
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Fatalf("%s batch: NumTokens panicked: %v", state, r)
+				}
+			}()
+			_ = b.NumTokens()
+		}()
+		ok(t, b.Close())
+		ok(t, b.Close())
+	}
+}
+
+// callAll calls every method of v with zero arguments (nil slices,
+// pointers and tensors, 0 counts), failing on a panic: a bad argument or a
+// nil, closed or orphaned receiver must be an error.
+func callAll(t *testing.T, label string, v reflect.Value) {
+	ty := v.Type()
+	for i := 0; i < ty.NumMethod(); i++ {
+		m := ty.Method(i)
+		args := []reflect.Value{v}
+		for j := 1; j < m.Type.NumIn(); j++ {
+			args = append(args, reflect.Zero(m.Type.In(j)))
+		}
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("%s.%s panicked: %v", label, m.Name, r)
+				}
+			}()
+			m.Func.Call(args)
+		}()
+	}
+}
+
+func TestZeroArgumentCallsNeverPanic(t *testing.T) {
+	callAll(t, "nil *Pool", reflect.ValueOf((*Pool)(nil)))
+	callAll(t, "Seq{}", reflect.ValueOf(Seq{}))
+	callAll(t, "nil *Batch", reflect.ValueOf((*Batch)(nil)))
+	callAll(t, "nil *Tensor", reflect.ValueOf((*Tensor)(nil)))
+	callAll(t, "nil *EventPublisher", reflect.ValueOf((*EventPublisher)(nil)))
+	callAll(t, "nil *TransferEngine", reflect.ValueOf((*TransferEngine)(nil)))
+	callAll(t, "nil *Transfer", reflect.ValueOf((*Transfer)(nil)))
+	o := PoolOptions{BlockSize: 4, NumBlocks: 8, NumLayers: 1, NumKVHeads: 1, HeadDim: 8,
+		DType: Float32, EnableEvents: true}
+	p, err := NewPool(&o)
+	ok(t, err)
+	s, err := p.CreateSeq(nil)
+	ok(t, err)
+	p.Close()
+	callAll(t, "closed *Pool", reflect.ValueOf(p))
+	callAll(t, "Seq of closed", reflect.ValueOf(s))
+	// Live receivers (the pool's own Close comes in the loop, so the Seq
+	// goes first).
+	p2, err := NewPool(&o)
+	ok(t, err)
+	defer p2.Close()
+	s2, err := p2.CreateSeq(nil)
+	ok(t, err)
+	ok(t, s2.Append([]int32{1, 2, 3}))
+	b, err := p2.Prepare([]Seq{s2}, []int{3})
+	ok(t, err)
+	callAll(t, "live Batch", reflect.ValueOf(b))
+	callAll(t, "live Seq", reflect.ValueOf(s2))
+	callAll(t, "live *Pool", reflect.ValueOf(p2))
 }

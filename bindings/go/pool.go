@@ -239,7 +239,9 @@ func (p *Pool) release() {
 // calls on the pool in flight, is idempotent, and makes later calls fail
 // with ErrClosed. Batches prepared from the pool stay safe to use: a kernel
 // call already running on another goroutine finishes (the library keeps the
-// storage until it returns) and later calls fail with ErrInvalidState.
+// storage until it returns) and later calls that need the pool (Commit,
+// the kernels) fail with ErrInvalidState; their plan arrays and Info stay
+// readable and Abort succeeds.
 func (p *Pool) Close() error {
 	if p == nil {
 		return nil

@@ -223,6 +223,9 @@ func (e *TransferEngine) Import(p *Pool, opts *SeqOptions, descriptor []byte) (*
 // its error.
 func (t *Transfer) Poll() (int, Seq, error) {
 	const op = "pkv_transfer_poll"
+	if t == nil {
+		return 0, Seq{}, closedError(op, "transfer")
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.ptr == nil {
@@ -242,6 +245,9 @@ func (t *Transfer) Poll() (int, Seq, error) {
 // Cancel stops the reads and frees the blocks (ErrInvalidState once done).
 func (t *Transfer) Cancel() error {
 	const op = "pkv_transfer_cancel"
+	if t == nil {
+		return closedError(op, "transfer")
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.ptr == nil {

@@ -167,8 +167,11 @@ PKV_API pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out)
 /* Frees the pool and its sequences, and lets go of its storage. NULL is a
  * no-op. Step plans created from it stay valid objects: a kernel of one that
  * is running on another thread finishes (its storage lives until it
- * returns), and every later call on them fails with PKV_E_INVALID_STATE;
- * the memory is freed when the last of them lets go (docs/threading.md). */
+ * returns), and every later call on them that needs the pool (commit, the
+ * kernels) fails with PKV_E_INVALID_STATE, while their arrays, info and
+ * positions stay readable and pkv_batch_abort succeeds (nothing is left to
+ * count); the memory is freed when the last of them lets go
+ * (docs/threading.md). */
 PKV_API void pkv_pool_destroy(pkv_pool* pool);
 
 /* The options the pool was created with, num_blocks resolved. */

@@ -110,7 +110,8 @@ impl Default for AttentionParams {
 /// scheduled sequences.
 ///
 /// It keeps the pool's internals alive, so it may outlive the [`Pool`]
-/// (its calls then fail with [`ErrorKind::InvalidState`]). Appending to,
+/// (its calls that need the pool, commit and the kernels, then fail with
+/// [`ErrorKind::InvalidState`]; its arrays and info stay readable). Appending to,
 /// truncating or freeing one of its sequences makes it stale (same error):
 /// prepare a new plan each step. `Batch` is `Send` but not `Sync`: one
 /// thread at a time.

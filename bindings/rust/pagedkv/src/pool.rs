@@ -426,7 +426,8 @@ pub enum SwapDirection {
 /// `Pool` is `Send + Sync`: the C pool serialises every operation, so
 /// share it between threads with `&Pool` or `Arc<Pool>`. Dropping it frees
 /// the pool; step plans ([`Batch`]) made from it stay valid objects whose
-/// calls then fail with [`ErrorKind::InvalidState`].
+/// calls that need the pool (commit, the kernels) then fail with
+/// [`ErrorKind::InvalidState`].
 ///
 /// ```
 /// use pagedkv::{Pool, PoolOptions, ErrorKind};

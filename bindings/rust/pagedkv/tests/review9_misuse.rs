@@ -108,3 +108,18 @@ fn read_kv_block_of_an_mla_pool() {
     let e = p.read_kv_block::<f32>(1, Kv::Value, block).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
 }
+
+#[test]
+fn a_batch_outliving_its_pool_reads_its_arrays_and_refuses_commit() {
+    use pagedkv::ErrorKind;
+    let p = pool();
+    let s = p.create_seq().unwrap();
+    p.append(s, &[1, 2, 3, 4, 5]).unwrap();
+    let b = p.prepare(&[s], &[5]).unwrap();
+    drop(p);
+    assert_eq!(b.info().unwrap().num_tokens, 5);
+    assert_eq!(b.context_lens().unwrap(), &[5]);
+    assert_eq!(b.slot_mapping().unwrap().len(), 5);
+    assert_eq!(b.token_positions().unwrap(), &[0, 1, 2, 3, 4]);
+    assert_eq!(b.commit().unwrap_err().kind(), ErrorKind::InvalidState);
+}
