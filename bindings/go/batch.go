@@ -332,7 +332,9 @@ func (b *Batch) PlanTensor(which PlanArray) (Tensor, error) {
 	if err := check(op, C.pkvgo_batch_plan_tensor(ptr, C.uint32_t(which), &t)); err != nil {
 		return Tensor{}, err
 	}
-	return fromC(&t), nil
+	// The Tensor keeps b reachable: b's finalizer would free (recycle) the
+	// plan memory it describes.
+	return ownedBy(fromC(&t), b), nil
 }
 
 // PlanInt32s copies one of a CPU plan's i32 arrays into a new slice.
@@ -366,7 +368,7 @@ func (b *Batch) PlanGroupTensor(group uint32, which PlanArray) (Tensor, error) {
 	if err := check(op, C.pkvgo_batch_plan_tensor_group(ptr, C.uint32_t(group), C.uint32_t(which), &t)); err != nil {
 		return Tensor{}, err
 	}
-	return fromC(&t), nil
+	return ownedBy(fromC(&t), b), nil
 }
 
 // SlotMapping copies a CPU plan's slot mapping (block_id*block_size+offset
@@ -433,7 +435,7 @@ func (b *Batch) positionsView(op string, last bool, copyTo *[]int64) (Tensor, er
 	if err := check(op, r); err != nil {
 		return Tensor{}, err
 	}
-	gt := fromC(&t)
+	gt := ownedBy(fromC(&t), b)
 	if copyTo != nil {
 		*copyTo, err = gt.Int64s()
 	}

@@ -3,7 +3,9 @@ package pagedkv
 import (
 	"errors"
 	"reflect"
+	"runtime"
 	"testing"
+	"time"
 	"unsafe"
 )
 
@@ -234,4 +236,48 @@ func TestZeroArgumentCallsNeverPanic(t *testing.T) {
 	callAll(t, "live Batch", reflect.ValueOf(b))
 	callAll(t, "live Seq", reflect.ValueOf(s2))
 	callAll(t, "live *Pool", reflect.ValueOf(p2))
+}
+
+// slotTensor returns a plan's slot mapping as a zero-copy Tensor (and a
+// copy of it); the Batch is unreachable once it returns.
+func slotTensor(t *testing.T, p *Pool, s Seq) (Tensor, []int64) {
+	b, err := p.Prepare([]Seq{s}, []int{9})
+	ok(t, err)
+	ok(t, b.Commit())
+	tt, err := b.PlanTensor(PlanSlotMapping)
+	ok(t, err)
+	want, err := tt.Int64s()
+	ok(t, err)
+	return tt, want
+}
+
+// A Tensor the library handed out keeps its Batch reachable: the batch's
+// finalizer used to run while the Tensor was still in use, recycling the
+// plan memory, and the Tensor then read the slot mapping of a later plan.
+func TestPlanTensorKeepsItsBatchAlive(t *testing.T) {
+	p := managerPool(t, 64)
+	s, err := p.CreateSeq(nil)
+	ok(t, err)
+	ok(t, s.Append([]int32{1, 2, 3, 4, 5, 6, 7, 8, 9}))
+	tt, want := slotTensor(t, p, s)
+	for i := 0; i < 5; i++ {
+		runtime.GC()
+		time.Sleep(2 * time.Millisecond)
+	}
+	for i := 0; i < 3; i++ {
+		s2, err := p.CreateSeq(nil)
+		ok(t, err)
+		ok(t, s2.Append([]int32{11, 12, 13, 14, 15, 16, 17, 18, 19}))
+		b, err := p.Prepare([]Seq{s2}, []int{9})
+		ok(t, err)
+		_, err = b.SlotMapping()
+		ok(t, err)
+		got, err := tt.Int64s()
+		ok(t, err)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("plan %d: the first plan's tensor reads %v, want %v", i, got, want)
+		}
+		ok(t, b.Close())
+	}
+	runtime.KeepAlive(tt)
 }

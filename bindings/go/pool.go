@@ -544,8 +544,9 @@ const (
 
 // KVTensor describes one layer's K or V storage, shape [num_blocks,
 // num_kv_heads, block_size, head_dim]. The memory belongs to the pool: it
-// is valid until Close, and on the CPU Tensor.Float32s or Tensor.Uint16s
-// view it without copying.
+// is valid until Close (the Tensor keeps the pool reachable, so its
+// finalizer does not close it meanwhile), and on the CPU Tensor.Float32s or
+// Tensor.Uint16s view it without copying.
 func (p *Pool) KVTensor(layer int, which KVKind) (Tensor, error) {
 	const op = "pkv_pool_kv_tensor"
 	if layer < 0 || int64(layer) > 1<<32-1 {
@@ -560,7 +561,8 @@ func (p *Pool) KVTensor(layer int, which KVKind) (Tensor, error) {
 	if err := check(op, C.pkvgo_pool_kv_tensor(ptr, C.uint32_t(layer), C.uint32_t(which), &t)); err != nil {
 		return Tensor{}, err
 	}
-	return fromC(&t), nil
+	// The Tensor keeps p reachable: p's finalizer would free the storage.
+	return ownedBy(fromC(&t), p), nil
 }
 
 // CopyBlocks copies the contents of blocks src[i] to dst[i] in every layer,

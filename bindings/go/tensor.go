@@ -23,6 +23,17 @@ type Tensor struct {
 	DeviceID   int32
 	Shape      []int64
 	Strides    []int64
+
+	// owner is the Batch or Pool whose memory a Tensor the library handed
+	// out describes: it stays reachable (its finalizer cannot free that
+	// memory) as long as the Tensor or a copy of it is.
+	owner any
+}
+
+// ownedBy returns t keeping owner reachable.
+func ownedBy(t Tensor, owner any) Tensor {
+	t.owner = owner
+	return t
 }
 
 // NewTensor describes dense row-major memory at data, checked by the
@@ -160,6 +171,8 @@ func (t *Tensor) hostView(op string, dtype DType) (int, error) {
 // Float32s is a []float32 over a dense CPU f32 tensor's memory, without
 // copying. It is valid as long as the memory is (for pool storage: until
 // the pool is closed).
+// The slice does not keep the Pool or Batch alive: keep the Tensor (or
+// its owner) reachable while you use it, e.g. with runtime.KeepAlive.
 func (t *Tensor) Float32s() ([]float32, error) {
 	n, err := t.hostView("Tensor.Float32s", Float32)
 	if err != nil || n == 0 {
