@@ -367,6 +367,11 @@ class CudaBackend final : public Backend {
   // slots, so that copies to and from them are DMA the host does not wait
   // for, ordered by streams and events.
   bool async_host_copies() const override { return true; }
+  // The copy thread: the pool's device, once. Without it the first
+  // DeviceGuard there would restore device 0 (what cudaGetDevice reports on
+  // a fresh thread), and cudaSetDevice(0) creates device 0's primary
+  // context (CUDA 12) in a process that may never use that GPU.
+  void bind_thread() override { check(cudaSetDevice(device_), "cudaSetDevice"); }
 
   void* host_alloc_pinned(size_t bytes) override {
     DeviceGuard g(device_);
@@ -417,7 +422,14 @@ class CudaBackend final : public Backend {
   }
   bool event_query(void* ev) override {
     const cudaError_t q = cudaEventQuery(as_event(ev));
-    if (q == cudaErrorNotReady) return false;
+    if (q == cudaErrorNotReady) {
+      // Not an error, but the runtime keeps it as the thread's last error:
+      // cleared, or the caller's next kernel launch (checked with
+      // cudaGetLastError, here and in the engine) would report it. The
+      // pool's own thread queries load events in every prepare.
+      (void)cudaGetLastError();
+      return false;
+    }
     check(q, "cudaEventQuery");
     return true;
   }

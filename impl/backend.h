@@ -115,6 +115,11 @@ class Backend {
   // true: the tiers use the calls below (async_* return with the copy
   // queued, not done).
   virtual bool async_host_copies() const { return false; }
+  // Called once on the tiers' copy thread before any other call from it
+  // (CUDA: makes the pool's device current there, so that the calls below
+  // never switch devices on that thread, nor create a context on device 0
+  // when restoring the "previous" device a fresh thread reports).
+  virtual void bind_thread() {}
   // Host memory the device can copy to and from asynchronously (CUDA:
   // page-locked); throws Error(kOutOfMemory). CPU: aligned malloc.
   virtual void* host_alloc_pinned(size_t bytes);

@@ -111,11 +111,11 @@ TierSet::TierSet(const TierOptions& o, const KvArena& arena, std::shared_ptr<voi
   if (async_) {
     try {
       init_async(o);
-    } catch (...) {
+      thread_ = std::thread([this] { run_async(); });
+    } catch (...) {  // no destructor runs: the stream, events and staging go here
       destroy_async();
       throw;
     }
-    thread_ = std::thread([this] { run_async(); });
   } else {
     thread_ = std::thread([this] { run(); });
   }
@@ -148,6 +148,20 @@ void TierSet::enqueue(int32_t block, const BlockHash& h, uint64_t lora) noexcept
     if (size_ == ring_.size()) {
       ++(host_ ? host_stats_ : file_stats_).num_dropped;  // the tier it was bound for
       return;
+    }
+    if (async_) {
+      // The fence, recorded here, on the thread evicting (the pool's
+      // caller's): a stream handle that names a per-thread stream
+      // (cudaStreamPerThread) means this thread's, not the copy thread's,
+      // and everything queued so far there, the block's last writes
+      // included, is before it. The copy thread's stream waits on its
+      // latest record.
+      try {
+        backend_->event_record(fence_, source_);
+      } catch (...) {  // the device failed: the copy could not be ordered
+        ++(host_ ? host_stats_ : file_stats_).num_dropped;
+        return;
+      }
     }
     Job& j = ring_[(head_ + size_) % ring_.size()];
     j.block = block;

@@ -16,11 +16,11 @@
 // async_host_copies) move bytes with queued copies instead
 // (tier_set_async.cpp): host slots are page-locked, the copy thread only
 // *issues* each offload's device->host copy, on a stream of the tiers' own,
-// ordered after the work queued so far on the stream the pool last planned
-// on (an event recorded there when the copy is issued), and hashes and
-// publishes the slot once the copy's event completed. flush(stream) then
-// waits only until the queued offloads were issued, and makes the next
-// writer's stream wait (on the device) for the last of them. Loads verify
+// ordered after the work queued before the eviction on the stream the pool
+// last planned on (an event recorded there by the evicting thread), and
+// hashes and publishes the slot once the copy's event completed.
+// flush(stream) then waits only until the queued offloads were issued, and
+// makes the next writer's stream wait (on the device) for the last of them. Loads verify
 // a slot's checksum on the host and queue its host->device copy on the
 // plan's stream; the slot stays pinned until that copy's event completed.
 //
@@ -206,7 +206,7 @@ class TierSet final : public EvictSink {
   bool async_ = false;
   bool issuing_ = false;         // the copy thread is issuing taken jobs
   void* tier_stream_ = nullptr;  // the offloads' device->host copies
-  void* fence_ = nullptr;        // on source_ before a batch of offloads
+  void* fence_ = nullptr;        // on source_ at each eviction (enqueue, the evicting thread)
   void* tail_ = nullptr;         // on tier_stream_ after the last issued offload
   void* chain_ = nullptr;        // orders a new source stream after the last
   bool tail_recorded_ = false;

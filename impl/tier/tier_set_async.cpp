@@ -50,6 +50,11 @@ void TierSet::init_async(const TierOptions&) {
   fence_ = backend_->event_create(false);
   tail_ = backend_->event_create(false);
   chain_ = backend_->event_create(false);
+  // Reserved first: a buffer allocated is a buffer recorded (and freed).
+  lstage_.reserve(kLoadStaging);
+  lstage_free_.reserve(kLoadStaging);
+  ostage_.reserve(kOffloadStaging);
+  ostage_free_.reserve(kOffloadStaging);
   if (file_)
     for (int32_t i = 0; i < kLoadStaging; ++i) {
       lstage_.push_back(static_cast<char*>(backend_->host_alloc_pinned(slot_bytes_)));
@@ -128,6 +133,10 @@ void TierSet::put_event(void* ev, bool timing) noexcept {
 }
 
 void TierSet::run_async() {
+  try {
+    backend_->bind_thread();
+  } catch (...) {  // a device error: each call below still selects the device itself
+  }
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     try {
@@ -161,10 +170,10 @@ void TierSet::issue_queued(std::unique_lock<std::mutex>& lock) {
     --size_;
   }
   // Each block's last writes were queued (on the stream the pool last
-  // planned on, or ordered before it) before its eviction queued the job,
-  // so an event recorded there now follows them.
+  // planned on, or ordered before it) before its eviction queued the job
+  // and recorded the fence there (enqueue), so the fence's latest record
+  // follows them all.
   try {
-    backend_->event_record(fence_, source_);
     backend_->stream_wait_event(tier_stream_, fence_);
   } catch (...) {  // the device failed: nothing can be ordered, nothing is copied
     for (size_t i = 0; i < batch_.size(); ++i) ++(host_ ? host_stats_ : file_stats_).num_dropped;

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -103,8 +104,35 @@ class FakeAsyncBackend final : public Backend {
   std::atomic<int64_t> live_pinned{0};
   std::atomic<int64_t> to_host{0}, from_host{0};
   std::atomic<bool> destroyed_busy_stream{false};
+  // bind_thread: how often, and calls from a thread other than the one that
+  // made the backend (the tiers' copy thread) before it bound (CUDA: with
+  // whatever device that thread had current).
+  const std::thread::id owner = std::this_thread::get_id();
+  std::atomic<int64_t> binds{0}, unbound_calls{0};
+  static bool& bound() {
+    thread_local bool b = false;
+    return b;
+  }
+  void note_call() {
+    if (std::this_thread::get_id() != owner && !bound()) ++unbound_calls;
+  }
+  void bind_thread() override {
+    bound() = true;
+    ++binds;
+  }
 
-  FakeStream& stream(void* s) { return s ? *static_cast<FakeStream*>(s) : default_; }
+  // A handle that names the calling thread's own stream, as
+  // cudaStreamPerThread does.
+  static inline void* const kPerThread = reinterpret_cast<void*>(uintptr_t(2));
+  FakeStream& stream(void* s) {
+    if (s == kPerThread) {
+      std::lock_guard<std::mutex> lock(per_thread_mu_);
+      auto& fs = per_thread_[std::this_thread::get_id()];
+      if (!fs) fs = std::make_unique<FakeStream>();
+      return *fs;
+    }
+    return s ? *static_cast<FakeStream*>(s) : default_;
+  }
 
   int32_t device_type() const override { return 2; }
   int32_t device_id() const override { return 0; }
@@ -134,13 +162,19 @@ class FakeAsyncBackend final : public Backend {
     if (p) --live_pinned;
     Backend::host_free_pinned(p);
   }
-  void* stream_create() override { return new FakeStream; }
+  void* stream_create() override {
+    note_call();
+    return new FakeStream;
+  }
   void stream_destroy(void* s) noexcept override {
     auto* fs = static_cast<FakeStream*>(s);
     if (fs->pending() != 0) destroyed_busy_stream = true;
     delete fs;
   }
-  void* event_create(bool) override { return new FakeEvent; }
+  void* event_create(bool) override {
+    note_call();
+    return new FakeEvent;
+  }
   // As with CUDA, an event may go while a stream still has its record or
   // a wait on it queued: kept until the backend goes (after its streams).
   void event_destroy(void* e) noexcept override {
@@ -148,6 +182,7 @@ class FakeAsyncBackend final : public Backend {
     graveyard_.emplace_back(static_cast<FakeEvent*>(e));
   }
   void event_record(void* e, void* s) override {
+    note_call();
     auto* ev = static_cast<FakeEvent*>(e);
     uint64_t gen;
     {
@@ -162,6 +197,7 @@ class FakeAsyncBackend final : public Backend {
     });
   }
   void stream_wait_event(void* s, void* e) override {
+    note_call();
     auto* ev = static_cast<FakeEvent*>(e);
     uint64_t gen;
     {
@@ -174,11 +210,13 @@ class FakeAsyncBackend final : public Backend {
     });
   }
   bool event_query(void* e) override {
+    note_call();
     auto* ev = static_cast<FakeEvent*>(e);
     std::lock_guard<std::mutex> lock(ev->mu);
     return ev->completed >= ev->recorded;
   }
   void event_synchronize(void* e) override {
+    note_call();
     auto* ev = static_cast<FakeEvent*>(e);
     std::unique_lock<std::mutex> lock(ev->mu);
     const uint64_t gen = ev->recorded;
@@ -192,6 +230,7 @@ class FakeAsyncBackend final : public Backend {
     return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(e->at - s->at).count());
   }
   void copy_block_to_host_async(const KvArena& arena, int32_t block, void* host, void* s) override {
+    note_call();
     ++to_host;
     const auto d = std::chrono::microseconds(copy_delay_us.load());
     stream(s).push([arena, block, host, d] { copy(arena, block, host, true, d); });
@@ -222,6 +261,8 @@ class FakeAsyncBackend final : public Backend {
   std::mutex graveyard_mu_;
   std::vector<std::unique_ptr<FakeEvent>> graveyard_;  // destroyed after default_
   FakeStream default_;
+  std::mutex per_thread_mu_;
+  std::map<std::thread::id, std::unique_ptr<FakeStream>> per_thread_;  // before graveyard_ goes
 };
 
 constexpr int32_t kBlocks = 8, kLayers = 2, kHeads = 2, kBs = 4, kDim = 8;
@@ -489,6 +530,50 @@ TEST(TiersAsync, DestroyWithCopiesInFlightWaitsForThem) {
   be->synchronize(plan);
   EXPECT_EQ(be->live_pinned.load(), 0);
   be->stream_destroy(plan);
+}
+
+// The copy thread selects the pool's device once, before its first backend
+// call (CUDA: otherwise its first DeviceGuard would switch back to device 0
+// after each call, creating that device's context on a multi-GPU host).
+TEST(TiersAsync, CopyThreadBindsTheDeviceBeforeItsFirstCall) {
+  auto be = std::make_shared<FakeAsyncBackend>();
+  Storage st;
+  void* plan = be->stream_create();
+  {
+    TierSet ts(host_opts(st, 2), st.arena, st.hold, kBs, kBlocks, be);
+    ts.flush(plan);
+    for (int32_t b = 0; b < 4; ++b) ts.enqueue(b, key(uint8_t(40 + b)), 0);  // beyond 2 slots
+    ts.flush(plan);
+    ts.wait_idle();
+    EXPECT_EQ(ts.stats(Medium::kHost).num_stored, 4u);
+  }
+  EXPECT_EQ(be->binds.load(), 1);
+  EXPECT_EQ(be->unbound_calls.load(), 0);
+  be->synchronize(plan);
+  be->stream_destroy(plan);
+}
+
+// A stream handle that means "the calling thread's stream"
+// (cudaStreamPerThread): the fence must be recorded on the evicting
+// thread's stream, not on the copy thread's own one, which holds nothing.
+TEST(TiersAsync, FenceFollowsThePerThreadStreamOfTheEvictingThread) {
+  auto be = std::make_shared<FakeAsyncBackend>();
+  Storage st;
+  void* const pt = FakeAsyncBackend::kPerThread;
+  TierSet ts(host_opts(st, 4), st.arena, st.hold, kBs, kBlocks, be);
+  ts.flush(pt);
+  const std::vector<char> p = st.pattern(), q = st.pattern();
+  st.write_on(*be, pt, 3, p, std::chrono::microseconds(5000));  // slow, still queued
+  ts.enqueue(3, key(50), 0);
+  ts.flush(pt);
+  st.write_on(*be, pt, 3, q, std::chrono::microseconds(0));
+  ts.wait_idle();
+  be->synchronize(pt);
+  EXPECT_EQ(st.read(3), q);
+  ASSERT_TRUE(load_on(ts, pt, key(50), 5));
+  ts.wait_idle();
+  be->synchronize(pt);
+  EXPECT_EQ(st.read(5), p) << "the offload did not wait for the block's last write";
 }
 
 TEST(TiersAsync, NewStreamIsOrderedAfterThePrevious) {

@@ -12,8 +12,10 @@
 // (compute-sanitizer memcheck over this file checks the memory).
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -318,6 +320,37 @@ TEST_P(CudaTiers, DestroyWithCopiesInFlight) {
     e.pool->close();
     batch.reset();
   }
+}
+
+// A plan looks at earlier loads' events (cudaEventQuery) without waiting;
+// "not ready" must not stay behind as the thread's last CUDA error, where
+// the next kernel launch's check (cudaGetLastError) would report it as a
+// failed launch.
+TEST_P(CudaTiers, PendingLoadsLeaveNoCudaErrorBehind) {
+  PKV_SKIP_WITHOUT_GPU();
+  Env e(GetParam(), 4, 0);
+  Offloaded f = offload_prompt(e);
+  Pool& p = *e.pool;
+  SeqId c = p.seq_create({});
+  p.match_prefix_tiered(c, f.tokens.data(), f.tokens.size());
+  p.append(c, f.tokens.data() + kPromptBlocks * kBs, 1, 0);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  // The stream is held up on the host: the loads the plan queues behind
+  // this are still pending when the next call on the pool looks at them.
+  ASSERT_EQ(
+      cudaLaunchHostFunc(
+          e.stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); },
+          nullptr),
+      cudaSuccess);
+  const uint32_t q = 1;
+  auto batch = Batch::prepare(e.pool, &c, &q, 1, e.stream);  // loads queued
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  p.copy_blocks(nullptr, nullptr, 0, e.stream);  // settles: the loads' event is not ready
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  batch->abort();
+  p.flush_tiers();
+  EXPECT_EQ(p.tier_stats(1).num_loaded, uint64_t(kPromptBlocks));
+  EXPECT_EQ(p.validate(), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaTiers,

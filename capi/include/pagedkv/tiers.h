@@ -30,9 +30,10 @@
  * CUDA pools: the host tier is page-locked memory (cudaHostAlloc) and
  * bytes move by DMA that the host does not wait for. An eviction queues
  * the block as on CPU; the copy thread issues its device-to-host copy on a
- * stream of the tiers' own, ordered (an event recorded when the copy is
- * issued) after the work queued so far on the stream the pool last
- * planned on: the stream given to the last pkv_batch_prepare (_ex,
+ * stream of the tiers' own, ordered (an event recorded at the eviction,
+ * on the evicting call's thread) after the work queued so far on the
+ * stream the pool last planned on: the stream given to the last
+ * pkv_batch_prepare (_ex,
  * _decode), pkv_pool_copy_blocks or pkv_pool_swap_blocks
  * (the legacy default stream before the first). So the step that wrote a
  * block must have queued its writes on that stream, or on one ordered
@@ -48,8 +49,8 @@
  * that copy completed. pkv_pool_flush_tiers queues pending loads on the
  * stream the pool last planned on and then waits on the host for every
  * copy. The stream the pool last planned on must stay valid until the
- * pool's next call that takes a stream (or pkv_pool_destroy): later
- * offloads record an event on it. When the pool plans on a new stream,
+ * pool's next call that takes a stream returned (or pkv_pool_destroy):
+ * evictions, that call's own included, record an event on it. When the pool plans on a new stream,
  * the new one is first ordered after the previous one. Destroying the
  * pool waits for the tiers' copies already queued (a load's copy, queued
  * on the plan's stream, after the work before it there), then frees the
