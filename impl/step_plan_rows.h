@@ -53,7 +53,9 @@ struct PlanHost {
   std::vector<uint32_t> pages;     // page count of each sequence
   std::vector<uint64_t> ends;      // token count at prepare
   std::vector<QueryRange> ranges;
-  std::vector<uint32_t> unsure;  // prepare: sequences whose context may be unwritten
+  // prepare: sequences whose context may be unwritten; the decode commit
+  // (commit_decode_locked): sequences whose computed count may still move
+  std::vector<uint32_t> unsure;
   // commit: the ranges still valid, in blocks possibly shared / held alone
   std::vector<WrittenRange> written, exclusive;
 };
