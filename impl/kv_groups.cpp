@@ -481,12 +481,14 @@ SeqId GroupPool::fork(SeqId parent) {
       child.state_src[g] = p.table[g].empty() ? p.state_src[g] : p.table[g][0];
       child.table[g].clear();
     }
-  for (const auto& t : child.table)
+  // Stored first (may throw), then referenced (cannot): an allocation
+  // failure leaves every block's count as it was.
+  const Seq& c = seqs_.emplace(id, std::move(child)).first->second;
+  for (const auto& t : c.table)
     for (int32_t b : t)
       if (b != 0) ++ref_[b];
-  for (int32_t b : child.state_src)
+  for (int32_t b : c.state_src)
     if (b != 0) ++ref_[b];
-  seqs_.emplace(id, std::move(child));
   return id;
 }
 
