@@ -441,6 +441,20 @@ class Pool {
     uint32_t need;
   };
   std::vector<BatchItem> batch_items_;
+  // The last decode step's ids and the sequences they resolved to
+  // (Batch::build_decode_steady): still those sequences while no sequence
+  // was freed (SeqTable::removals), and distinct.
+  struct DecodeMemo {
+    std::vector<SeqId> ids;
+    std::vector<Sequence*> live;
+    uint64_t removals = ~uint64_t(0);
+  };
+  DecodeMemo decode_memo_;
+  void remember_decode(const SeqId* seqs, Sequence* const* live, uint32_t n) noexcept;
+  void forget_decode() noexcept {
+    decode_memo_.ids.clear();
+    decode_memo_.removals = ~uint64_t(0);
+  }
   std::vector<AppendNeed> batch_needs_;
   // Incremental step plans (step_plan_rows.h): the last plan's memory and
   // page rows, and a spare buffer for the next plan.

@@ -86,8 +86,10 @@ std::unique_ptr<Batch> Batch::make(const std::shared_ptr<Pool>& pool, uint32_t n
 std::unique_ptr<Batch> Batch::prepare_decode(const std::shared_ptr<Pool>& pool, const SeqId* seqs,
                                              const int32_t* tokens, uint32_t num_seqs, void* stream,
                                              bool persistent_table) {
-  return make(pool, num_seqs,
-              [&](Batch& b) { b.build_decode(seqs, tokens, num_seqs, stream, persistent_table); });
+  return make(pool, num_seqs, [&](Batch& b) {
+    if (!b.build_decode_steady(seqs, tokens, num_seqs, stream, persistent_table))
+      b.build_decode(seqs, tokens, num_seqs, stream, persistent_table);
+  });
 }
 
 void Batch::start_host(const SeqId* seqs, uint32_t num_seqs) {
@@ -520,29 +522,21 @@ void Batch::commit_decode_locked(bool same) {
   h.unsure.reserve(m);
   constexpr size_t kNear = 8;
   Sequence** const live = h.live.data();
-  CommitRows rows(h, same);
   const QueryRange* const ranges = h.ranges.data();
   const uint64_t* const ends = h.ends.data();
-  for (size_t i = 0; i < m; ++i) {
-    Sequence* s = rows.at(i, p.seqs_);
-    if (i + kNear < m) {
-      p.blocks_.prefetch_counts(ranges[i + kNear].r.block);
-      if (same)
-        if (const Sequence* a = live[i + kNear])
-          if (ranges[i + kNear].index < a->blocks.size())
-            __builtin_prefetch(a->blocks.data() + ranges[i + kNear].index);
-    }
-    if (!s) continue;
+  const uint32_t* const versions = h.versions.data();
+  // Row i of sequence s (still the row's sequence) in general.
+  auto row = [&](size_t i, Sequence* s) {
     const QueryRange& q = ranges[i];
     if (q.index >= s->blocks.size() || s->blocks[q.index] != q.r.block) {
       h.unsure.push_back(uint32_t(i));  // its count may still move (reserved)
-      continue;
+      return;
     }
     const bool alone = !s->tail_shared && q.index >= p.div_bs(s->tokens.size());
     if (!alone) {
       h.written.push_back(q.r);  // reserved
       h.unsure.push_back(uint32_t(i));
-      continue;
+      return;
     }
     const uint32_t w = p.blocks_.written(q.r.block);
     if (q.r.lo <= w && q.r.hi > w) p.blocks_.set_written(q.r.block, q.r.hi);
@@ -554,6 +548,41 @@ void Batch::commit_decode_locked(bool same) {
       s->num_committed = ends[i];
     else if (s->num_committed < ends[i])
       h.unsure.push_back(uint32_t(i));
+  };
+  if (same) {
+    for (size_t i = 0; i < m; ++i) {
+      if (i + kNear < m) {
+        p.blocks_.prefetch_counts(ranges[i + kNear].r.block);
+        __builtin_prefetch(live[i + kNear]);
+      }
+      Sequence* s = live[i];
+      const QueryRange& q = ranges[i];
+      // Unchanged since prepare (no append, truncate or copy-on-write
+      // moved its tokens or blocks), its tail its own, and a query that
+      // does not fill its block: the row's block is its tail, which no
+      // other row writes, so the general rule reduces to this.
+      if (s->version != versions[i] || s->tail_shared || q.r.hi >= bs) {
+        if (s->writes_epoch == h.epochs[i])
+          row(i, s);
+        else
+          live[i] = nullptr;  // truncated since prepare: as CommitRows::at
+        continue;
+      }
+      const int32_t b = q.r.block;
+      const uint32_t w = p.blocks_.written(b);
+      if (w == q.r.lo) p.blocks_.set_written(b, q.r.hi);
+      if (s->num_committed == ends[i] - 1 && w >= q.r.lo)
+        s->num_committed = ends[i];
+      else if (s->num_committed < ends[i])
+        h.unsure.push_back(uint32_t(i));
+    }
+  } else {
+    CommitRows rows(h, same);
+    for (size_t i = 0; i < m; ++i) {
+      Sequence* s = rows.at(i, p.seqs_);
+      if (i + kNear < m) p.blocks_.prefetch_counts(ranges[i + kNear].r.block);
+      if (s) row(i, s);
+    }
   }
   p.apply_written(h.written);  // only shared or filled blocks; distinct ones allocate nothing
   state_ = State::kCommitted;

@@ -70,6 +70,8 @@ class Batch {
   // read from the sequences' tables), for tests and benchmarks.
   // With a persistent table: the rows it did not rewrite.
   size_t rows_reused() const { return rows_reused_; }
+  // Built by the steady decode path (step_plan_steady.cpp), for tests.
+  bool steady_for_testing() const { return steady_; }
   // The persistent table's row stride (pages per row); 0 for CSR plans.
   uint32_t page_row_stride() const { return table_ ? table_->stride : 0; }
 
@@ -124,6 +126,11 @@ class Batch {
              bool persistent_table);
   void build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_seqs, void* stream,
                     bool persistent_table);
+  // build_decode for the pool's previous decode step's ids, in one lean
+  // pass (step_plan_steady.cpp); false, with nothing changed, when the
+  // step needs the general path.
+  bool build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32_t num_seqs,
+                           void* stream, bool persistent_table);
   // A new plan over num_seqs sequences made by build(batch) under the
   // pool's lock, in recycled plan memory (returned to the pool if build
   // throws).
@@ -197,6 +204,7 @@ class Batch {
   std::shared_ptr<PlanHost> host_;
   bool recyclable_ = false;  // prepare succeeded: the destructor may lock the pool
   bool decode_step_ = false;  // built by build_decode: ranges are decode_shaped()
+  bool steady_ = false;       // built by build_decode_steady
   // On the CPU the callers' copy is made when first asked for.
   mutable std::once_flag callers_copy_;
   size_t rows_reused_ = 0;  // page rows copied from the previous plan

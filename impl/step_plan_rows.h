@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "sequence.h"
@@ -56,6 +57,9 @@ struct PlanHost {
   // prepare: sequences whose context may be unwritten; the decode commit
   // (commit_decode_locked): sequences whose computed count may still move
   std::vector<uint32_t> unsure;
+  // The steady decode path (step_plan_steady.cpp): sequences that open or
+  // fill a block, and their hash count before the step.
+  std::vector<std::pair<uint32_t, uint32_t>> special;
   // commit: the ranges still valid, in blocks possibly shared / held alone
   std::vector<WrittenRange> written, exclusive;
 };

@@ -499,6 +499,34 @@ TEST(Faults, PrepareDecode) {
              pkv_batch_destroy(batch);
              return st;
            }},
+          // The steady path (step_plan_steady.cpp): the previous decode
+          // step's ids again; one sequence opens a block, one fills one.
+          {"prepare_decode over the previous step's ids", cfg,
+           [flags](Ctx& c) {
+             for (int n : {7, 8, 9, 10}) {
+               pkv_seq_id s = make_seq(c);
+               append(c, s, n, 100 * n);
+               step(c, s, uint32_t(n));
+             }
+             pkv_batch* batch = nullptr;
+             const int32_t t[4] = {1, 2, 3, 4};
+             ASSERT_EQ(
+                 pkv_batch_prepare_decode(c.pool, c.seqs.data(), t, 4, flags, nullptr, &batch),
+                 PKV_OK)
+                 << pkv_last_error_message();
+             ASSERT_EQ(pkv_batch_commit(batch), PKV_OK);
+             pkv_batch_destroy(batch);
+           },
+           [flags](Ctx& c) {
+             pkv_batch* batch = nullptr;
+             const int32_t t[4] = {5, 6, 7, 8};
+             pkv_status st =
+                 pkv_batch_prepare_decode(c.pool, c.seqs.data(), t, 4, flags, nullptr, &batch);
+             const bool steady = batch && batch->impl->steady_for_testing();
+             pkv_batch_destroy(batch);
+             if (st == PKV_OK && !steady) ADD_FAILURE() << "the steady path did not run";
+             return st;
+           }},
       });
 }
 

@@ -1,0 +1,186 @@
+// The steady state of a decode loop (pkv_batch_prepare_decode with the same
+// ids, in the same order, as the pool's previous decode step): an engine's
+// running batch between admissions and finishes.
+//
+// build_decode spends most of a 1024-sequence step on what does not change
+// from one step to the next: resolving and de-duplicating every id, staging
+// each append, and the general append for the eighth of the sequences that
+// fill or open a block. Here the ids are known good (the previous step
+// resolved them and no sequence was freed since), so one pass checks what
+// the general path would refuse or treat differently, and a second makes
+// the appends and writes the plan rows. Any member the general path would
+// treat differently (a shared tail, a context not computed, a sliding
+// window, too few free blocks) sends the whole step back to build_decode
+// before anything changed, so both paths give the same plan, the same
+// block ids and the same events (tests/core/plan_decode_test.cpp).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "seq_util.h"
+#include "step_plan.h"
+
+namespace pagedkv {
+
+using seq_util::grow;
+using seq_util::kMaxSeqTokens;
+
+void Pool::remember_decode(const SeqId* seqs, Sequence* const* live, uint32_t n) noexcept {
+  try {
+    decode_memo_.ids.assign(seqs, seqs + n);
+    decode_memo_.live.assign(live, live + n);
+    decode_memo_.removals = seqs_.removals();
+  } catch (...) {
+    forget_decode();
+  }
+}
+
+bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32_t num_seqs,
+                                void* stream, bool persistent_table) {
+  Pool& p = *pool_;
+  const Pool::DecodeMemo& memo = p.decode_memo_;
+  if (p.opts_.sliding_window != 0 || p.bs_shift_ < 0 || memo.removals != p.seqs_.removals() ||
+      memo.ids.size() != num_seqs ||
+      std::memcmp(memo.ids.data(), seqs, num_seqs * sizeof(SeqId)) != 0)
+    return false;
+  // Offloads and loads the tiers queued are settled before the checks read
+  // the blocks' state, as build_decode does once the ids are known good.
+  p.settle_tiers_locked(stream);
+  PlanHost& h = *host_;
+  start_host(seqs, num_seqs);
+  Sequence* const* const live = memo.live.data();
+  std::memcpy(h.live.data(), live, num_seqs * sizeof(Sequence*));
+  uint32_t* const page_counts = h.pages.data();
+  uint64_t* const ends = h.ends.data();
+  const int shift = p.bs_shift_;
+  const uint64_t bs = p.opts_.block_size, mask = bs - 1;
+
+  // 1. Checks, counts and room in the vectors (capacity only: nothing a
+  // caller can observe changes).
+  std::vector<std::pair<uint32_t, uint32_t>>& special = h.special;  // (index, hashes before)
+  special.clear();
+  uint64_t fresh = 0, pages = 0, max_ctx = 0;
+  uint32_t max_pages = 0;
+  constexpr uint32_t kAhead = 8;  // prefetch distance, in sequences
+  for (uint32_t i = 0; i < num_seqs; ++i) {
+    if (i + kAhead < num_seqs) {
+      const char* next = reinterpret_cast<const char*>(live[i + kAhead]);
+      __builtin_prefetch(next);
+      __builtin_prefetch(next + 64);
+    }
+    Sequence& s = *live[i];
+    const uint64_t n0 = s.tokens.size(), j = n0 >> shift, nb = s.blocks.size();
+    if (s.tail_shared || s.num_committed < n0 || n0 >= kMaxSeqTokens || j > nb) return false;
+    const bool opens = j == nb, fills = ((n0 + 1) & mask) == 0;
+    grow(s.tokens, n0 + 1);
+    __builtin_prefetch(s.tokens.data() + n0, 1);  // written by pass 3
+    if (opens | fills) {
+      if (opens) grow(s.blocks, nb + 1);
+      special.push_back({i, uint32_t(s.hashes.size())});
+      fresh += opens;
+    }
+    const uint32_t np = uint32_t(j + 1);  // the query's block is the last page
+    ends[i] = n0 + 1;
+    page_counts[i] = np;
+    pages += np;
+    max_ctx = std::max(max_ctx, n0 + 1);
+    max_pages = std::max(max_pages, np);
+  }
+  if (fresh > uint64_t(p.blocks_.num_free()) || pages > uint64_t(INT32_MAX)) return false;
+
+  // 2. What can still throw, taken back on failure: the hashes of the
+  // blocks the step fills (their token first), room for the events, the
+  // plan's memory.
+  size_t hashed = 0;
+  PlanArrays a;
+  try {
+    for (; hashed < special.size(); ++hashed) {
+      const uint32_t i = special[hashed].first;
+      if ((ends[i] & mask) != 0) continue;  // opens a block, fills none
+      Sequence& s = *live[i];
+      s.tokens.push_back(tokens[i]);
+      try {
+        p.hash_new_blocks(s);
+      } catch (...) {
+        s.tokens.pop_back();
+        throw;
+      }
+    }
+    p.blocks_.reserve_events(5 * special.size());
+    if (persistent_table) table_ = page_table_for(p.page_table_, max_pages, num_seqs);
+    a = lay_out(num_seqs, pages, max_ctx, 1, num_seqs);
+  } catch (...) {
+    for (size_t k = 0; k < hashed; ++k) {
+      const uint32_t i = special[k].first;
+      if ((ends[i] & mask) != 0) continue;
+      Sequence& s = *live[i];
+      s.tokens.pop_back();
+      s.hashes.resize(special[k].second);
+    }
+    table_.reset();
+    throw;
+  }
+
+  // 3. The appends and the plan's rows, in order (block ids and events
+  // come out as build_decode's); nothing fails from here to finish().
+  p.tick();  // retention: priorities whose time ran out, before allocating
+  PageTable* const t = table_.get();
+  uint32_t* const versions = h.versions.data();
+  uint32_t* const epochs = h.epochs.data();
+  h.ranges.resize(num_seqs);  // reserved by start_host: no allocation
+  QueryRange* const ranges = h.ranges.data();
+  const uint64_t stride = t ? t->stride : 0;
+  const std::pair<uint32_t, uint32_t>* next = special.data();
+  const std::pair<uint32_t, uint32_t>* const last = next + special.size();
+  int64_t pg = 0;
+  size_t rewritten = 0;
+  a.qptr[0] = a.pptr[0] = 0;
+  for (uint32_t i = 0; i < num_seqs; ++i) {
+    if (i + kAhead < num_seqs) {
+      const Sequence* ahead = live[i + kAhead];
+      const uint64_t jj = page_counts[i + kAhead] - 1;
+      if (jj < ahead->blocks.size()) p.blocks_.prefetch_counts(ahead->blocks[jj]);
+    }
+    Sequence& s = *live[i];
+    const uint64_t n0 = ends[i] - 1, j = page_counts[i] - 1, off = n0 & mask;
+    int32_t blk;
+    if (next != last && next->first == i) {  // opens or fills a block
+      const size_t h0 = next->second;
+      ++next;
+      if (s.tokens.size() == n0) s.tokens.push_back(tokens[i]);  // else pushed with its hash
+      if (j == s.blocks.size()) {
+        s.blocks.push_back(p.blocks_.allocate());
+        s.bump_table_appended();
+      }
+      blk = s.blocks[j];
+      p.clamp_written(blk, off);
+      p.blocks_.add_filled_slot(blk);
+      if (h0 < s.hashes.size()) p.cache_new_blocks(s, h0);
+    } else {
+      s.tokens.push_back(tokens[i]);
+      blk = s.blocks[j];
+      p.clamp_written(blk, off);
+      p.blocks_.add_filled_slot(blk);
+    }
+    ++s.version;
+    ranges[i] = {i, uint32_t(j), {blk, uint32_t(off), uint32_t(off + 1)}};
+    versions[i] = s.version;
+    epochs[i] = s.writes_epoch;
+    a.slots[i] = int64_t(blk) * int64_t(bs) + int64_t(off);
+    pg += t ? int64_t(stride) : int64_t(j + 1);
+    a.qptr[i + 1] = int32_t(i + 1);
+    a.pptr[i + 1] = int32_t(pg);
+    a.last[i] = int32_t(off + 1);
+    a.ctx[i] = int32_t(n0 + 1);
+    if (t) rewritten += update_page_row(*t, i, seqs[i], s, uint32_t(j + 1));
+  }
+  p.num_tokens_ += num_seqs;
+  // As build_decode: offloads this step's allocations queued reach their
+  // tier before the plan's copies and writes.
+  p.settle_tiers_locked(stream);
+  finish(a, seqs, rewritten, stream);
+  decode_step_ = steady_ = true;
+  return true;
+}
+
+}  // namespace pagedkv
