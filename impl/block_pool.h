@@ -115,6 +115,16 @@ class BlockPool {
     ++counts_[id].fill;
     ++filled_;
   }
+  // Per block: its fill and written counts (block_size <= 1024), side by
+  // side: a decode step reads and updates both, one cache line.
+  struct Counts {
+    uint16_t fill = 0, written = 0;
+  };
+  // A steady decode step's loop (step_plan_steady.cpp) updates its blocks'
+  // counts through this pointer (add_filled_slot without the total) and
+  // adds the step's slots to the total once.
+  Counts* counts_for_decode() noexcept { return counts_.data(); }
+  void add_filled(uint64_t n) noexcept { filled_ += n; }
   uint64_t filled() const { return filled_; }
 
   // Leading slots of a block whose K/V was written (DESIGN.md §9): by a
@@ -240,11 +250,6 @@ class BlockPool {
   std::vector<int32_t> ref_;
   std::vector<BlockHash> hash_;
   std::vector<uint64_t> lora_;  // for REMOVED events
-  // Per block: its fill and written counts (block_size <= 1024), side by
-  // side: a decode step reads and updates both, one cache line.
-  struct Counts {
-    uint16_t fill = 0, written = 0;
-  };
   std::vector<Counts> counts_;
   // Set by the owning Pool; 0 (tests of the block pool alone) counts every
   // block as written.

@@ -492,6 +492,19 @@ SeqId GroupPool::fork(SeqId parent) {
   return id;
 }
 
+void GroupPool::reserve(SeqId id, uint64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Seq& s = seq_or_throw(id);
+  if (n > uint64_t(INT32_MAX))
+    fail(Errc::kInvalidArgument, "num_tokens " + str(n) + " exceeds 2^31 - 1");
+  // Capacity only: a failure part-way leaves nothing a caller can see.
+  const uint64_t bs = opts_.block_size;
+  s.tokens.reserve(n);
+  s.hashes.reserve(n / bs);
+  for (uint32_t g = 0; g < groups_.size(); ++g)
+    if (!recurrent(g)) s.table[g].reserve(ceil_div(n, bs));
+}
+
 void GroupPool::truncate(SeqId id, uint64_t num_tokens) {
   std::lock_guard<std::mutex> lock(mu_);
   Seq& s = seq_or_throw(id);

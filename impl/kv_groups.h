@@ -79,6 +79,8 @@ class GroupPool {
   uint64_t blocks_needed(SeqId id, uint64_t n, uint32_t lookahead) const;
   SeqId fork(SeqId parent);
   void truncate(SeqId id, uint64_t num_tokens);
+  // Room in the sequence's vectors for num_tokens tokens (pkv_seq_reserve).
+  void reserve(SeqId id, uint64_t num_tokens);
   void free(SeqId id);
   SeqInfo seq_info(SeqId id) const;
   // Copies the sequence's table of group g into out (cap entries); returns

@@ -164,6 +164,8 @@ class Pool {
   uint64_t blocks_needed(SeqId id, uint64_t n, uint32_t lookahead) const;
   SeqId fork(SeqId parent);
   void truncate(SeqId id, uint64_t num_tokens);
+  // Room in the sequence's vectors for num_tokens tokens (pkv_seq_reserve).
+  void reserve(SeqId id, uint64_t num_tokens);
   void free(SeqId id);
   SeqInfo seq_info(SeqId id) const;
   // Batched and fused calls (kv_pool_batch.cpp): all or nothing, messages
@@ -451,6 +453,8 @@ class Pool {
   };
   DecodeMemo decode_memo_;
   void remember_decode(const SeqId* seqs, Sequence* const* live, uint32_t n) noexcept;
+  [[gnu::noinline]] int32_t append_steady(Sequence& s, uint64_t n0, size_t h0,
+                                          int32_t token) noexcept;
   void forget_decode() noexcept {
     decode_memo_.ids.clear();
     decode_memo_.removals = ~uint64_t(0);

@@ -640,6 +640,17 @@ SeqId Pool::fork(SeqId parent) {
   return cid;
 }
 
+void Pool::reserve(SeqId id, uint64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Sequence& s = seq_or_throw(id);
+  if (n > kMaxSeqTokens) fail(Errc::kInvalidArgument, "num_tokens " + str(n) + " exceeds 2^31 - 1");
+  const uint64_t bs = opts_.block_size;
+  // Capacity only: a failure part-way leaves nothing a caller can see.
+  s.tokens.reserve(n);
+  s.blocks.reserve((n + bs - 1) / bs);
+  if (blocks_.caching()) s.hashes.reserve(n / bs);
+}
+
 void Pool::truncate(SeqId id, uint64_t m) {
   std::lock_guard<std::mutex> lock(mu_);
   Sequence& s = seq_or_throw(id);

@@ -35,6 +35,25 @@ void Pool::remember_decode(const SeqId* seqs, Sequence* const* live, uint32_t n)
   }
 }
 
+// One token at n0 into a tail s holds alone that opens a block (allocated
+// here; room made) or fills one (token appended and hashed from h0 by the
+// caller): the fused append's special cases without the general path's
+// bookkeeping. The filled total is the caller's. Returns the token's block.
+int32_t Pool::append_steady(Sequence& s, uint64_t n0, size_t h0, int32_t token) noexcept {
+  const uint64_t j = div_bs(n0);
+  if (s.tokens.size() == n0) s.tokens.push_back(token);  // else appended with its hash
+  if (j == s.blocks.size()) {
+    s.blocks.push_back(blocks_.allocate());
+    s.bump_table_appended();
+  }
+  const int32_t blk = s.blocks[j];
+  clamp_written(blk, n0 - j * opts_.block_size);
+  BlockPool::Counts& c = blocks_.counts_for_decode()[blk];
+  ++c.fill;
+  if (h0 < s.hashes.size()) cache_new_blocks(s, h0);
+  return blk;
+}
+
 bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32_t num_seqs,
                                 void* stream, bool persistent_table) {
   Pool& p = *pool_;
@@ -52,6 +71,7 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   std::memcpy(h.live.data(), live, num_seqs * sizeof(Sequence*));
   uint32_t* const page_counts = h.pages.data();
   uint64_t* const ends = h.ends.data();
+  BlockPool::Counts* const counts = p.blocks_.counts_for_decode();
   const int shift = p.bs_shift_;
   const uint64_t bs = p.opts_.block_size, mask = bs - 1;
 
@@ -73,7 +93,16 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
     if (s.tail_shared || s.num_committed < n0 || n0 >= kMaxSeqTokens || j > nb) return false;
     const bool opens = j == nb, fills = ((n0 + 1) & mask) == 0;
     grow(s.tokens, n0 + 1);
-    __builtin_prefetch(s.tokens.data() + n0, 1);  // written by pass 3
+    // Pass 3's scattered lines, requested now so that they arrive together:
+    // the token's place, the block's table entry and (once that entry
+    // arrived, kAhead sequences later) the block's counts.
+    __builtin_prefetch(s.tokens.data() + n0, 1);
+    if (j < nb) __builtin_prefetch(s.blocks.data() + j);
+    if (i >= kAhead) {
+      const Sequence& b = *live[i - kAhead];
+      const uint64_t jb = page_counts[i - kAhead] - 1;
+      if (jb < b.blocks.size()) __builtin_prefetch(counts + b.blocks[jb], 1);
+    }
     if (opens | fills) {
       if (opens) grow(s.blocks, nb + 1);
       special.push_back({i, uint32_t(s.hashes.size())});
@@ -123,13 +152,18 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
 
   // 3. The appends and the plan's rows, in order (block ids and events
   // come out as build_decode's); nothing fails from here to finish().
+  // The loop keeps to what nearly every sequence needs: its token, its
+  // block's counts, its rows; the others take Pool::append_steady.
   p.tick();  // retention: priorities whose time ran out, before allocating
   PageTable* const t = table_.get();
-  uint32_t* const versions = h.versions.data();
-  uint32_t* const epochs = h.epochs.data();
   h.ranges.resize(num_seqs);  // reserved by start_host: no allocation
   QueryRange* const ranges = h.ranges.data();
-  const uint64_t stride = t ? t->stride : 0;
+  uint32_t* const versions = h.versions.data();
+  uint32_t* const epochs = h.epochs.data();
+  const SeqId* const row_seq = t ? t->seq.data() : nullptr;
+  const uint32_t* const row_version = t ? t->version.data() : nullptr;
+  const uint32_t* const row_pages = t ? t->pages.data() : nullptr;
+  const int64_t stride = t ? int64_t(t->stride) : 0;
   const std::pair<uint32_t, uint32_t>* next = special.data();
   const std::pair<uint32_t, uint32_t>* const last = next + special.size();
   int64_t pg = 0;
@@ -139,41 +173,36 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
     if (i + kAhead < num_seqs) {
       const Sequence* ahead = live[i + kAhead];
       const uint64_t jj = page_counts[i + kAhead] - 1;
-      if (jj < ahead->blocks.size()) p.blocks_.prefetch_counts(ahead->blocks[jj]);
+      if (jj < ahead->blocks.size()) __builtin_prefetch(counts + ahead->blocks[jj], 1);
     }
     Sequence& s = *live[i];
-    const uint64_t n0 = ends[i] - 1, j = page_counts[i] - 1, off = n0 & mask;
+    const uint32_t np = page_counts[i];
+    const uint64_t n0 = ends[i] - 1, j = np - 1, off = n0 & mask;
     int32_t blk;
-    if (next != last && next->first == i) {  // opens or fills a block
-      const size_t h0 = next->second;
+    if (__builtin_expect(next != last && next->first == i, 0)) {
+      blk = p.append_steady(s, n0, next->second, tokens[i]);
       ++next;
-      if (s.tokens.size() == n0) s.tokens.push_back(tokens[i]);  // else pushed with its hash
-      if (j == s.blocks.size()) {
-        s.blocks.push_back(p.blocks_.allocate());
-        s.bump_table_appended();
-      }
-      blk = s.blocks[j];
-      p.clamp_written(blk, off);
-      p.blocks_.add_filled_slot(blk);
-      if (h0 < s.hashes.size()) p.cache_new_blocks(s, h0);
     } else {
-      s.tokens.push_back(tokens[i]);
+      s.tokens.push_back(tokens[i]);  // room made by pass 1
       blk = s.blocks[j];
-      p.clamp_written(blk, off);
-      p.blocks_.add_filled_slot(blk);
+      BlockPool::Counts& c = counts[blk];
+      ++c.fill;
+      if (c.written > off) c.written = uint16_t(off);  // Pool::clamp_written
     }
     ++s.version;
     ranges[i] = {i, uint32_t(j), {blk, uint32_t(off), uint32_t(off + 1)}};
     versions[i] = s.version;
     epochs[i] = s.writes_epoch;
     a.slots[i] = int64_t(blk) * int64_t(bs) + int64_t(off);
-    pg += t ? int64_t(stride) : int64_t(j + 1);
+    pg += t ? stride : int64_t(np);
     a.qptr[i + 1] = int32_t(i + 1);
     a.pptr[i + 1] = int32_t(pg);
     a.last[i] = int32_t(off + 1);
     a.ctx[i] = int32_t(n0 + 1);
-    if (t) rewritten += update_page_row(*t, i, seqs[i], s, uint32_t(j + 1));
+    if (t && (row_seq[i] != seqs[i] || row_version[i] != s.table_version || row_pages[i] != np))
+      rewritten += update_page_row(*t, i, seqs[i], s, np);
   }
+  p.blocks_.add_filled(num_seqs);  // one slot each
   p.num_tokens_ += num_seqs;
   // As build_decode: offloads this step's allocations queued reach their
   // tier before the plan's copies and writes.

@@ -111,6 +111,10 @@ pkv_status pkv_seq_fork(pkv_pool* pool, pkv_seq_id parent, pkv_seq_id* out_child
   });
 }
 
+pkv_status pkv_seq_reserve(pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens) {
+  PKV_GUARD(pc::with_pool(pool, [&](auto& p) { p.reserve(seq, num_tokens); }));
+}
+
 pkv_status pkv_seq_truncate(pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens) {
   PKV_GUARD(pc::with_pool(pool, [&](auto& p) { p.truncate(seq, num_tokens); }));
 }

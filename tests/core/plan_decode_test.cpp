@@ -377,5 +377,79 @@ TEST(PlanDecode, OutOfBlocksAppendsNothing) {
   EXPECT_EQ(pool->validate(), "");
 }
 
+// The steady path's block count: the previous step's ids again, with more
+// blocks to open than are free, are refused by the general path, unchanged.
+TEST(PlanDecode, SteadyStepOutOfBlocksAppendsNothing) {
+  auto pool = Pool::create(test::manager_options(4, 6));  // 5 usable blocks
+  const SeqId a = pool->seq_create({}), b = pool->seq_create({}), c = pool->seq_create({});
+  append(*pool, a, iota_tokens(3, 1));
+  append(*pool, b, iota_tokens(7, 20));
+  append(*pool, c, iota_tokens(3, 40));
+  for (SeqId id : {a, b, c}) test::step(pool, id);
+  const SeqId ids[] = {a, b, c};
+  const int32_t first[] = {4, 27, 43};  // each fills its tail block
+  auto step = Batch::prepare_decode(pool, ids, first, 3, nullptr);
+  step->commit();
+  step.reset();
+  const int32_t next[] = {5, 28, 44};  // each would open one: 3 of 1 free
+  const Snapshot before = snap(*pool, {a, b, c});
+  EXPECT_EQ(test::code_of([&] { Batch::prepare_decode(pool, ids, next, 3, nullptr); }),
+            Errc::kOutOfBlocks);
+  EXPECT_EQ(snap(*pool, {a, b, c}), before);
+  EXPECT_EQ(pool->validate(), "");
+  pool->free(c);  // two free now: a and b fit (the memo is dropped with c)
+  auto ok = Batch::prepare_decode(pool, ids, next, 2, nullptr);
+  EXPECT_FALSE(ok->steady_for_testing());
+  EXPECT_EQ(pool->seq_info(a).num_tokens, 5u);
+}
+
+// pkv_seq_reserve: room for the tokens to come, nothing else; decode steps
+// up to that length then move none of the sequence's vectors.
+TEST(PlanDecode, ReservedSequencesDecodeWithoutReallocating) {
+  auto pool = Pool::create(test::manager_options(16, 512));
+  std::vector<SeqId> ids;
+  for (int i = 0; i < 6; ++i) {
+    ids.push_back(pool->seq_create({}));
+    append(*pool, ids.back(), iota_tokens(20 + 13 * i, 1000 * i));
+    test::step(pool, ids.back());
+  }
+  const Snapshot before = snap(*pool, ids);
+  for (size_t i = 0; i < ids.size(); ++i) pool->reserve(ids[i], 20 + 13 * i + 300);
+  pool->reserve(ids[0], 3);  // below what it holds: no-op
+  EXPECT_EQ(snap(*pool, ids), before);
+  EXPECT_EQ(pool->validate(), "");
+  struct Where {
+    const int32_t* tokens;
+    const int32_t* blocks;
+    const BlockHash* hashes;
+  };
+  auto where = [&](SeqId id) {
+    const Sequence& s = *pool->seq_table_for_testing().find(id);
+    return Where{s.tokens.data(), s.blocks.data(), s.hashes.data()};
+  };
+  std::vector<Where> at;
+  for (SeqId id : ids) at.push_back(where(id));
+  std::vector<int32_t> toks(ids.size());
+  size_t steady = 0;
+  for (int step = 0; step < 300; ++step) {
+    for (size_t i = 0; i < toks.size(); ++i) toks[i] = int32_t(step * 7 + i);
+    auto b = Batch::prepare_decode(pool, ids.data(), toks.data(), uint32_t(ids.size()), nullptr,
+                                   step % 2 == 0);
+    steady += b->steady_for_testing();
+    b->commit();
+  }
+  EXPECT_GT(steady, 250u);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Where w = where(ids[i]);
+    EXPECT_EQ(w.tokens, at[i].tokens) << i;
+    EXPECT_EQ(w.blocks, at[i].blocks) << i;
+    EXPECT_EQ(w.hashes, at[i].hashes) << i;
+    EXPECT_EQ(pool->seq_info(ids[i]).num_computed_tokens, 20 + 13 * i + 300);
+  }
+  EXPECT_EQ(pool->validate(), "");
+  EXPECT_EQ(test::code_of([&] { pool->reserve(ids[0], uint64_t(1) << 31); }),
+            Errc::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace pagedkv

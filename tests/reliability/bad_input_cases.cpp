@@ -932,6 +932,21 @@ std::vector<Case> make_cases() {
         S("pkv_seq_truncate", PKV_CLASS_RANGE, "num_tokens above the sequence's (41, or 2^62)",
           kInv, "num_tokens", pkv_status s = pkv_seq_truncate(e.pool, e.a, 41);
           return s != kInv ? s : pkv_seq_truncate(e.pool, e.a, k2_62);),
+        S("pkv_seq_reserve", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
+          return pkv_seq_reserve(nullptr, e.a, 64);),
+        S("pkv_seq_reserve", PKV_CLASS_STALE, "seq freed", kNf, "stale",
+          return pkv_seq_reserve(e.pool, e.dead, 64);),
+        S("pkv_seq_reserve", PKV_CLASS_UNKNOWN, "seq never issued", kNf, "stale or unknown",
+          return pkv_seq_reserve(e.pool, e.unknown, 64);),
+        S("pkv_seq_reserve", PKV_CLASS_RANGE, "num_tokens above 2^31 - 1 (2^31, or 2^62)", kInv,
+          "num_tokens", pkv_status s = pkv_seq_reserve(e.pool, e.a, uint64_t(1) << 31);
+          return s != kInv ? s : pkv_seq_reserve(e.pool, e.a, k2_62);),
+        S("pkv_seq_reserve", PKV_CLASS_RANGE, "multi-group pool: num_tokens 2^31", kInv,
+          "num_tokens",
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
+                             return pkv_seq_reserve(p, s, uint64_t(1) << 31);
+                           });),
         S("pkv_seq_free", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
           return pkv_seq_free(nullptr, e.a);),
         S("pkv_seq_free", PKV_CLASS_STALE, "seq freed (double free)", kNf, "stale",
@@ -1216,22 +1231,23 @@ std::vector<Case> make_cases() {
           "query_counts[0]", uint32_t q = 1;
           pkv_batch* b = nullptr; return pkv_batch_prepare(e.pool, &e.empty, &q, 1, nullptr, &b);),
         S("pkv_batch_prepare_ex", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", uint32_t q = 1;
-          pkv_batch* b = nullptr;
-          return pkv_batch_prepare_ex(nullptr, &e.a, &q, 1, PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b);),
+          pkv_batch* b = nullptr; return pkv_batch_prepare_ex(
+              nullptr, &e.a, &q, 1, PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b);),
         S("pkv_batch_prepare_ex", PKV_CLASS_NULL, "out = NULL", kInv, "out", uint32_t q = 1;
           return pkv_batch_prepare_ex(e.pool, &e.a, &q, 1, PKV_PREPARE_PERSISTENT_TABLE, nullptr,
                                       nullptr);),
         S("pkv_batch_prepare_ex", PKV_CLASS_RANGE, "flags = 2 (unknown bit)", kInv, "flags",
           uint32_t q = 1;
-          pkv_batch* b = nullptr; return pkv_batch_prepare_ex(e.pool, &e.a, &q, 1, 2, nullptr, &b);),
-        S("pkv_batch_prepare_ex", PKV_CLASS_STALE, "seqs[1] freed (persistent table)", kNf, "seqs[1]",
-          pkv_seq_id s[2] = {e.a, e.dead};
+          pkv_batch* b = nullptr;
+          return pkv_batch_prepare_ex(e.pool, &e.a, &q, 1, 2, nullptr, &b);),
+        S("pkv_batch_prepare_ex", PKV_CLASS_STALE, "seqs[1] freed (persistent table)", kNf,
+          "seqs[1]", pkv_seq_id s[2] = {e.a, e.dead};
           uint32_t q[2] = {1, 1}; pkv_batch* b = nullptr;
           return pkv_batch_prepare_ex(e.pool, s, q, 2, PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b);),
         S("pkv_batch_prepare_ex", PKV_CLASS_RANGE, "query_counts[0] = 0 (persistent table)", kInv,
           "query_counts[0]", uint32_t q = 0;
-          pkv_batch* b = nullptr;
-          return pkv_batch_prepare_ex(e.pool, &e.a, &q, 1, PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b);),
+          pkv_batch* b = nullptr; return pkv_batch_prepare_ex(
+              e.pool, &e.a, &q, 1, PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b);),
         with_setup(S("pkv_batch_prepare", PKV_CLASS_STATE,
                      "context not computed (query_counts[0] = 1 after appending 2)", kState,
                      "would attend over tokens [40, 41)", pkv_batch* b = nullptr;
@@ -1243,7 +1259,8 @@ std::vector<Case> make_cases() {
         S("pkv_batch_prepare_decode", PKV_CLASS_NULL, "seqs = NULL or tokens = NULL, num_seqs = 1",
           kInv, "is NULL", pkv_batch* b = nullptr;
           pkv_status s = pkv_batch_prepare_decode(e.pool, nullptr, e.tokens, 1, 0, nullptr, &b);
-          return s != kInv ? s : pkv_batch_prepare_decode(e.pool, &e.a, nullptr, 1, 0, nullptr, &b);),
+          return s != kInv ? s
+                           : pkv_batch_prepare_decode(e.pool, &e.a, nullptr, 1, 0, nullptr, &b);),
         S("pkv_batch_prepare_decode", PKV_CLASS_NULL, "out = NULL", kInv, "out",
           return pkv_batch_prepare_decode(e.pool, &e.a, e.tokens, 1, 0, nullptr, nullptr);),
         S("pkv_batch_prepare_decode", PKV_CLASS_RANGE, "num_seqs = 0", kInv, "num_seqs",
@@ -1261,9 +1278,8 @@ std::vector<Case> make_cases() {
           return pkv_batch_prepare_decode(e.pool, &e.unknown, e.tokens, 1, 0, nullptr, &b);),
         S("pkv_batch_prepare_decode", PKV_CLASS_RANGE, "seqs[2] repeats seqs[0]", kInv, "seqs[2]",
           pkv_seq_id s[3] = {e.a, e.b, e.a};
-          pkv_batch* b = nullptr;
-          return pkv_batch_prepare_decode(e.pool, s, e.tokens, 3, PKV_PREPARE_PERSISTENT_TABLE,
-                                          nullptr, &b);),
+          pkv_batch* b = nullptr; return pkv_batch_prepare_decode(
+              e.pool, s, e.tokens, 3, PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b);),
         with_setup(S("pkv_batch_prepare_decode", PKV_CLASS_STATE,
                      "context not computed (2 tokens appended since the last step)", kState,
                      "nothing was appended", pkv_batch* b = nullptr;
@@ -1591,16 +1607,15 @@ std::vector<Case> make_cases() {
           return pkv_pool_group_of_layer(e.pool, 2, &g, &k);),
         S("pkv_pool_create_groups", PKV_CLASS_RANGE, "layer_ids in one group only", kInv,
           "groups[1].layer_ids", pkv_pool_options o = gbase();
-          const uint32_t ids[1] = {3}; pkv_kv_group_spec g[2] = {gspec(PKV_GROUP_FULL),
-                                                                gspec(PKV_GROUP_FULL)};
+          const uint32_t ids[1] = {3};
+          pkv_kv_group_spec g[2] = {gspec(PKV_GROUP_FULL), gspec(PKV_GROUP_FULL)};
           g[0].layer_ids = ids; pkv_pool* p = nullptr;
           const pkv_status st = pkv_pool_create_groups(&o, g, 2, &p); pkv_pool_destroy(p);
           return st;),
         S("pkv_pool_create_groups", PKV_CLASS_RANGE, "layer id in two groups", kInv,
-          "groups[1].layer_ids[0] = 3 is also groups[0].layer_ids[0]",
-          pkv_pool_options o = gbase();
-          const uint32_t ids[1] = {3}; pkv_kv_group_spec g[2] = {gspec(PKV_GROUP_FULL),
-                                                                gspec(PKV_GROUP_FULL)};
+          "groups[1].layer_ids[0] = 3 is also groups[0].layer_ids[0]", pkv_pool_options o = gbase();
+          const uint32_t ids[1] = {3};
+          pkv_kv_group_spec g[2] = {gspec(PKV_GROUP_FULL), gspec(PKV_GROUP_FULL)};
           g[0].layer_ids = ids; g[1].layer_ids = ids; pkv_pool* p = nullptr;
           const pkv_status st = pkv_pool_create_groups(&o, g, 2, &p); pkv_pool_destroy(p);
           return st;),
@@ -1674,17 +1689,20 @@ std::vector<Case> make_cases() {
           kNf, "stale or unknown",
           // Before the ids carried the pool tag, the other pool's first id
           // named this pool's first sequence (s) and the append landed there.
-          return on_groups(e, [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
-            const pkv_kv_group_spec g[2] = {gspec(PKV_GROUP_FULL), gspec(PKV_GROUP_FULL)};
-            pkv_pool_options o = gbase();
-            pkv_pool* other = nullptr;
-            must(pkv_pool_create_groups(&o, g, 2, &other), "pool_create_groups other");
-            pkv_seq_id theirs = 0;
-            must(pkv_seq_create(other, nullptr, &theirs), "other seq_create");
-            const pkv_status st = pkv_seq_append(p, theirs, e.tokens, 1, 0);
-            pkv_pool_destroy(other);
-            return st;
-          });),
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
+                             const pkv_kv_group_spec g[2] = {gspec(PKV_GROUP_FULL),
+                                                             gspec(PKV_GROUP_FULL)};
+                             pkv_pool_options o = gbase();
+                             pkv_pool* other = nullptr;
+                             must(pkv_pool_create_groups(&o, g, 2, &other),
+                                  "pool_create_groups other");
+                             pkv_seq_id theirs = 0;
+                             must(pkv_seq_create(other, nullptr, &theirs), "other seq_create");
+                             const pkv_status st = pkv_seq_append(p, theirs, e.tokens, 1, 0);
+                             pkv_pool_destroy(other);
+                             return st;
+                           });),
         S("pkv_seq_truncate", PKV_CLASS_RANGE, "multi-group pool: into released window blocks",
           kInv, "released",
           return on_groups(
@@ -1696,17 +1714,19 @@ std::vector<Case> make_cases() {
               [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) { return pkv_seq_truncate(p, s, 4); });),
         S("pkv_batch_prepare", PKV_CLASS_RANGE, "multi-group pool: query_counts[0] = 11 of 10",
           kInv, "query_counts[0]",
-          return on_groups(e, [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
-            pkv_batch* b = nullptr;
-            const uint32_t q = 11;
-            return pkv_batch_prepare(p, &s, &q, 1, nullptr, &b);
-          });),
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
+                             pkv_batch* b = nullptr;
+                             const uint32_t q = 11;
+                             return pkv_batch_prepare(p, &s, &q, 1, nullptr, &b);
+                           });),
         S("pkv_batch_prepare", PKV_CLASS_STALE, "multi-group pool: seq freed", kNf, "stale",
-          return on_groups(e, [&](pkv_pool* p, pkv_seq_id, pkv_seq_id dead) {
-            pkv_batch* b = nullptr;
-            const uint32_t q = 1;
-            return pkv_batch_prepare(p, &dead, &q, 1, nullptr, &b);
-          });),
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id, pkv_seq_id dead) {
+                             pkv_batch* b = nullptr;
+                             const uint32_t q = 1;
+                             return pkv_batch_prepare(p, &dead, &q, 1, nullptr, &b);
+                           });),
         S("pkv_batch_prepare", PKV_CLASS_STATE,
           "multi-group pool: context never computed (planned pool)", PKV_E_INVALID_STATE,
           "no committed step",
@@ -1727,18 +1747,20 @@ std::vector<Case> make_cases() {
               });),
         S("pkv_batch_prepare_decode", PKV_CLASS_STATE, "multi-group pool", PKV_E_UNSUPPORTED,
           "multi-group",
-          return on_groups(e, [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
-            pkv_batch* b = nullptr;
-            return pkv_batch_prepare_decode(p, &s, e.tokens, 1, 0, nullptr, &b);
-          });),
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
+                             pkv_batch* b = nullptr;
+                             return pkv_batch_prepare_decode(p, &s, e.tokens, 1, 0, nullptr, &b);
+                           });),
         S("pkv_batch_prepare_ex", PKV_CLASS_RANGE, "multi-group pool: flags with an unknown bit",
           kInv, "flags",
-          return on_groups(e, [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
-            pkv_batch* b = nullptr;
-            const uint32_t q = 1;
-            return pkv_batch_prepare_ex(p, &s, &q, 1, PKV_PREPARE_PERSISTENT_TABLE | 0x8u, nullptr,
-                                        &b);
-          });),
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id s, pkv_seq_id) {
+                             pkv_batch* b = nullptr;
+                             const uint32_t q = 1;
+                             return pkv_batch_prepare_ex(
+                                 p, &s, &q, 1, PKV_PREPARE_PERSISTENT_TABLE | 0x8u, nullptr, &b);
+                           });),
         S("pkv_batch_plan_tensor_group", PKV_CLASS_NULL, "batch = NULL", kInv, "batch",
           pkv_tensor t;
           return pkv_batch_plan_tensor_group(nullptr, 0, 0, &t);),
@@ -1748,44 +1770,58 @@ std::vector<Case> make_cases() {
           "group 1", pkv_tensor t;
           return pkv_batch_plan_tensor_group(e.batch, 1, 0, &t);),
         S("pkv_batch_plan_tensor_group", PKV_CLASS_RANGE, "multi-group plan: group = 2 of 2", kInv,
-          "group 2", return on_group_plan(e, [&](pkv_batch* b) {
-            pkv_tensor t;
-            (void)t;
-            return pkv_batch_plan_tensor_group(b, 2, 0, &t);
-          });),
+          "group 2",
+          return on_group_plan(e,
+                               [&](pkv_batch* b) {
+                                 pkv_tensor t;
+                                 (void)t;
+                                 return pkv_batch_plan_tensor_group(b, 2, 0, &t);
+                               });),
         S("pkv_batch_plan_tensor_group", PKV_CLASS_RANGE, "multi-group plan: which = 6", kInv,
-          "which", return on_group_plan(e, [&](pkv_batch* b) {
-            pkv_tensor t;
-            (void)t;
-            return pkv_batch_plan_tensor_group(b, 1, 6, &t);
-          });),
+          "which",
+          return on_group_plan(e,
+                               [&](pkv_batch* b) {
+                                 pkv_tensor t;
+                                 (void)t;
+                                 return pkv_batch_plan_tensor_group(b, 1, 6, &t);
+                               });),
         S("pkv_batch_plan_tensor_group", PKV_CLASS_RANGE,
           "multi-group plan: which = PKV_PLAN_SNAPSHOT_INDPTR of a window group", kInv,
-          "not PKV_GROUP_RECURRENT", return on_group_plan(e, [&](pkv_batch* b) {
-            pkv_tensor t;
-            (void)t;
-            return pkv_batch_plan_tensor_group(b, 1, PKV_PLAN_SNAPSHOT_INDPTR, &t);
-          });),
+          "not PKV_GROUP_RECURRENT",
+          return on_group_plan(e,
+                               [&](pkv_batch* b) {
+                                 pkv_tensor t;
+                                 (void)t;
+                                 return pkv_batch_plan_tensor_group(b, 1, PKV_PLAN_SNAPSHOT_INDPTR,
+                                                                    &t);
+                               });),
         S("pkv_batch_prepare", PKV_CLASS_EXHAUSTED,
           "recurrent snapshot slots (PKV_GROUP_SNAPSHOT_EVERY_BLOCK) exceed the free blocks", kOob,
           "snapshot slots", return snapshot_prepare_oob(e);),
         S("pkv_cache_write", PKV_CLASS_STATE, "plan over a multi-group pool", PKV_E_UNSUPPORTED,
-          "manager only", return on_group_plan(e, [&](pkv_batch* b) {
-            pkv_tensor t;
-            (void)t;
-            return pkv_cache_write(b, 0, &e.kt, &e.vt, nullptr);
-          });),
+          "manager only",
+          return on_group_plan(e,
+                               [&](pkv_batch* b) {
+                                 pkv_tensor t;
+                                 (void)t;
+                                 return pkv_cache_write(b, 0, &e.kt, &e.vt, nullptr);
+                               });),
         S("pkv_pool_drain_events_v2", PKV_CLASS_STATE, "multi-group pool", PKV_E_UNSUPPORTED,
-          "multi-group", return on_groups(e, [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
-            pkv_event_v2 ev[2] = {};
-            ev[0].struct_size = sizeof ev[0];
-            return pkv_pool_drain_events_v2(p, ev, 2, e.tokens, 64, &e.u64);
-          });),
+          "multi-group",
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
+                             pkv_event_v2 ev[2] = {};
+                             ev[0].struct_size = sizeof ev[0];
+                             return pkv_pool_drain_events_v2(p, ev, 2, e.tokens, 64, &e.u64);
+                           });),
         S("pkv_event_publisher_create", PKV_CLASS_STATE, "multi-group pool", PKV_E_UNSUPPORTED,
-          "multi-group", return on_groups(e, [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
-            pkv_event_publisher* pub = nullptr;
-            return pkv_event_publisher_create(p, "inproc://groups", nullptr, nullptr, &pub);
-          });),
+          "multi-group",
+          return on_groups(e,
+                           [&](pkv_pool* p, pkv_seq_id, pkv_seq_id) {
+                             pkv_event_publisher* pub = nullptr;
+                             return pkv_event_publisher_create(p, "inproc://groups", nullptr,
+                                                               nullptr, &pub);
+                           });),
         // ---------------------------------------------------------- transfer.h
         V("pkv_transfer_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
           pkv_transfer_options_init(nullptr);

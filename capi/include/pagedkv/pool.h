@@ -238,6 +238,17 @@ PKV_API pkv_status pkv_seq_append(pkv_pool* pool, pkv_seq_id seq, const int32_t*
 PKV_API pkv_status pkv_seq_blocks_needed(const pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens,
                                          uint32_t num_lookahead, uint64_t* out_blocks);
 
+/* Capacity hint: makes room in seq's host memory (its token ids, block
+ * table and block hashes) for num_tokens tokens in all, so that appends up
+ * to that length never reallocate them. Engines call it at admission with
+ * the prompt plus the most tokens the request may generate: its decode
+ * steps then copy no growing vectors and touch no fresh memory
+ * (bench/README.md, decode step). Takes no KV blocks and changes nothing a
+ * caller can observe; a num_tokens at or below the current room is a
+ * no-op. PKV_E_INVALID_ARGUMENT above 2^31 - 1 tokens,
+ * PKV_E_OUT_OF_MEMORY when the host memory cannot be had. */
+PKV_API pkv_status pkv_seq_reserve(pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens);
+
 /* Creates a child sharing every block of parent (parallel sampling, beam
  * search). Writing into a shared partial block later copies it first
  * (copy-on-write, executed by the next pkv_batch_prepare, before that step's
