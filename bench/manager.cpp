@@ -105,6 +105,7 @@ long minor_faults() {
 }
 
 constexpr int kSeqs = 1024;
+constexpr int kPlanSteps = 1024;  // decode_step_plan's iterations
 constexpr int kSteps = 4096;
 
 // Per-step counters of the decode rows: us_per_step and vs_target (goal_us
@@ -156,7 +157,9 @@ void BM_DecodeStep(benchmark::State& state) {
 // 2: pkv_seq_append_batch and a persistent-table plan (only changed rows
 // rewritten); 3: the batched appends alone (the plan's share is the
 // difference); 4: pkv_batch_prepare_decode (appends and persistent-table
-// plan in one call and one pass).
+// plan in one call; from the second step on, the steady path of
+// step_plan_steady.cpp); 5: the same after pkv_seq_reserve of each
+// sequence's final length at admission (its vectors never move).
 void BM_DecodeStepPlan(benchmark::State& state) {
   const int mode = int(state.range(0));
   const uint32_t algo = state.range(1) ? uint32_t(state.range(1)) : PKV_HASH_SHA256_CBOR;
@@ -174,6 +177,11 @@ void BM_DecodeStepPlan(benchmark::State& state) {
     auto prompt = random_tokens(kCtx + i % 16, uint32_t(i));  // fill points staggered
     pkv_seq_append(pool, seqs[i], prompt.data(), prompt.size(), 0);
     prompts[i] = uint32_t(prompt.size());
+    // Mode 5: the engine reserved prompt + max_tokens at admission.
+    if (mode == 5 && pkv_seq_reserve(pool, seqs[i], prompt.size() + kPlanSteps + 16) != PKV_OK) {
+      state.SkipWithError(pkv_last_error_message());
+      return;
+    }
   }
   pkv_batch* b = nullptr;  // the prompts' step: later plans' context is written
   if (pkv_batch_prepare(pool, seqs.data(), prompts.data(), kSeqs, nullptr, &b) != PKV_OK ||
@@ -190,7 +198,7 @@ void BM_DecodeStepPlan(benchmark::State& state) {
     for (int i = 0; i < kSeqs; ++i)
       toks[i] = int32_t((step * 2654435761u + uint32_t(i) * 40503u) % 152064u);
     pkv_status st = PKV_OK;
-    if (mode == 4) {
+    if (mode == 4 || mode == 5) {
       st = pkv_batch_prepare_decode(pool, seqs.data(), toks.data(), kSeqs,
                                     PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b);
       if (st == PKV_OK) {
@@ -203,10 +211,10 @@ void BM_DecodeStepPlan(benchmark::State& state) {
     } else {
       st = pkv_seq_append_batch(pool, seqs.data(), toks.data(), kSeqs);
     }
-    if (st == PKV_OK && mode != 3 && mode != 4)
+    if (st == PKV_OK && mode < 3)
       st = pkv_batch_prepare_ex(pool, seqs.data(), ones.data(), kSeqs,
                                 mode == 2 ? PKV_PREPARE_PERSISTENT_TABLE : 0, nullptr, &b);
-    if (st == PKV_OK && mode != 3 && mode != 4) {
+    if (st == PKV_OK && mode < 3) {
       st = pkv_batch_commit(b);
       pkv_batch_destroy(b);
     }
@@ -310,44 +318,54 @@ BENCHMARK(BM_DecodeStep)
 BENCHMARK(BM_DecodeStepPlan)
     ->Name("decode_step_plan/append_each")
     ->Args({0, 0})
-    ->Iterations(1024)
+    ->Iterations(kPlanSteps)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeStepPlan)
     ->Name("decode_step_plan/append_batch")
     ->Args({1, 0})
-    ->Iterations(1024)
+    ->Iterations(kPlanSteps)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeStepPlan)
     ->Name("decode_step_plan/persistent_table")
     ->Args({2, 0})
-    ->Iterations(1024)
+    ->Iterations(kPlanSteps)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeStepPlan)
     ->Name("decode_step_plan/prepare_decode")
     ->Args({4, 0})
-    ->Iterations(1024)
+    ->Iterations(kPlanSteps)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeStepPlan)
     ->Name("decode_step_plan/append_batch_only")
     ->Args({3, 0})
-    ->Iterations(1024)
+    ->Iterations(kPlanSteps)
     ->Unit(benchmark::kMicrosecond);
 // The same two rows with XXH3-128 block hashes (trusted tenants: no
 // SHA-256 of the 64 blocks that fill per step).
 BENCHMARK(BM_DecodeStepPlan)
     ->Name("decode_step_plan/persistent_table_xxh3")
     ->Args({2, PKV_HASH_XXH3_128})
-    ->Iterations(1024)
+    ->Iterations(kPlanSteps)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeStepPlan)
     ->Name("decode_step_plan/prepare_decode_xxh3")
     ->Args({4, PKV_HASH_XXH3_128})
-    ->Iterations(1024)
+    ->Iterations(kPlanSteps)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeStepPlan)
+    ->Name("decode_step_plan/prepare_decode_reserved")
+    ->Args({5, 0})
+    ->Iterations(kPlanSteps)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeStepPlan)
+    ->Name("decode_step_plan/prepare_decode_reserved_xxh3")
+    ->Args({5, PKV_HASH_XXH3_128})
+    ->Iterations(kPlanSteps)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeStepPlan)
     ->Name("decode_step_plan/append_batch_only_xxh3")
     ->Args({3, PKV_HASH_XXH3_128})
-    ->Iterations(1024)
+    ->Iterations(kPlanSteps)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatchPrefix)
     ->Name("match_prefix/sha256_cbor")
