@@ -15,10 +15,12 @@ void print_totals() {
   std::fprintf(stderr,
                "pkv_fuzz totals: %llu inputs, %llu operations, %llu expected error statuses, "
                "%llu validates, %llu results checked (attention rows; accepted tensor calls), "
-               "%llu plans over unwritten context refused\n",
+               "%llu plans over unwritten context refused, %llu fused decode steps (%llu over "
+               "the previous one's ids)\n",
                (unsigned long long)c.inputs, (unsigned long long)c.ops,
                (unsigned long long)c.failed_calls, (unsigned long long)c.validates,
-               (unsigned long long)c.attention_checked, (unsigned long long)c.unwritten_refused);
+               (unsigned long long)c.attention_checked, (unsigned long long)c.unwritten_refused,
+               (unsigned long long)c.fused_decodes, (unsigned long long)c.fused_repeats);
 }
 
 }  // namespace

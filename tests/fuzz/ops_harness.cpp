@@ -389,7 +389,7 @@ class Harness {
 
   // ------------------------------------------------------------ operations
   void op() {
-    switch (in_.below(18)) {
+    switch (in_.below(19)) {
       case 0:
       case 1:
         op_create();
@@ -432,6 +432,9 @@ class Harness {
         break;
       case 17:
         op_decode_run();
+        break;
+      case 18:
+        op_decode_fused();
         break;
       case 15:
         if (cfg_.reuse) {
@@ -648,9 +651,23 @@ class Harness {
     if (want != PKV_OK) return false;  // check_all proves nothing changed
 
     auto before = refs();
-    std::set<int32_t> released;  // blocks the window gave back to the queue
+    std::set<int32_t> released, fresh;  // blocks the window gave back to the queue
     for (uint64_t j = need.wfirst; j < need.wend; ++j)
       if (before[s->table[j]] == 1) released.insert(s->table[j]);
+    expect_appended(s, toks, la, need, before, released, fresh);
+    return true;
+  }
+
+  // The model's side of an append of toks (+ la lookahead) to s that the
+  // library made: the table observed must be the old one with copies of the
+  // shared blocks written into, new blocks taken from those free before
+  // (before: the references then; released: blocks windows gave back;
+  // fresh: blocks already taken by this call, shared across the sequences
+  // of one call), and window-released entries null.
+  void expect_appended(MSeq* s, const std::vector<int32_t>& toks, uint32_t la, const Need& need,
+                       std::map<int32_t, int>& before, const std::set<int32_t>& released,
+                       std::set<int32_t>& fresh) {
+    const uint64_t n0 = s->tokens.size(), n = toks.size();
     auto was_free = [&](int32_t b2) { return before.count(b2) == 0 || released.count(b2) != 0; };
 
     std::vector<int32_t> t = observed_table(s->id);
@@ -658,7 +675,6 @@ class Harness {
     const uint64_t want_len = std::max<uint64_t>(len, (n0 + n + la + bs_ - 1) / bs_);
     CHECK(t.size() == want_len, "table has %zu blocks, the model %llu", t.size(),
           (unsigned long long)want_len);
-    std::set<int32_t> fresh;
     const uint64_t wlo = n0 / bs_, whi = n ? std::min<uint64_t>(len, (n0 + n + bs_ - 1) / bs_) : 0;
     for (uint64_t j = 0; j < t.size(); ++j) {
       if (j < need.wend) {
@@ -692,7 +708,6 @@ class Harness {
     s->table = t;
     s->hash_epoch.resize(std::min<uint64_t>(s->hash_epoch.size(), n0 / bs_));
     while (s->hash_epoch.size() < s->tokens.size() / bs_) s->hash_epoch.push_back(epoch_);
-    return true;
   }
 
   void op_fork() {
@@ -997,6 +1012,120 @@ class Harness {
       return;
     }
     check_plan(batch, idx, qc);
+    end_step(batch, idx, qc, mode, end);
+  }
+
+  // The fused decode step (pkv_batch_prepare_decode): one token appended to
+  // each sequence and the plan whose queries they are, all or nothing. The
+  // batch is usually the previous fused step's sequences again, in their
+  // order (the steady path, impl/step_plan_steady.cpp). Accepted, it must
+  // be append_to of one token each, in order, then a plan of one query
+  // each; refused, with the status the first failing check gives, it
+  // changes nothing (check_all).
+  void op_decode_fused() {
+    std::vector<size_t> idx;
+    if (!running_.empty() && in_.below(4) != 0) {
+      for (pkv_seq_id id : running_) {
+        auto it =
+            std::find_if(seqs_.begin(), seqs_.end(), [&](const MSeq& m) { return m.id == id; });
+        if (it == seqs_.end()) {
+          idx.clear();
+          break;
+        }
+        idx.push_back(size_t(it - seqs_.begin()));
+      }
+    }
+    if (idx.empty()) {
+      const uint32_t k = 1 + in_.below(4);
+      for (uint32_t i = 0; i < k && !seqs_.empty(); ++i) {
+        size_t j = in_.below(uint32_t(seqs_.size()));
+        if (std::find(idx.begin(), idx.end(), j) == idx.end()) idx.push_back(j);
+      }
+    }
+    if (idx.empty()) return op_create();
+    const uint8_t mode = in_.u8();
+    const uint8_t end = in_.u8();
+    std::vector<pkv_seq_id> ids;
+    std::vector<int32_t> toks;
+    for (size_t j : idx) {
+      ids.push_back(seqs_[j].id);
+      toks.push_back(family_token(seqs_[j].family, seqs_[j].tokens.size()));
+    }
+    const bool dup = (mode & 7) == 2;
+    if (dup) {
+      ids.push_back(ids[0]);
+      toks.push_back(toks[0]);
+    }
+    // The first check that fails, in the library's order: per sequence the
+    // window, then the blocks taken so far (counted on the state before
+    // the call, copies included); then a repeated id; then every context.
+    pkv_status want = PKV_OK;
+    const uint64_t free_now = free_blocks();
+    uint64_t take = 0, gain = 0;
+    for (size_t j : idx) {
+      const MSeq& m = seqs_[j];
+      const uint64_t n0 = m.tokens.size();
+      const uint64_t first_key = cfg_.window && n0 + 1 > cfg_.window ? n0 + 1 - cfg_.window : 0;
+      if (first_key / bs_ < m.num_null()) {
+        want = PKV_E_INVALID_ARGUMENT;
+        break;
+      }
+      const Need need = need_of(m, 1, 0);
+      take += need.fresh + need.cow;
+      gain += need.gain;
+      if (take > free_now + gain) {
+        want = PKV_E_OUT_OF_BLOCKS;
+        break;
+      }
+    }
+    if (want == PKV_OK && dup) want = PKV_E_INVALID_ARGUMENT;
+    if (want == PKV_OK)
+      for (size_t j : idx) {
+        const MSeq& m = seqs_[j];
+        const uint64_t n0 = m.tokens.size();
+        const uint64_t first_key = cfg_.window && n0 + 1 > cfg_.window ? n0 + 1 - cfg_.window : 0;
+        for (uint64_t p = std::max<uint64_t>(m.num_null(), first_key / bs_) * bs_; p < n0; ++p)
+          if (!readable(m, p)) want = PKV_E_INVALID_STATE;
+      }
+    for (size_t i = 0; i < ids.size(); ++i)
+      trace("%s %llx", i ? "," : "fused decode", (unsigned long long)ids[i]);
+    trace(" (want %d, end %u)\n", int(want), unsigned(end % 8));
+    pkv_batch* batch = nullptr;
+    EXPECT_STATUS(
+        pkv_batch_prepare_decode(pool_, ids.data(), toks.data(), uint32_t(ids.size()),
+                                 (mode & 8) ? PKV_PREPARE_PERSISTENT_TABLE : 0u, nullptr, &batch),
+        want);
+    if (want != PKV_OK) {
+      CHECK(batch == nullptr, "failed fused decode wrote out");
+      if (want == PKV_E_INVALID_STATE) ++g_counters.unwritten_refused;
+      return;
+    }
+    ++g_counters.fused_decodes;
+    if (ids == running_) ++g_counters.fused_repeats;
+    running_.assign(ids.begin(), ids.end());
+    // The appends, in order, each against the model as the previous ones
+    // left it (a copy-on-write of one may leave another's block its own).
+    std::set<int32_t> fresh;
+    for (size_t i = 0; i < idx.size(); ++i) {
+      MSeq* m = &seqs_[idx[i]];
+      auto before = refs();
+      const Need need = need_of(*m, 1, 0);
+      std::set<int32_t> released;
+      for (uint64_t j = need.wfirst; j < need.wend; ++j)
+        if (before[m->table[j]] == 1) released.insert(m->table[j]);
+      expect_appended(m, {toks[i]}, 0, need, before, released, fresh);
+    }
+    const std::vector<uint32_t> qc(idx.size(), 1);
+    check_plan(batch, idx, qc, (mode & 8) != 0);
+    end_step(batch, idx, qc, mode, end);
+  }
+
+  // One of the ways a prepared step ends (end % 8), on the model too:
+  // every layer written (storage: commits), an explicit commit, a model
+  // that raises before or half-way through its writes, a sequence
+  // preempted before the writes. Destroys batch.
+  void end_step(pkv_batch* batch, const std::vector<size_t>& idx, const std::vector<uint32_t>& qc,
+                uint8_t mode, uint8_t end) {
     // What the step writes, by query position (the model's side of it).
     auto committed_now = [&](const std::vector<size_t>& which) {
       for (size_t i = 0; i < idx.size(); ++i) {
@@ -1111,7 +1240,10 @@ class Harness {
     return std::vector<T>(p, p + t.shape[0]);
   }
 
-  void check_plan(pkv_batch* b, const std::vector<size_t>& idx, const std::vector<uint32_t>& qc) {
+  // persistent: a PKV_PREPARE_PERSISTENT_TABLE plan (padded rows of one
+  // stride, zeros past each row's pages) instead of CSR.
+  void check_plan(pkv_batch* b, const std::vector<size_t>& idx, const std::vector<uint32_t>& qc,
+                  bool persistent = false) {
     auto slots = plan_array<int64_t>(b, PKV_PLAN_SLOT_MAPPING, PKV_DTYPE_I64);
     auto qptr = plan_array<int32_t>(b, PKV_PLAN_QUERY_INDPTR, PKV_DTYPE_I32);
     auto pptr = plan_array<int32_t>(b, PKV_PLAN_PAGE_INDPTR, PKV_DTYPE_I32);
@@ -1120,6 +1252,7 @@ class Harness {
     auto ctx = plan_array<int32_t>(b, PKV_PLAN_CONTEXT_LENS, PKV_DTYPE_I32);
     CHECK(qptr.size() == idx.size() + 1 && pptr.size() == idx.size() + 1, "indptr sizes");
     size_t t = 0, pg = 0;
+    const size_t stride = persistent ? size_t(pptr[1]) : 0;
     for (size_t i = 0; i < idx.size(); ++i) {
       const MSeq& s = seqs_[idx[i]];
       const uint64_t n = s.tokens.size(), np = (n + bs_ - 1) / bs_;
@@ -1127,8 +1260,11 @@ class Harness {
       for (uint64_t p = n - qc[i]; p < n; ++p, ++t)
         CHECK(t < slots.size() && slots[t] == int64_t(s.table[p / bs_]) * bs_ + int64_t(p % bs_),
               "slot of position %llu", (unsigned long long)p);
-      for (uint64_t j = 0; j < np; ++j, ++pg)
-        CHECK(pg < pidx.size() && pidx[pg] == s.table[j], "page %llu", (unsigned long long)j);
+      CHECK(!persistent || np <= stride, "row %zu: %llu pages, stride %zu", i,
+            (unsigned long long)np, stride);
+      for (uint64_t j = 0; j < (persistent ? stride : np); ++j, ++pg)
+        CHECK(pg < pidx.size() && pidx[pg] == (j < np ? s.table[j] : PKV_NULL_BLOCK), "page %llu",
+              (unsigned long long)j);
       CHECK(ctx[i] == int32_t(n) && last[i] == int32_t(n - (np - 1) * bs_), "lens of seq %zu", i);
     }
     CHECK(slots.size() == t && pidx.size() == pg, "plan sizes");
@@ -1459,6 +1595,7 @@ class Harness {
   pkv_pool* pool_ = nullptr;
   std::vector<MSeq> seqs_;
   std::vector<pkv_seq_id> dead_;
+  std::vector<pkv_seq_id> running_;  // the last fused decode step's ids, in order
   uint64_t epoch_ = 0, query_tokens_ = 0, hit_tokens_ = 0, cow_ = 0, last_event_ = 0, step_no_ = 0;
   uint64_t partial_hits_ = 0, partial_tokens_ = 0, clock_ns_ = 0;
   std::vector<uint64_t> ckey_;  // per block: content key while it was last full

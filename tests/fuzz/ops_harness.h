@@ -16,6 +16,8 @@ struct Counters {
   uint64_t attention_checked = 0;  // attention outputs compared with the reference
   uint64_t validates = 0;          // pkv_pool_validate calls (all returned PKV_OK)
   uint64_t unwritten_refused = 0;  // plans refused because their context was never written
+  uint64_t fused_decodes = 0;      // pkv_batch_prepare_decode steps accepted
+  uint64_t fused_repeats = 0;      // of which over the previous fused step's ids (steady)
 };
 
 // Runs one input. Returns normally when every check passed; prints what
