@@ -150,34 +150,21 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
     throw;
   }
 
-  // 3. The appends and the plan's rows, in order (block ids and events
-  // come out as build_decode's); nothing fails from here to finish().
-  // The loop keeps to what nearly every sequence needs: its token, its
-  // block's counts, its rows; the others take Pool::append_steady.
+  // 3. The appends, in order (block ids and events come out as
+  // build_decode's); nothing fails from here to finish(). The loop keeps to
+  // what nearly every sequence needs: its token, its block's counts, its
+  // commit row; the others take Pool::append_steady.
   p.tick();  // retention: priorities whose time ran out, before allocating
   PageTable* const t = table_.get();
   h.ranges.resize(num_seqs);  // reserved by start_host: no allocation
   QueryRange* const ranges = h.ranges.data();
   uint32_t* const versions = h.versions.data();
   uint32_t* const epochs = h.epochs.data();
-  const SeqId* const row_seq = t ? t->seq.data() : nullptr;
-  const uint32_t* const row_version = t ? t->version.data() : nullptr;
-  const uint32_t* const row_pages = t ? t->pages.data() : nullptr;
-  const int64_t stride = t ? int64_t(t->stride) : 0;
   const std::pair<uint32_t, uint32_t>* next = special.data();
   const std::pair<uint32_t, uint32_t>* const last = next + special.size();
-  int64_t pg = 0;
-  size_t rewritten = 0;
-  a.qptr[0] = a.pptr[0] = 0;
   for (uint32_t i = 0; i < num_seqs; ++i) {
-    if (i + kAhead < num_seqs) {
-      const Sequence* ahead = live[i + kAhead];
-      const uint64_t jj = page_counts[i + kAhead] - 1;
-      if (jj < ahead->blocks.size()) __builtin_prefetch(counts + ahead->blocks[jj], 1);
-    }
     Sequence& s = *live[i];
-    const uint32_t np = page_counts[i];
-    const uint64_t n0 = ends[i] - 1, j = np - 1, off = n0 & mask;
+    const uint64_t n0 = ends[i] - 1, j = page_counts[i] - 1, off = n0 & mask;
     int32_t blk;
     if (__builtin_expect(next != last && next->first == i, 0)) {
       blk = p.append_steady(s, n0, next->second, tokens[i]);
@@ -189,18 +176,36 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
       ++c.fill;
       if (c.written > off) c.written = uint16_t(off);  // Pool::clamp_written
     }
-    ++s.version;
-    ranges[i] = {i, uint32_t(j), {blk, uint32_t(off), uint32_t(off + 1)}};
-    versions[i] = s.version;
+    versions[i] = ++s.version;
     epochs[i] = s.writes_epoch;
-    a.slots[i] = int64_t(blk) * int64_t(bs) + int64_t(off);
-    pg += t ? stride : int64_t(np);
+    ranges[i] = {i, uint32_t(j), {blk, uint32_t(off), uint32_t(off + 1)}};
+  }
+
+  // 4. The plan's rows, from the arrays above (sequential reads only), and
+  // the persistent table's rows whose sequence or block table changed.
+  const int64_t stride = t ? int64_t(t->stride) : 0;
+  int64_t pg = 0;
+  a.qptr[0] = a.pptr[0] = 0;
+  for (uint32_t i = 0; i < num_seqs; ++i) {
+    const WrittenRange& r = ranges[i].r;
+    a.slots[i] = int64_t(r.block) * int64_t(bs) + int64_t(r.lo);
+    pg += t ? stride : int64_t(page_counts[i]);
     a.qptr[i + 1] = int32_t(i + 1);
     a.pptr[i + 1] = int32_t(pg);
-    a.last[i] = int32_t(off + 1);
-    a.ctx[i] = int32_t(n0 + 1);
-    if (t && (row_seq[i] != seqs[i] || row_version[i] != s.table_version || row_pages[i] != np))
-      rewritten += update_page_row(*t, i, seqs[i], s, np);
+    a.last[i] = int32_t(r.hi);
+    a.ctx[i] = int32_t(ends[i]);
+  }
+  size_t rewritten = 0;
+  if (t) {
+    const SeqId* const row_seq = t->seq.data();
+    const uint32_t* const row_version = t->version.data();
+    const uint32_t* const row_pages = t->pages.data();
+    for (uint32_t i = 0; i < num_seqs; ++i) {
+      const Sequence& s = *live[i];
+      if (row_seq[i] != seqs[i] || row_version[i] != s.table_version ||
+          row_pages[i] != page_counts[i])
+        rewritten += update_page_row(*t, i, seqs[i], s, page_counts[i]);
+    }
   }
   p.blocks_.add_filled(num_seqs);  // one slot each
   p.num_tokens_ += num_seqs;

@@ -248,7 +248,14 @@ PKV_API pkv_status pkv_batch_prepare_ex(pkv_pool* pool, const pkv_seq_id* seqs,
  * CUDA pool (running pending copy-on-write copies, the plan's upload)
  * come after the appends, which then stay, uncomputed, as after a
  * failing pkv_batch_prepare. PKV_E_UNSUPPORTED on a multi-group pool
- * (append there with pkv_seq_append, then pkv_batch_prepare_ex). */
+ * (append there with pkv_seq_append, then pkv_batch_prepare_ex).
+ *
+ * Speed: a call whose seqs are those of the pool's previous
+ * pkv_batch_prepare_decode, in the same order (an engine's running batch
+ * between admissions and finishes), with no sequence of the pool freed
+ * since, reuses that call's id checks and takes a lean path; the result is
+ * the same. Reserving each sequence's final length (pkv_seq_reserve) keeps
+ * its vectors from moving while it grows (bench/README.md, decode step). */
 PKV_API pkv_status pkv_batch_prepare_decode(pkv_pool* pool, const pkv_seq_id* seqs,
                                             const int32_t* tokens, uint32_t num_seqs,
                                             uint32_t flags, void* stream, pkv_batch** out);
