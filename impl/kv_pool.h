@@ -444,8 +444,8 @@ class Pool {
   };
   std::vector<BatchItem> batch_items_;
   // The last decode step's ids and the sequences they resolved to
-  // (Batch::build_decode_steady): still those sequences while no sequence
-  // was freed (SeqTable::removals), and distinct.
+  // (step_plan_steady.cpp): still those sequences, and distinct, while no
+  // sequence was freed (SeqTable::removals).
   struct DecodeMemo {
     std::vector<SeqId> ids;
     std::vector<Sequence*> live;
@@ -453,12 +453,10 @@ class Pool {
   };
   DecodeMemo decode_memo_;
   void remember_decode(const SeqId* seqs, Sequence* const* live, uint32_t n) noexcept;
+  // The steady decode path's append of a token that opens or fills a block
+  // (step_plan_steady.cpp).
   [[gnu::noinline]] int32_t append_steady(Sequence& s, uint64_t n0, size_t h0,
                                           int32_t token) noexcept;
-  void forget_decode() noexcept {
-    decode_memo_.ids.clear();
-    decode_memo_.removals = ~uint64_t(0);
-  }
   std::vector<AppendNeed> batch_needs_;
   // Incremental step plans (step_plan_rows.h): the last plan's memory and
   // page rows, and a spare buffer for the next plan.

@@ -126,9 +126,9 @@ class Batch {
              bool persistent_table);
   void build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_seqs, void* stream,
                     bool persistent_table);
-  // build_decode for the pool's previous decode step's ids, in one lean
-  // pass (step_plan_steady.cpp); false, with nothing changed, when the
-  // step needs the general path.
+  // build_decode for a step whose every sequence is steady (its tail its
+  // own, its context computed), in lean passes (step_plan_steady.cpp);
+  // false, with nothing changed, when the step needs the general path.
   bool build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32_t num_seqs,
                            void* stream, bool persistent_table);
   // A new plan over num_seqs sequences made by build(batch) under the

@@ -177,7 +177,7 @@ void Batch::build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_
   p.settle_tiers_locked(stream);
   finish(a, seqs, rewritten, stream);
   decode_step_ = true;
-  p.remember_decode(seqs, live, num_seqs);  // the next step over these ids may be steady
+  p.remember_decode(seqs, live, num_seqs);  // the next step over these ids looks none up
 }
 
 // prepare's written-context check for a decode step, before its appends:

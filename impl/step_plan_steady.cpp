@@ -1,18 +1,18 @@
-// The steady state of a decode loop (pkv_batch_prepare_decode with the same
-// ids, in the same order, as the pool's previous decode step): an engine's
-// running batch between admissions and finishes.
+// The steady state of a decode loop: every sequence of a
+// pkv_batch_prepare_decode step continues a tail it holds alone after a
+// context already computed, as nearly every sequence of an engine's running
+// batch does from one step to the next.
 //
-// build_decode spends most of a 1024-sequence step on what does not change
-// from one step to the next: resolving and de-duplicating every id, staging
-// each append, and the general append for the eighth of the sequences that
-// fill or open a block. Here the ids are known good (the previous step
-// resolved them and no sequence was freed since), so one pass checks what
-// the general path would refuse or treat differently, and a second makes
-// the appends and writes the plan rows. Any member the general path would
-// treat differently (a shared tail, a context not computed, a sliding
-// window, too few free blocks) sends the whole step back to build_decode
-// before anything changed, so both paths give the same plan, the same
-// block ids and the same events (tests/core/plan_decode_test.cpp).
+// build_decode spends most of a 1024-sequence step on bookkeeping for what
+// a steady step never has: staging each append to take it back, the general
+// append for the eighth of the sequences that fill or open a block, the
+// written-context walk. Here one pass resolves the ids and checks that
+// every sequence is steady, and the next ones make the appends and write
+// the plan rows. Anything else (an unknown or repeated id, a shared tail,
+// a context not computed, a sliding window, too few free blocks) sends the
+// whole step back to build_decode before anything changed, so both paths
+// give the same plan, the same block ids and the same events
+// (tests/core/plan_decode_test.cpp, fuzz_ops).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -30,8 +30,9 @@ void Pool::remember_decode(const SeqId* seqs, Sequence* const* live, uint32_t n)
     decode_memo_.ids.assign(seqs, seqs + n);
     decode_memo_.live.assign(live, live + n);
     decode_memo_.removals = seqs_.removals();
-  } catch (...) {
-    forget_decode();
+  } catch (...) {  // no memo: the next step looks its ids up
+    decode_memo_.ids.clear();
+    decode_memo_.removals = ~uint64_t(0);
   }
 }
 
@@ -57,18 +58,10 @@ int32_t Pool::append_steady(Sequence& s, uint64_t n0, size_t h0, int32_t token) 
 bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32_t num_seqs,
                                 void* stream, bool persistent_table) {
   Pool& p = *pool_;
-  const Pool::DecodeMemo& memo = p.decode_memo_;
-  if (p.opts_.sliding_window != 0 || p.bs_shift_ < 0 || memo.removals != p.seqs_.removals() ||
-      memo.ids.size() != num_seqs ||
-      std::memcmp(memo.ids.data(), seqs, num_seqs * sizeof(SeqId)) != 0)
-    return false;
-  // Offloads and loads the tiers queued are settled before the checks read
-  // the blocks' state, as build_decode does once the ids are known good.
-  p.settle_tiers_locked(stream);
+  if (p.opts_.sliding_window != 0 || p.bs_shift_ < 0) return false;
   PlanHost& h = *host_;
   start_host(seqs, num_seqs);
-  Sequence* const* const live = memo.live.data();
-  std::memcpy(h.live.data(), live, num_seqs * sizeof(Sequence*));
+  Sequence** const live = h.live.data();
   uint32_t* const page_counts = h.pages.data();
   uint64_t* const ends = h.ends.data();
   BlockPool::Counts* const counts = p.blocks_.counts_for_decode();
@@ -82,11 +75,29 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   uint64_t fresh = 0, pages = 0, max_ctx = 0;
   uint32_t max_pages = 0;
   constexpr uint32_t kAhead = 8;  // prefetch distance, in sequences
+  // The ids of the pool's previous decode step, in its order, with no
+  // sequence freed since, still name the sequences they did then, and are
+  // distinct (an engine's running batch between admissions and finishes):
+  // no lookup. Otherwise each id is looked up, and a repeated one finds its
+  // sequence marked (the general path names it).
+  Pool::DecodeMemo& memo = p.decode_memo_;
+  const bool same = memo.removals == p.seqs_.removals() && memo.ids.size() == num_seqs &&
+                    std::memcmp(memo.ids.data(), seqs, num_seqs * sizeof(SeqId)) == 0;
+  if (same) std::memcpy(live, memo.live.data(), num_seqs * sizeof(Sequence*));
+  const uint64_t mark = ++p.plan_epoch_;
   for (uint32_t i = 0; i < num_seqs; ++i) {
-    if (i + kAhead < num_seqs) {
-      const char* next = reinterpret_cast<const char*>(live[i + kAhead]);
-      __builtin_prefetch(next);
-      __builtin_prefetch(next + 64);
+    if (same) {
+      if (i + kAhead < num_seqs) {
+        const char* next = reinterpret_cast<const char*>(live[i + kAhead]);
+        __builtin_prefetch(next);
+        __builtin_prefetch(next + 64);
+      }
+    } else {
+      if (i + kAhead < num_seqs) p.seqs_.prefetch(seqs[i + kAhead]);
+      Sequence* const sp = p.seqs_.find(seqs[i]);
+      if (sp == nullptr || sp->plan_mark == mark) return false;
+      sp->plan_mark = mark;
+      live[i] = sp;
     }
     Sequence& s = *live[i];
     const uint64_t n0 = s.tokens.size(), j = n0 >> shift, nb = s.blocks.size();
@@ -116,6 +127,10 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
     max_pages = std::max(max_pages, np);
   }
   if (fresh > uint64_t(p.blocks_.num_free()) || pages > uint64_t(INT32_MAX)) return false;
+  // The ids are good: loads and offloads the tiers queued are settled
+  // before anything changes, as build_decode does at this point (and a
+  // refused call settles nothing).
+  p.settle_tiers_locked(stream);
 
   // 2. What can still throw, taken back on failure: the hashes of the
   // blocks the step fills (their token first), room for the events, the
@@ -214,6 +229,7 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   p.settle_tiers_locked(stream);
   finish(a, seqs, rewritten, stream);
   decode_step_ = steady_ = true;
+  if (!same) p.remember_decode(seqs, live, num_seqs);
   return true;
 }
 

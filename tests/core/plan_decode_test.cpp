@@ -377,8 +377,8 @@ TEST(PlanDecode, OutOfBlocksAppendsNothing) {
   EXPECT_EQ(pool->validate(), "");
 }
 
-// The steady path's block count: the previous step's ids again, with more
-// blocks to open than are free, are refused by the general path, unchanged.
+// The steady path's block count: a steady step with more blocks to open
+// than are free is refused by the general path, unchanged.
 TEST(PlanDecode, SteadyStepOutOfBlocksAppendsNothing) {
   auto pool = Pool::create(test::manager_options(4, 6));  // 5 usable blocks
   const SeqId a = pool->seq_create({}), b = pool->seq_create({}), c = pool->seq_create({});
@@ -397,10 +397,11 @@ TEST(PlanDecode, SteadyStepOutOfBlocksAppendsNothing) {
             Errc::kOutOfBlocks);
   EXPECT_EQ(snap(*pool, {a, b, c}), before);
   EXPECT_EQ(pool->validate(), "");
-  pool->free(c);  // two free now: a and b fit (the memo is dropped with c)
+  pool->free(c);  // two free now: a and b fit
   auto ok = Batch::prepare_decode(pool, ids, next, 2, nullptr);
-  EXPECT_FALSE(ok->steady_for_testing());
+  EXPECT_TRUE(ok->steady_for_testing());
   EXPECT_EQ(pool->seq_info(a).num_tokens, 5u);
+  EXPECT_EQ(pool->seq_info(b).num_tokens, 9u);
 }
 
 // pkv_seq_reserve: room for the tokens to come, nothing else; decode steps
