@@ -209,6 +209,27 @@ func (s Seq) Truncate(numTokens int) error {
 	return check(op, C.pkvgo_seq_truncate(ptr, C.pkv_seq_id(s.id), C.uint64_t(numTokens)))
 }
 
+// Reserve is a capacity hint: it makes room in the sequence's host memory
+// (token ids, block table, block hashes) for numTokens tokens in all, so
+// that appends up to that length never reallocate them. Call it at
+// admission with the prompt plus the most tokens the request may generate:
+// its decode steps then grow no slices in the library. It takes no blocks
+// and changes nothing Info, BlockTable or Stats show; at or below the
+// current room it does nothing. ErrInvalidArgument for a negative count or
+// one above 2^31 - 1 tokens.
+func (s Seq) Reserve(numTokens int) error {
+	const op = "pkv_seq_reserve"
+	if err := nonNegative(op, "numTokens", numTokens); err != nil {
+		return err
+	}
+	ptr, err := s.pool.acquire(op)
+	if err != nil {
+		return err
+	}
+	defer s.pool.release()
+	return check(op, C.pkvgo_seq_reserve(ptr, C.pkv_seq_id(s.id), C.uint64_t(numTokens)))
+}
+
 // Free releases the sequence and its blocks; its id becomes stale. Full
 // blocks a prepared plan computed (or prefix hits) stay cached; those no
 // plan covered yet leave the cache and are reused first.

@@ -87,6 +87,10 @@ pkvgo_result pkvgo_seq_truncate(pkv_pool* pool, pkv_seq_id seq, uint64_t num_tok
   return pkvgo_capture(pkv_seq_truncate(pool, seq, num_tokens));
 }
 
+pkvgo_result pkvgo_seq_reserve(pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens) {
+  return pkvgo_capture(pkv_seq_reserve(pool, seq, num_tokens));
+}
+
 pkvgo_result pkvgo_seq_free(pkv_pool* pool, pkv_seq_id seq) {
   return pkvgo_capture(pkv_seq_free(pool, seq));
 }

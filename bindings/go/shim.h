@@ -47,6 +47,7 @@ pkvgo_result pkvgo_seq_blocks_needed(const pkv_pool* pool, pkv_seq_id seq, uint6
                                      uint32_t num_lookahead, uint64_t* out_blocks);
 pkvgo_result pkvgo_seq_fork(pkv_pool* pool, pkv_seq_id parent, pkv_seq_id* out_child);
 pkvgo_result pkvgo_seq_truncate(pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens);
+pkvgo_result pkvgo_seq_reserve(pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens);
 pkvgo_result pkvgo_seq_free(pkv_pool* pool, pkv_seq_id seq);
 pkvgo_result pkvgo_seq_get_info(const pkv_pool* pool, pkv_seq_id seq, pkv_seq_info* out);
 pkvgo_result pkvgo_seq_get_block_table(const pkv_pool* pool, pkv_seq_id seq, int32_t* out_blocks,

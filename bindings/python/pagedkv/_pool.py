@@ -595,6 +595,16 @@ class Sequence(_c._SeqBase):
         """Keeps the first num_tokens tokens, releasing emptied blocks."""
         _seq_truncate(self._h, self._id, num_tokens if num_tokens.__class__ is int else int(num_tokens))
 
+    def reserve(self, num_tokens: int) -> None:
+        """Capacity hint: makes room in this sequence's host memory (token
+        ids, block table, block hashes) for num_tokens tokens in all, so that
+        appends up to that length never reallocate them. Call it at admission
+        with the prompt plus the most tokens the request may generate; decode
+        steps then grow no vectors. Takes no KV blocks and changes nothing
+        info() shows; at or below the current room it does nothing. Above
+        2**31 - 1 tokens: InvalidArgumentError."""
+        _seq_reserve(self._h, self._id, num_tokens if num_tokens.__class__ is int else int(num_tokens))
+
     def info(self) -> SequenceInfo:
         return SequenceInfo._from_c(self._pool._call(_c.pkv_seq_get_info, self._id))
 
@@ -660,6 +670,7 @@ _seq_append_batch = _c.pkv_seq_append_batch
 _seq_free = _c.pkv_seq_free
 _seq_free_batch = _c.pkv_seq_free_batch
 _seq_truncate = _c.pkv_seq_truncate
+_seq_reserve = _c.pkv_seq_reserve
 _seq_fork = _c.pkv_seq_fork
 _seq_blocks_needed = _c.pkv_seq_blocks_needed
 _seq_match_prefix = _c.pkv_seq_match_prefix

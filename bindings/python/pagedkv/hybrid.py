@@ -5,7 +5,7 @@ window, MLA latent, recurrent state) its own block table per sequence, all drawi
 from one budget, with prefix caching keyed by (block hash, group): a hit is
 the longest prefix every group can serve, as vLLM's hybrid coordinator finds
 it. It is manager only: the engine owns the KV tensors. Sequences are the
-ordinary :class:`pagedkv.Sequence` (append, fork, truncate, free act on every
+ordinary :class:`pagedkv.Sequence` (append, reserve, fork, truncate, free act on every
 group, all or nothing); ``Sequence.block_table()`` is group 0's table.
 """
 

@@ -48,6 +48,7 @@
 %thread pkv_seq_blocks_needed;
 %thread pkv_seq_fork;
 %thread pkv_seq_truncate;
+%thread pkv_seq_reserve;
 %thread pkv_seq_free;
 %thread pkv_seq_get_info;
 %thread pkv_seq_get_block_table;

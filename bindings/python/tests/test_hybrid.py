@@ -258,3 +258,33 @@ def test_an_id_of_another_hybrid_pool_is_not_found():
     with pytest.raises(pk.NotFoundError):
         pk.Pool(num_blocks=8, block_size=4).sequence(sa.id)
     assert len(sb) == 3 and b.sequence(sb.id).num_tokens == 3
+
+
+def test_reserve_on_a_multi_group_pool():
+    # Sequence.reserve acts on every group's table; a twin pool without it
+    # sees the same tables, infos and stats through a prefill and decode
+    # steps that slide the window.
+    pools = [gpt_oss_like(num_blocks=32) for _ in range(2)]
+    seqs = [p.create_sequence() for p in pools]
+    before = (seqs[1].info(), pools[1].stats())
+    seqs[1].reserve(10 + 30)
+    assert (seqs[1].info(), pools[1].stats()) == before
+    for step in range(31):
+        for p, s in zip(pools, seqs):
+            n = 10 if step == 0 else 1
+            s.append(list(range(step, step + n)))
+            with p.prepare([s], [n]):
+                pass
+        # (block_hashes() is unsupported on a multi-group pool.)
+        views = [(s.info(), p.block_tables(s), p.stats()) for p, s in zip(pools, seqs)]
+        assert views[0] == views[1]
+    assert seqs[1].num_tokens == 40 and pools[1].block_tables(seqs[1])[0][0] == pk.NULL_BLOCK  # the window slid
+    with pytest.raises(pk.InvalidArgumentError, match="2\\^31"):
+        seqs[1].reserve(2**31)
+    with pytest.raises(OverflowError):
+        seqs[1].reserve(-1)
+    seqs[1].free()
+    with pytest.raises(pk.NotFoundError):
+        seqs[1].reserve(8)
+    for p in pools:
+        p.validate()

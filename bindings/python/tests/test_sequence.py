@@ -233,3 +233,73 @@ def test_ids_print_as_the_library_prints_them(manager_pool):
     s = manager_pool.create_sequence()
     text = f"seq {s.id:#018x}"
     assert text in repr(s) and len(text) == len("seq 0x") + 16
+
+
+def _snapshot(pool, s):
+    """What a caller can see of s and its pool."""
+    return s.info(), s.block_table(), s.block_hashes(), pool.stats()
+
+
+def test_reserve_changes_nothing_a_caller_sees():
+    # Two pools driven alike, one sequence of each reserved at admission: the
+    # prefill and 40 decode steps leave infos, tables, hashes and pool stats
+    # identical to the twin's (reserve is a host-memory hint, takes no block).
+    pools = [pagedkv.Pool(num_blocks=32, block_size=4) for _ in range(2)]
+    seqs = []
+    for reserved, pool in enumerate(pools):
+        s = pool.create_sequence()
+        if reserved:
+            seen = _snapshot(pool, s)
+            s.reserve(7 + 40)
+            s.reserve(3)  # below the room already made: a no-op
+            s.reserve(np.uint64(100))  # numpy ints convert like truncate's
+            assert _snapshot(pool, s) == seen
+        s.append(list(range(7)))
+        with pool.prepare([s], 7):
+            pass
+        seqs.append(s)
+    assert _snapshot(pools[0], seqs[0]) == _snapshot(pools[1], seqs[1])
+    for step in range(40):
+        for pool, s in zip(pools, seqs):
+            with pool.prepare_decode([s], [1000 + step]):
+                pass
+        assert _snapshot(pools[0], seqs[0]) == _snapshot(pools[1], seqs[1])
+    assert seqs[1].num_tokens == 47 and seqs[1].num_computed_tokens == 47
+    for pool in pools:
+        pool.validate()
+
+
+def test_reserve_bad_input(manager_pool):
+    s = manager_pool.create_sequence()
+    s.append(list(range(6)))
+    before = _snapshot(manager_pool, s)
+    # Out of the library's range (2^31 - 1 tokens at most): refused by it.
+    for n in (2**31, 2**62, 2**64 - 1):
+        with pytest.raises(pagedkv.InvalidArgumentError, match="num_tokens"):
+            s.reserve(n)
+    # Not a uint64: refused by the conversion, as truncate's argument is.
+    for n in (-1, 2**64, 2**100):
+        with pytest.raises(OverflowError):
+            s.reserve(n)
+        with pytest.raises(OverflowError):
+            s.truncate(n)
+    for bad, exc in ((None, TypeError), ([4], TypeError), ("many", ValueError)):
+        with pytest.raises(exc):
+            s.reserve(bad)
+        with pytest.raises(exc):
+            s.truncate(bad)
+    assert _snapshot(manager_pool, s) == before
+    s.reserve(64)  # still usable afterwards
+    s.append([6])
+    assert s.num_tokens == 7
+    manager_pool.validate()
+    # A freed sequence is a stale id; a closed pool is closed.
+    t = manager_pool.create_sequence()
+    t.free()
+    with pytest.raises(pagedkv.NotFoundError):
+        t.reserve(8)
+    with pytest.raises(pagedkv.NotFoundError):
+        manager_pool.sequence(12345).reserve(8)
+    manager_pool.close()
+    with pytest.raises(pagedkv.InvalidStateError, match="closed"):
+        s.reserve(8)

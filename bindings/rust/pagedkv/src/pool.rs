@@ -784,6 +784,20 @@ impl Pool {
         check(unsafe { sys::pkv_seq_truncate(self.ptr(), seq.0, num_tokens) })
     }
 
+    /// Capacity hint: makes room in the sequence's host memory (token ids,
+    /// block table, block hashes) for `num_tokens` tokens in all, so that
+    /// appends up to that length never reallocate them. Call it at
+    /// admission with the prompt plus the most tokens the request may
+    /// generate: its decode steps then grow no vectors. Takes no blocks and
+    /// changes nothing [`seq_info`](Pool::seq_info) or
+    /// [`stats`](Pool::stats) show; at or below the current room it does
+    /// nothing. [`ErrorKind::InvalidArgument`](crate::ErrorKind) above
+    /// 2^31 - 1 tokens.
+    pub fn reserve(&self, seq: SeqId, num_tokens: u64) -> Result<()> {
+        // SAFETY: valid handle.
+        check(unsafe { sys::pkv_seq_reserve(self.ptr(), seq.0, num_tokens) })
+    }
+
     /// Releases the sequence and its blocks; the id becomes stale.
     ///
     /// On a CPU pool, do not free or truncate a sequence on one thread

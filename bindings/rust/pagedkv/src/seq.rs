@@ -116,6 +116,11 @@ impl<'pool> Seq<'pool> {
         self.pool.truncate(self.id, num_tokens)
     }
 
+    /// [`Pool::reserve`].
+    pub fn reserve(&self, num_tokens: u64) -> Result<()> {
+        self.pool.reserve(self.id, num_tokens)
+    }
+
     /// [`Pool::seq_info`].
     pub fn info(&self) -> Result<SeqInfo> {
         self.pool.seq_info(self.id)

@@ -327,3 +327,53 @@ fn recurrent_snapshots_at_every_block_boundary_of_a_chunk() {
     assert_eq!(storage[&copies[0].0].1, 11); // the state after token 11, as written
     pool.validate().unwrap();
 }
+
+#[test]
+fn reserve_acts_on_every_group_and_changes_nothing_seen() {
+    // Twin window + full pools, one sequence reserved: a prefill and decode
+    // steps that slide the window leave the same tables, infos and stats
+    // (block hashes are not readable on a multi-group pool).
+    let make = || {
+        Pool::with_groups(
+            &opts(32),
+            &[GroupSpec::window(8, 2, 2, 8), GroupSpec::full(2, 2, 8)],
+        )
+        .unwrap()
+    };
+    let pools = [make(), make()];
+    let seqs: Vec<_> = pools.iter().map(|p| p.sequence().unwrap()).collect();
+    let seen = |i: usize| {
+        let (p, s) = (&pools[i], seqs[i].id());
+        (
+            p.seq_info(s).unwrap(),
+            p.group_block_table(s, 0).unwrap(),
+            p.group_block_table(s, 1).unwrap(),
+            p.stats().unwrap(),
+        )
+    };
+    let before = seen(1);
+    seqs[1].reserve(10 + 30).unwrap();
+    assert_eq!(seen(1), before);
+    for step in 0..=30i32 {
+        let n = if step == 0 { 10 } else { 1 };
+        for (p, s) in pools.iter().zip(&seqs) {
+            s.append(&(step..step + n).collect::<Vec<_>>()).unwrap();
+            p.prepare(&[s.id()], &[n as u32]).unwrap().commit().unwrap();
+        }
+        assert_eq!(seen(0), seen(1), "step {step}");
+    }
+    assert_eq!(seen(1).1[0], NULL_BLOCK, "the window slid");
+    assert_eq!(
+        seqs[1].reserve(1 << 31).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    let id = seqs[1].id();
+    pools[1].free_seq(id).unwrap();
+    assert_eq!(
+        pools[1].reserve(id, 8).unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    for p in &pools {
+        p.validate().unwrap();
+    }
+}
