@@ -62,8 +62,15 @@ constexpr int32_t kStepKeys = 64;
 // when K/V are already in cache (AVX2, 1 thread).
 constexpr int32_t kL2AheadKeys = 256;
 
+// prefetcht1: into L2 (and not L1, where the step's K and V live).
 void fetch_l2(const char* p, size_t bytes) {
-  for (size_t o = 0; o < bytes; o += 64) Prefetcher::fetch_l2(p + o);
+  for (size_t o = 0; o < bytes; o += 64) {
+#if defined(__x86_64__) || defined(__i386__)
+    asm volatile("prefetcht1 %0" : : "m"(p[o]));
+#else
+    __builtin_prefetch(p + o, 0, 2);
+#endif
+  }
 }
 
 int row_index(int32_t r) { return r == 1 ? 0 : r == 2 ? 1 : r == 4 ? 2 : r == 8 ? 3 : 4; }
@@ -273,32 +280,31 @@ class Attention {
     // a step fetches the step's V slices, PV the next step's K slices, so
     // that L1 holds little more than the step's K and V.
     Prefetcher pf;
-    auto add_step = [&](int32_t c0, const char* plane, bool l2) {
+    auto add_step = [&](int32_t c0, const char* plane) {
       for (int32_t pg = c0; pg < std::min(c0 + step_pages_, t.page_end); ++pg) {
-        pf.add(plane + page_offset(pg), l2);
+        pf.add(plane + page_offset(pg));
       }
     };
-    // The L2 stream: each phase also fetches, into L2 only, the slices its
-    // phase reads l2_ahead_steps_ steps later, spread over the phase like
-    // the L1 ones. (Issued as one burst per page after its q.k, about half
-    // of the driver's own profile samples sat on the burst in L3-resident
-    // decode; bench/README.md.) The first steps' slices come at once.
-    const int32_t ahead = l2_ahead_steps_ * step_pages_;
-    for (int32_t pg = t.page_begin + step_pages_; pg < std::min(t.page_begin + ahead, t.page_end);
-         ++pg) {
-      fetch_l2(kplane_ + page_offset(pg), slice_bytes);
-      fetch_l2(vplane_ + page_offset(pg), slice_bytes);
-    }
+    // The L2 stream: QK of page i of a step fetches page i of the step
+    // l2_ahead_steps_ later (the first step also covers the steps before).
+    auto fetch_ahead = [&](int32_t c0, int32_t i) {
+      const int32_t first = c0 == t.page_begin ? 1 : l2_ahead_steps_;
+      for (int32_t a = first; a <= l2_ahead_steps_; ++a) {
+        const int32_t pg = c0 + a * step_pages_ + i;
+        if (pg >= t.page_end) break;
+        fetch_l2(kplane_ + page_offset(pg), slice_bytes);
+        fetch_l2(vplane_ + page_offset(pg), slice_bytes);
+      }
+    };
     pf.reset(slice_bytes);
-    add_step(t.page_begin, kplane_, false);
+    add_step(t.page_begin, kplane_);
     pf.flush();
     const char* kpage[kMaxStepPages];
     const char* vpage[kMaxStepPages];
     for (int32_t c0 = t.page_begin; c0 < t.page_end; c0 += step_pages_) {
       const int32_t n = std::min(step_pages_, t.page_end - c0);
       pf.reset(slice_bytes);
-      add_step(c0, vplane_, false);
-      add_step(c0 + ahead, kplane_, true);
+      add_step(c0, vplane_);
       pf.plan(int64_t(n) * bs_);
       const int32_t j0 = std::max(klo - c0 * bs_, 0);
       const int32_t j1 = std::min(khi - (c0 + n - 1) * bs_, bs_);
@@ -317,6 +323,7 @@ class Attention {
         } else {
           qk(s.q, d_, kpage[i], pj0, pj1, x, ldl_, args_.logit_softcap, &pf);
         }
+        fetch_ahead(c0, i);
         // Invisible keys of this page's segment (and its padding) get -inf.
         for (int32_t r = 0; r < R; ++r) {
           float* xr = x + size_t(r) * ldl_;
@@ -329,8 +336,7 @@ class Attention {
       pf.flush();
       kt_->softmax(s.logits, ldl_, R, 0, n * ldpg_, s.m, s.l, s.alpha);
       pf.reset(slice_bytes);
-      add_step(c0 + step_pages_, kplane_, false);
-      add_step(c0 + ahead, vplane_, true);
+      add_step(c0 + step_pages_, kplane_);
       const int32_t g0 = c0 * bs_ + j0, g1 = (c0 + n - 1) * bs_ + j1;
       pv_step(pv, s, t.rows, vpage, c0, g0, g1, &pf);
       pf.flush();

@@ -20,8 +20,7 @@ namespace cpu {
 constexpr int kMaxPrefetchRegions = 32;
 struct Prefetcher {
   const char* region[kMaxPrefetchRegions];
-  uint32_t to_l2 = 0;  // bit i: region i goes to L2 only (prefetcht1)
-  int32_t n = 0;       // regions
+  int32_t n = 0;     // regions
   int32_t cur = 0;   // region being issued
   size_t bytes = 0;  // bytes per region
   size_t off = 0;    // next byte in region cur
@@ -30,14 +29,10 @@ struct Prefetcher {
   void reset(size_t region_bytes) {
     n = cur = 0;
     off = step = 0;
-    to_l2 = 0;
     bytes = region_bytes;
   }
-  void add(const void* p, bool l2 = false) {
-    if (n < kMaxPrefetchRegions) {
-      if (l2) to_l2 |= 1u << n;
-      region[n++] = static_cast<const char*>(p);
-    }
+  void add(const void* p) {
+    if (n < kMaxPrefetchRegions) region[n++] = static_cast<const char*>(p);
   }
   // Spreads the lines over about `ticks` ticks.
   void plan(int64_t ticks) {
@@ -56,11 +51,7 @@ struct Prefetcher {
       // Evenly spread prefetcht0 did best here: bursts, or prefetcht1 /
       // prefetchnta, or hinting only a slice's first lines to the hardware
       // prefetcher were all slower (bench_cpu_attention).
-      if (to_l2 >> c & 1u) {
-        for (size_t i = 0; i < k; ++i) fetch_l2(p + i * 64);
-      } else {
-        for (size_t i = 0; i < k; ++i) fetch_l1(p + i * 64);
-      }
+      for (size_t i = 0; i < k; ++i) fetch_l1(p + i * 64);
       lines -= k;
       o += k * 64;
       if (o >= len) {
@@ -77,14 +68,6 @@ struct Prefetcher {
     asm volatile("prefetcht0 %0" : : "m"(*p));
 #else
     __builtin_prefetch(p, 0, 3);
-#endif
-  }
-  // prefetcht1: into L2 (and not L1, where the step's K and V live).
-  static void fetch_l2(const char* p) {
-#if defined(__x86_64__) || defined(__i386__)
-    asm volatile("prefetcht1 %0" : : "m"(*p));
-#else
-    __builtin_prefetch(p, 0, 2);
 #endif
   }
   void tick(size_t ticks = 1) { issue(step * ticks); }
