@@ -57,7 +57,7 @@ struct Ops {
     } else if constexpr (KU == 4) {
       _mm_storeu_ps(out, _mm256_castps256_ps128(s));
       _mm_storeu_ps(out + ldl, _mm256_extractf128_ps(s, 1));
-    } else {  // not reached with kQkRows = 2
+    } else {  // f32 pages, whose 4-row tiles keep one pass (kernels_impl.inc)
       alignas(32) float sums[8];
       _mm256_store_ps(sums, s);
 #pragma GCC unroll 8
