@@ -28,14 +28,44 @@ struct Ops {
   using V = __m256;
   static constexpr int W = 8;
   static constexpr int kAcc = 8;  // of 16 ymm registers
-  static constexpr bool kHasReduce16 = false;
+  static constexpr int kQkRows = 2;
+  static constexpr int kRegs = 16;  // vector registers
+  static constexpr int kReduceN = 8;
   static constexpr bool kPairBf16 = true;
-  static void load_bf16_pair(const uint16_t* p, V* even, V* odd) {
+  __attribute__((always_inline)) static void load_bf16_pair(const uint16_t* p, V* even, V* odd) {
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     *even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
     *odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(int32_t(0xffff0000u))));
   }
-  static void reduce16(const V*, float*) {}
+  // Lane i = sum of the lanes of x[i], i < 8 (an add tree, 9 instructions
+  // for what 8 separate reductions do in 48).
+  __attribute__((always_inline)) static V reduce8v(const V* x) {
+    const V a0 = _mm256_hadd_ps(x[0], x[1]), a1 = _mm256_hadd_ps(x[2], x[3]);
+    const V a2 = _mm256_hadd_ps(x[4], x[5]), a3 = _mm256_hadd_ps(x[6], x[7]);
+    // b0 lanes: x0..x3 over elements 0-3, then x0..x3 over elements 4-7.
+    const V b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20),
+                         _mm256_permute2f128_ps(b0, b1, 0x31));
+  }
+  // out[r * ldl + u] = sum of the lanes of x[r * KU + u], for the 8 / KU
+  // rows r and u < KU.
+  template <int KU>
+  __attribute__((always_inline)) static void reduce_rows(const V* x, float* out, int32_t ldl) {
+    const V s = reduce8v(x);
+    if constexpr (KU == 8) {
+      _mm256_storeu_ps(out, s);
+    } else if constexpr (KU == 4) {
+      _mm_storeu_ps(out, _mm256_castps256_ps128(s));
+      _mm_storeu_ps(out + ldl, _mm256_extractf128_ps(s, 1));
+    } else {  // f32 pages, whose 4-row tiles keep one pass (kernels_impl.inc)
+      alignas(32) float sums[8];
+      _mm256_store_ps(sums, s);
+#pragma GCC unroll 8
+      for (int r = 0; r < 8 / KU; ++r)
+#pragma GCC unroll 2
+        for (int u = 0; u < KU; ++u) out[r * ldl + u] = sums[r * KU + u];
+    }
+  }
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }

@@ -16,10 +16,13 @@ struct Ops {
   using V = float;
   static constexpr int W = 1;
   static constexpr int kAcc = 4;
-  static constexpr bool kHasReduce16 = false;
+  static constexpr int kQkRows = 16;
+  static constexpr int kRegs = 16;    // vector registers
+  static constexpr int kReduceN = 0;  // no reduce_rows
   static constexpr bool kPairBf16 = false;
   static void load_bf16_pair(const uint16_t*, V*, V*) {}
-  static void reduce16(const V*, float*) {}
+  template <int KU>
+  static void reduce_rows(const V*, float*, int32_t) {}
   static V zero() { return 0.0f; }
   static V set1(float x) { return x; }
   static V load(const float* p) { return *p; }

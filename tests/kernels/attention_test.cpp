@@ -428,6 +428,34 @@ TEST_P(AttentionLarge, BatchDecodeAndPrefill) {
   }
 }
 
+// Decode tiles of every row count (GQA groups 1 to 16) against contexts
+// whose last page ends at every key offset of a 16-key page: each q.k row
+// blocking (AVX2 runs 4- and 8-row tiles as 2-row passes with q in
+// registers), each group of keys (16, 8, 4, 2, 1) and each store of the
+// reduced sums, for every dtype, paired and not.
+TEST_P(AttentionLarge, DecodeEveryTileRowsAndKeyTail) {
+  uint32_t seed = 4400;
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int32_t group : {1, 2, 3, 4, 8, 16}) {
+      for (int32_t d : {64, 128}) {
+        Case c;
+        c.isa = GetParam();
+        c.dt = dt;
+        c.head_dim = d;
+        c.block_size = 16;
+        c.group = group;
+        c.seed = ++seed;
+        for (int32_t tail = 1; tail <= 16; ++tail) c.seqs.push_back({2 * 16 + tail, 1});
+        c.seqs.push_back({21, 5});  // a prefill tile beside them
+        c.threads = 1 + int32_t(seed % 2);
+        c.lse = true;
+        run_case(c);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
 // MQA with a group larger than one tile, and head dim 256 with block 64.
 TEST_P(AttentionLarge, WideGroups) {
   Case c;
