@@ -80,7 +80,7 @@ uint8_t* put_head_and_tokens(uint8_t* p, const BlockHash& parent, const int32_t*
   std::memcpy(p, parent.bytes.data(), parent.bytes.size());
   p += parent.size;
   p = cbor::put_head(p, cbor::kMajorArray, n);
-  for (size_t i = 0; i < n; ++i) p = cbor::put_int32(p, tokens[i]);
+  p = cbor::put_int32s(p, tokens, n);
   return p;
 }
 

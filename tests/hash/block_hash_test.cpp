@@ -312,6 +312,25 @@ TEST(HashCbor, TokenEncodingMatchesTheHeadEncoder) {
   }
 }
 
+// The batched encoder (a block's tokens, four at a time) against put_int32
+// of each: every length 0..40, sizes and signs mixed at random.
+TEST(HashCbor, TokenRunEncodingMatchesOneByOne) {
+  std::mt19937 rng(29);
+  for (int round = 0; round < 2000; ++round) {
+    const size_t n = size_t(round % 41);
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = int32_t(rng()) >> (rng() % 32);
+    if (n && round % 7 == 0) t[rng() % n] = INT32_MIN;
+    if (n && round % 11 == 0) t[rng() % n] = INT32_MAX;
+    std::vector<uint8_t> got(n * cbor::kMaxInt32Size + 8, 0xAB), want(got);
+    uint8_t* w = want.data();
+    for (int32_t x : t) w = cbor::put_int32(w, x);
+    const uint8_t* g = cbor::put_int32s(got.data(), t.data(), n);
+    ASSERT_EQ(g - got.data(), w - want.data()) << n;
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), size_t(w - want.data()))) << n;
+  }
+}
+
 TEST(HashExtraKeys, OrderLoraMmSalt) {
   const HashContext ctx = rich_context();
   EXPECT_EQ(describe(block_extra_keys(ctx, 0, 16)), (Keys{"u7", "mA@10", "ssalt"}));
