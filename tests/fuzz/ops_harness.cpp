@@ -346,6 +346,16 @@ class Harness {
   uint64_t free_blocks() const { return cfg_.num_blocks - 1 - refs().size(); }
 
   MSeq* pick() { return seqs_.empty() ? nullptr : &seqs_[in_.below(uint32_t(seqs_.size()))]; }
+  // Up to 4 distinct sequences (indexes), in the order drawn.
+  std::vector<size_t> pick_distinct() {
+    std::vector<size_t> idx;
+    const uint32_t k = 1 + in_.below(4);
+    for (uint32_t i = 0; i < k && !seqs_.empty(); ++i) {
+      size_t j = in_.below(uint32_t(seqs_.size()));
+      if (std::find(idx.begin(), idx.end(), j) == idx.end()) idx.push_back(j);
+    }
+    return idx;
+  }
 
   std::vector<int32_t> observed_table(pkv_seq_id id) {
     uint64_t len = 0;
@@ -962,12 +972,7 @@ class Harness {
   // a model that raises before or half-way through its writes (abort or
   // destroy), a sequence preempted before the writes.
   void op_step() {
-    std::vector<size_t> idx;
-    const uint32_t k = 1 + in_.below(4);
-    for (uint32_t i = 0; i < k && !seqs_.empty(); ++i) {
-      size_t j = in_.below(uint32_t(seqs_.size()));
-      if (std::find(idx.begin(), idx.end(), j) == idx.end()) idx.push_back(j);
-    }
+    std::vector<size_t> idx = pick_distinct();
     if (idx.empty()) return op_create();
     const uint8_t mode = in_.u8();
     const uint8_t end = in_.u8();
@@ -1035,13 +1040,7 @@ class Harness {
         idx.push_back(size_t(it - seqs_.begin()));
       }
     }
-    if (idx.empty()) {
-      const uint32_t k = 1 + in_.below(4);
-      for (uint32_t i = 0; i < k && !seqs_.empty(); ++i) {
-        size_t j = in_.below(uint32_t(seqs_.size()));
-        if (std::find(idx.begin(), idx.end(), j) == idx.end()) idx.push_back(j);
-      }
-    }
+    if (idx.empty()) idx = pick_distinct();
     if (idx.empty()) return op_create();
     const uint8_t mode = in_.u8();
     const uint8_t end = in_.u8();
