@@ -497,8 +497,13 @@ void GroupPool::reserve(SeqId id, uint64_t n) {
   Seq& s = seq_or_throw(id);
   if (n > uint64_t(INT32_MAX))
     fail(Errc::kInvalidArgument, "num_tokens " + str(n) + " exceeds 2^31 - 1");
-  // Capacity only: a failure part-way leaves nothing a caller can see.
+  // No more than the sequence could ever hold: a full-attention (or MLA)
+  // group takes a distinct block of the pool per block of tokens.
   const uint64_t bs = opts_.block_size;
+  for (const GroupSpec& g : groups_)
+    if (g.kind == GroupKind::kFull || g.kind == GroupKind::kMla)
+      n = std::min<uint64_t>(n, uint64_t(num_blocks_) * bs);
+  // Capacity only: a failure part-way leaves nothing a caller can see.
   s.tokens.reserve(n);
   s.hashes.reserve(n / bs);
   for (uint32_t g = 0; g < groups_.size(); ++g)

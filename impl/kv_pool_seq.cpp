@@ -645,6 +645,10 @@ void Pool::reserve(SeqId id, uint64_t n) {
   Sequence& s = seq_or_throw(id);
   if (n > kMaxSeqTokens) fail(Errc::kInvalidArgument, "num_tokens " + str(n) + " exceeds 2^31 - 1");
   const uint64_t bs = opts_.block_size;
+  // No more than the sequence could ever hold: without a sliding window each
+  // of its blocks is a distinct one of the pool's (a huge count from a
+  // binding then reserves megabytes, not gigabytes).
+  if (opts_.sliding_window == 0) n = std::min<uint64_t>(n, uint64_t(blocks_.num_blocks()) * bs);
   // Capacity only: a failure part-way leaves nothing a caller can see.
   s.tokens.reserve(n);
   s.blocks.reserve((n + bs - 1) / bs);

@@ -450,6 +450,13 @@ TEST(PlanDecode, ReservedSequencesDecodeWithoutReallocating) {
   EXPECT_EQ(pool->validate(), "");
   EXPECT_EQ(test::code_of([&] { pool->reserve(ids[0], uint64_t(1) << 31); }),
             Errc::kInvalidArgument);
+  // The largest legal count reserves what the sequence could ever hold in
+  // this pool (512 blocks of 16), not 2^31 - 1 tokens.
+  pool->reserve(ids[0], (uint64_t(1) << 31) - 1);
+  const Sequence& s0 = *pool->seq_table_for_testing().find(ids[0]);
+  EXPECT_EQ(s0.tokens.capacity(), 512u * 16u);
+  EXPECT_LE(s0.blocks.capacity(), 512u);
+  EXPECT_EQ(pool->validate(), "");
 }
 
 }  // namespace
