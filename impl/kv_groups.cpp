@@ -503,6 +503,7 @@ void GroupPool::reserve(SeqId id, uint64_t n) {
   for (const GroupSpec& g : groups_)
     if (g.kind == GroupKind::kFull || g.kind == GroupKind::kMla)
       n = std::min<uint64_t>(n, uint64_t(num_blocks_) * bs);
+  n = std::min(n, seq_util::kMaxReserveTokens);
   // Capacity only: a failure part-way leaves nothing a caller can see.
   s.tokens.reserve(n);
   s.hashes.reserve(n / bs);

@@ -14,6 +14,7 @@ namespace pagedkv {
 namespace {
 
 using seq_util::grow;
+using seq_util::kMaxReserveTokens;
 using seq_util::kMaxSeqTokens;
 using seq_util::str;
 
@@ -649,6 +650,7 @@ void Pool::reserve(SeqId id, uint64_t n) {
   // of its blocks is a distinct one of the pool's (a huge count from a
   // binding then reserves megabytes, not gigabytes).
   if (opts_.sliding_window == 0) n = std::min<uint64_t>(n, uint64_t(blocks_.num_blocks()) * bs);
+  n = std::min(n, kMaxReserveTokens);
   // Capacity only: a failure part-way leaves nothing a caller can see.
   s.tokens.reserve(n);
   s.blocks.reserve((n + bs - 1) / bs);

@@ -10,6 +10,10 @@
 namespace pagedkv::seq_util {
 
 constexpr uint64_t kMaxSeqTokens = uint64_t(std::numeric_limits<int32_t>::max());
+// pkv_seq_reserve makes room for at most this many tokens (64 MiB of ids):
+// a sequence longer than that grows in amortised steps anyway, and a count
+// near kMaxSeqTokens must not ask for gigabytes up front.
+constexpr uint64_t kMaxReserveTokens = uint64_t(1) << 24;
 
 inline std::string str(uint64_t v) { return std::to_string(v); }
 

@@ -457,6 +457,14 @@ TEST(PlanDecode, ReservedSequencesDecodeWithoutReallocating) {
   EXPECT_EQ(s0.tokens.capacity(), 512u * 16u);
   EXPECT_LE(s0.blocks.capacity(), 512u);
   EXPECT_EQ(pool->validate(), "");
+  // With a sliding window nothing bounds the length but 2^31 - 1: the room
+  // stops at 2^24 tokens.
+  PoolOptions wo = test::manager_options(16, 64);
+  wo.sliding_window = 32;
+  auto windowed = Pool::create(wo);
+  const SeqId w = windowed->seq_create({});
+  windowed->reserve(w, (uint64_t(1) << 31) - 1);
+  EXPECT_EQ(windowed->seq_table_for_testing().find(w)->tokens.capacity(), uint64_t(1) << 24);
 }
 
 }  // namespace

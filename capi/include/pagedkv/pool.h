@@ -246,8 +246,9 @@ PKV_API pkv_status pkv_seq_blocks_needed(const pkv_pool* pool, pkv_seq_id seq, u
  * (bench/README.md, decode step). Takes no KV blocks and changes nothing a
  * caller can observe; a num_tokens at or below the current room is a
  * no-op, and one above what the sequence could ever hold (without a
- * sliding window: the pool's num_blocks * block_size tokens) reserves
- * that. PKV_E_INVALID_ARGUMENT above 2^31 - 1 tokens,
+ * sliding window: the pool's num_blocks * block_size tokens), or above
+ * 2^24 tokens, reserves that much. PKV_E_INVALID_ARGUMENT above
+ * 2^31 - 1 tokens,
  * PKV_E_OUT_OF_MEMORY when the host memory cannot be had. */
 PKV_API pkv_status pkv_seq_reserve(pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens);
 
