@@ -119,6 +119,12 @@ class BlockPool {
   // side: a decode step reads and updates both, one cache line.
   struct Counts {
     uint16_t fill = 0, written = 0;
+    // One more token, at slot off, holding no K/V yet (add_filled_slot and
+    // Pool::clamp_written without the pool's filled total).
+    void add_token(uint32_t off) noexcept {
+      ++fill;
+      if (written > off) written = uint16_t(off);
+    }
   };
   // A steady decode step's loop (step_plan_steady.cpp) updates its blocks'
   // counts through this pointer (add_filled_slot without the total) and

@@ -48,9 +48,7 @@ int32_t Pool::append_steady(Sequence& s, uint64_t n0, size_t h0, int32_t token) 
     s.bump_table_appended();
   }
   const int32_t blk = s.blocks[j];
-  clamp_written(blk, n0 - j * opts_.block_size);
-  BlockPool::Counts& c = blocks_.counts_for_decode()[blk];
-  ++c.fill;
+  blocks_.counts_for_decode()[blk].add_token(uint32_t(n0 - j * opts_.block_size));
   if (h0 < s.hashes.size()) cache_new_blocks(s, h0);
   return blk;
 }
@@ -181,9 +179,6 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   uint32_t* const epochs = h.epochs.data();
   const std::pair<uint32_t, uint32_t>* next = special.data();
   const std::pair<uint32_t, uint32_t>* const last = next + special.size();
-  const SeqId* const row_seq = t ? t->seq.data() : nullptr;
-  const uint32_t* const row_version = t ? t->version.data() : nullptr;
-  const uint32_t* const row_pages = t ? t->pages.data() : nullptr;
   size_t rewritten = 0;
   for (uint32_t i = 0; i < num_seqs; ++i) {
     Sequence& s = *live[i];
@@ -195,17 +190,13 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
     } else {
       s.tokens.push_back(tokens[i]);  // room made by pass 1
       blk = s.blocks[j];
-      BlockPool::Counts& c = counts[blk];
-      ++c.fill;
-      if (c.written > off) c.written = uint16_t(off);  // Pool::clamp_written
+      counts[blk].add_token(off);
     }
     versions[i] = ++s.version;
     epochs[i] = s.writes_epoch;
     ranges[i] = {i, uint32_t(j), {blk, uint32_t(off), uint32_t(off + 1)}};
     // The persistent table's row, if its sequence or block table changed.
-    if (t && (row_seq[i] != seqs[i] || row_version[i] != s.table_version ||
-              row_pages[i] != page_counts[i]))
-      rewritten += update_page_row(*t, i, seqs[i], s, page_counts[i]);
+    if (t) rewritten += update_page_row(*t, i, seqs[i], s, page_counts[i]);
   }
 
   // 4. The plan's rows, from the arrays above (sequential reads only).

@@ -74,18 +74,23 @@ inline uint8_t* put_head(uint8_t* p, uint8_t major, uint64_t v) {
 // (token ids of a block mix argument sizes at random, which a branch per
 // size mispredicts): always stores 5 bytes, the head and up to 4 argument
 // bytes, and advances past those used, so p needs room for kMaxInt32Size.
-inline uint8_t* put_int32(uint8_t* p, int32_t t) {
-  const uint32_t sign = static_cast<uint32_t>(t >> 31);  // 0 or all ones
-  const uint32_t v = static_cast<uint32_t>(t) ^ sign;
-  const uint8_t major = static_cast<uint8_t>(sign & kMajorNegInt);
-  // k = 0: v in the head; 1, 2, 3: a 1-, 2- or 4-byte argument (info 24 + k - 1).
-  const uint32_t k = (v >= 24) + (v > 0xff) + (v > 0xffff);
+// The head and argument of an integer whose argument v (< 2^32) is of size
+// class k: 0, v in the head; 1, 2, 3: a 1-, 2- or 4-byte argument (info
+// 24 + k - 1). Stores 5 bytes, advances past those used.
+inline uint8_t* put_int_class(uint8_t* p, uint8_t major, uint32_t v, uint32_t k) {
   const uint32_t bytes = k + (k == 3);
   p[0] = static_cast<uint8_t>(major | (k == 0 ? v : 23 + k));
   // The argument's `bytes` low bytes, big-endian, at p + 1.
   const uint32_t be = static_cast<uint32_t>(uint64_t(__builtin_bswap32(v)) >> (32 - 8 * bytes));
   std::memcpy(p + 1, &be, 4);
   return p + 1 + bytes;
+}
+
+inline uint8_t* put_int32(uint8_t* p, int32_t t) {
+  const uint32_t sign = static_cast<uint32_t>(t >> 31);  // 0 or all ones
+  const uint32_t v = static_cast<uint32_t>(t) ^ sign;
+  const uint8_t major = static_cast<uint8_t>(sign & kMajorNegInt);
+  return put_int_class(p, major, v, (v >= 24) + (v > 0xff) + (v > 0xffff));
 }
 
 // put_int32 of t[0..n) in turn (a block's token ids). Each token's size
@@ -96,9 +101,6 @@ inline uint8_t* put_int32(uint8_t* p, int32_t t) {
 inline uint8_t* put_int32s(uint8_t* p, const int32_t* t, size_t n) {
   size_t i = 0;
 #if defined(__SSE2__)
-  // Argument bytes (0: the value is in the head) and head info by class.
-  static constexpr uint8_t kBytes[4] = {0, 1, 2, 4};
-  static constexpr uint8_t kInfo[4] = {0, 24, 25, 26};
   alignas(16) uint32_t vs[4], ks[4], ms[4];
   for (; i + 4 <= n; i += 4) {
     __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + i));
@@ -106,21 +108,15 @@ inline uint8_t* put_int32s(uint8_t* p, const int32_t* t, size_t n) {
     const __m128i v = _mm_xor_si128(x, sign);  // 0 <= v <= 2^31 - 1: signed compares hold
     // k = (v > 23) + (v > 255) + (v > 65535), each compare -1 when true
     const __m128i k = _mm_sub_epi32(
-        _mm_setzero_si128(), _mm_add_epi32(_mm_add_epi32(_mm_cmpgt_epi32(v, _mm_set1_epi32(23)),
-                                                         _mm_cmpgt_epi32(v, _mm_set1_epi32(255))),
-                                           _mm_cmpgt_epi32(v, _mm_set1_epi32(65535))));
+        _mm_setzero_si128(),
+        _mm_add_epi32(_mm_add_epi32(_mm_cmpgt_epi32(v, _mm_set1_epi32(23)),
+                                    _mm_cmpgt_epi32(v, _mm_set1_epi32(255))),
+                      _mm_cmpgt_epi32(v, _mm_set1_epi32(65535))));
     _mm_store_si128(reinterpret_cast<__m128i*>(vs), v);
     _mm_store_si128(reinterpret_cast<__m128i*>(ks), k);
     _mm_store_si128(reinterpret_cast<__m128i*>(ms),
                     _mm_and_si128(sign, _mm_set1_epi32(kMajorNegInt)));
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t kj = ks[j], vj = vs[j], bytes = kBytes[kj];
-      p[0] = static_cast<uint8_t>(ms[j] | (kj ? kInfo[kj] : vj));
-      const uint32_t be =
-          static_cast<uint32_t>(uint64_t(__builtin_bswap32(vj)) >> (32 - 8 * bytes));
-      std::memcpy(p + 1, &be, 4);
-      p += 1 + bytes;
-    }
+    for (int j = 0; j < 4; ++j) p = put_int_class(p, static_cast<uint8_t>(ms[j]), vs[j], ks[j]);
   }
 #endif
   for (; i < n; ++i) p = put_int32(p, t[i]);
