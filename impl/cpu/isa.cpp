@@ -33,17 +33,20 @@ bool cpu_isa_supported(CpuIsa isa) {
     case CpuIsa::kScalar:
       return true;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    // The CPU first, the table second: each *_table() is compiled for its
+    // ISA, and the compiler may use that ISA's instructions to build it (GCC
+    // 12 builds avx512bf16's with zmm moves, SIGILL on an AVX2-only CPU).
     // __builtin_cpu_supports also checks that the OS saves the wide state.
     case CpuIsa::kAvx2:
-      return avx2_table() != nullptr && __builtin_cpu_supports("avx2") &&
-             __builtin_cpu_supports("fma") && has_f16c();
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c() &&
+             avx2_table() != nullptr;
     case CpuIsa::kAvx512:
-      return avx512_table() != nullptr && cpu_isa_supported(CpuIsa::kAvx2) &&
-             __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl");
+      return cpu_isa_supported(CpuIsa::kAvx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+             avx512_table() != nullptr;
     case CpuIsa::kAvx512Bf16:
-      return avx512bf16_table() != nullptr && cpu_isa_supported(CpuIsa::kAvx512) &&
-             has_avx512bf16();
+      return cpu_isa_supported(CpuIsa::kAvx512) && has_avx512bf16() &&
+             avx512bf16_table() != nullptr;
 #endif
     default:
       return false;

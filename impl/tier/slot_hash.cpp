@@ -25,8 +25,9 @@ const Impl& pick() {
   static const Impl* chosen = [] {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     // __builtin_cpu_supports also checks that the OS saves the ymm state.
-    if (const Impl* a = slot_hash_detail::avx2_impl(); a && __builtin_cpu_supports("avx2"))
-      return a;
+    // The CPU before the AVX2 unit's code, which may use AVX2 itself.
+    if (__builtin_cpu_supports("avx2"))
+      if (const Impl* a = slot_hash_detail::avx2_impl()) return a;
 #endif
     return &lib;
   }();
