@@ -293,7 +293,7 @@ void BM_PrefixCacheFind(benchmark::State& state) {
       h.bytes[2] = uint8_t((h.bytes[2] & 0xf0) | 0x7);
     }
   }
-  pagedkv::PrefixCache cache(&hashes, n);
+  pagedkv::PrefixCache cache(hashes.data(), n);
   for (int32_t b = 0; b < n; ++b) cache.insert(b);
   int64_t found = 0;
   for (auto _ : state)

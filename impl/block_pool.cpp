@@ -13,7 +13,7 @@ BlockPool::BlockPool(int32_t num_blocks, bool enable_caching, EventQueue* events
       lora_(num_blocks, 0),
       counts_(num_blocks),
       queue_(num_blocks, 1),
-      cache_(&hash_, num_blocks),
+      cache_(hash_.data(), num_blocks),
       events_(events) {}
 
 int32_t BlockPool::lookup_written(const BlockHash& h) const {
@@ -97,7 +97,7 @@ void BlockPool::enable_partial(const BlockHash& root, uint32_t block_size) {
   p->root = root;
   p->parent.assign(size_t(num_blocks_), BlockHash{});
   p->tokens.assign(size_t(num_blocks_) * block_size, 0);
-  p->children = PrefixCache(&p->parent, num_blocks_);
+  p->children = PrefixCache(p->parent.data(), num_blocks_);
   partial_ = std::move(p);
 }
 

@@ -144,6 +144,14 @@ class BlockPool {
   void prefetch_cache_slot(const BlockHash& h) const {
     if (caching_) cache_.prefetch(h);
   }
+  // Starts loading what cache_block(id, h, ...) writes (a step's filled
+  // blocks lie anywhere in the pool's arrays: one miss each, overlapped).
+  void prefetch_cache_block(int32_t id, const BlockHash& h) const {
+    if (!caching_) return;
+    __builtin_prefetch(&hash_[id], 1);
+    __builtin_prefetch(&lora_[id], 1);
+    cache_.prefetch_insert(id, h);
+  }
   // Starts loading a block's fill and written counts (see SeqTable::prefetch).
   void prefetch_counts(int32_t id) const { __builtin_prefetch(&counts_[id]); }
   void set_written(int32_t id, uint32_t w) noexcept { counts_[id].written = uint16_t(w); }
@@ -227,9 +235,9 @@ class BlockPool {
 
   struct Partial {
     BlockHash root;
-    std::vector<BlockHash> parent;  // per block, while cached
-    std::vector<int32_t> tokens;    // [num_blocks][block_size]
-    PrefixCache children;           // parent hash -> cached blocks
+    BlockArray<BlockHash> parent;  // per block, while cached
+    BlockArray<int32_t> tokens;    // [num_blocks][block_size]
+    PrefixCache children;          // parent hash -> cached blocks
   };
   struct Expiry {
     uint64_t at_ns;
@@ -253,10 +261,10 @@ class BlockPool {
   bool caching_ = true;
   int32_t num_used_ = 0;
   uint64_t num_evictions_ = 0;
-  std::vector<int32_t> ref_;
-  std::vector<BlockHash> hash_;
-  std::vector<uint64_t> lora_;  // for REMOVED events
-  std::vector<Counts> counts_;
+  BlockArray<int32_t> ref_;
+  BlockArray<BlockHash> hash_;
+  BlockArray<uint64_t> lora_;  // for REMOVED events
+  BlockArray<Counts> counts_;
   // Set by the owning Pool; 0 (tests of the block pool alone) counts every
   // block as written.
   uint32_t block_size_ = 0;

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "huge_pages.h"
+
 namespace pagedkv {
 
 class FreeBlockQueue {
@@ -114,10 +116,10 @@ class FreeBlockQueue {
   int32_t held_level_ = 1;
   int32_t size_ = 0;
   int32_t held_ = 0;
-  std::vector<int32_t> prev_, next_;  // [num_blocks + 2 * levels]; sentinels at the end
-  std::vector<uint8_t> level_;        // per block, with several levels
-  std::vector<int32_t> count_;        // per level
-  uint64_t nonempty_[2] = {1, 0};     // levels below held_level_ holding blocks
+  BlockArray<int32_t> prev_, next_;  // [num_blocks + 2 * levels]; sentinels at the end
+  BlockArray<uint8_t> level_;        // per block, with several levels
+  std::vector<int32_t> count_;       // per level
+  uint64_t nonempty_[2] = {1, 0};    // levels below held_level_ holding blocks
 };
 
 }  // namespace pagedkv

@@ -23,7 +23,7 @@ std::vector<uint8_t> random_secret() {
 
 }  // namespace
 
-PrefixCache::PrefixCache(const std::vector<BlockHash>* hashes, int32_t num_blocks)
+PrefixCache::PrefixCache(const BlockHash* hashes, int32_t num_blocks)
     : hashes_(hashes),
       secret_(random_secret()),
       dup_next_(num_blocks, -1),
@@ -41,12 +41,12 @@ uint64_t PrefixCache::key_of(const BlockHash& h) const {
 size_t PrefixCache::max_displacement() const {
   size_t worst = 0;
   for (size_t i = 0; i < slots_.size(); ++i)
-    if (slots_[i] >= 0) worst = std::max(worst, (i - key_of((*hashes_)[slots_[i]])) & mask_);
+    if (slots_[i] >= 0) worst = std::max(worst, (i - key_of(hashes_[slots_[i]])) & mask_);
   return worst;
 }
 
 size_t PrefixCache::slot_of(const BlockHash& h) const {
-  const auto& hs = *hashes_;
+  const BlockHash* const hs = hashes_;
   for (size_t i = key_of(h) & mask_;; i = (i + 1) & mask_) {
     int32_t b = slots_[i];
     if (b < 0) return npos;
@@ -60,7 +60,7 @@ int32_t PrefixCache::find(const BlockHash& h) const {
 }
 
 void PrefixCache::insert(int32_t block) {
-  const auto& hs = *hashes_;
+  const BlockHash* const hs = hashes_;
   const BlockHash& h = hs[block];
   size_t i = key_of(h) & mask_;
   for (;; i = (i + 1) & mask_) {
@@ -91,7 +91,7 @@ void PrefixCache::erase(int32_t block) {
     if (n >= 0) dup_prev_[n] = p;
     return;
   }
-  size_t i = slot_of((*hashes_)[block]);
+  size_t i = slot_of(hashes_[block]);
   if (n >= 0) {  // promote the next block of the chain to head
     dup_prev_[n] = -1;
     slots_[i] = n;
@@ -102,7 +102,7 @@ void PrefixCache::erase(int32_t block) {
   for (size_t j = (i + 1) & mask_;; j = (j + 1) & mask_) {
     int32_t b = slots_[j];
     if (b < 0) break;
-    size_t home = key_of((*hashes_)[b]) & mask_;
+    size_t home = key_of(hashes_[b]) & mask_;
     // b may move into the hole if its home is not cyclically in (hole, j].
     bool stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
     if (!stays) {
@@ -122,7 +122,7 @@ void PrefixCache::clear() {
 
 bool PrefixCache::contains(int32_t block) const {
   if (block < 0 || size_t(block) >= dup_next_.size()) return false;
-  const BlockHash& h = (*hashes_)[block];
+  const BlockHash& h = hashes_[block];
   if (h.empty()) return false;
   size_t i = slot_of(h);
   if (i == npos) return false;
@@ -132,7 +132,7 @@ bool PrefixCache::contains(int32_t block) const {
 }
 
 const char* PrefixCache::check() const {
-  const auto& hs = *hashes_;
+  const BlockHash* const hs = hashes_;
   int32_t count = 0;
   for (size_t i = 0; i < slots_.size(); ++i) {
     int32_t head = slots_[i];

@@ -19,15 +19,16 @@
 #include <vector>
 
 #include "hash/block_hash.h"
+#include "huge_pages.h"
 
 namespace pagedkv {
 
 class PrefixCache {
  public:
   PrefixCache() = default;
-  // hashes: the pool's per-block hash array, indexed by block id; it must
-  // outlive the cache and not be resized.
-  PrefixCache(const std::vector<BlockHash>* hashes, int32_t num_blocks);
+  // hashes: the pool's per-block hash array (num_blocks of them), indexed
+  // by block id; it must outlive the cache and not move.
+  PrefixCache(const BlockHash* hashes, int32_t num_blocks);
 
   // Any block holding hash h, or -1.
   int32_t find(const BlockHash& h) const;
@@ -38,6 +39,13 @@ class PrefixCache {
   // Starts loading the slot where h's probe starts, ahead of an insert or
   // find (a batch of inserts then overlaps its cache misses).
   void prefetch(const BlockHash& h) const { __builtin_prefetch(&slots_[key_of(h) & mask_]); }
+  // Starts loading what insert(block) of a block hashed h writes: its home
+  // slot and the block's chain links.
+  void prefetch_insert(int32_t block, const BlockHash& h) const {
+    __builtin_prefetch(&slots_[key_of(h) & mask_], 1);
+    __builtin_prefetch(&dup_next_[block], 1);
+    __builtin_prefetch(&dup_prev_[block], 1);
+  }
   // Removes block (in the map under its current hash).
   void erase(int32_t block);
   void clear();
@@ -60,11 +68,11 @@ class PrefixCache {
   size_t slot_of(const BlockHash& h) const;  // slot holding h's chain, or npos
   static constexpr size_t npos = ~size_t(0);
 
-  const std::vector<BlockHash>* hashes_ = nullptr;
+  const BlockHash* hashes_ = nullptr;
   std::vector<uint8_t> secret_;  // XXH3 secret, random per table
-  std::vector<int32_t> slots_;   // block id heading the chain, -1 = empty
+  BlockArray<int32_t> slots_;    // block id heading the chain, -1 = empty
   size_t mask_ = 0;
-  std::vector<int32_t> dup_next_, dup_prev_;  // chain links, -1 = none
+  BlockArray<int32_t> dup_next_, dup_prev_;  // chain links, -1 = none
   int32_t num_entries_ = 0;
 };
 

@@ -117,6 +117,10 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
     }
     if (opens | fills) {
       if (opens) grow(s.blocks, nb + 1);
+      if (fills) {  // what pass 2 hashes: the block's tokens, its parent's hash
+        __builtin_prefetch(s.tokens.data() + (n0 & ~mask));
+        if (!s.hashes.empty()) __builtin_prefetch(s.hashes.data() + s.hashes.size() - 1);
+      }
       special.push_back({i, uint32_t(s.hashes.size())});
       fresh += opens;
     }
@@ -150,6 +154,11 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
         s.tokens.pop_back();
         throw;
       }
+      // Pass 3 registers the block in the prefix cache: its lines there
+      // are requested now, while the other blocks hash.
+      const uint64_t j = (ends[i] - 1) >> shift;
+      if (j < s.blocks.size() && !s.hashes.empty())
+        p.blocks_.prefetch_cache_block(s.blocks[j], s.hashes.back());
     }
     p.blocks_.reserve_events(5 * special.size());
     if (persistent_table) table_ = page_table_for(p.page_table_, max_pages, num_seqs);

@@ -34,7 +34,7 @@ BlockHash make_hash_at(const PrefixCache& c, uint64_t v, size_t home) {
 TEST(PrefixCache, FindsInsertedBlocksAndForgetsErasedOnes) {
   const int32_t n = 16;
   std::vector<BlockHash> hashes(n);
-  PrefixCache c(&hashes, n);
+  PrefixCache c(hashes.data(), n);
   hashes[3] = make_hash(1);
   c.insert(3);
   hashes[5] = make_hash(2);
@@ -51,7 +51,7 @@ TEST(PrefixCache, FindsInsertedBlocksAndForgetsErasedOnes) {
 TEST(PrefixCache, EqualHashesMapToSeveralBlocks) {
   const int32_t n = 16;
   std::vector<BlockHash> hashes(n);
-  PrefixCache c(&hashes, n);
+  PrefixCache c(hashes.data(), n);
   for (int32_t b : {2, 7, 9}) {
     hashes[b] = make_hash(42);
     c.insert(b);
@@ -73,7 +73,7 @@ TEST(PrefixCache, EqualHashesMapToSeveralBlocks) {
 TEST(PrefixCache, ProbeCollisionsSurviveBackwardShiftDeletion) {
   const int32_t n = 8;  // 16 slots
   std::vector<BlockHash> hashes(n);
-  PrefixCache c(&hashes, n);
+  PrefixCache c(hashes.data(), n);
   // Blocks 1..6 all probe from slot 0 or 1.
   for (int32_t b = 1; b <= 6; ++b) {
     hashes[b] = make_hash_at(c, uint64_t(b), b % 2 ? 0 : 1);
@@ -90,7 +90,7 @@ TEST(PrefixCache, MatchesAReferenceMultimapUnderRandomOperations) {
   std::mt19937_64 rng(11);
   const int32_t n = 64;
   std::vector<BlockHash> hashes(n);
-  PrefixCache c(&hashes, n);
+  PrefixCache c(hashes.data(), n);
   std::map<uint64_t, std::set<int32_t>> ref;  // hash value -> blocks
   std::vector<uint64_t> value(n, 0);          // 0 = not cached
   // Values divisible by 5 collide on the probe's first slot.
@@ -132,7 +132,7 @@ TEST(PrefixCache, MatchesAReferenceMultimapUnderRandomOperations) {
 TEST(PrefixCache, AimedDigestsDoNotShareAProbeRun) {
   const int32_t n = 20000;
   std::vector<BlockHash> hashes(n);
-  PrefixCache c(&hashes, n);
+  PrefixCache c(hashes.data(), n);
   std::mt19937_64 rng(5);
   for (int32_t b = 0; b < n; ++b) {
     BlockHash& h = hashes[b];
@@ -160,7 +160,7 @@ TEST(PrefixCache, AimedDigestsDoNotShareAProbeRun) {
 // not in the other.
 TEST(PrefixCache, EachTableHasItsOwnSecret) {
   std::vector<BlockHash> hashes(1024);
-  PrefixCache a(&hashes, 1024), b(&hashes, 1024);
+  PrefixCache a(hashes.data(), 1024), b(hashes.data(), 1024);
   int same = 0;
   for (uint64_t v = 1; v <= 64; ++v) same += a.home_slot(make_hash(v)) == b.home_slot(make_hash(v));
   EXPECT_LT(same, 8);  // 2048 slots: equal homes by chance are rare
