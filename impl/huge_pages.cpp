@@ -1,7 +1,5 @@
 #include "huge_pages.h"
 
-#include <cstdlib>
-
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -17,8 +15,9 @@ void* allocate(size_t bytes) {
   if (!wants(bytes)) return ::operator new(bytes);
   if (bytes > size_t(-1) - kHugePage) throw std::bad_alloc();
   const size_t size = rounded(bytes);
-  void* p = std::aligned_alloc(kHugePage, size);  // a size multiple of the alignment
-  if (p == nullptr) throw std::bad_alloc();
+  // Through operator new, so that tests replacing it (fault injection) see
+  // these allocations too.
+  void* p = ::operator new(size, std::align_val_t(kHugePage));
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   madvise(p, size, MADV_HUGEPAGE);  // advisory: EINVAL where THP is off changes nothing
 #endif
@@ -28,7 +27,7 @@ void* allocate(size_t bytes) {
 void deallocate(void* p, size_t bytes) noexcept {
   if (p == nullptr) return;
   if (wants(bytes))
-    std::free(p);
+    ::operator delete(p, std::align_val_t(kHugePage));
   else
     ::operator delete(p);
 }

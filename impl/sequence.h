@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "hash/block_hash.h"
+#include "seq_heap.h"
 
 namespace pagedkv {
 
@@ -31,8 +32,8 @@ struct RetentionRange {
 // the second line holds what batched appends, step plans and commits read
 // besides (SeqTable::prefetch loads both).
 struct Sequence {
-  std::vector<int32_t> tokens;  // every token appended, incl. a cached prefix
-  std::vector<int32_t> blocks;  // block table; 0 = released by the sliding window
+  SeqVec<int32_t> tokens;  // every token appended, incl. a cached prefix
+  SeqVec<int32_t> blocks;  // block table; 0 = released by the sliding window
   // Bumped by every change of the table or tokens; plans compare it for
   // equality, so 32 bits suffice (a plan would have to outlive 2^32 changes).
   uint32_t version = 0;
@@ -63,8 +64,8 @@ struct Sequence {
   // append starts a new run), so a change made elsewhere is never taken
   // for an append.
   uint32_t append_from = 0, append_to = 0;
-  std::vector<BlockHash> hashes;  // chained hashes of the full blocks (caching on)
-  uint64_t num_null = 0;          // leading table entries released to the null block
+  SeqVec<BlockHash> hashes;  // chained hashes of the full blocks (caching on)
+  uint64_t num_null = 0;     // leading table entries released to the null block
   int32_t priority = 0;
   uint64_t num_cached = 0;  // tokens attached by match_prefix
   void bump_table_appended() {
