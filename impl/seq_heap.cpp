@@ -24,6 +24,7 @@ constexpr size_t kMinShift = 6;  // 64 B: a cache line, and room for the free-li
 constexpr size_t kClasses = 13;  // up to 256 KiB
 constexpr size_t kMaxBytes = size_t(1) << (kMinShift + kClasses - 1);
 constexpr size_t kSlab = huge_pages::kHugePage;
+constexpr size_t kAlign = size_t(1) << kMinShift;  // every class's buffers, either way
 
 size_t class_of(size_t bytes) {
   size_t c = 0;
@@ -115,14 +116,17 @@ bool enabled() {
 }
 
 void* allocate(size_t bytes) {
-  if (!enabled() || bytes > kMaxBytes) return huge_pages::allocate(bytes);
+  if (bytes > kMaxBytes) return huge_pages::allocate(bytes);
+  if (!enabled()) return ::operator new(bytes, std::align_val_t(kAlign));
   return heap().take(bytes == 0 ? 1 : bytes);
 }
 
 void deallocate(void* p, size_t bytes) noexcept {
   if (p == nullptr) return;
-  if (!enabled() || bytes > kMaxBytes)
+  if (bytes > kMaxBytes)
     huge_pages::deallocate(p, bytes);
+  else if (!enabled())
+    ::operator delete(p, std::align_val_t(kAlign));
   else
     heap().give(p, bytes == 0 ? 1 : bytes);
 }

@@ -28,6 +28,7 @@
 namespace pagedkv {
 
 namespace seq_heap {
+// Buffers of up to 256 KiB are 64-byte aligned (on or off).
 void* allocate(size_t bytes);  // throws std::bad_alloc
 void deallocate(void* p, size_t bytes) noexcept;
 // What the heap holds now, for tests: bytes of slabs taken from the system,

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -137,7 +138,7 @@ class SeqTable {
       if (free_.capacity() <= size_) free_.reserve(2 * size_ + 16);  // remove() never allocates
       if (size_ % kChunk == 0) {
         chunks_.reserve(chunks_.size() + 1);
-        chunks_.push_back(std::make_unique<Chunk>());
+        chunks_.push_back(new_chunk());
       }
       slot = size_++;
     }
@@ -210,18 +211,31 @@ class SeqTable {
                 "a decode append's fields must share the slot's first cache line");
   static_assert(offsetof(Slot, seq) + offsetof(Sequence, num_null) + 8 <= 128,
                 "a plan's fields must lie in the slot's first two cache lines");
-  // Fixed-size chunks keep slot addresses stable as the table grows.
+  // Fixed-size chunks keep slot addresses stable as the table grows. They
+  // come from the sequence heap, next to the sequences' vectors: the slots
+  // of a decode step's 1024 sequences on one huge page, not 16 small ones.
   static constexpr uint32_t kChunk = 64;
   struct Chunk {
     Slot slots[kChunk];
   };
+  struct ChunkDelete {
+    void operator()(Chunk* c) const noexcept {
+      c->~Chunk();
+      seq_heap::deallocate(c, sizeof(Chunk));
+    }
+  };
+  using ChunkPtr = std::unique_ptr<Chunk, ChunkDelete>;
+  static ChunkPtr new_chunk() {
+    void* m = seq_heap::allocate(sizeof(Chunk));  // 64-byte aligned, as Slot wants
+    return ChunkPtr(new (m) Chunk);               // Slot's constructors do not throw
+  }
   Slot& at(uint32_t slot) { return chunks_[slot / kChunk]->slots[slot % kChunk]; }
   SeqId make_id(uint32_t gen, uint32_t slot) const {
     return (SeqId(tag_) << kTagShift) | (SeqId(gen) << kSlotBits) | slot;
   }
 
   uint16_t tag_;
-  std::vector<std::unique_ptr<Chunk>> chunks_;
+  std::vector<ChunkPtr> chunks_;
   std::vector<uint32_t> free_;
   uint32_t size_ = 0;  // slots ever used
   size_t live_ = 0;

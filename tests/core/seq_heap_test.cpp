@@ -35,6 +35,8 @@ void churn(uint32_t seed, int rounds) {
     const int shift = int(rng() % 20);  // 1 B .. 1 MiB
     const size_t n = 1 + rng() % (size_t(1) << shift);
     Buffer b{static_cast<uint8_t*>(seq_heap::allocate(n)), n, uint8_t(rng())};
+    // Sequence slots (alignas(64)) rely on it.
+    if (n <= (size_t(256) << 10)) ASSERT_EQ(reinterpret_cast<uintptr_t>(b.p) % 64, 0u) << n;
     fill(b);
     live.push_back(b);
   };
