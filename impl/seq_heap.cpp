@@ -5,6 +5,10 @@
 #include <cstring>
 #include <mutex>
 
+#if defined(__unix__)
+#include <pthread.h>
+#endif
+
 #include "huge_pages.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -59,6 +63,8 @@ class Heap {
     push(p, c);
     live_ -= size_t(1) << (kMinShift + c);
   }
+  void lock() { mu_.lock(); }
+  void unlock() { mu_.unlock(); }
   Usage usage() {
     std::lock_guard<std::mutex> lock(mu_);
     return {slabs_ * kSlab, live_};
@@ -93,9 +99,17 @@ class Heap {
 };
 
 // Never destroyed: a pool destroyed during static destruction (a user's
-// global) still returns its buffers here.
+// global) still returns its buffers here. Held across fork() (as malloc's
+// locks are), so that a child forked while another thread allocated finds
+// the heap whole and unlocked.
 Heap& heap() {
-  static Heap* h = new Heap;
+  static Heap* h = [] {
+    Heap* x = new Heap;
+#if defined(__unix__)
+    pthread_atfork([] { heap().lock(); }, [] { heap().unlock(); }, [] { heap().unlock(); });
+#endif
+    return x;
+  }();
   return *h;
 }
 

@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -100,6 +104,32 @@ TEST(SeqHeap, ThreadsShareIt) {
   std::vector<std::thread> ts;
   for (uint32_t t = 0; t < 4; ++t) ts.emplace_back([t] { churn(100 + t, 20); });
   for (auto& th : ts) th.join();
+}
+
+// A child forked while another thread allocates finds the heap unlocked
+// (without the fork handlers it would wait forever for a lock whose holder
+// did not come along).
+TEST(SeqHeap, ForkWhileAnotherThreadAllocates) {
+  std::atomic<bool> stop{false};
+  std::thread t([&] {
+    while (!stop.load()) seq_heap::deallocate(seq_heap::allocate(4096), 4096);
+  });
+  for (int i = 0; i < 20; ++i) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      alarm(10);  // a deadlock ends the child by SIGALRM, and fails the test
+      std::vector<void*> ps;
+      for (int k = 0; k < 100; ++k) ps.push_back(seq_heap::allocate(64 << (k % 8)));
+      for (int k = 0; k < 100; ++k) seq_heap::deallocate(ps[size_t(k)], 64 << (k % 8));
+      _exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child " << i << ": " << status;
+  }
+  stop = true;
+  t.join();
 }
 
 TEST(SeqHeap, AnImpossibleSizeThrowsBadAlloc) {
