@@ -62,18 +62,13 @@ constexpr int32_t kStepKeys = 64;
 // when K/V are already in cache (AVX2, 1 thread).
 constexpr int32_t kL2AheadKeys = 256;
 
-// prefetcht1: into L2 (and not L1, where the step's K and V live). The K
-// and V lines alternate: one slice after the other was 5-8 % slower on a
-// loaded Zen 3 (cold bf16 decode, 1 thread, interleaved A/B of 40 rounds;
-// bench/README.md), as if two streams kept more requests in flight.
-void fetch_l2(const char* k, const char* v, size_t bytes) {
+// prefetcht1: into L2 (and not L1, where the step's K and V live).
+void fetch_l2(const char* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) {
 #if defined(__x86_64__) || defined(__i386__)
-    asm volatile("prefetcht1 %0" : : "m"(k[o]));
-    asm volatile("prefetcht1 %0" : : "m"(v[o]));
+    asm volatile("prefetcht1 %0" : : "m"(p[o]));
 #else
-    __builtin_prefetch(k + o, 0, 2);
-    __builtin_prefetch(v + o, 0, 2);
+    __builtin_prefetch(p + o, 0, 2);
 #endif
   }
 }
@@ -297,7 +292,8 @@ class Attention {
       for (int32_t a = first; a <= l2_ahead_steps_; ++a) {
         const int32_t pg = c0 + a * step_pages_ + i;
         if (pg >= t.page_end) break;
-        fetch_l2(kplane_ + page_offset(pg), vplane_ + page_offset(pg), slice_bytes);
+        fetch_l2(kplane_ + page_offset(pg), slice_bytes);
+        fetch_l2(vplane_ + page_offset(pg), slice_bytes);
       }
     };
     pf.reset(slice_bytes);
