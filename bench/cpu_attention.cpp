@@ -141,6 +141,28 @@ __attribute__((target("avx512f"))) float sum_slices(const char* k, const char* v
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
+// The same walk with 256-bit loads, for CPUs without AVX-512 (e.g. Zen 3),
+// where the avx2 kernels are the native ones.
+__attribute__((target("avx2"))) float sum_slices_avx2(const char* k, const char* v, const char* nk,
+                                                      const char* nv, size_t bytes) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t o = 0; o < bytes; o += 128) {
+    asm volatile("prefetcht0 %0" : : "m"(nk[o]));
+    asm volatile("prefetcht0 %0" : : "m"(nk[o + 64]));
+    asm volatile("prefetcht0 %0" : : "m"(nv[o]));
+    asm volatile("prefetcht0 %0" : : "m"(nv[o + 64]));
+    const float* kf = reinterpret_cast<const float*>(k + o);
+    const float* vf = reinterpret_cast<const float*>(v + o);
+    a0 = _mm256_add_ps(a0, _mm256_add_ps(_mm256_loadu_ps(kf), _mm256_loadu_ps(kf + 8)));
+    a1 = _mm256_add_ps(a1, _mm256_add_ps(_mm256_loadu_ps(kf + 16), _mm256_loadu_ps(kf + 24)));
+    a2 = _mm256_add_ps(a2, _mm256_add_ps(_mm256_loadu_ps(vf), _mm256_loadu_ps(vf + 8)));
+    a3 = _mm256_add_ps(a3, _mm256_add_ps(_mm256_loadu_ps(vf + 16), _mm256_loadu_ps(vf + 24)));
+  }
+  float t[8];
+  _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+}
+
 Rate paged_read(ThreadPool& pool, const KvArena& arena, const PlanView& plan, int reps) {
   const KvLayout& lay = arena.layout;
   const size_t slice = size_t(lay.block_size) * lay.head_dim * dtype_size(lay.dtype);
@@ -153,7 +175,11 @@ Rate paged_read(ThreadPool& pool, const KvArena& arena, const PlanView& plan, in
     bytes += double(plan.page_indptr[s + 1] - plan.page_indptr[s]) * slice * 2 * lay.num_kv_heads;
   }
   Rate best;
-  if (!__builtin_cpu_supports("avx512f") || slice % 128 != 0) return best;
+  using SumFn = float (*)(const char*, const char*, const char*, const char*, size_t);
+  const SumFn sum = __builtin_cpu_supports("avx512f") ? sum_slices
+                    : __builtin_cpu_supports("avx2")  ? sum_slices_avx2
+                                                      : nullptr;
+  if (sum == nullptr || slice % 128 != 0) return best;
   for (int r = 0; r < reps; ++r) {
     auto t0 = Clock::now();
     const double c0 = cpu_seconds();
@@ -166,7 +192,7 @@ Rate paged_read(ThreadPool& pool, const KvArena& arena, const PlanView& plan, in
       const int32_t b = plan.page_indptr[s], e = plan.page_indptr[s + 1];
       for (int32_t i = b; i < e; ++i) {
         const size_t o = off(i), no = off(i + 1 < e ? i + 1 : i);
-        acc += sum_slices(kp + o, vp + o, kp + no, vp + no, slice);
+        acc += sum(kp + o, vp + o, kp + no, vp + no, slice);
       }
       partial[size_t(it)] = acc;
     });
