@@ -10,8 +10,9 @@
 #pragma once
 
 #include <cstddef>
-#include <new>
 #include <vector>
+
+#include "source_allocator.h"
 
 namespace pagedkv {
 
@@ -24,26 +25,12 @@ void* allocate(size_t bytes);  // throws std::bad_alloc
 void deallocate(void* p, size_t bytes) noexcept;
 }  // namespace huge_pages
 
-template <class T>
-struct HugePageAllocator {
-  using value_type = T;
-  HugePageAllocator() noexcept = default;
-  template <class U>
-  HugePageAllocator(const HugePageAllocator<U>&) noexcept {}
-  T* allocate(size_t n) {
-    if (n > size_t(-1) / sizeof(T)) throw std::bad_alloc();
-    return static_cast<T*>(huge_pages::allocate(n * sizeof(T)));
-  }
-  void deallocate(T* p, size_t n) noexcept { huge_pages::deallocate(p, n * sizeof(T)); }
-  template <class U>
-  bool operator==(const HugePageAllocator<U>&) const noexcept {
-    return true;
-  }
-  template <class U>
-  bool operator!=(const HugePageAllocator<U>&) const noexcept {
-    return false;
-  }
+struct HugePageSource {
+  static void* allocate(size_t bytes) { return huge_pages::allocate(bytes); }
+  static void deallocate(void* p, size_t bytes) noexcept { huge_pages::deallocate(p, bytes); }
 };
+template <class T>
+using HugePageAllocator = SourceAllocator<T, HugePageSource>;
 
 // A per-block array: one element per block of a pool, sized once.
 template <class T>

@@ -21,9 +21,9 @@
 #pragma once
 
 #include <cstddef>
-#include <new>
-#include <type_traits>
 #include <vector>
+
+#include "source_allocator.h"
 
 namespace pagedkv {
 
@@ -40,27 +40,12 @@ Usage usage();
 bool enabled();
 }  // namespace seq_heap
 
-template <class T>
-struct SeqAllocator {
-  using value_type = T;
-  using is_always_equal = std::true_type;
-  SeqAllocator() noexcept = default;
-  template <class U>
-  SeqAllocator(const SeqAllocator<U>&) noexcept {}
-  T* allocate(size_t n) {
-    if (n > size_t(-1) / sizeof(T)) throw std::bad_alloc();
-    return static_cast<T*>(seq_heap::allocate(n * sizeof(T)));
-  }
-  void deallocate(T* p, size_t n) noexcept { seq_heap::deallocate(p, n * sizeof(T)); }
-  template <class U>
-  bool operator==(const SeqAllocator<U>&) const noexcept {
-    return true;
-  }
-  template <class U>
-  bool operator!=(const SeqAllocator<U>&) const noexcept {
-    return false;
-  }
+struct SeqHeapSource {
+  static void* allocate(size_t bytes) { return seq_heap::allocate(bytes); }
+  static void deallocate(void* p, size_t bytes) noexcept { seq_heap::deallocate(p, bytes); }
 };
+template <class T>
+using SeqAllocator = SourceAllocator<T, SeqHeapSource>;
 
 // A sequence's vector (tokens, block table, hashes).
 template <class T>
