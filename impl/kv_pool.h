@@ -300,7 +300,8 @@ class Pool {
   // hashes; changes nothing else. given: precomputed hashes (see
   // match_prefix_hashes), whose first and last links are checked.
   void find_hits(const HashContext& ctx, const int32_t* tokens, uint64_t n, const BlockHash* given,
-                 uint64_t num_given, SeqVec<BlockHash>& hashes, SeqVec<int32_t>& hits) const;
+                 uint64_t num_given, std::vector<BlockHash>& hashes,
+                 std::vector<int32_t>& hits) const;
   // The part of an append that cannot fail, after append_need was checked
   // against the free blocks, s.tokens holds the new tokens (n0 before) and
   // hash_new_blocks returned h0.
@@ -349,7 +350,8 @@ class Pool {
   void apply_written(std::vector<WrittenRange>& ranges);
   // Sets the fill of s's tail blocks (held by s alone) to the tokens s holds.
   void settle_tail_fill(const Sequence& s) noexcept;
-  void release_blocks_reverse(const SeqVec<int32_t>& blocks, size_t begin, size_t end) noexcept;
+  void release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin,
+                              size_t end) noexcept;
   void run_pending_copies(void* stream);  // caller holds mu_
   // Room for run_pending_copies' bookkeeping of n pending copies, so that a
   // call that queues copies can make it before changing anything (may throw).

@@ -153,8 +153,8 @@ Pool::Admitted Pool::admit(const SeqOptions& o, const int32_t* tokens, uint64_t 
   if (seqs_.full()) fail(Errc::kOutOfMemory, "the pool's sequence table is full");
 
   // 1. The hits, found without attaching them.
-  SeqVec<BlockHash> hashes;  // the new sequence's, moved in below
-  SeqVec<int32_t> hits;
+  std::vector<BlockHash> hashes;
+  std::vector<int32_t> hits;
   find_hits(ctx, tokens, n, given, num_given, hashes, hits);
   const uint64_t k = hits.size(), n_hit = k * bs;
 

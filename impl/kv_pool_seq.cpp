@@ -103,7 +103,7 @@ uint64_t Pool::computed_tokens(const Sequence& s, uint64_t from) const {
   return std::min<uint64_t>(n, s.blocks.size() * bs);
 }
 
-void Pool::release_blocks_reverse(const SeqVec<int32_t>& blocks, size_t begin,
+void Pool::release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin,
                                   size_t end) noexcept {
   for (size_t j = end; j-- > begin;)
     if (blocks[j] != BlockPool::kNullBlock) blocks_.release(blocks[j]);
@@ -150,8 +150,8 @@ SeqId Pool::seq_create(const SeqOptions& o) {
 }
 
 void Pool::find_hits(const HashContext& ctx, const int32_t* tokens, uint64_t n,
-                     const BlockHash* given, uint64_t num_given, SeqVec<BlockHash>& hashes,
-                     SeqVec<int32_t>& hits) const {
+                     const BlockHash* given, uint64_t num_given, std::vector<BlockHash>& hashes,
+                     std::vector<int32_t>& hits) const {
   if (!blocks_.caching() || n == 0) return;
   const uint64_t bs = opts_.block_size;
   const uint64_t max_blocks = given ? std::min((n - 1) / bs, num_given) : (n - 1) / bs;

@@ -73,8 +73,7 @@ Pool::ArenaRef Pool::arena_ref() const {
 
 std::vector<int32_t> Pool::block_table_copy(SeqId id) const {
   std::lock_guard<std::mutex> lock(mu_);
-  const SeqVec<int32_t>& b = seq_or_throw(id).blocks;
-  return std::vector<int32_t>(b.begin(), b.end());
+  return seq_or_throw(id).blocks;
 }
 
 }  // namespace pagedkv

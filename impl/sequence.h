@@ -9,12 +9,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <new>
 #include <string>
 #include <vector>
 
 #include "hash/block_hash.h"
-#include "seq_heap.h"
 
 namespace pagedkv {
 
@@ -33,8 +31,8 @@ struct RetentionRange {
 // the second line holds what batched appends, step plans and commits read
 // besides (SeqTable::prefetch loads both).
 struct Sequence {
-  SeqVec<int32_t> tokens;  // every token appended, incl. a cached prefix
-  SeqVec<int32_t> blocks;  // block table; 0 = released by the sliding window
+  std::vector<int32_t> tokens;  // every token appended, incl. a cached prefix
+  std::vector<int32_t> blocks;  // block table; 0 = released by the sliding window
   // Bumped by every change of the table or tokens; plans compare it for
   // equality, so 32 bits suffice (a plan would have to outlive 2^32 changes).
   uint32_t version = 0;
@@ -65,8 +63,8 @@ struct Sequence {
   // append starts a new run), so a change made elsewhere is never taken
   // for an append.
   uint32_t append_from = 0, append_to = 0;
-  SeqVec<BlockHash> hashes;  // chained hashes of the full blocks (caching on)
-  uint64_t num_null = 0;     // leading table entries released to the null block
+  std::vector<BlockHash> hashes;  // chained hashes of the full blocks (caching on)
+  uint64_t num_null = 0;          // leading table entries released to the null block
   int32_t priority = 0;
   uint64_t num_cached = 0;  // tokens attached by match_prefix
   void bump_table_appended() {
@@ -138,7 +136,7 @@ class SeqTable {
       if (free_.capacity() <= size_) free_.reserve(2 * size_ + 16);  // remove() never allocates
       if (size_ % kChunk == 0) {
         chunks_.reserve(chunks_.size() + 1);
-        chunks_.push_back(new_chunk());
+        chunks_.push_back(std::make_unique<Chunk>());
       }
       slot = size_++;
     }
@@ -211,31 +209,18 @@ class SeqTable {
                 "a decode append's fields must share the slot's first cache line");
   static_assert(offsetof(Slot, seq) + offsetof(Sequence, num_null) + 8 <= 128,
                 "a plan's fields must lie in the slot's first two cache lines");
-  // Fixed-size chunks keep slot addresses stable as the table grows. They
-  // come from the sequence heap, next to the sequences' vectors: the slots
-  // of a decode step's 1024 sequences on one huge page, not 16 small ones.
+  // Fixed-size chunks keep slot addresses stable as the table grows.
   static constexpr uint32_t kChunk = 64;
   struct Chunk {
     Slot slots[kChunk];
   };
-  struct ChunkDelete {
-    void operator()(Chunk* c) const noexcept {
-      c->~Chunk();
-      seq_heap::deallocate(c, sizeof(Chunk));
-    }
-  };
-  using ChunkPtr = std::unique_ptr<Chunk, ChunkDelete>;
-  static ChunkPtr new_chunk() {
-    void* m = seq_heap::allocate(sizeof(Chunk));  // 64-byte aligned, as Slot wants
-    return ChunkPtr(new (m) Chunk);               // Slot's constructors do not throw
-  }
   Slot& at(uint32_t slot) { return chunks_[slot / kChunk]->slots[slot % kChunk]; }
   SeqId make_id(uint32_t gen, uint32_t slot) const {
     return (SeqId(tag_) << kTagShift) | (SeqId(gen) << kSlotBits) | slot;
   }
 
   uint16_t tag_;
-  std::vector<ChunkPtr> chunks_;
+  std::vector<std::unique_ptr<Chunk>> chunks_;
   std::vector<uint32_t> free_;
   uint32_t size_ = 0;  // slots ever used
   size_t live_ = 0;

