@@ -10,9 +10,9 @@
 #pragma once
 
 #include <cstddef>
+#include <new>
+#include <type_traits>
 #include <vector>
-
-#include "source_allocator.h"
 
 namespace pagedkv {
 
@@ -25,12 +25,31 @@ void* allocate(size_t bytes);  // throws std::bad_alloc
 void deallocate(void* p, size_t bytes) noexcept;
 }  // namespace huge_pages
 
-struct HugePageSource {
-  static void* allocate(size_t bytes) { return huge_pages::allocate(bytes); }
-  static void deallocate(void* p, size_t bytes) noexcept { huge_pages::deallocate(p, bytes); }
-};
 template <class T>
-using HugePageAllocator = SourceAllocator<T, HugePageSource>;
+struct HugePageAllocator {
+  // operator new's alignment (2 MiB for large arrays, not for small ones):
+  // no over-aligned elements.
+  static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__, "over-aligned element type");
+  using value_type = T;
+  using is_always_equal = std::true_type;
+  HugePageAllocator() noexcept = default;
+  template <class U>
+  HugePageAllocator(const HugePageAllocator<U>&) noexcept {}
+  T* allocate(size_t n) {
+    if (n > size_t(-1) / sizeof(T)) throw std::bad_alloc();
+    return static_cast<T*>(huge_pages::allocate(n * sizeof(T)));
+  }
+  // The size picks the path the memory took.
+  void deallocate(T* p, size_t n) noexcept { huge_pages::deallocate(p, n * sizeof(T)); }
+  template <class U>
+  bool operator==(const HugePageAllocator<U>&) const noexcept {
+    return true;
+  }
+  template <class U>
+  bool operator!=(const HugePageAllocator<U>&) const noexcept {
+    return false;
+  }
+};
 
 // A per-block array: one element per block of a pool, sized once.
 template <class T>
