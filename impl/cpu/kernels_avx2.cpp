@@ -9,7 +9,7 @@
 #include "cpu/half.h"
 #include "cpu/kernels.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(PKV_OMIT_AVX2)
 #define PKV_HAVE_AVX2 1
 #include <immintrin.h>
 

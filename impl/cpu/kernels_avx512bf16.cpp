@@ -9,7 +9,7 @@
 #include "cpu/half.h"
 #include "cpu/kernels.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(PKV_OMIT_AVX512BF16)
 #define PKV_HAVE_AVX512BF16 1
 #if !defined(__clang__)
 // GCC 12 warns inside its own avx512fintrin.h (_mm512_undefined_*).

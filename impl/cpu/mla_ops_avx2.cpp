@@ -4,7 +4,7 @@
 #include "cpu/half.h"
 #include "cpu/mla.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(PKV_OMIT_AVX2)
 #include <immintrin.h>
 
 #if defined(__clang__)
