@@ -450,6 +450,16 @@ class Pool {
     std::vector<SeqId> ids;
     std::vector<Sequence*> live;
     uint64_t removals = ~uint64_t(0);
+    // Each sequence's block after the last steady step (block_index of its
+    // table, which held block at table_version): while table_version is
+    // unchanged the step takes the block from here, not from the sequence's
+    // block table, which sits on a page of its own (step_plan_steady.cpp).
+    struct Tail {
+      uint32_t table_version;
+      uint32_t block_index;
+      int32_t block;
+    };
+    std::vector<Tail> tails;
   };
   DecodeMemo decode_memo_;
   void remember_decode(const SeqId* seqs, Sequence* const* live, uint32_t n) noexcept;

@@ -82,6 +82,12 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   const bool same = memo.removals == p.seqs_.removals() && memo.ids.size() == num_seqs &&
                     std::memcmp(memo.ids.data(), seqs, num_seqs * sizeof(SeqId)) == 0;
   if (same) std::memcpy(live, memo.live.data(), num_seqs * sizeof(Sequence*));
+  // Each sequence's block from the last steady step, where its block table
+  // did not change since (Pool::DecodeMemo::Tail; block -1: not known).
+  // Reading it there instead of in the block table spares a step a page per
+  // sequence: over a thousand sequences, more pages than the TLB holds.
+  if (!same || memo.tails.size() != num_seqs) memo.tails.assign(num_seqs, {0, 0, -1});
+  Pool::DecodeMemo::Tail* const tails = memo.tails.data();
   const uint64_t mark = ++p.plan_epoch_;
   for (uint32_t i = 0; i < num_seqs; ++i) {
     if (same) {
@@ -105,12 +111,19 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
     // Pass 3's scattered lines, requested now: a step's lines do not stay
     // in cache from one step to the next (measured: requesting them a few
     // sequences ahead in pass 3 instead left the step 20 % slower), and
-    // pass 1 is the first to know them. The token's place, the block's
-    // table entry and, once that entry arrived, kAhead sequences later, the
-    // block's counts.
+    // pass 1 is the first to know them. The token's place and the block's
+    // counts: at once where the memo knows the block, else the block's
+    // table entry now and, once it arrived, kAhead sequences later, the
+    // counts.
     __builtin_prefetch(s.tokens.data() + n0, 1);
-    if (j < nb) __builtin_prefetch(s.blocks.data() + j);
-    if (i >= kAhead) {
+    Pool::DecodeMemo::Tail& m = tails[i];
+    if (m.block >= 0 && (m.table_version != s.table_version || m.block_index != j || j >= nb))
+      m.block = -1;
+    if (m.block >= 0)
+      __builtin_prefetch(counts + m.block, 1);
+    else if (j < nb)
+      __builtin_prefetch(s.blocks.data() + j);
+    if (i >= kAhead && tails[i - kAhead].block < 0) {
       const Sequence& b = *live[i - kAhead];
       const uint64_t jb = page_counts[i - kAhead] - 1;
       if (jb < b.blocks.size()) __builtin_prefetch(counts + b.blocks[jb], 1);
@@ -193,14 +206,16 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
     Sequence& s = *live[i];
     const uint64_t n0 = ends[i] - 1, j = page_counts[i] - 1, off = n0 & mask;
     int32_t blk;
+    Pool::DecodeMemo::Tail& m = tails[i];
     if (__builtin_expect(next != last && next->first == i, 0)) {
       blk = p.append_steady(s, n0, next->second, tokens[i]);
       ++next;
     } else {
       s.tokens.push_back(tokens[i]);  // room made by pass 1
-      blk = s.blocks[j];
+      blk = m.block >= 0 ? m.block : s.blocks[j];
       counts[blk].add_token(off);
     }
+    m = {s.table_version, uint32_t(j), blk};
     versions[i] = ++s.version;
     epochs[i] = s.writes_epoch;
     ranges[i] = {i, uint32_t(j), {blk, uint32_t(off), uint32_t(off + 1)}};

@@ -7,18 +7,22 @@
 # for PKV_FUZZ_GROUPS_SECONDS (default 15), each from its committed seed
 # corpus, and fails on any crash, leak, timeout or disagreement. Skips (exit
 # 0, with a notice) when clang cannot link -fsanitize=fuzzer. Long runs:
-# tests/fuzz/README.md.
+# tests/fuzz/README.md. PKV_FUZZ_STEP=build only builds, =run only fuzzes
+# what a build step built (test-sanitizers.sh fuzzes while TSan builds),
+# =probe only says (exit status) whether fuzzing can be built here.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${PKV_FUZZ_BUILD_DIR:-$root/build-fuzz}
 seconds=${PKV_FUZZ_SECONDS:-90}
 tensor_seconds=${PKV_FUZZ_TENSOR_SECONDS:-15}
 groups_seconds=${PKV_FUZZ_GROUPS_SECONDS:-15}
+step=${PKV_FUZZ_STEP:-all}
 cc=${PKV_FUZZ_CC:-clang}
 cxx=${PKV_FUZZ_CXX:-clang++}
 
 if ! command -v "$cxx" >/dev/null; then
   echo "test-fuzz: $cxx not found; fuzzing skipped"
+  [ "$step" = probe ] && exit 1
   exit 0
 fi
 probe=$(mktemp -d)
@@ -27,20 +31,23 @@ printf '#include <cstddef>\n#include <cstdint>\nextern "C" int LLVMFuzzerTestOne
   >"$probe/p.cpp"
 if ! "$cxx" -fsanitize=fuzzer "$probe/p.cpp" -o "$probe/p" 2>/dev/null; then
   echo "test-fuzz: $cxx cannot link -fsanitize=fuzzer (libclang-rt-dev missing?); fuzzing skipped"
+  [ "$step" = probe ] && exit 1
   exit 0
 fi
+if [ "$step" = probe ]; then exit 0; fi
 
-# The library gets coverage instrumentation (fuzzer-no-link) so libFuzzer
-# steers by what happens inside pagedkv, not just inside the harness.
-# As in the sanitizer stage: -O1 -g1, and only the CPU kernel sets this CPU
-# can run (clang takes 1-2 min per set's file under ASan and coverage).
-CC=$cc CXX=$cxx cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1" \
-  "-DPAGEDKV_CPU_KERNELS=$(bash "$root/scripts/cpu-kernels.sh")" \
-  -DPAGEDKV_CUDA=OFF -DPAGEDKV_BUILD_BENCH=OFF -DPAGEDKV_BUILD_BINDINGS=OFF \
-  -DPAGEDKV_BUILD_EXAMPLES=OFF -DPAGEDKV_SANITIZE=address -DPAGEDKV_FUZZER=ON \
-  -DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link -DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link >/dev/null
-cmake --build "$build" -j"$(nproc)" --target fuzz_ops fuzz_tensors fuzz_groups
+if [ "$step" != run ]; then
+  # PAGEDKV_FUZZER=ON: the library gets coverage instrumentation, so
+  # libFuzzer steers by what happens inside pagedkv. As in the sanitizer
+  # stage: -O1 -g1, and only the CPU kernel sets this CPU can run.
+  CC=$cc CXX=$cxx cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1" \
+    "-DPAGEDKV_CPU_KERNELS=$(bash "$root/scripts/cpu-kernels.sh")" \
+    -DPAGEDKV_CUDA=OFF -DPAGEDKV_BUILD_BENCH=OFF -DPAGEDKV_BUILD_BINDINGS=OFF \
+    -DPAGEDKV_BUILD_EXAMPLES=OFF -DPAGEDKV_SANITIZE=address -DPAGEDKV_FUZZER=ON >/dev/null
+  cmake --build "$build" -j"$(nproc)" --target fuzz_ops fuzz_tensors fuzz_groups
+fi
+if [ "$step" = build ]; then exit 0; fi
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

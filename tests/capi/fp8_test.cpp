@@ -144,7 +144,7 @@ std::vector<std::vector<float>> run_steps(pkv_pool* p, const Data& d, const Step
     std::vector<uint32_t> qc(ns);
     int64_t T = 0;
     for (int s = 0; s < ns; ++s) {
-      std::vector<int32_t> toks(size_t(nq[s]));
+      std::vector<int32_t> toks(static_cast<size_t>(nq[s]));
       for (int i = 0; i < nq[s]; ++i) toks[size_t(i)] = 1000 * s + pos[s] + i;
       EXPECT_EQ(pkv_seq_append(p, ids[s], toks.data(), toks.size(), 0), PKV_OK);
       qc[s] = uint32_t(nq[s]);

@@ -83,7 +83,10 @@ Fixture make(std::mt19937_64& rng, uint32_t bs, uint8_t hsize) {
 class WireTest : public ::testing::TestWithParam<std::tuple<bool, bool, uint8_t>> {};
 
 TEST_P(WireTest, DecodesAsVllmLayout) {
-  const auto [map, ints, hsize] = GetParam();
+  // Not a structured binding: C++17 lambdas (clang 14) cannot capture one.
+  const bool map = std::get<0>(GetParam());
+  const bool ints = std::get<1>(GetParam());
+  const auto hsize = std::get<2>(GetParam());
   std::mt19937_64 rng(42 + map * 2 + ints + hsize);
   const uint32_t bs = 4;
   Fixture f = make(rng, bs, hsize);

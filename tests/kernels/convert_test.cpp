@@ -47,6 +47,9 @@ uint16_t bf16_reference(float f) {
   return (lo & 1) ? hi : lo;
 }
 
+// The compiler's _Float16 is the reference (GCC 12 has it on x86-64;
+// clang has it there from 15).
+#if defined(__FLT16_MANT_DIG__)
 TEST(Convert, ScalarF16MatchesCompiler) {
   for (float f : probe_values()) {
     const _Float16 h = static_cast<_Float16>(f);
@@ -73,6 +76,7 @@ TEST(Convert, ScalarF16MatchesCompiler) {
     }
   }
 }
+#endif
 
 TEST(Convert, ScalarBf16MatchesNearestEven) {
   for (float f : probe_values()) ASSERT_EQ(f32_to_bf16(f), bf16_reference(f)) << float_bits(f);
