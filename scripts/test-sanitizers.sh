@@ -65,7 +65,9 @@ if [ "$fuzz" = 1 ]; then
     >"$fuzz_log" 2>&1 &
   fuzz_pid=$!
   # On a failure before the wait, the fuzzer (bounded anyway) is stopped.
-  trap 'pkill -P "$fuzz_pid" 2>/dev/null; kill "$fuzz_pid" 2>/dev/null; rm -f "$fuzz_log"' EXIT
+  # (|| true: set -e applies inside the trap too.)
+  trap 'pkill -P "$fuzz_pid" 2>/dev/null || true; kill "$fuzz_pid" 2>/dev/null || true
+        rm -f "$fuzz_log"' EXIT
 fi
 
 echo "== TSan: threading tests"
@@ -86,7 +88,9 @@ if [ -n "$fuzz_pid" ]; then
   echo "== libFuzzer: bounded run (alongside TSan)"
   fuzz_status=0
   wait "$fuzz_pid" || fuzz_status=$?
+  trap - EXIT
   cat "$fuzz_log"
+  rm -f "$fuzz_log"
   if [ "$fuzz_status" -ne 0 ]; then exit "$fuzz_status"; fi
   stage_done "libFuzzer, after TSan"
 fi

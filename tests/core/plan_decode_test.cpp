@@ -404,6 +404,50 @@ TEST(PlanDecode, SteadyStepOutOfBlocksAppendsNothing) {
   EXPECT_EQ(pool->seq_info(b).num_tokens, 9u);
 }
 
+// The steady path takes each sequence's tail block from the step before
+// while the sequence's block table did not change (Pool::DecodeMemo). A
+// table changed between two steps of the same batch, here truncated and
+// refilled into another block at the same index, must be read again.
+TEST(PlanDecode, SteadyStepAfterTableChangeWritesTheNewTailBlock) {
+  auto pool = Pool::create(test::manager_options(4, 64));
+  const SeqId a = pool->seq_create({}), b = pool->seq_create({});
+  append(*pool, a, iota_tokens(5, 1));
+  append(*pool, b, iota_tokens(5, 100));
+  for (SeqId id : {a, b}) test::step(pool, id);
+  const SeqId ids[] = {a, b};
+  size_t checked = 0;
+  auto decode = [&](int32_t t) {
+    const int32_t toks[] = {t, t + 1};
+    auto s = Batch::prepare_decode(pool, ids, toks, 2, nullptr);
+    EXPECT_TRUE(s->steady_for_testing());
+    const PlanView& v = s->host_view();
+    for (int i = 0; i < 2; ++i) {
+      const std::vector<int32_t> table = test::table(*pool, ids[i]);
+      const uint64_t last = pool->seq_info(ids[i]).num_tokens - 1;  // the new token
+      ASSERT_LT(last / 4, table.size());
+      EXPECT_EQ(v.slots[i], int64_t(table[last / 4]) * 4 + int64_t(last % 4)) << i;
+      ++checked;
+    }
+    s->commit();
+  };
+  decode(500);  // token 6 of each: block 1, slot 1
+  decode(600);  // slot 2: the memo's block
+  const int32_t before = test::table(*pool, a)[1];
+  // Another sequence holds a's block 1 once a lets it go, so a's refill
+  // gets a different block at index 1.
+  pool->truncate(a, 4);
+  const SeqId c = pool->seq_create({});
+  append(*pool, c, iota_tokens(4, 900));
+  append(*pool, a, iota_tokens(2, 40));
+  test::step(pool, a);
+  test::step(pool, c);
+  ASSERT_NE(test::table(*pool, a)[1], before);
+  decode(700);  // a: token 7, in its new block 1
+  decode(800);
+  EXPECT_EQ(checked, 8u);
+  EXPECT_EQ(pool->validate(), "");
+}
+
 // pkv_seq_reserve: room for the tokens to come, nothing else; decode steps
 // up to that length then move none of the sequence's vectors.
 TEST(PlanDecode, ReservedSequencesDecodeWithoutReallocating) {
