@@ -425,7 +425,11 @@ TEST(PlanDecode, SteadyStepAfterTableChangeWritesTheNewTailBlock) {
       const std::vector<int32_t> table = test::table(*pool, ids[i]);
       const uint64_t last = pool->seq_info(ids[i]).num_tokens - 1;  // the new token
       ASSERT_LT(last / 4, table.size());
-      EXPECT_EQ(v.slots[i], int64_t(table[last / 4]) * 4 + int64_t(last % 4)) << i;
+      EXPECT_EQ(v.slot_mapping[i], int64_t(table[last / 4]) * 4 + int64_t(last % 4)) << i;
+      // The row's pages: the whole table (a plan without a persistent table).
+      ASSERT_EQ(uint64_t(v.page_indptr[i + 1] - v.page_indptr[i]), table.size()) << i;
+      for (size_t k = 0; k < table.size(); ++k)
+        EXPECT_EQ(v.page_indices[v.page_indptr[i] + int64_t(k)], table[k]) << i << " page " << k;
       ++checked;
     }
     s->commit();
