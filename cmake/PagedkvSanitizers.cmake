@@ -28,6 +28,9 @@ endif()
 # run 1.7x as long, and the harnesses reach the kernels through validation
 # code that is instrumented.
 option(PAGEDKV_FUZZER "Build the libFuzzer targets (clang) with a coverage-instrumented library" OFF)
-if(PAGEDKV_FUZZER)
+if(PAGEDKV_FUZZER AND CMAKE_CXX_COMPILER_ID MATCHES "Clang")
   set(PAGEDKV_FUZZ_COVERAGE "$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=fuzzer-no-link>")
+elseif(PAGEDKV_FUZZER)
+  message(WARNING "PAGEDKV_FUZZER=ON needs clang; ${CMAKE_CXX_COMPILER_ID} builds no coverage "
+                  "instrumentation (and tests/fuzz builds no libFuzzer targets)")
 endif()

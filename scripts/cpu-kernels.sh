@@ -9,7 +9,7 @@ if [ -n "${PAGEDKV_CI_CPU_KERNELS+x}" ]; then
   echo "$PAGEDKV_CI_CPU_KERNELS"
   exit 0
 fi
-flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2 || true) "
 has() {
   local f
   for f; do [[ "$flags" == *" $f "* ]] || return 1; done

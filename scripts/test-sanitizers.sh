@@ -47,15 +47,21 @@ echo "== ASan+UBSan: all C/C++ tests"
 fuzz=0
 if [ -x "$root/scripts/test-fuzz.sh" ] && PKV_FUZZ_STEP=probe bash "$root/scripts/test-fuzz.sh"; then
   fuzz=1
+  asan_cxx=clang++
   asan_cc=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DPAGEDKV_FUZZER=ON
            -DPAGEDKV_TEST_OPT=)
 else
+  asan_cxx=g++
   asan_cc=(-DCMAKE_C_COMPILER=gcc -DCMAKE_CXX_COMPILER=g++ -DPAGEDKV_FUZZER=OFF
            "-DPAGEDKV_TEST_OPT=-fno-sanitize=undefined")
 fi
-# Both branches set every choice they make: a build-asan/ configured by the
-# other branch earlier (CMake starts it afresh when the compiler changes)
-# keeps nothing of it.
+# A build-asan/ configured with another compiler is removed first: CMake
+# would start its cache afresh without this command's -D options, i.e. an
+# unsanitized build.
+if [ -f "$root/build-asan/CMakeCache.txt" ] &&
+  ! grep -q "^CMAKE_CXX_COMPILER:[A-Z]*=\(.*/\)\?$asan_cxx\$" "$root/build-asan/CMakeCache.txt"; then
+  rm -rf "$root/build-asan"
+fi
 cmake -S "$root" -B "$root/build-asan" "${common[@]}" -DPAGEDKV_SANITIZE=address "${asan_cc[@]}" >/dev/null
 cmake --build "$root/build-asan" -j"$jobs"
 ctest --test-dir "$root/build-asan" --output-on-failure -j"$jobs" -LE "gpu|python|rust|go|fuzz|bench" \

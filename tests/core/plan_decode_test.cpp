@@ -452,6 +452,40 @@ TEST(PlanDecode, SteadyStepAfterTableChangeWritesTheNewTailBlock) {
   EXPECT_EQ(pool->validate(), "");
 }
 
+// The memo belongs to the ids of the last steady step. A general-path step
+// over other ids of the same count (here refused by the steady path for a
+// shared tail) remembers those ids; the tails must not carry over to them.
+TEST(PlanDecode, TailMemoDoesNotCarryOverToOtherIds) {
+  auto pool = Pool::create(test::manager_options(4, 64));
+  SeqId s[4];
+  for (int k = 0; k < 4; ++k) {
+    s[k] = pool->seq_create({});
+    append(*pool, s[k], iota_tokens(5, 100 * (k + 1)));
+    test::step(pool, s[k]);
+  }
+  auto decode = [&](SeqId x, SeqId y, int32_t t, bool want_steady) {
+    const SeqId ids[] = {x, y};
+    const int32_t toks[] = {t, t + 1};
+    auto b = Batch::prepare_decode(pool, ids, toks, 2, nullptr);
+    EXPECT_EQ(b->steady_for_testing(), want_steady);
+    const PlanView& v = b->host_view();
+    for (int i = 0; i < 2; ++i) {
+      const std::vector<int32_t> table = test::table(*pool, ids[i]);
+      const uint64_t last = pool->seq_info(ids[i]).num_tokens - 1;
+      EXPECT_EQ(v.slot_mapping[i], int64_t(table[last / 4]) * 4 + int64_t(last % 4)) << i;
+    }
+    b->commit();
+  };
+  decode(s[0], s[1], 500, true);  // the memo: s0's and s1's block 1
+  const SeqId child = pool->fork(s[2]);  // s2's tail shared: not steady
+  decode(s[2], s[3], 600, false);
+  // Steady over {s2, s3}: s3 has s1's table_version and block index.
+  decode(s[2], s[3], 700, true);
+  EXPECT_NE(test::table(*pool, s[3])[1], test::table(*pool, s[1])[1]);
+  pool->free(child);
+  EXPECT_EQ(pool->validate(), "");
+}
+
 // pkv_seq_reserve: room for the tokens to come, nothing else; decode steps
 // up to that length then move none of the sequence's vectors.
 TEST(PlanDecode, ReservedSequencesDecodeWithoutReallocating) {
