@@ -404,6 +404,15 @@ TEST(PlanDecode, SteadyStepOutOfBlocksAppendsNothing) {
   EXPECT_EQ(pool->seq_info(b).num_tokens, 9u);
 }
 
+// Row i of a decode plan over ids: its slot is the new (last) token's place
+// in the sequence's block table as the pool holds it now (block size 4).
+void expect_slot_in_table(const Pool& pool, const PlanView& v, const SeqId* ids, int i) {
+  const std::vector<int32_t> table = test::table(pool, ids[i]);
+  const uint64_t last = pool.seq_info(ids[i]).num_tokens - 1;  // the new token
+  ASSERT_LT(last / 4, table.size());
+  EXPECT_EQ(v.slot_mapping[i], int64_t(table[last / 4]) * 4 + int64_t(last % 4)) << i;
+}
+
 // The steady path takes each sequence's tail block from the step before
 // while the sequence's block table did not change (Pool::DecodeMemo). A
 // table changed between two steps of the same batch, here truncated and
@@ -422,10 +431,8 @@ TEST(PlanDecode, SteadyStepAfterTableChangeWritesTheNewTailBlock) {
     EXPECT_TRUE(s->steady_for_testing());
     const PlanView& v = s->host_view();
     for (int i = 0; i < 2; ++i) {
+      expect_slot_in_table(*pool, v, ids, i);
       const std::vector<int32_t> table = test::table(*pool, ids[i]);
-      const uint64_t last = pool->seq_info(ids[i]).num_tokens - 1;  // the new token
-      ASSERT_LT(last / 4, table.size());
-      EXPECT_EQ(v.slot_mapping[i], int64_t(table[last / 4]) * 4 + int64_t(last % 4)) << i;
       // The row's pages: the whole table (a plan without a persistent table).
       ASSERT_EQ(uint64_t(v.page_indptr[i + 1] - v.page_indptr[i]), table.size()) << i;
       for (size_t k = 0; k < table.size(); ++k)
@@ -469,14 +476,10 @@ TEST(PlanDecode, TailMemoDoesNotCarryOverToOtherIds) {
     auto b = Batch::prepare_decode(pool, ids, toks, 2, nullptr);
     EXPECT_EQ(b->steady_for_testing(), want_steady);
     const PlanView& v = b->host_view();
-    for (int i = 0; i < 2; ++i) {
-      const std::vector<int32_t> table = test::table(*pool, ids[i]);
-      const uint64_t last = pool->seq_info(ids[i]).num_tokens - 1;
-      EXPECT_EQ(v.slot_mapping[i], int64_t(table[last / 4]) * 4 + int64_t(last % 4)) << i;
-    }
+    for (int i = 0; i < 2; ++i) expect_slot_in_table(*pool, v, ids, i);
     b->commit();
   };
-  decode(s[0], s[1], 500, true);  // the memo: s0's and s1's block 1
+  decode(s[0], s[1], 500, true);         // the memo: s0's and s1's block 1
   const SeqId child = pool->fork(s[2]);  // s2's tail shared: not steady
   decode(s[2], s[3], 600, false);
   // Steady over {s2, s3}: s3 has s1's table_version and block index.
