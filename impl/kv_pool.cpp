@@ -155,7 +155,7 @@ Pool::Pool(const PoolOptions& opts, uint64_t bytes_per_block)
       bytes_per_block_(bytes_per_block),
       events_(opts.enable_events, opts.max_events),
       blocks_(int32_t(opts.num_blocks), opts.enable_prefix_caching, &events_),
-      seqs_(tag_.value()),
+      seqs_(tag_.value(), &token_arena_),
       root_(hash_root(opts.hash_algo, opts.hash_seed)),
       hasher_(std::make_unique<BlockHasher>(opts.hash_algo)) {
   if ((opts.block_size & (opts.block_size - 1)) == 0) bs_shift_ = __builtin_ctz(opts.block_size);
@@ -259,6 +259,7 @@ void Pool::close() {
   if (closed_) return;
   closed_ = true;
   seqs_.clear();
+  token_arena_.release();  // the sequences held all of it
   // Queued offloads are abandoned; the tiers' memory and file go now.
   blocks_.set_evict_sink(nullptr);
   tiers_.reset();

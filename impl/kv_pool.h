@@ -248,6 +248,7 @@ class Pool {
   const BlockPool& block_pool() const { return blocks_; }
   BlockPool& block_pool_for_testing() { return blocks_; }
   SeqTable& seq_table_for_testing() { return seqs_; }
+  const TokenArena& token_arena_for_testing() const { return token_arena_; }
   uint16_t tag() const { return tag_.value(); }
   std::vector<CopyPair> pending_copies() const;
   size_t num_pending_events() const;  // recorded, not yet drained
@@ -414,7 +415,8 @@ class Pool {
   void upload_scales();  // k_scales_/v_scales_ -> arena_.scales
   EventQueue events_;
   BlockPool blocks_;
-  PoolTag tag_;  // before seqs_, which puts it in every id
+  PoolTag tag_;             // before seqs_, which puts it in every id
+  TokenArena token_arena_;  // before seqs_, whose tokens it holds
   SeqTable seqs_;
   BlockHash root_;
   std::unique_ptr<BlockHasher> hasher_;

@@ -617,7 +617,7 @@ SeqId Pool::fork(SeqId parent) {
   Sequence& p = seq_or_throw(parent);
   if (seqs_.full()) fail(Errc::kOutOfMemory, "the pool's sequence table is full");
   // Copy before inserting so that a failed allocation leaves no half child.
-  Sequence copy;
+  Sequence copy(&token_arena_);  // its vectors are swapped into the new slot
   copy.tokens = p.tokens;
   copy.blocks = p.blocks;
   copy.hashes = p.hashes;

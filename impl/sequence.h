@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "hash/block_hash.h"
+#include "token_arena.h"
 
 namespace pagedkv {
 
@@ -26,13 +27,15 @@ struct RetentionRange {
   uint64_t duration_ns = 0;  // 0 = for good
 };
 
-// Hot fields first: with the slot header, tokens, blocks, version and
-// tail_shared fill the slot's first 64-byte line, all a decode append reads;
-// the second line holds what batched appends, step plans and commits read
-// besides (SeqTable::prefetch loads both).
+// Hot fields first: with the slot header, tokens, version, tail_shared and
+// the block table's begin and end fill the slot's first 64-byte line, all a
+// decode append reads; the second line holds what batched appends, step
+// plans and commits read besides (SeqTable::prefetch loads both).
 struct Sequence {
-  std::vector<int32_t> tokens;  // every token appended, incl. a cached prefix
-  std::vector<int32_t> blocks;  // block table; 0 = released by the sliding window
+  Sequence() = default;
+  explicit Sequence(TokenArena* arena) : tokens(ArenaAllocator<int32_t>(arena)) {}
+  // Every token appended, incl. a cached prefix; in the pool's TokenArena.
+  TokenVector tokens;
   // Bumped by every change of the table or tokens; plans compare it for
   // equality, so 32 bits suffice (a plan would have to outlive 2^32 changes).
   uint32_t version = 0;
@@ -41,6 +44,10 @@ struct Sequence {
   // the hot append path need not read their ref counts. Set by fork and
   // truncate; cleared by the append that finds it true again.
   bool tail_shared = false;
+  // Block table; 0 = released by the sliding window. Its begin and end
+  // share the slot's first line with the above (its capacity, read only
+  // when a block is added, is on the second).
+  std::vector<int32_t> blocks;
   uint64_t plan_mark = 0;  // batch-prepare epoch, to reject duplicates
   // End of the positions whose K/V this sequence knows written: a
   // committed step covered them, or they were attached as written prefix
@@ -63,8 +70,8 @@ struct Sequence {
   // append starts a new run), so a change made elsewhere is never taken
   // for an append.
   uint32_t append_from = 0, append_to = 0;
-  std::vector<BlockHash> hashes;  // chained hashes of the full blocks (caching on)
   uint64_t num_null = 0;          // leading table entries released to the null block
+  std::vector<BlockHash> hashes;  // chained hashes of the full blocks (caching on)
   int32_t priority = 0;
   uint64_t num_cached = 0;  // tokens attached by match_prefix
   void bump_table_appended() {
@@ -102,7 +109,9 @@ class SeqTable {
   static constexpr uint32_t kMaxSlots = 1u << kSlotBits;
   static constexpr uint32_t kMaxGen = (1u << kGenBits) - 1;
 
-  explicit SeqTable(uint16_t tag = 0) : tag_(tag) {}
+  // arena: where the sequences' tokens live (null: the heap); it must
+  // outlive the table.
+  explicit SeqTable(uint16_t tag = 0, TokenArena* arena = nullptr) : tag_(tag), arena_(arena) {}
 
   // The live sequence named by id, or nullptr (another pool's id included).
   Sequence* find(SeqId id) {
@@ -142,6 +151,9 @@ class SeqTable {
     }
     Slot& s = at(slot);
     s.seq.reset();
+    // A new chunk's slots, and one a long request left, use the heap.
+    if (s.seq.tokens.get_allocator().arena != arena_)
+      s.seq.tokens = TokenVector(TokenAlloc(arena_));
     s.live = true;
     ++live_;
     *id = make_id(s.gen, slot);
@@ -156,7 +168,7 @@ class SeqTable {
     if (s.gen == kMaxGen) {
       // Its next generation would wrap to one a stale id still holds: the
       // slot is never used again (one slot per 2^24 - 1 frees of it).
-      s.seq = Sequence();
+      s.seq = Sequence(arena_);
       ++retired_;
       ++removals_;
       return;
@@ -165,7 +177,7 @@ class SeqTable {
     ++removals_;
     // Keep small buffers for reuse; drop big ones so a finished long
     // request does not pin its memory.
-    if (s.seq.tokens.capacity() > (1u << 16)) s.seq = Sequence();
+    if (s.seq.tokens.capacity() > (1u << 16)) s.seq = Sequence(arena_);
     free_.push_back(slot);
   }
 
@@ -205,10 +217,16 @@ class SeqTable {
     bool live = false;
     Sequence seq;
   };
-  static_assert(offsetof(Slot, seq) + offsetof(Sequence, tail_shared) < 64,
+  // The token vector's allocator has state, which makes Sequence not
+  // standard-layout; GCC and clang still lay it out and answer offsetof.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Winvalid-offsetof"
+  static_assert(offsetof(Slot, seq) + offsetof(Sequence, tail_shared) < 64 &&
+                    offsetof(Slot, seq) + offsetof(Sequence, blocks) + 2 * sizeof(void*) <= 64,
                 "a decode append's fields must share the slot's first cache line");
   static_assert(offsetof(Slot, seq) + offsetof(Sequence, num_null) + 8 <= 128,
                 "a plan's fields must lie in the slot's first two cache lines");
+#pragma GCC diagnostic pop
   // Fixed-size chunks keep slot addresses stable as the table grows.
   static constexpr uint32_t kChunk = 64;
   struct Chunk {
@@ -219,7 +237,9 @@ class SeqTable {
     return (SeqId(tag_) << kTagShift) | (SeqId(gen) << kSlotBits) | slot;
   }
 
+  using TokenAlloc = ArenaAllocator<int32_t>;
   uint16_t tag_;
+  TokenArena* arena_;
   std::vector<std::unique_ptr<Chunk>> chunks_;
   std::vector<uint32_t> free_;
   uint32_t size_ = 0;  // slots ever used
