@@ -100,6 +100,10 @@ class BlockHasher {
 std::vector<BlockHash> hash_prefix(const HashContext& ctx, const BlockHash& root,
                                    const int32_t* tokens, size_t n);
 
+// The digest alone of bytes already encoded: the primitive every block hash
+// ends in (bench_hash's ceiling). SHA-256 leaves hash.bytes[32] unused.
+BlockHash digest_bytes(HashAlgo algo, const uint8_t* data, size_t len);
+
 // The exact bytes that are hashed (for tests and debugging): canonical CBOR
 // of [parent bytes, [tokens], extra | null], and of the seed string.
 std::vector<uint8_t> encode_block_cbor(const BlockHash& parent, const int32_t* tokens, size_t n,
