@@ -30,7 +30,9 @@ struct RetentionRange {
 // Hot fields first: with the slot header, tokens, version, tail_shared and
 // the block table's begin and end fill the slot's first 64-byte line, all a
 // decode append reads; the second line holds what batched appends, step
-// plans and commits read besides (SeqTable::prefetch loads both).
+// plans and commits read besides (SeqTable::prefetch loads both), except
+// the capacities of the block table and the hashes, read only when a block
+// is opened or filled.
 struct Sequence {
   Sequence() = default;
   explicit Sequence(TokenArena* arena) : tokens(ArenaAllocator<int32_t>(arena)) {}
@@ -151,7 +153,7 @@ class SeqTable {
     }
     Slot& s = at(slot);
     s.seq.reset();
-    // A new chunk's slots, and one a long request left, use the heap.
+    // A new chunk's slots use the heap until here.
     if (s.seq.tokens.get_allocator().arena != arena_)
       s.seq.tokens = TokenVector(TokenAlloc(arena_));
     s.live = true;
@@ -176,8 +178,13 @@ class SeqTable {
     ++s.gen;
     ++removals_;
     // Keep small buffers for reuse; drop big ones so a finished long
-    // request does not pin its memory.
-    if (s.seq.tokens.capacity() > (1u << 16)) s.seq = Sequence(arena_);
+    // request does not pin its memory. Token ids always go back to the
+    // arena, whose free lists are their reuse, so that a region whose
+    // sequences all finished can go back to the system.
+    if (s.seq.tokens.capacity() > (1u << 16))
+      s.seq = Sequence(arena_);
+    else if (arena_ != nullptr)
+      TokenVector(TokenAlloc(arena_)).swap(s.seq.tokens);
     free_.push_back(slot);
   }
 

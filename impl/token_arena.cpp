@@ -5,17 +5,11 @@
 #include <memory>
 #include <new>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define PKV_ARENA_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define PKV_ARENA_ASAN 1
-#endif
-#endif
 #if defined(PKV_ARENA_ASAN)
 #include <sanitizer/asan_interface.h>
-// Memory the arena holds but no vector owns is poisoned, so ASan reports a
-// use after free or an overflow into a neighbour as it does for the heap.
+// Memory the arena holds but no vector owns is poisoned, and so is each
+// chunk past its array (at least kRedzone bytes): ASan reports a use after
+// free or an overflow into a neighbour as it does for the heap.
 #define PKV_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
 #define PKV_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
 #else
@@ -27,8 +21,8 @@ namespace pagedkv {
 
 namespace {
 // The first region stays small and on ordinary pages (a pool with a few
-// short sequences should not pin 2 MiB); later ones double, from one huge
-// page up to 32 MiB.
+// short sequences should not pin 2 MiB); later ones are huge pages, up to
+// 32 MiB each.
 constexpr size_t kFirstRegion = size_t(256) << 10;
 constexpr size_t kMaxRegion = size_t(32) << 20;
 // Chunks start on cache lines: a region is at least line aligned (huge ones
@@ -99,10 +93,13 @@ void TokenArena::drop_region(Region* r) noexcept {
 }
 
 void TokenArena::add_region(size_t at_least) {
-  size_t bytes =
-      bump_region_ == nullptr
-          ? kFirstRegion
-          : std::min(kMaxRegion, std::max(huge_pages::kHugePage, 2 * bump_region_->bytes));
+  // As much again as the arena holds (whole huge pages, at most
+  // kMaxRegion): geometric growth, and smaller regions again once emptied
+  // ones went back.
+  constexpr size_t kHuge = huge_pages::kHugePage;
+  size_t bytes = reserved_ == 0 ? kFirstRegion
+                                : (std::min(kMaxRegion, std::max(kHuge, reserved_)) + kHuge - 1) /
+                                      kHuge * kHuge;
   bytes = std::max(bytes, at_least);
   // Everything that can throw first: a failure changes nothing.
   regions_.reserve(regions_.size() + 1);
@@ -135,7 +132,7 @@ void TokenArena::add_region(size_t at_least) {
 }
 
 void* TokenArena::allocate(size_t bytes) {
-  const int c = class_of(bytes);
+  const int c = class_of(bytes + kRedzone);
   const size_t n = class_bytes(c);
   if (num_free_[c] != 0) {
     // The bump region first, then the lowest region with one: new arrays
@@ -145,7 +142,7 @@ void* TokenArena::allocate(size_t bytes) {
     for (size_t i = 0; r == nullptr; ++i)
       if (regions_[i]->free[c] != nullptr) r = regions_[i];
     FreeChunk* f = r->free[c];
-    PKV_UNPOISON(f, n);
+    PKV_UNPOISON(f, bytes);
     r->free[c] = f->next;
     --r->num_free[c];
     --num_free_[c];
@@ -156,14 +153,14 @@ void* TokenArena::allocate(size_t bytes) {
   char* p = bump_;
   bump_ += n;
   ++bump_region_->live;
-  PKV_UNPOISON(p, n);
+  PKV_UNPOISON(p, bytes);
   return p;
 }
 
 void TokenArena::deallocate(void* p, size_t bytes) noexcept {
   if (p == nullptr) return;
   Region* r = region_of(p);
-  push_free(*r, class_of(bytes), static_cast<char*>(p));
+  push_free(*r, class_of(bytes + kRedzone), static_cast<char*>(p));
   if (--r->live == 0 && r != bump_region_) drop_region(r);
 }
 

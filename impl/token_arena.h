@@ -13,7 +13,11 @@
 // chunks are all free again goes back to the system at once, so memory
 // held for one mix of lengths is not kept for good when the mix changes;
 // the pool's close gives back the rest. Smaller and larger vectors come
-// from the heap. Not thread safe: the pool's lock guards every use.
+// from the heap (operator new, as std::allocator). Not thread safe: the
+// pool's lock guards every use. Under ASan each array gets a 64-byte
+// poisoned redzone after it and free memory is poisoned, so overflows and
+// uses after free are reported as on the heap (LeakSanitizer, though, sees
+// the regions, not the arrays in them).
 #pragma once
 
 #include <cstddef>
@@ -24,10 +28,23 @@
 
 #include "huge_pages.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define PKV_ARENA_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PKV_ARENA_ASAN 1
+#endif
+#endif
+
 namespace pagedkv {
 
 class TokenArena {
  public:
+#if defined(PKV_ARENA_ASAN)
+  static constexpr size_t kRedzone = 64;
+#else
+  static constexpr size_t kRedzone = 0;
+#endif
   static constexpr size_t kMinBytes = 256;
   // 64k tokens: SeqTable::remove drops a longer sequence's vector, which
   // then goes back to the heap rather than into a free list here.
@@ -41,7 +58,7 @@ class TokenArena {
 
   // Whether an array of this many bytes comes from the arena (the same
   // answer for allocate and deallocate of one array).
-  static bool holds(size_t bytes) { return bytes >= kMinBytes && bytes <= kMaxBytes; }
+  static bool holds(size_t bytes) { return bytes >= kMinBytes && bytes <= kMaxBytes - kRedzone; }
   // bytes must be holds(); throws std::bad_alloc.
   void* allocate(size_t bytes);
   // p from allocate(bytes) of this arena.
@@ -102,14 +119,14 @@ struct ArenaAllocator {
     const size_t bytes = n * sizeof(T);
     if (arena != nullptr && TokenArena::holds(bytes))
       return static_cast<T*>(arena->allocate(bytes));
-    return static_cast<T*>(huge_pages::allocate(bytes));
+    return static_cast<T*>(::operator new(bytes));
   }
   void deallocate(T* p, size_t n) noexcept {
     const size_t bytes = n * sizeof(T);
     if (arena != nullptr && TokenArena::holds(bytes))
       arena->deallocate(p, bytes);
     else
-      huge_pages::deallocate(p, bytes);
+      ::operator delete(p);
   }
   template <class U>
   bool operator==(const ArenaAllocator<U>& o) const {

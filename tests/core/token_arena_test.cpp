@@ -13,6 +13,9 @@
 namespace pagedkv {
 namespace {
 
+// The largest array the arena holds (under ASan its redzone takes the rest).
+constexpr size_t kBig = TokenArena::kMaxBytes - TokenArena::kRedzone;
+
 TEST(TokenArena, EverySizeGetsAClassThatHoldsItWithLittleWaste) {
   for (size_t bytes = 1; bytes <= TokenArena::kMaxBytes; bytes += (bytes < 4096 ? 1 : 61)) {
     const int c = TokenArena::class_of(bytes);
@@ -63,8 +66,8 @@ TEST(TokenArena, LiveChunksKeepTheirBytesAndNeverOverlap) {
       check_and_free(it);
       continue;
     }
-    const size_t bytes =
-        TokenArena::kMinBytes + rng() % (rng() % 8 == 0 ? TokenArena::kMaxBytes - 256 : 8192);
+    const size_t bytes = TokenArena::kMinBytes +
+                         rng() % (rng() % 8 == 0 ? kBig - TokenArena::kMinBytes + 1 : size_t(8192));
     char* p = static_cast<char*>(a.allocate(bytes));
     ASSERT_NE(p, nullptr);
     ASSERT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
@@ -87,14 +90,14 @@ TEST(TokenArena, ARegionWhoseChunksAreAllFreeGoesBackToTheSystem) {
   TokenArena a;
   // Long sequences first: several regions of big chunks.
   std::vector<void*> big;
-  for (int i = 0; i < 200; ++i) big.push_back(a.allocate(TokenArena::kMaxBytes));
+  for (int i = 0; i < 200; ++i) big.push_back(a.allocate(kBig));
   const size_t regions = a.num_regions();
   ASSERT_GE(regions, 3u);
-  ASSERT_GE(a.bytes_reserved(), 200 * TokenArena::kMaxBytes);
+  ASSERT_GE(a.bytes_reserved(), 200 * kBig);
   // Then short ones, while the long ones finish.
   std::vector<void*> small;
   for (void* p : big) {
-    a.deallocate(p, TokenArena::kMaxBytes);
+    a.deallocate(p, kBig);
     small.push_back(a.allocate(4000));
   }
   // Only the region new arrays are carved from stays.
@@ -127,9 +130,15 @@ TEST(TokenArenaDeathTest, AsanSeesUseAfterFreeAndOverflow) {
   auto* p = static_cast<volatile char*>(a.allocate(1000));
   a.deallocate(const_cast<char*>(p), 1000);
   EXPECT_DEATH(p[10] = 1, "use-after-poison");
-  const size_t n = TokenArena::class_bytes(TokenArena::class_of(1000));
-  keep[n - 1] = 1;                                            // the chunk's own bytes
-  EXPECT_DEATH(keep[n + 2 * n + 5] = 1, "use-after-poison");  // never handed out
+  const size_t n = TokenArena::class_bytes(TokenArena::class_of(1000 + TokenArena::kRedzone));
+  keep[999] = 1;                                          // the array's own bytes
+  EXPECT_DEATH(keep[3 * n + 5] = 1, "use-after-poison");  // never handed out
+  // Past a live vector's capacity, towards a live neighbour: its redzone.
+  TokenVector x{ArenaAllocator<int32_t>(&a)}, y{ArenaAllocator<int32_t>(&a)};
+  x.resize(64);
+  y.resize(64);
+  auto* xs = static_cast<volatile int32_t*>(x.data());
+  EXPECT_DEATH(xs[x.capacity()] = 1, "use-after-poison");
   a.deallocate(const_cast<char*>(keep), 1000);
 }
 #endif
@@ -155,12 +164,12 @@ TEST(TokenArena, VectorsMoveSwapAndCopyAcrossArenasAndTheHeap) {
   heap.shrink_to_fit();
   // Past the arena's largest class: the heap (freed with the vector).
   TokenVector big{ArenaAllocator<int32_t>(&a)};
-  big.resize(TokenArena::kMaxBytes / sizeof(int32_t) + 1, 3);
+  big.resize(kBig / sizeof(int32_t) + 1, 3);
   EXPECT_EQ(big.back(), 3);
 }
 
 TEST(TokenArena, APoolKeepsItsSequencesTokensInItsArena) {
-  auto pool = Pool::create(test::manager_options(16, 4096));
+  auto pool = Pool::create(test::manager_options(16, 100000));
   std::vector<SeqId> ids(200);
   std::mt19937 rng(5);
   std::vector<std::vector<int32_t>> want(ids.size());
@@ -180,9 +189,21 @@ TEST(TokenArena, APoolKeepsItsSequencesTokensInItsArena) {
     const Sequence* s = pool->seq_table_for_testing().find(ids[i]);
     EXPECT_EQ(std::vector<int32_t>(s->tokens.begin(), s->tokens.end()), want[i]);
   }
-  // A fork's copy, and a freed slot's next sequence, are in the arena too.
+  // A fork's copy, and a freed slot's next sequence, are in the arena too;
+  // freeing sequences gives their token ids back to the arena (not kept in
+  // their slots), so that emptied regions go back to the system.
   const SeqId child = pool->fork(ids[3]);
   EXPECT_TRUE(in_arena(child));
+  std::vector<SeqId> longs(300);
+  const std::vector<int32_t> long_prompt(4000, 17);
+  for (SeqId& id : longs) {
+    id = pool->seq_create(SeqOptions{});
+    pool->append(id, long_prompt.data(), long_prompt.size(), 0);
+  }
+  const size_t held = arena.bytes_reserved();
+  ASSERT_GT(held, size_t(4) << 20);
+  for (SeqId id : longs) pool->free(id);
+  EXPECT_LT(arena.bytes_reserved(), held);
   for (size_t i = 0; i < ids.size(); i += 2) pool->free(ids[i]);
   const SeqId again = pool->seq_create(SeqOptions{});
   pool->append(again, want[1].data(), want[1].size(), 0);
