@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <random>
 #include <vector>
@@ -52,10 +53,10 @@ TEST(TokenArena, LiveChunksKeepTheirBytesAndNeverOverlap) {
     uint8_t fill;
   };
   std::map<char*, Live> live;
+  std::vector<char> pattern(kBig);
   auto check_and_free = [&](std::map<char*, Live>::iterator it) {
-    for (size_t k = 0; k < it->second.bytes; k += 7)
-      ASSERT_EQ(uint8_t(it->first[k]), it->second.fill);
-    ASSERT_EQ(uint8_t(it->first[it->second.bytes - 1]), it->second.fill);
+    std::memset(pattern.data(), it->second.fill, it->second.bytes);
+    ASSERT_EQ(std::memcmp(it->first, pattern.data(), it->second.bytes), 0);
     a.deallocate(it->first, it->second.bytes);
     live.erase(it);
   };
