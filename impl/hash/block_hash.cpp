@@ -201,18 +201,16 @@ void digest_into(HashAlgo algo, EVP_MD_CTX* md_ctx, const uint8_t* data, size_t 
 BlockHash digest_bytes(HashAlgo algo, const uint8_t* data, size_t len) {
   check_algo(algo);
   BlockHash out;
-#if defined(PKV_SHA256_DIRECT)
-  digest_into(algo, nullptr, data, len, &out);
-#else
-  if (algo == HashAlgo::kXxh3_128) {
-    digest_into(algo, nullptr, data, len, &out);
-  } else {
+#if !defined(PKV_SHA256_DIRECT)
+  if (algo == HashAlgo::kSha256Cbor) {  // digest_into's EVP path needs a context
     unsigned int md_len = 0;
     if (EVP_Digest(data, len, out.bytes.data(), &md_len, sha256_md(), nullptr) != 1 || md_len != 32)
       fail(Errc::kInternal, "OpenSSL: SHA-256 digest failed");
     out.size = 32;
+    return out;
   }
 #endif
+  digest_into(algo, nullptr, data, len, &out);
   return out;
 }
 
@@ -246,6 +244,7 @@ struct BlockHasher::State {
 BlockHasher::BlockHasher(HashAlgo algo) : algo_(algo), state_(nullptr) {
   check_algo(algo);
   auto* s = new State();
+#if !defined(PKV_SHA256_DIRECT)  // else digest_into needs no EVP context
   if (algo == HashAlgo::kSha256Cbor) {
     s->md_ctx = EVP_MD_CTX_new();
     // The first init binds the digest; later inits (md == nullptr) reuse the
@@ -255,6 +254,7 @@ BlockHasher::BlockHasher(HashAlgo algo) : algo_(algo), state_(nullptr) {
       fail(Errc::kInternal, "OpenSSL: cannot create a SHA-256 context");
     }
   }
+#endif
   s->reserve(1024);
   state_ = s;
 }
