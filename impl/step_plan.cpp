@@ -101,7 +101,9 @@ void Batch::start_host(const SeqId* seqs, uint32_t num_seqs) {
   h.pages.resize(num_seqs);
   h.ends.resize(num_seqs);
   h.table_versions.resize(num_seqs);
-  h.ranges.clear();
+  // Not cleared here: the steady decode path overwrites one range per
+  // sequence in place (clearing would zero them all again each step);
+  // the others clear it before they append.
   h.ranges.reserve(num_seqs);  // one each in a decode step
   h.unsure.clear();
   removals_ = pool_->seqs_.removals();
@@ -114,6 +116,7 @@ void Batch::build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_
   const uint64_t bs = p.opts_.block_size;
   const uint64_t w = p.opts_.sliding_window;
   start_host(seqs, num_seqs);
+  h.ranges.clear();
   // Raw pointers: stores through them cannot alias the vectors' own
   // members, so the loops below keep them in registers.
   Sequence** const live = h.live.data();

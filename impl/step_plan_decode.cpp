@@ -27,6 +27,7 @@ void Batch::build_decode(const SeqId* seqs, const int32_t* tokens, uint32_t num_
   const uint64_t bs = p.opts_.block_size;
   const uint64_t w = p.opts_.sliding_window;
   start_host(seqs, num_seqs);
+  h.ranges.clear();
   std::vector<Pool::BatchItem>& items = p.batch_items_;
   std::vector<Pool::AppendNeed>& needs = p.batch_needs_;
   items.clear();

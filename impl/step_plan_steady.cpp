@@ -195,7 +195,9 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   // Pool::append_steady.
   p.tick();  // retention: priorities whose time ran out, before allocating
   PageTable* const t = table_.get();
-  h.ranges.resize(num_seqs);  // reserved by start_host: no allocation
+  // Reserved by start_host: no allocation; and the size the last steady
+  // step left, usually: nothing zeroed (each range is written below).
+  h.ranges.resize(num_seqs);
   QueryRange* const ranges = h.ranges.data();
   uint32_t* const versions = h.versions.data();
   uint32_t* const epochs = h.epochs.data();

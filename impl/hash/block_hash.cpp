@@ -34,6 +34,7 @@
 #include <limits>
 
 #include "error.h"
+#include "hash/cbor_tokens.h"
 #include "hash/cbor_writer.h"
 
 namespace pagedkv {
@@ -81,7 +82,7 @@ size_t bound_head_and_tokens(const BlockHash& parent, size_t n) {
     fail(Errc::kInvalidArgument,
          "parent: hash size " + std::to_string(parent.size) + " exceeds 32");
   return 1 + cbor::kMaxHeadSize + sizeof(parent.bytes) + cbor::kMaxHeadSize +
-         n * cbor::kMaxInt32Size;
+         n * cbor::kMaxInt32Size + cbor::kInt32sSlack;
 }
 
 // Writes "[parent bytes, [tokens]," i.e. everything up to the extra keys.
@@ -92,8 +93,7 @@ uint8_t* put_head_and_tokens(uint8_t* p, const BlockHash& parent, const int32_t*
   std::memcpy(p, parent.bytes.data(), parent.bytes.size());
   p += parent.size;
   p = cbor::put_head(p, cbor::kMajorArray, n);
-  p = cbor::put_int32s(p, tokens, n);
-  return p;
+  return cbor::put_tokens(p, tokens, n);
 }
 
 // An mm key: [hash, offset - start] with the difference as a CBOR signed

@@ -93,30 +93,56 @@ inline uint8_t* put_int32(uint8_t* p, int32_t t) {
   return put_int_class(p, major, v, (v >= 24) + (v > 0xff) + (v > 0xffff));
 }
 
-// put_int32 of t[0..n) in turn (a block's token ids). Each token's size
-// class is computed four at a time with SSE2 compares (part of x86-64's
-// baseline), which halves the instructions per token; the bytes written
-// are put_int32's (tests/hash/block_hash_test.cpp). p needs room for
-// n * kMaxInt32Size.
+// Bytes put_int32s may write past n * kMaxInt32Size (its last 8-byte store).
+constexpr size_t kInt32sSlack = 3;
+
+// put_int32 of t[0..n) in turn (a block's token ids). Four tokens at a
+// time with SSE2 (part of x86-64's baseline): each token's head and
+// big-endian argument are built in one 64-bit word (head | argument << 8)
+// and its length from three compares, without a branch or a scalar
+// byte swap; then each word is stored whole (8 bytes) and the pointer
+// advanced by its length, so the next word overwrites the spare bytes. The
+// bytes are put_int32's (tests/hash/block_hash_test.cpp). p needs room for
+// n * kMaxInt32Size + kInt32sSlack.
 inline uint8_t* put_int32s(uint8_t* p, const int32_t* t, size_t n) {
   size_t i = 0;
 #if defined(__SSE2__)
-  alignas(16) uint32_t vs[4], ks[4], ms[4];
+  alignas(16) uint64_t words[4];
+  alignas(16) uint32_t lens[4];
+  const __m128i ff = _mm_set1_epi32(0xff), ff00 = _mm_set1_epi32(0xff00);
   for (; i + 4 <= n; i += 4) {
-    __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + i));
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + i));
     const __m128i sign = _mm_srai_epi32(x, 31);
     const __m128i v = _mm_xor_si128(x, sign);  // 0 <= v <= 2^31 - 1: signed compares hold
-    // k = (v > 23) + (v > 255) + (v > 65535), each compare -1 when true
-    const __m128i k = _mm_sub_epi32(
-        _mm_setzero_si128(),
-        _mm_add_epi32(_mm_add_epi32(_mm_cmpgt_epi32(v, _mm_set1_epi32(23)),
-                                    _mm_cmpgt_epi32(v, _mm_set1_epi32(255))),
-                      _mm_cmpgt_epi32(v, _mm_set1_epi32(65535))));
-    _mm_store_si128(reinterpret_cast<__m128i*>(vs), v);
-    _mm_store_si128(reinterpret_cast<__m128i*>(ks), k);
-    _mm_store_si128(reinterpret_cast<__m128i*>(ms),
-                    _mm_and_si128(sign, _mm_set1_epi32(kMajorNegInt)));
-    for (int j = 0; j < 4; ++j) p = put_int_class(p, static_cast<uint8_t>(ms[j]), vs[j], ks[j]);
+    // Nested masks (c3 implies c2 implies c1): a 1-, 2- or 4-byte argument.
+    const __m128i c1 = _mm_cmpgt_epi32(v, _mm_set1_epi32(23));
+    const __m128i c2 = _mm_cmpgt_epi32(v, _mm_set1_epi32(255));
+    const __m128i c3 = _mm_cmpgt_epi32(v, _mm_set1_epi32(65535));
+    // Additional info: v itself below 24, else 24, 25 or 26 (24 - c2 - c3).
+    const __m128i info =
+        _mm_or_si128(_mm_and_si128(c1, _mm_sub_epi32(_mm_set1_epi32(24), _mm_add_epi32(c2, c3))),
+                     _mm_andnot_si128(c1, v));
+    const __m128i head = _mm_or_si128(info, _mm_and_si128(sign, _mm_set1_epi32(kMajorNegInt)));
+    // The argument's bytes in memory order, as a little-endian integer.
+    const __m128i be2 = _mm_or_si128(_mm_slli_epi32(_mm_and_si128(v, ff), 8), _mm_srli_epi32(v, 8));
+    const __m128i be4 = _mm_or_si128(_mm_or_si128(_mm_slli_epi32(v, 24), _mm_srli_epi32(v, 24)),
+                                     _mm_or_si128(_mm_slli_epi32(_mm_and_si128(v, ff00), 8),
+                                                  _mm_and_si128(_mm_srli_epi32(v, 8), ff00)));
+    __m128i arg = _mm_and_si128(c1, v);
+    arg = _mm_or_si128(_mm_and_si128(c2, be2), _mm_andnot_si128(c2, arg));
+    arg = _mm_or_si128(_mm_and_si128(c3, be4), _mm_andnot_si128(c3, arg));
+    const __m128i lo = _mm_or_si128(head, _mm_slli_epi32(arg, 8));  // bytes 0-3 of each word
+    const __m128i hi = _mm_srli_epi32(arg, 24);                     // byte 4
+    _mm_store_si128(reinterpret_cast<__m128i*>(words), _mm_unpacklo_epi32(lo, hi));
+    _mm_store_si128(reinterpret_cast<__m128i*>(words + 2), _mm_unpackhi_epi32(lo, hi));
+    // length 1 + (0, 1, 2 or 4 argument bytes) = 1 - c1 - c2 - 2 * c3
+    _mm_store_si128(reinterpret_cast<__m128i*>(lens),
+                    _mm_sub_epi32(_mm_set1_epi32(1),
+                                  _mm_add_epi32(_mm_add_epi32(c1, c2), _mm_add_epi32(c3, c3))));
+    for (int j = 0; j < 4; ++j) {
+      std::memcpy(p, &words[j], 8);
+      p += lens[j];
+    }
   }
 #endif
   for (; i < n; ++i) p = put_int32(p, t[i]);
