@@ -89,6 +89,7 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   if (!same || memo.tails.size() != num_seqs) memo.tails.assign(num_seqs, {0, 0, -1});
   Pool::DecodeMemo::Tail* const tails = memo.tails.data();
   const uint64_t mark = ++p.plan_epoch_;
+  const PageTable* const kept_table = persistent_table ? p.page_table_.get() : nullptr;
   for (uint32_t i = 0; i < num_seqs; ++i) {
     if (same) {
       if (i + kAhead < num_seqs) {
@@ -129,7 +130,18 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
       if (jb < b.blocks.size()) __builtin_prefetch(counts + b.blocks[jb], 1);
     }
     if (opens | fills) {
-      if (opens) grow(s.blocks, nb + 1);
+      if (opens) {
+        grow(s.blocks, nb + 1);
+        // Its persistent-table row gains the block in pass 3 (if the
+        // table stays: page_table_for keeps it unless it is too small or
+        // held by a live plan): the two entries, which lie anywhere in
+        // tables of ~64k pages.
+        if (kept_table != nullptr && i < kept_table->rows && j < kept_table->stride) {
+          const size_t at = size_t(i) * kept_table->stride + j;
+          __builtin_prefetch(kept_table->kern.get() + at, 1);
+          __builtin_prefetch(kept_table->call.get() + at, 1);
+        }
+      }
       if (fills) {  // what pass 2 hashes: the block's tokens, its parent's hash
         __builtin_prefetch(s.tokens.data() + (n0 & ~mask));
         if (!s.hashes.empty()) __builtin_prefetch(s.hashes.data() + s.hashes.size() - 1);

@@ -53,8 +53,12 @@ inline bool update_page_row(PageTable& t, uint32_t i, SeqId id, const Sequence& 
   // block): the rest of the row is still the table's prefix.
   const uint32_t from =
       t.seq[i] == id && np >= t.pages[i] && s.table_extends(t.version[i]) ? t.pages[i] : 0;
-  std::memcpy(k + from, s.blocks.data() + from, (np - from) * sizeof(int32_t));
-  std::memcpy(c + from, s.blocks.data() + from, (np - from) * sizeof(int32_t));
+  if (np - from == 1) {  // a decode step's new block: two stores, no calls
+    k[from] = c[from] = s.blocks[from];
+  } else {
+    std::memcpy(k + from, s.blocks.data() + from, (np - from) * sizeof(int32_t));
+    std::memcpy(c + from, s.blocks.data() + from, (np - from) * sizeof(int32_t));
+  }
   if (t.pages[i] > np) {  // the row held more pages: back to the null block
     std::memset(k + np, 0, (t.pages[i] - np) * sizeof(int32_t));
     std::memset(c + np, 0, (t.pages[i] - np) * sizeof(int32_t));
