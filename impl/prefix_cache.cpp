@@ -30,43 +30,46 @@ PrefixCache::PrefixCache(const BlockHash* hashes, int32_t num_blocks)
       dup_prev_(num_blocks, -1) {
   size_t cap = 16;
   while (cap < size_t(num_blocks) * 2) cap <<= 1;
-  slots_.assign(cap, -1);
+  static_assert(sizeof(Slot) == 8, "two slots per 16 bytes");
+  slots_.assign(cap, Slot{-1, 0});
   mask_ = cap - 1;
 }
 
-uint64_t PrefixCache::key_of(const BlockHash& h) const {
-  return XXH3_64bits_withSecret(h.bytes.data(), h.size, secret_.data(), secret_.size());
+uint32_t PrefixCache::key_of(const BlockHash& h) const {
+  return uint32_t(XXH3_64bits_withSecret(h.bytes.data(), h.size, secret_.data(), secret_.size()));
 }
 
 size_t PrefixCache::max_displacement() const {
   size_t worst = 0;
   for (size_t i = 0; i < slots_.size(); ++i)
-    if (slots_[i] >= 0) worst = std::max(worst, (i - key_of(hashes_[slots_[i]])) & mask_);
+    if (slots_[i].block >= 0) worst = std::max(worst, (i - slots_[i].key) & mask_);
   return worst;
 }
 
 size_t PrefixCache::slot_of(const BlockHash& h) const {
   const BlockHash* const hs = hashes_;
-  for (size_t i = key_of(h) & mask_;; i = (i + 1) & mask_) {
-    int32_t b = slots_[i];
-    if (b < 0) return npos;
-    if (hs[b] == h) return i;
+  const uint32_t k = key_of(h);
+  for (size_t i = k & mask_;; i = (i + 1) & mask_) {
+    const Slot s = slots_[i];
+    if (s.block < 0) return npos;
+    if (s.key == k && hs[s.block] == h) return i;
   }
 }
 
 int32_t PrefixCache::find(const BlockHash& h) const {
   size_t i = slot_of(h);
-  return i == npos ? -1 : slots_[i];
+  return i == npos ? -1 : slots_[i].block;
 }
 
 void PrefixCache::insert(int32_t block) {
   const BlockHash* const hs = hashes_;
   const BlockHash& h = hs[block];
-  size_t i = key_of(h) & mask_;
+  const uint32_t k = key_of(h);
+  size_t i = k & mask_;
   for (;; i = (i + 1) & mask_) {
-    int32_t b = slots_[i];
+    const int32_t b = slots_[i].block;
     if (b < 0) break;
-    if (hs[b] == h) {
+    if (slots_[i].key == k && hs[b] == h) {
       // Same content already mapped: join its chain behind the head.
       int32_t n = dup_next_[b];
       dup_prev_[block] = b;
@@ -77,7 +80,7 @@ void PrefixCache::insert(int32_t block) {
       return;
     }
   }
-  slots_[i] = block;
+  slots_[i] = {block, k};
   dup_prev_[block] = dup_next_[block] = -1;
   ++num_entries_;
 }
@@ -94,27 +97,27 @@ void PrefixCache::erase(int32_t block) {
   size_t i = slot_of(hashes_[block]);
   if (n >= 0) {  // promote the next block of the chain to head
     dup_prev_[n] = -1;
-    slots_[i] = n;
+    slots_[i].block = n;  // the same hash: the same key
     return;
   }
   // Backward-shift deletion keeps every probe run gap-free.
   size_t hole = i;
   for (size_t j = (i + 1) & mask_;; j = (j + 1) & mask_) {
-    int32_t b = slots_[j];
-    if (b < 0) break;
-    size_t home = key_of(hashes_[b]) & mask_;
-    // b may move into the hole if its home is not cyclically in (hole, j].
+    const Slot s = slots_[j];
+    if (s.block < 0) break;
+    const size_t home = s.key & mask_;
+    // s may move into the hole if its home is not cyclically in (hole, j].
     bool stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
     if (!stays) {
-      slots_[hole] = b;
+      slots_[hole] = s;
       hole = j;
     }
   }
-  slots_[hole] = -1;
+  slots_[hole] = {-1, 0};
 }
 
 void PrefixCache::clear() {
-  std::fill(slots_.begin(), slots_.end(), -1);
+  std::fill(slots_.begin(), slots_.end(), Slot{-1, 0});
   std::fill(dup_next_.begin(), dup_next_.end(), -1);
   std::fill(dup_prev_.begin(), dup_prev_.end(), -1);
   num_entries_ = 0;
@@ -126,7 +129,7 @@ bool PrefixCache::contains(int32_t block) const {
   if (h.empty()) return false;
   size_t i = slot_of(h);
   if (i == npos) return false;
-  for (int32_t b = slots_[i]; b >= 0; b = dup_next_[b])
+  for (int32_t b = slots_[i].block; b >= 0; b = dup_next_[b])
     if (b == block) return true;
   return false;
 }
@@ -135,10 +138,11 @@ const char* PrefixCache::check() const {
   const BlockHash* const hs = hashes_;
   int32_t count = 0;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    int32_t head = slots_[i];
+    const int32_t head = slots_[i].block;
     if (head < 0) continue;
     if (size_t(head) >= dup_next_.size()) return "prefix cache: a slot names a block out of range";
     if (hs[head].empty()) return "prefix cache: a mapped block holds no hash";
+    if (slots_[i].key != key_of(hs[head])) return "prefix cache: a slot's key is not its hash's";
     if (dup_prev_[head] != -1) return "prefix cache: a chain head has a prev link";
     if (slot_of(hs[head]) != i) return "prefix cache: a hash is mapped in two slots or unreachable";
     int32_t prev = -1;

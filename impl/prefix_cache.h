@@ -5,9 +5,13 @@
 // Only blocks can hold hashes, so the number of distinct keys never exceeds
 // the number of blocks: a fixed open-addressing table (linear probing,
 // backward-shift deletion) sized once at 2x the blocks never rehashes and
-// never allocates. Keys are not stored: a slot holds a block id and the key
-// is that block's hash in the pool's hash array; blocks sharing a hash hang
-// off the slot's block in an intrusive doubly linked chain.
+// never allocates. Digests are not stored: a slot holds a block id (the
+// digest is that block's hash in the pool's hash array) and the low 32
+// bits of the digest's keyed hash below, which give its home slot and
+// tell most other digests of a probe run apart without reading their
+// hashes (a random miss each: the hash array is 40 bytes a block). Blocks
+// sharing a hash hang off the slot's block in an intrusive doubly linked
+// chain.
 //
 // Digests come from what requests send, so an outsider can aim them (forcing
 // some bits of even a SHA-256 digest is cheap): the slot of a key is a hash
@@ -64,13 +68,20 @@ class PrefixCache {
   size_t table_slots() const { return slots_.size(); }
 
  private:
-  uint64_t key_of(const BlockHash& h) const;
+  // The keyed hash of a digest, cut to 32 bits: a table has at most 2^32
+  // slots (2 x at most 2^31 - 1 blocks), so its home slot is key & mask_.
+  uint32_t key_of(const BlockHash& h) const;
   size_t slot_of(const BlockHash& h) const;  // slot holding h's chain, or npos
   static constexpr size_t npos = ~size_t(0);
 
+  struct Slot {
+    int32_t block;  // heading the chain, -1 = empty
+    uint32_t key;   // key_of(its hash)
+  };
+
   const BlockHash* hashes_ = nullptr;
   std::vector<uint8_t> secret_;  // XXH3 secret, random per table
-  BlockArray<int32_t> slots_;    // block id heading the chain, -1 = empty
+  BlockArray<Slot> slots_;
   size_t mask_ = 0;
   BlockArray<int32_t> dup_next_, dup_prev_;  // chain links, -1 = none
   int32_t num_entries_ = 0;
