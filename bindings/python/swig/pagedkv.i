@@ -681,8 +681,8 @@ static PyObject* pkv_py_as_array(PyObject* obj) {
 /* An int32 array from obj: borrowed from a contiguous int32 buffer (zero
  * copy), otherwise copied from any sequence of ints. *owned tells whether
  * *data must be freed; view->obj whether the buffer must be released. */
-static int pkv_py_int32_array(PyObject* obj, const char* name, int32_t** data, uint64_t* n,
-                              Py_buffer* view, int* owned) {
+static int pkv_py_int32_array_from(PyObject* obj, const char* name, int32_t** data, uint64_t* n,
+                                   Py_buffer* view, int* owned, int convert) {
   *owned = 0;
   view->obj = NULL;
   if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) goto sequence; /* the common case */
@@ -729,13 +729,15 @@ static int pkv_py_int32_array(PyObject* obj, const char* name, int32_t** data, u
     view->obj = NULL;
   }
   PyErr_Clear();
-  if (!PyObject_CheckBuffer(obj)) {
+  if (convert && !PyObject_CheckBuffer(obj)) {
     /* Arrays without the buffer protocol: a CPU torch tensor through its
      * numpy() view, anything with __array_interface__ through numpy (the
-     * view keeps the array alive). */
+     * view keeps the array alive). Converted once: a tensor-like object
+     * whose numpy() gives another such object (or itself) is then read as
+     * a sequence, not converted again without end. */
     PyObject* arr = pkv_py_as_array(obj);
     if (arr) {
-      int ok = pkv_py_int32_array(arr, name, data, n, view, owned);
+      int ok = pkv_py_int32_array_from(arr, name, data, n, view, owned, 0);
       Py_DECREF(arr);
       return ok;
     }
@@ -768,6 +770,11 @@ sequence:;
   *n = (uint64_t)len;
   *owned = 1;
   return 1;
+}
+
+static int pkv_py_int32_array(PyObject* obj, const char* name, int32_t** data, uint64_t* n,
+                              Py_buffer* view, int* owned) {
+  return pkv_py_int32_array_from(obj, name, data, n, view, owned, 1);
 }
 
 static void pkv_py_int32_release(int32_t* data, Py_buffer* view, int owned) {

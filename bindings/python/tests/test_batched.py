@@ -86,6 +86,34 @@ def test_token_ids_from_torch_tensor():
     assert s.block_hashes() == t.block_hashes()
 
 
+def test_tensor_like_object_converting_to_itself_is_a_type_error():
+    """An object named Tensor is read through its numpy(); one whose
+    numpy() gave another such object (or itself) was converted again without
+    end, overflowing the C stack (a segfault)."""
+
+    class Tensor:
+        def numpy(self):
+            return Tensor()
+
+    class ListTensor:  # numpy() giving a plain sequence still works
+        def numpy(self):
+            return [7]
+
+    ListTensor.__name__ = "Tensor"
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    s = pool.create_sequence()
+    with pytest.raises(TypeError, match="tokens"):
+        s.append(Tensor())
+    with pytest.raises(TypeError, match="tokens"):
+        pool.append_batch([s], Tensor())
+    with pytest.raises(TypeError, match="tokens"):
+        pool.prepare_decode([s], Tensor())
+    assert len(s) == 0
+    pool.append_batch([s], ListTensor())
+    assert len(s) == 1
+    pool.validate()
+
+
 def test_out_of_range_token_ids_are_rejected():
     pool = pagedkv.Pool(num_blocks=16, block_size=4)
     s = pool.create_sequence()
