@@ -705,7 +705,13 @@ def _ids(seqs: Any) -> Any:
     if isinstance(seqs, Iterator):
         seqs = list(seqs)
     if isinstance(seqs, (list, tuple)) and seqs and isinstance(seqs[0], Sequence):
-        return [s._id for s in seqs]
+        try:
+            return [s._id for s in seqs]
+        except AttributeError:  # not all Sequences: name the first that is not
+            for i, s in enumerate(seqs):
+                if not isinstance(s, Sequence):
+                    raise TypeError(f"seqs[{i}]: expected a pagedkv.Sequence, got {type(s).__name__}") from None
+            raise
     return seqs
 
 

@@ -186,6 +186,10 @@ def test_free_batch_and_append_batch_take_id_arrays_and_generators():
     keep = pool.sequence(int(ids[5]), own=False)
     with pytest.raises(TypeError, match=r"seqs\[1\]: expected a pagedkv.Sequence"):
         pool.free_batch([keep, int(ids[5])])
+    # append_batch raised AttributeError ("'int' object has no attribute '_id'")
+    with pytest.raises(TypeError, match=r"seqs\[1\]: expected a pagedkv.Sequence"):
+        pool.append_batch([keep, int(ids[5])], [1, 2])
+    assert len(keep) == 1
     pool.free_batch(s for s in [keep])
     assert keep.freed and pool.stats().num_seqs == 0
     pool.validate()
