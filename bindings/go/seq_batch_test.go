@@ -68,6 +68,14 @@ func TestBatchedCallsAreAllOrNothing(t *testing.T) {
 	wantErr(t, p.AppendBatch([]SeqID{ids[0], ids[0]}, []int32{7, 7}), ErrInvalidArgument)
 	wantErr(t, p.AppendBatch(ids, []int32{7}), ErrInvalidArgument)
 	wantErr(t, p.FreeBatch([]SeqID{ids[2], dead.ID()}), ErrNotFound)
+	// Admit's message named pkv_seq_admit_hashes (the C call it went through).
+	_, _, err = p.Admit(nil, make([]int32, 100), 0)
+	if e := wantErr(t, err, ErrOutOfBlocks); strings.Contains(e.Msg, "pkv_seq_admit") {
+		t.Fatalf("message %q names another call", e.Msg)
+	}
+	// More hashes than the prompt's full blocks: an argument error, however many.
+	_, _, err = p.AdmitHashes(nil, []int32{1, 2, 3, 4, 5}, make([]BlockHash, 2), 0)
+	wantErr(t, err, ErrInvalidArgument)
 	if !reflect.DeepEqual(before, tables(t, p, ids)) {
 		t.Fatal("a failed batched call changed the tables")
 	}

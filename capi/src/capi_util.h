@@ -103,8 +103,10 @@ void copy_hash(const pagedkv::BlockHash& h, pkv_block_hash* out);
 pagedkv::SeqOptions seq_options(const pkv_seq_options* opts);
 // A caller's n block hashes at the pool's digest size (capi/src/seq.cpp);
 // hashes NULL with n > 0 fails naming them.
+// hashes[0, n) as the pool's hashes; n at most the full blocks of
+// num_tokens (checked before any is read).
 std::vector<pagedkv::BlockHash> block_hashes(const pagedkv::Pool& p, const pkv_block_hash* hashes,
-                                             uint64_t n);
+                                             uint64_t n, uint64_t num_tokens);
 
 // Runs f, naming errors of the options' contents as opts->field (the
 // calls that take a pkv_seq_options).

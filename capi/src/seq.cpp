@@ -13,11 +13,38 @@ void check_tokens(const int32_t* tokens, uint64_t n) {
   if (n > 0 && !tokens) fail(Errc::kInvalidArgument, "tokens is NULL but num_tokens is " + str(n));
 }
 
+// pkv_seq_admit and pkv_seq_admit_hashes (hashes NULL: no precomputed
+// hashes), each under its own guard.
+void admit(pkv_pool* pool, const pkv_seq_options* opts, const int32_t* tokens, uint64_t num_tokens,
+           const pkv_block_hash* hashes, uint64_t num_hashes, uint32_t num_lookahead,
+           pkv_seq_id* out_seq, uint64_t* out_num_cached) {
+  pagedkv::Pool& p = pc::pool_of(pool);
+  check_tokens(tokens, num_tokens);
+  pc::require(out_seq, "out_seq");
+  pc::require(out_num_cached, "out_num_cached");
+  const pagedkv::SeqOptions o = pc::seq_options(opts);
+  const std::vector<pagedkv::BlockHash> hs = pc::block_hashes(p, hashes, num_hashes, num_tokens);
+  static const pagedkv::BlockHash kNone{};
+  const pagedkv::BlockHash* given = hashes ? (hs.empty() ? &kNone : hs.data()) : nullptr;
+  const pagedkv::Pool::Admitted a = pc::with_opts_prefix(
+      [&] { return p.admit(o, tokens, num_tokens, given, hs.size(), num_lookahead); });
+  *out_seq = a.id;
+  *out_num_cached = a.num_cached;
+}
+
 }  // namespace
 
 std::vector<pagedkv::BlockHash> pkv_capi::block_hashes(const pagedkv::Pool& p,
-                                                       const pkv_block_hash* hashes, uint64_t n) {
+                                                       const pkv_block_hash* hashes, uint64_t n,
+                                                       uint64_t num_tokens) {
   if (n > 0 && !hashes) fail(Errc::kInvalidArgument, "hashes is NULL but num_hashes is " + str(n));
+  // Before reading hashes[0, n): a count beyond the prompt's full blocks is
+  // refused, not read past the caller's array (or allocated: a huge one was
+  // PKV_E_OUT_OF_MEMORY).
+  const uint64_t full = num_tokens / p.options().block_size;
+  if (n > full)
+    fail(Errc::kInvalidArgument, "num_hashes " + str(n) + " exceeds the " + str(full) +
+                                     " full blocks of num_tokens " + str(num_tokens));
   const uint8_t size = uint8_t(pagedkv::hash_digest_size(p.options().hash_algo));
   std::vector<pagedkv::BlockHash> out(n);
   for (uint64_t i = 0; i < n; ++i) {
@@ -255,13 +282,6 @@ pkv_status pkv_seq_free_batch(pkv_pool* pool, const pkv_seq_id* seqs, uint64_t n
   });
 }
 
-pkv_status pkv_seq_admit(pkv_pool* pool, const pkv_seq_options* opts, const int32_t* tokens,
-                         uint64_t num_tokens, uint32_t num_lookahead, pkv_seq_id* out_seq,
-                         uint64_t* out_num_cached) {
-  return pkv_seq_admit_hashes(pool, opts, tokens, num_tokens, nullptr, 0, num_lookahead, out_seq,
-                              out_num_cached);
-}
-
 pkv_status pkv_seq_match_prefix_hashes(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
                                        uint64_t num_tokens, const pkv_block_hash* hashes,
                                        uint64_t num_hashes, uint64_t* out_num_cached) {
@@ -269,7 +289,7 @@ pkv_status pkv_seq_match_prefix_hashes(pkv_pool* pool, pkv_seq_id seq, const int
     pagedkv::Pool& p = pc::pool_of(pool);
     check_tokens(tokens, num_tokens);
     pc::require(out_num_cached, "out_num_cached");
-    const std::vector<pagedkv::BlockHash> hs = pc::block_hashes(p, hashes, num_hashes);
+    const std::vector<pagedkv::BlockHash> hs = pc::block_hashes(p, hashes, num_hashes, num_tokens);
     // A non-NULL pointer selects the hash path even for zero hashes.
     static const pagedkv::BlockHash kNone{};
     *out_num_cached =
@@ -277,24 +297,20 @@ pkv_status pkv_seq_match_prefix_hashes(pkv_pool* pool, pkv_seq_id seq, const int
   });
 }
 
+pkv_status pkv_seq_admit(pkv_pool* pool, const pkv_seq_options* opts, const int32_t* tokens,
+                         uint64_t num_tokens, uint32_t num_lookahead, pkv_seq_id* out_seq,
+                         uint64_t* out_num_cached) {
+  // Its own guard, so that messages name pkv_seq_admit, not the hash variant.
+  PKV_GUARD(
+      admit(pool, opts, tokens, num_tokens, nullptr, 0, num_lookahead, out_seq, out_num_cached));
+}
+
 pkv_status pkv_seq_admit_hashes(pkv_pool* pool, const pkv_seq_options* opts, const int32_t* tokens,
                                 uint64_t num_tokens, const pkv_block_hash* hashes,
                                 uint64_t num_hashes, uint32_t num_lookahead, pkv_seq_id* out_seq,
                                 uint64_t* out_num_cached) {
-  PKV_GUARD({
-    pagedkv::Pool& p = pc::pool_of(pool);
-    check_tokens(tokens, num_tokens);
-    pc::require(out_seq, "out_seq");
-    pc::require(out_num_cached, "out_num_cached");
-    const pagedkv::SeqOptions o = pc::seq_options(opts);
-    const std::vector<pagedkv::BlockHash> hs = pc::block_hashes(p, hashes, num_hashes);
-    static const pagedkv::BlockHash kNone{};
-    const pagedkv::BlockHash* given = hashes ? (hs.empty() ? &kNone : hs.data()) : nullptr;
-    const pagedkv::Pool::Admitted a = pc::with_opts_prefix(
-        [&] { return p.admit(o, tokens, num_tokens, given, hs.size(), num_lookahead); });
-    *out_seq = a.id;
-    *out_num_cached = a.num_cached;
-  });
+  PKV_GUARD(admit(pool, opts, tokens, num_tokens, hashes, num_hashes, num_lookahead, out_seq,
+                  out_num_cached));
 }
 
 }  // extern "C"

@@ -80,7 +80,7 @@ pkv_status pkv_seq_match_prefix_hashes_tiered(pkv_pool* pool, pkv_seq_id seq, co
     pagedkv::Pool& p = pc::pool_of(pool);
     check_tokens(tokens, num_tokens);
     check_match_out(out);
-    const std::vector<pagedkv::BlockHash> hs = pc::block_hashes(p, hashes, num_hashes);
+    const std::vector<pagedkv::BlockHash> hs = pc::block_hashes(p, hashes, num_hashes, num_tokens);
     // A non-NULL pointer selects the hash path even for zero hashes.
     static const pagedkv::BlockHash kNone{};
     write_match(
@@ -99,7 +99,7 @@ pkv_status pkv_seq_admit_tiered(pkv_pool* pool, const pkv_seq_options* opts, con
     pc::require(out_seq, "out_seq");
     check_match_out(out);
     const pagedkv::SeqOptions o = pc::seq_options(opts);
-    const std::vector<pagedkv::BlockHash> hs = pc::block_hashes(p, hashes, num_hashes);
+    const std::vector<pagedkv::BlockHash> hs = pc::block_hashes(p, hashes, num_hashes, num_tokens);
     static const pagedkv::BlockHash kNone{};
     const pagedkv::BlockHash* given = hashes ? (hs.empty() ? &kNone : hs.data()) : nullptr;
     pagedkv::TieredMatch m;

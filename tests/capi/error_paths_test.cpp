@@ -328,6 +328,30 @@ TEST_F(ErrorPaths, SeqOperations) {
   FAILS(pkv_seq_free(manager, live), PKV_E_NOT_FOUND, "stale");  // another pool's id
 }
 
+TEST_F(ErrorPaths, BatchedCalls) {
+  int32_t t[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  pkv_block_hash h[2];
+  std::memset(h, 0, sizeof h);
+  pkv_seq_id id = 0, twice[2] = {live, live}, ids[2] = {live, stale};
+  uint64_t n = 0;
+  pkv_batch* b = nullptr;
+  FAILS(pkv_seq_append_batch(pool, ids, t, 2), PKV_E_NOT_FOUND, "seqs[1]");
+  FAILS(pkv_seq_append_batch(pool, twice, t, 2), BAD, "appears twice");
+  FAILS(pkv_seq_free_batch(pool, ids, 2), PKV_E_NOT_FOUND, "seqs[1]");
+  FAILS(pkv_batch_prepare_decode(pool, twice, t, 2, 0, nullptr, &b), BAD, "appears twice");
+  // pkv_seq_admit's messages named pkv_seq_admit_hashes, which it called.
+  FAILS(pkv_seq_admit(pool, nullptr, t, 8, 0, nullptr, &n), BAD, "out_seq");
+  FAILS(pkv_seq_admit(pool, nullptr, t, 8, 60, &id, &n), PKV_E_OUT_OF_BLOCKS, "are free");
+  // A count of hashes beyond the prompt's full blocks is refused before
+  // hashes[] is read: a huge one was PKV_E_OUT_OF_MEMORY (and one past the
+  // caller's array read past it).
+  FAILS(pkv_seq_admit_hashes(pool, nullptr, t, 8, h, uint64_t(1) << 40, 0, &id, &n), BAD,
+        "num_hashes 1099511627776 exceeds the 2 full blocks");
+  FAILS(pkv_seq_match_prefix_hashes(pool, live, t, 8, h, uint64_t(1) << 40, &n), BAD,
+        "num_hashes 1099511627776 exceeds");
+  FAILS(pkv_seq_admit_hashes(pool, nullptr, t, 8, h, 2, 0, &id, &n), BAD, "hashes[0]");
+}
+
 TEST_F(ErrorPaths, SeqQueries) {
   pkv_seq_info info;
   pkv_seq_info_init(&info);

@@ -195,6 +195,16 @@ def test_free_batch_and_append_batch_take_id_arrays_and_generators():
     pool.validate()
 
 
+def test_admit_errors_name_admit():
+    """pkv_seq_admit ran pkv_seq_admit_hashes, whose name its messages carried."""
+    pool = pagedkv.Pool(num_blocks=4, block_size=4)
+    with pytest.raises(pagedkv.OutOfBlocksError, match=r"^pkv_seq_admit: "):
+        pool.admit(list(range(100)))
+    with pytest.raises(pagedkv.InvalidArgumentError, match=r"^pkv_seq_admit_hashes: num_hashes 2 exceeds"):
+        pool.admit(list(range(5)), hashes=[b"\0" * 32] * 2)
+    assert pool.stats().num_seqs == 0
+
+
 def test_admit_equals_match_then_append():
     pool = pagedkv.Pool(num_blocks=64, block_size=4)
     prompt = list(range(100, 118))
