@@ -2,7 +2,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -32,25 +34,41 @@ class CpuBackend final : public Backend {
   int32_t device_type() const override { return 1; }
   int32_t device_id() const override { return 0; }
 
+  // The KV arena starts as zeros, as on CUDA (backend_cuda.cpp): the heap
+  // may hand back memory another pool (or anything else in the process)
+  // freed, and pkv_pool_kv_tensor, swap-outs and block copies expose
+  // unwritten slots. A large arena is a fresh anonymous mapping, which the
+  // kernel zero-fills page by page as it is first touched (no cost and no
+  // resident memory up front); a small one is cleared.
   void* allocate(size_t bytes) override {
-    // Cache-line alignment for the vector loads. Large arenas are read at
-    // random block offsets: 2 MiB alignment plus transparent huge pages
-    // (where the kernel grants them on request) spare a TLB miss per block.
-    const size_t align = bytes >= kHugePage ? kHugePage : 64;
-    if (bytes > SIZE_MAX - align) fail(Errc::kOutOfMemory, "allocation size overflows");
-    size_t rounded = (bytes + align - 1) / align * align;
-    if (rounded == 0) rounded = align;
-    void* p = std::aligned_alloc(align, rounded);  // wants a size multiple of align
-    if (p == nullptr) {
-      fail(Errc::kOutOfMemory,
-           "cannot allocate " + std::to_string(bytes) + " bytes of host memory");
-    }
-#ifdef MADV_HUGEPAGE
-    if (align == kHugePage) madvise(p, rounded, MADV_HUGEPAGE);  // advisory only
+#if defined(__linux__)
+    if (bytes >= kHugePage) return map_zeroed(bytes);
 #endif
+    size_t rounded = 0;
+    void* p = allocate_raw(bytes, &rounded);
+    std::memset(p, 0, rounded);
     return p;
   }
-  void deallocate(void* ptr) noexcept override { std::free(ptr); }
+  // Step-plan memory: every element read is written first, and it is
+  // allocated every step, so it is neither cleared nor mapped afresh.
+  void* allocate_async(size_t bytes, void*) override {
+    size_t rounded = 0;
+    return allocate_raw(bytes, &rounded);
+  }
+  void deallocate(void* ptr) noexcept override {
+#if defined(__linux__)
+    {
+      std::lock_guard<std::mutex> lock(maps_mu_);
+      const auto it = maps_.find(ptr);
+      if (it != maps_.end()) {
+        munmap(ptr, it->second);
+        maps_.erase(it);
+        return;
+      }
+    }
+#endif
+    std::free(ptr);
+  }
   void upload(void* dst, const void* src, size_t bytes, void*) override {
     if (bytes != 0) std::memcpy(dst, src, bytes);
   }
@@ -88,6 +106,59 @@ class CpuBackend final : public Backend {
   void synchronize(void*) override {}
 
  private:
+#if defined(__linux__)
+  // bytes (>= kHugePage) of fresh zero pages at a 2 MiB boundary, advised
+  // as transparent huge pages: spare a TLB miss per block read at random
+  // offsets, where the kernel grants them on request.
+  void* map_zeroed(size_t bytes) {
+    if (bytes > SIZE_MAX - 2 * kHugePage) fail(Errc::kOutOfMemory, "allocation size overflows");
+    const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    const size_t len = rounded + kHugePage;  // room to align
+    void* raw = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+      fail(Errc::kOutOfMemory,
+           "cannot allocate " + std::to_string(bytes) + " bytes of host memory");
+    const uintptr_t r = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t a = (r + kHugePage - 1) / kHugePage * kHugePage;
+    if (a > r) munmap(raw, a - r);
+    if (r + len > a + rounded) munmap(reinterpret_cast<void*>(a + rounded), r + len - a - rounded);
+    void* p = reinterpret_cast<void*>(a);
+#ifdef MADV_HUGEPAGE
+    madvise(p, rounded, MADV_HUGEPAGE);  // advisory only
+#endif
+    try {
+      std::lock_guard<std::mutex> lock(maps_mu_);
+      maps_.emplace(p, rounded);
+    } catch (...) {
+      munmap(p, rounded);
+      fail(Errc::kOutOfMemory, "cannot record a host mapping");
+    }
+    return p;
+  }
+  std::mutex maps_mu_;
+  std::unordered_map<void*, size_t> maps_;  // map_zeroed's mappings, by address
+#endif
+
+  // Cache-line alignment for the vector loads. Large arenas are read at
+  // random block offsets: 2 MiB alignment plus transparent huge pages
+  // (where the kernel grants them on request) spare a TLB miss per block.
+  // *rounded: the bytes allocated (a multiple of the alignment).
+  static void* allocate_raw(size_t bytes, size_t* rounded) {
+    const size_t align = bytes >= kHugePage ? kHugePage : 64;
+    if (bytes > SIZE_MAX - align) fail(Errc::kOutOfMemory, "allocation size overflows");
+    *rounded = (bytes + align - 1) / align * align;
+    if (*rounded == 0) *rounded = align;
+    void* p = std::aligned_alloc(align, *rounded);  // wants a size multiple of align
+    if (p == nullptr) {
+      fail(Errc::kOutOfMemory,
+           "cannot allocate " + std::to_string(bytes) + " bytes of host memory");
+    }
+#ifdef MADV_HUGEPAGE
+    if (align == kHugePage) madvise(p, *rounded, MADV_HUGEPAGE);  // advisory only
+#endif
+    return p;
+  }
+
   const cpu::KernelTable* table_;
   const cpu::MlaOps* mla_ops_;
   int32_t min_split_keys_;
