@@ -1094,6 +1094,11 @@ impl Pool {
     /// swap-out of the block), so it never races a cache write running on
     /// another thread: it sees the block before or after that write, never
     /// a mix.
+    ///
+    /// `block` is a block id in `[1, num_blocks)`: the null block (0) holds
+    /// no K/V (no kernel, copy or swap writes it, so its memory was never
+    /// initialised) and is [`ErrorKind::InvalidArgument`], as it is for
+    /// [`swap_out`](Pool::swap_out) and [`copy_blocks`](Pool::copy_blocks).
     pub fn read_kv_block<T: Element>(&self, layer: u32, which: Kv, block: i32) -> Result<Vec<T>> {
         if self.device != Device::Cpu {
             return Err(Error::new(
@@ -1118,9 +1123,14 @@ impl Pool {
                 format!("unexpected KV storage layout: shape {shape:?}"),
             ));
         }
+        if block == NULL_BLOCK {
+            return Err(Error::invalid(
+                "block: 0 is the null block, which holds no K/V (its memory is never written)",
+            ));
+        }
         if block < 0 || i64::from(block) >= shape[0] {
             return Err(Error::invalid(format!(
-                "block: {block} outside [0, {})",
+                "block: {block} outside [1, {})",
                 shape[0]
             )));
         }
@@ -1129,17 +1139,6 @@ impl Pool {
         let planes_per_layer = if shape.len() == 3 { 1 } else { 2 };
         let plane = per_block * std::mem::size_of::<T>();
         let mut out: Vec<T> = Vec::with_capacity(per_block);
-        if block == NULL_BLOCK {
-            // No kernel, copy or swap ever writes the null block, so reading
-            // it in place races nothing.
-            // SAFETY: the storage is a dense CPU array of T with shape[0]
-            // blocks that lives as long as the pool; block 0 is in range.
-            unsafe {
-                let src = t.data_ptr() as *const T;
-                out.extend_from_slice(std::slice::from_raw_parts(src, per_block));
-            }
-            return Ok(out);
-        }
         // Host layout of a swapped-out block: [layer][K, V][kv_head][slot][dim]
         // (MLA: [layer][slot][width]).
         let mut host = vec![0u8; self.bytes_per_block()? as usize];

@@ -123,3 +123,32 @@ fn a_batch_outliving_its_pool_reads_its_arrays_and_refuses_commit() {
     assert_eq!(b.token_positions().unwrap(), &[0, 1, 2, 3, 4]);
     assert_eq!(b.commit().unwrap_err().kind(), ErrorKind::InvalidState);
 }
+
+#[test]
+fn read_kv_block_refuses_the_null_block() {
+    use pagedkv::{DType, ErrorKind, Kv, NULL_BLOCK};
+    // Nothing ever writes the null block, so its memory is whatever the
+    // allocator left there: reading it would hand uninitialised bytes to
+    // safe code (valgrind: "conditional jump depends on uninitialised
+    // value"). It is refused as swap_out and copy_blocks refuse it.
+    let p = Pool::new(&PoolOptions {
+        block_size: 4,
+        num_blocks: 8,
+        num_layers: 2,
+        num_kv_heads: 1,
+        head_dim: 8,
+        dtype: DType::F32,
+        num_threads: 1,
+        ..PoolOptions::default()
+    })
+    .unwrap();
+    let before = p.stats().unwrap();
+    for which in [Kv::Key, Kv::Value] {
+        let e = p.read_kv_block::<f32>(1, which, NULL_BLOCK).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.message().contains("null block"), "{}", e.message());
+    }
+    assert_eq!(p.stats().unwrap(), before);
+    // Real blocks still read.
+    assert_eq!(p.read_kv_block::<f32>(1, Kv::Value, 1).unwrap().len(), 32);
+}
