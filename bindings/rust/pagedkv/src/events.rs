@@ -8,7 +8,7 @@ use std::ptr::{self, NonNull};
 
 use crate::error::{check, Error, Result};
 use crate::hash::c_string;
-use crate::pool::{Event, Pool};
+use crate::pool::{read_vec, Event, Pool};
 use crate::sys;
 
 /// Where an event's block lives.
@@ -266,19 +266,19 @@ impl EventPublisher {
     }
 
     fn endpoint_of(&self, which: u32) -> Result<String> {
-        let mut buf = vec![0u8; 1024];
-        let mut n = 0u64;
-        // SAFETY: buf holds 1024 bytes.
-        check(unsafe {
-            sys::pkv_event_publisher_endpoint(
-                self.raw.as_ptr(),
-                which,
-                buf.as_mut_ptr().cast(),
-                buf.len() as u64,
-                &mut n,
-            )
+        // An endpoint has no length limit (an inproc:// name can be any
+        // length), so the buffer grows to what the library asks for.
+        let buf = read_vec(0u8, 256, |out, cap, len| {
+            // SAFETY: out holds cap bytes (or is NULL with cap 0).
+            let st = unsafe {
+                sys::pkv_event_publisher_endpoint(self.raw.as_ptr(), which, out.cast(), cap, len)
+            };
+            // *len excludes the NUL, which needs a byte too.
+            if st == sys::PKV_E_BUFFER_TOO_SMALL {
+                *len = len.saturating_add(1);
+            }
+            st
         })?;
-        buf.truncate(n as usize);
         String::from_utf8(buf).map_err(|_| Error::invalid("endpoint is not UTF-8"))
     }
 }

@@ -82,3 +82,19 @@ fn publisher_rejects_a_pool_without_events() {
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     assert!(err.message().contains("enable_events"), "{}", err.message());
 }
+
+#[test]
+fn endpoint_of_any_length_is_returned() {
+    // The safe API sizes its own buffers: a long inproc:// name used to be
+    // ErrorKind::BufferTooSmall (a fixed 1024-byte buffer).
+    let p = pool(8);
+    for len in [1000usize, 1023, 1024, 1500, 5000] {
+        let name = format!("inproc://pkv-rust-long-{}", "x".repeat(len));
+        let pub_ = match EventPublisher::new(&p, &name, None, &PublisherOptions::default()) {
+            Err(e) if e.kind() == ErrorKind::Unsupported => return,
+            r => r.unwrap(),
+        };
+        assert_eq!(pub_.endpoint().unwrap(), name);
+        assert_eq!(pub_.replay_endpoint().unwrap(), "");
+    }
+}
