@@ -22,6 +22,11 @@ uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 void check_group(const GroupSpec& g, uint32_t i, uint32_t block_size) {
   const std::string at = "groups[" + str(i) + "].";
   if (g.num_layers == 0) fail(Errc::kInvalidArgument, at + "num_layers is 0");
+  // Bounds every group's page (group_block_bytes) well inside 64 bits: at
+  // most 2^34 * 2^16 bytes (recurrent) or 2^33 * 2^10 * 4 * 2^16 (full).
+  if (g.num_layers > kMaxGroupLayers)
+    fail(Errc::kInvalidArgument,
+         at + "num_layers " + str(g.num_layers) + " exceeds " + str(kMaxGroupLayers));
   if (!g.layer_ids.empty() && g.layer_ids.size() != g.num_layers)
     fail(Errc::kInvalidArgument, at + "layer_ids holds " + str(g.layer_ids.size()) +
                                      " entries, not num_layers " + str(g.num_layers));
@@ -110,7 +115,8 @@ std::shared_ptr<GroupPool> GroupPool::create(const PoolOptions& base,
          "base->enable_events, enable_partial_reuse and enable_retention are not supported on "
          "multi-group pools");
   if (groups.empty()) fail(Errc::kInvalidArgument, "num_groups is 0");
-  if (groups.size() > 64) fail(Errc::kInvalidArgument, "num_groups exceeds 64");
+  if (groups.size() > kMaxGroups)
+    fail(Errc::kInvalidArgument, "num_groups exceeds " + str(kMaxGroups));
   for (uint32_t i = 0; i < groups.size(); ++i) check_group(groups[i], i, bs);
   check_layer_ids(groups);
   auto p = std::shared_ptr<GroupPool>(new GroupPool(base, std::move(groups)));
@@ -136,6 +142,10 @@ GroupPool::GroupPool(const PoolOptions& base, std::vector<GroupSpec> groups)
   }
   if (nb < 2 || nb > uint64_t(1) << 30)
     fail(Errc::kInvalidArgument, "base->num_blocks " + str(nb) + " must be in [2, 2^30]");
+  uint64_t arena;  // what the stats report as kv_bytes_allocated
+  if (__builtin_mul_overflow(bytes_per_block_, nb, &arena))
+    fail(Errc::kInvalidArgument, "base->num_blocks " + str(nb) + " * " + str(bytes_per_block_) +
+                                     " bytes per block overflows 64 bits");
   opts_.num_blocks = nb;
   num_blocks_ = int32_t(nb);
   ref_.assign(nb, 0);

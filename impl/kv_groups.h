@@ -27,6 +27,11 @@ namespace pagedkv {
 class GroupBatch;
 struct GroupPageTable;
 
+// Limits of pkv_pool_create_groups: groups per pool, and model layers per
+// group (as pkv_pool_options.num_layers of a single-group pool).
+inline constexpr uint32_t kMaxGroups = 64;
+inline constexpr uint32_t kMaxGroupLayers = 65536;
+
 // Values equal PKV_GROUP_*.
 enum class GroupKind : uint32_t { kFull = 0, kSlidingWindow = 1, kMla = 2, kRecurrent = 3 };
 

@@ -42,6 +42,12 @@ pagedkv::GroupSpec group_spec(const pkv_kv_group_spec& in, uint32_t i) {
   }
   if (PKV_HAS_FIELD(&in, reserved1) && in.reserved1 != 0)
     fail(Errc::kInvalidArgument, at + ".reserved1 is not 0");
+  // Before layer_ids[0, num_layers) is read: a count beyond what a pool
+  // takes is refused, not read past the caller's array (the pool checks the
+  // rest of the spec).
+  if (in.num_layers > pagedkv::kMaxGroupLayers)
+    fail(Errc::kInvalidArgument,
+         at + ".num_layers " + str(in.num_layers) + " exceeds " + str(pagedkv::kMaxGroupLayers));
   if (in.layer_ids && in.num_layers > 0)
     g.layer_ids.assign(in.layer_ids, in.layer_ids + in.num_layers);
   return g;
@@ -97,6 +103,11 @@ pkv_status pkv_pool_create_groups(const pkv_pool_options* base, const pkv_kv_gro
     if (PKV_HAS_FIELD(base, enable_partial_reuse))
       o.enable_partial_reuse = base->enable_partial_reuse;
     if (PKV_HAS_FIELD(base, enable_retention)) o.enable_retention = base->enable_retention;
+    // Before groups[0, num_groups) is read: a count beyond what a pool
+    // takes is refused, not read past the caller's array.
+    if (num_groups > pagedkv::kMaxGroups)
+      fail(Errc::kInvalidArgument,
+           "num_groups " + str(num_groups) + " exceeds " + str(pagedkv::kMaxGroups));
     std::vector<pagedkv::GroupSpec> specs;
     specs.reserve(num_groups);
     // The caller's array steps by its own spec size: an older binary's
