@@ -594,7 +594,9 @@ uint64_t GroupPool::block_table(SeqId id, uint32_t g, int32_t* out, uint64_t cap
     fail(Errc::kInvalidArgument,
          "group " + str(g) + " is out of range (the pool has " + str(groups_.size()) + ")");
   const std::vector<int32_t>& t = s.table[g];
-  if (out) std::copy_n(t.begin(), std::min<uint64_t>(cap, t.size()), out);
+  // All or nothing, as Pool::block_table: a too-small buffer is left as it
+  // was (the caller gets PKV_E_BUFFER_TOO_SMALL and the size).
+  if (out && cap >= t.size()) std::copy(t.begin(), t.end(), out);
   return t.size();
 }
 
