@@ -28,6 +28,24 @@ void read_kv_scales(const pkv_pool_options& in, pagedkv::PoolOptions* o) {
   }
   pc::require(in.k_scales, "opts->k_scales");
   pc::require(in.v_scales, "opts->v_scales");
+  // Before k_scales[0, n) and v_scales[0, n) are read: n must be the count
+  // the other fields call for (the pool checks the values); a count the
+  // pool would refuse is not read past the caller's arrays.
+  const bool fp8 = in.dtype == PKV_DTYPE_FP8_E4M3 || in.dtype == PKV_DTYPE_FP8_E5M2;
+  if (!fp8 || in.num_layers == 0)
+    fail(Errc::kInvalidArgument,
+         "opts->num_kv_scales is " + str(n) + " but dtype " + str(in.dtype) +
+             (in.num_layers == 0 ? " without storage" : "") + " takes no scales (fp8 pools only)");
+  if (in.kv_scale_granularity > PKV_KV_SCALE_PER_HEAD)
+    fail(Errc::kInvalidArgument, "opts->kv_scale_granularity " + str(in.kv_scale_granularity) +
+                                     " is neither PKV_KV_SCALE_PER_TENSOR nor "
+                                     "PKV_KV_SCALE_PER_HEAD");
+  const bool per_head = in.kv_scale_granularity == PKV_KV_SCALE_PER_HEAD;
+  const uint64_t want = uint64_t(in.num_layers) * (per_head ? in.num_kv_heads : 1);
+  if (n != want)
+    fail(Errc::kInvalidArgument,
+         "opts->num_kv_scales is " + str(n) + ", expected " + str(want) +
+             (per_head ? " (num_layers * num_kv_heads, per head)" : " (num_layers, per tensor)"));
   if (n > (uint64_t(1) << 28))  // more than 65536 layers * 4096 heads
     fail(Errc::kInvalidArgument, "opts->num_kv_scales " + str(n) + " is too large");
   o->k_scales.assign(in.k_scales, in.k_scales + n);
