@@ -643,11 +643,14 @@ void Pool::swap_blocks(const int32_t* ids, uint64_t n, void* host, uint64_t host
   check_open();
   if (!has_storage())
     fail(Errc::kInvalidState, "the pool has no KV storage (created with num_layers 0)");
-  check_block_ids(ids, n, "blocks");
+  // host_bytes bounds num_blocks: checked before blocks[0, num_blocks) is
+  // read, so a count beyond the buffer is refused, not read past the
+  // caller's array.
   uint64_t need;
   if (__builtin_mul_overflow(n, bytes_per_block_, &need) || host_bytes < need)
     fail(Errc::kInvalidArgument, "host_bytes " + str(host_bytes) + " is below num_blocks * " +
                                      str(bytes_per_block_) + " bytes per block");
+  check_block_ids(ids, n, "blocks");
   // The moved bytes must not wrap the address space or overlap the blocks
   // themselves (the pool's own storage handed back as the host buffer).
   const uintptr_t h = reinterpret_cast<uintptr_t>(host),
