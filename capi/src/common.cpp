@@ -180,7 +180,12 @@ pkv_status pkv_tensor_init(void* data, uint32_t dtype, int32_t device_type, int3
     for (int32_t i = ndim - 1; i >= 0; --i) {
       t.shape[i] = shape[i];
       t.strides[i] = stride;
-      stride *= shape[i] > 0 ? shape[i] : 1;
+      // The element count must fit int64 (as the kernels' checks require):
+      // a product that overflows would leave wrapped strides.
+      if (__builtin_mul_overflow(stride, shape[i] > 0 ? shape[i] : 1, &stride))
+        fail(Errc::kInvalidArgument, "shape has more elements than fit in int64 (from shape[" +
+                                         std::to_string(i) + "] = " + std::to_string(shape[i]) +
+                                         " on)");
     }
     *out = t;
   });
