@@ -126,7 +126,8 @@ typedef struct pkv_tensor {
 } pkv_tensor;
 
 /* Fills *out as a dense row-major tensor. Fails on ndim outside
- * [1, PKV_TENSOR_MAX_DIMS], a negative extent or an unknown dtype/device. */
+ * [1, PKV_TENSOR_MAX_DIMS], a negative extent, more elements than fit in
+ * int64, or an unknown dtype/device. */
 PKV_API pkv_status pkv_tensor_init(void* data, uint32_t dtype, int32_t device_type,
                                    int32_t device_id, int32_t ndim, const int64_t* shape,
                                    pkv_tensor* out);

@@ -104,7 +104,7 @@ extern "C" {
 typedef struct pkv_kv_group_spec {
   uint32_t struct_size;      /* sizeof(pkv_kv_group_spec); set by _init */
   uint32_t kind;             /* PKV_GROUP_*; default PKV_GROUP_FULL */
-  uint32_t num_layers;       /* model layers in this group (>= 1); default 1 */
+  uint32_t num_layers;       /* model layers in this group (1..65536); default 1 */
   uint32_t num_kv_heads;     /* FULL / SLIDING_WINDOW: KV heads per layer */
   uint32_t head_dim;         /* FULL / SLIDING_WINDOW */
   uint32_t sliding_window;   /* SLIDING_WINDOW: tokens (>= 1); 0 otherwise */
