@@ -545,6 +545,30 @@ void Pool::check_block_ids(const int32_t* ids, uint64_t n, const char* name) con
                                        " is not a block id in [1, " + str(opts_.num_blocks) + ")");
 }
 
+void Pool::check_copy_pairs(const int32_t* src, const int32_t* dst, uint64_t n) const {
+  // The backends copy all pairs at once (CUDA: one launch; CPU: in
+  // parallel once large enough), so a block written by one pair and read
+  // or written by another would race. A pair copying a block onto itself
+  // changes nothing and is allowed.
+  if (n < 2) return;
+  std::vector<std::pair<int32_t, uint64_t>> dsts(n);  // (block, pair)
+  for (uint64_t i = 0; i < n; ++i) dsts[i] = {dst[i], i};
+  std::sort(dsts.begin(), dsts.end());
+  for (uint64_t k = 1; k < n; ++k)
+    if (dsts[k].first == dsts[k - 1].first)
+      fail(Errc::kInvalidArgument, "dst[" + str(dsts[k - 1].second) + "] and dst[" +
+                                       str(dsts[k].second) + "] are both block " +
+                                       std::to_string(dsts[k].first) +
+                                       ": pairs are copied at once, a block may be written by one");
+  for (uint64_t j = 0; j < n; ++j) {
+    const auto it = std::lower_bound(dsts.begin(), dsts.end(), std::make_pair(src[j], uint64_t(0)));
+    if (it != dsts.end() && it->first == src[j] && it->second != j)
+      fail(Errc::kInvalidArgument,
+           "src[" + str(j) + "] = " + std::to_string(src[j]) + " is also dst[" + str(it->second) +
+               "]: pairs are copied at once, so a chain of copies would race");
+  }
+}
+
 void Pool::reserve_copies(size_t n) {
   if (!arena_.base) return;  // a manager-only pool moves no bytes
   if (copy_stamp_.empty()) copy_stamp_.assign(opts_.num_blocks, 0);
@@ -604,14 +628,15 @@ void Pool::copy_blocks(const int32_t* src, const int32_t* dst, uint64_t n, void*
     fail(Errc::kInvalidState, "the pool has no KV storage (created with num_layers 0)");
   check_block_ids(src, n, "src");
   check_block_ids(dst, n, "dst");
+  check_copy_pairs(src, dst, n);
   blocks_.reserve_events(n);  // may throw: first
   settle_tiers_locked(stream);
   run_pending_copies(stream);
   std::unique_lock<std::shared_mutex> kv(kv_mu_);
   if (n) backend_->copy_blocks(arena_, src, dst, int64_t(n), stream);
-  // A copy carries the source's written state (in order: a later pair may
-  // read an earlier one's destination); a cached destination that is no
-  // longer fully written leaves the cache.
+  // A copy carries the source's written state (the pairs are independent:
+  // check_copy_pairs); a cached destination that is no longer fully
+  // written leaves the cache.
   bool lowered = false;
   for (uint64_t i = 0; i < n; ++i) {
     lowered |= blocks_.written(src[i]) < blocks_.written(dst[i]);

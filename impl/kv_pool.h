@@ -211,6 +211,9 @@ class Pool {
   // Storage.
   TensorArg kv_tensor(uint32_t layer, uint32_t which) const;
   void copy_blocks(const int32_t* src, const int32_t* dst, uint64_t n, void* stream);
+  // Throws kInvalidArgument unless the pairs are independent: no block the
+  // destination of two pairs, or of one and the source of another.
+  void check_copy_pairs(const int32_t* src, const int32_t* dst, uint64_t n) const;
   void swap_blocks(const int32_t* blocks, uint64_t n, void* host, uint64_t host_bytes, bool to_host,
                    void* stream);
   // FP8 scales (pkv_pool_set_kv_scales / get): n entries each, as many as

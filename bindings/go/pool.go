@@ -566,7 +566,9 @@ func (p *Pool) KVTensor(layer int, which KVKind) (Tensor, error) {
 }
 
 // CopyBlocks copies the contents of blocks src[i] to dst[i] in every layer,
-// K and V. stream is a cudaStream_t for CUDA pools, nil otherwise.
+// K and V. The pairs are copied at once: a destination may not be another
+// pair's source or destination (an invalid-argument error, nothing copied).
+// stream is a cudaStream_t for CUDA pools, nil otherwise.
 func (p *Pool) CopyBlocks(src, dst []int32, stream unsafe.Pointer) error {
 	const op = "pkv_pool_copy_blocks"
 	if len(src) != len(dst) {

@@ -434,6 +434,11 @@ TEST_F(ErrorPaths, Storage) {
   FAILS(pkv_pool_copy_blocks(pool, zero, ok, 1, nullptr), BAD, "src[0] = 0");
   FAILS(pkv_pool_copy_blocks(pool, ok, big, 1, nullptr), BAD, "dst[0] = 16");
   FAILS(pkv_pool_copy_blocks(manager, ok, ok, 1, nullptr), PKV_E_INVALID_STATE, "no KV storage");
+  int32_t chain_src[2] = {1, 2}, chain_dst[2] = {2, 3}, twice_dst[2] = {3, 3};
+  FAILS(pkv_pool_copy_blocks(pool, chain_src, chain_dst, 2, nullptr), BAD,
+        "src[1] = 2 is also dst[0]");
+  FAILS(pkv_pool_copy_blocks(pool, chain_src, twice_dst, 2, nullptr), BAD,
+        "dst[0] and dst[1] are both block 3");
 
   uint64_t bpb = 0;
   ASSERT_EQ(pkv_pool_bytes_per_block(pool, &bpb), PKV_OK);

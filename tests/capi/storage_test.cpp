@@ -2,6 +2,7 @@
 // where the process freed memory of the same size just before (another
 // pool's K/V): pkv_pool_kv_tensor, swap-outs and block copies expose
 // unwritten slots, and stale bytes there would leak whatever the heap held.
+// Block copies whose pairs depend on each other are refused.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -72,5 +73,40 @@ TEST_P(Storage, NewPoolReadsZerosWhereNothingWasWritten) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, Storage, ::testing::Values(64u, 1024u));
+
+// Block b's bytes in layer 0's K plane.
+uint8_t* block_bytes(const pkv_pool* p, int32_t b, size_t* n) {
+  pkv_tensor t;
+  EXPECT_EQ(pkv_pool_kv_tensor(p, 0, PKV_KV_KEY, &t), PKV_OK);
+  *n = size_t(t.strides[0]) * 2;  // bf16
+  return static_cast<uint8_t*>(t.data) + t.byte_offset + size_t(b) * *n;
+}
+
+// Copy pairs run at once: a chain (1 -> 2, 2 -> 3) or two pairs writing
+// one block would race, so they are refused before any byte moves; a pair
+// copying a block onto itself is allowed next to others.
+TEST(CopyBlocks, DependentPairsAreRefusedAndCopyNothing) {
+  pkv_pool* p = storage_pool(64);
+  ASSERT_NE(p, nullptr);
+  size_t n = 0;
+  for (int32_t b = 1; b <= 3; ++b) std::memset(block_bytes(p, b, &n), 0x10 * b, n);
+  const std::vector<uint8_t> b1(block_bytes(p, 1, &n), block_bytes(p, 1, &n) + n);
+  const std::vector<uint8_t> b2(block_bytes(p, 2, &n), block_bytes(p, 2, &n) + n);
+  const std::vector<uint8_t> b3(block_bytes(p, 3, &n), block_bytes(p, 3, &n) + n);
+  auto same = [&](int32_t b, const std::vector<uint8_t>& want) {
+    return std::memcmp(block_bytes(p, b, &n), want.data(), n) == 0;
+  };
+  const int32_t chain_src[2] = {1, 2}, chain_dst[2] = {2, 3};
+  EXPECT_EQ(pkv_pool_copy_blocks(p, chain_src, chain_dst, 2, nullptr), PKV_E_INVALID_ARGUMENT);
+  const int32_t twice_src[2] = {1, 2}, twice_dst[2] = {3, 3};
+  EXPECT_EQ(pkv_pool_copy_blocks(p, twice_src, twice_dst, 2, nullptr), PKV_E_INVALID_ARGUMENT);
+  EXPECT_TRUE(same(1, b1) && same(2, b2) && same(3, b3));
+  const int32_t self_src[2] = {1, 3}, self_dst[2] = {2, 3};
+  ASSERT_EQ(pkv_pool_copy_blocks(p, self_src, self_dst, 2, nullptr), PKV_OK)
+      << pkv_last_error_message();
+  EXPECT_TRUE(same(1, b1) && same(2, b1) && same(3, b3));
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK);
+  pkv_pool_destroy(p);
+}
 
 }  // namespace

@@ -246,7 +246,9 @@ class Pool(HandleOwner):
         return [(self.kv_tensor(i, KV.KEY), self.kv_tensor(i, KV.VALUE)) for i in range(self.num_layers)]
 
     def copy_blocks(self, src: Tokens, dst: Tokens, stream: Any = None) -> None:
-        """Copies blocks src[i] -> dst[i] in every layer, K and V."""
+        """Copies blocks src[i] -> dst[i] in every layer, K and V. The pairs
+        are copied at once: a destination may not be another pair's source
+        or destination (InvalidArgumentError, nothing copied)."""
         self._call(_c.pkv_pool_copy_blocks, (src, dst), stream_ptr(stream))
 
     def swap_out(self, blocks: Tokens, buffer: Any = None, stream: Any = None) -> Any:

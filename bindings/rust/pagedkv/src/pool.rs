@@ -1161,7 +1161,9 @@ impl Pool {
         Ok(out)
     }
 
-    /// Copies blocks `src[i] -> dst[i]` in every layer, K and V.
+    /// Copies blocks `src[i] -> dst[i]` in every layer, K and V. The pairs
+    /// are copied at once: a destination may not be another pair's source or
+    /// destination (an invalid-argument error, nothing copied).
     pub fn copy_blocks(&self, src: &[i32], dst: &[i32]) -> Result<()> {
         self.copy_blocks_on(src, dst, Stream::DEFAULT)
     }
