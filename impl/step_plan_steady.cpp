@@ -203,7 +203,7 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   // 3. The appends, in order (block ids and events come out as
   // build_decode's); nothing fails from here to finish(). The loop keeps to
   // what nearly every sequence needs: its token, its block's counts, its
-  // commit row, its plan rows, its page-table row check; the others take
+  // commit row, its page-table row check; the others take
   // Pool::append_steady.
   p.tick();  // retention: priorities whose time ran out, before allocating
   PageTable* const t = table_.get();
@@ -216,11 +216,6 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   const std::pair<uint32_t, uint32_t>* next = special.data();
   const std::pair<uint32_t, uint32_t>* const last = next + special.size();
   size_t rewritten = 0;
-  // The plan's rows are written here too (sequential stores, which fill
-  // the time this loop waits for its scattered lines).
-  const int64_t stride = t ? int64_t(t->stride) : 0;
-  int64_t pg = 0;
-  a.qptr[0] = a.pptr[0] = 0;
   for (uint32_t i = 0; i < num_seqs; ++i) {
     Sequence& s = *live[i];
     const uint64_t n0 = ends[i] - 1, j = page_counts[i] - 1, off = n0 & mask;
@@ -238,16 +233,23 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
     versions[i] = ++s.version;
     epochs[i] = s.writes_epoch;
     ranges[i] = {i, uint32_t(j), {blk, uint32_t(off), uint32_t(off + 1)}};
-    a.slots[i] = int64_t(blk) * int64_t(bs) + int64_t(off);
-    pg += t ? stride : int64_t(page_counts[i]);
-    a.qptr[i + 1] = int32_t(i + 1);
-    a.pptr[i + 1] = int32_t(pg);
-    a.last[i] = int32_t(off + 1);
-    a.ctx[i] = int32_t(ends[i]);
     // The persistent table's row, if its sequence or block table changed.
     if (t) rewritten += update_page_row(*t, i, seqs[i], s, page_counts[i]);
   }
 
+  // 4. The plan's rows, from the arrays above (sequential reads only).
+  const int64_t stride = t ? int64_t(t->stride) : 0;
+  int64_t pg = 0;
+  a.qptr[0] = a.pptr[0] = 0;
+  for (uint32_t i = 0; i < num_seqs; ++i) {
+    const WrittenRange& r = ranges[i].r;
+    a.slots[i] = int64_t(r.block) * int64_t(bs) + int64_t(r.lo);
+    pg += t ? stride : int64_t(page_counts[i]);
+    a.qptr[i + 1] = int32_t(i + 1);
+    a.pptr[i + 1] = int32_t(pg);
+    a.last[i] = int32_t(r.hi);
+    a.ctx[i] = int32_t(ends[i]);
+  }
   p.blocks_.add_filled(num_seqs);  // one slot each
   p.num_tokens_ += num_seqs;
   // As build_decode: offloads this step's allocations queued reach their
