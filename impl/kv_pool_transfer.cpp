@@ -9,6 +9,10 @@ namespace pagedkv {
 Pool::ExportSnapshot Pool::export_pin(SeqId id) {
   if (!has_storage())
     fail(Errc::kInvalidArgument, "pool has no KV storage (num_layers 0): nothing to export");
+  if (opts_.is_mla())
+    fail(Errc::kUnsupported,
+         "pool is an MLA pool (kv_layout PKV_KV_LAYOUT_MLA): its one latent plane per layer does "
+         "not transfer (yet); descriptors describe K and V planes");
   // A fork holds a reference on every block: eviction cannot reuse them and
   // a later append of the owner into a shared tail copies it first.
   const SeqId pin = fork(id);

@@ -20,6 +20,12 @@ void describe_layout(const Pool& pool, TransferDescriptor* d) {
 void check_importable(const TransferDescriptor& d, const Pool& pool) {
   if (!pool.has_storage())
     fail(Errc::kInvalidArgument, "pool has no KV storage (num_layers 0): nothing to import into");
+  // Descriptors describe K and V planes (2 per layer): an MLA pool's one
+  // latent plane per layer neither exports nor imports (yet).
+  if (pool.options().is_mla())
+    fail(Errc::kUnsupported,
+         "pool is an MLA pool (kv_layout PKV_KV_LAYOUT_MLA): its one latent plane per layer does "
+         "not transfer (yet)");
   TransferDescriptor mine;
   describe_layout(pool, &mine);
   const auto differ = [](const char* field, uint64_t theirs, uint64_t ours) {

@@ -559,6 +559,65 @@ TEST_F(Local, MultiGroupPoolsAreRefused) {
   pkv_transfer_engine_destroy(e);
 }
 
+// An MLA pool (PKV_KV_LAYOUT_MLA) stores one latent plane per layer, where
+// a descriptor describes K and V planes: exported, an MLA sequence of 2
+// layers with kv_lora_rank + qk_rope_head_dim 64 looked exactly like a
+// 1-head, head_dim-64 pool's, and an import into such a pool read 4 planes
+// from an arena of 2 (past the exporter's arena) and completed with those
+// bytes as computed K/V. Both calls refuse an MLA pool; nothing changes.
+TEST_F(Local, MlaPoolsAreRefused) {
+  pkv_transfer_engine* e = engine("tcp");
+  pkv_pool_options o;
+  pkv_pool_options_init(&o);
+  o.num_layers = 2;
+  o.block_size = 16;
+  o.num_blocks = 16;
+  o.dtype = PKV_DTYPE_BF16;
+  o.num_threads = 1;
+  o.kv_layout = PKV_KV_LAYOUT_MLA;
+  o.kv_lora_rank = 56;
+  o.qk_rope_head_dim = 8;
+  pkv_pool* mla = nullptr;
+  ok(pkv_pool_create(&o, &mla), "MLA pool");
+  pkv_seq_id ms = 0;
+  ok(pkv_seq_create(mla, nullptr, &ms), "MLA seq");
+  const uint32_t n = 20;
+  std::vector<int32_t> toks(n, 3);
+  ok(pkv_seq_append(mla, ms, toks.data(), n, 0), "append");
+  pkv_batch* b = nullptr;
+  ok(pkv_batch_prepare(mla, &ms, &n, 1, nullptr, &b), "prepare");
+  std::vector<uint16_t> c(n * 56, 0x3f80), pe(n * 8, 0x3f80);
+  const int64_t cs[2] = {n, 56}, ps[2] = {n, 8};
+  pkv_tensor ct, pt;
+  ok(pkv_tensor_init(c.data(), PKV_DTYPE_BF16, PKV_DEVICE_CPU, 0, 2, cs, &ct), "kv_c");
+  ok(pkv_tensor_init(pe.data(), PKV_DTYPE_BF16, PKV_DEVICE_CPU, 0, 2, ps, &pt), "k_pe");
+  for (uint32_t layer = 0; layer < 2; ++layer)
+    ok(pkv_mla_cache_write(b, layer, &ct, &pt, nullptr), "pkv_mla_cache_write");
+  pkv_batch_destroy(b);
+  const pkv_pool_stats before = stats(mla);
+  uint64_t id = 7, num = 9;
+  EXPECT_EQ(pkv_transfer_export(e, mla, ms, &id), PKV_E_UNSUPPORTED);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("MLA"), std::string::npos);
+  EXPECT_EQ(id, 7u);
+  ok(pkv_transfer_engine_num_exports(e, &num), "num_exports");
+  EXPECT_EQ(num, 0u);
+  EXPECT_EQ(stats(mla).num_free_blocks, before.num_free_blocks);  // nothing pinned
+  EXPECT_EQ(stats(mla).num_seqs, 1u);
+  // An MHA sequence's descriptor into an MLA pool: refused as well.
+  uint64_t src_id = 0;
+  const std::vector<uint8_t> d = export_desc(e, &src_id);
+  pkv_transfer* t = nullptr;
+  EXPECT_EQ(pkv_transfer_import(e, mla, nullptr, d.data(), d.size(), &t), PKV_E_UNSUPPORTED);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("MLA"), std::string::npos);
+  EXPECT_EQ(t, nullptr);
+  EXPECT_EQ(stats(mla).num_free_blocks, before.num_free_blocks);
+  EXPECT_EQ(stats(mla).num_seqs, 1u);
+  EXPECT_EQ(pkv_pool_validate(mla), PKV_OK);
+  ok(pkv_transfer_export_release(e, src_id), "release");
+  pkv_pool_destroy(mla);
+  pkv_transfer_engine_destroy(e);
+}
+
 TEST(TransferApi, NullsAndOptions) {
   EXPECT_EQ(pkv_transfer_engine_create(nullptr, nullptr), PKV_E_INVALID_ARGUMENT);
   pkv_transfer_options o;
