@@ -49,8 +49,22 @@ SeqId Pool::import_begin(const SeqOptions& o, const int32_t* tokens, uint64_t n)
   const SeqId id = seq_create(o);
   try {
     append(id, tokens, n, 0);
+    // The fresh blocks may have been evicted from the prefix cache by this
+    // append, their offloads only queued: the copy thread still reads them.
+    // The import writes them (outside every lock, on the transport's
+    // progress), so it waits first, as every writer of the storage does
+    // (tiers.h); on CUDA until the copies completed on the device.
+    std::lock_guard<std::mutex> lock(mu_);
+    check_open();
+    if (tiers_) {
+      settle_tiers_slow(tiers_->source_stream());
+      tiers_->wait_idle();
+    }
   } catch (...) {
-    free(id);
+    try {
+      free(id);
+    } catch (...) {  // the pool was destroyed: the sequence went with it
+    }
     throw;
   }
   return id;

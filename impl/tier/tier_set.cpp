@@ -228,6 +228,8 @@ void TierSet::run() {
     --size_;
     busy_ = true;
     lock.unlock();
+    if (const uint32_t ms = offload_delay_ms_.load(std::memory_order_relaxed))
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     try {
       offload(j);
     } catch (...) {  // out of memory for an event: the copy is lost, nothing else

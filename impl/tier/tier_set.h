@@ -28,6 +28,7 @@
 // only mu_, and never holds it while moving bytes.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -121,12 +122,15 @@ class TierSet final : public EvictSink {
   void take_events(std::vector<Event>* out);
   std::string check() const;
 
-  // Tests: flips one byte of the entry holding h (false: not found), and
-  // makes file I/O fail.
+  // Tests: flips one byte of the entry holding h (false: not found),
+  // makes file I/O fail, and makes the copy thread sleep ms before each
+  // offload (a slow copy: what a writer must wait for).
   bool corrupt_for_testing(const BlockHash& h);
   void fail_io_for_testing(bool on);
+  void delay_offloads_for_testing(uint32_t ms) { offload_delay_ms_.store(ms); }
 
  private:
+  std::atomic<uint32_t> offload_delay_ms_{0};
   struct Job {
     int32_t block;
     BlockHash hash;

@@ -828,6 +828,49 @@ TEST(TiersAdmit, WithoutTiersItIsAdmit) {
   EXPECT_EQ(p.validate(), "");
 }
 
+// An import (pkv_transfer_import) writes its fresh blocks outside every
+// lock, from the transport's progress. Those blocks may have just been
+// evicted from the prefix cache, their offloads only queued: the copy
+// thread read them while the import's reads landed, and the tier then
+// held the imported bytes under the evicted block's hash and a checksum
+// of them, served as that block by a later tiered hit. import_begin now
+// waits for the queued offloads before the reads are posted. (The copy
+// thread is slowed here so that it is still copying when import_begin
+// returns.)
+TEST(Tiers, ImportWaitsForTheOffloadsOfTheBlocksItTakes) {
+  auto pool = Pool::create(f32_pool(kHeads, kDim));
+  Pool& p = *pool;
+  TierOptions t;
+  t.host_bytes = 8 * kBlockBytes;
+  p.attach_tiers(t);
+  const auto ta = iota_tokens(17);
+  SeqId a = p.seq_create({});
+  p.append(a, ta.data(), ta.size(), 0);
+  {
+    const uint32_t n = 17;
+    auto b = Batch::prepare(pool, &a, &n, 1, nullptr);
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      std::vector<float> k = random_floats(n * kHeads * kDim, 30 + l), v = k;
+      TensorArg kt = rows(k, n), vt = rows(v, n);
+      b->write(l, &kt, &vt, nullptr);
+    }
+    ASSERT_TRUE(b->committed());
+  }
+  p.free(a);  // 4 cached, written blocks
+  p.flush_tiers();
+  EXPECT_EQ(p.tier_stats(1).num_stored, 0u);
+  p.tiers_for_testing()->delay_offloads_for_testing(50);
+  const auto tb = iota_tokens(20, 1000);
+  const SeqId imp = p.import_begin({}, tb.data(), tb.size());  // evicts a's 4 blocks
+  // Every block the import took is in the tier already: nothing reads
+  // them any more when the import writes them.
+  EXPECT_EQ(p.tier_stats(1).num_stored, 4u);
+  p.tiers_for_testing()->delay_offloads_for_testing(0);
+  p.import_commit(imp);
+  p.free(imp);
+  EXPECT_EQ(p.validate(), "");
+}
+
 TEST(Tiers, AttachChecksItsArguments) {
   PoolOptions mo = test::manager_options(4, 8);
   auto manager = Pool::create(mo);
