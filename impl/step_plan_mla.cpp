@@ -26,7 +26,9 @@ Tensor3 check_latent_rows(const TensorArg* t, const char* name, const RowsSpec& 
   r.shape[2] = t->shape[1];
   r.shape[1] = 1;
   r.strides[2] = t->strides[1];
-  r.strides[1] = t->strides[0] == 0 && t->strides[1] == 0 ? 0 : t->shape[1] * t->strides[1];
+  // The middle dimension has extent 1: its stride moves nothing, and is
+  // not computed from the caller's (unchecked) shape, which could overflow.
+  r.strides[1] = t->strides[0] == 0 && t->strides[1] == 0 ? 0 : t->strides[1];
   r.strides[0] = t->strides[0];
   return check_rows(&r, name, spec, span);
 }

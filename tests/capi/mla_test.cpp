@@ -382,7 +382,22 @@ TEST(Mla, WrongCallsChangeNothing) {
             PKV_E_INVALID_ARGUMENT);
   EXPECT_EQ(pkv_mla_attention(b, 0, &tq, &tqp, &tq, nullptr, &ap, nullptr),
             PKV_E_INVALID_ARGUMENT);  // out overlaps q_latent
-  EXPECT_EQ(computed(p, s), 0u);      // nothing committed
+  // A 2-D kv_c whose shape and strides are huge: refused by its shape
+  // (its middle stride was once computed as shape[1] * strides[1] before
+  // the shape was checked: a signed overflow, UBSan's abort).
+  pkv_tensor thuge = tc;
+  thuge.shape[1] = int64_t(1) << 40;
+  thuge.strides[0] = 1;
+  thuge.strides[1] = int64_t(1) << 40;
+  EXPECT_EQ(pkv_mla_cache_write(b, 0, &thuge, &tp, nullptr), PKV_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("kv_c has shape"), std::string::npos);
+  pkv_tensor tpe_huge = tp;
+  tpe_huge.shape[1] = INT64_MAX;
+  tpe_huge.strides[0] = 1;
+  tpe_huge.strides[1] = 2;
+  EXPECT_EQ(pkv_mla_cache_write(b, 0, &tc, &tpe_huge, nullptr), PKV_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("k_pe has shape"), std::string::npos);
+  EXPECT_EQ(computed(p, s), 0u);  // nothing committed
   // Every layer written: committed.
   for (uint32_t l = 0; l < kLayers; ++l)
     ASSERT_EQ(pkv_mla_cache_write(b, l, &tc, &tp, nullptr), PKV_OK) << pkv_last_error_message();
