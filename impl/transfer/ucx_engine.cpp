@@ -165,9 +165,14 @@ class UcxEngine final : public TransferEngine, public std::enable_shared_from_th
     while (ucp_worker_progress(worker_) != 0) {
     }
     expire_locked();
+    sweep_registrations_locked();  // pools destroyed since (their arenas go)
   }
   void expire_locked();
   void drop_export(Export& x) noexcept;
+  // Unmaps the registrations of pools that are gone, letting their arenas
+  // go. Called whenever an export is dropped (its reference may have been
+  // the pool's last) and before a new registration.
+  void sweep_registrations_locked() noexcept;
   Registration& registration(const std::shared_ptr<Pool>& pool, const Pool::ArenaRef& a);
   void check_open() const {
     if (closed_) fail(Errc::kInvalidState, "the transfer engine was destroyed");
@@ -240,6 +245,7 @@ void UcxEngine::close() {
   closed_ = true;
   for (auto& [id, x] : exports_) drop_export(x);
   exports_.clear();
+  sweep_registrations_locked();
 }
 
 void UcxEngine::drop_export(Export& x) noexcept {
@@ -252,20 +258,22 @@ void UcxEngine::drop_export(Export& x) noexcept {
 void UcxEngine::expire_locked() {
   if (opts_.export_ttl_ms == 0) return;
   const uint64_t now = now_ns();
+  bool dropped = false;
   for (auto it = exports_.begin(); it != exports_.end();) {
     if (it->second.expires_ns <= now) {
       drop_export(it->second);
       it = exports_.erase(it);
+      dropped = true;
     } else {
       ++it;
     }
   }
+  if (dropped) sweep_registrations_locked();
 }
 
-UcxEngine::Registration& UcxEngine::registration(const std::shared_ptr<Pool>& pool,
-                                                 const Pool::ArenaRef& a) {
+void UcxEngine::sweep_registrations_locked() noexcept {
   // Mappings of pools that are gone are dropped here (their memory stayed
-  // alive through hold until now).
+  // alive through hold until now, for exports that still named it).
   for (auto it = regs_.begin(); it != regs_.end();) {
     if (it->pool.expired()) {
       ucp_mem_unmap(ctx_, it->memh);
@@ -274,6 +282,11 @@ UcxEngine::Registration& UcxEngine::registration(const std::shared_ptr<Pool>& po
       ++it;
     }
   }
+}
+
+UcxEngine::Registration& UcxEngine::registration(const std::shared_ptr<Pool>& pool,
+                                                 const Pool::ArenaRef& a) {
+  sweep_registrations_locked();
   for (Registration& r : regs_)
     if (r.pool.lock() == pool && r.base == a.arena.base) return r;
   ucp_mem_map_params_t mp{};
@@ -350,6 +363,7 @@ void UcxEngine::release(uint64_t id) {
     fail(Errc::kNotFound, "export " + std::to_string(id) + " is unknown, released or expired");
   drop_export(it->second);
   exports_.erase(it);
+  sweep_registrations_locked();
 }
 
 std::shared_ptr<Transfer> UcxEngine::import_seq(const std::shared_ptr<Pool>& pool,
