@@ -326,12 +326,16 @@ pkv_status pkv_pool_get_kv_scales(const pkv_pool* pool, float* k_out, float* v_o
     pc::require(out_len, "out_len");
     std::vector<float> k, v;
     p.kv_scales(&k, &v);
+    // NULL outputs are refused before *out_len is written (outputs are
+    // left alone on failure); a too-small capacity reports the size.
+    if (capacity >= k.size()) {
+      pc::require(k_out, "k_out");
+      pc::require(v_out, "v_out");
+    }
     *out_len = k.size();
     if (capacity < k.size())
       fail(Errc::kBufferTooSmall,
            "capacity " + str(capacity) + " is below the " + str(k.size()) + " scales of the pool");
-    pc::require(k_out, "k_out");
-    pc::require(v_out, "v_out");
     std::copy(k.begin(), k.end(), k_out);
     std::copy(v.begin(), v.end(), v_out);
   });

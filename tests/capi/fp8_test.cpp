@@ -291,6 +291,11 @@ TEST(Fp8Pool, OptionsScalesAndBytes) {
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(k4[i] == 1.0f && v4[i] == 1.0f);
   EXPECT_EQ(pkv_pool_get_kv_scales(d, k4, v4, 3, &n), PKV_E_BUFFER_TOO_SMALL);
   EXPECT_EQ(n, 4u);
+  // NULL outputs with room enough: refused, *out_len left alone.
+  n = 77;
+  EXPECT_EQ(pkv_pool_get_kv_scales(d, nullptr, v4, 4, &n), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(pkv_pool_get_kv_scales(d, k4, nullptr, 4, &n), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(n, 77u);
   pkv_pool_destroy(d);
   pkv_pool_destroy(b);
   pkv_pool_destroy(p);
