@@ -995,9 +995,11 @@ struct Harness {
     return false;
   }
 
-  // A step that failed part way: some query slots hold garbage. Tokens
-  // already computed that a plan recomputes would get the same K/V, so only
-  // the uncomputed ones are garbled.
+  // A step that failed part way: some query slots hold garbage. A slot that
+  // already holds the token's K/V keeps it, since recomputing a token writes
+  // the same K/V: the sequence's computed tokens, and also slots another
+  // sequence's committed step wrote into a block this one shares (a fork
+  // child computed the parent's blocks), which may be cached by now.
   void garble_plan(pkv_batch* b, const std::vector<size_t>& idx, const std::vector<uint32_t>& qs,
                    const std::vector<uint64_t>& computed) {
     uint64_t tokens = 0;
@@ -1009,9 +1011,13 @@ struct Harness {
       uint64_t row = 0;
       for (size_t k = 0; k < idx.size(); ++k) {
         const uint64_t n = seqs[idx[k]].tokens.size();
-        for (uint64_t p = n - qs[k]; p < n; ++p, ++row)
-          if (p >= computed[k] && p % 2 == 0 && !held_by_other(idx[k], slots[row] / bs))
-            mem[size_t(slots[row] / bs)][size_t(slots[row] % bs)] = Slot{-2, row};
+        const std::vector<uint64_t> fps = seqs[idx[k]].fps();
+        for (uint64_t p = n - qs[k]; p < n; ++p, ++row) {
+          Slot& slot = mem[size_t(slots[row] / bs)][size_t(slots[row] % bs)];
+          if (p >= computed[k] && p % 2 == 0 && !(slot == Slot{int32_t(g), fps[p]}) &&
+              !held_by_other(idx[k], slots[row] / bs))
+            slot = Slot{-2, row};
+        }
       }
     }
   }
