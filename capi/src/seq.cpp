@@ -247,14 +247,18 @@ pkv_status pkv_seq_set_retention(pkv_pool* pool, pkv_seq_id seq, const pkv_reten
   PKV_GUARD({
     pagedkv::Pool& p = pc::pool_of(pool);
     if (num_ranges > 0) pc::require(ranges, "ranges");
+    // An unknown sequence is named first, as by every other seq call: the
+    // checks made here, before the pool's own, look it up before failing.
+    auto refuse = [&](const std::string& why) {
+      (void)p.seq_info(seq);
+      fail(Errc::kInvalidArgument, why);
+    };
     if (num_ranges > PKV_RETENTION_MAX_RANGES)
-      fail(Errc::kInvalidArgument,
-           "num_ranges " + str(num_ranges) + " exceeds " + str(PKV_RETENTION_MAX_RANGES));
+      refuse("num_ranges " + str(num_ranges) + " exceeds " + str(PKV_RETENTION_MAX_RANGES));
     std::vector<pagedkv::RetentionRange> rs(num_ranges);
     for (uint64_t i = 0; i < num_ranges; ++i) {
       if (ranges[i].reserved != 0)
-        fail(Errc::kInvalidArgument,
-             "ranges[" + str(i) + "].reserved is " + str(ranges[i].reserved) + ", not 0");
+        refuse("ranges[" + str(i) + "].reserved is " + str(ranges[i].reserved) + ", not 0");
       rs[i] = {ranges[i].token_begin, ranges[i].token_end, ranges[i].priority,
                ranges[i].duration_ns};
     }

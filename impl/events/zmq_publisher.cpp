@@ -73,15 +73,18 @@ class ZmqPublisher final : public Publisher {
   uint64_t publish() override {
     std::lock_guard<std::mutex> lock(mu_);
     const uint32_t bs = pool_->options().block_size;
-    size_t n = 0;
+    // Events a failed call drained (an allocation below threw) are still
+    // in events_: they go out first, so an out-of-memory failure loses none.
+    size_t n = held_;
     for (;;) {  // everything pending, in chunks
       const size_t chunk = 256;
-      if (events_.size() < n + chunk) {
-        events_.resize(n + chunk);
-        tokens_.resize((n + chunk) * bs);
-      }
+      // Each buffer checked on its own: a resize that threw leaves the
+      // other one short, and a drain into it would write past its end.
+      if (tokens_.size() < (n + chunk) * bs) tokens_.resize((n + chunk) * bs);
+      if (events_.size() < n + chunk) events_.resize(n + chunk);
       const size_t got = pool_->drain_events(events_.data() + n, chunk, tokens_.data() + n * bs);
       n += got;
+      held_ = n;
       if (got < chunk) break;
     }
     stats_.pool_events_dropped = pool_->stats().num_events_dropped - dropped_at_start_;
@@ -91,6 +94,7 @@ class ZmqPublisher final : public Publisher {
     std::string payload;
     const size_t num =
         encode_batch(events_.data(), n, tokens_.data(), bs, ts, o_.dp_rank, o_.wire, &payload);
+    held_ = 0;
     stats_.pool_events_published += n;
     if (num == 0) return n;  // only events vLLM has no counterpart for
     const uint64_t seq = stats_.next_seq++;
@@ -216,6 +220,7 @@ class ZmqPublisher final : public Publisher {
   std::deque<std::pair<uint64_t, std::string>> buffer_;
   std::vector<Event> events_;
   std::vector<int32_t> tokens_;
+  size_t held_ = 0;  // events_[0, held_) drained but not yet encoded
   PublisherStats stats_;
   uint64_t dropped_at_start_ = 0;
   std::atomic<bool> stop_{false};

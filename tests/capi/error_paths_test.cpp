@@ -600,9 +600,12 @@ TEST_F(ErrorPaths, PartialHitsAndRetention) {
   FAILS(pkv_seq_set_retention(pool, live, &r, 1), PKV_E_INVALID_STATE, "enable_retention");
   r.reserved = 2;
   FAILS(pkv_seq_set_retention(pool, live, &r, 1), BAD, "ranges[0].reserved");
+  // An unknown sequence is named before what is wrong with its ranges.
+  FAILS(pkv_seq_set_retention(pool, stale, &r, 1), PKV_E_NOT_FOUND, "stale");
   std::vector<pkv_retention_range> many(PKV_RETENTION_MAX_RANGES + 1,
                                         pkv_retention_range{0, 4, 50, 0, 0});
   FAILS(pkv_seq_set_retention(pool, live, many.data(), many.size()), BAD, "num_ranges");
+  FAILS(pkv_seq_set_retention(pool, stale, many.data(), many.size()), PKV_E_NOT_FOUND, "stale");
 
   uint64_t counts[PKV_PRIORITY_MAX + 1], len = 0;
   FAILS(pkv_pool_set_clock(nullptr, 1), BAD, "pool is NULL");

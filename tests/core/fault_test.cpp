@@ -530,4 +530,76 @@ TEST(Faults, PrepareDecode) {
       });
 }
 
+// The publisher drains the pool's events before it encodes them: a failed
+// allocation after the drain must keep them for the next publish, not drop
+// them (the pool has already let them go).
+struct Published {
+  pkv_pool* pool = nullptr;
+  pkv_event_publisher* pub = nullptr;
+  pkv_status made = PKV_OK;
+  explicit Published(long n) {
+    pkv_pool_options o;
+    pkv_pool_options_init(&o);
+    o.block_size = 4;
+    o.num_blocks = 32;
+    o.enable_events = 1;
+    EXPECT_EQ(pkv_pool_create(&o, &pool), PKV_OK);
+    const std::string ep = "inproc://pkv-fault-" + std::to_string(n);
+    made = pkv_event_publisher_create(pool, ep.c_str(), nullptr, nullptr, &pub);
+    if (made != PKV_OK) return;
+    // Four full blocks stored (events), kept cached after the free.
+    pkv_seq_id s = 0;
+    EXPECT_EQ(pkv_seq_create(pool, nullptr, &s), PKV_OK);
+    EXPECT_EQ(pkv_seq_append(pool, s, g_tokens.data(), 16, 0), PKV_OK);
+    uint32_t q = 16;
+    pkv_batch* b = nullptr;
+    EXPECT_EQ(pkv_batch_prepare(pool, &s, &q, 1, nullptr, &b), PKV_OK);
+    EXPECT_EQ(pkv_batch_commit(b), PKV_OK);
+    pkv_batch_destroy(b);
+    EXPECT_EQ(pkv_seq_free(pool, s), PKV_OK);
+  }
+  ~Published() {
+    pkv_event_publisher_destroy(pub);
+    pkv_pool_destroy(pool);
+  }
+};
+
+TEST(Faults, PublisherKeepsWhatItDrained) {
+  uint64_t expected = 0;
+  {
+    Published ref(0);
+    if (ref.made == PKV_E_UNSUPPORTED) GTEST_SKIP() << "built without PAGEDKV_EVENTS";
+    ASSERT_EQ(ref.made, PKV_OK) << pkv_last_error_message();
+    ASSERT_EQ(pkv_event_publisher_publish(ref.pub, &expected), PKV_OK);
+    ASSERT_GT(expected, 0u);
+  }
+  for (long n = 1; n < 10000; ++n) {
+    Published p(n);
+    ASSERT_EQ(p.made, PKV_OK) << pkv_last_error_message();
+    uint64_t first = 0, second = 0;
+    g_count = 0;
+    g_fail_at = n;
+    const pkv_status st = pkv_event_publisher_publish(p.pub, &first);
+    const bool reached = g_count >= n;
+    g_fail_at = -1;
+    if (st == PKV_OK) {
+      EXPECT_EQ(first, expected) << "alloc #" << n;
+    } else {
+      EXPECT_EQ(st, PKV_E_OUT_OF_MEMORY) << "alloc #" << n;
+      EXPECT_EQ(pkv_event_publisher_publish(p.pub, &second), PKV_OK) << pkv_last_error_message();
+      EXPECT_EQ(second, expected) << "alloc #" << n << ": events the failed call drained were lost";
+    }
+    pkv_event_publisher_stats es;
+    pkv_event_publisher_stats_init(&es);
+    ASSERT_EQ(pkv_event_publisher_get_stats(p.pub, &es), PKV_OK);
+    EXPECT_EQ(es.pool_events_published, expected) << "alloc #" << n;
+    if (!reached) {
+      EXPECT_GT(n, 1) << "no allocation inside publish was failed";
+      return;
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+  ADD_FAILURE() << "never finished";
+}
+
 }  // namespace
