@@ -746,6 +746,12 @@ std::vector<Case> make_cases() {
           int32_t s[1] = {1}, d[1] = {32};
           pkv_status st = pkv_pool_copy_blocks(e.pool, s, d, 1, nullptr); d[0] = -5;
           return st != kInv ? st : pkv_pool_copy_blocks(e.pool, s, d, 1, nullptr);),
+        S("pkv_pool_copy_blocks", PKV_CLASS_ALIAS, "src[1] = dst[0] (a chain)", kInv, "chain",
+          int32_t s[2] = {1, 2}, d[2] = {2, 3};
+          return pkv_pool_copy_blocks(e.pool, s, d, 2, nullptr);),
+        S("pkv_pool_copy_blocks", PKV_CLASS_ALIAS, "dst[0] = dst[1]", kInv, "both block",
+          int32_t s[2] = {1, 2}, d[2] = {3, 3};
+          return pkv_pool_copy_blocks(e.pool, s, d, 2, nullptr);),
         S("pkv_pool_copy_blocks", PKV_CLASS_STATE, "pool without storage", kState, "storage",
           int32_t s = 1, d = 2;
           return pkv_pool_copy_blocks(e.mgr, &s, &d, 1, nullptr);),
