@@ -24,6 +24,7 @@ struct Tile {
   int32_t seq, head, row0, rows;
   int32_t page_begin, page_end;  // pages of the sequence this item covers
   int32_t part;                  // -1: writes out directly; else its partial state
+  int32_t heads = 1;             // KV heads head .. head + heads - 1 (> 1: never split)
 };
 
 struct MergeGroup {
@@ -31,13 +32,26 @@ struct MergeGroup {
   int32_t part_begin, num_parts;
 };
 
+// One worker's buffers. q, acc, m, l and alpha hold one block per KV head
+// of a tile (kMaxTileRows rows each); a view of one head offsets them.
 struct Scratch {
-  float* q;       // [kMaxTileRows][D], scaled
-  float* acc;     // [kMaxTileRows][D]
-  float* logits;  // [kMaxTileRows][ldl]
-  float* row;     // [D]
-  float m[kMaxTileRows], l[kMaxTileRows], alpha[kMaxTileRows];
+  float* q;              // [heads][kMaxTileRows][D], scaled
+  float* acc;            // [heads][kMaxTileRows][D]
+  float* logits;         // [kMaxTileRows][ldl]
+  float* row;            // [D]
+  float *m, *l, *alpha;  // [heads][kMaxTileRows]
   int32_t lo[kMaxTileRows], hi[kMaxTileRows];
+
+  Scratch head(int32_t hh, int32_t d) const {
+    Scratch h = *this;
+    const size_t rows = size_t(hh) * kMaxTileRows;
+    h.q += rows * size_t(d);
+    h.acc += rows * size_t(d);
+    h.m += rows;
+    h.l += rows;
+    h.alpha += rows;
+    return h;
+  }
 };
 
 struct FreeDeleter {
@@ -61,6 +75,17 @@ constexpr int32_t kStepKeys = 64;
 // the read bandwidth; 128 or 384 keys ahead did no better). It costs ~7 %
 // when K/V are already in cache (AVX2, 1 thread).
 constexpr int32_t kL2AheadKeys = 256;
+// KV heads per decode tile. A block keeps its heads' K slices side by side
+// (and its V slices): a tile that walks a step's pages head after head reads
+// each block's K and V as runs of up to 8 slices (32 KiB at head dim 128,
+// block 16, bf16) instead of one 4 KiB slice per block, and random 4 KiB
+// slices stream at a fraction of the read bandwidth of longer runs
+// (bench/README.md, "Heads together").
+constexpr int32_t kMaxTileHeads = 8;
+// Such a tile's steps are shorter (32 keys): with the L2 stream left out
+// (the runs already stream), 2-page steps did best against 1 and 4 under
+// load (bench/README.md, "Heads together").
+constexpr int32_t kHeadStepKeys = 32;
 
 // prefetcht1: into L2 (and not L1, where the step's K and V live).
 void fetch_l2(const char* p, size_t bytes) {
@@ -129,6 +154,7 @@ class Attention {
     vplane_ = static_cast<const char*>(arena.plane(layer, 1));
     ldpg_ = (bs_ + 15) / 16 * 16;
     step_pages_ = std::max(1, std::min(kMaxStepPages, kStepKeys / bs_));
+    head_step_pages_ = std::max(1, std::min(step_pages_, kHeadStepKeys / bs_));
     l2_ahead_steps_ = std::max(2, kL2AheadKeys / (step_pages_ * bs_));
     ldl_ = step_pages_ * ldpg_;
     max_rows_ = std::min(kt_->max_rows, kMaxTileRows);
@@ -138,7 +164,8 @@ class Attention {
   void run(ThreadPool& pool) {
     build_tiles(pool.size());
     if (tiles_.empty()) return;
-    const size_t floats = size_t(kMaxTileRows) * (2 * d_ + ldl_) + d_;
+    const size_t floats =
+        size_t(heads_per_tile_) * kMaxTileRows * (2 * d_ + 3) + size_t(kMaxTileRows) * ldl_ + d_;
     per_worker_ = (floats + 15) / 16 * 16;
     const size_t bytes = size_t(pool.size()) * per_worker_ * sizeof(float);
     scratch_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
@@ -162,10 +189,14 @@ class Attention {
   Scratch worker_scratch(int32_t w) {
     Scratch s;
     float* base = scratch_.get() + size_t(w) * per_worker_;
+    const size_t rows = size_t(heads_per_tile_) * kMaxTileRows;
     s.q = base;
-    s.acc = s.q + size_t(kMaxTileRows) * d_;
-    s.logits = s.acc + size_t(kMaxTileRows) * d_;
+    s.acc = s.q + rows * d_;
+    s.logits = s.acc + rows * d_;
     s.row = s.logits + size_t(kMaxTileRows) * ldl_;
+    s.m = s.row + d_;
+    s.l = s.m + rows;
+    s.alpha = s.l + rows;
     return s;
   }
 
@@ -178,23 +209,38 @@ class Attention {
   }
 
   void build_tiles(int32_t threads) {
+    // Sequences whose rows fit one tile per head (decode, short chunks) take
+    // their heads in groups of heads_per_tile_, unless that leaves too few
+    // items for the threads (a long context is then split per head below).
+    const int64_t target = 4 * int64_t(threads);
+    const int32_t hpt = std::min(hkv_, kMaxTileHeads);
+    int64_t grouped = 0;
+    for (int32_t s = 0; s < plan_.num_seqs; ++s) {
+      const int32_t nq = plan_.query_indptr[s + 1] - plan_.query_indptr[s];
+      if (nq <= 0) continue;
+      grouped += nq * group_ <= max_rows_
+                     ? (hkv_ + hpt - 1) / hpt
+                     : int64_t(hkv_) * ((nq * group_ + max_rows_ - 1) / max_rows_);
+    }
+    heads_per_tile_ = hpt > 1 && (threads <= 1 || grouped >= target) ? hpt : 1;
     for (int32_t s = 0; s < plan_.num_seqs; ++s) {
       const int32_t nq = plan_.query_indptr[s + 1] - plan_.query_indptr[s];
       if (nq <= 0) continue;
       const int32_t rows_total = nq * group_;
-      for (int32_t h = 0; h < hkv_; ++h) {
+      const int32_t hstep = rows_total <= max_rows_ ? heads_per_tile_ : 1;
+      for (int32_t h = 0; h < hkv_; h += hstep) {
         for (int32_t row0 = 0; row0 < rows_total; row0 += max_rows_) {
           const int32_t rows = std::min(max_rows_, rows_total - row0);
           const int32_t klo = window_lo(position(s, row0 / group_));
           const int32_t khi = position(s, (row0 + rows - 1) / group_) + 1;
           if (khi <= klo) continue;  // no visible key (n_q > L): rejected upstream
-          tiles_.push_back({s, h, row0, rows, klo / bs_, (khi - 1) / bs_ + 1, -1});
+          tiles_.push_back(
+              {s, h, row0, rows, klo / bs_, (khi - 1) / bs_ + 1, -1, std::min(hstep, hkv_ - h)});
         }
       }
     }
     const int64_t n = int64_t(tiles_.size());
-    const int64_t target = 4 * int64_t(threads);
-    if (threads <= 1 || n == 0 || n >= target) return;
+    if (threads <= 1 || n == 0 || n >= target || heads_per_tile_ > 1) return;
     // Too few items for the threads: split long ones along the context.
     const int64_t factor = (target + n - 1) / n;
     std::vector<Tile> split;
@@ -230,119 +276,117 @@ class Attention {
 
   void run_tile(const Tile& t, Scratch s) {
     const int32_t R = pow2_at_least(t.rows);
-    const int32_t qbeg = plan_.query_indptr[t.seq];
+    const int32_t H = t.heads;
+    const int32_t sp = H > 1 ? head_step_pages_ : step_pages_;  // pages per step
     const float scale = args_.softmax_scale;
-    const float qscale = k_scales_ ? scale * (k_scales_[t.head] * load_factor_) : scale;
-    uint16_t* qb = reinterpret_cast<uint16_t*>(s.q);  // bf16 rows for qk_bf16
+    float qscale[kMaxTileHeads];
+    for (int32_t hh = 0; hh < H; ++hh) {
+      const Scratch hs = s.head(hh, d_);
+      qscale[hh] = k_scales_ ? scale * (k_scales_[t.head + hh] * load_factor_) : scale;
+      load_q(t, t.head + hh, R, qscale[hh], hs.q, s.row);
+    }
     for (int32_t r = 0; r < R; ++r) {
-      if (r >= t.rows) {
-        // Padding rows repeat the last real one; their results are dropped.
-        if (dot_bf16_) {
-          std::memcpy(qb + size_t(r) * d_, qb + size_t(t.rows - 1) * d_, sizeof(uint16_t) * d_);
-        } else {
-          std::memcpy(s.q + size_t(r) * d_, s.q + size_t(t.rows - 1) * d_, sizeof(float) * d_);
-        }
-        s.lo[r] = s.lo[t.rows - 1];
-        s.hi[r] = s.hi[t.rows - 1];
-        continue;
-      }
-      const int32_t ri = t.row0 + r, i = ri / group_, g = ri % group_;
-      const char* src = q_row(qbeg + i, t.head * group_ + g);
-      if (dot_bf16_) {
-        std::memcpy(qb + size_t(r) * d_, src, sizeof(uint16_t) * d_);
-      } else {
-        float* qr = s.q + size_t(r) * d_;
-        kt_->to_f32[dtype_index(q_.dtype)](src, qr, d_);
-        for (int32_t d = 0; d < d_; ++d) qr[d] *= qscale;
-        if (pair_ > 0) to_paired(qr, s.row);
-      }
-      const int32_t pos = position(t.seq, i);
+      // Padding rows repeat the last real one; their results are dropped.
+      const int32_t pos = position(t.seq, (t.row0 + std::min(r, t.rows - 1)) / group_);
       s.lo[r] = window_lo(pos);
       s.hi[r] = pos + 1;
     }
     const int32_t klo = s.lo[0], khi = s.hi[t.rows - 1];
-    std::fill(s.m, s.m + R, kNegInf);
-    std::fill(s.l, s.l + R, 0.0f);
-    std::fill(s.acc, s.acc + size_t(R) * d_, 0.0f);
+    std::fill(s.m, s.m + size_t(H) * kMaxTileRows, kNegInf);
+    std::fill(s.l, s.l + size_t(H) * kMaxTileRows, 0.0f);
+    for (int32_t hh = 0; hh < H; ++hh) {
+      float* acc = s.head(hh, d_).acc;
+      std::fill(acc, acc + size_t(R) * d_, 0.0f);
+    }
 
     const QkFn qk = kt_->qk[row_index(R)][kv_dt_];
     const QkBf16Fn qkb = dot_bf16_ ? qk_dot_[row_index(R)] : nullptr;
     const PvFn pv = kt_->pv[row_index(R)][kv_dt_];
     const int32_t* pages = plan_.page_indices + plan_.page_indptr[t.seq];
-    const int64_t head_off = int64_t(t.head) * bs_ * d_;
     const int64_t block_elems = int64_t(hkv_) * bs_ * d_;
     const size_t slice_bytes = size_t(bs_) * d_ * esize_;
-    auto page_offset = [&](int32_t pg) {
-      return (int64_t(pages[pg]) * block_elems + head_off) * int64_t(esize_);
+    auto slice = [&](const char* plane, int32_t pg, int32_t hh) {
+      return plane +
+             (int64_t(pages[pg]) * block_elems + int64_t(t.head + hh) * bs_ * d_) * int64_t(esize_);
     };
-    // Pages sit at random places, so the hardware prefetcher cannot run
-    // ahead across them. Each phase fetches what the next one reads: QK of
-    // a step fetches the step's V slices, PV the next step's K slices, so
-    // that L1 holds little more than the step's K and V.
+    // The tile's work comes in units, (step, head) in step-major order: q.k,
+    // softmax and P V of one head over one step's pages. Pages sit at random
+    // places, so the hardware prefetcher cannot run ahead across them. Each
+    // phase fetches what the next one reads: q.k of a unit fetches its V
+    // slices, P V the next unit's K slices, so that L1 holds little more
+    // than one unit's K and V.
     Prefetcher pf;
-    auto add_step = [&](int32_t c0, const char* plane) {
-      for (int32_t pg = c0; pg < std::min(c0 + step_pages_, t.page_end); ++pg) {
-        pf.add(plane + page_offset(pg));
+    auto add_unit = [&](int32_t c0, int32_t hh, const char* plane) {
+      for (int32_t pg = c0; pg < std::min(c0 + sp, t.page_end); ++pg) {
+        pf.add(slice(plane, pg, hh));
       }
     };
-    // The L2 stream: QK of page i of a step fetches page i of the step
-    // l2_ahead_steps_ later (the first step also covers the steps before).
+    // The L2 stream of a one-head tile: q.k of page i of a step fetches
+    // page i of the step l2_ahead_steps_ later (the first step also covers
+    // the steps between). A tile of several heads reads runs of adjacent
+    // slices, and this stream's bursts only slowed it (bench/README.md).
     auto fetch_ahead = [&](int32_t c0, int32_t i) {
-      const int32_t first = c0 == t.page_begin ? 1 : l2_ahead_steps_;
-      for (int32_t a = first; a <= l2_ahead_steps_; ++a) {
-        const int32_t pg = c0 + a * step_pages_ + i;
+      for (int32_t a = c0 == t.page_begin ? 1 : l2_ahead_steps_; a <= l2_ahead_steps_; ++a) {
+        const int32_t pg = c0 + a * sp + i;
         if (pg >= t.page_end) break;
-        fetch_l2(kplane_ + page_offset(pg), slice_bytes);
-        fetch_l2(vplane_ + page_offset(pg), slice_bytes);
+        fetch_l2(slice(kplane_, pg, 0), slice_bytes);
+        fetch_l2(slice(vplane_, pg, 0), slice_bytes);
       }
     };
     pf.reset(slice_bytes);
-    add_step(t.page_begin, kplane_);
+    add_unit(t.page_begin, 0, kplane_);
     pf.flush();
     const char* kpage[kMaxStepPages];
     const char* vpage[kMaxStepPages];
-    for (int32_t c0 = t.page_begin; c0 < t.page_end; c0 += step_pages_) {
-      const int32_t n = std::min(step_pages_, t.page_end - c0);
-      pf.reset(slice_bytes);
-      add_step(c0, vplane_);
-      pf.plan(int64_t(n) * bs_);
+    for (int32_t c0 = t.page_begin; c0 < t.page_end; c0 += sp) {
+      const int32_t n = std::min(sp, t.page_end - c0);
       const int32_t j0 = std::max(klo - c0 * bs_, 0);
       const int32_t j1 = std::min(khi - (c0 + n - 1) * bs_, bs_);
       if (n == 1 && j0 >= j1) continue;
-      for (int32_t i = 0; i < n; ++i) {
-        const int32_t base = (c0 + i) * bs_;
-        const int32_t pj0 = i == 0 ? j0 : 0, pj1 = i == n - 1 ? j1 : bs_;
-        const int64_t off = page_offset(c0 + i);
-        kpage[i] = kplane_ + off;
-        vpage[i] = vplane_ + off;
-        float* x = s.logits + i * ldpg_;
-        if (qkb != nullptr) {
-          // The dot products are unscaled: qscale (the softmax scale, and an FP8
-          // cache's K scale) multiplies their sums.
-          qkb(qb, d_, kpage[i], pj0, pj1, x, ldl_, qscale, args_.logit_softcap, &pf);
-        } else {
-          qk(s.q, d_, kpage[i], pj0, pj1, x, ldl_, args_.logit_softcap, &pf);
-        }
-        fetch_ahead(c0, i);
-        // Invisible keys of this page's segment (and its padding) get -inf.
-        for (int32_t r = 0; r < R; ++r) {
-          float* xr = x + size_t(r) * ldl_;
-          const int32_t vis0 = std::min(pj1, std::max(pj0, s.lo[r] - base));
-          const int32_t vis1 = std::max(vis0, std::min(pj1, s.hi[r] - base));
-          std::fill(xr, xr + vis0, kNegInf);
-          std::fill(xr + vis1, xr + ldpg_, kNegInf);
-        }
-      }
-      pf.flush();
-      kt_->softmax(s.logits, ldl_, R, 0, n * ldpg_, s.m, s.l, s.alpha);
-      pf.reset(slice_bytes);
-      add_step(c0 + step_pages_, kplane_);
       const int32_t g0 = c0 * bs_ + j0, g1 = (c0 + n - 1) * bs_ + j1;
-      pv_step(pv, s, t.rows, vpage, c0, g0, g1, &pf);
-      pf.flush();
+      for (int32_t hh = 0; hh < H; ++hh) {
+        const Scratch hs = s.head(hh, d_);
+        const uint16_t* qb = reinterpret_cast<const uint16_t*>(hs.q);
+        pf.reset(slice_bytes);
+        add_unit(c0, hh, vplane_);
+        pf.plan(int64_t(n) * bs_);
+        for (int32_t i = 0; i < n; ++i) {
+          const int32_t base = (c0 + i) * bs_;
+          const int32_t pj0 = i == 0 ? j0 : 0, pj1 = i == n - 1 ? j1 : bs_;
+          kpage[i] = slice(kplane_, c0 + i, hh);
+          vpage[i] = slice(vplane_, c0 + i, hh);
+          float* x = s.logits + i * ldpg_;
+          if (qkb != nullptr) {
+            // The dot products are unscaled: qscale (the softmax scale, and an
+            // FP8 cache's K scale) multiplies their sums.
+            qkb(qb, d_, kpage[i], pj0, pj1, x, ldl_, qscale[hh], args_.logit_softcap, &pf);
+          } else {
+            qk(hs.q, d_, kpage[i], pj0, pj1, x, ldl_, args_.logit_softcap, &pf);
+          }
+          if (H == 1) fetch_ahead(c0, i);
+          // Invisible keys of this page's segment (and its padding) get -inf.
+          for (int32_t r = 0; r < R; ++r) {
+            float* xr = x + size_t(r) * ldl_;
+            const int32_t vis0 = std::min(pj1, std::max(pj0, s.lo[r] - base));
+            const int32_t vis1 = std::max(vis0, std::min(pj1, s.hi[r] - base));
+            std::fill(xr, xr + vis0, kNegInf);
+            std::fill(xr + vis1, xr + ldpg_, kNegInf);
+          }
+        }
+        pf.flush();
+        kt_->softmax(s.logits, ldl_, R, 0, n * ldpg_, hs.m, hs.l, hs.alpha);
+        pf.reset(slice_bytes);
+        if (hh + 1 < H) {
+          add_unit(c0, hh + 1, kplane_);
+        } else {
+          add_unit(c0 + sp, 0, kplane_);
+        }
+        pv_step(pv, hs, t.rows, vpage, c0, g0, g1, &pf);
+        pf.flush();
+      }
     }
 
-    if (t.part >= 0) {
+    if (t.part >= 0) {  // a split tile has one head
       float* pacc = part_acc_.data() + size_t(t.part) * kMaxTileRows * d_;
       float* pml = part_ml_.data() + size_t(t.part) * kMaxTileRows * 2;
       std::memcpy(pacc, s.acc, sizeof(float) * size_t(t.rows) * d_);
@@ -352,8 +396,39 @@ class Attention {
       }
       return;
     }
-    for (int32_t r = 0; r < t.rows; ++r) {
-      finish_row(t, r, s.acc + size_t(r) * d_, s.m[r], s.l[r], s.row);
+    for (int32_t hh = 0; hh < H; ++hh) {
+      const Scratch hs = s.head(hh, d_);
+      for (int32_t r = 0; r < t.rows; ++r) {
+        finish_row(t, t.head + hh, r, hs.acc + size_t(r) * d_, hs.m[r], hs.l[r], s.row);
+      }
+    }
+  }
+
+  // Rows [0, R) of the tile's q for KV head `head` into q (R x head_dim):
+  // bf16 as given when the ISA's bf16 dot product runs q.k, else f32 scaled
+  // by qscale (paired if pair_ > 0). Rows from t.rows on repeat the last.
+  void load_q(const Tile& t, int32_t head, int32_t R, float qscale, float* q, float* tmp) const {
+    const int32_t qbeg = plan_.query_indptr[t.seq];
+    uint16_t* qb = reinterpret_cast<uint16_t*>(q);
+    for (int32_t r = 0; r < R; ++r) {
+      if (r >= t.rows) {
+        if (dot_bf16_) {
+          std::memcpy(qb + size_t(r) * d_, qb + size_t(t.rows - 1) * d_, sizeof(uint16_t) * d_);
+        } else {
+          std::memcpy(q + size_t(r) * d_, q + size_t(t.rows - 1) * d_, sizeof(float) * d_);
+        }
+        continue;
+      }
+      const int32_t ri = t.row0 + r, i = ri / group_, g = ri % group_;
+      const char* src = q_row(qbeg + i, head * group_ + g);
+      if (dot_bf16_) {
+        std::memcpy(qb + size_t(r) * d_, src, sizeof(uint16_t) * d_);
+      } else {
+        float* qr = q + size_t(r) * d_;
+        kt_->to_f32[dtype_index(q_.dtype)](src, qr, d_);
+        for (int32_t d = 0; d < d_; ++d) qr[d] *= qscale;
+        if (pair_ > 0) to_paired(qr, tmp);
+      }
     }
   }
 
@@ -417,11 +492,12 @@ class Attention {
   // acc is unnormalised (and in paired order if pair_ > 0); l == 0 only for a row that saw no key,
   // which the pool never plans (it would need n_q > L): zeros and -inf then. A NaN l (a visible
   // key held NaN) stays NaN in the output and the LSE.
-  void finish_row(const Tile& t, int32_t r, const float* acc, float m, float l, float* tmp) {
+  void finish_row(const Tile& t, int32_t kv_head, int32_t r, const float* acc, float m, float l,
+                  float* tmp) {
     const int32_t ri = t.row0 + r, i = ri / group_, g = ri % group_;
-    const int32_t token = plan_.query_indptr[t.seq] + i, head = t.head * group_ + g;
+    const int32_t token = plan_.query_indptr[t.seq] + i, head = kv_head * group_ + g;
     float inv = l == 0.0f ? 0.0f : 1.0f / l;
-    if (v_scales_) inv *= v_scales_[t.head] * load_factor_;
+    if (v_scales_) inv *= v_scales_[kv_head] * load_factor_;
     if (pair_ > 0) {
       from_paired(acc, tmp);
       for (int32_t d = 0; d < d_; ++d) tmp[d] *= inv;
@@ -455,7 +531,7 @@ class Attention {
           for (int32_t d = 0; d < d_; ++d) acc[d] += pa[d] * wgt;
         }
       }
-      finish_row(t, r, acc, mx, l, s.row);
+      finish_row(t, g.head, r, acc, mx, l, s.row);
     }
   }
 
@@ -485,8 +561,10 @@ class Attention {
   std::vector<float> part_acc_, part_ml_;
   std::unique_ptr<float, FreeDeleter> scratch_;
   size_t per_worker_ = 0;
-  // Steps between a page's L2 prefetch and its use.
+  // Steps between a page's L2 prefetch and its use (one-head tiles).
   int32_t l2_ahead_steps_ = 2;
+  int32_t head_step_pages_ = 1;  // pages per step of a tile of several heads
+  int32_t heads_per_tile_ = 1;   // KV heads per decode tile (build_tiles)
 };
 
 bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }

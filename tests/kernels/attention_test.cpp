@@ -456,6 +456,39 @@ TEST_P(AttentionLarge, DecodeEveryTileRowsAndKeyTail) {
   }
 }
 
+// Decode tiles that take several KV heads at once (up to 8, a block's heads
+// walked one after another): head counts that are, are not and exceed one
+// group of 8, on one thread and on two (enough sequences that two threads
+// group heads too), beside a prefill whose rows need per-head tiles, with
+// windows, soft-cap and poisoned masked keys.
+TEST_P(AttentionLarge, DecodeTilesOfSeveralHeads) {
+  uint32_t seed = 5100;
+  for (int32_t hkv : {3, 8, 12}) {
+    for (int32_t threads : {1, 2}) {
+      for (DType dt : {DType::kBF16, DType::kF16}) {
+        std::mt19937 rng(++seed);
+        Case c;
+        c.isa = GetParam();
+        c.dt = dt;
+        c.head_dim = 128;
+        c.block_size = 16;
+        c.group = 4;
+        c.kv_heads = hkv;
+        for (int i = 0; i < 10; ++i) c.seqs.push_back({1 + int32_t(rng() % 300), 1});
+        c.seqs.push_back({90, 9});  // 36 rows: more than one tile per head
+        c.window = seed % 2 ? 0 : 20 + int32_t(rng() % 60);
+        c.softcap = seed % 3 ? 0.0f : 25.0f;
+        c.poison_masked = true;
+        c.threads = threads;
+        c.lse = true;
+        c.seed = seed;
+        run_case(c);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
 // MQA with a group larger than one tile, and head dim 256 with block 64.
 TEST_P(AttentionLarge, WideGroups) {
   Case c;

@@ -597,6 +597,31 @@ struct Param {
 
 class Fp8Attention : public ::testing::TestWithParam<Param> {};
 
+// Decode tiles of several KV heads (attention.cpp takes up to 8 at once):
+// each head's K and V scales must go with its own rows.
+TEST_P(Fp8Attention, DecodeTilesOfSeveralHeads) {
+  uint32_t seed = 7000 + 100 * uint32_t(GetParam().isa) + uint32_t(GetParam().fmt);
+  for (int32_t hkv : {5, 11}) {
+    for (int32_t threads : {1, 2}) {
+      std::mt19937 rng(++seed);
+      Case c;
+      c.isa = GetParam().isa;
+      c.fmt = GetParam().fmt;
+      c.head_dim = 128;
+      c.block_size = 16;
+      c.group = 4;
+      c.kv_heads = hkv;
+      for (int i = 0; i < 9; ++i) c.seqs.push_back({1 + int32_t(rng() % 200), 1});
+      c.threads = threads;
+      c.qdt = threads == 1 ? DType::kBF16 : DType::kF32;
+      c.lse = true;
+      c.seed = seed;
+      run_case(c);
+      if (HasFailure()) return;
+    }
+  }
+}
+
 TEST_P(Fp8Attention, MixedStepsEveryOption) {
   uint32_t seed = 100 * uint32_t(GetParam().isa) + uint32_t(GetParam().fmt);
   for (int32_t d : {64, 80, 128}) {
