@@ -187,7 +187,15 @@ void mla_attend(ThreadPool& pool, const MlaOps& ops, const MlaCache& cache, cons
         std::fill(sr + visible, sr + span, ninf);
       }
       softmax(sc.s.data(), kKeyChunk, rows, 0, span, sc.m.data(), sc.l.data(), sc.alpha.data());
-      ops.accumulate(sc.s.data(), rows, kKeyChunk, keys, nk, D, R, sc.alpha.data(), sc.acc.data());
+      // Each query's rows take only the keys that query sees: a later key
+      // weighs 0, but 0 * c is NaN when its latent holds NaN or Inf (a later
+      // token's garbage), which must not reach an earlier query (causal).
+      for (int32_t qi = 0; qi < item.nq; ++qi) {
+        const int32_t visible = std::max(0, std::min(nk, p0 + qi + 1 - k0));
+        const int64_t r = int64_t(qi) * item.nh;
+        ops.accumulate(sc.s.data() + r * kKeyChunk, item.nh, kKeyChunk, keys, visible, D, R,
+                       sc.alpha.data() + r, sc.acc.data() + r * R);
+      }
     }
     for (int32_t r = 0; r < rows; ++r) {
       const int64_t t = row0 + r / item.nh, h = item.h0 + r % item.nh;

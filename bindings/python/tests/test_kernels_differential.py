@@ -940,3 +940,48 @@ def test_mla_differential(mi, monkeypatch):
         pool.validate()
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+@pytest.mark.parametrize("isa", ["scalar", "avx2"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_mla_nonfinite_latent_seen_only_by_later_rows(dt, isa, bad, monkeypatch):
+    """Causality (batch.h: each query attends over tokens up to itself): a
+    NaN or Inf latent at position p may not reach the outputs of queries
+    before p in the same prefill, as for pkv_attention_forward."""
+    monkeypatch.setenv("PAGEDKV_CPU_ISA", isa)
+    rng = np.random.default_rng(11)
+    act = NP[dt]
+    rank, rope, n = 32, 16, 12
+    with pagedkv.Pool(
+        num_blocks=8,
+        block_size=16,
+        num_layers=1,
+        dtype=dt,
+        kv_layout="mla",
+        kv_lora_rank=rank,
+        qk_rope_head_dim=rope,
+        num_threads=1,
+    ) as pool:
+        s = pool.create_sequence()
+        s.append(list(range(1, n + 1)))
+        with pool.prepare([s], [n]) as b:
+            kvc = rnd(rng, (n, rank), act)
+            kpe = rnd(rng, (n, rope), act)
+            kvc[7, 3] = bad
+            b.mla_cache_write(0, kvc, kpe)
+            ql = rnd(rng, (n, 2, rank), act)
+            qp = rnd(rng, (n, 2, rope), act)
+            out = np.asarray(b.mla_attention(0, ql, qp, softmax_scale=0.1), np.float64)
+            ro, _, eb, _ = ref_mla(
+                ql[:7].astype(np.float64),
+                qp[:7].astype(np.float64),
+                kvc[:7].astype(np.float64),
+                kpe[:7].astype(np.float64),
+                np.arange(7),
+                0.1,
+            )
+            assert np.isfinite(out[:7]).all(), (
+                f"a non-finite latent at position 7 reached rows {sorted(set(np.argwhere(~np.isfinite(out[:7]))[:, 0]))}"
+            )
+            check_out(f"mla {dt}", out[:7], ro, eb, dt)
