@@ -515,7 +515,9 @@ class Attention {
     for (int32_t r = 0; r < g.rows; ++r) {
       float mx = kNegInf;
       for (int32_t p = 0; p < g.num_parts; ++p) {
-        mx = std::max(mx, part_ml_[(size_t(g.part_begin + p) * kMaxTileRows + r) * 2]);
+        const float pm = part_ml_[(size_t(g.part_begin + p) * kMaxTileRows + r) * 2];
+        // A NaN part (NaN logits: softmax_step) makes the row NaN; std::max would drop it.
+        mx = std::isnan(pm) || std::isnan(mx) ? pm + mx : std::max(mx, pm);
       }
       float* acc = s.acc;
       std::fill(acc, acc + d_, 0.0f);

@@ -740,6 +740,44 @@ def test_misuse_cache_write(monkeypatch):
     f.m.pool.close()
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f32", "fp8_e4m3"])
+def test_nonfinite_q_stays_in_its_row(dtype, monkeypatch):
+    f = Fixture(monkeypatch, dtype=dtype)
+    f.write_all()
+    qptr = f.b.plan(PlanArray.QUERY_INDPTR).numpy().copy()
+    pos = f.b.token_positions().numpy().copy()
+    for bad in (np.nan, np.inf, -np.inf):
+        q = f.q.copy()
+        q[2, 1, 5] = bad  # token 2 (sequence 0's third query), head 1
+        out, lse = f.b.attention(0, q, lse=True)
+        for r, i in enumerate((0, 1)):
+            rows = slice(qptr[r], qptr[r + 1])
+            ro, _, eb, _ = ref_attention(
+                q[rows].astype(np.float64),
+                f.m.hist_k[i][0],
+                f.m.hist_v[i][0],
+                pos[rows],
+                scale=1 / 8,
+                window=0,
+                softcap=0.0,
+            )
+            got = np.asarray(out[rows], np.float64)
+            ok = np.ones(got.shape, bool)
+            if r == 0:
+                ok[2, 1] = False  # the row with the non-finite q
+            u = U_OUT[f.c.act_dt]
+            bound = eb * (1 + 2 * u) + u * np.abs(ro)
+            assert np.isfinite(got[ok]).all(), f"{bad}: a non-finite q leaked into other rows"
+            assert (np.abs(got - ro)[ok] <= bound[ok]).all(), f"{bad}: other rows wrong"
+        lse = np.asarray(lse)
+        assert np.isfinite(np.delete(lse.reshape(-1), 2 * 4 + 1)).all(), f"{bad}: a non-finite q leaked into other LSEs"
+        if np.isnan(bad):
+            # IEEE (and the reference): NaN, not the zeros and -inf LSE of a row that saw no key.
+            assert np.isnan(np.asarray(out[2, 1], np.float64)).all() and np.isnan(lse[2, 1])
+    f.b.close()
+    f.m.pool.close()
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32", "fp8_e5m2"])
 @pytest.mark.parametrize("isa", ["scalar", "avx2"])
 def test_nonfinite_kv_seen_only_by_rows_that_see_it(dtype, isa, monkeypatch):
@@ -985,3 +1023,74 @@ def test_mla_nonfinite_latent_seen_only_by_later_rows(dt, isa, bad, monkeypatch)
                 f"a non-finite latent at position 7 reached rows {sorted(set(np.argwhere(~np.isfinite(out[:7]))[:, 0]))}"
             )
             check_out(f"mla {dt}", out[:7], ro, eb, dt)
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2"])
+def test_nonfinite_q_split_context(isa, monkeypatch):
+    """Two threads split a long decode along its context and merge the
+    parts (attention.cpp merge): a NaN query row stays NaN there too, the
+    other head exact."""
+    rng = np.random.default_rng(5)
+    c = Case(
+        dim=64,
+        bs=16,
+        hkv=1,
+        group=2,
+        dtype="f32",
+        layers=1,
+        threads=2,
+        isa=isa,
+        seqs=[(1400, 1)],
+        attend_each_round=False,
+    )
+    m = Model(rng, c, monkeypatch)
+    try:
+        m.step([1400], False)
+        m.step([1], False)
+        m.seqs[0].append([3])
+        with m.pool.prepare(m.seqs, [1]) as b:
+            k = rnd(rng, (1, 1, 64), np.float32)
+            b.cache_write(0, k, k.copy())
+            hk = np.concatenate([m.hist_k[0][0], k.astype(np.float64)])
+            hv = np.concatenate([m.hist_v[0][0], k.astype(np.float64)])
+            q = rnd(rng, (1, 2, 64), np.float32)
+            q[0, 0, 9] = np.nan
+            out, lse = b.attention(0, q, lse=True)
+            assert np.isnan(out[0, 0]).all() and np.isnan(lse[0, 0]), "a NaN query gave a finite row"
+            ro, _, eb, _ = ref_attention(
+                q[:, 1:].astype(np.float64), hk, hv, [1401], scale=1 / 8, window=0, softcap=0.0
+            )
+            check_out("attention split f32", out[:, 1:], ro, eb, "f32")
+    finally:
+        m.pool.close()
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2"])
+def test_visible_nan_key_anywhere_in_the_first_step_gives_nan(isa, monkeypatch):
+    """A NaN key a decode query sees makes its row NaN wherever the key sits
+    in the online softmax's first step (the vector max may or may not carry
+    the NaN), never a finite output that silently dropped keys."""
+    rng = np.random.default_rng(8)
+    c = Case(dim=64, bs=16, hkv=1, group=1, dtype="f32", layers=1, isa=isa, seqs=[(200, 1)])
+    m = Model(rng, c, monkeypatch)
+    try:
+        m.step([200], False)
+        m.seqs[0].append([5])
+        table = m.seqs[0].block_table()
+        with m.pool.prepare(m.seqs, [1]) as b:
+            k = rnd(rng, (1, 1, 64), np.float32)
+            b.cache_write(0, k, k.copy())
+            kplane = m.pool.kv_tensor(0, "k").numpy()
+            q = rnd(rng, (1, 1, 64), np.float32)
+            finite = []
+            for j in range(80):
+                blk, off = table[j // 16], j % 16
+                keep = kplane[blk, 0, off, 3]
+                kplane[blk, 0, off, 3] = np.nan
+                out, lse = b.attention(0, q, lse=True)
+                kplane[blk, 0, off, 3] = keep
+                if not (np.isnan(out).all() and np.isnan(lse).all()):
+                    finite.append(j)
+            assert not finite, f"a visible NaN key at positions {finite} gave a non-NaN row"
+    finally:
+        m.pool.close()
