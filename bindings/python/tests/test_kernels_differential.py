@@ -245,15 +245,22 @@ class Model:
         sc = self.ks if which == 0 else self.vs
         return sc[layer * self.c.hkv + head] if self.c.per_head else sc[layer]
 
-    def step(self, chunks: List[int], check_attention: bool) -> None:
+    def step(self, chunks: List[int], check_attention: bool, decode_call: bool = False) -> None:
         """Appends chunks[i] tokens to sequence i (0 = not in the plan),
-        writes every layer (checked slot by slot) and checks attention."""
+        writes every layer (checked slot by slot) and checks attention.
+        decode_call: one token each through pkv_batch_prepare_decode."""
         c, rng = self.c, self.rng
         idx = [i for i, n in enumerate(chunks) if n > 0]
-        for i in idx:
-            self.seqs[i].append(rng.integers(1, 30000, chunks[i]).tolist())
         plan_seqs = [self.seqs[i] for i in idx]
-        with self.pool.prepare(plan_seqs, [chunks[i] for i in idx], persistent_table=c.persistent) as b:
+        if decode_call:
+            assert all(chunks[i] == 1 for i in idx)
+            tokens = rng.integers(1, 30000, len(idx)).astype(np.int32)
+            plan = self.pool.prepare_decode(plan_seqs, tokens, persistent_table=c.persistent)
+        else:
+            for i in idx:
+                self.seqs[i].append(rng.integers(1, 30000, chunks[i]).tolist())
+            plan = self.pool.prepare(plan_seqs, [chunks[i] for i in idx], persistent_table=c.persistent)
+        with plan as b:
             n = b.num_tokens
             assert n == sum(chunks[i] for i in idx)
             slots = b.plan(PlanArray.SLOT_MAPPING).numpy().copy()
@@ -1092,5 +1099,51 @@ def test_visible_nan_key_anywhere_in_the_first_step_gives_nan(isa, monkeypatch):
                 if not (np.isnan(out).all() and np.isnan(lse).all()):
                     finite.append(j)
             assert not finite, f"a visible NaN key at positions {finite} gave a non-NaN row"
+    finally:
+        m.pool.close()
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_new_scales_read_stored_codes(fmt, monkeypatch):
+    """pool.h, pkv_pool_set_kv_scales: stored codes stay, attention reads them
+    times the new scales from then on."""
+    rng = np.random.default_rng(21)
+    c = Case(dim=64, bs=8, hkv=2, group=2, dtype=fmt, act="f16", per_head=True, layers=2, seqs=[(30, 4)])
+    m = Model(rng, c, monkeypatch)
+    try:
+        m.step([30], False)
+        codes = [[m.plane(ly, w).copy() for w in (0, 1)] for ly in range(2)]
+        new_k = [s * float(1.5 + rng.random()) for s in m.ks]
+        new_v = [s * float(0.25 + rng.random()) for s in m.vs]
+        m.pool.set_kv_scales(new_k, new_v)
+        assert all(np.array_equal(m.plane(ly, w), codes[ly][w]) for ly in range(2) for w in (0, 1))
+        # The history rescaled: value = code * scale, so new = old * new / old per (layer, head).
+        for ly in range(2):
+            for h in range(2):
+                i = ly * 2 + h
+                m.hist_k[0][ly][:, h] *= new_k[i] / m.ks[i]
+                m.hist_v[0][ly][:, h] *= new_v[i] / m.vs[i]
+        m.ks, m.vs = new_k, new_v
+        m.step([4], True)  # writes with the new scales, attends over both
+    finally:
+        m.pool.close()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_decode_steps_through_prepare_decode(persistent, monkeypatch):
+    """Several decode steps of pkv_batch_prepare_decode (persistent table or
+    CSR), crossing block boundaries, with a sequence leaving and a new one
+    joining in between."""
+    rng = np.random.default_rng(31)
+    c = Case(dim=64, bs=4, hkv=2, group=2, dtype="bf16", persistent=persistent, seqs=[(9, 1), (14, 1), (3, 1), (0, 6)])
+    m = Model(rng, c, monkeypatch)
+    try:
+        m.step([9, 14, 3, 0], False)
+        for _ in range(6):
+            m.step([1, 1, 1, 0], True, decode_call=True)
+        m.step([1, 0, 1, 6], True)  # sequence 1 pauses, 3 joins with a prefill
+        for _ in range(5):
+            m.step([1, 0, 1, 1], True, decode_call=True)
+        m.pool.validate()
     finally:
         m.pool.close()
