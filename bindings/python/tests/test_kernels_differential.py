@@ -476,6 +476,23 @@ def base_cases() -> List[Case]:
         )
     )
     cs.append(Case(dim=64, bs=16, hkv=2, group=2, dtype="f16", threads=2, seqs=MIX))
+    for isa in ("scalar", "avx2"):  # a windowed prefill tile split along its context
+        cs.append(
+            Case(
+                dim=64,
+                bs=16,
+                hkv=1,
+                group=2,
+                dtype="bf16",
+                threads=2,
+                isa=isa,
+                layers=1,
+                window=1100,
+                softcap=10.0,
+                seqs=[(2100, 6)],
+                attend_each_round=False,
+            )
+        )
     # Strided q / out / lse views.
     for dt in ("f32", "bf16", "fp8_e5m2"):
         cs.append(Case(dim=64, bs=8, hkv=2, group=2, dtype=dt, strided=True, seqs=MIX, layers=1))
@@ -1144,6 +1161,31 @@ def test_decode_steps_through_prepare_decode(persistent, monkeypatch):
         m.step([1, 0, 1, 6], True)  # sequence 1 pauses, 3 joins with a prefill
         for _ in range(5):
             m.step([1, 0, 1, 1], True, decode_call=True)
+        m.pool.validate()
+    finally:
+        m.pool.close()
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8_e5m2"])
+def test_forks_share_pages_and_copy_on_write(dtype, monkeypatch):
+    """Forks mid-block: the shared full pages are read by both branches, the
+    shared partial page is copied on write at prepare, and each branch then
+    sees the common prefix and only its own new tokens."""
+    rng = np.random.default_rng(41)
+    c = Case(dim=64, bs=8, hkv=2, group=2, dtype=dtype, seqs=[(21, 3)])
+    m = Model(rng, c, monkeypatch)
+    try:
+        m.step([21], True)
+        for _ in range(2):
+            m.seqs.append(m.seqs[0].fork())
+            m.hist_k.append([h.copy() for h in m.hist_k[0]])
+            m.hist_v.append([h.copy() for h in m.hist_v[0]])
+        assert m.seqs[1].block_table()[:2] == m.seqs[0].block_table()[:2]
+        m.step([3, 2, 1], True)
+        tables = [s.block_table() for s in m.seqs]
+        assert tables[0][:2] == tables[1][:2] == tables[2][:2]
+        assert len({t[2] for t in tables}) == 3, "the partial block was not copied on write"
+        m.step([1, 1, 1], True)
         m.pool.validate()
     finally:
         m.pool.close()
