@@ -1189,3 +1189,63 @@ def test_forks_share_pages_and_copy_on_write(dtype, monkeypatch):
         m.pool.validate()
     finally:
         m.pool.close()
+
+
+def test_mla_misuse(monkeypatch):
+    monkeypatch.delenv("PAGEDKV_CPU_ISA", raising=False)
+    rng = np.random.default_rng(13)
+    rank, rope = 32, 16
+    with pagedkv.Pool(
+        num_blocks=8,
+        block_size=4,
+        num_layers=1,
+        dtype="bf16",
+        kv_layout="mla",
+        kv_lora_rank=rank,
+        qk_rope_head_dim=rope,
+    ) as pool:
+        s = pool.create_sequence()
+        s.append([1, 2, 3, 4, 5])
+        with pool.prepare([s], [5]) as b:
+            act = NP["bf16"]
+            kvc, kpe = rnd(rng, (5, rank), act), rnd(rng, (5, rope), act)
+            b.mla_cache_write(0, kvc, kpe)
+            before = bits(pool.kv_tensor(0, "k").numpy()).copy()
+            ql, qp = rnd(rng, (5, 2, rank), act), rnd(rng, (5, 2, rope), act)
+            out = np.full((5, 2, rank), 2.0, act)
+            good = {"softmax_scale": 0.1, "sliding_window": 0, "logit_softcap": 0.0}
+
+            def call(q1, q2, o, lse=None, **p):
+                return b._call(_c.pkv_mla_attention, 0, q1, q2, o, lse, {**good, **p}, 0)
+
+            cases = [
+                (pagedkv.UnsupportedError, (ctuple(ql), ctuple(qp), ctuple(out)), {"sliding_window": 3}),
+                (pagedkv.UnsupportedError, (ctuple(ql), ctuple(qp), ctuple(out)), {"logit_softcap": 5.0}),
+                (pagedkv.InvalidArgumentError, (ctuple(ql), ctuple(qp), ctuple(out)), {"softmax_scale": 0.0}),
+                (pagedkv.InvalidArgumentError, (ctuple(ql), ctuple(qp), ctuple(out)), {"softmax_scale": float("nan")}),
+                (pagedkv.InvalidArgumentError, (ctuple(ql), None, ctuple(out)), {}),
+                (pagedkv.InvalidArgumentError, (ctuple(ql[:, :, :16]), ctuple(qp), ctuple(out[:, :, :16])), {}),
+                (pagedkv.InvalidArgumentError, (ctuple(ql), ctuple(qp[:, :1]), ctuple(out)), {}),
+                (pagedkv.InvalidArgumentError, (ctuple(ql), ctuple(qp), ctuple(ql)), {}),
+                (pagedkv.InvalidArgumentError, (ctuple(ql.astype(np.float32)), ctuple(qp), ctuple(out)), {}),
+                (pagedkv.InvalidArgumentError, (ctuple(ql), ctuple(qp), ctuple(out, strides=(0, 32, 1))), {}),
+                (
+                    pagedkv.InvalidArgumentError,
+                    (ctuple(ql), ctuple(qp), ctuple(out), ctuple(np.zeros((5, 3), np.float32))),
+                    {},
+                ),
+            ]
+            for exc, args, params in cases:
+                with pytest.raises(exc) as ei:
+                    call(*args, **params)
+                assert len(str(ei.value)) > 12, str(ei.value)
+                assert (out.astype(np.float32) == 2.0).all(), f"{ei.value}: out changed"
+            with pytest.raises(pagedkv.InvalidArgumentError):
+                b._call(_c.pkv_mla_cache_write, 0, ctuple(kvc.astype(np.float32)), ctuple(kpe), 0)
+            with pytest.raises(pagedkv.InvalidArgumentError):
+                b._call(_c.pkv_mla_cache_write, 0, ctuple(kvc), ctuple(kpe[:, :8]), 0)
+            with pytest.raises(pagedkv.InvalidStateError):
+                q48 = rnd(rng, (5, 1, rank + rope), act)  # an MHA call on an MLA pool
+                raw_attention(b, 0, ctuple(q48), ctuple(np.zeros_like(q48)))
+            assert np.array_equal(bits(pool.kv_tensor(0, "k").numpy()), before)
+            pool.validate()
