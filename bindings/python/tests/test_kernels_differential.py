@@ -561,6 +561,8 @@ def test_differential(ci, monkeypatch):
 def test_differential_random(si, monkeypatch):
     rng = np.random.default_rng(5000 + si + int(os.environ.get("PAGEDKV_TEST_SEED", "0")))
     c = random_case(rng)
+    if c.window and rng.random() < 0.3:  # a windowed pool: released blocks become the null block
+        c.pool_window = c.window + int(rng.integers(0, 3))
     print(c)
     run_case(rng, c, monkeypatch)
 
