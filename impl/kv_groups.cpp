@@ -153,6 +153,7 @@ GroupPool::GroupPool(const PoolOptions& base, std::vector<GroupSpec> groups)
   pin_.assign(nb, 0);
   plan_hold_.assign(nb, 0);
   key_.assign(nb, BlockHash{});
+  cached_at_.assign(nb, 0);
   queue_ = FreeBlockQueue(num_blocks_);
   copies_.resize(groups_.size());
   kept_tables_.resize(groups_.size());
@@ -243,6 +244,7 @@ void GroupPool::record_copy(uint32_t g, int32_t src, int32_t dst) {
 void GroupPool::cache(int32_t b, uint32_t g, const BlockHash& h) {
   if (!opts_.enable_prefix_caching || !key_[b].empty()) return;
   key_[b] = h;
+  cached_at_[b] = ++cache_clock_;
   cache_.emplace(Key{h, g}, b);
 }
 
@@ -257,8 +259,16 @@ void GroupPool::uncache(int32_t b) {
 }
 
 int32_t GroupPool::lookup(const BlockHash& h, uint32_t g) const {
-  auto it = cache_.find(Key{h, g});
-  return it == cache_.end() ? -1 : it->second;
+  // Equal hashes (a block recomputed after a hit capped below it, or filled
+  // by two sequences at once) map to several blocks; the multimap's order
+  // among them is unspecified (libstdc++ puts the newest first). vLLM hits
+  // the oldest, and which one a hit takes decides the block ids and what
+  // stays in the free queue, so the oldest it is.
+  auto range = cache_.equal_range(Key{h, g});
+  int32_t best = -1;
+  for (auto it = range.first; it != range.second; ++it)
+    if (best < 0 || cached_at_[it->second] < cached_at_[best]) best = it->second;
+  return best;
 }
 
 uint64_t GroupPool::window_end(uint32_t g, uint64_t n0) const {

@@ -200,7 +200,12 @@ class GroupPool {
   std::vector<int32_t> pin_;       // references held by pending copies
   // References held by open step plans' snapshot slots (group_snapshots.cpp).
   std::vector<int32_t> plan_hold_;
-  std::vector<BlockHash> key_;     // hash of a cached block (empty = not cached)
+  std::vector<BlockHash> key_;  // hash of a cached block (empty = not cached)
+  // When each cached block entered the cache (a pool-wide counter): a lookup
+  // among blocks of equal hash returns the oldest, as vLLM's
+  // BlockHashToBlockMap (an insertion-ordered dict) and single-group pools do.
+  std::vector<uint64_t> cached_at_;
+  uint64_t cache_clock_ = 0;
   FreeBlockQueue queue_;
   std::unordered_multimap<Key, int32_t, KeyHasher> cache_;
   std::unordered_map<SeqId, Seq> seqs_;

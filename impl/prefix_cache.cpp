@@ -27,7 +27,8 @@ PrefixCache::PrefixCache(const BlockHash* hashes, int32_t num_blocks)
     : hashes_(hashes),
       secret_(random_secret()),
       dup_next_(num_blocks, -1),
-      dup_prev_(num_blocks, -1) {
+      dup_prev_(num_blocks, -1),
+      dup_tail_(num_blocks, -1) {
   size_t cap = 16;
   while (cap < size_t(num_blocks) * 2) cap <<= 1;
   static_assert(sizeof(Slot) == 8, "two slots per 16 bytes");
@@ -70,18 +71,22 @@ void PrefixCache::insert(int32_t block) {
     const int32_t b = slots_[i].block;
     if (b < 0) break;
     if (slots_[i].key == k && hs[b] == h) {
-      // Same content already mapped: join its chain behind the head.
-      int32_t n = dup_next_[b];
-      dup_prev_[block] = b;
-      dup_next_[block] = n;
-      if (n >= 0) dup_prev_[n] = block;
-      dup_next_[b] = block;
+      // Same content already mapped: join its chain at the tail, so that the
+      // chain stays in caching order and a lookup (the head, then the next
+      // on erase) gives the oldest block, as vLLM does. Which one a hit
+      // takes decides block ids and the free queue's order.
+      const int32_t t = dup_tail_[b] >= 0 ? dup_tail_[b] : b;
+      dup_prev_[block] = t;
+      dup_next_[block] = -1;
+      dup_next_[t] = block;
+      dup_tail_[b] = block;
       ++num_entries_;
       return;
     }
   }
   slots_[i] = {block, k};
   dup_prev_[block] = dup_next_[block] = -1;
+  dup_tail_[block] = -1;
   ++num_entries_;
 }
 
@@ -91,12 +96,20 @@ void PrefixCache::erase(int32_t block) {
   dup_prev_[block] = dup_next_[block] = -1;
   if (p >= 0) {  // not the chain head: unlink only
     dup_next_[p] = n;
-    if (n >= 0) dup_prev_[n] = p;
+    if (n >= 0) {
+      dup_prev_[n] = p;
+    } else {  // it was the tail: the head's tail moves back
+      const int32_t head = slots_[slot_of(hashes_[block])].block;
+      dup_tail_[head] = p == head ? -1 : p;
+    }
     return;
   }
   size_t i = slot_of(hashes_[block]);
+  const int32_t tail = dup_tail_[block];
+  dup_tail_[block] = -1;
   if (n >= 0) {  // promote the next block of the chain to head
     dup_prev_[n] = -1;
+    dup_tail_[n] = tail == n ? -1 : tail;
     slots_[i].block = n;  // the same hash: the same key
     return;
   }
@@ -120,6 +133,7 @@ void PrefixCache::clear() {
   std::fill(slots_.begin(), slots_.end(), Slot{-1, 0});
   std::fill(dup_next_.begin(), dup_next_.end(), -1);
   std::fill(dup_prev_.begin(), dup_prev_.end(), -1);
+  std::fill(dup_tail_.begin(), dup_tail_.end(), -1);
   num_entries_ = 0;
 }
 
@@ -152,6 +166,8 @@ const char* PrefixCache::check() const {
       if (++count > num_entries_) return "prefix cache: more mapped blocks than its count";
       prev = b;
     }
+    if (dup_tail_[head] != (prev == head ? -1 : prev))
+      return "prefix cache: a chain head does not name its last block";
   }
   if (count != num_entries_) return "prefix cache: fewer mapped blocks than its count";
   return "";

@@ -1,6 +1,8 @@
 // The prefix cache: block hash -> the blocks holding that content. Equal
 // hashes may map to several blocks (two sequences filled the same block at
-// once); a lookup returns any of them.
+// once, or a full hit recomputed its last block); they are kept in the order
+// they were cached, and a lookup returns the oldest, as vLLM's
+// BlockHashToBlockMap (an insertion-ordered dict) does.
 //
 // Only blocks can hold hashes, so the number of distinct keys never exceeds
 // the number of blocks: a fixed open-addressing table (linear probing,
@@ -84,6 +86,9 @@ class PrefixCache {
   BlockArray<Slot> slots_;
   size_t mask_ = 0;
   BlockArray<int32_t> dup_next_, dup_prev_;  // chain links, -1 = none
+  // At a chain's head: its last block (where the next duplicate joins), -1
+  // when the head is alone. Unused elsewhere.
+  BlockArray<int32_t> dup_tail_;
   int32_t num_entries_ = 0;
 };
 

@@ -178,3 +178,55 @@ TEST(GroupRegress, AnIdOfAnotherPoolIsNotFound) {
   pkv_pool_destroy(b);
   pkv_pool_destroy(a);
 }
+
+// Found by the vLLM differential test (bindings/python/tests/
+// test_vllm_differential.py): equal blocks of a group (a full hit recomputes
+// the prompt's last block, which is then cached twice) were looked up newest
+// first, vLLM's coordinator takes the oldest. The hit then took other block
+// ids, and other blocks left the free queue, than vLLM's.
+TEST(GroupRegress, AHitTakesTheOldestOfEqualBlocks) {
+  pkv_kv_group_spec window = spec(PKV_GROUP_SLIDING_WINDOW);
+  window.sliding_window = 2 * kBs;
+  const std::vector<pkv_kv_group_spec> groups = {spec(PKV_GROUP_FULL), window};
+  pkv_pool_options o;
+  pkv_pool_options_init(&o);
+  o.block_size = kBs;
+  o.num_blocks = 40;
+  pkv_pool* p = nullptr;
+  ASSERT_EQ(pkv_pool_create_groups(&o, groups.data(), 2, &p), PKV_OK) << pkv_last_error_message();
+  const std::vector<int32_t> toks = {100, 101, 102, 103, 104, 105, 106, 107, 1, 2, 3, 4};
+  const auto table = [&](pkv_seq_id s, uint32_t g) {
+    std::vector<int32_t> t(8);
+    uint64_t len = 0;
+    EXPECT_EQ(pkv_seq_group_block_table(p, s, g, t.data(), t.size(), &len), PKV_OK);
+    t.resize(len);
+    return t;
+  };
+  // Admits toks[0, n): the hit, then the rest, computed in one step.
+  const auto admit = [&](uint64_t n) {
+    pkv_seq_id s = 0;
+    uint64_t hit = 0;
+    EXPECT_EQ(pkv_seq_create(p, nullptr, &s), PKV_OK);
+    EXPECT_EQ(pkv_seq_match_prefix(p, s, toks.data(), n, &hit), PKV_OK);
+    EXPECT_EQ(pkv_seq_append(p, s, toks.data() + hit, n - hit, 0), PKV_OK);
+    step(p, s, uint32_t(n - hit));
+    return s;
+  };
+  // The same two blocks, computed by a, then again by b (its hit stops one
+  // block short: the last token is always computed).
+  const pkv_seq_id a = admit(8);
+  const std::vector<int32_t> a0 = table(a, 0), a1 = table(a, 1);
+  ASSERT_EQ(pkv_seq_free(p, a), PKV_OK);
+  const pkv_seq_id b = admit(8);
+  EXPECT_NE(table(b, 0)[1], a0[1]);
+  ASSERT_EQ(pkv_seq_free(p, b), PKV_OK);
+  const pkv_seq_id c = admit(12);
+  const std::vector<int32_t> c0 = table(c, 0), c1 = table(c, 1);
+  ASSERT_EQ(c0.size(), 3u);
+  ASSERT_EQ(c1.size(), 3u);
+  EXPECT_EQ(std::vector<int32_t>(c0.begin(), c0.begin() + 2), a0);
+  EXPECT_EQ(std::vector<int32_t>(c1.begin(), c1.begin() + 2), a1);
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
+  ASSERT_EQ(pkv_seq_free(p, c), PKV_OK);
+  pkv_pool_destroy(p);
+}

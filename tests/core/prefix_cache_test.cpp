@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
@@ -70,6 +71,39 @@ TEST(PrefixCache, EqualHashesMapToSeveralBlocks) {
   EXPECT_STREQ(c.check(), "");
 }
 
+// vLLM's BlockHashToBlockMap keeps equal blocks in an insertion-ordered dict
+// and a hit takes the first: the oldest. The chain keeps caching order, so
+// find() gives the oldest too, also after its head or tail left (a chain of
+// three used to put the newest second, promoted when the head was erased).
+TEST(PrefixCache, EqualHashesAreFoundOldestFirst) {
+  const int32_t n = 16;
+  std::vector<BlockHash> hashes(n);
+  PrefixCache c(hashes.data(), n);
+  const auto add = [&](int32_t b) {
+    hashes[b] = make_hash(42);
+    c.insert(b);
+  };
+  for (int32_t b : {2, 7, 9}) add(b);
+  EXPECT_EQ(c.find(make_hash(42)), 2);
+  c.erase(2);  // the head: the next oldest follows
+  EXPECT_EQ(c.find(make_hash(42)), 7);
+  EXPECT_STREQ(c.check(), "");
+  add(4);      // 7, 9, 4
+  c.erase(4);  // the tail: a later insert joins behind 9
+  EXPECT_STREQ(c.check(), "");
+  add(5);      // 7, 9, 5
+  c.erase(9);  // the middle
+  EXPECT_STREQ(c.check(), "");
+  EXPECT_EQ(c.find(make_hash(42)), 7);
+  c.erase(7);
+  EXPECT_EQ(c.find(make_hash(42)), 5);
+  EXPECT_STREQ(c.check(), "");
+  add(3);  // 5, 3
+  c.erase(5);
+  EXPECT_EQ(c.find(make_hash(42)), 3);
+  EXPECT_STREQ(c.check(), "");
+}
+
 TEST(PrefixCache, ProbeCollisionsSurviveBackwardShiftDeletion) {
   const int32_t n = 8;  // 16 slots
   std::vector<BlockHash> hashes(n);
@@ -91,8 +125,8 @@ TEST(PrefixCache, MatchesAReferenceMultimapUnderRandomOperations) {
   const int32_t n = 64;
   std::vector<BlockHash> hashes(n);
   PrefixCache c(hashes.data(), n);
-  std::map<uint64_t, std::set<int32_t>> ref;  // hash value -> blocks
-  std::vector<uint64_t> value(n, 0);          // 0 = not cached
+  std::map<uint64_t, std::vector<int32_t>> ref;  // hash value -> blocks, oldest first
+  std::vector<uint64_t> value(n, 0);             // 0 = not cached
   // Values divisible by 5 collide on the probe's first slot.
   std::map<uint64_t, BlockHash> of_value;
   auto hash_of = [&](uint64_t v) {
@@ -108,10 +142,11 @@ TEST(PrefixCache, MatchesAReferenceMultimapUnderRandomOperations) {
       hashes[b] = hash_of(v);
       c.insert(b);
       value[b] = v;
-      ref[v].insert(b);
+      ref[v].push_back(b);
     } else {
       c.erase(b);
-      ref[value[b]].erase(b);
+      std::vector<int32_t>& r = ref[value[b]];
+      r.erase(std::find(r.begin(), r.end(), b));
       value[b] = 0;
       hashes[b] = BlockHash{};
     }
@@ -120,7 +155,7 @@ TEST(PrefixCache, MatchesAReferenceMultimapUnderRandomOperations) {
     if (ref[probe].empty())
       ASSERT_EQ(got, -1);
     else
-      ASSERT_TRUE(ref[probe].count(got)) << "step " << step;
+      ASSERT_EQ(got, ref[probe].front()) << "step " << step;  // the oldest, as vLLM
     if (step % 101 == 0) ASSERT_STREQ(c.check(), "");
   }
 }
