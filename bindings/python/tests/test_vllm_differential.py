@@ -1,0 +1,640 @@
+"""pagedkv against vLLM V1's own KV cache manager, op for op (opt-in).
+
+Runs random operation sequences (admissions of prompts sharing prefixes,
+decode appends, frees, preemptions with re-admission, prefix-cache resets)
+through vLLM's KVCacheManager (vllm/v1/core: kv_cache_manager.py, the
+Unitary/Hybrid coordinators, FullAttentionManager, SlidingWindowManager,
+block_pool.py) and through pagedkv, and compares after every operation the
+tokens each admission hits, every request's block table in every group
+(block ids included, so the free queue's order and LRU eviction are
+compared), the free block count, and (single-group pools) the KV events:
+BlockStored with its hashes, parent hash and token ids, BlockRemoved,
+AllBlocksCleared. The hash tests compare pagedkv's hashes with vLLM's
+hash_block_tokens / request block hasher byte for byte.
+
+Skipped unless PKV_VLLM_SRC names a directory holding vLLM's Python files
+(nothing of vLLM is part of this repository; vLLM itself is never imported,
+only the files below, with every other vllm.* module stubbed):
+
+    python3 -m pip download vllm --no-deps -d /tmp/vllm-wheel   # 0.33.0 checked
+    unzip -q /tmp/vllm-wheel/vllm-*.whl 'vllm/*.py' -d /tmp/vllm-src
+    PKV_VLLM_SRC=/tmp/vllm-src PYTHONPATH=build/bindings/python \\
+        python3 -m pytest bindings/python/tests/test_vllm_differential.py
+
+Needs torch (vLLM's kv_cache_interface.py imports it), cbor2, xxhash,
+msgspec and pyzmq (its kv_events.py). PKV_VLLM_SEEDS sets the random
+sequences per configuration (default 15: about 30 s in all).
+
+How the two are driven alike: a vLLM request is admitted as its scheduler
+does (get_computed_blocks, allocate_slots for the rest, all of it computed in
+that step), each decode token is one allocate_slots(request, 1) step; on
+pagedkv's side the same tokens are admitted (Pool.admit, or match_prefix then
+append on a HybridPool) and every step is a committed plan, so its tokens
+count as computed before the next operation, as vLLM assumes. Group kinds: 0
+is full attention, W > 0 a sliding window of W tokens.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import random
+import sys
+import types
+
+import pytest
+
+import pagedkv as pk
+from pagedkv.events import drain_events
+from pagedkv.hybrid import HybridPool, KVGroupSpec
+
+VLLM_SRC = os.environ.get("PKV_VLLM_SRC")
+if not VLLM_SRC:
+    pytest.skip("PKV_VLLM_SRC is not set (see the module docstring)", allow_module_level=True)
+if not os.path.isfile(os.path.join(VLLM_SRC, "vllm", "v1", "core", "kv_cache_manager.py")):
+    pytest.skip(f"{VLLM_SRC}: no vllm/v1/core/kv_cache_manager.py", allow_module_level=True)
+for _mod in ("torch", "cbor2", "xxhash", "msgspec", "zmq"):
+    pytest.importorskip(_mod)
+
+SEEDS = int(os.environ.get("PKV_VLLM_SEEDS", "15"))
+
+# ---------------------------------------------------------------- loader
+# As bench/vllm_loader.py, with more of vLLM's own files executed and stubs
+# whose classes answer attribute lookups too (enum members in defaults).
+
+_REAL = {
+    "vllm.utils.hashing",
+    "vllm.utils.math_utils",
+    "vllm.v1.core.block_pool",
+    "vllm.v1.core.kv_cache_coordinator",
+    "vllm.v1.core.kv_cache_manager",
+    "vllm.v1.core.kv_cache_metrics",
+    "vllm.v1.core.kv_cache_utils",
+    "vllm.v1.core.single_type_kv_cache_manager",
+    "vllm.v1.kv_cache_interface",
+    "vllm.v1.kv_cache_layout",
+    "vllm.v1.kv_cache_spec_registry",
+    "vllm.distributed.kv_events",
+}
+
+
+class _Meta(type):
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Placeholder()
+
+
+class _Placeholder(metaclass=_Meta):
+    """Stands for any class, function or constant of a stubbed module."""
+
+    def __init__(self, *a, **k):
+        pass
+
+    def __call__(self, *a, **k):
+        return _Placeholder()
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Placeholder()
+
+    def __class_getitem__(cls, item):
+        return cls
+
+    def __bool__(self):
+        return False
+
+    def __iter__(self):
+        return iter(())
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        cls = _Meta(name, (_Placeholder,), {})
+        setattr(self, name, cls)
+        return cls
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, root):
+        self.root = root
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "vllm" and not name.startswith("vllm."):
+            return None
+        rel = os.path.join(self.root, *name.split("."))
+        if name in _REAL:
+            return importlib.util.spec_from_file_location(name, rel + ".py")
+        if os.path.isdir(rel):  # a package: its __init__ is skipped
+            spec = importlib.machinery.ModuleSpec(name, self, is_package=True)
+            spec.submodule_search_locations = [rel]
+            return spec
+        return importlib.machinery.ModuleSpec(name, self)
+
+    def create_module(self, spec):
+        mod = _StubModule(spec.name)
+        if spec.submodule_search_locations is not None:
+            mod.__path__ = list(spec.submodule_search_locations)
+        return mod
+
+    def exec_module(self, module):
+        pass
+
+
+if "vllm" in sys.modules and not isinstance(sys.modules["vllm"], _StubModule):
+    pytest.skip("a real vllm package is imported in this process", allow_module_level=True)
+sys.meta_path.insert(0, _Finder(VLLM_SRC))
+import torch  # noqa: E402
+import vllm.v1.core.kv_cache_manager as kcm  # noqa: E402
+import vllm.v1.core.kv_cache_utils as kcu  # noqa: E402
+import vllm.v1.kv_cache_interface as kci  # noqa: E402
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored  # noqa: E402
+from vllm.utils.hashing import sha256_cbor, xxhash_cbor  # noqa: E402
+
+kcu.init_none_hash(sha256_cbor)
+SEED = kcu._NONE_HASH_SEED  # PYTHONHASHSEED, or vLLM's fixed default for sha256
+
+# ---------------------------------------------------------------- vLLM side
+
+
+class _Request:
+    """What vLLM's KV cache manager reads of a vllm.v1.request.Request."""
+
+    def __init__(self, rid, tokens, hasher, lora=None, salt=None, mm=()):
+        self.request_id = rid
+        self.all_token_ids = list(tokens)
+        self.num_prompt_tokens = len(tokens)
+        self.block_hashes = []
+        self.num_computed_tokens = 0
+        self.num_in_flight_tokens = 0
+        self.num_preemptions = 0
+        self.lora_request = lora
+        self.mm_features = [
+            types.SimpleNamespace(identifier=h, mm_position=types.SimpleNamespace(offset=o, length=n))
+            for (o, n, h) in mm
+        ]
+        self.cache_salt = salt
+        self.prompt_embeds = None
+        self.session_id = None
+        self.shared_prefix_boundary = 0
+        self.skip_reading_prefix_cache = False
+        self.status = "WAITING"
+        self.kv_cache_report_mode = "incremental"
+        self._hasher = hasher
+        self.block_hashes.extend(hasher(self))
+
+    @property
+    def num_tokens(self):
+        return len(self.all_token_ids)
+
+    def append(self, token):
+        self.all_token_ids.append(token)
+        self.block_hashes.extend(self._hasher(self))
+
+
+class VllmSide:
+    def __init__(self, groups, bs, nblocks, caching=True):
+        specs = []
+        for i, w in enumerate(groups):
+            kw = dict(block_size=bs, num_kv_heads=1, head_size=8, dtype=torch.float16)
+            spec = kci.SlidingWindowSpec(sliding_window=w, **kw) if w else kci.FullAttentionSpec(**kw)
+            specs.append(kci.KVCacheGroupSpec([f"layer{i}"], spec))
+        cfg = kci.KVCacheConfig(num_blocks=nblocks, kv_cache_tensors=[], kv_cache_groups=specs)
+        self.m = kcm.KVCacheManager(
+            cfg,
+            max_model_len=1 << 20,
+            scheduler_block_size=bs,
+            hash_block_size=bs,
+            enable_caching=caching,
+            enable_kv_cache_events=True,
+        )
+        self.bs = bs
+        self.hasher = kcu.get_request_block_hasher(bs, sha256_cbor)
+        self.reqs = {}
+        self.n = 0
+
+    def admit(self, tokens):
+        self.n += 1
+        r = _Request(str(self.n), tokens, self.hasher)
+        blocks, hit, _ = self.m.get_computed_blocks(r)
+        if self.m.allocate_slots(r, len(tokens) - hit, hit, blocks) is None:
+            return None, hit
+        r.num_computed_tokens = len(tokens)
+        r.status = "RUNNING"
+        self.reqs[r.request_id] = r
+        return r.request_id, hit
+
+    def decode(self, rid, token):
+        r = self.reqs[rid]
+        r.append(token)
+        if self.m.allocate_slots(r, 1) is None:
+            # As pagedkv's failed append: the token is not the request's.
+            r.all_token_ids.pop()
+            del r.block_hashes[len(r.all_token_ids) // self.bs :]
+            return False
+        r.num_computed_tokens += 1
+        return True
+
+    def free(self, rid):
+        self.m.free(self.reqs.pop(rid))
+
+    def tables(self, rid):
+        return [list(t) for t in self.m.get_block_ids(rid)]
+
+    def num_free(self):
+        return self.m.block_pool.get_num_free_blocks()
+
+    def reset(self):
+        assert self.m.reset_prefix_cache()
+
+    def events(self):
+        out = []
+        for e in self.m.take_events():
+            if isinstance(e, BlockStored):
+                parent = e.parent_block_hash
+                for i, h in enumerate(e.block_hashes):
+                    toks = tuple(e.token_ids[i * e.block_size : (i + 1) * e.block_size])
+                    out.append(("stored", bytes(h), None if parent is None else bytes(parent), toks))
+                    parent = h
+            elif isinstance(e, BlockRemoved):
+                out.extend(("removed", bytes(h)) for h in e.block_hashes)
+            elif isinstance(e, AllBlocksCleared):
+                out.append(("cleared",))
+        return out
+
+
+# ------------------------------------------------------------- pagedkv side
+
+
+class PagedkvSide:
+    """hybrid: a HybridPool even for one group (multi-group pools follow
+    vLLM's per-kind hit rules; a single-group Pool's window does not, below)."""
+
+    def __init__(self, groups, bs, nblocks, caching=True, hybrid=False):
+        self.multi = hybrid or len(groups) > 1
+        if self.multi:
+            specs = [KVGroupSpec.window(w, 1, 1, 8) if w else KVGroupSpec.full(1, 1, 8) for w in groups]
+            self.p = HybridPool(specs, num_blocks=nblocks, block_size=bs, hash_seed=SEED, enable_prefix_caching=caching)
+        else:
+            self.p = pk.Pool(
+                num_blocks=nblocks,
+                block_size=bs,
+                hash_seed=SEED,
+                enable_prefix_caching=caching,
+                sliding_window=groups[0],
+                enable_events=True,
+            )
+        self.seqs = {}
+        self.n = 0
+
+    def _step(self, seq, n):
+        with self.p.prepare([seq], [n]) as b:
+            b.commit()
+
+    def admit(self, tokens):
+        self.n += 1
+        if self.multi:  # HybridPool has no admit: match, then append
+            seq = self.p.create_sequence()
+            hit = seq.match_prefix(tokens)
+            try:
+                seq.append(tokens[hit:])
+            except pk.OutOfBlocksError:
+                seq.free()
+                return None, hit
+        else:
+            try:
+                seq, hit = self.p.admit(tokens)
+            except pk.OutOfBlocksError:
+                return None, None
+        self._step(seq, len(tokens) - hit)
+        self.seqs[str(self.n)] = seq
+        return str(self.n), hit
+
+    def decode(self, rid, token):
+        try:
+            self.seqs[rid].append([token])
+        except pk.OutOfBlocksError:
+            return False
+        self._step(self.seqs[rid], 1)
+        return True
+
+    def free(self, rid):
+        self.seqs.pop(rid).free()
+
+    def tables(self, rid):
+        seq = self.seqs[rid]
+        return [list(t) for t in self.p.block_tables(seq)] if self.multi else [list(seq.block_table())]
+
+    def num_free(self):
+        return self.p.stats().num_free_blocks
+
+    def reset(self):
+        self.p.reset_prefix_cache()
+
+    def events(self):
+        out = []
+        while True:
+            evs = drain_events(self.p)
+            if not evs:
+                return out
+            for e in evs:
+                if e.type == pk.EventType.BLOCK_STORED:
+                    out.append(("stored", e.block_hash, e.parent_hash, tuple(e.token_ids)))
+                elif e.type == pk.EventType.BLOCK_REMOVED:
+                    out.append(("removed", e.block_hash))
+                elif e.type == pk.EventType.ALL_CLEARED:
+                    out.append(("cleared",))
+
+
+# ---------------------------------------------------------------- driver
+
+
+def gen_ops(seed, bs, nops=150):
+    """Random operations; a request is named by the index of its admission."""
+    rng = random.Random(seed)
+    bases = [[rng.randrange(1000) for _ in range(rng.randrange(4, 6 * bs))] for _ in range(3)]
+    ops, live = [], []
+    for _ in range(nops):
+        r = rng.random()
+        if r < 0.35 or not live:
+            base = rng.choice(bases)
+            cut = rng.randrange(0, len(base) + 1)
+            extra = [rng.randrange(1000) for _ in range(rng.randrange(0 if cut else 1, 2 * bs))]
+            ops.append(("admit", base[:cut] + extra))
+            live.append(len(ops) - 1)
+        elif r < 0.75:
+            ops.append(("decode", rng.choice(live), [rng.randrange(1000) for _ in range(rng.randrange(1, 2 * bs))]))
+        elif r < 0.88:
+            k = rng.choice(live)
+            live.remove(k)
+            ops.append(("free", k))
+        elif r < 0.95:
+            ops.append(("preempt", rng.choice(live)))
+        else:  # free everything, then reset the prefix cache
+            ops.extend(("free", k) for k in live)
+            live.clear()
+            ops.append(("reset",))
+    return ops
+
+
+def replay(ops, groups, bs, nblocks, caching=True, hybrid=False, stats=None):
+    """Runs ops on both sides; None, or the first difference (a string)."""
+    v = VllmSide(groups, bs, nblocks, caching)
+    p = PagedkvSide(groups, bs, nblocks, caching, hybrid)
+    live = {}  # op index -> (vLLM id, pagedkv id, tokens)
+    st = stats if stats is not None else {}
+
+    def count(key, n=1):
+        st[key] = st.get(key, 0) + n
+
+    def check(i):
+        p.p.validate()
+        if v.num_free() != p.num_free():
+            return f"op {i} {ops[i][0]}: free blocks vLLM {v.num_free()} pagedkv {p.num_free()}"
+        for k, (vr, pr, _) in live.items():
+            vt, pt = v.tables(vr), p.tables(pr)
+            if not caching:
+                # Nothing is cached: vLLM puts a request's freed blocks at
+                # the head of the free queue in the order freed (tail block
+                # first), pagedkv each at the head in turn (docs/
+                # vllm-compat.md), so ids differ; the tables' shape must not.
+                vt = [[b != 0 for b in t] for t in vt]
+                pt = [[b != 0 for b in t] for t in pt]
+            if vt != pt:
+                return f"op {i} {ops[i][0]}: block tables of request {k}: vLLM {vt} pagedkv {pt}"
+        if not p.multi:  # multi-group pools record no events (groups.h)
+            ve, pe = v.events(), p.events()
+            count("events", len(ve))
+            if ve != pe:
+                return f"op {i} {ops[i][0]}: events vLLM {ve} pagedkv {pe}"
+        return None
+
+    def admit(i, k, tokens):
+        vr, vh = v.admit(tokens)
+        pr, ph = p.admit(tokens)
+        if (vr is None) != (pr is None):
+            return (
+                f"op {i}: admission of {len(tokens)} tokens: vLLM {vr and vh} pagedkv {pr and ph} (None: out of blocks)"
+            )
+        if vr is None:
+            count("out_of_blocks")
+            # A failed HybridPool admission attached (touched) its hits
+            # before the append failed; vLLM's looked them up only.
+            return "stop" if p.multi else None
+        if vh != ph:
+            return f"op {i}: admission of {len(tokens)} tokens: hit vLLM {vh} pagedkv {ph}"
+        live[k] = (vr, pr, list(tokens))
+        count("admissions")
+        count("hit_tokens", vh)
+        return None
+
+    for i, op in enumerate(ops):
+        err = None
+        if op[0] == "admit":
+            err = admit(i, i, op[1])
+        elif op[0] == "reset":
+            if p.multi:  # not on multi-group pools (groups.h): the frees before it stay
+                continue
+            v.reset()
+            p.reset()
+            count("resets")
+        elif op[1] in live:
+            vr, pr, tokens = live[op[1]]
+            if op[0] == "decode":
+                for t in op[2]:
+                    okv, okp = v.decode(vr, t), p.decode(pr, t)
+                    if okv != okp:
+                        err = f"op {i}: decode of request {op[1]}: vLLM {okv} pagedkv {okp} (False: out of blocks)"
+                        break
+                    if not okv:
+                        count("out_of_blocks")
+                        # vLLM's failed allocate_slots has released the
+                        # blocks outside the window already; pagedkv's
+                        # append is all or nothing (README). From here on
+                        # the pools differ by design.
+                        if any(groups):
+                            return None
+                        break
+                    tokens.append(t)
+                    count("decode_tokens")
+            else:
+                v.free(vr)
+                p.free(pr)
+                del live[op[1]]
+                count(op[0] + "s")
+                if op[0] == "preempt":  # recomputed from scratch: prompt + outputs
+                    err = check(i) or admit(i, op[1], tokens)
+        if err == "stop":
+            return None
+        err = err or check(i)
+        if err:
+            return err
+    return None
+
+
+# ------------------------------------------------------------------ hashes
+
+
+def _vllm_hashes(fn, bs, tokens, lora=None, salt=None, mm=()):
+    kcu.init_none_hash(fn)
+    req = _Request("h", tokens, kcu.get_request_block_hasher(bs, fn), lora=lora, salt=salt, mm=mm)
+    return [bytes(h) for h in req.block_hashes], kcu._NONE_HASH_SEED
+
+
+ALGOS = [(sha256_cbor, "sha256_cbor"), (xxhash_cbor, "xxh3_128")]
+
+
+@pytest.mark.parametrize("pythonhashseed", [None, "0", "12345"])
+@pytest.mark.parametrize("fn,algo", ALGOS)
+def test_none_hash_is_the_root_for_vllms_seed(monkeypatch, fn, algo, pythonhashseed):
+    if pythonhashseed is None:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONHASHSEED", pythonhashseed)
+    kcu.init_none_hash(fn)
+    try:
+        seed = kcu._NONE_HASH_SEED
+        if pythonhashseed is not None:
+            assert seed == pythonhashseed
+        assert pk.hash_root(algo, seed) == bytes(kcu.NONE_HASH)
+        if pythonhashseed is None and fn is sha256_cbor:
+            # Without PYTHONHASHSEED current vLLM seeds sha256 with a fixed
+            # string; pagedkv's default seed is "": pass that string as
+            # hash_seed to share vLLM's hashes (docs/vllm-compat.md).
+            assert pk.hash_root(algo) != bytes(kcu.NONE_HASH)
+            assert pk.hash_root(algo, getattr(kcu, "DEFAULT_NONE_HASH_SEED", seed)) == bytes(kcu.NONE_HASH)
+    finally:
+        monkeypatch.undo()
+        kcu.init_none_hash(sha256_cbor)
+
+
+@pytest.mark.parametrize("bs", [1, 4, 16])
+@pytest.mark.parametrize("fn,algo", ALGOS)
+def test_text_block_hashes_are_vllms(fn, algo, bs):
+    rng = random.Random(bs)
+    try:
+        for n in [0, bs - 1, bs, 3 * bs + 1, 10 * bs]:
+            tokens = [rng.randrange(-(2**31), 2**31) if rng.random() < 0.1 else rng.randrange(200000) for _ in range(n)]
+            want, seed = _vllm_hashes(fn, bs, tokens)
+            assert pk.hash_prefix(tokens, block_size=bs, algo=algo, seed=seed) == want
+    finally:
+        kcu.init_none_hash(sha256_cbor)
+
+
+def _vllm_tags_extra_keys():
+    req = _Request("t", [1, 2, 3, 4], lambda r: [], salt="s")
+    keys, _ = kcu.generate_block_hash_extra_keys(req, 0, 4, 0)
+    return keys != ("s",)
+
+
+EXTRA = {
+    "lora": ({"lora_name": "adapter-a"}, lambda s, e: ("adapter-a",)),
+    "salt": ({"cache_salt": "tenant-1"}, lambda s, e: ("tenant-1",) if s == 0 else None),
+    "mm": (
+        {"mm_items": [(2, 5, "img0"), (9, 12, "img1")]},
+        lambda s, e: (
+            tuple((h, o - s) for (o, n, h) in [(2, 5, "img0"), (9, 12, "img1")] if e > o and s < o + n) or None
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(EXTRA))
+def test_extra_keys_in_block_hashes(kind):
+    """pagedkv keys LoRA, cache salt and multimodal items as vLLM's
+    kv_cache_utils did when docs/vllm-compat.md was written (bare values,
+    (identifier, offset) pairs). Later vLLM tags them ("lora", name, path),
+    ("cache_salt", salt), ("mm", identifier, offset): then only the first
+    assertion holds and the test is an expected failure."""
+    rng = random.Random(7)
+    tokens = [rng.randrange(50000) for _ in range(37)]
+    pkw, keys_of = EXTRA[kind]
+    got = pk.hash_prefix(tokens, block_size=8, seed=SEED, **pkw)
+    kcu.init_none_hash(sha256_cbor)
+    parent, untagged = None, []
+    for j in range(len(tokens) // 8):
+        parent = kcu.hash_block_tokens(sha256_cbor, parent, tokens[j * 8 : (j + 1) * 8], keys_of(j * 8, j * 8 + 8))
+        untagged.append(bytes(parent))
+    assert got == untagged  # the documented key format
+    lora = types.SimpleNamespace(lora_name="adapter-a", lora_path="/adapters/a", lora_int_id=1)
+    vkw = {"lora": {"lora": lora}, "salt": {"salt": "tenant-1"}, "mm": {"mm": pkw.get("mm_items", ())}}[kind]
+    want, _ = _vllm_hashes(sha256_cbor, 8, tokens, **vkw)
+    if want != got and _vllm_tags_extra_keys():
+        pytest.xfail("this vLLM tags extra keys (('lora', name, path), ('cache_salt', s), ('mm', id, offset))")
+    assert got == want
+
+
+# --------------------------------------------------------------- behaviour
+
+
+def test_a_full_hit_recomputes_the_last_block():
+    for bs, n in [(4, 16), (4, 17), (16, 16), (16, 33), (1, 5)]:
+        v, p = VllmSide([0], bs, 64), PagedkvSide([0], bs, 64)
+        tokens = list(range(100, 100 + n))
+        assert v.admit(tokens)[1] == p.admit(tokens)[1] == 0
+        _, vh = v.admit(tokens)
+        _, ph = p.admit(tokens)
+        assert vh == ph == (n - 1) // bs * bs
+        assert p.seqs["2"].num_computed_tokens == n
+
+
+def test_reset_prefix_cache_clears_as_vllm():
+    v, p = VllmSide([0], 4, 32), PagedkvSide([0], 4, 32)
+    tokens = list(range(100, 113))
+    for side in (v, p):
+        rid, _ = side.admit(tokens)
+        side.free(rid)
+    assert v.events() == p.events()
+    v.reset()
+    p.reset()
+    assert v.events() == p.events() == [("cleared",)]
+    assert v.admit(tokens)[1] == p.admit(tokens)[1] == 0
+    assert v.tables("2") == p.tables("2")
+
+
+# (groups, block size, one-group HybridPool)
+CONFIGS = [
+    ([0], 4, False),
+    ([0], 1, False),
+    ([0], 16, False),
+    ([8], 4, True),
+    ([5], 2, True),
+    ([12], 8, True),
+    ([0, 8], 4, False),
+    ([6, 0], 2, False),
+    ([0, 16, 6], 4, False),
+    ([0, 0], 4, False),
+]
+
+
+@pytest.mark.parametrize("caching", [True, False], ids=["caching", "no-caching"])
+@pytest.mark.parametrize("groups,bs,hybrid", CONFIGS, ids=lambda x: str(x).replace(" ", ""))
+def test_random_sequences_match_vllm(groups, bs, hybrid, caching):
+    stats = {}
+    seeds = SEEDS if caching else max(1, SEEDS // 3)
+    for seed in range(seeds):
+        nblocks = random.Random(seed).randrange(12, 60) * len(groups)
+        err = replay(gen_ops(seed, bs), groups, bs, nblocks, caching, hybrid, stats)
+        assert err is None, f"seed {seed}, {nblocks} blocks: {err}"
+    assert stats.get("admissions", 0) > 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a single-group Pool's sliding window hits only the leading run of cached blocks and "
+    "attaches blocks outside the window before the append releases them (docs/vllm-compat.md); "
+    "vLLM's SlidingWindowManager needs only the window's blocks. A one-group HybridPool follows vLLM.",
+)
+def test_single_group_window_pool_hits_as_vllm():
+    failures = [
+        err
+        for groups, bs in [([8], 4), ([5], 2), ([12], 8)]
+        for seed in range(10)
+        if (err := replay(gen_ops(seed, bs), groups, bs, random.Random(seed).randrange(12, 60), True, False))
+    ]
+    assert not failures, failures[0]
