@@ -455,9 +455,11 @@ def replay(ops, groups, bs, nblocks, caching=True, hybrid=False, stats=None, chu
             )
         if vr is None:
             count("out_of_blocks")
-            # A failed HybridPool admission attached (touched) its hits
-            # before the append failed; vLLM's looked them up only.
-            return "stop" if p.multi else None
+            # A failed admission by match_prefix + append (a HybridPool's,
+            # any chunked one) attached (touched) its hits before the append
+            # failed, and freeing gives them back to the free queue's tail;
+            # vLLM only looked them up. Pool.admit is all or nothing.
+            return "stop" if (p.multi or chunk) and vh else None
         if vh != ph:
             return f"op {i}: admission of {len(tokens)} tokens: hit vLLM {vh} pagedkv {ph}"
         live[k] = (vr, pr, list(tokens))
@@ -467,6 +469,8 @@ def replay(ops, groups, bs, nblocks, caching=True, hybrid=False, stats=None, chu
 
     for i, op in enumerate(ops):
         err = None
+        if op[0] == "noop":  # an op a reduction dropped
+            continue
         if op[0] == "admit":
             err = admit(i, i, op[1])
         elif op[0] == "reset":
