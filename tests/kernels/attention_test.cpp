@@ -457,15 +457,16 @@ TEST_P(AttentionLarge, DecodeEveryTileRowsAndKeyTail) {
 }
 
 // Decode tiles that take several KV heads at once (up to 8, a block's heads
-// walked one after another): head counts that are, are not and exceed one
-// group of 8, on one thread and on two (enough sequences that two threads
+// walked one after another): head counts below one group of 8 and above it
+// (a group of 8 and one of 4), on one thread and on two (enough sequences that two threads
 // group heads too), beside a prefill whose rows need per-head tiles, with
 // windows, soft-cap and poisoned masked keys.
 TEST_P(AttentionLarge, DecodeTilesOfSeveralHeads) {
   uint32_t seed = 5100;
-  for (int32_t hkv : {3, 8, 12}) {
+  for (int32_t hkv : {3, 12}) {
     for (int32_t threads : {1, 2}) {
       for (DType dt : {DType::kBF16, DType::kF16}) {
+        if ((hkv == 3) != (dt == DType::kF16)) continue;  // 3 heads in f16, 12 (8 + 4) in bf16
         std::mt19937 rng(++seed);
         Case c;
         c.isa = GetParam();

@@ -603,6 +603,7 @@ TEST_P(Fp8Attention, DecodeTilesOfSeveralHeads) {
   uint32_t seed = 7000 + 100 * uint32_t(GetParam().isa) + uint32_t(GetParam().fmt);
   for (int32_t hkv : {5, 11}) {
     for (int32_t threads : {1, 2}) {
+      if ((hkv == 5) != (threads == 1)) continue;  // 5 heads on 1 thread, 11 (8 + 3) on 2
       std::mt19937 rng(++seed);
       Case c;
       c.isa = GetParam().isa;
