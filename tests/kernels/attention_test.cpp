@@ -490,6 +490,58 @@ TEST_P(AttentionLarge, DecodeTilesOfSeveralHeads) {
   }
 }
 
+// Random shapes around the several-heads decode tiles: KV head counts
+// below, at and past multiples of 8, GQA groups 1 to 32, head dims 7 to 512,
+// block sizes 1 to 1024, 1 to 8 threads with a number of decode sequences
+// near the 4-items-per-thread line (grouped tiles on one side, per-head
+// tiles and the context split on the other), beside a prefill or chunk that
+// some steps give per-head tiles.
+TEST_P(AttentionLarge, DecodeTilesOfSeveralHeadsShapes) {
+  std::mt19937 pick(6200 + uint32_t(GetParam()));
+  auto any = [&](std::initializer_list<int32_t> v) { return *(v.begin() + pick() % v.size()); };
+  for (int iter = 0; iter < 60; ++iter) {
+    Case c;
+    c.isa = GetParam();
+    c.dt = std::vector<DType>{DType::kF32, DType::kF16, DType::kBF16}[pick() % 3];
+    c.kv_heads = any({1, 2, 3, 7, 8, 9, 16, 17, 64});
+    c.group = any({1, 2, 3, 4, 5, 8, 16, 32});
+    c.head_dim = any({7, 8, 16, 24, 64, 80, 128, 256, 512});
+    c.block_size = any({1, 2, 5, 16, 32, 64, 1024});
+    c.threads = 1 + int32_t(pick() % 8);
+    c.min_split_keys = any({16, 64, 512});
+    c.seed = 6200 + uint32_t(iter);
+    const int32_t per_seq = (c.kv_heads + 7) / 8;
+    const int32_t near = std::max<int32_t>(1, (4 * c.threads + per_seq - 1) / per_seq);
+    // Just below, at or above the line, or far below (a long context split).
+    const int32_t ndec =
+        pick() % 4 ? std::max<int32_t>(1, near + int32_t(pick() % 3) - 1) : 1 + int32_t(pick() % 3);
+    // Keep the reference (tokens x heads x keys x dims) small, and the pool
+    // (run_case allocates 16 blocks per planned page: 64 bytes per element of
+    // a page at f32) to a few hundred MiB: 256 MiB of context pages at most,
+    // 128 MiB of last pages.
+    const int64_t per_key = int64_t(c.kv_heads) * c.head_dim;
+    const int64_t by_ref = 40000000 / (per_key * c.group * (ndec + 8));
+    const int64_t by_mem = (int64_t(4) << 20) / (per_key * (ndec + 1));
+    const int32_t max_ctx =
+        int32_t(std::max<int64_t>(2, std::min({int64_t(1500), by_ref, by_mem})));
+    while (c.block_size > 1 && per_key * c.block_size * 64 * (ndec + 1) > (int64_t(128) << 20)) {
+      c.block_size /= 2;
+    }
+    for (int32_t i = 0; i < ndec; ++i) c.seqs.push_back({1 + int32_t(pick() % max_ctx), 1});
+    if (pick() % 2) {
+      const int32_t nq = 1 + int32_t(pick() % 6);
+      c.seqs.push_back({nq + int32_t(pick() % max_ctx), nq});
+    }
+    std::shuffle(c.seqs.begin(), c.seqs.end(), pick);
+    c.window = pick() % 3 ? 0 : 1 + int32_t(pick() % 80);
+    c.softcap = pick() % 3 ? 0.0f : 20.0f;
+    c.poison_masked = true;
+    c.lse = true;
+    run_case(c);
+    if (HasFailure()) return;
+  }
+}
+
 // MQA with a group larger than one tile, and head dim 256 with block 64.
 TEST_P(AttentionLarge, WideGroups) {
   Case c;
