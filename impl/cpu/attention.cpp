@@ -1,6 +1,6 @@
-// The attention driver: cuts the step into (sequence, KV head, row tile
-// [, page range]) items, runs each with the per-ISA leaf kernels, and merges
-// split items. Semantics: attention.h.
+// The attention driver: cuts the step into (sequence, KV head or up to 8
+// of them, row tile [, page range]) items, runs each with the per-ISA leaf
+// kernels, and merges split items. Semantics: attention.h.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -210,24 +210,39 @@ class Attention {
 
   void build_tiles(int32_t threads) {
     // Sequences whose rows fit one tile per head (decode, short chunks) take
-    // their heads in groups of heads_per_tile_, unless that leaves too few
-    // items for the threads (a long context is then split per head below).
+    // their heads in groups of heads_per_tile_, if that leaves enough items
+    // for the threads. A group is one item that no thread shares and that is
+    // never split, so a sequence is grouped only while its share of the
+    // step's keys x heads stays within 1 / (2 x threads): one long context
+    // among short ones keeps per-head tiles, which the split below can cut.
     const int64_t target = 4 * int64_t(threads);
     const int32_t hpt = std::min(hkv_, kMaxTileHeads);
+    auto keys = [&](int32_t s, int32_t nq) -> int64_t {
+      const int64_t ctx = plan_.context_lens[s];
+      return args_.sliding_window > 0 ? std::min<int64_t>(ctx, args_.sliding_window + nq - 1) : ctx;
+    };
+    int64_t work = 0;
+    for (int32_t s = 0; s < plan_.num_seqs; ++s) {
+      const int32_t nq = plan_.query_indptr[s + 1] - plan_.query_indptr[s];
+      if (nq > 0) work += keys(s, nq) * hkv_;
+    }
+    auto grouped_seq = [&](int32_t s, int32_t nq) {
+      return hpt > 1 && nq * group_ <= max_rows_ &&
+             (threads <= 1 || keys(s, nq) * hpt * 2 * threads <= work);
+    };
     int64_t grouped = 0;
     for (int32_t s = 0; s < plan_.num_seqs; ++s) {
       const int32_t nq = plan_.query_indptr[s + 1] - plan_.query_indptr[s];
       if (nq <= 0) continue;
-      grouped += nq * group_ <= max_rows_
-                     ? (hkv_ + hpt - 1) / hpt
-                     : int64_t(hkv_) * ((nq * group_ + max_rows_ - 1) / max_rows_);
+      grouped += grouped_seq(s, nq) ? (hkv_ + hpt - 1) / hpt
+                                    : int64_t(hkv_) * ((nq * group_ + max_rows_ - 1) / max_rows_);
     }
     heads_per_tile_ = hpt > 1 && (threads <= 1 || grouped >= target) ? hpt : 1;
     for (int32_t s = 0; s < plan_.num_seqs; ++s) {
       const int32_t nq = plan_.query_indptr[s + 1] - plan_.query_indptr[s];
       if (nq <= 0) continue;
       const int32_t rows_total = nq * group_;
-      const int32_t hstep = rows_total <= max_rows_ ? heads_per_tile_ : 1;
+      const int32_t hstep = heads_per_tile_ > 1 && grouped_seq(s, nq) ? heads_per_tile_ : 1;
       for (int32_t h = 0; h < hkv_; h += hstep) {
         for (int32_t row0 = 0; row0 < rows_total; row0 += max_rows_) {
           const int32_t rows = std::min(max_rows_, rows_total - row0);
@@ -240,7 +255,7 @@ class Attention {
       }
     }
     const int64_t n = int64_t(tiles_.size());
-    if (threads <= 1 || n == 0 || n >= target || heads_per_tile_ > 1) return;
+    if (threads <= 1 || n == 0 || n >= target) return;
     // Too few items for the threads: split long ones along the context.
     const int64_t factor = (target + n - 1) / n;
     std::vector<Tile> split;
@@ -249,7 +264,7 @@ class Attention {
       const int64_t pages = t.page_end - t.page_begin;
       const int64_t by_len = pages * bs_ / min_split_keys_;
       const int32_t parts = int32_t(std::max<int64_t>(1, std::min({factor, by_len, pages})));
-      if (parts == 1) {
+      if (parts == 1 || t.heads > 1) {  // a tile of several heads stays whole
         split.push_back(t);
         continue;
       }

@@ -38,8 +38,13 @@
 // sum_k exp(x_k) over the visible keys of the final (scaled, capped)
 // logits, in f32. Not log2, not of the unscaled q . k.
 //
-// Split-KV. When there are fewer (sequence, KV head, row tile) items than
-// threads, an item may be split along its pages; partial states merge as
+// Work items. A (sequence, KV head, row tile) each; a decode-like sequence
+// (its rows fit one tile per head) takes up to 8 KV heads in one item when
+// the step has enough items for the threads and the sequence is a small
+// share of the step's work (attention.cpp, build_tiles): such an item walks
+// each step's pages head after head, reading a block's adjacent K and V
+// slices in runs. Split-KV. When there are fewer items than 4 per thread,
+// a one-head item may be split along its pages; partial states merge as
 // M = max m_i, l = sum l_i e^(m_i - M), out = sum acc_i e^(m_i - M) / l,
 // lse = M + log(l). Results are deterministic for a given backend
 // configuration; they differ across thread counts only by f32 rounding.
