@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import struct
 import threading
 from collections.abc import Iterator
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -308,9 +309,9 @@ class Batch(HandleOwner):
                 lse = empty_like(q, (qd.shape[0], heads), float32=True)
             ld = self._tensor(lse, "lse", DType.F32, (qd.shape[0], heads), s, writable=True)
         params = {
-            "softmax_scale": float(softmax_scale),
+            "softmax_scale": _c_float("softmax_scale", softmax_scale),
             "sliding_window": int(sliding_window),
-            "logit_softcap": float(logit_softcap),
+            "logit_softcap": _c_float("logit_softcap", logit_softcap),
         }
         dev = p.device
         self._call(
@@ -339,6 +340,16 @@ class Batch(HandleOwner):
     def __repr__(self) -> str:
         i = self._info
         return f"<pagedkv.Batch {i.num_seqs} seqs, {i.num_tokens} tokens, {i.num_pages} pages>"
+
+
+def _c_float(name: str, x: Any) -> float:
+    """x as the C float the call takes. A non-zero value that rounds to 0
+    there (below ~1.4e-45) would silently mean "the default" for a scale:
+    refused instead. Too large or not finite is left to the library's check."""
+    v = float(x)
+    if v != 0.0 and abs(v) < 1.0 and struct.unpack("f", struct.pack("f", v))[0] == 0.0:
+        raise _c.InvalidArgumentError(f"{name} = {v!r} rounds to 0 as a C float", _c.PKV_E_INVALID_ARGUMENT)
+    return v
 
 
 def _activation_dtype(pool_dtype: DType) -> Optional[DType]:

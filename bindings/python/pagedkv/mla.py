@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Tuple, Union
 
 from . import _pagedkv as _c
+from ._batch import _c_float
 from ._tensor import empty_like, stream_ptr
 from ._types import DType, KvLayout
 
@@ -107,7 +108,7 @@ def attention(
         pd.as_c(dev),
         od.as_c(dev),
         ld.as_c(dev) if ld is not None else None,
-        {"softmax_scale": float(softmax_scale)},
+        {"softmax_scale": _c_float("softmax_scale", softmax_scale)},
         s,
     )
     return (out, lse) if want_lse else out

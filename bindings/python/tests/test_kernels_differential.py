@@ -731,6 +731,22 @@ def test_misuse_attention_descriptors(monkeypatch):
     f.m.pool.close()
 
 
+def test_scale_that_rounds_to_zero_is_refused(monkeypatch):
+    # A Python float below the smallest C float would reach the library as 0,
+    # which means "the default 1/sqrt(head_dim)": the binding refuses it.
+    f = Fixture(monkeypatch)
+    f.write_all()
+    out = np.full((f.n, 4, 64), 3.0, dtype=f.q.dtype)
+    sentinel = out.copy()
+    for kw in ({"softmax_scale": 1e-50}, {"logit_softcap": -1e-60}):
+        with pytest.raises(pagedkv.InvalidArgumentError, match=next(iter(kw))):
+            f.b.attention(0, f.q, out, **kw)
+        assert np.array_equal(bits(out), bits(sentinel))
+    f.b.attention(0, f.q, out, softmax_scale=1e-30)  # tiny but a C float: accepted
+    f.b.close()
+    f.m.pool.close()
+
+
 def test_misuse_cache_write(monkeypatch):
     f = Fixture(monkeypatch)
     b, k, v, n = f.b, f.k, f.v, f.n
