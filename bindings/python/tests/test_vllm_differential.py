@@ -36,9 +36,6 @@ is full attention, W > 0 a sliding window of W tokens.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import os
 import random
 import sys
@@ -61,8 +58,10 @@ for _mod in ("torch", "cbor2", "xxhash", "msgspec", "zmq"):
 SEEDS = int(os.environ.get("PKV_VLLM_SEEDS", "15"))
 
 # ---------------------------------------------------------------- loader
-# As bench/vllm_loader.py, with more of vLLM's own files executed and stubs
-# whose classes answer attribute lookups too (enum members in defaults).
+# bench/vllm_loader.py, with more of vLLM's own files executed.
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "bench"))
+import vllm_loader  # noqa: E402
 
 _REAL = {
     "vllm.utils.hashing",
@@ -79,76 +78,9 @@ _REAL = {
     "vllm.distributed.kv_events",
 }
 
-
-class _Meta(type):
-    def __getattr__(cls, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Placeholder()
-
-
-class _Placeholder(metaclass=_Meta):
-    """Stands for any class, function or constant of a stubbed module."""
-
-    def __init__(self, *a, **k):
-        pass
-
-    def __call__(self, *a, **k):
-        return _Placeholder()
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Placeholder()
-
-    def __class_getitem__(cls, item):
-        return cls
-
-    def __bool__(self):
-        return False
-
-    def __iter__(self):
-        return iter(())
-
-
-class _StubModule(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        cls = _Meta(name, (_Placeholder,), {})
-        setattr(self, name, cls)
-        return cls
-
-
-class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, root):
-        self.root = root
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "vllm" and not name.startswith("vllm."):
-            return None
-        rel = os.path.join(self.root, *name.split("."))
-        if name in _REAL:
-            return importlib.util.spec_from_file_location(name, rel + ".py")
-        if os.path.isdir(rel):  # a package: its __init__ is skipped
-            spec = importlib.machinery.ModuleSpec(name, self, is_package=True)
-            spec.submodule_search_locations = [rel]
-            return spec
-        return importlib.machinery.ModuleSpec(name, self)
-
-    def create_module(self, spec):
-        mod = _StubModule(spec.name)
-        if spec.submodule_search_locations is not None:
-            mod.__path__ = list(spec.submodule_search_locations)
-        return mod
-
-    def exec_module(self, module):
-        pass
-
-
-if "vllm" in sys.modules and not isinstance(sys.modules["vllm"], _StubModule):
+if "vllm" in sys.modules and not isinstance(sys.modules["vllm"], vllm_loader.StubModule):
     pytest.skip("a real vllm package is imported in this process", allow_module_level=True)
-sys.meta_path.insert(0, _Finder(VLLM_SRC))
+vllm_loader.install(VLLM_SRC, _REAL)
 import torch  # noqa: E402
 import vllm.v1.core.kv_cache_manager as kcm  # noqa: E402
 import vllm.v1.core.kv_cache_utils as kcu  # noqa: E402
