@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -499,7 +500,10 @@ TEST_P(AttentionLarge, DecodeTilesOfSeveralHeads) {
 TEST_P(AttentionLarge, DecodeTilesOfSeveralHeadsShapes) {
   std::mt19937 pick(6200 + uint32_t(GetParam()));
   auto any = [&](std::initializer_list<int32_t> v) { return *(v.begin() + pick() % v.size()); };
-  for (int iter = 0; iter < 60; ++iter) {
+  // 24 steps per run (CI runs this under ASan too); PKV_SHAPES_STEPS=N for more.
+  const char* more = std::getenv("PKV_SHAPES_STEPS");
+  const int steps = more ? std::max(1, std::atoi(more)) : 24;
+  for (int iter = 0; iter < steps; ++iter) {
     Case c;
     c.isa = GetParam();
     c.dt = std::vector<DType>{DType::kF32, DType::kF16, DType::kBF16}[pick() % 3];
