@@ -73,8 +73,10 @@ stage_done "ASan+UBSan"
 fuzz_pid=
 if [ "$fuzz" = 1 ]; then
   fuzz_log=$(mktemp)
-  PKV_FUZZ_STEP=run PKV_FUZZ_BUILD_DIR="$root/build-asan" bash "$root/scripts/test-fuzz.sh" \
-    >"$fuzz_log" 2>&1 &
+  # 60 + 15 + 15 s: about as long as the TSan stage beside it (92 s at
+  # 2d6191e), so neither waits long for the other. PKV_FUZZ_SECONDS overrides.
+  PKV_FUZZ_SECONDS=${PKV_FUZZ_SECONDS:-60} PKV_FUZZ_STEP=run PKV_FUZZ_BUILD_DIR="$root/build-asan" \
+    bash "$root/scripts/test-fuzz.sh" >"$fuzz_log" 2>&1 &
   fuzz_pid=$!
   # On a failure before the wait, the fuzzer (bounded anyway) is stopped.
   # (|| true: set -e applies inside the trap too.)
