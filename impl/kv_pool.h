@@ -43,6 +43,9 @@ struct PoolOptions {
   // Salt and multimodal item hashes hash in separate domains (never equal);
   // off = vLLM's encoding, where a salt and an item hash can collide.
   bool strict_key_domains = false;
+  // vLLM 0.33's tagged extra keys (strict_key_domains = 2 in the C ABI;
+  // HashContext::tagged). Exclusive with strict_key_domains.
+  bool tagged_keys = false;
   // FP8 pools: kv_scale_granularity 0 = per tensor (one scale per layer),
   // 1 = per layer and KV head; k_scales/v_scales hold that many (layer
   // major) or are empty (all 1.0). The pool's current scales: kv_scales().
@@ -84,6 +87,7 @@ struct SeqOptions {
   int32_t priority = 0;
   uint64_t lora_id = 0;
   std::string lora_name;
+  std::string lora_path;  // keyed with lora_name on a pool with tagged_keys
   std::string cache_salt;
   std::vector<MmItem> mm_items;
 };

@@ -132,6 +132,10 @@ HashContext make_hash_context(const PoolOptions& opts, const SeqOptions& o) {
   ctx.cache_salt = o.cache_salt;
   ctx.mm_items = o.mm_items;
   if (opts.strict_key_domains) apply_strict_key_domains(ctx);
+  if (opts.tagged_keys) {
+    ctx.tagged = true;
+    ctx.lora_path = o.lora_path;
+  }
   return ctx;
 }
 

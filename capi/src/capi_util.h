@@ -101,6 +101,11 @@ void from_arg(const pagedkv::TensorArg& a, pkv_tensor* out);
 void copy_hash(const pagedkv::BlockHash& h, pkv_block_hash* out);
 // A caller's pkv_seq_options (NULL = defaults), checked (capi/src/seq.cpp).
 pagedkv::SeqOptions seq_options(const pkv_seq_options* opts);
+
+// strict_key_domains (PKV_KEY_DOMAINS_*) of pkv_pool_options or
+// pkv_hash_options into the pool's two flags; an unknown value is
+// kInvalidArgument naming `name`.
+void key_domains(uint32_t v, const char* name, bool* strict, bool* tagged);
 // A caller's n block hashes at the pool's digest size (capi/src/seq.cpp);
 // hashes NULL with n > 0 fails naming them.
 // hashes[0, n) as the pool's hashes; n at most the full blocks of

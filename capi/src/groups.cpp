@@ -95,11 +95,9 @@ pkv_status pkv_pool_create_groups(const pkv_pool_options* base, const pkv_kv_gro
     o.sliding_window = base->sliding_window;
     o.enable_events = base->enable_events != 0;
     o.num_layers = base->num_layers;
-    if (PKV_HAS_FIELD(base, strict_key_domains)) {
-      if (base->strict_key_domains > 1)
-        fail(Errc::kInvalidArgument, "base->strict_key_domains is not 0 or 1");
-      o.strict_key_domains = base->strict_key_domains != 0;
-    }
+    if (PKV_HAS_FIELD(base, strict_key_domains))
+      pc::key_domains(base->strict_key_domains, "base->strict_key_domains", &o.strict_key_domains,
+                      &o.tagged_keys);
     if (PKV_HAS_FIELD(base, enable_partial_reuse))
       o.enable_partial_reuse = base->enable_partial_reuse;
     if (PKV_HAS_FIELD(base, enable_retention)) o.enable_retention = base->enable_retention;

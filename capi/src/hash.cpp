@@ -70,11 +70,12 @@ pkv_status pkv_hash_prefix(const pkv_hash_options* opts, const int32_t* tokens, 
       ctx.mm_items.push_back({m.offset, m.length, m.hash});
     }
     if (PKV_HAS_FIELD(opts, strict_key_domains)) {
-      if (opts->strict_key_domains > 1)
-        fail(Errc::kInvalidArgument, "opts->strict_key_domains is " +
-                                         std::to_string(opts->strict_key_domains) + ", not 0 or 1");
-      if (opts->strict_key_domains) pagedkv::apply_strict_key_domains(ctx);
+      bool strict = false;
+      pc::key_domains(opts->strict_key_domains, "opts->strict_key_domains", &strict, &ctx.tagged);
+      if (strict) pagedkv::apply_strict_key_domains(ctx);
     }
+    if (ctx.tagged && PKV_HAS_FIELD(opts, lora_path) && opts->lora_path)
+      ctx.lora_path = opts->lora_path;
     const uint64_t blocks = num_tokens / opts->block_size;
     if (blocks > capacity) {
       *out_num_blocks = blocks;

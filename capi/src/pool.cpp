@@ -17,6 +17,20 @@ uint32_t flag(uint32_t v, const char* name) {
   return v;
 }
 
+}  // namespace
+
+// strict_key_domains of pkv_pool_options and pkv_hash_options
+// (PKV_KEY_DOMAINS_*) into the two flags of PoolOptions.
+void pkv_capi::key_domains(uint32_t v, const char* name, bool* strict, bool* tagged) {
+  if (v > PKV_KEY_DOMAINS_VLLM_TAGGED)
+    fail(Errc::kInvalidArgument, std::string(name) + " is " + std::to_string(v) +
+                                     ", not PKV_KEY_DOMAINS_VLLM (0), _STRICT (1) or _VLLM_TAGGED (2)");
+  *strict = v == PKV_KEY_DOMAINS_STRICT;
+  *tagged = v == PKV_KEY_DOMAINS_VLLM_TAGGED;
+}
+
+namespace {
+
 // The FP8 scale fields; their values are checked by the pool.
 void read_kv_scales(const pkv_pool_options& in, pagedkv::PoolOptions* o) {
   o->kv_scale_granularity = in.kv_scale_granularity;
@@ -95,7 +109,8 @@ pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out) {
     o.device_id = opts->device_id;
     o.num_threads = opts->num_threads;
     if (PKV_HAS_FIELD(opts, strict_key_domains))
-      o.strict_key_domains = flag(opts->strict_key_domains, "opts->strict_key_domains");
+      pc::key_domains(opts->strict_key_domains, "opts->strict_key_domains", &o.strict_key_domains,
+                      &o.tagged_keys);
     if (PKV_HAS_FIELD(opts, v_scales)) read_kv_scales(*opts, &o);
     if (PKV_HAS_FIELD(opts, enable_partial_reuse))
       o.enable_partial_reuse = flag(opts->enable_partial_reuse, "opts->enable_partial_reuse");
@@ -155,7 +170,9 @@ pkv_status pkv_pool_get_options(const pkv_pool* pool, pkv_pool_options* out) {
       r.device_type = o.device_type;
       r.device_id = o.device_id;
       r.num_threads = o.num_threads;
-      r.strict_key_domains = o.strict_key_domains;
+      r.strict_key_domains = o.tagged_keys          ? PKV_KEY_DOMAINS_VLLM_TAGGED
+                             : o.strict_key_domains ? PKV_KEY_DOMAINS_STRICT
+                                                    : PKV_KEY_DOMAINS_VLLM;
       r.kv_scale_granularity = o.kv_scale_granularity;
       r.num_kv_scales = uint32_t(p.num_kv_scales());
       r.enable_partial_reuse = o.enable_partial_reuse;

@@ -62,6 +62,7 @@ pagedkv::SeqOptions pkv_capi::seq_options(const pkv_seq_options* opts) {
     o.priority = opts->priority;
     o.lora_id = opts->lora_id;
     if (PKV_HAS_FIELD(opts, lora_name) && opts->lora_name) o.lora_name = opts->lora_name;
+    if (PKV_HAS_FIELD(opts, lora_path) && opts->lora_path) o.lora_path = opts->lora_path;
     if (opts->cache_salt) o.cache_salt = opts->cache_salt;
     if (opts->num_mm_items > 0 && !opts->mm_items)
       fail(Errc::kInvalidArgument,

@@ -12,6 +12,8 @@
 // (upstream: `end > offset` and not `start >= offset + length`), as the pair
 // (identifier, offset - start). The LoRA key is lora_name upstream now
 // (lora_int_id before); we key whichever the caller sets, id first.
+// vLLM 0.33.0 tags each key (HashContext::tagged): ("lora", lora_name,
+// lora_path), ("mm", identifier, offset - start), ("cache_salt", salt).
 #include "hash/block_hash.h"
 
 // OpenSSL 3 deprecates its one-algorithm SHA256_* calls for EVP, whose
@@ -100,8 +102,24 @@ uint8_t* put_head_and_tokens(uint8_t* p, const BlockHash& parent, const int32_t*
 // integer (negative when the item began in an earlier block).
 constexpr size_t kMmKeyOverhead = 1 + 2 * cbor::kMaxHeadSize;
 
-uint8_t* put_mm_key(uint8_t* p, const std::string& hash, uint64_t offset, uint64_t start) {
-  *p++ = cbor::kMajorArray | 2;
+// The tags of vLLM 0.33's keys, and the bytes a tag adds at most: its text
+// and one more array element head.
+constexpr std::string_view kTagLora = "lora", kTagMm = "mm", kTagSalt = "cache_salt";
+constexpr size_t kTagOverhead = 2 + kTagSalt.size();
+
+uint8_t* put_text(uint8_t* p, std::string_view s) {
+  return cbor::put_string(p, cbor::kMajorText, s.data(), s.size());
+}
+
+// [hash, offset - start], or ["mm", hash, offset - start] when tagged.
+uint8_t* put_mm_key(uint8_t* p, const std::string& hash, uint64_t offset, uint64_t start,
+                    bool tagged = false) {
+  if (tagged) {
+    *p++ = cbor::kMajorArray | 3;
+    p = put_text(p, kTagMm);
+  } else {
+    *p++ = cbor::kMajorArray | 2;
+  }
   p = cbor::put_string(p, cbor::kMajorText, hash.data(), hash.size());
   return offset >= start ? cbor::put_head(p, cbor::kMajorUint, offset - start)
                          : cbor::put_head(p, cbor::kMajorNegInt, start - offset - 1);
@@ -110,7 +128,8 @@ uint8_t* put_mm_key(uint8_t* p, const std::string& hash, uint64_t offset, uint64
 size_t bound_extra(const std::vector<ExtraKey>& extra) {
   size_t b = cbor::kMaxHeadSize;
   for (const ExtraKey& k : extra)
-    b += kMmKeyOverhead + (k.kind != ExtraKey::Kind::kUint ? k.text.size() : 0);
+    b += kMmKeyOverhead + kTagOverhead + k.tag.size() + k.text2.size() +
+         (k.kind != ExtraKey::Kind::kUint ? k.text.size() : 0);
   return b;
 }
 
@@ -121,10 +140,21 @@ uint8_t* put_extra(uint8_t* p, const std::vector<ExtraKey>& extra) {
   }
   p = cbor::put_head(p, cbor::kMajorArray, extra.size());
   for (const ExtraKey& k : extra) {
+    if (!k.tag.empty() && k.kind != ExtraKey::Kind::kMm) {
+      p = cbor::put_head(p, cbor::kMajorArray, k.has_text2 ? 3 : 2);
+      p = put_text(p, k.tag);
+    }
     if (k.kind == ExtraKey::Kind::kUint) {
       p = cbor::put_head(p, cbor::kMajorUint, k.uint_value);
     } else if (k.kind == ExtraKey::Kind::kText) {
       p = cbor::put_string(p, cbor::kMajorText, k.text.data(), k.text.size());
+      if (k.has_text2) p = put_text(p, k.text2);
+    } else if (!k.tag.empty()) {
+      *p++ = cbor::kMajorArray | 3;
+      p = put_text(p, k.tag);
+      p = cbor::put_string(p, cbor::kMajorText, k.text.data(), k.text.size());
+      p = k.offset >= 0 ? cbor::put_head(p, cbor::kMajorUint, uint64_t(k.offset))
+                        : cbor::put_head(p, cbor::kMajorNegInt, uint64_t(-(k.offset + 1)));
     } else {
       // offset - start as unsigned operands: 0 - |rel| for a negative rel.
       const uint64_t start = k.offset < 0 ? uint64_t(0) - uint64_t(k.offset) : 0;
@@ -142,9 +172,13 @@ bool salt_applies(const HashContext& ctx, uint64_t start) {
 size_t bound_extra(const HashContext& ctx, uint64_t start, size_t mm_first, size_t mm_last) {
   size_t b = cbor::kMaxHeadSize;
   if (ctx.lora_id != 0) b += cbor::kMaxHeadSize;
-  if (!ctx.lora_name.empty()) b += cbor::kMaxHeadSize + ctx.lora_name.size();
-  for (size_t i = mm_first; i < mm_last; ++i) b += kMmKeyOverhead + ctx.mm_items[i].hash.size();
-  if (salt_applies(ctx, start)) b += cbor::kMaxHeadSize + ctx.cache_salt.size();
+  const size_t tag = ctx.tagged ? kTagOverhead + cbor::kMaxHeadSize : 0;
+  if (!ctx.lora_name.empty())
+    b += cbor::kMaxHeadSize + ctx.lora_name.size() + tag + cbor::kMaxHeadSize +
+         ctx.lora_path.size();
+  for (size_t i = mm_first; i < mm_last; ++i)
+    b += kMmKeyOverhead + tag + ctx.mm_items[i].hash.size();
+  if (salt_applies(ctx, start)) b += cbor::kMaxHeadSize + tag + ctx.cache_salt.size();
   return b;
 }
 
@@ -158,14 +192,25 @@ uint8_t* put_extra(uint8_t* p, const HashContext& ctx, uint64_t start, uint64_t 
   }
   p = cbor::put_head(p, cbor::kMajorArray, count);
   if (ctx.lora_id != 0) p = cbor::put_head(p, cbor::kMajorUint, ctx.lora_id);
-  if (!ctx.lora_name.empty())
-    p = cbor::put_string(p, cbor::kMajorText, ctx.lora_name.data(), ctx.lora_name.size());
+  if (!ctx.lora_name.empty()) {
+    if (ctx.tagged) {
+      *p++ = cbor::kMajorArray | 3;
+      p = put_text(p, kTagLora);
+    }
+    p = put_text(p, ctx.lora_name);
+    if (ctx.tagged) p = put_text(p, ctx.lora_path);
+  }
   for (size_t i = mm_first; i < mm_last; ++i) {
     const MmItem& m = ctx.mm_items[i];
-    if (mm_overlaps(m, start, end)) p = put_mm_key(p, m.hash, m.offset, start);
+    if (mm_overlaps(m, start, end)) p = put_mm_key(p, m.hash, m.offset, start, ctx.tagged);
   }
-  if (salt_applies(ctx, start))
-    p = cbor::put_string(p, cbor::kMajorText, ctx.cache_salt.data(), ctx.cache_salt.size());
+  if (salt_applies(ctx, start)) {
+    if (ctx.tagged) {
+      *p++ = cbor::kMajorArray | 2;
+      p = put_text(p, kTagSalt);
+    }
+    p = put_text(p, ctx.cache_salt);
+  }
   return p;
 }
 
@@ -333,18 +378,26 @@ BlockHash hash_root(HashAlgo algo, std::string_view seed) {
 std::vector<ExtraKey> block_extra_keys(const HashContext& ctx, uint64_t start, uint64_t end) {
   std::vector<ExtraKey> keys;
   if (ctx.lora_id != 0) keys.push_back(ExtraKey::uint(ctx.lora_id));
-  if (!ctx.lora_name.empty()) keys.push_back(ExtraKey::str(ctx.lora_name));
+  if (!ctx.lora_name.empty()) {
+    keys.push_back(ctx.tagged ? ExtraKey::tagged_pair(std::string(kTagLora), ctx.lora_name,
+                                                      ctx.lora_path)
+                              : ExtraKey::str(ctx.lora_name));
+  }
   if (!ctx.mm_items.empty()) {
     size_t first = 0, last = 0;
     mm_range(ctx.mm_items, start, end, &first, &last);
     for (size_t i = first; i < last; ++i) {
       const MmItem& m = ctx.mm_items[i];
-      if (mm_overlaps(m, start, end))
-        keys.push_back(ExtraKey::mm(
-            m.hash, m.offset >= start ? int64_t(m.offset - start) : -int64_t(start - m.offset)));
+      if (!mm_overlaps(m, start, end)) continue;
+      ExtraKey k = ExtraKey::mm(
+          m.hash, m.offset >= start ? int64_t(m.offset - start) : -int64_t(start - m.offset));
+      keys.push_back(ctx.tagged ? ExtraKey::tagged(std::string(kTagMm), std::move(k)) : std::move(k));
     }
   }
-  if (salt_applies(ctx, start)) keys.push_back(ExtraKey::str(ctx.cache_salt));
+  if (salt_applies(ctx, start)) {
+    ExtraKey k = ExtraKey::str(ctx.cache_salt);
+    keys.push_back(ctx.tagged ? ExtraKey::tagged(std::string(kTagSalt), std::move(k)) : std::move(k));
+  }
   return keys;
 }
 

@@ -39,10 +39,25 @@ struct ExtraKey {
   uint64_t uint_value = 0;
   std::string text;
   int64_t offset = 0;  // kMm: item offset relative to the block's first token
+  // Tagged keys (HashContext::tagged): a non-empty tag makes the key the
+  // array [tag, text, (text2 | offset)?]: ("lora", name, path), ("mm",
+  // hash, offset), ("cache_salt", salt).
+  std::string tag;
+  std::string text2;
+  bool has_text2 = false;
 
-  static ExtraKey uint(uint64_t v) { return {Kind::kUint, v, {}, 0}; }
-  static ExtraKey str(std::string s) { return {Kind::kText, 0, std::move(s), 0}; }
-  static ExtraKey mm(std::string hash, int64_t rel) { return {Kind::kMm, 0, std::move(hash), rel}; }
+  static ExtraKey uint(uint64_t v) { return {Kind::kUint, v, {}, 0, {}, {}, false}; }
+  static ExtraKey str(std::string s) { return {Kind::kText, 0, std::move(s), 0, {}, {}, false}; }
+  static ExtraKey mm(std::string hash, int64_t rel) {
+    return {Kind::kMm, 0, std::move(hash), rel, {}, {}, false};
+  }
+  static ExtraKey tagged(std::string tag, ExtraKey k) {
+    k.tag = std::move(tag);
+    return k;
+  }
+  static ExtraKey tagged_pair(std::string tag, std::string a, std::string b) {
+    return {Kind::kText, 0, std::move(a), 0, std::move(tag), std::move(b), true};
+  }
 };
 
 struct MmItem {
@@ -59,6 +74,11 @@ struct HashContext {
   std::string lora_name;         // empty = none (vLLM keys adapters by name)
   std::string cache_salt;        // empty = none
   std::vector<MmItem> mm_items;  // sorted by offset
+  // vLLM 0.33's tagged keys (pkv_pool_options.strict_key_domains = 2):
+  // ("lora", lora_name, lora_path), ("mm", hash, offset - start),
+  // ("cache_salt", salt), each a CBOR array; lora_id stays a bare integer.
+  bool tagged = false;
+  std::string lora_path;  // keyed with lora_name when tagged
 };
 
 BlockHash hash_root(HashAlgo algo, std::string_view seed);

@@ -195,7 +195,7 @@ TEST_F(ErrorPaths, PoolCreateAndOptions) {
   o.enable_prefix_caching = 2;
   FAILS(pkv_pool_create(&o, &p), BAD, "opts->enable_prefix_caching");
   fresh();
-  o.strict_key_domains = 2;
+  o.strict_key_domains = 3;  // past PKV_KEY_DOMAINS_VLLM_TAGGED
   FAILS(pkv_pool_create(&o, &p), BAD, "opts->strict_key_domains");
   fresh();
   o.enable_events = 7;

@@ -114,7 +114,7 @@ TEST(KeyDomains, StrictModeIsOptInAndChecked) {
   pkv_pool_options_init(&o);
   EXPECT_EQ(o.strict_key_domains, 0u);
   o.num_blocks = 8;
-  o.strict_key_domains = 2;
+  o.strict_key_domains = 3;  // past PKV_KEY_DOMAINS_VLLM_TAGGED
   pkv_pool* p = nullptr;
   EXPECT_EQ(pkv_pool_create(&o, &p), PKV_E_INVALID_ARGUMENT);
   EXPECT_NE(std::string(pkv_last_error_message()).find("opts->strict_key_domains"),
@@ -130,10 +130,15 @@ TEST(KeyDomains, StrictModeIsOptInAndChecked) {
 // pkv_hash_prefix with strict_key_domains gives the hashes a strict pool
 // gives its blocks (and without it, the vLLM ones of a default pool).
 TEST(KeyDomains, HashPrefixFollowsTheMode) {
-  for (uint32_t strict : {0u, 1u}) {
+  for (uint32_t strict : {0u, 1u, 2u}) {
     pkv_pool* p = make_pool(strict);
     Requests r;
-    for (const pkv_seq_options* so : {&r.salted, &r.imaged}) {
+    pkv_seq_options lora;
+    pkv_seq_options_init(&lora);
+    lora.lora_name = "sql";
+    lora.lora_path = "/adapters/sql-v2";
+    lora.cache_salt = "s";
+    for (const pkv_seq_options* so : {&r.salted, &r.imaged, &lora}) {
       pkv_seq_id id = holder(p, so);
       pkv_block_hash pool_h[2], lib_h[2];
       uint64_t n = 0;
@@ -145,6 +150,8 @@ TEST(KeyDomains, HashPrefixFollowsTheMode) {
       ho.mm_items = so->mm_items;
       ho.num_mm_items = so->num_mm_items;
       ho.strict_key_domains = strict;
+      ho.lora_name = so->lora_name;
+      ho.lora_path = so->lora_path;
       std::vector<int32_t> t = prompt();
       ASSERT_EQ(pkv_hash_prefix(&ho, t.data(), 32, lib_h, 2, &n), PKV_OK);
       ASSERT_EQ(n, 2u);
@@ -160,6 +167,48 @@ TEST(KeyDomains, HashPrefixFollowsTheMode) {
   EXPECT_EQ(pkv_hash_prefix(&ho, nullptr, 0, nullptr, 0, &n), PKV_E_INVALID_ARGUMENT);
   EXPECT_NE(std::string(pkv_last_error_message()).find("opts->strict_key_domains"),
             std::string::npos);
+}
+
+// PKV_KEY_DOMAINS_VLLM_TAGGED (vLLM 0.33's tagged keys): salts, names and
+// items apart as in strict mode; the adapter's path is part of its key
+// there only; requests without extra keys hash as in every mode.
+TEST(KeyDomains, TaggedKeysSeparateDomainsAndKeyTheLoraPath) {
+  pkv_pool* p = make_pool(PKV_KEY_DOMAINS_VLLM_TAGGED);
+  EXPECT_EQ(strict_of(p), uint32_t(PKV_KEY_DOMAINS_VLLM_TAGGED));
+  Requests r;
+  holder(p, &r.salted);
+  EXPECT_EQ(hit(p, &r.salted), 32u);
+  EXPECT_EQ(hit(p, &r.other_salt), 0u);
+  EXPECT_EQ(hit(p, &r.aimed), 0u);
+  pkv_seq_options named;
+  pkv_seq_options_init(&named);
+  named.lora_name = "tenant-a-salt";
+  EXPECT_EQ(hit(p, &named), 0u);  // ("lora", name, path) never equals ("cache_salt", salt)
+  named.lora_name = "sql";
+  named.lora_path = "/adapters/sql-v1";
+  pkv_seq_id own = holder(p, &named);
+  EXPECT_EQ(hit(p, &named), 32u);
+  pkv_seq_options moved = named;
+  moved.lora_path = "/adapters/sql-v2";  // the name pointed at another adapter
+  EXPECT_EQ(hit(p, &moved), 0u);
+  EXPECT_EQ(pkv_seq_free(p, own), PKV_OK);
+  // No extra keys: the same hashes as an untagged pool's.
+  pkv_pool* plain = make_pool(PKV_KEY_DOMAINS_VLLM);
+  pkv_seq_id a = holder(p, nullptr), b = holder(plain, nullptr);
+  pkv_block_hash ha[2], hb[2];
+  uint64_t n = 0;
+  ASSERT_EQ(pkv_seq_get_block_hashes(p, a, ha, 2, &n), PKV_OK);
+  ASSERT_EQ(pkv_seq_get_block_hashes(plain, b, hb, 2, &n), PKV_OK);
+  EXPECT_EQ(std::memcmp(ha, hb, sizeof ha), 0);
+  // An untagged pool ignores the path.
+  pkv_seq_options path_only = named;
+  pkv_seq_id c = holder(plain, &named);
+  path_only.lora_path = "/elsewhere";
+  EXPECT_EQ(hit(plain, &path_only), 32u);
+  EXPECT_EQ(pkv_seq_free(plain, c), PKV_OK);
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK);
+  pkv_pool_destroy(plain);
+  pkv_pool_destroy(p);
 }
 
 TEST(KeyDomains, StrictModeSeparatesLoraNamesFromSalts) {

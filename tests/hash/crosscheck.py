@@ -99,7 +99,7 @@ def root_case(rng):
             "%s %s" % (data.hex(), pyref.root(algo, seed).hex()))
 
 
-def prefix_case(rng):
+def prefix_case(rng, tagged=False):
     algo = rng.choice([pyref.SHA256_CBOR, pyref.XXH3_128])
     bs = rng.choice([1, 2, 3, 7, 16, 16, 16, 32])
     n = rng.randint(0, 400)
@@ -114,12 +114,15 @@ def prefix_case(rng):
         length = rng.choice([1, 2, bs, bs + 1, rng.randint(1, 120)])
         mm.append((pos, length, rand_text(rng) or "h"))
         pos += length + rng.choice([0, 0, 1, bs, rng.randint(0, 50)])
-    line = "P %d %d %s %d %s %s %d" % (algo, bs, x(seed.encode()), lora, x(lora_name.encode()),
-                                      x(salt.encode()), len(mm))
+    lora_path = rand_text(rng) if tagged and rng.random() < 0.7 else ""
+    path = " " + x(lora_path.encode()) if tagged else ""
+    line = "%s %d %d %s %d %s%s %s %d" % ("T" if tagged else "P", algo, bs, x(seed.encode()), lora,
+                                         x(lora_name.encode()), path, x(salt.encode()), len(mm))
     for off, length, h in mm:
         line += " %d %d %s" % (off, length, x(h.encode()))
     line += " %d %s" % (n, " ".join(map(str, tokens)))
-    hashes = pyref.prefix(algo, seed, bs, tokens, lora, salt, mm, lora_name)
+    hashes = pyref.prefix(algo, seed, bs, tokens, lora, salt, mm, lora_name, tagged=tagged,
+                          lora_path=lora_path)
     return line, ",".join(h.hex() for h in hashes) or "-"
 
 
@@ -132,7 +135,8 @@ def main():
     cases = []
     for i in range(count):
         r = i % 10
-        cases.append(root_case(rng) if r == 0 else prefix_case(rng) if r < 4 else block_case(rng))
+        cases.append(root_case(rng) if r == 0 else prefix_case(rng) if r < 3
+                     else prefix_case(rng, tagged=True) if r < 5 else block_case(rng))
     proc = subprocess.run([exe], input="\n".join(c[0] for c in cases) + "\n",
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:

@@ -4,6 +4,8 @@
 //   R algo seed                          -> cbor digest
 //   B algo parent n t.. k (u v | s str | m str rel)..  -> cbor digest
 //   P algo bs seed lora lora_name salt m (off len hash).. n t..  -> digest,digest,..
+//   T algo bs seed lora lora_name lora_path salt m (off len hash).. n t..
+//     -> the same with vLLM 0.33's tagged keys (HashContext::tagged)
 // The answer is "ERR <message>" if the library throws.
 #include <iostream>
 #include <sstream>
@@ -82,13 +84,17 @@ std::string answer(const std::string& line) {
     return hex(bytes.data(), bytes.size()) + " " +
            hex(hash_block(algo, parent, tokens.data(), tokens.size(), extra));
   }
-  if (kind == "P") {
+  if (kind == "P" || kind == "T") {
     HashContext ctx;
     ctx.algo = algo;
     in >> ctx.block_size;
     const std::string seed = read_str(in);
     in >> ctx.lora_id;
     ctx.lora_name = read_str(in);
+    if (kind == "T") {
+      ctx.tagged = true;
+      ctx.lora_path = read_str(in);
+    }
     ctx.cache_salt = read_str(in);
     size_t m = 0;
     in >> m;

@@ -38,7 +38,7 @@ def block(algo, parent, tokens, extra):
     return digest(algo, cbor((parent, tuple(tokens), extra)))
 
 
-def _mm_keys(mm_items, start, end, idx):
+def _mm_keys(mm_items, start, end, idx, tagged=False):
     """vLLM's _gen_mm_extra_hash_keys: walks mm items (sorted by offset) from
     index idx (-1: the last item only) and keys each item the block
     [start, end) overlaps as (hash, offset - start)."""
@@ -57,7 +57,7 @@ def _mm_keys(mm_items, start, end, idx):
         if start >= off + length:
             idx += 1  # the block starts after this item
             continue
-        keys.append((h, off - start))
+        keys.append(("mm", h, off - start) if tagged else (h, off - start))
         if end < off + length:
             break  # the item goes on past this block
         idx += 1
@@ -65,13 +65,16 @@ def _mm_keys(mm_items, start, end, idx):
 
 
 def prefix(algo, seed, block_size, tokens, lora_id=0, salt="", mm_items=(), lora_name="",
-           prompt_len=None):
+           prompt_len=None, tagged=False, lora_path=""):
     """Block hashes of the full blocks of tokens, as vLLM's request block
     hasher produces them: every full block of the first prompt_len tokens
     (default: all) in one pass from the first mm item, then the tokens after
     the prompt one at a time (decode), each pass over new blocks starting from
     the last mm item. mm_items: [(offset, length, hash)]. LoRA keys: the id
-    (older vLLM) and/or the name (current vLLM), id first."""
+    (older vLLM) and/or the name (current vLLM), id first. tagged: vLLM
+    0.33.0's generate_block_hash_extra_keys, which tags every key:
+    ("lora", name, path), ("mm", hash, offset - start), ("cache_salt", salt)
+    (the id, which no tagging vLLM keys, stays bare)."""
     mm_items = list(mm_items)
     parent = root(algo, seed)
     out = []
@@ -82,9 +85,14 @@ def prefix(algo, seed, block_size, tokens, lora_id=0, salt="", mm_items=(), lora
         mm_idx = -1 if start > 0 else 0
         while start + block_size <= num_tokens:
             end = start + block_size
-            mm, mm_idx = _mm_keys(mm_items, start, end, mm_idx)
-            keys = (([lora_id] if lora_id else []) + ([lora_name] if lora_name else []) + mm
-                    + ([salt] if start == 0 and salt else []))
+            mm, mm_idx = _mm_keys(mm_items, start, end, mm_idx, tagged)
+            if tagged:
+                lora = [("lora", lora_name, lora_path)] if lora_name else []
+                salted = [("cache_salt", salt)] if start == 0 and salt else []
+            else:
+                lora = [lora_name] if lora_name else []
+                salted = [salt] if start == 0 and salt else []
+            keys = ([lora_id] if lora_id else []) + lora + mm + salted
             parent = block(algo, parent, tokens[start:end], tuple(keys) if keys else None)
             out.append(parent)
             start = end

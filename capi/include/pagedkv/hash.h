@@ -3,6 +3,9 @@
  * Hashes chain: h_i = H(cbor([h_{i-1} bytes, [tokens of block i], extra])),
  * where extra is null or the array
  *   [lora_id?, lora_name?, [mm hash, mm offset - block start]..., cache_salt?]
+ * or, with strict_key_domains PKV_KEY_DOMAINS_VLLM_TAGGED (vLLM 0.33),
+ *   [lora_id?, ["lora", lora_name, lora_path]?, ["mm", mm hash, mm offset -
+ *    block start]..., ["cache_salt", cache_salt]?]
  * (LoRA id / name on every block when set, one pair per multimodal item the
  * block overlaps, the cache salt on the first block only), and
  * h_{-1} = H(cbor(seed string)). CBOR is canonical (RFC 8949 core
@@ -44,7 +47,13 @@ typedef struct pkv_mm_item {
   const char* hash; /* NUL-terminated, non-empty; copied by the callee */
 } pkv_mm_item;
 
-#define PKV_HASH_OPTIONS_VERSION 3 /* 2: lora_name; 3: strict_key_domains */
+/* pkv_pool_options.strict_key_domains, pkv_hash_options.strict_key_domains:
+ * how extra keys (LoRA, multimodal items, cache salt) enter block hashes. */
+#define PKV_KEY_DOMAINS_VLLM 0        /* vLLM's untagged keys (its main of 2025-11); default */
+#define PKV_KEY_DOMAINS_STRICT 1      /* each domain prefixed; no vLLM version's bytes */
+#define PKV_KEY_DOMAINS_VLLM_TAGGED 2 /* vLLM 0.33.0's tagged keys, with lora_path */
+
+#define PKV_HASH_OPTIONS_VERSION 4 /* 2: lora_name; 3: strict_key_domains; 4: lora_path */
 
 typedef struct pkv_hash_options {
   uint32_t struct_size; /* sizeof(pkv_hash_options); set by _init */
@@ -58,8 +67,11 @@ typedef struct pkv_hash_options {
   /* Version 2 (read only when struct_size covers it): */
   const char* lora_name; /* NULL or "" = none; UTF-8 LoRA adapter name (vLLM's lora_name) */
   /* Version 3 (read only when struct_size covers it): */
-  uint32_t strict_key_domains; /* as pkv_pool_options.strict_key_domains: hash
-                                  like a pool created with it */
+  uint32_t strict_key_domains; /* as pkv_pool_options.strict_key_domains
+                                  (PKV_KEY_DOMAINS_*): hash like a
+                                  pool created with it */
+  /* Version 4 (read only when struct_size covers it): */
+  const char* lora_path; /* as pkv_seq_options.lora_path (NULL = "") */
 } pkv_hash_options;
 
 /* Sets defaults. Always call before filling fields. */

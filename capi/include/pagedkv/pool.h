@@ -91,15 +91,20 @@ typedef struct pkv_pool_options {
   int32_t device_id;    /* CUDA ordinal; 0 for CPU */
   uint32_t num_threads; /* CPU kernel threads; 0 = hardware concurrency */
   /* Appended (read only when struct_size covers it; older callers get 0). */
-  uint32_t strict_key_domains; /* 1 = a cache salt, a LoRA name and a
-                              multimodal item hash never hash alike (blocks
-                              of such pools differ from vLLM's). 0 (default)
-                              = vLLM's encoding, where an unsalted request
-                              whose LoRA name equals a salt shares that
-                              salt's first block: keep salts secret and
+  uint32_t strict_key_domains; /* PKV_KEY_DOMAINS_*. 1 (STRICT) = a cache
+                              salt, a LoRA name and a multimodal item hash
+                              never hash alike (blocks of such pools differ
+                              from vLLM's). 0 (default) = vLLM's untagged
+                              encoding, where an unsalted request whose
+                              LoRA name equals a salt shares that salt's
+                              first block: keep salts secret and
                               high-entropy and never take adapter names or
                               item hashes from tenants (README, "Cache
-                              salts"). */
+                              salts"). 2 (VLLM_TAGGED) = vLLM 0.33's tagged
+                              keys, ("lora", lora_name, lora_path), ("mm",
+                              hash, offset), ("cache_salt", salt): domains
+                              kept apart as STRICT does, and the bytes of
+                              that vLLM's hashes (pkv_seq_options.lora_path). */
   /* Appended (read only when struct_size covers them; older callers get the
      defaults): dequantisation scales of an FP8 pool (dtype
      PKV_DTYPE_FP8_E4M3 or PKV_DTYPE_FP8_E5M2), as vLLM's k_scale/v_scale:
@@ -195,6 +200,12 @@ typedef struct pkv_seq_options {
   const char* lora_name; /* NULL/"" = none; the LoRA adapter's name, a UTF-8 key of every
                             block hash, as current vLLM keys adapters (lora_request.lora_name).
                             Independent of lora_id: set one (both: id first, then name). */
+  /* Appended (read only when struct_size covers it): */
+  const char* lora_path; /* NULL = ""; the adapter's path (vLLM's lora_request.lora_path),
+                            keyed with lora_name on a pool with strict_key_domains
+                            PKV_KEY_DOMAINS_VLLM_TAGGED (vLLM 0.33 keys both, so that a name
+                            pointed at another adapter does not reuse its KV); unused on
+                            other pools and without lora_name */
 } pkv_seq_options;
 
 PKV_API void pkv_seq_options_init(pkv_seq_options* opts);
