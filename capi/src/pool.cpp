@@ -23,8 +23,9 @@ uint32_t flag(uint32_t v, const char* name) {
 // (PKV_KEY_DOMAINS_*) into the two flags of PoolOptions.
 void pkv_capi::key_domains(uint32_t v, const char* name, bool* strict, bool* tagged) {
   if (v > PKV_KEY_DOMAINS_VLLM_TAGGED)
-    fail(Errc::kInvalidArgument, std::string(name) + " is " + std::to_string(v) +
-                                     ", not PKV_KEY_DOMAINS_VLLM (0), _STRICT (1) or _VLLM_TAGGED (2)");
+    fail(Errc::kInvalidArgument,
+         std::string(name) + " is " + std::to_string(v) +
+             ", not PKV_KEY_DOMAINS_VLLM (0), _STRICT (1) or _VLLM_TAGGED (2)");
   *strict = v == PKV_KEY_DOMAINS_STRICT;
   *tagged = v == PKV_KEY_DOMAINS_VLLM_TAGGED;
 }

@@ -174,8 +174,8 @@ size_t bound_extra(const HashContext& ctx, uint64_t start, size_t mm_first, size
   if (ctx.lora_id != 0) b += cbor::kMaxHeadSize;
   const size_t tag = ctx.tagged ? kTagOverhead + cbor::kMaxHeadSize : 0;
   if (!ctx.lora_name.empty())
-    b += cbor::kMaxHeadSize + ctx.lora_name.size() + tag + cbor::kMaxHeadSize +
-         ctx.lora_path.size();
+    b +=
+        cbor::kMaxHeadSize + ctx.lora_name.size() + tag + cbor::kMaxHeadSize + ctx.lora_path.size();
   for (size_t i = mm_first; i < mm_last; ++i)
     b += kMmKeyOverhead + tag + ctx.mm_items[i].hash.size();
   if (salt_applies(ctx, start)) b += cbor::kMaxHeadSize + tag + ctx.cache_salt.size();
@@ -379,9 +379,9 @@ std::vector<ExtraKey> block_extra_keys(const HashContext& ctx, uint64_t start, u
   std::vector<ExtraKey> keys;
   if (ctx.lora_id != 0) keys.push_back(ExtraKey::uint(ctx.lora_id));
   if (!ctx.lora_name.empty()) {
-    keys.push_back(ctx.tagged ? ExtraKey::tagged_pair(std::string(kTagLora), ctx.lora_name,
-                                                      ctx.lora_path)
-                              : ExtraKey::str(ctx.lora_name));
+    keys.push_back(ctx.tagged
+                       ? ExtraKey::tagged_pair(std::string(kTagLora), ctx.lora_name, ctx.lora_path)
+                       : ExtraKey::str(ctx.lora_name));
   }
   if (!ctx.mm_items.empty()) {
     size_t first = 0, last = 0;
@@ -391,12 +391,14 @@ std::vector<ExtraKey> block_extra_keys(const HashContext& ctx, uint64_t start, u
       if (!mm_overlaps(m, start, end)) continue;
       ExtraKey k = ExtraKey::mm(
           m.hash, m.offset >= start ? int64_t(m.offset - start) : -int64_t(start - m.offset));
-      keys.push_back(ctx.tagged ? ExtraKey::tagged(std::string(kTagMm), std::move(k)) : std::move(k));
+      keys.push_back(ctx.tagged ? ExtraKey::tagged(std::string(kTagMm), std::move(k))
+                                : std::move(k));
     }
   }
   if (salt_applies(ctx, start)) {
     ExtraKey k = ExtraKey::str(ctx.cache_salt);
-    keys.push_back(ctx.tagged ? ExtraKey::tagged(std::string(kTagSalt), std::move(k)) : std::move(k));
+    keys.push_back(ctx.tagged ? ExtraKey::tagged(std::string(kTagSalt), std::move(k))
+                              : std::move(k));
   }
   return keys;
 }

@@ -30,12 +30,18 @@ def hash_prefix(
     mm_items: Iterable[MMItemLike] = (),
     lora_name: Optional[str] = None,
     strict_key_domains: bool = False,
+    tagged_keys: bool = False,
+    lora_path: Optional[str] = None,
 ) -> List[bytes]:
     """Chained hashes of the full blocks of tokens, exactly as a pool with the
     same block_size, algo, seed and strict_key_domains computes them
     (vLLM-compatible for sha256_cbor without strict_key_domains: current vLLM
-    keys a LoRA adapter by lora_name, older vLLM by lora_id). Returns
-    floor(len(tokens) / block_size) digests."""
+    keys a LoRA adapter by lora_name, older vLLM by lora_id). tagged_keys:
+    vLLM 0.33's tagged extra keys, ("lora", lora_name, lora_path), ("mm",
+    hash, offset), ("cache_salt", salt), as a pool with tagged_keys=True.
+    Returns floor(len(tokens) / block_size) digests."""
+    from ._pool import _key_domains
+
     a = HashAlgo.parse(algo)
     opts = {
         "algo": int(a),
@@ -44,8 +50,9 @@ def hash_prefix(
         "lora_id": int(lora_id),
         "cache_salt": cache_salt,
         "lora_name": lora_name,
+        "lora_path": lora_path,
         "mm_items": mm_tuples(mm_items),
-        "strict_key_domains": int(bool(strict_key_domains)),
+        "strict_key_domains": _key_domains(strict_key_domains, tagged_keys),
     }
     capacity = len(tokens) // block_size if block_size > 0 else 0
     hashes = _c.pkv_hash_prefix(opts, tokens, capacity)

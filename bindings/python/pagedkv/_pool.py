@@ -67,6 +67,7 @@ class Pool(HandleOwner):
         max_events: Optional[int] = None,
         num_threads: Optional[int] = None,
         strict_key_domains: Optional[bool] = None,
+        tagged_keys: Optional[bool] = None,
         kv_scale_granularity: Optional[str] = None,
         k_scales: Optional[Seq[float]] = None,
         v_scales: Optional[Seq[float]] = None,
@@ -108,8 +109,8 @@ class Pool(HandleOwner):
             opts["enable_prefix_caching"] = int(bool(enable_prefix_caching))
         if enable_events is not None:
             opts["enable_events"] = int(bool(enable_events))
-        if strict_key_domains is not None:
-            opts["strict_key_domains"] = int(bool(strict_key_domains))
+        if strict_key_domains is not None or tagged_keys is not None:
+            opts["strict_key_domains"] = _key_domains(strict_key_domains, tagged_keys)
         if kv_scale_granularity is not None:
             opts["kv_scale_granularity"] = _scale_granularity(kv_scale_granularity)
         if k_scales is not None or v_scales is not None:
@@ -299,6 +300,7 @@ class Pool(HandleOwner):
         mm_items: Iterable[MMItemLike] = (),
         lora_name: Optional[str] = None,
         owned: bool = True,
+        lora_path: Optional[str] = None,
     ) -> Sequence:
         """A new empty sequence. It is freed by free(), by leaving its `with`
         block, by closing the pool, or (owned=True, the default) when the
@@ -306,12 +308,19 @@ class Pool(HandleOwner):
         only ``seq.id`` passes owned=False (or calls ``seq.detach()``): the
         pool then owns the sequence until it is freed explicitly, and
         ``pool.sequence(id)`` gives a handle back. lora_name keys its blocks
-        by LoRA adapter name, as current vLLM does."""
-        if priority or lora_id or cache_salt is not None or lora_name is not None or mm_items != ():
+        by LoRA adapter name, as current vLLM does; on a pool with
+        tagged_keys=True, lora_path too (vLLM 0.33 keys both)."""
+        if (
+            priority
+            or lora_id
+            or cache_salt is not None
+            or lora_name is not None
+            or lora_path is not None
+            or mm_items != ()
+        ):
             h = self._h
-            return _make_seq(
-                self, h, _seq_create(h, _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name)), owned
-            )
+            opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name, lora_path)
+            return _make_seq(self, h, _seq_create(h, opts), owned)
         return _create_seq(self, self._h, owned)  # the C defaults: create and wrap in one C call
 
     def sequence(self, seq_id: int, *, own: bool = False) -> Sequence:
@@ -383,6 +392,7 @@ class Pool(HandleOwner):
         mm_items: Iterable[MMItemLike] = (),
         lora_name: Optional[str] = None,
         owned: bool = True,
+        lora_path: Optional[str] = None,
     ) -> Tuple[Sequence, int]:
         """Admission in one call: a new sequence (as create_sequence), the
         prefix-cache lookup of tokens and the append of the rest (+
@@ -391,7 +401,7 @@ class Pool(HandleOwner):
         Returns (sequence, cached tokens). hashes: the prompt's block hashes
         computed beforehand (:meth:`hash_prefix` with the same keys, e.g.
         when the request arrived), so the lookup does not hash again."""
-        opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name)
+        opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name, lora_path)
         la = lookahead if lookahead.__class__ is int else int(lookahead)
         if hashes is None:
             sid, cached = _seq_admit(self._h, opts, tokens, la)
@@ -435,6 +445,7 @@ class Pool(HandleOwner):
         cache_salt: Optional[str] = None,
         mm_items: Iterable[MMItemLike] = (),
         lora_name: Optional[str] = None,
+        lora_path: Optional[str] = None,
     ) -> List[bytes]:
         """The block hashes this pool would give tokens' full blocks."""
         from ._hash import hash_prefix
@@ -450,7 +461,19 @@ class Pool(HandleOwner):
             mm_items=mm_items,
             lora_name=lora_name,
             strict_key_domains=o.strict_key_domains,
+            tagged_keys=o.tagged_keys,
+            lora_path=lora_path,
         )
+
+
+def _key_domains(strict: Optional[bool], tagged: Optional[bool]) -> int:
+    """strict_key_domains of the C options (PKV_KEY_DOMAINS_*) from the two
+    flags; both set is refused (tagged keys already keep domains apart)."""
+    if strict and tagged:
+        raise _c.InvalidArgumentError("strict_key_domains and tagged_keys: choose one (tagged keys keep domains apart)")
+    if tagged:
+        return int(_c.PKV_KEY_DOMAINS_VLLM_TAGGED)
+    return int(_c.PKV_KEY_DOMAINS_STRICT) if strict else int(_c.PKV_KEY_DOMAINS_VLLM)
 
 
 def _floats(values: Any) -> List[float]:
@@ -680,16 +703,29 @@ _seq_match_prefix_hashes = _c.pkv_seq_match_prefix_hashes
 
 
 def _seq_opts(
-    priority: int, lora_id: int, cache_salt: Optional[str], mm_items: Iterable[MMItemLike], lora_name: Optional[str]
+    priority: int,
+    lora_id: int,
+    cache_salt: Optional[str],
+    mm_items: Iterable[MMItemLike],
+    lora_name: Optional[str],
+    lora_path: Optional[str] = None,
 ) -> Optional[dict]:
     """pkv_seq_options for the raw call: None (the C defaults, no conversion)
     when every option is at its default, else the dict form."""
-    if not priority and not lora_id and cache_salt is None and lora_name is None and mm_items == ():
+    if (
+        not priority
+        and not lora_id
+        and cache_salt is None
+        and lora_name is None
+        and lora_path is None
+        and mm_items == ()
+    ):
         return None
     return {
         "priority": int(priority),
         "lora_id": int(lora_id),
         "lora_name": lora_name,
+        "lora_path": lora_path,
         "cache_salt": cache_salt,
         "mm_items": mm_tuples(mm_items),
     }

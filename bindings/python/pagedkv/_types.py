@@ -275,6 +275,7 @@ class PoolOptions:
     device: Device
     num_threads: int
     strict_key_domains: bool
+    tagged_keys: bool  # vLLM 0.33's tagged extra keys (strict_key_domains 2 in C)
     kv_scale_granularity: str  # "tensor" or "head" (FP8 pools' k/v scales)
     num_kv_scales: int  # scales per K (and per V) of an FP8 pool; 0 otherwise
     enable_partial_reuse: bool
@@ -295,7 +296,8 @@ class PoolOptions:
             hash_seed=s.hash_seed or "",
             dtype=DType(s.dtype),
             device=Device(DeviceType(s.device_type), s.device_id),
-            strict_key_domains=bool(s.strict_key_domains),
+            strict_key_domains=s.strict_key_domains == _c.PKV_KEY_DOMAINS_STRICT,
+            tagged_keys=s.strict_key_domains == _c.PKV_KEY_DOMAINS_VLLM_TAGGED,
             kv_scale_granularity="head" if s.kv_scale_granularity == _c.PKV_KV_SCALE_PER_HEAD else "tensor",
             enable_partial_reuse=bool(s.enable_partial_reuse),
             enable_retention=bool(s.enable_retention),

@@ -103,6 +103,7 @@ def admit_tiered(
     cache_salt: Optional[str] = None,
     mm_items: Iterable[MMItemLike] = (),
     lora_name: Optional[str] = None,
+    lora_path: Optional[str] = None,
 ) -> Tuple[Sequence, TierMatch]:
     """Pool.admit whose lookup goes on into the tiers after the device hits
     (``pkv_seq_admit_tiered``). The prompt fits exactly when it fits
@@ -110,7 +111,7 @@ def admit_tiered(
     every tier hit is taken; all or nothing (OutOfBlocksError: no sequence,
     no hit). Returns (sequence, TierMatch): ``num_cached`` tokens need no
     prefill, and the next plan loads the host and file ones."""
-    opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name)
+    opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name, lora_path)
     sid, m = pool._call(_c.pkv_seq_admit_tiered, opts, tokens, hashes, int(lookahead))
     return _new_seq(pool, sid, True), TierMatch._from_c(m)
 

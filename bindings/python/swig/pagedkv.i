@@ -1877,17 +1877,19 @@ PKV_OPTIONS_IN(pkv_pool_options, pkv_pool_options_init, %arg({"hash_seed", "k_sc
     if (!pkv_py_dict_str($input, "hash_seed", keep, &s)) SWIG_fail;
     if (s) tmp.hash_seed = s;
     if (!pkv_py_dict_scales($input, keep, &tmp)) SWIG_fail; }))
-PKV_OPTIONS_IN(pkv_seq_options, pkv_seq_options_init, %arg({"cache_salt", "lora_name", "mm_items", "num_mm_items", NULL}), %arg(
+PKV_OPTIONS_IN(pkv_seq_options, pkv_seq_options_init, %arg({"cache_salt", "lora_name", "lora_path", "mm_items", "num_mm_items", NULL}), %arg(
   { if (!pkv_py_dict_str($input, "cache_salt", keep, &tmp.cache_salt)) SWIG_fail;
     if (!pkv_py_dict_str($input, "lora_name", keep, &tmp.lora_name)) SWIG_fail;
+    if (!pkv_py_dict_str($input, "lora_path", keep, &tmp.lora_path)) SWIG_fail;
     if (!pkv_py_dict_mm($input, keep, &mm, &tmp.num_mm_items)) SWIG_fail;
     tmp.mm_items = mm; }))
-PKV_OPTIONS_IN(pkv_hash_options, pkv_hash_options_init, %arg({"seed", "cache_salt", "lora_name", "mm_items", "num_mm_items", NULL}), %arg(
+PKV_OPTIONS_IN(pkv_hash_options, pkv_hash_options_init, %arg({"seed", "cache_salt", "lora_name", "lora_path", "mm_items", "num_mm_items", NULL}), %arg(
   { const char* s = NULL;
     if (!pkv_py_dict_str($input, "seed", keep, &s)) SWIG_fail;
     if (s) tmp.seed = s;
     if (!pkv_py_dict_str($input, "cache_salt", keep, &tmp.cache_salt)) SWIG_fail;
     if (!pkv_py_dict_str($input, "lora_name", keep, &tmp.lora_name)) SWIG_fail;
+    if (!pkv_py_dict_str($input, "lora_path", keep, &tmp.lora_path)) SWIG_fail;
     if (!pkv_py_dict_mm($input, keep, &mm, &tmp.num_mm_items)) SWIG_fail;
     tmp.mm_items = mm; }))
 PKV_OPTIONS_IN(pkv_attention_params, pkv_attention_params_init, PKV_NO_SPECIAL, )
@@ -1920,11 +1922,13 @@ PKV_OPTIONS_IN(pkv_transfer_options, pkv_transfer_options_init, %arg({"transport
 %immutable pkv_pool_options::v_scales;
 %immutable pkv_seq_options::cache_salt;
 %immutable pkv_seq_options::lora_name;
+%immutable pkv_seq_options::lora_path;
 %immutable pkv_seq_options::mm_items;
 %immutable pkv_seq_options::num_mm_items;
 %immutable pkv_hash_options::seed;
 %immutable pkv_hash_options::cache_salt;
 %immutable pkv_hash_options::lora_name;
+%immutable pkv_hash_options::lora_path;
 %immutable pkv_hash_options::mm_items;
 %immutable pkv_hash_options::num_mm_items;
 %immutable pkv_mm_item::hash;

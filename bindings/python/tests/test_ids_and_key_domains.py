@@ -53,4 +53,4 @@ def test_strict_key_domains(strict):
 
 def test_strict_key_domains_is_checked():
     with pytest.raises(pagedkv.InvalidArgumentError, match="strict_key_domains"):
-        _c.pkv_pool_create({"num_blocks": 8, "strict_key_domains": 2})
+        _c.pkv_pool_create({"num_blocks": 8, "strict_key_domains": 3})  # past VLLM_TAGGED (2)

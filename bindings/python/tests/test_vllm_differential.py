@@ -537,6 +537,40 @@ def test_extra_keys_in_block_hashes(kind):
     assert got == want
 
 
+@pytest.mark.parametrize("kinds", [("lora",), ("salt",), ("mm",), ("lora", "salt", "mm")])
+@pytest.mark.parametrize("fn,algo", ALGOS)
+def test_tagged_extra_keys_are_vllms(kinds, fn, algo):
+    """tagged_keys=True (PKV_KEY_DOMAINS_VLLM_TAGGED) against the loaded
+    vLLM's own request block hasher, prompt and decode blocks alike: the
+    same bytes where that vLLM tags its keys (0.33.0 does)."""
+    if not _vllm_tags_extra_keys():
+        pytest.skip("this vLLM keys extra keys untagged: test_extra_keys_in_block_hashes covers it")
+    rng = random.Random(11)
+    tokens = [rng.randrange(50000) for _ in range(45)]
+    lora = types.SimpleNamespace(lora_name="adapter-a", lora_path="/adapters/a", lora_int_id=1)
+    pkw, vkw = {}, {}
+    if "lora" in kinds:
+        pkw.update(lora_name="adapter-a", lora_path="/adapters/a")
+        vkw["lora"] = lora
+    if "salt" in kinds:
+        pkw["cache_salt"] = vkw["salt"] = "tenant-1"
+    if "mm" in kinds:
+        pkw["mm_items"] = vkw["mm"] = [(2, 5, "img0"), (9, 12, "img1"), (30, 4, "img2")]
+    try:
+        want, seed = _vllm_hashes(fn, 8, tokens, **vkw)
+        got = pk.hash_prefix(tokens, block_size=8, algo=algo, seed=seed, tagged_keys=True, **pkw)
+        assert got == want
+        # A tagged pool gives its blocks the same hashes.
+        pool = pk.Pool(num_blocks=64, block_size=8, hash_algo=algo, hash_seed=seed, tagged_keys=True)
+        s = pool.create_sequence(**pkw)
+        s.append(tokens)
+        assert s.block_hashes() == want
+        assert pool.hash_prefix(tokens, **pkw) == want
+        pool.close()
+    finally:
+        kcu.init_none_hash(sha256_cbor)
+
+
 # --------------------------------------------------------------- behaviour
 
 

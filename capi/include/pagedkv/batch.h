@@ -144,8 +144,8 @@ PKV_API void pkv_attention_params_init(pkv_attention_params* params);
  * cached tokens and the new ones up to itself. lse (NULL = not wanted) gets
  * f32 [num_tokens, num_q_heads] natural-log sum-exp of the scaled logits.
  * params NULL = defaults. On an FP8 pool q is f32, f16 or bf16 (CUDA pool:
- * f16 or bf16, else PKV_E_UNSUPPORTED) and out has q's dtype; keys and values are read as code * scale (the K scale is
- * folded into q's scaling and the V scale into the output's normalisation,
+ * f16 or bf16, else PKV_E_UNSUPPORTED) and out has q's dtype; keys and values are read as code *
+ * scale (the K scale is folded into q's scaling and the V scale into the output's normalisation,
  * which equals dequantising every element up to f32 rounding). */
 PKV_API pkv_status pkv_attention_forward(pkv_batch* batch, uint32_t layer, const pkv_tensor* q,
                                          const pkv_tensor* out, const pkv_tensor* lse,

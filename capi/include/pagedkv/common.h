@@ -32,8 +32,7 @@ extern "C" {
 #define PKV_VERSION_MAJOR 0
 #define PKV_VERSION_MINOR 1
 #define PKV_VERSION_PATCH 0
-#define PKV_VERSION_NUMBER \
-  (PKV_VERSION_MAJOR * 10000 + PKV_VERSION_MINOR * 100 + PKV_VERSION_PATCH)
+#define PKV_VERSION_NUMBER (PKV_VERSION_MAJOR * 10000 + PKV_VERSION_MINOR * 100 + PKV_VERSION_PATCH)
 #define PKV_VERSION_STRING "0.1.0"
 
 /* Bumped on any incompatible change of the stable section of the ABI.
@@ -49,11 +48,11 @@ PKV_API uint32_t pkv_abi_version(void);
 
 /* --------------------------------------------------------------- features */
 
-#define PKV_FEATURE_CUDA 0x1u     /* CUDA backend compiled in */
-#define PKV_FEATURE_XXHASH 0x2u   /* PKV_HASH_XXH3_128 available */
-#define PKV_FEATURE_SHA256 0x4u   /* PKV_HASH_SHA256_CBOR available */
-#define PKV_FEATURE_BF16 0x8u     /* bf16 storage and kernels */
-#define PKV_FEATURE_FP8 0x10u     /* fp8 KV storage (PKV_DTYPE_FP8_*) and kernels */
+#define PKV_FEATURE_CUDA 0x1u   /* CUDA backend compiled in */
+#define PKV_FEATURE_XXHASH 0x2u /* PKV_HASH_XXH3_128 available */
+#define PKV_FEATURE_SHA256 0x4u /* PKV_HASH_SHA256_CBOR available */
+#define PKV_FEATURE_BF16 0x8u   /* bf16 storage and kernels */
+#define PKV_FEATURE_FP8 0x10u   /* fp8 KV storage (PKV_DTYPE_FP8_*) and kernels */
 
 /* Bit set of PKV_FEATURE_* compiled into this build. */
 PKV_API uint32_t pkv_features(void);

@@ -138,8 +138,8 @@ PKV_API void pkv_kv_group_spec_init(pkv_kv_group_spec* spec);
 /* Creates a pool of num_groups (1..64) groups sharing one block budget.
  * base: block_size, num_blocks or memory_budget_bytes (divided by the block
  * bytes described above), hash_algo, hash_seed, enable_prefix_caching,
- * strict_key_domains (PKV_KEY_DOMAINS_*) are read; num_layers and sliding_window must be 0; events, partial reuse and
- * retention are not supported (PKV_E_UNSUPPORTED). Errors name the field
+ * strict_key_domains (PKV_KEY_DOMAINS_*) are read; num_layers and sliding_window must be 0; events,
+ * partial reuse and retention are not supported (PKV_E_UNSUPPORTED). Errors name the field
  * (base->..., groups[i].kind, ...). */
 PKV_API pkv_status pkv_pool_create_groups(const pkv_pool_options* base,
                                           const pkv_kv_group_spec* groups, uint32_t num_groups,

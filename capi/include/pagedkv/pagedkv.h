@@ -6,13 +6,13 @@
 #ifndef PAGEDKV_H
 #define PAGEDKV_H
 
+#include "pagedkv/batch.h"
 #include "pagedkv/common.h"
+#include "pagedkv/events.h"
+#include "pagedkv/groups.h"
 #include "pagedkv/hash.h"
 #include "pagedkv/pool.h"
-#include "pagedkv/batch.h"
 #include "pagedkv/tiers.h"
-#include "pagedkv/groups.h"
-#include "pagedkv/events.h"
 #include "pagedkv/transfer.h"
 
 #endif /* PAGEDKV_H */
