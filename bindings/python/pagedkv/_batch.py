@@ -144,6 +144,12 @@ class Batch(HandleOwner):
 
     def _call(self, fn: Any, *args: Any) -> Any:
         with self._lock:  # the handle is pinned for the call by the raw module
+            # A view of the pool's storage (kv_tensor) pins the C pool past
+            # close(): without this check the plan's writes, kernels and
+            # commit went on in a closed pool while such a view lived, and
+            # failed only once none did.
+            if self._pool._h.closed:
+                raise _c.InvalidStateError("the pool is closed", _c.PKV_E_INVALID_STATE)
             return fn(self._h, *args)
 
     # ------------------------------------------------------------ commit

@@ -212,3 +212,28 @@ def test_objects_owning_handles_refuse_copy_and_pickle():
     gc.collect()
     assert arr.sum() == arr.size  # the pin of the view kept the storage
     batch.close()
+
+
+def test_plan_calls_fail_after_close_while_a_storage_view_lives():
+    """A kv_tensor view pins the C pool past close(); the plan's calls must
+    still fail as they do when no view is alive (they wrote K/V, ran
+    attention and committed into the closed pool)."""
+    pool = make_pool(num_layers=1, num_kv_heads=1, head_dim=8, dtype="f32")
+    s = pool.create_sequence()
+    s.append(list(range(6)))
+    plan = pool.prepare([s], 6)
+    view = pool.kv_tensor(0, "k").numpy()
+    pool.close()
+    kv = np.ones((6, 1, 8), np.float32)
+    with pytest.raises(pagedkv.InvalidStateError, match="closed"):
+        plan.cache_write(0, kv, kv)
+    with pytest.raises(pagedkv.InvalidStateError, match="closed"):
+        plan.attention(0, np.ones((6, 1, 8), np.float32))
+    with pytest.raises(pagedkv.InvalidStateError, match="closed"):
+        plan.commit()
+    assert float(view.sum()) == 0.0  # nothing was written
+    # The plan still describes itself, and closes quietly.
+    assert plan.plan(pagedkv.PlanArray.SLOT_MAPPING).numpy().shape == (6,)
+    plan.close()
+    del view
+    gc.collect()
