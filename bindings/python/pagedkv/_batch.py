@@ -11,7 +11,7 @@ from typing import Sequence as Seq
 
 from . import _pagedkv as _c
 from ._handle import Handle, HandleOwner
-from ._pool import Pool, Sequence
+from ._pool import Pool, Sequence, _index
 from ._tensor import TensorView, check, describe, empty_like, stream_ptr
 from ._types import BatchInfo, DType, PlanArray, SnapshotArray
 
@@ -274,7 +274,7 @@ class Batch(HandleOwner):
         act = _activation_dtype(p.dtype)
         kd = self._tensor(k, "k", act, shape, s)
         vd = self._tensor(v, "v", act, shape, s)
-        self._call(_c.pkv_cache_write, int(layer), kd.as_c(p.device), vd.as_c(p.device), s)
+        self._call(_c.pkv_cache_write, _index(layer, "layer"), kd.as_c(p.device), vd.as_c(p.device), s)
 
     def attention(
         self,
@@ -316,13 +316,13 @@ class Batch(HandleOwner):
             ld = self._tensor(lse, "lse", DType.F32, (qd.shape[0], heads), s, writable=True)
         params = {
             "softmax_scale": _c_float("softmax_scale", softmax_scale),
-            "sliding_window": int(sliding_window),
+            "sliding_window": _index(sliding_window, "sliding_window"),
             "logit_softcap": _c_float("logit_softcap", logit_softcap),
         }
         dev = p.device
         self._call(
             _c.pkv_attention_forward,
-            int(layer),
+            _index(layer, "layer"),
             qd.as_c(dev),
             od.as_c(dev),
             ld.as_c(dev) if ld is not None else None,

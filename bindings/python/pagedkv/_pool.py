@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Tuple, Union
 from typing import Sequence as Seq
 
@@ -236,7 +237,7 @@ class Pool(HandleOwner):
         (even past close()) until it and arrays made from it are gone."""
         ptr = self._h.acquire()
         try:
-            t = _c.pkv_pool_kv_tensor(ptr, int(layer), int(KV.parse(which)))
+            t = _c.pkv_pool_kv_tensor(ptr, _index(layer, "layer"), int(KV.parse(which)))
         except BaseException:
             self._h.release()
             raise
@@ -329,7 +330,7 @@ class Pool(HandleOwner):
         sequence alone, unless own=True makes this handle its owner (freed
         when collected, as create_sequence's). free() on any handle frees
         the sequence."""
-        seq_id = int(seq_id)
+        seq_id = _index(seq_id, "seq_id")
         self._call(_c.pkv_seq_get_info, seq_id)  # NotFoundError for a stale id
         return Sequence(self, seq_id, owned=own)
 
@@ -402,7 +403,7 @@ class Pool(HandleOwner):
         computed beforehand (:meth:`hash_prefix` with the same keys, e.g.
         when the request arrived), so the lookup does not hash again."""
         opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name, lora_path)
-        la = lookahead if lookahead.__class__ is int else int(lookahead)
+        la = lookahead if lookahead.__class__ is int else _index(lookahead, "lookahead")
         if hashes is None:
             sid, cached = _seq_admit(self._h, opts, tokens, la)
         else:
@@ -474,6 +475,16 @@ def _key_domains(strict: Optional[bool], tagged: Optional[bool]) -> int:
     if tagged:
         return int(_c.PKV_KEY_DOMAINS_VLLM_TAGGED)
     return int(_c.PKV_KEY_DOMAINS_STRICT) if strict else int(_c.PKV_KEY_DOMAINS_VLLM)
+
+
+def _index(value: Any, name: str) -> int:
+    """value as an int: ints, bools and integer scalars (numpy, torch) only.
+    int() truncated 2.7 to 2 and read "5" as 5, so truncate(2.7) dropped a
+    token and cache_write(1.5, ...) wrote layer 1 without a word."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
 
 
 def _floats(values: Any) -> List[float]:
@@ -606,11 +617,12 @@ class Sequence(_c._SeqBase):
         """Appends tokens (their KV is written by the next step) and reserves
         lookahead further slots. All or nothing: OutOfBlocksError changes
         nothing."""
-        _seq_append(self._h, self._id, tokens, lookahead if lookahead.__class__ is int else int(lookahead))
+        la = lookahead if lookahead.__class__ is int else _index(lookahead, "lookahead")
+        _seq_append(self._h, self._id, tokens, la)
 
     def blocks_needed(self, num_tokens: int, lookahead: int = 0) -> int:
         """Free blocks an append of num_tokens (+ lookahead) would take."""
-        return _seq_blocks_needed(self._h, self._id, int(num_tokens), int(lookahead))
+        return _seq_blocks_needed(self._h, self._id, _index(num_tokens, "num_tokens"), _index(lookahead, "lookahead"))
 
     def fork(self) -> Sequence:
         """A child sharing every block (copy-on-write on the shared tail)."""
@@ -618,7 +630,9 @@ class Sequence(_c._SeqBase):
 
     def truncate(self, num_tokens: int) -> None:
         """Keeps the first num_tokens tokens, releasing emptied blocks."""
-        _seq_truncate(self._h, self._id, num_tokens if num_tokens.__class__ is int else int(num_tokens))
+        _seq_truncate(
+            self._h, self._id, num_tokens if num_tokens.__class__ is int else _index(num_tokens, "num_tokens")
+        )
 
     def reserve(self, num_tokens: int) -> None:
         """Capacity hint: makes room in this sequence's host memory (token
@@ -628,7 +642,7 @@ class Sequence(_c._SeqBase):
         steps then grow no vectors. Takes no KV blocks and changes nothing
         info() shows; at or below the current room it does nothing. Above
         2**31 - 1 tokens: InvalidArgumentError."""
-        _seq_reserve(self._h, self._id, num_tokens if num_tokens.__class__ is int else int(num_tokens))
+        _seq_reserve(self._h, self._id, num_tokens if num_tokens.__class__ is int else _index(num_tokens, "num_tokens"))
 
     def info(self) -> SequenceInfo:
         return SequenceInfo._from_c(self._pool._call(_c.pkv_seq_get_info, self._id))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Tuple, Union
 
 from . import _pagedkv as _c
 from ._batch import _c_float
+from ._pool import _index
 from ._tensor import empty_like, stream_ptr
 from ._types import DType, KvLayout
 
@@ -61,7 +62,7 @@ def cache_write(batch: Batch, layer: int, kv_c: Any, k_pe: Any, stream: Any = No
     pshape = (n, 1, rope) if len(getattr(k_pe, "shape", ())) == 3 else (n, rope)
     pd = batch._tensor(k_pe, "k_pe", pool.dtype, pshape, s)
     dev = pool.device
-    batch._call(_c.pkv_mla_cache_write, int(layer), cd.as_c(dev), pd.as_c(dev), s)
+    batch._call(_c.pkv_mla_cache_write, _index(layer, "layer"), cd.as_c(dev), pd.as_c(dev), s)
 
 
 def attention(
@@ -103,7 +104,7 @@ def attention(
     dev = pool.device
     batch._call(
         _c.pkv_mla_attention,
-        int(layer),
+        _index(layer, "layer"),
         qd.as_c(dev),
         pd.as_c(dev),
         od.as_c(dev),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Tuple
 
 from . import _pagedkv as _c
-from ._pool import _new_seq, _seq_opts
+from ._pool import _index, _new_seq, _seq_opts
 from ._types import MMItemLike, _copy_fields
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def admit_tiered(
     no hit). Returns (sequence, TierMatch): ``num_cached`` tokens need no
     prefill, and the next plan loads the host and file ones."""
     opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name, lora_path)
-    sid, m = pool._call(_c.pkv_seq_admit_tiered, opts, tokens, hashes, int(lookahead))
+    sid, m = pool._call(_c.pkv_seq_admit_tiered, opts, tokens, hashes, _index(lookahead, "lookahead"))
     return _new_seq(pool, sid, True), TierMatch._from_c(m)
 
 

@@ -161,3 +161,41 @@ def test_python_side_checks_raise_before_the_call():
                 b.attention(0, [[1.0]])
             with pytest.raises(TypeError):
                 raw.pkv_pool_create({"bogus_field": 1})
+
+
+def test_counts_and_indices_refuse_floats_and_strings():
+    """int() read truncate(2.7) as truncate(2), reserve("5") as 5 and
+    cache_write(1.5, ...) as layer 1: non-integral counts and indices are a
+    TypeError naming the argument, and nothing changes."""
+    pool = pagedkv.Pool(num_blocks=16, block_size=4, num_layers=2, num_kv_heads=1, head_dim=8, dtype="f32")
+    s = pool.create_sequence()
+    s.append(list(range(6)))
+    before = (pool.stats(), s.info(), s.block_table())
+    for call, name in (
+        (lambda: s.truncate(2.7), "num_tokens"),
+        (lambda: s.reserve("5"), "num_tokens"),
+        (lambda: s.append([1], 1.5), "lookahead"),
+        (lambda: s.blocks_needed(2.5), "num_tokens"),
+        (lambda: pool.admit([1, 2, 3], lookahead=0.5), "lookahead"),
+        (lambda: pool.kv_tensor(0.9, "k"), "layer"),
+        (lambda: pool.sequence(float(s.id)), "seq_id"),
+    ):
+        with pytest.raises(TypeError, match=name):
+            call()
+    assert (pool.stats(), s.info(), s.block_table()) == before
+    kv = np.ones((6, 1, 8), np.float32)
+    with pool.prepare([s], 6) as step:
+        with pytest.raises(TypeError, match="layer"):
+            step.cache_write(1.5, kv, kv)
+        with pytest.raises(TypeError, match="layer"):
+            step.attention(0.0, kv)
+        with pytest.raises(TypeError, match="sliding_window"):
+            step.attention(0, kv, sliding_window=2.5)
+        assert float(pool.kv_tensor(1, "k").numpy().sum()) == 0.0
+        # Integer scalars (numpy) still work.
+        step.cache_write(np.int64(0), kv, kv)
+        step.cache_write(np.uint32(1), kv, kv)
+    s.truncate(np.int64(4))
+    s.reserve(np.int32(64))
+    assert s.info().num_tokens == 4
+    pool.validate()

@@ -283,7 +283,8 @@ def test_reserve_bad_input(manager_pool):
             s.reserve(n)
         with pytest.raises(OverflowError):
             s.truncate(n)
-    for bad, exc in ((None, TypeError), ([4], TypeError), ("many", ValueError)):
+    # Not an int at all (a str, a float): a TypeError, never int()'s reading.
+    for bad, exc in ((None, TypeError), ([4], TypeError), ("many", TypeError), ("5", TypeError), (5.0, TypeError)):
         with pytest.raises(exc):
             s.reserve(bad)
         with pytest.raises(exc):
