@@ -528,7 +528,7 @@ def _host_buffer(buffer: Any, writable: bool) -> Any:
             return bytearray(mv)  # a copy, writable
         arr = np.frombuffer(mv.cast("B"), dtype=np.uint8)
         return (arr.ctypes.data, arr.nbytes)
-    desc = describe(buffer, "buffer")
+    desc = describe(buffer, "buffer", raw=True)  # bytes: uint8 (pinned torch memory) as well as int32
     if desc.device is None or desc.device.type != DeviceType.CPU:
         raise _c.InvalidArgumentError("buffer: expected host (CPU or pinned) memory", _c.PKV_E_INVALID_ARGUMENT)
     dense = desc.strides == tuple(math.prod(desc.shape[i + 1 :]) for i in range(len(desc.shape)))

@@ -78,6 +78,10 @@ _DL_DTYPES = {
     (0, 64): DType.I64,
 }
 _TYPESTR = {"f4": DType.F32, "f2": DType.F16, "i4": DType.I32, "i8": DType.I64}
+# describe(raw=True), for byte buffers (swap_in / swap_out): any element type
+# of these sizes stands as a DType of the same size; only addresses and byte
+# counts are used then.
+_RAW_BY_SIZE = {1: DType.FP8_E4M3, 2: DType.F16, 4: DType.I32, 8: DType.I64}
 _DLPACK_READ_ONLY = 1
 
 
@@ -162,7 +166,7 @@ def _from_numpy(obj: Any, name: str) -> TensorDesc:
     return TensorDesc(ptr, 0, dtype, CPU, obj.shape, strides, not obj.flags.writeable, obj)
 
 
-def _from_dlpack(obj: Any, name: str, stream: int) -> TensorDesc:
+def _from_dlpack(obj: Any, name: str, stream: int, raw: bool = False) -> TensorDesc:
     dev_type, _dev_id = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (_kDLCPU, 0)
     dev_type = int(dev_type)
     if dev_type in (_kDLCUDA, _kDLCUDAManaged):
@@ -183,6 +187,8 @@ def _from_dlpack(obj: Any, name: str, stream: int) -> TensorDesc:
     t = mt.dl_tensor
     key = (t.dtype.code, t.dtype.bits)
     dtype = _DL_DTYPES.get(key)
+    if dtype is None and raw and t.dtype.lanes == 1 and t.dtype.bits % 8 == 0:
+        dtype = _RAW_BY_SIZE.get(t.dtype.bits // 8)
     if dtype is None or t.dtype.lanes != 1:
         raise InvalidArgumentError(
             f"{name}: DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits, {t.dtype.lanes} lanes) is not supported"
@@ -202,7 +208,9 @@ def _from_dlpack(obj: Any, name: str, stream: int) -> TensorDesc:
     return TensorDesc(t.data or 0, int(t.byte_offset), dtype, device, shape, strides, readonly, (obj, capsule))
 
 
-def _from_interface(obj: Any, name: str, iface: dict, device: Optional[Device], expect: Optional[DType]) -> TensorDesc:
+def _from_interface(
+    obj: Any, name: str, iface: dict, device: Optional[Device], expect: Optional[DType], raw: bool = False
+) -> TensorDesc:
     typestr = iface["typestr"]
     data = iface.get("data")
     if not isinstance(data, tuple):
@@ -214,6 +222,8 @@ def _from_interface(obj: Any, name: str, iface: dict, device: Optional[Device], 
     dtype = _TYPESTR.get(kind)
     if dtype is None and kind == "V2" and expect == DType.BF16:
         dtype = DType.BF16  # raw 16-bit words standing for bfloat16
+    if dtype is None and raw and kind[1:].isdigit():
+        dtype = _RAW_BY_SIZE.get(int(kind[1:]))
     if dtype is None:
         raise InvalidArgumentError(f"{name}: element type {typestr!r} is not supported (f4, f2, i4, i8)")
     shape = tuple(int(n) for n in iface["shape"])
@@ -231,8 +241,9 @@ def _cuda_ordinal(obj: Any) -> Optional[Device]:
     return None
 
 
-def describe(obj: Any, name: str, *, stream: int = 0, expect: Optional[DType] = None) -> TensorDesc:
-    """Describes obj's memory without copying it."""
+def describe(obj: Any, name: str, *, stream: int = 0, expect: Optional[DType] = None, raw: bool = False) -> TensorDesc:
+    """Describes obj's memory without copying it. raw: a byte buffer, whose
+    element type (uint8, int16, ...) only sets its size."""
     np = sys.modules.get("numpy")
     if np is not None and isinstance(obj, np.ndarray):
         return _from_numpy(obj, name)
@@ -241,7 +252,7 @@ def describe(obj: Any, name: str, *, stream: int = 0, expect: Optional[DType] = 
     errors = []
     if hasattr(obj, "__dlpack__"):
         try:
-            return _from_dlpack(obj, name, stream)
+            return _from_dlpack(obj, name, stream, raw)
         except InvalidArgumentError:
             raise
         except Exception as e:  # e.g. torch refusing tensors that require grad
@@ -253,7 +264,7 @@ def describe(obj: Any, name: str, *, stream: int = 0, expect: Optional[DType] = 
             errors.append(f"{attr}: {e}")
             continue
         if iface is not None:
-            return _from_interface(obj, name, iface, device or _cuda_ordinal(obj), expect)
+            return _from_interface(obj, name, iface, device or _cuda_ordinal(obj), expect, raw)
     detail = f" ({'; '.join(errors)})" if errors else ""
     raise TypeError(
         f"{name}: expected a tensor (numpy/torch/cupy array or an object with __dlpack__, "

@@ -235,3 +235,41 @@ def test_pool_is_usable_from_its_own_raw_module(manager_pool):
     p = raw.pkv_attention_params()
     raw.pkv_attention_params_init(p)
     assert p.softmax_scale == 0.0
+
+
+class _ByteArrayInterface:
+    """A host buffer known only by __array_interface__ (no buffer protocol)."""
+
+    def __init__(self, arr):
+        self._arr = arr
+        self.__array_interface__ = arr.__array_interface__
+
+
+@pytest.mark.parametrize("kind", ["torch_uint8", "torch_int8", "torch_int16", "iface_uint8"])
+def test_swap_takes_byte_tensors_of_any_element_type(kind):
+    """swap_out / swap_in copy bytes: a host tensor of uint8 (the usual pinned
+    staging buffer) was refused as "DLPack dtype ... not supported", only
+    f32/f16/bf16/i32/i64 tensors worked."""
+    pool = pagedkv.Pool(num_blocks=8, block_size=4, num_layers=1, num_kv_heads=1, head_dim=8, dtype="f32")
+    s = pool.create_sequence()
+    s.append([1, 2, 3])
+    with pool.prepare([s], 3) as step:
+        kv = np.arange(24, dtype=np.float32).reshape(3, 1, 8)
+        step.cache_write(0, kv, kv)
+    blocks = s.block_table()
+    nbytes = len(blocks) * pool.bytes_per_block
+    expect = pool.swap_out(blocks)
+    if kind.startswith("torch"):
+        torch = pytest.importorskip("torch")
+        dt = {"torch_uint8": torch.uint8, "torch_int8": torch.int8, "torch_int16": torch.int16}[kind]
+        buf = torch.zeros(nbytes // torch.tensor([], dtype=dt).element_size(), dtype=dt)
+        as_bytes = lambda: buf.view(torch.uint8).numpy()  # noqa: E731
+    else:
+        arr = np.zeros(nbytes, np.uint8)
+        buf = _ByteArrayInterface(arr)
+        as_bytes = lambda: arr  # noqa: E731
+    pool.swap_out(blocks, buf)
+    np.testing.assert_array_equal(as_bytes(), expect)
+    pool.kv_tensor(0, "k").numpy()[...] = 0
+    pool.swap_in(blocks, buf)
+    np.testing.assert_array_equal(pool.swap_out(blocks), expect)
