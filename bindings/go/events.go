@@ -253,12 +253,27 @@ func (p *EventPublisher) endpoint(which uint32) (string, error) {
 		return "", err
 	}
 	defer p.release()
-	var buf [1024]C.char
-	var n C.uint64_t
-	if err := check(op, C.pkvgo_event_publisher_endpoint(ptr, C.uint32_t(which), &buf[0], C.uint64_t(len(buf)), &n)); err != nil {
+	// An endpoint has no length limit (an inproc:// name can be any
+	// length): grow the buffer to what the library asks for (its length
+	// without the NUL, which needs a byte too).
+	buf := make([]byte, 256)
+	for try := 0; ; try++ {
+		var n C.uint64_t
+		err := check(op, C.pkvgo_event_publisher_endpoint(ptr, C.uint32_t(which),
+			(*C.char)(unsafe.Pointer(&buf[0])), C.uint64_t(len(buf)), &n))
+		if err == nil {
+			if uint64(n) > uint64(len(buf)) {
+				return "", &Error{Code: CodeInternal, Op: op, Msg: "the library reported a length past the buffer"}
+			}
+			return string(buf[:n]), nil
+		}
+		if e, ok := err.(*Error); ok && e.Code == CodeBufferTooSmall && uint64(n) >= uint64(len(buf)) &&
+			uint64(n) < 1<<31 && try < 4 {
+			buf = make([]byte, int(n)+1)
+			continue
+		}
 		return "", err
 	}
-	return C.GoStringN(&buf[0], C.int(n)), nil
 }
 
 // Close stops the publisher (undelivered messages are dropped). Idempotent.

@@ -2,6 +2,7 @@ package pagedkv
 
 import (
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -68,5 +69,32 @@ func TestEventPublisher(t *testing.T) {
 	np := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 8})
 	if _, err := NewEventPublisher(np, "inproc://x", "", nil); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("pool without events: %v", err)
+	}
+}
+
+// An endpoint has no length limit: one past the first buffer (a long
+// inproc:// name, the replay endpoint too) is read whole, not refused with
+// ErrBufferTooSmall.
+func TestEventPublisherLongEndpoint(t *testing.T) {
+	p := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 8, EnableEvents: true})
+	for _, n := range []int{200, 255, 256, 1023, 1024, 3000} {
+		name := "inproc://" + strings.Repeat("e", n)
+		replay := "inproc://r" + strings.Repeat("r", n)
+		pub, err := NewEventPublisher(p, name, replay, nil)
+		if errors.Is(err, ErrUnsupported) {
+			t.Skip("built without PAGEDKV_EVENTS")
+		}
+		ok(t, err)
+		ep, err := pub.Endpoint()
+		ok(t, err)
+		if ep != name {
+			t.Fatalf("endpoint of %d bytes: got %d bytes %.40q", len(name), len(ep), ep)
+		}
+		rep, err := pub.ReplayEndpoint()
+		ok(t, err)
+		if rep != replay {
+			t.Fatalf("replay endpoint of %d bytes: got %d bytes", len(replay), len(rep))
+		}
+		ok(t, pub.Close())
 	}
 }
