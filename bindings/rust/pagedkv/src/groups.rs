@@ -156,8 +156,9 @@ pub struct GroupStats {
 impl Pool {
     /// A manager-only pool of several KV groups on one block budget. From
     /// `opts`: block_size, num_blocks or memory_budget_bytes, hash_algo,
-    /// hash_seed, enable_prefix_caching (num_layers and sliding_window must
-    /// be 0).
+    /// hash_seed, enable_prefix_caching, strict_key_domains (num_layers and
+    /// sliding_window must be 0; enable_events, enable_partial_reuse and
+    /// enable_retention are [`ErrorKind::Unsupported`]).
     pub fn with_groups(opts: &crate::PoolOptions, groups: &[GroupSpec]) -> Result<Pool> {
         let seed = std::ffi::CString::new(opts.hash_seed.as_str())
             .map_err(|_| Error::invalid("hash_seed contains a NUL byte"))?;
@@ -172,6 +173,12 @@ impl Pool {
         base.hash_seed = seed.as_ptr();
         base.num_layers = opts.num_layers;
         base.sliding_window = opts.sliding_window;
+        // Read by the library (strict_key_domains changes every block hash)
+        // or refused by it (the others): never dropped here.
+        base.strict_key_domains = opts.strict_key_domains as u32;
+        base.enable_events = opts.enable_events as u32;
+        base.enable_partial_reuse = opts.enable_partial_reuse as u32;
+        base.enable_retention = opts.enable_retention as u32;
         let raw = groups
             .iter()
             .enumerate()

@@ -377,3 +377,70 @@ fn reserve_acts_on_every_group_and_changes_nothing_seen() {
         p.validate().unwrap();
     }
 }
+
+/// `with_groups` hands the library every base option it reads or refuses:
+/// strict_key_domains changes the block hashes (was dropped: the pool
+/// hashed in vLLM-compatible domains, where a LoRA name equal to another
+/// request's cache salt hits its first block, and `options()` said false), and events, partial reuse and retention are Unsupported (were
+/// silently ignored).
+#[test]
+fn with_groups_keeps_strict_key_domains_and_refuses_unsupported_options() {
+    use pagedkv::{hash_prefix, HashOptions, SeqOptions};
+    let tokens: Vec<i32> = (0..9).collect();
+    let salted = SeqOptions {
+        cache_salt: Some("X".into()),
+        ..SeqOptions::default()
+    };
+    let lora = SeqOptions {
+        lora_name: Some("X".into()),
+        ..SeqOptions::default()
+    };
+    let hashes = |o: &SeqOptions, strict_key_domains| {
+        hash_prefix(
+            &HashOptions {
+                block_size: 4,
+                cache_salt: o.cache_salt.clone(),
+                lora_name: o.lora_name.clone(),
+                strict_key_domains,
+                ..HashOptions::default()
+            },
+            &tokens,
+        )
+        .unwrap()
+    };
+    // The premise: the salt and the LoRA name give one first-block hash
+    // only without strict key domains.
+    assert_eq!(hashes(&salted, false)[0], hashes(&lora, false)[0]);
+    assert_ne!(hashes(&salted, true)[0], hashes(&lora, true)[0]);
+    for strict_key_domains in [false, true] {
+        let o = PoolOptions {
+            strict_key_domains,
+            ..opts(32)
+        };
+        let p = Pool::with_groups(&o, &[GroupSpec::full(1, 1, 8)]).unwrap();
+        assert_eq!(p.options().unwrap().strict_key_domains, strict_key_domains);
+        let a = p.create_seq_with(&salted).unwrap();
+        p.append(a, &tokens).unwrap(); // manager calls alone: cached now
+        let b = p.create_seq_with(&lora).unwrap();
+        let hit = p.match_prefix(b, &tokens).unwrap();
+        assert_eq!(hit, if strict_key_domains { 0 } else { 4 });
+    }
+
+    for o in [
+        PoolOptions {
+            enable_events: true,
+            ..opts(32)
+        },
+        PoolOptions {
+            enable_partial_reuse: true,
+            ..opts(32)
+        },
+        PoolOptions {
+            enable_retention: true,
+            ..opts(32)
+        },
+    ] {
+        let e = Pool::with_groups(&o, &[GroupSpec::full(1, 1, 8)]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    }
+}
