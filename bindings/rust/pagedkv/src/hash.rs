@@ -82,6 +82,10 @@ pub struct HashOptions {
     /// The LoRA adapter's name, keyed in every block (current vLLM keys
     /// adapters by name; older vLLM by id). `None` or "" = none.
     pub lora_name: Option<String>,
+    /// The adapter's path, keyed with `lora_name` with `vllm_tagged_keys`
+    /// (as [`SeqOptions::lora_path`](crate::SeqOptions::lora_path));
+    /// ignored otherwise. `None` = "".
+    pub lora_path: Option<String>,
     /// Hashed into the first block.
     pub cache_salt: Option<String>,
     /// Sorted by offset, non-overlapping.
@@ -89,6 +93,10 @@ pub struct HashOptions {
     /// Hash like a pool created with
     /// [`PoolOptions::strict_key_domains`](crate::PoolOptions::strict_key_domains).
     pub strict_key_domains: bool,
+    /// Hash like a pool created with
+    /// [`PoolOptions::vllm_tagged_keys`](crate::PoolOptions::vllm_tagged_keys)
+    /// (vLLM 0.33's tagged keys). Not together with `strict_key_domains`.
+    pub vllm_tagged_keys: bool,
 }
 
 impl Default for HashOptions {
@@ -103,9 +111,11 @@ impl Default for HashOptions {
             seed: unsafe { crate::cstr_to_string(raw.seed) },
             lora_id: raw.lora_id,
             lora_name: None,
+            lora_path: None,
             cache_salt: None,
             mm_items: Vec::new(),
-            strict_key_domains: raw.strict_key_domains != 0,
+            strict_key_domains: raw.strict_key_domains == sys::PKV_KEY_DOMAINS_STRICT,
+            vllm_tagged_keys: raw.strict_key_domains == sys::PKV_KEY_DOMAINS_VLLM_TAGGED,
         }
     }
 }
@@ -127,6 +137,8 @@ pub fn hash_prefix(opts: &HashOptions, tokens: &[i32]) -> Result<Vec<BlockHash>>
     let seed = c_string(&opts.seed, "seed")?;
     let salt = opt_c_string(&opts.cache_salt, "cache_salt")?;
     let lora_name = opt_c_string(&opts.lora_name, "lora_name")?;
+    let lora_path = opt_c_string(&opts.lora_path, "lora_path")?;
+    let domains = crate::pool::key_domains(opts.strict_key_domains, opts.vllm_tagged_keys)?;
     let mm = RawMmItems::new(&opts.mm_items, "mm_items")?;
     let mut raw = sys::pkv_hash_options::default();
     // SAFETY: valid out-parameter.
@@ -136,10 +148,11 @@ pub fn hash_prefix(opts: &HashOptions, tokens: &[i32]) -> Result<Vec<BlockHash>>
     raw.seed = seed.as_ptr();
     raw.lora_id = opts.lora_id;
     raw.lora_name = opt_ptr(&lora_name);
+    raw.lora_path = opt_ptr(&lora_path);
     raw.cache_salt = opt_ptr(&salt);
     raw.mm_items = mm.ptr();
     raw.num_mm_items = mm.len()?;
-    raw.strict_key_domains = opts.strict_key_domains as u32;
+    raw.strict_key_domains = domains;
 
     let mut cap = if opts.block_size > 0 {
         tokens.len() / opts.block_size as usize

@@ -49,6 +49,13 @@ pub struct PoolOptions {
     /// hashes: then keep salts secret and high-entropy and never take item
     /// hashes from tenants.
     pub strict_key_domains: bool,
+    /// vLLM 0.33's tagged extra keys (`PKV_KEY_DOMAINS_VLLM_TAGGED`):
+    /// `("lora", lora_name, lora_path)`, `("mm", hash, offset)`,
+    /// `("cache_salt", salt)`. Keeps the domains apart as
+    /// `strict_key_domains` does, with the bytes of that vLLM's hashes, and
+    /// keys [`SeqOptions::lora_path`]. Off by default; setting it together
+    /// with `strict_key_domains` is an error.
+    pub vllm_tagged_keys: bool,
     /// FP8 pools: per tensor (one K and one V scale per layer) or per head.
     pub kv_scale_granularity: KvScaleGranularity,
     /// FP8 pools: the dequantisation scales (a stored code c means c *
@@ -112,7 +119,12 @@ impl PoolOptions {
             dtype: DType::from_raw(raw.dtype).ok_or_else(|| unknown("dtype", raw.dtype))?,
             device: Device::from_raw(raw.device_type, raw.device_id)?,
             num_threads: raw.num_threads,
-            strict_key_domains: raw.strict_key_domains != 0,
+            strict_key_domains: match raw.strict_key_domains {
+                sys::PKV_KEY_DOMAINS_VLLM | sys::PKV_KEY_DOMAINS_VLLM_TAGGED => false,
+                sys::PKV_KEY_DOMAINS_STRICT => true,
+                v => return Err(unknown("key domains", v)),
+            },
+            vllm_tagged_keys: raw.strict_key_domains == sys::PKV_KEY_DOMAINS_VLLM_TAGGED,
             kv_scale_granularity: if raw.kv_scale_granularity == sys::PKV_KV_SCALE_PER_HEAD {
                 KvScaleGranularity::PerHead
             } else {
@@ -246,6 +258,11 @@ pub struct SeqOptions {
     /// The LoRA adapter's name, part of every block hash as current vLLM
     /// keys adapters (older vLLM keyed `lora_id`). `None` or "" = none.
     pub lora_name: Option<String>,
+    /// The LoRA adapter's path (vLLM's `lora_request.lora_path`), keyed
+    /// with `lora_name` on a pool with
+    /// [`PoolOptions::vllm_tagged_keys`]; ignored by other pools and
+    /// without `lora_name`. `None` = "".
+    pub lora_path: Option<String>,
     /// Hashed into the first block: sequences with different salts never
     /// share cached blocks.
     pub cache_salt: Option<String>,
@@ -534,7 +551,7 @@ impl Pool {
         raw.device_type = device_type;
         raw.device_id = device_id;
         raw.num_threads = opts.num_threads;
-        raw.strict_key_domains = opts.strict_key_domains as u32;
+        raw.strict_key_domains = key_domains(opts.strict_key_domains, opts.vllm_tagged_keys)?;
         raw.kv_scale_granularity = opts.kv_scale_granularity.raw();
         let nscales = scale_count(&opts.k_scales, &opts.v_scales)?;
         if nscales > 0 {
@@ -1456,6 +1473,19 @@ impl Pool {
     }
 }
 
+/// `strict_key_domains` and `vllm_tagged_keys` as one `PKV_KEY_DOMAINS_*`
+/// value; both set is an error (the library takes one mode).
+pub(crate) fn key_domains(strict: bool, tagged: bool) -> Result<u32> {
+    match (strict, tagged) {
+        (false, false) => Ok(sys::PKV_KEY_DOMAINS_VLLM),
+        (true, false) => Ok(sys::PKV_KEY_DOMAINS_STRICT),
+        (false, true) => Ok(sys::PKV_KEY_DOMAINS_VLLM_TAGGED),
+        (true, true) => Err(Error::invalid(
+            "strict_key_domains and vllm_tagged_keys: set at most one",
+        )),
+    }
+}
+
 /// Runs f with opts as a pkv_seq_options whose strings and items live for
 /// the call.
 pub(crate) fn with_raw_seq_options<T>(
@@ -1464,6 +1494,7 @@ pub(crate) fn with_raw_seq_options<T>(
 ) -> Result<T> {
     let salt = opt_c_string(&opts.cache_salt, "cache_salt")?;
     let lora_name = opt_c_string(&opts.lora_name, "lora_name")?;
+    let lora_path = opt_c_string(&opts.lora_path, "lora_path")?;
     let mm = RawMmItems::new(&opts.mm_items, "mm_items")?;
     let mut raw = sys::pkv_seq_options::default();
     // SAFETY: valid out-parameter.
@@ -1471,6 +1502,7 @@ pub(crate) fn with_raw_seq_options<T>(
     raw.priority = opts.priority;
     raw.lora_id = opts.lora_id;
     raw.lora_name = opt_ptr(&lora_name);
+    raw.lora_path = opt_ptr(&lora_path);
     raw.cache_salt = opt_ptr(&salt);
     raw.mm_items = mm.ptr();
     raw.num_mm_items = mm.len()?;

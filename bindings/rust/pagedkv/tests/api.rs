@@ -58,6 +58,7 @@ fn options_round_trip() {
         num_threads: 1,
         memory_budget_bytes: 0,
         strict_key_domains: true,
+        vllm_tagged_keys: false,
         kv_scale_granularity: pagedkv::KvScaleGranularity::PerTensor,
         k_scales: Vec::new(),
         v_scales: Vec::new(),
@@ -791,4 +792,131 @@ fn strict_key_domains_separate_salts_from_item_hashes() {
         assert_eq!(lib, pool.block_hashes(holder).unwrap(), "strict {strict}");
         assert_eq!(pool.options().unwrap().strict_key_domains, strict);
     }
+}
+
+/// vLLM 0.33's tagged keys (`vllm_tagged_keys`): the pool reports the mode,
+/// its block hashes are hash_prefix's with the same mode and LoRA name and
+/// path, the path keys blocks there only, and an adapter name never reads
+/// like a salt. Setting it with strict_key_domains is refused.
+#[test]
+fn vllm_tagged_keys_key_the_lora_path() {
+    let prompt: Vec<i32> = (0..9).map(|i| 300 + i).collect();
+    let lora = |path: &str| SeqOptions {
+        lora_name: Some("sql".into()),
+        lora_path: Some(path.into()),
+        ..SeqOptions::default()
+    };
+    let new_pool = |tagged: bool| {
+        Pool::new(&PoolOptions {
+            block_size: 4,
+            num_blocks: 16,
+            vllm_tagged_keys: tagged,
+            ..PoolOptions::default()
+        })
+        .unwrap()
+    };
+    for tagged in [false, true] {
+        let pool = new_pool(tagged);
+        let got = pool.options().unwrap();
+        assert_eq!(got.vllm_tagged_keys, tagged);
+        assert!(!got.strict_key_domains);
+        let holder = pool.create_seq_with(&lora("/adapters/sql-v1")).unwrap();
+        pool.append(holder, &prompt[..8]).unwrap();
+        step(&pool, holder, 8);
+        let lib = |path: &str, tagged_hash: bool| {
+            hash_prefix(
+                &HashOptions {
+                    block_size: 4,
+                    lora_name: Some("sql".into()),
+                    lora_path: Some(path.into()),
+                    vllm_tagged_keys: tagged_hash,
+                    ..HashOptions::default()
+                },
+                &prompt[..8],
+            )
+            .unwrap()
+        };
+        let own = pool.block_hashes(holder).unwrap();
+        assert_eq!(own.len(), 2);
+        assert_eq!(lib("/adapters/sql-v1", tagged), own, "tagged {tagged}");
+        // The name pointed at another adapter: other hashes (and no hit)
+        // on a tagged pool only.
+        let moved = lib("/adapters/sql-v2", tagged);
+        assert_eq!(moved == own, !tagged, "tagged {tagged}");
+        let probe = pool.create_seq_with(&lora("/adapters/sql-v2")).unwrap();
+        let hit = pool.match_prefix(probe, &prompt).unwrap();
+        assert_eq!(hit, if tagged { 0 } else { 8 }, "tagged {tagged}");
+        // The tagged format differs from the untagged one for a LoRA.
+        assert_ne!(lib("/adapters/sql-v1", !tagged), own, "tagged {tagged}");
+    }
+
+    // A salted request's first block is not hit by an unsalted request whose
+    // LoRA name equals the salt (the default encoding lets it: see
+    // strict_key_domains_separate_salts_from_item_hashes).
+    let pool = new_pool(true);
+    let salted = SeqOptions {
+        cache_salt: Some("tenant-a-salt".into()),
+        ..SeqOptions::default()
+    };
+    let holder = pool.create_seq_with(&salted).unwrap();
+    pool.append(holder, &prompt[..8]).unwrap();
+    step(&pool, holder, 8);
+    let aimed = pool
+        .create_seq_with(&SeqOptions {
+            lora_name: Some("tenant-a-salt".into()),
+            ..SeqOptions::default()
+        })
+        .unwrap();
+    assert_eq!(pool.match_prefix(aimed, &prompt).unwrap(), 0);
+    let again = pool.create_seq_with(&salted).unwrap();
+    assert_eq!(pool.match_prefix(again, &prompt).unwrap(), 8);
+    let salted_lib = hash_prefix(
+        &HashOptions {
+            block_size: 4,
+            cache_salt: salted.cache_salt.clone(),
+            vllm_tagged_keys: true,
+            ..HashOptions::default()
+        },
+        &prompt[..8],
+    )
+    .unwrap();
+    assert_eq!(salted_lib, pool.block_hashes(holder).unwrap());
+
+    // Both modes at once is an error, not one silently winning.
+    let both = Pool::new(&PoolOptions {
+        block_size: 4,
+        num_blocks: 16,
+        strict_key_domains: true,
+        vllm_tagged_keys: true,
+        ..PoolOptions::default()
+    });
+    let e = both.err().expect("strict and tagged pool");
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.message().contains("vllm_tagged_keys"), "{e}");
+    let e = hash_prefix(
+        &HashOptions {
+            block_size: 4,
+            strict_key_domains: true,
+            vllm_tagged_keys: true,
+            ..HashOptions::default()
+        },
+        &prompt,
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.message().contains("vllm_tagged_keys"), "{e}");
+    // lora_path is checked for NUL bytes like lora_name.
+    let e = pool.create_seq_with(&lora("/a\0b")).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.message().contains("lora_path"), "{e}");
+    let e = hash_prefix(
+        &HashOptions {
+            block_size: 4,
+            lora_path: Some("a\0".into()),
+            ..HashOptions::default()
+        },
+        &prompt,
+    )
+    .unwrap_err();
+    assert!(e.message().contains("lora_path"), "{e}");
 }
