@@ -75,11 +75,32 @@ type HashOptions struct {
 	Seed      string
 	LoraID    uint64
 	LoraName  string // LoRA adapter name, as current vLLM keys adapters; "" = none
+	// LoraPath is the adapter's path, keyed with LoraName with
+	// VLLMTaggedKeys (as SeqOptions.LoraPath); ignored otherwise.
+	LoraPath  string
 	CacheSalt string
 	MMItems   []MMItem // sorted by offset, non-overlapping
 	// StrictKeyDomains hashes like a pool created with
 	// PoolOptions.StrictKeyDomains.
 	StrictKeyDomains bool
+	// VLLMTaggedKeys hashes like a pool created with
+	// PoolOptions.VLLMTaggedKeys (vLLM 0.33's tagged keys). Not together
+	// with StrictKeyDomains.
+	VLLMTaggedKeys bool
+}
+
+// keyDomains is strict_key_domains (PKV_KEY_DOMAINS_*) of the two flags;
+// both set is an error, the library takes one mode.
+func keyDomains(op string, strict, tagged bool) (C.uint32_t, error) {
+	switch {
+	case strict && tagged:
+		return 0, argError(op, "StrictKeyDomains and VLLMTaggedKeys are both set; choose one")
+	case strict:
+		return C.PKV_KEY_DOMAINS_STRICT, nil
+	case tagged:
+		return C.PKV_KEY_DOMAINS_VLLM_TAGGED, nil
+	}
+	return C.PKV_KEY_DOMAINS_VLLM, nil
 }
 
 func checkCString(op, name, s string) error {
@@ -115,7 +136,7 @@ func HashPrefix(opts *HashOptions, tokens []int32) ([]BlockHash, error) {
 			return nil, argError(op, "BlockSize %d out of range", opts.BlockSize)
 		}
 		for _, s := range [][2]string{{"Seed", opts.Seed}, {"CacheSalt", opts.CacheSalt},
-			{"LoraName", opts.LoraName}} {
+			{"LoraName", opts.LoraName}, {"LoraPath", opts.LoraPath}} {
 			if err := checkCString(op, s[0], s[1]); err != nil {
 				return nil, err
 			}
@@ -136,14 +157,19 @@ func HashPrefix(opts *HashOptions, tokens []int32) ([]BlockHash, error) {
 		if opts.LoraName != "" {
 			o.lora_name = arena.str(opts.LoraName)
 		}
+		if opts.LoraPath != "" {
+			o.lora_path = arena.str(opts.LoraPath)
+		}
 		if opts.CacheSalt != "" {
 			o.cache_salt = arena.str(opts.CacheSalt)
 		}
 		o.mm_items = arena.mmItems(opts.MMItems)
 		o.num_mm_items = C.uint32_t(len(opts.MMItems))
-		if opts.StrictKeyDomains {
-			o.strict_key_domains = 1
+		domains, err := keyDomains(op, opts.StrictKeyDomains, opts.VLLMTaggedKeys)
+		if err != nil {
+			return nil, err
 		}
+		o.strict_key_domains = domains
 	}
 	capacity := 1
 	if o.block_size > 0 {

@@ -39,6 +39,13 @@ type PoolOptions struct {
 	// vLLM-compatible hashes; keep salts secret and high-entropy and never
 	// take item hashes from tenants.
 	StrictKeyDomains bool
+	// VLLMTaggedKeys hashes extra keys as vLLM 0.33's tagged keys
+	// (PKV_KEY_DOMAINS_VLLM_TAGGED): ("lora", LoraName, LoraPath),
+	// ("mm", hash, offset), ("cache_salt", salt). It keeps the domains apart
+	// as StrictKeyDomains does, with the bytes of that vLLM's hashes, and
+	// keys SeqOptions.LoraPath. Off by default; setting it together with
+	// StrictKeyDomains is an error.
+	VLLMTaggedKeys bool
 	// EnablePartialReuse allows partial-block prefix hits
 	// (Seq.MatchPrefixPartial); it keeps the token ids of cached blocks.
 	EnablePartialReuse bool
@@ -121,9 +128,11 @@ func (o *PoolOptions) toC(op string, arena *cArena, out *C.pkv_pool_options) err
 	if o.NumThreads != 0 {
 		out.num_threads = C.uint32_t(o.NumThreads)
 	}
-	if o.StrictKeyDomains {
-		out.strict_key_domains = 1
+	domains, err := keyDomains(op, o.StrictKeyDomains, o.VLLMTaggedKeys)
+	if err != nil {
+		return err
 	}
+	out.strict_key_domains = domains
 	out.kv_scale_granularity = C.uint32_t(o.KVScaleGranularity)
 	if len(o.KScales) != len(o.VScales) {
 		return argError(op, "KScales and VScales differ in length (%d vs %d)", len(o.KScales), len(o.VScales))
@@ -164,7 +173,8 @@ func poolOptionsFromC(c *C.pkv_pool_options) PoolOptions {
 		Device:               DeviceType(c.device_type),
 		DeviceID:             int32(c.device_id),
 		NumThreads:           uint32(c.num_threads),
-		StrictKeyDomains:     c.strict_key_domains != 0,
+		StrictKeyDomains:     c.strict_key_domains == C.PKV_KEY_DOMAINS_STRICT,
+		VLLMTaggedKeys:       c.strict_key_domains == C.PKV_KEY_DOMAINS_VLLM_TAGGED,
 		KVScaleGranularity:   KVScaleGranularity(c.kv_scale_granularity),
 		EnablePartialReuse:   c.enable_partial_reuse != 0,
 		EnableRetention:      c.enable_retention != 0,

@@ -21,9 +21,13 @@ const NullBlock = C.PKV_NULL_BLOCK
 
 // SeqOptions configures a new sequence; the zero value is the default.
 type SeqOptions struct {
-	Priority  int32  // kept for the caller's scheduler
-	LoraID    uint64 // 0 = base model; part of every block hash
-	LoraName  string // "" = none; keyed in every block hash, as current vLLM keys adapters
+	Priority int32  // kept for the caller's scheduler
+	LoraID   uint64 // 0 = base model; part of every block hash
+	LoraName string // "" = none; keyed in every block hash, as current vLLM keys adapters
+	// LoraPath is the adapter's path (vLLM's lora_request.lora_path), keyed
+	// with LoraName on a pool with PoolOptions.VLLMTaggedKeys; ignored by
+	// other pools and without LoraName.
+	LoraPath  string
 	CacheSalt string // "" = none; hashed into the first block
 	MMItems   []MMItem
 }
@@ -75,7 +79,8 @@ func fillSeqOptions(op string, opts *SeqOptions, co *C.pkv_seq_options, arena *c
 	if opts == nil {
 		return nil
 	}
-	for _, s := range [][2]string{{"CacheSalt", opts.CacheSalt}, {"LoraName", opts.LoraName}} {
+	for _, s := range [][2]string{{"CacheSalt", opts.CacheSalt}, {"LoraName", opts.LoraName},
+		{"LoraPath", opts.LoraPath}} {
 		if err := checkCString(op, s[0], s[1]); err != nil {
 			return err
 		}
@@ -87,6 +92,9 @@ func fillSeqOptions(op string, opts *SeqOptions, co *C.pkv_seq_options, arena *c
 	co.lora_id = C.uint64_t(opts.LoraID)
 	if opts.LoraName != "" {
 		co.lora_name = arena.str(opts.LoraName)
+	}
+	if opts.LoraPath != "" {
+		co.lora_path = arena.str(opts.LoraPath)
 	}
 	if opts.CacheSalt != "" {
 		co.cache_salt = arena.str(opts.CacheSalt)
