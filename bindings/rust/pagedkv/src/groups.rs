@@ -175,7 +175,8 @@ impl Pool {
         base.sliding_window = opts.sliding_window;
         // Read by the library (strict_key_domains changes every block hash)
         // or refused by it (the others): never dropped here.
-        base.strict_key_domains = opts.strict_key_domains as u32;
+        base.strict_key_domains =
+            crate::pool::key_domains(opts.strict_key_domains, opts.vllm_tagged_keys)?;
         base.enable_events = opts.enable_events as u32;
         base.enable_partial_reuse = opts.enable_partial_reuse as u32;
         base.enable_retention = opts.enable_retention as u32;
