@@ -95,7 +95,7 @@ class Pool(HandleOwner):
             ("qk_rope_head_dim", qk_rope_head_dim),
         ):
             if value is not None:
-                opts[key] = int(value)
+                opts[key] = _index(value, key)
         if dtype is not None:
             opts["dtype"] = int(DType.parse(dtype))
         if device is not None:
@@ -491,6 +491,8 @@ def _floats(values: Any) -> List[float]:
     """A list of floats from any float sequence or 1-d array (None: [])."""
     if values is None:
         return []
+    if isinstance(values, (str, bytes)):  # iterating "12" gave [1.0, 2.0]
+        raise TypeError(f"expected a sequence of floats, got {type(values).__name__}")
     tolist = getattr(values, "tolist", None)
     return [float(x) for x in (tolist() if tolist is not None else values)]
 

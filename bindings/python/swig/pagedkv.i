@@ -681,6 +681,17 @@ static PyObject* pkv_py_as_array(PyObject* obj) {
 /* An int32 array from obj: borrowed from a contiguous int32 buffer (zero
  * copy), otherwise copied from any sequence of ints. *owned tells whether
  * *data must be freed; view->obj whether the buffer must be released. */
+/* Sets and dicts iterate in no order the caller chose (a dict gives its
+ * keys): as token ids or block ids they are a mistake, refused by name. */
+static int pkv_py_unordered(PyObject* obj, const char* name) {
+  if (PyAnySet_Check(obj) || PyDict_Check(obj)) {
+    PyErr_Format(PyExc_TypeError, "%s: expected an ordered sequence or buffer of ints, got %s", name,
+                 Py_TYPE(obj)->tp_name);
+    return 1;
+  }
+  return 0;
+}
+
 static int pkv_py_int32_array_from(PyObject* obj, const char* name, int32_t** data, uint64_t* n,
                                    Py_buffer* view, int* owned, int convert) {
   *owned = 0;
@@ -743,6 +754,7 @@ static int pkv_py_int32_array_from(PyObject* obj, const char* name, int32_t** da
     }
   }
 sequence:;
+  if (pkv_py_unordered(obj, name)) return 0;
   PyObject* seq = PySequence_Fast(obj, "expected a sequence of ints");
   if (!seq) {
     PyErr_Format(PyExc_TypeError, "%s: expected a sequence or buffer of ints, got %s", name,
@@ -785,6 +797,7 @@ static void pkv_py_int32_release(int32_t* data, Py_buffer* view, int owned) {
 /* A copied array of unsigned ints of `bytes` width each from any sequence. */
 static void* pkv_py_uint_array(PyObject* obj, const char* name, size_t width,
                                unsigned long long hi, Py_ssize_t* len_out) {
+  if (pkv_py_unordered(obj, name)) return NULL;
   PyObject* seq = PySequence_Fast(obj, "expected a sequence of ints");
   if (!seq) {
     PyErr_Format(PyExc_TypeError, "%s: expected a sequence of ints, got %s", name,

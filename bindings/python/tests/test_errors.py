@@ -199,3 +199,27 @@ def test_counts_and_indices_refuse_floats_and_strings():
     s.reserve(np.int32(64))
     assert s.info().num_tokens == 4
     pool.validate()
+
+
+def test_pool_options_refuse_floats_strings_and_unordered_ids():
+    """Pool(block_size=16.9) was a pool of 16-token blocks, k_scales="12"
+    the scales [1.0, 2.0], and a set of tokens was appended in hash order:
+    each is a TypeError naming the argument, and nothing is created or
+    appended."""
+    with pytest.raises(TypeError, match="block_size"):
+        pagedkv.Pool(num_blocks=8, block_size=16.9)
+    with pytest.raises(TypeError, match="num_blocks"):
+        pagedkv.Pool(num_blocks="8")
+    with pytest.raises(TypeError, match="floats"):
+        pagedkv.Pool(num_blocks=8, num_layers=1, num_kv_heads=1, head_dim=8, dtype="fp8_e4m3", k_scales="12")
+    pool = pagedkv.Pool(num_blocks=np.int64(16), block_size=np.int32(4))  # integer scalars still work
+    assert pool.options.block_size == 4
+    s = pool.create_sequence()
+    for tokens in ({1, 2, 3}, frozenset({1}), {1: 2}):
+        with pytest.raises(TypeError, match="tokens: expected an ordered sequence"):
+            s.append(tokens)
+    assert s.num_tokens == 0
+    with pytest.raises(TypeError, match="ordered sequence"):
+        pool.free_batch({s.id})
+    assert pool.stats().num_seqs == 1
+    pool.validate()
