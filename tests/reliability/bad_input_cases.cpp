@@ -483,9 +483,9 @@ std::vector<Case> make_cases() {
         V("pkv_hash_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
           pkv_hash_options_init(nullptr);
           return PKV_OK;),
-        S("pkv_hash_prefix", PKV_CLASS_RANGE, "strict_key_domains = 2", kInv, "strict_key_domains",
+        S("pkv_hash_prefix", PKV_CLASS_RANGE, "strict_key_domains = 3", kInv, "strict_key_domains",
           pkv_hash_options o = hopts();
-          o.strict_key_domains = 2; return hash_with(o, e.tokens, 16, e);),
+          o.strict_key_domains = 3; return hash_with(o, e.tokens, 16, e);),
         S("pkv_hash_prefix", PKV_CLASS_NULL, "opts = NULL", kInv, "opts",
           return pkv_hash_prefix(nullptr, e.tokens, 16, e.hashes, 8, &e.u64);),
         S("pkv_hash_prefix", PKV_CLASS_NULL, "out_num_blocks = NULL", kInv, "out_num_blocks",
@@ -580,9 +580,9 @@ std::vector<Case> make_cases() {
         S("pkv_pool_create", PKV_CLASS_RANGE, "enable_prefix_caching = 2", kInv,
           "enable_prefix_caching", pkv_pool_options o = storage_opts();
           o.enable_prefix_caching = 2; return create_with(o, e);),
-        S("pkv_pool_create", PKV_CLASS_RANGE, "strict_key_domains = 2", kInv, "strict_key_domains",
+        S("pkv_pool_create", PKV_CLASS_RANGE, "strict_key_domains = 3", kInv, "strict_key_domains",
           pkv_pool_options o = storage_opts();
-          o.strict_key_domains = 2; return create_with(o, e);),
+          o.strict_key_domains = 3; return create_with(o, e);),
         S("pkv_pool_create", PKV_CLASS_RANGE, "enable_events = 7", kInv, "enable_events",
           pkv_pool_options o = storage_opts();
           o.enable_events = 7; return create_with(o, e);),
