@@ -701,6 +701,13 @@ static int pkv_py_int32_array_from(PyObject* obj, const char* name, int32_t** da
       PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
     const char* f = view->format ? view->format : "B";
     if (*f == '<' || *f == '=' || *f == '@') ++f;
+    if (view->ndim > 1) {  /* read as rows, it failed with numpy's "only integer scalar arrays" */
+      PyErr_Format(PyExc_TypeError, "%s: expected a 1-d array of ints, got %d dimensions", name,
+                   view->ndim);
+      PyBuffer_Release(view);
+      view->obj = NULL;
+      return 0;
+    }
     if (view->itemsize == 4 && view->ndim <= 1 && (strcmp(f, "i") == 0 ||
                                                    (strcmp(f, "l") == 0 && sizeof(long) == 4))) {
       *data = (int32_t*)view->buf;

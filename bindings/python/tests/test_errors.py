@@ -218,6 +218,8 @@ def test_pool_options_refuse_floats_strings_and_unordered_ids():
     for tokens in ({1, 2, 3}, frozenset({1}), {1: 2}):
         with pytest.raises(TypeError, match="tokens: expected an ordered sequence"):
             s.append(tokens)
+    with pytest.raises(TypeError, match="tokens: expected a 1-d array of ints, got 2 dimensions"):
+        s.append(np.zeros((2, 2), dtype=np.int32))
     assert s.num_tokens == 0
     with pytest.raises(TypeError, match="ordered sequence"):
         pool.free_batch({s.id})
