@@ -149,17 +149,11 @@ uint8_t* put_extra(uint8_t* p, const std::vector<ExtraKey>& extra) {
     } else if (k.kind == ExtraKey::Kind::kText) {
       p = cbor::put_string(p, cbor::kMajorText, k.text.data(), k.text.size());
       if (k.has_text2) p = put_text(p, k.text2);
-    } else if (!k.tag.empty()) {
-      *p++ = cbor::kMajorArray | 3;
-      p = put_text(p, k.tag);
-      p = cbor::put_string(p, cbor::kMajorText, k.text.data(), k.text.size());
-      p = k.offset >= 0 ? cbor::put_head(p, cbor::kMajorUint, uint64_t(k.offset))
-                        : cbor::put_head(p, cbor::kMajorNegInt, uint64_t(-(k.offset + 1)));
-    } else {
+    } else {  // an mm key, tagged "mm" or bare
       // offset - start as unsigned operands: 0 - |rel| for a negative rel.
       const uint64_t start = k.offset < 0 ? uint64_t(0) - uint64_t(k.offset) : 0;
       const uint64_t offset = k.offset < 0 ? 0 : uint64_t(k.offset);
-      p = put_mm_key(p, k.text, offset, start);
+      p = put_mm_key(p, k.text, offset, start, !k.tag.empty());
     }
   }
   return p;
