@@ -22,4 +22,15 @@ std::string offset_endpoint(const std::string& e, uint32_t rank) {
                                    "(its port or name is offset by the rank, as vLLM does)");
 }
 
+void check_tcp_port(const std::string& e) {
+  if (e.rfind("tcp://", 0) != 0) return;
+  const size_t colon = e.rfind(':');
+  const std::string port = colon < 6 ? "" : e.substr(colon + 1);
+  if (port == "*") return;
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) > 65535)
+    fail(Errc::kInvalidArgument,
+         "endpoint '" + e + "': its port must be * or a number from 0 to 65535");
+}
+
 }  // namespace pagedkv::events

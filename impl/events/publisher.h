@@ -55,5 +55,9 @@ std::unique_ptr<Publisher> make_publisher(std::shared_ptr<Pool> pool, const Publ
 
 // vLLM's offset_endpoint_port: tcp port + rank, inproc name + "_dp<rank>".
 std::string offset_endpoint(const std::string& endpoint, uint32_t rank);
+// Throws kInvalidArgument when a tcp:// endpoint's port is neither "*" nor
+// a number up to 65535: libzmq 4.3 takes 99999 modulo 65536 and binds
+// another port without a word.
+void check_tcp_port(const std::string& endpoint);
 
 }  // namespace pagedkv::events

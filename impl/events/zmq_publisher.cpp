@@ -49,6 +49,8 @@ class ZmqPublisher final : public Publisher {
  public:
   ZmqPublisher(std::shared_ptr<Pool> pool, const PublisherOptions& o)
       : pool_(std::move(pool)), o_(o) {
+    check_tcp_port(o.endpoint);
+    check_tcp_port(o.replay_endpoint);
     o_.endpoint = offset_endpoint(o.endpoint, o.dp_rank);
     if (!o.replay_endpoint.empty())
       o_.replay_endpoint = offset_endpoint(o.replay_endpoint, o.dp_rank);

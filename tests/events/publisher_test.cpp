@@ -235,4 +235,27 @@ TEST(Publisher, RankOffsetsThePort) {
   pkv_event_publisher_destroy(pub);
 }
 
+// libzmq 4.3 bound tcp://*:99999 as port 34463 (99999 mod 65536).
+TEST(Publisher, RefusesPortsOutOfRange) {
+  Pool pool;
+  const char* bad[] = {"tcp://*:99999",      "tcp://127.0.0.1:65536", "tcp://127.0.0.1:123456",
+                       "tcp://127.0.0.1:-1", "tcp://127.0.0.1:",      "tcp://127.0.0.1:8x"};
+  for (const char* e : bad) {
+    for (int replay = 0; replay < 2; ++replay) {
+      pkv_event_publisher* pub = nullptr;
+      const pkv_status st =
+          replay ? pkv_event_publisher_create(pool.p, "tcp://127.0.0.1:*", e, nullptr, &pub)
+                 : pkv_event_publisher_create(pool.p, e, nullptr, nullptr, &pub);
+      EXPECT_EQ(st, PKV_E_INVALID_ARGUMENT) << e;
+      EXPECT_EQ(pub, nullptr) << e;
+      EXPECT_NE(std::string(pkv_last_error_message()).find("65535"), std::string::npos) << e;
+    }
+  }
+  // The largest port and the wildcard still work.
+  pkv_event_publisher* pub = nullptr;
+  ASSERT_EQ(pkv_event_publisher_create(pool.p, "tcp://127.0.0.1:*", nullptr, nullptr, &pub),
+            PKV_OK);
+  pkv_event_publisher_destroy(pub);
+}
+
 }  // namespace
