@@ -222,10 +222,10 @@ class Batch(HandleOwner):
         and the :class:`SnapshotArray` arrays of the state snapshots to
         save); the query offsets and context lengths are shared. Group 0 of a
         single-group plan is plan()."""
-        w = int(which)
+        w = _index(which, "which")
         if w not in _SNAPSHOT_ARRAYS:
             w = int(PlanArray(w))
-        return self._view(_c.pkv_batch_plan_tensor_group, int(group), w)
+        return self._view(_c.pkv_batch_plan_tensor_group, _index(group, "group"), w)
 
     def token_positions(self) -> TensorView:
         """int64 [num_tokens]: each query row's position in its sequence (the

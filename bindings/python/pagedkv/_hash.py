@@ -40,14 +40,14 @@ def hash_prefix(
     vLLM 0.33's tagged extra keys, ("lora", lora_name, lora_path), ("mm",
     hash, offset), ("cache_salt", salt), as a pool with tagged_keys=True.
     Returns floor(len(tokens) / block_size) digests."""
-    from ._pool import _key_domains
+    from ._pool import _index, _key_domains
 
     a = HashAlgo.parse(algo)
     opts = {
         "algo": int(a),
-        "block_size": int(block_size),
+        "block_size": _index(block_size, "block_size"),
         "seed": seed,
-        "lora_id": int(lora_id),
+        "lora_id": _index(lora_id, "lora_id"),
         "cache_salt": cache_salt,
         "lora_name": lora_name,
         "lora_path": lora_path,

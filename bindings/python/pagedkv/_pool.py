@@ -203,7 +203,7 @@ class Pool(HandleOwner):
 
         Events are removed from the pool as the iterator advances (in chunks);
         it ends when none are left or after max_events."""
-        left = math.inf if max_events is None else int(max_events)
+        left = math.inf if max_events is None else _count(max_events, "max_events")
         while left > 0:
             chunk = self._call(_c.pkv_pool_drain_events, int(min(left, _EVENT_CHUNK)))
             for e in chunk:
@@ -219,7 +219,7 @@ class Pool(HandleOwner):
     def set_clock(self, now_ns: int) -> None:
         """From now on the pool's clock for retention durations reads now_ns
         (tests, simulations; it never runs back); expiries due now apply."""
-        self._call(_c.pkv_pool_set_clock, int(now_ns))
+        self._call(_c.pkv_pool_set_clock, _index(now_ns, "now_ns"))
 
     def priority_counts(self) -> List[int]:
         """Cached blocks per retention priority: index p for p in 0..100."""
@@ -485,6 +485,15 @@ def _index(value: Any, name: str) -> int:
         return operator.index(value)
     except TypeError:
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
+
+
+def _count(value: Any, name: str) -> int:
+    """_index for a count: a negative one is a ValueError naming it (the C
+    call saw -1 as 2**64 - 1 and reported a capacity "too large")."""
+    n = _index(value, name)
+    if n < 0:
+        raise ValueError(f"{name} must be >= 0, got {n}")
+    return n
 
 
 def _floats(values: Any) -> List[float]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from . import _pagedkv as _c
 from ._handle import Handle, HandleOwner
+from ._pool import _count
 from ._types import EventType
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class EventV2:
 def drain_events(pool: Pool, max_events: int = 1024) -> List[EventV2]:
     """Moves up to max_events oldest events of pool (every medium) out."""
     digest = pool._digest
-    cap = int(max_events)
+    cap = _count(max_events, "max_events")
     raw = pool._call(_c.pkv_pool_drain_events_v2, (cap, cap * pool.block_size))
     return [
         EventV2(

@@ -103,6 +103,7 @@ def admit_tiered(
     cache_salt: Optional[str] = None,
     mm_items: Iterable[MMItemLike] = (),
     lora_name: Optional[str] = None,
+    owned: bool = True,
     lora_path: Optional[str] = None,
 ) -> Tuple[Sequence, TierMatch]:
     """Pool.admit whose lookup goes on into the tiers after the device hits
@@ -110,10 +111,12 @@ def admit_tiered(
     Pool.admit (tier hits take blocks the prompt needs anyway), and then
     every tier hit is taken; all or nothing (OutOfBlocksError: no sequence,
     no hit). Returns (sequence, TierMatch): ``num_cached`` tokens need no
-    prefill, and the next plan loads the host and file ones."""
+    prefill, and the next plan loads the host and file ones. owned: as
+    Pool.admit's (False: the Sequence object does not free the sequence
+    when it is collected; the id stays the engine's to free)."""
     opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name, lora_path)
     sid, m = pool._call(_c.pkv_seq_admit_tiered, opts, tokens, hashes, _index(lookahead, "lookahead"))
-    return _new_seq(pool, sid, True), TierMatch._from_c(m)
+    return _new_seq(pool, sid, owned), TierMatch._from_c(m)
 
 
 def stats(pool: Pool, medium: int = MEDIUM_HOST) -> TierStats:

@@ -305,6 +305,13 @@ def test_drain_events_v2_carries_tokens_and_medium() -> None:
             assert e.parent_hash == (hashes[j - 1] if j else None)
         assert [e.seq_no for e in evs] == [1, 2, 3]
         assert drain_events(pool) == []
+        # A negative count read as 2**64 - 1 ("capacity too large").
+        for bad in (lambda: drain_events(pool, -1), lambda: list(pool.events(-1))):
+            with pytest.raises(ValueError, match="max_events must be >= 0"):
+                bad()
+        for bad in (lambda: drain_events(pool, 2.5), lambda: list(pool.events(2.5))):
+            with pytest.raises(TypeError, match="max_events"):
+                bad()
 
 
 def test_publisher_bad_arguments() -> None:
@@ -321,6 +328,11 @@ def test_publisher_bad_arguments() -> None:
             _publisher_or_skip(pool, "ipc:///nonexistent/dir/sock")
         with pytest.raises(pagedkv.InvalidArgumentError, match="port"):
             _publisher_or_skip(pool, "tcp://127.0.0.1:*", data_parallel_rank=1)
+        # libzmq alone bound port 99999 as 34463.
+        with pytest.raises(pagedkv.InvalidArgumentError, match="65535"):
+            _publisher_or_skip(pool, "tcp://*:99999")
+        with pytest.raises(pagedkv.InvalidArgumentError, match="65535"):
+            _publisher_or_skip(pool, "tcp://127.0.0.1:*", "tcp://127.0.0.1:70000")
         pub = _publisher_or_skip(pool, "inproc://pkv-ok")
         pub.close()
         pub.close()  # idempotent

@@ -1,6 +1,8 @@
 """Issue 20: offload tiers. Evicted blocks come back from the host (and
 file) tier byte for byte; a corrupted or unreadable entry is a miss."""
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -164,6 +166,21 @@ def test_admit_tiered_all_or_nothing():
     assert m.host_tokens == 16 and len(s) == 17
     tiers.flush(pool)
     assert s.num_computed_tokens == 16 and tiers.stats(pool).num_loaded == 4
+    pool.validate()
+
+
+def test_admit_tiered_borrowed_sequence_is_not_freed_when_collected():
+    rng = np.random.default_rng(27)
+    pool = make_pool(4)
+    tokens, _ = offloaded(pool, rng)
+    s, m = tiers.admit_tiered(pool, tokens, owned=False)
+    assert not s.owned and m.host_tokens == 16
+    sid = s.id
+    del s
+    gc.collect()
+    assert len(pool.sequence(sid)) == len(tokens)  # still there: the engine frees it
+    pool.sequence(sid).free()
+    assert pool.stats().num_seqs == 0
     pool.validate()
 
 
