@@ -259,6 +259,13 @@ class Batch(HandleOwner):
     def _tensor(
         self, x: Any, name: str, dtype: Optional[DType], shape: Seq[Optional[int]], stream: int, writable: bool = False
     ) -> Any:
+        if not self._pool.has_storage:
+            # The library says so too, but only after these tensor checks,
+            # which would complain about a dtype first.
+            raise _c.InvalidStateError(
+                "the pool has no KV storage (created with num_layers 0): no kernel can run on it",
+                _c.PKV_E_INVALID_STATE,
+            )
         desc = describe(x, name, stream=stream, expect=dtype)
         check(desc, name, dtype=dtype, device=self._pool.device, shape=shape, writable=writable)
         return desc

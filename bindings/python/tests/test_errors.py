@@ -201,6 +201,20 @@ def test_counts_and_indices_refuse_floats_and_strings():
     pool.validate()
 
 
+def test_kernels_on_a_pool_without_storage_name_the_storage():
+    """A manager-only pool's plan: cache_write and attention say the pool has
+    no storage (they said "q: expected dtype bfloat16" for a float32 q)."""
+    pool = pagedkv.Pool(num_blocks=8, block_size=4)
+    s = pool.create_sequence()
+    s.append([1, 2, 3])
+    x = np.ones((3, 1, 8), np.float32)
+    with pool.prepare([s], 3) as step:
+        for call in (lambda: step.attention(0, x), lambda: step.cache_write(0, x, x)):
+            with pytest.raises(pagedkv.InvalidStateError, match="no KV storage"):
+                call()
+    pool.validate()
+
+
 def test_pool_options_refuse_floats_strings_and_unordered_ids():
     """Pool(block_size=16.9) was a pool of 16-token blocks, k_scales="12"
     the scales [1.0, 2.0], and a set of tokens was appended in hash order:
