@@ -281,3 +281,44 @@ func TestPlanTensorKeepsItsBatchAlive(t *testing.T) {
 	}
 	runtime.KeepAlive(tt)
 }
+
+// Tensor's host views on descriptors the library would refuse (fewer
+// strides than dimensions) or whose byte count no host memory can hold are
+// argument errors: they used to index past Strides, or reach unsafe.Slice
+// and make with a length they panic on.
+func TestTensorHostViewsOfMalformedStridesAndHugeShapesAreErrors(t *testing.T) {
+	var x [16]int64
+	good := unsafe.Pointer(&x[0])
+	cases := []Tensor{
+		{Data: good, Device: CPU, Shape: []int64{2, 3}, Strides: []int64{1}},
+		{Data: good, Device: CPU, Shape: []int64{2, 3}, Strides: []int64{}},
+		{Data: good, Device: CPU, Shape: []int64{2}, Strides: []int64{1, 1}},
+		{Data: good, Device: CPU, Shape: []int64{1 << 62}},
+		{Data: good, Device: CPU, Shape: []int64{1 << 61}},
+		{Data: good, Device: CPU, Shape: []int64{1 << 31, 1 << 30}},
+	}
+	views := []struct {
+		dtype DType
+		f     func(*Tensor) error
+	}{
+		{Int32, func(c *Tensor) error { _, err := c.Int32s(); return err }},
+		{Int64, func(c *Tensor) error { _, err := c.Int64s(); return err }},
+		{Float32, func(c *Tensor) error { _, err := c.Float32s(); return err }},
+		{BFloat16, func(c *Tensor) error { _, err := c.Uint16s(); return err }},
+		{Float8E5M2, func(c *Tensor) error { _, err := c.Codes(); return err }},
+	}
+	for i, c := range cases {
+		for _, v := range views {
+			c2 := c
+			c2.DType = v.dtype
+			func() {
+				defer func() {
+					if r := recover(); r != nil {
+						t.Fatalf("case %d (%v): panic %v", i, v.dtype, r)
+					}
+				}()
+				wantErr(t, v.f(&c2), ErrInvalidArgument)
+			}()
+		}
+	}
+}

@@ -141,6 +141,11 @@ func (t *Tensor) hostView(op string, dtype DType) (int, error) {
 	if t.DType != dtype {
 		return 0, argError(op, "tensor dtype is %v, not %v", t.DType, dtype)
 	}
+	if t.Strides != nil && len(t.Strides) != len(t.Shape) {
+		// The library refuses such a descriptor (toC); indexing Strides by
+		// the dimensions of Shape would panic.
+		return 0, argError(op, "tensor has %d strides for %d dimensions", len(t.Strides), len(t.Shape))
+	}
 	if t.Strides != nil {
 		expect := int64(1)
 		for i := len(t.Shape) - 1; i >= 0; i-- {
@@ -150,15 +155,22 @@ func (t *Tensor) hostView(op string, dtype DType) (int, error) {
 			expect *= t.Shape[i]
 		}
 	}
-	// A malformed descriptor (a negative extent, a count past the address
-	// space, no data) would make the slice below panic.
+	// A malformed descriptor (a negative extent, more bytes than any host
+	// memory holds, no data) would make the slice below, or the copy's make,
+	// panic. Go allocates at most 1<<48 bytes (its maxAlloc on 64-bit
+	// hosts), and no host address range is larger.
+	const maxBytes = int64(1) << 48
+	maxElems := maxBytes
+	if sz := dtype.Size(); sz > 0 {
+		maxElems /= int64(sz)
+	}
 	n := int64(1)
 	for i, e := range t.Shape {
 		if e < 0 {
 			return 0, argError(op, "tensor extent %d is %d", i, e)
 		}
-		if e != 0 && n > (1<<62)/e {
-			return 0, argError(op, "tensor shape %v holds too many elements", t.Shape)
+		if e != 0 && n > maxElems/e {
+			return 0, argError(op, "tensor shape %v holds more bytes than host memory can", t.Shape)
 		}
 		n *= e
 	}
