@@ -153,3 +153,33 @@ func TestDroppedTransferIsCancelledByTheCollector(t *testing.T) {
 	}
 	ok(t, src.Validate())
 }
+
+// An import still reading when the exporting side closes its pool and
+// releases the export: the exporter's engine serves the reads over TCP at
+// the arena's address, and the library used to free the arena with the
+// export, so Progress died of a SIGSEGV. Now the importer gets stale bytes
+// (as for a release too early) and nothing crashes.
+func TestReadsOfAReleasedExportOfAClosedPoolDoNotCrashTheExporter(t *testing.T) {
+	a, b := engines(t)
+	src, dst := transferPools(t)
+	s := seqOf(t, src, randTokens(rand.New(rand.NewSource(9)), 40))
+	id, desc, err := a.Export(s)
+	ok(t, err)
+	tr, err := b.Import(dst, nil, desc)
+	ok(t, err)
+	defer tr.Close()
+	ok(t, src.Close())
+	ok(t, a.ReleaseExport(id)) // the pool's last reference
+	deadline := time.Now().Add(time.Minute)
+	state := TransferRunning
+	for state == TransferRunning && time.Now().Before(deadline) {
+		ok(t, a.Progress())
+		if state, _, err = tr.Poll(); err != nil {
+			break
+		}
+	}
+	if state == TransferRunning {
+		t.Fatal("the import never ended")
+	}
+	ok(t, dst.Validate())
+}

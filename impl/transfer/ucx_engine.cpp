@@ -10,6 +10,9 @@
 #include <mutex>
 #include <unordered_map>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "transfer/descriptor.h"
 #include "transfer/engine.h"
 #include "transfer/layout_check.h"
@@ -152,6 +155,8 @@ class UcxEngine final : public TransferEngine, public std::enable_shared_from_th
     std::weak_ptr<Pool> pool;
     std::shared_ptr<void> hold;  // the arena stays mapped memory until unmapped
     void* base = nullptr;
+    uint64_t bytes = 0;
+    bool host = true;  // UCS_MEMORY_TYPE_HOST
     ucp_mem_h memh = nullptr;
     std::string rkey;
   };
@@ -173,6 +178,8 @@ class UcxEngine final : public TransferEngine, public std::enable_shared_from_th
   // go. Called whenever an export is dropped (its reference may have been
   // the pool's last) and before a new registration.
   void sweep_registrations_locked() noexcept;
+  // Keeps an unmapped registration's host arena reserved (see retired_).
+  void retire_locked(Registration& r) noexcept;
   Registration& registration(const std::shared_ptr<Pool>& pool, const Pool::ArenaRef& a);
   void check_open() const {
     if (closed_) fail(Errc::kInvalidState, "the transfer engine was destroyed");
@@ -191,6 +198,14 @@ class UcxEngine final : public TransferEngine, public std::enable_shared_from_th
   // closed: their blocks could still be written, so they are freed only
   // once the worker is gone (~UcxEngine).
   std::vector<std::pair<std::shared_ptr<Pool>, SeqId>> quarantine_;
+  // Host arenas of pools that are gone, unmapped from UCX but kept
+  // reserved until the worker is destroyed: a peer still reading a
+  // released or expired export (its descriptor holds the arena's address)
+  // is served from this worker's progress over TCP, which reads the
+  // address without checking the unmapped key. Freeing the arena made that
+  // read a segfault of the exporting process; it now reads zero pages (the
+  // pages are given back with MADV_DONTNEED when no one else holds them).
+  std::vector<std::shared_ptr<void>> retired_;
 };
 
 void UcxEngine::init() {
@@ -232,6 +247,7 @@ UcxEngine::~UcxEngine() {
   for (Registration& r : regs_) ucp_mem_unmap(ctx_, r.memh);
   if (worker_) ucp_worker_destroy(worker_);
   if (ctx_) ucp_cleanup(ctx_);
+  retired_.clear();  // no worker serves reads of them any more
   for (auto& [pool, seq] : quarantine_) {
     try {
       pool->free(seq);
@@ -277,10 +293,27 @@ void UcxEngine::sweep_registrations_locked() noexcept {
   for (auto it = regs_.begin(); it != regs_.end();) {
     if (it->pool.expired()) {
       ucp_mem_unmap(ctx_, it->memh);
+      retire_locked(*it);
       it = regs_.erase(it);
     } else {
       ++it;
     }
+  }
+}
+
+void UcxEngine::retire_locked(Registration& r) noexcept {
+  if (!r.host || !r.hold) return;  // device memory: UCX's cuda transports check their handles
+  try {
+    if (r.hold.use_count() == 1) {
+      // The last holder (no plan or tier still uses the arena): give its
+      // pages back, keep the addresses. Later reads see zero pages.
+      const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
+      const uint64_t b = reinterpret_cast<uintptr_t>(r.base);
+      const uint64_t lo = (b + page - 1) / page * page, hi = (b + r.bytes) / page * page;
+      if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+    }
+    retired_.push_back(std::move(r.hold));
+  } catch (...) {  // no room to keep it: it goes, as before
   }
 }
 
@@ -310,6 +343,8 @@ UcxEngine::Registration& UcxEngine::registration(const std::shared_ptr<Pool>& po
   r.pool = pool;
   r.hold = a.hold;
   r.base = a.arena.base;
+  r.bytes = a.arena.bytes();
+  r.host = mp.memory_type == UCS_MEMORY_TYPE_HOST;
   regs_.push_back(std::move(r));
   return regs_.back();
 }

@@ -392,6 +392,35 @@ TEST_F(Local, ExportPinsBlocksUntilTtlExpires) {
   pkv_transfer_engine_destroy(e);
 }
 
+// An import still reading when the exporter destroys its pool and releases
+// the export: the exporter's worker serves the reads (TCP) at the arena's
+// address, which used to be freed with the registration, a segfault of the
+// exporting process in pkv_transfer_engine_progress. The importer now reads
+// stale (zero) bytes, as the header says of a release too early, and
+// nothing crashes.
+TEST_F(Local, ReadsOfAReleasedExportOfADestroyedPoolDoNotCrashTheExporter) {
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  uint64_t id = 0;
+  const auto d = export_desc(a, &id);
+  pkv_transfer* t = nullptr;
+  ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), "import");
+  pkv_pool_destroy(src);
+  src = nullptr;
+  ok(pkv_transfer_export_release(a, id), "release");  // the pool's last reference
+  uint32_t state = PKV_TRANSFER_RUNNING;
+  const auto end = std::chrono::steady_clock::now() + kDeadline;
+  while (state == PKV_TRANSFER_RUNNING && std::chrono::steady_clock::now() < end) {
+    ok(pkv_transfer_engine_progress(a), "progress");
+    pkv_seq_id s = 0;
+    if (pkv_transfer_poll(t, &state, &s) != PKV_OK) break;
+  }
+  EXPECT_NE(state, uint32_t(PKV_TRANSFER_RUNNING));
+  pkv_transfer_destroy(t);
+  pkv_transfer_engine_destroy(b);
+  pkv_transfer_engine_destroy(a);
+  EXPECT_EQ(pkv_pool_validate(dst), PKV_OK);
+}
+
 TEST_F(Local, CancelLeavesThePoolAsBefore) {
   pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
   uint64_t id = 0;

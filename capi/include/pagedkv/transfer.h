@@ -113,7 +113,10 @@ PKV_API pkv_status pkv_transfer_export_descriptor(pkv_transfer_engine* engine, u
                                                   uint64_t* out_size);
 
 /* Unpins the export's blocks. Importers still reading it read stale or
- * reused blocks: release after the importer said it is done. Unknown,
+ * reused blocks (zero bytes once the pool was destroyed too: its arena's
+ * pages go back to the system, its addresses stay reserved until the
+ * engine is destroyed, so a late read never faults the exporter): release
+ * after the importer said it is done. Unknown,
  * released or expired ids: PKV_E_NOT_FOUND. */
 PKV_API pkv_status pkv_transfer_export_release(pkv_transfer_engine* engine, uint64_t export_id);
 

@@ -111,3 +111,35 @@ fn refusals_and_cancel_change_nothing() {
     dst.validate().unwrap();
     a.release_export(id).unwrap();
 }
+
+/// An import still reading when the exporter drops its pool and releases
+/// the export: the exporter's engine serves the reads over TCP at the
+/// arena's address, which the library freed with the export, so
+/// `progress` died of a SIGSEGV. The importer now gets stale bytes (as for
+/// a release too early) and nothing crashes.
+#[test]
+fn reads_of_a_released_export_of_a_dropped_pool_do_not_crash_the_exporter() {
+    let Some((a, b)) = engines() else { return };
+    let (src, dst) = (pool(16, 64), pool(16, 64));
+    let tokens: Vec<i32> = (0..40).map(|i| i * 7 + 1).collect();
+    let s = computed(&src, &tokens);
+    let (id, desc) = a.export(&src, s).unwrap();
+    let t = b.import(&dst, &SeqOptions::default(), &desc).unwrap();
+    drop(src);
+    a.release_export(id).unwrap(); // the pool's last reference
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut ended = false;
+    while std::time::Instant::now() < deadline {
+        a.progress().unwrap();
+        match t.poll() {
+            Ok(TransferState::Running) => continue,
+            _ => {
+                ended = true;
+                break;
+            }
+        }
+    }
+    assert!(ended, "the import never ended");
+    drop(t);
+    dst.validate().unwrap();
+}
