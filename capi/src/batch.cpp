@@ -104,10 +104,10 @@ void pkv_batch_destroy(pkv_batch* batch) {
   delete batch;  // ~Batch is noexcept and frees its plan memory
 }
 
-void pkv_batch_info_init(pkv_batch_info* info) {
-  if (!info) return;
-  std::memset(info, 0, sizeof *info);
-  info->struct_size = sizeof *info;
+void pkv_batch_info_init(pkv_batch_info* info) { pc::init_frozen<pc::kBatchInfoFrozen>(info); }
+
+pkv_status pkv_batch_info_init_sized(pkv_batch_info* info, size_t size) {
+  PKV_GUARD(pc::init_sized(info, "info", size, pc::kBatchInfoV1, "pkv_batch_info"));
 }
 
 pkv_status pkv_batch_get_info(const pkv_batch* batch, pkv_batch_info* out) {
@@ -169,9 +169,11 @@ pkv_status pkv_cache_write(pkv_batch* batch, uint32_t layer, const pkv_tensor* k
 }
 
 void pkv_attention_params_init(pkv_attention_params* params) {
-  if (!params) return;
-  std::memset(params, 0, sizeof *params);
-  params->struct_size = sizeof *params;
+  pc::init_frozen<pc::kAttentionParamsFrozen>(params);
+}
+
+pkv_status pkv_attention_params_init_sized(pkv_attention_params* params, size_t size) {
+  PKV_GUARD(pc::init_sized(params, "params", size, pc::kAttentionParamsV1, "pkv_attention_params"));
 }
 
 pkv_status pkv_attention_forward(pkv_batch* batch, uint32_t layer, const pkv_tensor* q,

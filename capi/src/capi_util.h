@@ -83,6 +83,65 @@ constexpr uint32_t kMaxStructSize = 1u << 16;  // anything beyond is garbage
 void check_struct_size(uint32_t size, uint32_t v1_size, const char* name, const char* type,
                        const char* init);
 
+// pkv_X_init and pkv_X_init_sized (docs/conventions.md, "Versioned
+// structs"). A struct's frozen size is its size through the field that was
+// its last when pkv_X_init_sized was added, rounded up to its alignment:
+// what pkv_X_init writes, forever. A binary compiled against that header
+// passes pkv_X_init a struct of exactly that size, so once a field is
+// appended, writing the new sizeof would overwrite the caller's memory past
+// it. Never change a frozen size; fields appended later are reached through
+// pkv_X_init_sized(s, sizeof *s).
+constexpr size_t round_up(size_t n, size_t align) { return (n + align - 1) / align * align; }
+#define PKV_FROZEN_SIZE(T, last) \
+  static_cast<uint32_t>(::pkv_capi::round_up(offsetof(T, last) + sizeof(T::last), alignof(T)))
+
+// A whole T of the library's defaults: zeros, struct_size = sizeof(T), then
+// `fill` (NULL for the structs whose every default is 0) sets the others.
+// Padding stays zero.
+template <class T>
+void fill_defaults(T* o, void (*fill)(T&)) {
+  static_assert(std::is_trivially_copyable<T>::value, "a C struct");
+  std::memset(static_cast<void*>(o), 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  if (fill) fill(*o);
+}
+
+// pkv_X_init: the first Frozen bytes of the defaults, struct_size = Frozen.
+// NULL is a no-op.
+template <uint32_t Frozen, class T>
+void init_frozen(T* s, void (*fill)(T&) = nullptr) {
+  static_assert(Frozen <= sizeof(T), "a frozen size lies within its struct (fields are appended)");
+  static_assert(Frozen >= sizeof(uint32_t) && Frozen % alignof(T) == 0, "not a frozen size");
+  if (!s) return;
+  T def;
+  fill_defaults(&def, fill);
+  std::memcpy(static_cast<void*>(s), &def, Frozen);
+  s->struct_size = Frozen;
+}
+
+// pkv_X_init_sized: exactly `size` bytes at s: the defaults for the bytes
+// the library knows (min(size, sizeof(T))), zeros past sizeof(T) (a newer
+// header's fields: zero is off), struct_size = size. s NULL (named `name`)
+// or a size outside [v1_size, kMaxStructSize] fails before any byte is
+// written.
+template <class T>
+void init_sized(T* s, const char* name, size_t size, uint32_t v1_size, const char* type,
+                void (*fill)(T&) = nullptr) {
+  require(s, name);
+  if (size < v1_size || size > kMaxStructSize)
+    fail(Errc::kInvalidArgument, "size is " + std::to_string(size) + ", not a size of " + type +
+                                     " (at least " + std::to_string(v1_size) + ", at most " +
+                                     std::to_string(kMaxStructSize) + ")");
+  T def;
+  fill_defaults(&def, fill);
+  const size_t known = size < sizeof(T) ? size : sizeof(T);
+  unsigned char* bytes = reinterpret_cast<unsigned char*>(s);
+  std::memcpy(bytes, &def, known);
+  std::memset(bytes + known, 0, size - known);
+  const uint32_t struct_size = static_cast<uint32_t>(size);
+  std::memcpy(bytes, &struct_size, sizeof struct_size);
+}
+
 // Whether a caller's versioned struct (of its struct_size) holds `field`,
 // appended after the first version.
 #define PKV_HAS_FIELD(s, field) \
@@ -156,5 +215,27 @@ constexpr uint32_t kAttentionParamsV1 = sizeof(pkv_attention_params);
 constexpr uint32_t kTierOptionsV1 = sizeof(pkv_tier_options);
 constexpr uint32_t kTierMatchV1 = sizeof(pkv_tier_match);
 constexpr uint32_t kTierStatsV1 = sizeof(pkv_tier_stats);
+
+// Frozen sizes (PKV_FROZEN_SIZE above): never change them. Each names the
+// last field of its struct in the release that added pkv_X_init_sized;
+// init_frozen asserts each lies within its struct.
+constexpr uint32_t kPoolOptionsFrozen = PKV_FROZEN_SIZE(pkv_pool_options, qk_rope_head_dim);
+constexpr uint32_t kSeqOptionsFrozen = PKV_FROZEN_SIZE(pkv_seq_options, lora_path);
+constexpr uint32_t kSeqInfoFrozen = PKV_FROZEN_SIZE(pkv_seq_info, num_computed_tokens);
+constexpr uint32_t kPoolStatsFrozen = PKV_FROZEN_SIZE(pkv_pool_stats, num_pins_degraded);
+constexpr uint32_t kPrefixMatchFrozen = PKV_FROZEN_SIZE(pkv_prefix_match, copy_dst);
+constexpr uint32_t kHashOptionsFrozen = PKV_FROZEN_SIZE(pkv_hash_options, lora_path);
+constexpr uint32_t kBatchInfoFrozen = PKV_FROZEN_SIZE(pkv_batch_info, block_size);
+constexpr uint32_t kAttentionParamsFrozen = PKV_FROZEN_SIZE(pkv_attention_params, logit_softcap);
+constexpr uint32_t kTierOptionsFrozen = PKV_FROZEN_SIZE(pkv_tier_options, file_bytes);
+constexpr uint32_t kTierMatchFrozen = PKV_FROZEN_SIZE(pkv_tier_match, file_tokens);
+constexpr uint32_t kTierStatsFrozen = PKV_FROZEN_SIZE(pkv_tier_stats, num_dropped);
+constexpr uint32_t kPublisherOptionsFrozen =
+    PKV_FROZEN_SIZE(pkv_event_publisher_options, device_medium);
+constexpr uint32_t kPublisherStatsFrozen =
+    PKV_FROZEN_SIZE(pkv_event_publisher_stats, replay_requests);
+constexpr uint32_t kGroupSpecFrozen = PKV_FROZEN_SIZE(pkv_kv_group_spec, reserved1);
+constexpr uint32_t kGroupStatsFrozen = PKV_FROZEN_SIZE(pkv_group_stats, bytes_per_block);
+constexpr uint32_t kTransferOptionsFrozen = PKV_FROZEN_SIZE(pkv_transfer_options, reserved0);
 
 }  // namespace pkv_capi

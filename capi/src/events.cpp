@@ -23,6 +23,15 @@ constexpr uint32_t kPublisherStatsV1 = sizeof(pkv_event_publisher_stats);
 
 std::string str(uint64_t v) { return std::to_string(v); }
 
+// The defaults of pkv_event_publisher_options that are not 0 (for pc::fill_defaults).
+void publisher_options_defaults(pkv_event_publisher_options& o) {
+  o.topic = "";
+  o.buffer_steps = 10000;
+  o.hwm = 100000;
+  o.event_encoding = PKV_EVENTS_ENCODING_MAP;
+  o.hash_encoding = PKV_EVENTS_HASH_INT;
+}
+
 pagedkv::events::Publisher& publisher_of(const pkv_event_publisher* p) {
   pc::require(p, "pub");
   return *p->impl;
@@ -90,16 +99,12 @@ pkv_status pkv_pool_drain_events_v2(pkv_pool* pool, pkv_event_v2* out, uint64_t 
 }
 
 void pkv_event_publisher_options_init(pkv_event_publisher_options* opts) {
-  if (!opts) return;
-  pkv_event_publisher_options o;
-  std::memset(&o, 0, sizeof o);
-  o.struct_size = sizeof o;
-  o.topic = "";
-  o.buffer_steps = 10000;
-  o.hwm = 100000;
-  o.event_encoding = PKV_EVENTS_ENCODING_MAP;
-  o.hash_encoding = PKV_EVENTS_HASH_INT;
-  *opts = o;
+  pc::init_frozen<pc::kPublisherOptionsFrozen>(opts, publisher_options_defaults);
+}
+
+pkv_status pkv_event_publisher_options_init_sized(pkv_event_publisher_options* opts, size_t size) {
+  PKV_GUARD(pc::init_sized(opts, "opts", size, kPublisherOptionsV1, "pkv_event_publisher_options",
+                           publisher_options_defaults));
 }
 
 pkv_status pkv_event_publisher_create(pkv_pool* pool, const char* endpoint,
@@ -113,7 +118,7 @@ pkv_status pkv_event_publisher_create(pkv_pool* pool, const char* endpoint,
     pc::pool_of(pool);  // a multi-group pool has no event publisher
     std::shared_ptr<pagedkv::Pool> p = pool->impl;
     pkv_event_publisher_options def;
-    pkv_event_publisher_options_init(&def);
+    pc::fill_defaults(&def, publisher_options_defaults);
     if (!opts) opts = &def;
     pc::check_struct_size(opts->struct_size, kPublisherOptionsV1, "opts",
                           "pkv_event_publisher_options", "pkv_event_publisher_options_init");
@@ -161,9 +166,11 @@ pkv_status pkv_event_publisher_publish(pkv_event_publisher* pub, uint64_t* out_n
 }
 
 void pkv_event_publisher_stats_init(pkv_event_publisher_stats* stats) {
-  if (!stats) return;
-  std::memset(stats, 0, sizeof *stats);
-  stats->struct_size = sizeof *stats;
+  pc::init_frozen<pc::kPublisherStatsFrozen>(stats);
+}
+
+pkv_status pkv_event_publisher_stats_init_sized(pkv_event_publisher_stats* stats, size_t size) {
+  PKV_GUARD(pc::init_sized(stats, "stats", size, kPublisherStatsV1, "pkv_event_publisher_stats"));
 }
 
 pkv_status pkv_event_publisher_get_stats(const pkv_event_publisher* pub,

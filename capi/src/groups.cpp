@@ -15,6 +15,13 @@ std::string str(uint64_t v) { return std::to_string(v); }
 constexpr uint32_t kGroupSpecV1 = offsetof(pkv_kv_group_spec, flags);
 constexpr uint32_t kGroupStatsV1 = sizeof(pkv_group_stats);
 
+// The defaults of pkv_kv_group_spec that are not 0 (for pc::fill_defaults).
+void group_spec_defaults(pkv_kv_group_spec& o) {
+  o.kind = PKV_GROUP_FULL;
+  o.num_layers = 1;
+  o.dtype = PKV_DTYPE_BF16;
+}
+
 pagedkv::GroupSpec group_spec(const pkv_kv_group_spec& in, uint32_t i) {
   const std::string at = "groups[" + str(i) + "]";
   pc::check_struct_size(in.struct_size, kGroupSpecV1, at.c_str(), "pkv_kv_group_spec",
@@ -67,12 +74,12 @@ pagedkv::GroupPool& groups_of(const pkv_pool* pool) {
 extern "C" {
 
 void pkv_kv_group_spec_init(pkv_kv_group_spec* spec) {
-  if (!spec) return;
-  std::memset(spec, 0, sizeof *spec);
-  spec->struct_size = sizeof *spec;
-  spec->kind = PKV_GROUP_FULL;
-  spec->num_layers = 1;
-  spec->dtype = PKV_DTYPE_BF16;
+  pc::init_frozen<pc::kGroupSpecFrozen>(spec, group_spec_defaults);
+}
+
+pkv_status pkv_kv_group_spec_init_sized(pkv_kv_group_spec* spec, size_t size) {
+  PKV_GUARD(
+      pc::init_sized(spec, "spec", size, kGroupSpecV1, "pkv_kv_group_spec", group_spec_defaults));
 }
 
 pkv_status pkv_pool_create_groups(const pkv_pool_options* base, const pkv_kv_group_spec* groups,
@@ -181,10 +188,10 @@ pkv_status pkv_seq_group_block_table(const pkv_pool* pool, pkv_seq_id seq, uint3
   });
 }
 
-void pkv_group_stats_init(pkv_group_stats* stats) {
-  if (!stats) return;
-  std::memset(stats, 0, sizeof *stats);
-  stats->struct_size = sizeof *stats;
+void pkv_group_stats_init(pkv_group_stats* stats) { pc::init_frozen<pc::kGroupStatsFrozen>(stats); }
+
+pkv_status pkv_group_stats_init_sized(pkv_group_stats* stats, size_t size) {
+  PKV_GUARD(pc::init_sized(stats, "stats", size, kGroupStatsV1, "pkv_group_stats"));
 }
 
 pkv_status pkv_pool_group_stats(const pkv_pool* pool, uint32_t group, pkv_group_stats* out) {

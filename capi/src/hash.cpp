@@ -16,6 +16,13 @@ pagedkv::HashAlgo check_algo(uint32_t algo, const char* name) {
   return pagedkv::HashAlgo(algo);
 }
 
+// The defaults of pkv_hash_options that are not 0 (for pc::fill_defaults).
+void hash_options_defaults(pkv_hash_options& o) {
+  o.algo = PKV_HASH_SHA256_CBOR;
+  o.block_size = 16;
+  o.seed = "";
+}
+
 }  // namespace
 
 extern "C" {
@@ -25,14 +32,12 @@ uint32_t pkv_hash_size(uint32_t algo) {
 }
 
 void pkv_hash_options_init(pkv_hash_options* opts) {
-  if (!opts) return;
-  pkv_hash_options o;
-  std::memset(&o, 0, sizeof o);
-  o.struct_size = sizeof o;
-  o.algo = PKV_HASH_SHA256_CBOR;
-  o.block_size = 16;
-  o.seed = "";
-  *opts = o;
+  pc::init_frozen<pc::kHashOptionsFrozen>(opts, hash_options_defaults);
+}
+
+pkv_status pkv_hash_options_init_sized(pkv_hash_options* opts, size_t size) {
+  PKV_GUARD(pc::init_sized(opts, "opts", size, pc::kHashOptionsV1, "pkv_hash_options",
+                           hash_options_defaults));
 }
 
 pkv_status pkv_hash_prefix(const pkv_hash_options* opts, const int32_t* tokens, uint64_t num_tokens,

@@ -17,6 +17,17 @@ uint32_t flag(uint32_t v, const char* name) {
   return v;
 }
 
+// The defaults of pkv_pool_options that are not 0 (for pc::fill_defaults).
+void pool_options_defaults(pkv_pool_options& o) {
+  o.block_size = 16;
+  o.hash_algo = PKV_HASH_SHA256_CBOR;
+  o.enable_prefix_caching = 1;
+  o.hash_seed = "";
+  o.max_events = 65536;
+  o.dtype = PKV_DTYPE_BF16;
+  o.device_type = PKV_DEVICE_CPU;
+}
+
 }  // namespace
 
 // strict_key_domains of pkv_pool_options and pkv_hash_options
@@ -72,18 +83,12 @@ void read_kv_scales(const pkv_pool_options& in, pagedkv::PoolOptions* o) {
 extern "C" {
 
 void pkv_pool_options_init(pkv_pool_options* opts) {
-  if (!opts) return;
-  pkv_pool_options o;
-  std::memset(&o, 0, sizeof o);
-  o.struct_size = sizeof o;
-  o.block_size = 16;
-  o.hash_algo = PKV_HASH_SHA256_CBOR;
-  o.enable_prefix_caching = 1;
-  o.hash_seed = "";
-  o.max_events = 65536;
-  o.dtype = PKV_DTYPE_BF16;
-  o.device_type = PKV_DEVICE_CPU;
-  *opts = o;
+  pc::init_frozen<pc::kPoolOptionsFrozen>(opts, pool_options_defaults);
+}
+
+pkv_status pkv_pool_options_init_sized(pkv_pool_options* opts, size_t size) {
+  PKV_GUARD(pc::init_sized(opts, "opts", size, pc::kPoolOptionsV1, "pkv_pool_options",
+                           pool_options_defaults));
 }
 
 pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out) {
@@ -196,10 +201,10 @@ pkv_status pkv_pool_bytes_per_block(const pkv_pool* pool, uint64_t* out) {
   });
 }
 
-void pkv_pool_stats_init(pkv_pool_stats* stats) {
-  if (!stats) return;
-  std::memset(stats, 0, sizeof *stats);
-  stats->struct_size = sizeof *stats;
+void pkv_pool_stats_init(pkv_pool_stats* stats) { pc::init_frozen<pc::kPoolStatsFrozen>(stats); }
+
+pkv_status pkv_pool_stats_init_sized(pkv_pool_stats* stats, size_t size) {
+  PKV_GUARD(pc::init_sized(stats, "stats", size, pc::kPoolStatsV1, "pkv_pool_stats"));
 }
 
 pkv_status pkv_pool_get_stats(const pkv_pool* pool, pkv_pool_stats* out) {

@@ -78,10 +78,10 @@ pagedkv::SeqOptions pkv_capi::seq_options(const pkv_seq_options* opts) {
 
 extern "C" {
 
-void pkv_seq_options_init(pkv_seq_options* opts) {
-  if (!opts) return;
-  std::memset(opts, 0, sizeof *opts);
-  opts->struct_size = sizeof *opts;
+void pkv_seq_options_init(pkv_seq_options* opts) { pc::init_frozen<pc::kSeqOptionsFrozen>(opts); }
+
+pkv_status pkv_seq_options_init_sized(pkv_seq_options* opts, size_t size) {
+  PKV_GUARD(pc::init_sized(opts, "opts", size, pc::kSeqOptionsV1, "pkv_seq_options"));
 }
 
 pkv_status pkv_seq_create(pkv_pool* pool, const pkv_seq_options* opts, pkv_seq_id* out) {
@@ -151,10 +151,10 @@ pkv_status pkv_seq_free(pkv_pool* pool, pkv_seq_id seq) {
   PKV_GUARD(pc::with_pool(pool, [&](auto& p) { p.free(seq); }));
 }
 
-void pkv_seq_info_init(pkv_seq_info* info) {
-  if (!info) return;
-  std::memset(info, 0, sizeof *info);
-  info->struct_size = sizeof *info;
+void pkv_seq_info_init(pkv_seq_info* info) { pc::init_frozen<pc::kSeqInfoFrozen>(info); }
+
+pkv_status pkv_seq_info_init_sized(pkv_seq_info* info, size_t size) {
+  PKV_GUARD(pc::init_sized(info, "info", size, pc::kSeqInfoV1, "pkv_seq_info"));
 }
 
 pkv_status pkv_seq_get_info(const pkv_pool* pool, pkv_seq_id seq, pkv_seq_info* out) {
@@ -215,10 +215,10 @@ pkv_status pkv_seq_get_block_hashes(const pkv_pool* pool, pkv_seq_id seq,
   });
 }
 
-void pkv_prefix_match_init(pkv_prefix_match* out) {
-  if (!out) return;
-  std::memset(out, 0, sizeof *out);
-  out->struct_size = sizeof *out;
+void pkv_prefix_match_init(pkv_prefix_match* out) { pc::init_frozen<pc::kPrefixMatchFrozen>(out); }
+
+pkv_status pkv_prefix_match_init_sized(pkv_prefix_match* out, size_t size) {
+  PKV_GUARD(pc::init_sized(out, "out", size, pc::kPrefixMatchV1, "pkv_prefix_match"));
 }
 
 pkv_status pkv_seq_match_prefix_partial(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,

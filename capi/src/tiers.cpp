@@ -32,9 +32,11 @@ void write_match(const pagedkv::TieredMatch& m, pkv_tier_match* out) {
 }  // namespace
 
 void pkv_tier_options_init(pkv_tier_options* opts) {
-  if (!opts) return;
-  std::memset(opts, 0, sizeof *opts);
-  opts->struct_size = sizeof *opts;
+  pc::init_frozen<pc::kTierOptionsFrozen>(opts);
+}
+
+pkv_status pkv_tier_options_init_sized(pkv_tier_options* opts, size_t size) {
+  PKV_GUARD(pc::init_sized(opts, "opts", size, pc::kTierOptionsV1, "pkv_tier_options"));
 }
 
 pkv_status pkv_pool_attach_tiers(pkv_pool* pool, const pkv_tier_options* opts) {
@@ -57,10 +59,10 @@ pkv_status pkv_pool_attach_tiers(pkv_pool* pool, const pkv_tier_options* opts) {
   });
 }
 
-void pkv_tier_match_init(pkv_tier_match* out) {
-  if (!out) return;
-  std::memset(out, 0, sizeof *out);
-  out->struct_size = sizeof *out;
+void pkv_tier_match_init(pkv_tier_match* out) { pc::init_frozen<pc::kTierMatchFrozen>(out); }
+
+pkv_status pkv_tier_match_init_sized(pkv_tier_match* out, size_t size) {
+  PKV_GUARD(pc::init_sized(out, "out", size, pc::kTierMatchV1, "pkv_tier_match"));
 }
 
 pkv_status pkv_seq_match_prefix_tiered(pkv_pool* pool, pkv_seq_id seq, const int32_t* tokens,
@@ -110,10 +112,10 @@ pkv_status pkv_seq_admit_tiered(pkv_pool* pool, const pkv_seq_options* opts, con
   });
 }
 
-void pkv_tier_stats_init(pkv_tier_stats* stats) {
-  if (!stats) return;
-  std::memset(stats, 0, sizeof *stats);
-  stats->struct_size = sizeof *stats;
+void pkv_tier_stats_init(pkv_tier_stats* stats) { pc::init_frozen<pc::kTierStatsFrozen>(stats); }
+
+pkv_status pkv_tier_stats_init_sized(pkv_tier_stats* stats, size_t size) {
+  PKV_GUARD(pc::init_sized(stats, "stats", size, pc::kTierStatsV1, "pkv_tier_stats"));
 }
 
 pkv_status pkv_pool_get_tier_stats(const pkv_pool* pool, uint32_t medium, pkv_tier_stats* out) {

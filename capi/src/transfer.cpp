@@ -21,6 +21,9 @@ namespace {
 
 constexpr uint32_t kTransferOptionsV1 = sizeof(pkv_transfer_options);
 
+// The defaults of pkv_transfer_options that are not 0 (for pc::fill_defaults).
+void transfer_options_defaults(pkv_transfer_options& o) { o.timeout_ms = 30000; }
+
 pagedkv::TransferEngine& engine_of(pkv_transfer_engine* e) {
   pc::require(e, "engine");
   return *e->impl;
@@ -45,10 +48,12 @@ uint32_t pkv_transfer_available(void) {
 }
 
 void pkv_transfer_options_init(pkv_transfer_options* opts) {
-  if (!opts) return;
-  std::memset(opts, 0, sizeof *opts);
-  opts->struct_size = sizeof *opts;
-  opts->timeout_ms = 30000;
+  pc::init_frozen<pc::kTransferOptionsFrozen>(opts, transfer_options_defaults);
+}
+
+pkv_status pkv_transfer_options_init_sized(pkv_transfer_options* opts, size_t size) {
+  PKV_GUARD(pc::init_sized(opts, "opts", size, kTransferOptionsV1, "pkv_transfer_options",
+                           transfer_options_defaults));
 }
 
 pkv_status pkv_transfer_engine_create(const pkv_transfer_options* opts, pkv_transfer_engine** out) {

@@ -260,8 +260,34 @@ static void test_prefix_cache_and_events(void) {
   pkv_pool_destroy(pool);
 }
 
+/* The sized initialisers, from C: sizeof the caller's struct, as new code
+ * calls them. */
+static void test_init_sized(void) {
+  pkv_pool_options o;
+  pkv_pool_stats st;
+  pkv_pool* pool = NULL;
+  memset(&o, 0xAB, sizeof o);
+  CHECK_STATUS(pkv_pool_options_init_sized(&o, sizeof o), PKV_OK);
+  CHECK(o.struct_size == sizeof o);
+  CHECK(o.block_size == 16 && o.enable_prefix_caching == 1 && o.hash_seed != NULL);
+  CHECK(o.qk_rope_head_dim == 0); /* the last field: written too */
+  o.block_size = 4;
+  o.num_blocks = 8;
+  CHECK_STATUS(pkv_pool_create(&o, &pool), PKV_OK);
+  CHECK_STATUS(pkv_pool_stats_init_sized(&st, sizeof st), PKV_OK);
+  CHECK(st.struct_size == sizeof st);
+  CHECK_STATUS(pkv_pool_get_stats(pool, &st), PKV_OK);
+  CHECK(st.num_blocks == 8 && st.block_size == 4);
+  pkv_pool_destroy(pool);
+  CHECK_STATUS(pkv_pool_options_init_sized(&o, 4), PKV_E_INVALID_ARGUMENT);
+  CHECK_MESSAGE("size");
+  CHECK_STATUS(pkv_seq_options_init_sized(NULL, sizeof(pkv_seq_options)), PKV_E_INVALID_ARGUMENT);
+  CHECK_MESSAGE("opts");
+}
+
 int main(void) {
   test_versions_and_statuses();
+  test_init_sized();
   test_ownership();
   test_ids_and_errors();
   test_prefix_cache_and_events();

@@ -438,6 +438,43 @@ pkv_status holds(bool ok) { return ok ? PKV_OK : PKV_E_INTERNAL; }
 const pkv_status kInv = PKV_E_INVALID_ARGUMENT, kNf = PKV_E_NOT_FOUND, kState = PKV_E_INVALID_STATE,
                  kSmall = PKV_E_BUFFER_TOO_SMALL, kOob = PKV_E_OUT_OF_BLOCKS;
 
+// pkv_X_init_sized: s = NULL; a size below every struct's first released
+// size (4: struct_size alone) or above 2^16. A failed call writes no byte of
+// the caller's buffer (else PKV_E_INTERNAL).
+template <class T, pkv_status (*F)(T*, size_t)>
+pkv_status sized_null(Env&) {
+  return F(nullptr, sizeof(T));
+}
+
+template <class T, pkv_status (*F)(T*, size_t)>
+pkv_status sized_range(Env&) {
+  const size_t too_big = (size_t(1) << 16) + 1;
+  std::vector<unsigned char> buf(too_big + 64, 0xAB);
+  T* s = reinterpret_cast<T*>(buf.data());
+  pkv_status st = F(s, 4);
+  if (st == kInv) st = F(s, too_big);
+  for (unsigned char b : buf)
+    if (b != 0xAB) return PKV_E_INTERNAL;
+  return st;
+}
+
+template <class T, pkv_status (*F)(T*, size_t)>
+Case sized_null_case(const char* fn, const char* what, const char* param) {
+  return Case{fn, PKV_CLASS_NULL, what, kInv, param, nullptr, sized_null<T, F>};
+}
+
+template <class T, pkv_status (*F)(T*, size_t)>
+Case sized_range_case(const char* fn) {
+  return Case{fn,     PKV_CLASS_STRUCT, "size = 4 or 2^16 + 1", kInv,
+              "size", nullptr,          sized_range<T, F>};
+}
+
+// The two cases of pkv_<T>_init_sized(pkv_<T>* param, size_t size).
+#define SIZED_INIT_CASES(T, param)                                                          \
+  sized_null_case<pkv_##T, pkv_##T##_init_sized>("pkv_" #T "_init_sized", #param " = NULL", \
+                                                 #param),                                   \
+      sized_range_case<pkv_##T, pkv_##T##_init_sized>("pkv_" #T "_init_sized")
+
 std::vector<Case> make_cases() {
   return {
     // ------------------------------------------------------------ common.h
@@ -483,6 +520,7 @@ std::vector<Case> make_cases() {
         V("pkv_hash_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
           pkv_hash_options_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(hash_options, opts),
         S("pkv_hash_prefix", PKV_CLASS_RANGE, "strict_key_domains = 3", kInv, "strict_key_domains",
           pkv_hash_options o = hopts();
           o.strict_key_domains = 3; return hash_with(o, e.tokens, 16, e);),
@@ -540,6 +578,7 @@ std::vector<Case> make_cases() {
         V("pkv_pool_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
           pkv_pool_options_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(pool_options, opts),
         S("pkv_pool_create", PKV_CLASS_NULL, "opts = NULL", kInv, "opts", pkv_pool* p = nullptr;
           return pkv_pool_create(nullptr, &p);),
         S("pkv_pool_create", PKV_CLASS_NULL, "out = NULL", kInv, "out",
@@ -631,6 +670,7 @@ std::vector<Case> make_cases() {
         V("pkv_pool_stats_init", PKV_CLASS_NULL, "stats = NULL", "no-op",
           pkv_pool_stats_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(pool_stats, stats),
         S("pkv_pool_get_stats", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", pkv_pool_stats s;
           pkv_pool_stats_init(&s); return pkv_pool_get_stats(nullptr, &s);),
         S("pkv_pool_get_stats", PKV_CLASS_NULL, "out = NULL", kInv, "out",
@@ -703,9 +743,11 @@ std::vector<Case> make_cases() {
         V("pkv_event_publisher_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
           pkv_event_publisher_options_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(event_publisher_options, opts),
         V("pkv_event_publisher_stats_init", PKV_CLASS_NULL, "stats = NULL", "no-op",
           pkv_event_publisher_stats_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(event_publisher_stats, stats),
         V("pkv_event_publisher_destroy", PKV_CLASS_NULL, "pub = NULL", "no-op",
           pkv_event_publisher_destroy(nullptr);
           return PKV_OK;),
@@ -857,6 +899,7 @@ std::vector<Case> make_cases() {
         V("pkv_seq_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
           pkv_seq_options_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(seq_options, opts),
         S("pkv_seq_create", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
           return pkv_seq_create(nullptr, nullptr, &e.id_out);),
         S("pkv_seq_create", PKV_CLASS_NULL, "out = NULL", kInv, "out",
@@ -965,6 +1008,7 @@ std::vector<Case> make_cases() {
           return s != kNf ? s : pkv_seq_free(e.pool, e.m);),
         V("pkv_seq_info_init", PKV_CLASS_NULL, "info = NULL", "no-op", pkv_seq_info_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(seq_info, info),
         S("pkv_seq_get_info", PKV_CLASS_NULL, "pool = NULL", kInv, "pool", pkv_seq_info i;
           pkv_seq_info_init(&i); return pkv_seq_get_info(nullptr, e.a, &i);),
         S("pkv_seq_get_info", PKV_CLASS_NULL, "out = NULL", kInv, "out",
@@ -999,6 +1043,7 @@ std::vector<Case> make_cases() {
         V("pkv_prefix_match_init", PKV_CLASS_NULL, "out = NULL", "no-op",
           pkv_prefix_match_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(prefix_match, out),
         S("pkv_seq_match_prefix_partial", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
           pkv_prefix_match m = pmatch();
           return pkv_seq_match_prefix_partial(nullptr, e.empty, e.tokens, 20, &m);),
@@ -1064,12 +1109,15 @@ std::vector<Case> make_cases() {
         V("pkv_tier_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
           pkv_tier_options_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(tier_options, opts),
         V("pkv_tier_match_init", PKV_CLASS_NULL, "out = NULL", "no-op",
           pkv_tier_match_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(tier_match, out),
         V("pkv_tier_stats_init", PKV_CLASS_NULL, "stats = NULL", "no-op",
           pkv_tier_stats_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(tier_stats, stats),
         S("pkv_pool_attach_tiers", PKV_CLASS_NULL, "pool = NULL", kInv, "pool",
           pkv_tier_options o = tier_opts(1 << 20);
           return pkv_pool_attach_tiers(nullptr, &o);),
@@ -1307,6 +1355,7 @@ std::vector<Case> make_cases() {
         V("pkv_batch_info_init", PKV_CLASS_NULL, "info = NULL", "no-op",
           pkv_batch_info_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(batch_info, info),
         S("pkv_batch_get_info", PKV_CLASS_NULL, "batch = NULL", kInv, "batch", pkv_batch_info i;
           pkv_batch_info_init(&i); return pkv_batch_get_info(nullptr, &i);),
         S("pkv_batch_get_info", PKV_CLASS_NULL, "out = NULL", kInv, "out",
@@ -1376,6 +1425,7 @@ std::vector<Case> make_cases() {
         V("pkv_attention_params_init", PKV_CLASS_NULL, "params = NULL", "no-op",
           pkv_attention_params_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(attention_params, params),
         S("pkv_attention_forward", PKV_CLASS_NULL, "batch = NULL", kInv, "batch",
           return pkv_attention_forward(nullptr, 0, &e.qt, &e.ot, nullptr, nullptr, nullptr);),
         S("pkv_attention_forward", PKV_CLASS_NULL, "q = NULL", kInv, "q",
@@ -1529,9 +1579,11 @@ std::vector<Case> make_cases() {
         V("pkv_kv_group_spec_init", PKV_CLASS_NULL, "spec = NULL", "no-op",
           pkv_kv_group_spec_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(kv_group_spec, spec),
         V("pkv_group_stats_init", PKV_CLASS_NULL, "stats = NULL", "no-op",
           pkv_group_stats_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(group_stats, stats),
         S("pkv_pool_create_groups", PKV_CLASS_NULL, "base = NULL", kInv, "base",
           pkv_kv_group_spec g = gspec(PKV_GROUP_FULL);
           pkv_pool* p = nullptr; return pkv_pool_create_groups(nullptr, &g, 1, &p);),
@@ -1832,6 +1884,7 @@ std::vector<Case> make_cases() {
         V("pkv_transfer_options_init", PKV_CLASS_NULL, "opts = NULL", "no-op",
           pkv_transfer_options_init(nullptr);
           return PKV_OK;),
+        SIZED_INIT_CASES(transfer_options, opts),
         V("pkv_transfer_engine_destroy", PKV_CLASS_NULL, "engine = NULL", "no-op",
           pkv_transfer_engine_destroy(nullptr);
           return PKV_OK;),

@@ -87,6 +87,9 @@ typedef struct pkv_batch_info {
 } pkv_batch_info;
 
 PKV_API void pkv_batch_info_init(pkv_batch_info* info);
+/* pkv_batch_info_init's defaults into exactly size bytes (pass sizeof *info), zero past
+ * the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_batch_info_init_sized(pkv_batch_info* info, size_t size);
 PKV_API pkv_status pkv_batch_get_info(const pkv_batch* batch, pkv_batch_info* out);
 
 /* The plan's arrays, for engines bringing their own kernels. All live on the
@@ -137,6 +140,9 @@ typedef struct pkv_attention_params {
 } pkv_attention_params;
 
 PKV_API void pkv_attention_params_init(pkv_attention_params* params);
+/* pkv_attention_params_init's defaults into exactly size bytes (pass sizeof *params), zero past
+ * the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_attention_params_init_sized(pkv_attention_params* params, size_t size);
 
 /* Paged attention for every query of the plan: q [num_tokens, num_q_heads,
  * head_dim] (num_q_heads a multiple of num_kv_heads: MHA, GQA, MQA), out of

@@ -88,6 +88,29 @@ PKV_API const char* pkv_last_error_message(void);
  * Lets bindings capture the message inside the same foreign call. */
 PKV_API uint64_t pkv_last_error_copy(char* buf, uint64_t capacity);
 
+/* ------------------------------------------------------ versioned structs */
+
+/* Option and result structs start with uint32_t struct_size; fields are only
+ * ever appended, and the library reads and writes no byte of a caller's
+ * struct past its struct_size. Each has two initialisers:
+ *
+ *   pkv_X_init(&s)                 the defaults, struct_size set. Writes the
+ *                                  struct as of the release that added
+ *                                  _init_sized and never more, so a binary
+ *                                  built against that header stays safe
+ *                                  with later libraries; it never reaches
+ *                                  fields appended later.
+ *   pkv_X_init_sized(&s, sizeof s) writes exactly size bytes: the library's
+ *                                  defaults for the fields it knows, zero
+ *                                  (off) for fields of a newer header it
+ *                                  does not, struct_size = size. What new
+ *                                  code and the bindings call. A size below
+ *                                  the struct's first released size or
+ *                                  above 65536, or s NULL, is
+ *                                  PKV_E_INVALID_ARGUMENT, nothing written.
+ *
+ * docs/conventions.md, "Versioned structs". */
+
 /* ----------------------------------------------------------------- tensors */
 
 /* Device types use DLPack's numbering. */

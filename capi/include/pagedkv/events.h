@@ -77,6 +77,10 @@ typedef struct pkv_event_publisher_options {
 } pkv_event_publisher_options;
 
 PKV_API void pkv_event_publisher_options_init(pkv_event_publisher_options* opts);
+/* pkv_event_publisher_options_init's defaults into exactly size bytes (pass sizeof *opts), zero
+ * past the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_event_publisher_options_init_sized(pkv_event_publisher_options* opts,
+                                                          size_t size);
 
 /* A publisher of pool's KV events (the pool must have enable_events).
  * endpoint: the PUB address, bound when it holds '*' or '::' or is ipc://
@@ -111,6 +115,10 @@ typedef struct pkv_event_publisher_stats {
 } pkv_event_publisher_stats;
 
 PKV_API void pkv_event_publisher_stats_init(pkv_event_publisher_stats* stats);
+/* pkv_event_publisher_stats_init's defaults into exactly size bytes (pass sizeof *stats), zero past
+ * the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_event_publisher_stats_init_sized(pkv_event_publisher_stats* stats,
+                                                        size_t size);
 PKV_API pkv_status pkv_event_publisher_get_stats(const pkv_event_publisher* pub,
                                                  pkv_event_publisher_stats* out);
 

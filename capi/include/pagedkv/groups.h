@@ -134,6 +134,9 @@ typedef struct pkv_kv_group_spec {
 
 /* Sets defaults. Always call before filling fields. */
 PKV_API void pkv_kv_group_spec_init(pkv_kv_group_spec* spec);
+/* pkv_kv_group_spec_init's defaults into exactly size bytes (pass sizeof *spec), zero past
+ * the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_kv_group_spec_init_sized(pkv_kv_group_spec* spec, size_t size);
 
 /* Creates a pool of num_groups (1..64) groups sharing one block budget.
  * base: block_size, num_blocks or memory_budget_bytes (divided by the block
@@ -175,6 +178,9 @@ typedef struct pkv_group_stats {
 } pkv_group_stats;
 
 PKV_API void pkv_group_stats_init(pkv_group_stats* stats);
+/* pkv_group_stats_init's defaults into exactly size bytes (pass sizeof *stats), zero past
+ * the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_group_stats_init_sized(pkv_group_stats* stats, size_t size);
 /* Per-group stats of a multi-group pool (PKV_E_UNSUPPORTED on others). */
 PKV_API pkv_status pkv_pool_group_stats(const pkv_pool* pool, uint32_t group, pkv_group_stats* out);
 

@@ -76,6 +76,9 @@ typedef struct pkv_hash_options {
 
 /* Sets defaults. Always call before filling fields. */
 PKV_API void pkv_hash_options_init(pkv_hash_options* opts);
+/* pkv_hash_options_init's defaults into exactly size bytes (pass sizeof *opts), zero past
+ * the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_hash_options_init_sized(pkv_hash_options* opts, size_t size);
 
 /* Hashes of the full blocks of tokens[0, num_tokens): floor(num_tokens /
  * block_size) digests written to out_hashes (capacity entries). If capacity

@@ -165,6 +165,9 @@ typedef struct pkv_pool_options {
 
 /* Sets every default. Always call before filling fields. */
 PKV_API void pkv_pool_options_init(pkv_pool_options* opts);
+/* pkv_pool_options_init's defaults into exactly size bytes (pass sizeof *opts), zero past
+ * the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_pool_options_init_sized(pkv_pool_options* opts, size_t size);
 
 /* Creates a pool. The caller destroys it with pkv_pool_destroy. */
 PKV_API pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out);
@@ -209,6 +212,9 @@ typedef struct pkv_seq_options {
 } pkv_seq_options;
 
 PKV_API void pkv_seq_options_init(pkv_seq_options* opts);
+/* pkv_seq_options_init's defaults into exactly size bytes (pass sizeof *opts), zero past
+ * the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_seq_options_init_sized(pkv_seq_options* opts, size_t size);
 
 /* Creates an empty sequence. opts may be NULL for defaults. */
 PKV_API pkv_status pkv_seq_create(pkv_pool* pool, const pkv_seq_options* opts, pkv_seq_id* out);
@@ -306,6 +312,9 @@ typedef struct pkv_seq_info {
 } pkv_seq_info;
 
 PKV_API void pkv_seq_info_init(pkv_seq_info* info);
+/* pkv_seq_info_init's defaults into exactly size bytes (pass sizeof *info), zero past
+ * the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_seq_info_init_sized(pkv_seq_info* info, size_t size);
 PKV_API pkv_status pkv_seq_get_info(const pkv_pool* pool, pkv_seq_id seq, pkv_seq_info* out);
 
 /* Copies the block table (PKV_NULL_BLOCK where a sliding window released a
@@ -341,6 +350,9 @@ typedef struct pkv_prefix_match {
 } pkv_prefix_match;
 
 PKV_API void pkv_prefix_match_init(pkv_prefix_match* out);
+/* pkv_prefix_match_init's defaults into exactly size bytes (pass sizeof *out), zero past
+ * the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_prefix_match_init_sized(pkv_prefix_match* out, size_t size);
 
 /* pkv_seq_match_prefix, then, on a pool created with enable_partial_reuse,
  * a partial hit: if a cached, written block whose parent is the last full
@@ -495,6 +507,9 @@ typedef struct pkv_pool_stats {
 } pkv_pool_stats;
 
 PKV_API void pkv_pool_stats_init(pkv_pool_stats* stats);
+/* pkv_pool_stats_init's defaults into exactly size bytes (pass sizeof *stats), zero past
+ * the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_pool_stats_init_sized(pkv_pool_stats* stats, size_t size);
 PKV_API pkv_status pkv_pool_get_stats(const pkv_pool* pool, pkv_pool_stats* out);
 
 #define PKV_EVENT_BLOCK_STORED 1  /* a full block entered the prefix cache */

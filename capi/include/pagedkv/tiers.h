@@ -90,6 +90,9 @@ typedef struct pkv_tier_options {
 } pkv_tier_options;
 
 PKV_API void pkv_tier_options_init(pkv_tier_options* opts);
+/* pkv_tier_options_init's defaults into exactly size bytes (pass sizeof *opts), zero past
+ * the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_tier_options_init_sized(pkv_tier_options* opts, size_t size);
 
 /* Attaches the tiers to a pool, once. opts is copied. */
 PKV_API pkv_status pkv_pool_attach_tiers(pkv_pool* pool, const pkv_tier_options* opts);
@@ -104,6 +107,9 @@ typedef struct pkv_tier_match {
 } pkv_tier_match;
 
 PKV_API void pkv_tier_match_init(pkv_tier_match* out);
+/* pkv_tier_match_init's defaults into exactly size bytes (pass sizeof *out), zero past
+ * the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_tier_match_init_sized(pkv_tier_match* out, size_t size);
 
 /* pkv_seq_match_prefix, then the blocks after the device hits found in the
  * tiers (as many as there are free blocks for). Without tiers it equals
@@ -158,6 +164,9 @@ typedef struct pkv_tier_stats {
 } pkv_tier_stats;
 
 PKV_API void pkv_tier_stats_init(pkv_tier_stats* stats);
+/* pkv_tier_stats_init's defaults into exactly size bytes (pass sizeof *stats), zero past
+ * the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_tier_stats_init_sized(pkv_tier_stats* stats, size_t size);
 /* PKV_E_INVALID_STATE when the pool has no such tier. */
 PKV_API pkv_status pkv_pool_get_tier_stats(const pkv_pool* pool, uint32_t medium,
                                            pkv_tier_stats* out);

@@ -82,6 +82,9 @@ typedef struct pkv_transfer_options {
 } pkv_transfer_options;
 
 PKV_API void pkv_transfer_options_init(pkv_transfer_options* opts);
+/* pkv_transfer_options_init's defaults into exactly size bytes (pass sizeof *opts), zero past
+ * the fields this library knows; struct_size = size (common.h, "versioned structs"). */
+PKV_API pkv_status pkv_transfer_options_init_sized(pkv_transfer_options* opts, size_t size);
 
 /* One UCX context and worker. opts may be NULL for defaults. Destroy with
  * pkv_transfer_engine_destroy. */
