@@ -94,9 +94,11 @@ pub struct AttentionParams {
 
 impl Default for AttentionParams {
     fn default() -> AttentionParams {
-        let mut raw = sys::pkv_attention_params::default();
-        // SAFETY: valid out-parameter.
-        unsafe { sys::pkv_attention_params_init(&mut raw) };
+        let raw = init_sized!(
+            sys::pkv_attention_params_init_sized,
+            sys::pkv_attention_params
+        )
+        .expect("the sized init of a struct of its own size");
         AttentionParams {
             softmax_scale: raw.softmax_scale,
             sliding_window: raw.sliding_window,
@@ -202,9 +204,8 @@ impl Batch {
 
     /// Sizes of the plan.
     pub fn info(&self) -> Result<BatchInfo> {
-        let mut raw = sys::pkv_batch_info::default();
-        // SAFETY: valid out-parameter, struct_size set by _init.
-        unsafe { sys::pkv_batch_info_init(&mut raw) };
+        let mut raw = init_sized!(sys::pkv_batch_info_init_sized, sys::pkv_batch_info)?;
+        // SAFETY: valid out-parameter, struct_size set by _init_sized.
         check(unsafe { sys::pkv_batch_get_info(self.raw.as_ptr(), &mut raw) })?;
         Ok(BatchInfo {
             num_seqs: raw.num_seqs,
@@ -419,9 +420,10 @@ impl Batch {
         lse: Option<&mut TensorViewMut<'_>>,
         params: &AttentionParams,
     ) -> Result<()> {
-        let mut raw = sys::pkv_attention_params::default();
-        // SAFETY: valid out-parameter.
-        unsafe { sys::pkv_attention_params_init(&mut raw) };
+        let mut raw = init_sized!(
+            sys::pkv_attention_params_init_sized,
+            sys::pkv_attention_params
+        )?;
         raw.softmax_scale = params.softmax_scale;
         raw.sliding_window = params.sliding_window;
         raw.logit_softcap = params.logit_softcap;
@@ -479,9 +481,10 @@ impl Batch {
         lse: Option<&mut TensorViewMut<'_>>,
         softmax_scale: f32,
     ) -> Result<()> {
-        let mut raw = sys::pkv_attention_params::default();
-        // SAFETY: valid out-parameter.
-        unsafe { sys::pkv_attention_params_init(&mut raw) };
+        let mut raw = init_sized!(
+            sys::pkv_attention_params_init_sized,
+            sys::pkv_attention_params
+        )?;
         raw.softmax_scale = softmax_scale;
         let lse_ptr = lse.map_or(ptr::null(), |t| t.as_raw() as *const sys::pkv_tensor);
         // SAFETY: the views are valid for the call; out and lse are

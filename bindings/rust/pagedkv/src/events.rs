@@ -140,9 +140,11 @@ pub struct PublisherOptions {
 
 impl Default for PublisherOptions {
     fn default() -> Self {
-        let mut o = sys::pkv_event_publisher_options::default();
-        // SAFETY: o is a valid struct.
-        unsafe { sys::pkv_event_publisher_options_init(&mut o) };
+        let o = init_sized!(
+            sys::pkv_event_publisher_options_init_sized,
+            sys::pkv_event_publisher_options
+        )
+        .expect("the sized init of a struct of its own size");
         PublisherOptions {
             topic: String::new(),
             data_parallel_rank: o.data_parallel_rank,
@@ -198,9 +200,10 @@ impl EventPublisher {
             Some(m) => Some(c_string(m, "device_medium")?),
             None => None,
         };
-        let mut o = sys::pkv_event_publisher_options::default();
-        // SAFETY: o is a valid struct.
-        unsafe { sys::pkv_event_publisher_options_init(&mut o) };
+        let mut o = init_sized!(
+            sys::pkv_event_publisher_options_init_sized,
+            sys::pkv_event_publisher_options
+        )?;
         o.topic = topic.as_ptr();
         o.data_parallel_rank = opts.data_parallel_rank;
         o.buffer_steps = opts.buffer_steps;
@@ -241,9 +244,11 @@ impl EventPublisher {
     }
 
     pub fn stats(&self) -> Result<PublisherStats> {
-        let mut s = sys::pkv_event_publisher_stats::default();
+        let mut s = init_sized!(
+            sys::pkv_event_publisher_stats_init_sized,
+            sys::pkv_event_publisher_stats
+        )?;
         // SAFETY: valid handle and struct.
-        unsafe { sys::pkv_event_publisher_stats_init(&mut s) };
         check(unsafe { sys::pkv_event_publisher_get_stats(self.raw.as_ptr(), &mut s) })?;
         Ok(PublisherStats {
             batches_published: s.batches_published,

@@ -99,9 +99,7 @@ impl GroupSpec {
 
     /// The C spec; its layer_ids points into self, which must outlive it.
     fn raw(&self, i: usize) -> Result<sys::pkv_kv_group_spec> {
-        let mut g = sys::pkv_kv_group_spec::default();
-        // SAFETY: valid out-parameter.
-        unsafe { sys::pkv_kv_group_spec_init(&mut g) };
+        let mut g = init_sized!(sys::pkv_kv_group_spec_init_sized, sys::pkv_kv_group_spec)?;
         g.num_layers = self.num_layers;
         g.num_kv_heads = self.num_kv_heads;
         g.head_dim = self.head_dim;
@@ -162,9 +160,7 @@ impl Pool {
     pub fn with_groups(opts: &crate::PoolOptions, groups: &[GroupSpec]) -> Result<Pool> {
         let seed = std::ffi::CString::new(opts.hash_seed.as_str())
             .map_err(|_| Error::invalid("hash_seed contains a NUL byte"))?;
-        let mut base = sys::pkv_pool_options::default();
-        // SAFETY: valid out-parameter.
-        unsafe { sys::pkv_pool_options_init(&mut base) };
+        let mut base = init_sized!(sys::pkv_pool_options_init_sized, sys::pkv_pool_options)?;
         base.block_size = opts.block_size;
         base.num_blocks = opts.num_blocks;
         base.memory_budget_bytes = opts.memory_budget_bytes;
@@ -231,9 +227,8 @@ impl Pool {
 
     /// Counters of one group of a multi-group pool.
     pub fn group_stats(&self, group: u32) -> Result<GroupStats> {
-        let mut s = sys::pkv_group_stats::default();
-        // SAFETY: valid out-parameter, struct_size set by _init.
-        unsafe { sys::pkv_group_stats_init(&mut s) };
+        let mut s = init_sized!(sys::pkv_group_stats_init_sized, sys::pkv_group_stats)?;
+        // SAFETY: valid out-parameter, struct_size set by _init_sized.
         check(unsafe { sys::pkv_pool_group_stats(self.as_raw(), group, &mut s) })?;
         Ok(GroupStats {
             kind: s.kind,

@@ -101,13 +101,13 @@ pub struct HashOptions {
 
 impl Default for HashOptions {
     fn default() -> HashOptions {
-        let mut raw = sys::pkv_hash_options::default();
-        // SAFETY: raw is a valid out-parameter; the seed it sets is a static
-        // string ("never NULL after _init").
-        unsafe { sys::pkv_hash_options_init(&mut raw) };
+        let raw = init_sized!(sys::pkv_hash_options_init_sized, sys::pkv_hash_options)
+            .expect("the sized init of a struct of its own size");
         HashOptions {
             algo: HashAlgo::from_raw(raw.algo).unwrap_or_default(),
             block_size: raw.block_size,
+            // SAFETY: the seed the library sets is a static string ("never
+            // NULL after _init").
             seed: unsafe { crate::cstr_to_string(raw.seed) },
             lora_id: raw.lora_id,
             lora_name: None,
@@ -140,9 +140,7 @@ pub fn hash_prefix(opts: &HashOptions, tokens: &[i32]) -> Result<Vec<BlockHash>>
     let lora_path = opt_c_string(&opts.lora_path, "lora_path")?;
     let domains = crate::pool::key_domains(opts.strict_key_domains, opts.vllm_tagged_keys)?;
     let mm = RawMmItems::new(&opts.mm_items, "mm_items")?;
-    let mut raw = sys::pkv_hash_options::default();
-    // SAFETY: valid out-parameter.
-    unsafe { sys::pkv_hash_options_init(&mut raw) };
+    let mut raw = init_sized!(sys::pkv_hash_options_init_sized, sys::pkv_hash_options)?;
     raw.algo = opts.algo.raw();
     raw.block_size = opts.block_size;
     raw.seed = seed.as_ptr();

@@ -56,6 +56,22 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+/// A `Result<T>` of a C ABI struct `T` initialised by its
+/// `pkv_X_init_sized` with this crate's `size_of::<T>()`
+/// (docs/conventions.md, "Versioned structs"): the library's defaults for
+/// the fields it knows, zeros for the fields of this crate's header it does
+/// not, so a build against a newer header than the library reaches every
+/// field it knows. Every struct this crate hands the library starts here,
+/// never at the plain `_init`, which stops at the size it was frozen at.
+macro_rules! init_sized {
+    ($init_sized:path, $t:ty) => {{
+        let mut s = <$t>::default();
+        // SAFETY: s is a valid, writable $t of size_of::<$t>() bytes.
+        $crate::error::check(unsafe { $init_sized(&mut s, ::std::mem::size_of::<$t>() as _) })
+            .map(|()| s)
+    }};
+}
+
 mod batch;
 mod error;
 mod events;
@@ -108,5 +124,57 @@ pub(crate) unsafe fn cstr_to_string(p: *const std::os::raw::c_char) -> String {
         unsafe { std::ffi::CStr::from_ptr(p) }
             .to_string_lossy()
             .into_owned()
+    }
+}
+
+#[cfg(test)]
+mod init_sized_tests {
+    use super::sys;
+    use std::mem::size_of;
+
+    #[test]
+    fn structs_are_initialised_at_the_crate_s_own_size() {
+        let o = init_sized!(sys::pkv_pool_options_init_sized, sys::pkv_pool_options).unwrap();
+        assert_eq!(o.struct_size as usize, size_of::<sys::pkv_pool_options>());
+        // The defaults are those of the plain _init.
+        let mut plain = sys::pkv_pool_options::default();
+        // SAFETY: a valid out-parameter.
+        unsafe { sys::pkv_pool_options_init(&mut plain) };
+        plain.struct_size = o.struct_size;
+        assert_eq!(format!("{o:?}"), format!("{plain:?}"));
+        let s = init_sized!(sys::pkv_pool_stats_init_sized, sys::pkv_pool_stats).unwrap();
+        assert_eq!(s.struct_size as usize, size_of::<sys::pkv_pool_stats>());
+        let t = init_sized!(
+            sys::pkv_transfer_options_init_sized,
+            sys::pkv_transfer_options
+        )
+        .unwrap();
+        assert_eq!(
+            t.struct_size as usize,
+            size_of::<sys::pkv_transfer_options>()
+        );
+        assert_eq!(t.timeout_ms, 30000);
+    }
+
+    #[test]
+    fn no_struct_of_the_crate_starts_at_the_plain_init() {
+        // Every pkv_X_init call in the crate's sources would stop at the size
+        // the library froze; they go through init_sized! instead.
+        let needle = ["_init", "(&mut"].concat();
+        for (name, text) in [
+            ("batch.rs", include_str!("batch.rs")),
+            ("events.rs", include_str!("events.rs")),
+            ("groups.rs", include_str!("groups.rs")),
+            ("hash.rs", include_str!("hash.rs")),
+            ("pool.rs", include_str!("pool.rs")),
+            ("seq.rs", include_str!("seq.rs")),
+            ("tensor.rs", include_str!("tensor.rs")),
+            ("tiers.rs", include_str!("tiers.rs")),
+            ("transfer.rs", include_str!("transfer.rs")),
+            ("types.rs", include_str!("types.rs")),
+            ("error.rs", include_str!("error.rs")),
+        ] {
+            assert!(!text.contains(&needle), "{name} calls a plain pkv_X_init");
+        }
     }
 }

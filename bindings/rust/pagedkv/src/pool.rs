@@ -85,9 +85,8 @@ pub struct PoolOptions {
 
 impl Default for PoolOptions {
     fn default() -> PoolOptions {
-        let mut raw = sys::pkv_pool_options::default();
-        // SAFETY: valid out-parameter.
-        unsafe { sys::pkv_pool_options_init(&mut raw) };
+        let raw = init_sized!(sys::pkv_pool_options_init_sized, sys::pkv_pool_options)
+            .expect("the sized init of a struct of its own size");
         PoolOptions::from_raw(&raw).expect("library defaults are valid")
     }
 }
@@ -531,9 +530,7 @@ impl Pool {
     /// Creates a pool.
     pub fn new(opts: &PoolOptions) -> Result<Pool> {
         let seed = c_string(&opts.hash_seed, "hash_seed")?;
-        let mut raw = sys::pkv_pool_options::default();
-        // SAFETY: valid out-parameter.
-        unsafe { sys::pkv_pool_options_init(&mut raw) };
+        let mut raw = init_sized!(sys::pkv_pool_options_init_sized, sys::pkv_pool_options)?;
         raw.block_size = opts.block_size;
         raw.num_blocks = opts.num_blocks;
         raw.memory_budget_bytes = opts.memory_budget_bytes;
@@ -602,10 +599,9 @@ impl Pool {
 
     /// The options the pool was created with, `num_blocks` resolved.
     pub fn options(&self) -> Result<PoolOptions> {
-        let mut raw = sys::pkv_pool_options::default();
+        let mut raw = init_sized!(sys::pkv_pool_options_init_sized, sys::pkv_pool_options)?;
         // SAFETY: valid out-parameter; struct_size tells the library how
         // much it may write.
-        unsafe { sys::pkv_pool_options_init(&mut raw) };
         check(unsafe { sys::pkv_pool_get_options(self.ptr(), &mut raw) })?;
         PoolOptions::from_raw(&raw)
     }
@@ -624,9 +620,8 @@ impl Pool {
     /// The K and V scales of an FP8 pool (the granularity it was created
     /// with). [`ErrorKind::InvalidState`] for other dtypes.
     pub fn kv_scales(&self) -> Result<(Vec<f32>, Vec<f32>)> {
-        let mut raw = sys::pkv_pool_options::default();
+        let mut raw = init_sized!(sys::pkv_pool_options_init_sized, sys::pkv_pool_options)?;
         // SAFETY: valid out-parameters.
-        unsafe { sys::pkv_pool_options_init(&mut raw) };
         check(unsafe { sys::pkv_pool_get_options(self.ptr(), &mut raw) })?;
         let cap = raw.num_kv_scales.max(1) as usize;
         let (mut k, mut v) = (vec![0f32; cap], vec![0f32; cap]);
@@ -705,9 +700,8 @@ impl Pool {
     /// block that the next tokens agree with are copied into a new block
     /// and count as computed.
     pub fn match_prefix_partial(&self, seq: SeqId, tokens: &[i32]) -> Result<PrefixMatch> {
-        let mut raw = sys::pkv_prefix_match::default();
+        let mut raw = init_sized!(sys::pkv_prefix_match_init_sized, sys::pkv_prefix_match)?;
         // SAFETY: valid out-parameter; tokens is valid for its length.
-        unsafe { sys::pkv_prefix_match_init(&mut raw) };
         check(unsafe {
             sys::pkv_seq_match_prefix_partial(
                 self.ptr(),
@@ -963,9 +957,8 @@ impl Pool {
 
     /// State of a sequence.
     pub fn seq_info(&self, seq: SeqId) -> Result<SeqInfo> {
-        let mut raw = sys::pkv_seq_info::default();
-        // SAFETY: valid out-parameter, struct_size set by _init.
-        unsafe { sys::pkv_seq_info_init(&mut raw) };
+        let mut raw = init_sized!(sys::pkv_seq_info_init_sized, sys::pkv_seq_info)?;
+        // SAFETY: valid out-parameter, struct_size set by _init_sized.
         check(unsafe { sys::pkv_seq_get_info(self.ptr(), seq.0, &mut raw) })?;
         Ok(SeqInfo {
             priority: raw.priority,
@@ -1000,9 +993,8 @@ impl Pool {
 
     /// Pool-wide counters.
     pub fn stats(&self) -> Result<PoolStats> {
-        let mut s = sys::pkv_pool_stats::default();
-        // SAFETY: valid out-parameter, struct_size set by _init.
-        unsafe { sys::pkv_pool_stats_init(&mut s) };
+        let mut s = init_sized!(sys::pkv_pool_stats_init_sized, sys::pkv_pool_stats)?;
+        // SAFETY: valid out-parameter, struct_size set by _init_sized.
         check(unsafe { sys::pkv_pool_get_stats(self.ptr(), &mut s) })?;
         Ok(PoolStats {
             block_size: s.block_size,
@@ -1496,9 +1488,7 @@ pub(crate) fn with_raw_seq_options<T>(
     let lora_name = opt_c_string(&opts.lora_name, "lora_name")?;
     let lora_path = opt_c_string(&opts.lora_path, "lora_path")?;
     let mm = RawMmItems::new(&opts.mm_items, "mm_items")?;
-    let mut raw = sys::pkv_seq_options::default();
-    // SAFETY: valid out-parameter.
-    unsafe { sys::pkv_seq_options_init(&mut raw) };
+    let mut raw = init_sized!(sys::pkv_seq_options_init_sized, sys::pkv_seq_options)?;
     raw.priority = opts.priority;
     raw.lora_id = opts.lora_id;
     raw.lora_name = opt_ptr(&lora_name);

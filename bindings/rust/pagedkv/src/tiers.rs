@@ -58,11 +58,8 @@ impl TierMatch {
     }
 }
 
-fn new_match() -> sys::pkv_tier_match {
-    let mut raw = sys::pkv_tier_match::default();
-    // SAFETY: valid out-parameter.
-    unsafe { sys::pkv_tier_match_init(&mut raw) };
-    raw
+fn new_match() -> Result<sys::pkv_tier_match> {
+    init_sized!(sys::pkv_tier_match_init_sized, sys::pkv_tier_match)
 }
 
 fn raw_hashes(hashes: &[BlockHash]) -> Vec<sys::pkv_block_hash> {
@@ -95,19 +92,18 @@ impl Pool {
     /// prefix caching; a CUDA pool's host tier is page-locked memory).
     pub fn attach_tiers(&self, o: &TierOptions) -> Result<()> {
         let dir = opt_c_string(&o.file_dir, "file_dir")?;
-        let mut raw = sys::pkv_tier_options::default();
-        // SAFETY: valid struct; dir outlives the call, which copies it.
-        unsafe { sys::pkv_tier_options_init(&mut raw) };
+        let mut raw = init_sized!(sys::pkv_tier_options_init_sized, sys::pkv_tier_options)?;
         raw.host_bytes = o.host_bytes;
         raw.file_bytes = o.file_bytes;
         raw.file_dir = opt_ptr(&dir);
+        // SAFETY: valid struct; dir outlives the call, which copies it.
         check(unsafe { sys::pkv_pool_attach_tiers(self.ptr(), &raw) })
     }
 
     /// [`match_prefix`](Pool::match_prefix), continued with the blocks found
     /// in the tiers; the next plan loads those before anything reads them.
     pub fn match_prefix_tiered(&self, seq: SeqId, tokens: &[i32]) -> Result<TierMatch> {
-        let mut raw = new_match();
+        let mut raw = new_match()?;
         // SAFETY: valid out-parameter; tokens is valid for its length.
         check(unsafe {
             sys::pkv_seq_match_prefix_tiered(
@@ -132,7 +128,7 @@ impl Pool {
         hashes: &[BlockHash],
     ) -> Result<TierMatch> {
         let raw_hashes = raw_hashes(hashes);
-        let mut raw = new_match();
+        let mut raw = new_match()?;
         // SAFETY: valid out-parameter; tokens and raw_hashes are valid for
         // their lengths.
         check(unsafe {
@@ -166,7 +162,7 @@ impl Pool {
         let raw_hashes = raw_hashes(hashes.unwrap_or(&[]));
         with_raw_seq_options(opts, |opts| {
             let mut id = 0;
-            let mut raw = new_match();
+            let mut raw = new_match()?;
             // SAFETY: opts' pointers, tokens and raw_hashes outlive the call;
             // a null hashes pointer selects the hashing path.
             check(unsafe {
@@ -192,9 +188,8 @@ impl Pool {
 
     /// The counters of one tier.
     pub fn tier_stats(&self, medium: Medium) -> Result<TierStats> {
-        let mut s = sys::pkv_tier_stats::default();
-        // SAFETY: valid out-parameter, struct_size set by _init.
-        unsafe { sys::pkv_tier_stats_init(&mut s) };
+        let mut s = init_sized!(sys::pkv_tier_stats_init_sized, sys::pkv_tier_stats)?;
+        // SAFETY: valid out-parameter, struct_size set by _init_sized.
         check(unsafe { sys::pkv_pool_get_tier_stats(self.ptr(), medium.raw(), &mut s) })?;
         Ok(TierStats {
             capacity_blocks: s.capacity_blocks,

@@ -74,9 +74,10 @@ impl TransferEngine {
             ),
             None => None,
         };
-        let mut raw = sys::pkv_transfer_options::default();
-        // SAFETY: valid out-parameter.
-        unsafe { sys::pkv_transfer_options_init(&mut raw) };
+        let mut raw = init_sized!(
+            sys::pkv_transfer_options_init_sized,
+            sys::pkv_transfer_options
+        )?;
         raw.timeout_ms = opts.timeout_ms;
         raw.export_ttl_ms = opts.export_ttl_ms;
         raw.transports = tls.as_ref().map_or(ptr::null(), |s| s.as_ptr());
