@@ -186,8 +186,11 @@ func (p *Pool) newBatch(bp *C.pkv_batch) (*Batch, error) {
 		qkRopeDim:  int(p.opts.QKRopeHeadDim),
 	}
 	var ci C.pkv_batch_info
-	C.pkv_batch_info_init(&ci)
-	if err := check("pkv_batch_get_info", C.pkvgo_batch_get_info(bp, &ci)); err != nil {
+	err := check("pkv_batch_info_init_sized", C.pkvgo_batch_info_init_sized(&ci, C.size_t(C.sizeof_pkv_batch_info)))
+	if err == nil {
+		err = check("pkv_batch_get_info", C.pkvgo_batch_get_info(bp, &ci))
+	}
+	if err != nil {
 		C.pkv_batch_destroy(bp)
 		return nil, err
 	}
@@ -282,7 +285,9 @@ func (b *Batch) Info() (BatchInfo, error) {
 	}
 	defer b.release()
 	var ci C.pkv_batch_info
-	C.pkv_batch_info_init(&ci)
+	if err := check("pkv_batch_info_init_sized", C.pkvgo_batch_info_init_sized(&ci, C.size_t(C.sizeof_pkv_batch_info))); err != nil {
+		return BatchInfo{}, err
+	}
 	if err := check(op, C.pkvgo_batch_get_info(ptr, &ci)); err != nil {
 		return BatchInfo{}, err
 	}
@@ -449,14 +454,17 @@ type AttentionParams struct {
 	LogitSoftcap  float32 // 0 = none; else logits = c*tanh(logits/c)
 }
 
-func (a *AttentionParams) toC(out *C.pkv_attention_params) {
-	C.pkv_attention_params_init(out)
+func (a *AttentionParams) toC(out *C.pkv_attention_params) error {
+	if err := check("pkv_attention_params_init_sized", C.pkvgo_attention_params_init_sized(out, C.size_t(C.sizeof_pkv_attention_params))); err != nil {
+		return err
+	}
 	if a == nil {
-		return
+		return nil
 	}
 	out.softmax_scale = C.float(a.SoftmaxScale)
 	out.sliding_window = C.uint32_t(a.SlidingWindow)
 	out.logit_softcap = C.float(a.LogitSoftcap)
+	return nil
 }
 
 // hostCheck validates a host call's layer and the pool's device and dtype
@@ -612,7 +620,9 @@ func (b *Batch) qHeads(op string, nq, nout int, lse []float32) (int, error) {
 func (b *Batch) attendHost(op string, layer int, q, out unsafe.Pointer, lse []float32, heads int,
 	params *AttentionParams, keepQ, keepOut interface{}) error {
 	var cp C.pkv_attention_params
-	params.toC(&cp)
+	if err := params.toC(&cp); err != nil {
+		return err
+	}
 	var lp *C.float
 	if len(lse) > 0 {
 		lp = (*C.float)(unsafe.Pointer(&lse[0]))
@@ -675,7 +685,9 @@ func (b *Batch) AttentionTensor(layer int, q, out, lse *Tensor, params *Attentio
 		lp = &clse
 	}
 	var cp C.pkv_attention_params
-	params.toC(&cp)
+	if err := params.toC(&cp); err != nil {
+		return err
+	}
 	ptr, err := b.acquire(op)
 	if err != nil {
 		return err

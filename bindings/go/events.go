@@ -143,7 +143,9 @@ func NewEventPublisher(pool *Pool, endpoint, replayEndpoint string, opts *Publis
 	}
 	defer pool.release()
 	var o C.pkv_event_publisher_options
-	C.pkv_event_publisher_options_init(&o)
+	if err := check("pkv_event_publisher_options_init_sized", C.pkvgo_event_publisher_options_init_sized(&o, C.size_t(C.sizeof_pkv_event_publisher_options))); err != nil {
+		return nil, err
+	}
 	var free []unsafe.Pointer
 	defer func() {
 		for _, f := range free {
@@ -226,7 +228,9 @@ func (p *EventPublisher) Stats() (PublisherStats, error) {
 	}
 	defer p.release()
 	var s C.pkv_event_publisher_stats
-	C.pkv_event_publisher_stats_init(&s)
+	if err := check("pkv_event_publisher_stats_init_sized", C.pkvgo_event_publisher_stats_init_sized(&s, C.size_t(C.sizeof_pkv_event_publisher_stats))); err != nil {
+		return PublisherStats{}, err
+	}
 	if err := check(op, C.pkvgo_event_publisher_get_stats(ptr, &s)); err != nil {
 		return PublisherStats{}, err
 	}

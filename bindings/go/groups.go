@@ -67,7 +67,9 @@ func NewGroupPool(opts *PoolOptions, groups []GroupSpec) (*Pool, error) {
 	specs := make([]C.pkv_kv_group_spec, len(groups)+1) // +1: never empty
 	for i, g := range groups {
 		s := &specs[i]
-		C.pkv_kv_group_spec_init(s)
+		if err := check("pkv_kv_group_spec_init_sized", C.pkvgo_kv_group_spec_init_sized(s, C.size_t(C.sizeof_pkv_kv_group_spec))); err != nil {
+			return nil, err
+		}
 		s.kind = C.uint32_t(g.Kind)
 		if g.NumLayers != 0 {
 			s.num_layers = C.uint32_t(g.NumLayers)
@@ -187,7 +189,9 @@ func (p *Pool) GroupStats(group int) (GroupStats, error) {
 	}
 	defer p.release()
 	var s C.pkv_group_stats
-	C.pkv_group_stats_init(&s)
+	if err := check("pkv_group_stats_init_sized", C.pkvgo_group_stats_init_sized(&s, C.size_t(C.sizeof_pkv_group_stats))); err != nil {
+		return GroupStats{}, err
+	}
 	if err := check(op, C.pkvgo_pool_group_stats(ptr, C.uint32_t(group), &s)); err != nil {
 		return GroupStats{}, err
 	}

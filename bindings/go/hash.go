@@ -128,7 +128,9 @@ func checkMMItems(op string, items []MMItem) error {
 func HashPrefix(opts *HashOptions, tokens []int32) ([]BlockHash, error) {
 	const op = "pkv_hash_prefix"
 	var o C.pkv_hash_options
-	C.pkv_hash_options_init(&o)
+	if err := check("pkv_hash_options_init_sized", C.pkvgo_hash_options_init_sized(&o, C.size_t(C.sizeof_pkv_hash_options))); err != nil {
+		return nil, err
+	}
 	var arena cArena
 	defer arena.free()
 	if opts != nil {

@@ -99,7 +99,9 @@ func (b *Batch) MLAAttention(layer int, qLatent, qPe, out, lse []float32, softma
 		return argError(op, "lse has %d elements, want %d = [%d tokens, %d heads]", len(lse), n*heads, n, heads)
 	}
 	var cp C.pkv_attention_params
-	C.pkv_attention_params_init(&cp)
+	if err := check("pkv_attention_params_init_sized", C.pkvgo_attention_params_init_sized(&cp, C.size_t(C.sizeof_pkv_attention_params))); err != nil {
+		return err
+	}
 	cp.softmax_scale = C.float(softmaxScale)
 	var lp *C.float
 	if len(lse) > 0 {
@@ -176,7 +178,9 @@ func (b *Batch) MLAAttentionTensor(layer int, qLatent, qPe, out, lse *Tensor, pa
 		lp = &cl
 	}
 	var cparams C.pkv_attention_params
-	params.toC(&cparams)
+	if err := params.toC(&cparams); err != nil {
+		return err
+	}
 	ptr, err := b.acquire(op)
 	if err != nil {
 		return err

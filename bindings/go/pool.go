@@ -85,7 +85,9 @@ func isFP8(d DType) bool { return d == Float8E4M3 || d == Float8E5M2 }
 func (a *cArena) floats(s []float32) *C.float { return (*C.float)(cCopy(a, s)) }
 
 func (o *PoolOptions) toC(op string, arena *cArena, out *C.pkv_pool_options) error {
-	C.pkv_pool_options_init(out)
+	if err := check("pkv_pool_options_init_sized", C.pkvgo_pool_options_init_sized(out, C.size_t(C.sizeof_pkv_pool_options))); err != nil {
+		return err
+	}
 	if o == nil {
 		return nil
 	}
@@ -217,8 +219,11 @@ func NewPool(opts *PoolOptions) (*Pool, error) {
 // resolved options; on failure it destroys the pool.
 func adoptPool(ptr *C.pkv_pool) (*Pool, error) {
 	var resolved C.pkv_pool_options
-	C.pkv_pool_options_init(&resolved)
-	if err := check("pkv_pool_get_options", C.pkvgo_pool_get_options(ptr, &resolved)); err != nil {
+	err := check("pkv_pool_options_init_sized", C.pkvgo_pool_options_init_sized(&resolved, C.size_t(C.sizeof_pkv_pool_options)))
+	if err == nil {
+		err = check("pkv_pool_get_options", C.pkvgo_pool_get_options(ptr, &resolved))
+	}
+	if err != nil {
 		C.pkv_pool_destroy(ptr)
 		return nil, err
 	}
@@ -378,7 +383,9 @@ func (p *Pool) Stats() (Stats, error) {
 	}
 	defer p.release()
 	var c C.pkv_pool_stats
-	C.pkv_pool_stats_init(&c)
+	if err := check("pkv_pool_stats_init_sized", C.pkvgo_pool_stats_init_sized(&c, C.size_t(C.sizeof_pkv_pool_stats))); err != nil {
+		return Stats{}, err
+	}
 	if err := check(op, C.pkvgo_pool_get_stats(ptr, &c)); err != nil {
 		return Stats{}, err
 	}

@@ -54,7 +54,9 @@ func (s Seq) MatchPrefixPartial(tokens []int32) (PrefixMatch, error) {
 	}
 	defer s.pool.release()
 	var m C.pkv_prefix_match
-	C.pkv_prefix_match_init(&m)
+	if err := check("pkv_prefix_match_init_sized", C.pkvgo_prefix_match_init_sized(&m, C.size_t(C.sizeof_pkv_prefix_match))); err != nil {
+		return PrefixMatch{}, err
+	}
 	r := C.pkvgo_seq_match_prefix_partial(ptr, C.pkv_seq_id(s.id), int32Ptr(tokens),
 		C.uint64_t(len(tokens)), &m)
 	runtime.KeepAlive(tokens)

@@ -75,7 +75,9 @@ func (p *Pool) CreateSeq(opts *SeqOptions) (Seq, error) {
 
 // fillSeqOptions sets co from opts (nil = defaults); strings live in arena.
 func fillSeqOptions(op string, opts *SeqOptions, co *C.pkv_seq_options, arena *cArena) error {
-	C.pkv_seq_options_init(co)
+	if err := check("pkv_seq_options_init_sized", C.pkvgo_seq_options_init_sized(co, C.size_t(C.sizeof_pkv_seq_options))); err != nil {
+		return err
+	}
 	if opts == nil {
 		return nil
 	}
@@ -273,7 +275,9 @@ func (s Seq) Info() (SeqInfo, error) {
 	}
 	defer s.pool.release()
 	var c C.pkv_seq_info
-	C.pkv_seq_info_init(&c)
+	if err := check("pkv_seq_info_init_sized", C.pkvgo_seq_info_init_sized(&c, C.size_t(C.sizeof_pkv_seq_info))); err != nil {
+		return SeqInfo{}, err
+	}
 	if err := check(op, C.pkvgo_seq_get_info(ptr, C.pkv_seq_id(s.id), &c)); err != nil {
 		return SeqInfo{}, err
 	}

@@ -22,6 +22,25 @@ pkvgo_result pkvgo_capture(pkv_status status) {
   return r;
 }
 
+#define PKVGO_DEFINE_INIT_SIZED(X) \
+  PKVGO_INIT_SIZED(X) { return pkvgo_capture(pkv_##X##_init_sized(s, size)); }
+PKVGO_DEFINE_INIT_SIZED(pool_options)
+PKVGO_DEFINE_INIT_SIZED(seq_options)
+PKVGO_DEFINE_INIT_SIZED(hash_options)
+PKVGO_DEFINE_INIT_SIZED(attention_params)
+PKVGO_DEFINE_INIT_SIZED(batch_info)
+PKVGO_DEFINE_INIT_SIZED(pool_stats)
+PKVGO_DEFINE_INIT_SIZED(seq_info)
+PKVGO_DEFINE_INIT_SIZED(prefix_match)
+PKVGO_DEFINE_INIT_SIZED(event_publisher_options)
+PKVGO_DEFINE_INIT_SIZED(event_publisher_stats)
+PKVGO_DEFINE_INIT_SIZED(kv_group_spec)
+PKVGO_DEFINE_INIT_SIZED(group_stats)
+PKVGO_DEFINE_INIT_SIZED(tier_options)
+PKVGO_DEFINE_INIT_SIZED(tier_match)
+PKVGO_DEFINE_INIT_SIZED(tier_stats)
+PKVGO_DEFINE_INIT_SIZED(transfer_options)
+
 pkvgo_result pkvgo_tensor_init(void* data, uint32_t dtype, int32_t device_type, int32_t device_id,
                                int32_t ndim, const int64_t* shape, pkv_tensor* out) {
   return pkvgo_capture(pkv_tensor_init(data, dtype, device_type, device_id, ndim, shape, out));

@@ -20,6 +20,27 @@ typedef struct pkvgo_result {
 
 pkvgo_result pkvgo_capture(pkv_status status);
 
+/* Versioned structs: pkvgo_X_init_sized(s, size) is pkv_X_init_sized, which
+ * the binding calls with its own C.sizeof_pkv_X (docs/conventions.md,
+ * "Versioned structs"). */
+#define PKVGO_INIT_SIZED(X) pkvgo_result pkvgo_##X##_init_sized(pkv_##X* s, size_t size)
+PKVGO_INIT_SIZED(pool_options);
+PKVGO_INIT_SIZED(seq_options);
+PKVGO_INIT_SIZED(hash_options);
+PKVGO_INIT_SIZED(attention_params);
+PKVGO_INIT_SIZED(batch_info);
+PKVGO_INIT_SIZED(pool_stats);
+PKVGO_INIT_SIZED(seq_info);
+PKVGO_INIT_SIZED(prefix_match);
+PKVGO_INIT_SIZED(event_publisher_options);
+PKVGO_INIT_SIZED(event_publisher_stats);
+PKVGO_INIT_SIZED(kv_group_spec);
+PKVGO_INIT_SIZED(group_stats);
+PKVGO_INIT_SIZED(tier_options);
+PKVGO_INIT_SIZED(tier_match);
+PKVGO_INIT_SIZED(tier_stats);
+PKVGO_INIT_SIZED(transfer_options);
+
 /* common.h */
 pkvgo_result pkvgo_tensor_init(void* data, uint32_t dtype, int32_t device_type, int32_t device_id,
                                int32_t ndim, const int64_t* shape, pkv_tensor* out);

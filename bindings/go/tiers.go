@@ -58,7 +58,9 @@ func (p *Pool) AttachTiers(o TierOptions) error {
 	var a cArena
 	defer a.free()
 	var c C.pkv_tier_options
-	C.pkv_tier_options_init(&c)
+	if err := check("pkv_tier_options_init_sized", C.pkvgo_tier_options_init_sized(&c, C.size_t(C.sizeof_pkv_tier_options))); err != nil {
+		return err
+	}
 	c.host_bytes = C.uint64_t(o.HostBytes)
 	c.file_bytes = C.uint64_t(o.FileBytes)
 	if o.FileDir != "" {
@@ -78,7 +80,9 @@ func (s Seq) MatchPrefixTiered(tokens []int32) (TierMatch, error) {
 	}
 	defer s.pool.release()
 	var m C.pkv_tier_match
-	C.pkv_tier_match_init(&m)
+	if err := check("pkv_tier_match_init_sized", C.pkvgo_tier_match_init_sized(&m, C.size_t(C.sizeof_pkv_tier_match))); err != nil {
+		return TierMatch{}, err
+	}
 	r := C.pkvgo_seq_match_prefix_tiered(ptr, C.pkv_seq_id(s.id), int32Ptr(tokens),
 		C.uint64_t(len(tokens)), &m)
 	runtime.KeepAlive(tokens)
@@ -105,7 +109,9 @@ func (s Seq) MatchPrefixHashesTiered(tokens []int32, hashes []BlockHash) (TierMa
 		hp = &none
 	}
 	var m C.pkv_tier_match
-	C.pkv_tier_match_init(&m)
+	if err := check("pkv_tier_match_init_sized", C.pkvgo_tier_match_init_sized(&m, C.size_t(C.sizeof_pkv_tier_match))); err != nil {
+		return TierMatch{}, err
+	}
 	r := C.pkvgo_seq_match_prefix_hashes_tiered(ptr, C.pkv_seq_id(s.id), int32Ptr(tokens),
 		C.uint64_t(len(tokens)), hp, C.uint64_t(len(hashes)), &m)
 	runtime.KeepAlive(tokens)
@@ -148,7 +154,9 @@ func (p *Pool) AdmitTiered(opts *SeqOptions, tokens []int32, hashes []BlockHash,
 	}
 	var id C.pkv_seq_id
 	var m C.pkv_tier_match
-	C.pkv_tier_match_init(&m)
+	if err := check("pkv_tier_match_init_sized", C.pkvgo_tier_match_init_sized(&m, C.size_t(C.sizeof_pkv_tier_match))); err != nil {
+		return Seq{}, TierMatch{}, err
+	}
 	r := C.pkvgo_seq_admit_tiered(ptr, &co, int32Ptr(tokens), C.uint64_t(len(tokens)), hp,
 		C.uint64_t(len(hashes)), la, &id, &m)
 	runtime.KeepAlive(tokens)
@@ -174,7 +182,9 @@ func (p *Pool) TierStats(medium uint32) (TierStats, error) {
 	}
 	defer p.release()
 	var c C.pkv_tier_stats
-	C.pkv_tier_stats_init(&c)
+	if err := check("pkv_tier_stats_init_sized", C.pkvgo_tier_stats_init_sized(&c, C.size_t(C.sizeof_pkv_tier_stats))); err != nil {
+		return TierStats{}, err
+	}
 	if err := check(op, C.pkvgo_pool_get_tier_stats(ptr, C.uint32_t(medium), &c)); err != nil {
 		return TierStats{}, err
 	}

@@ -43,7 +43,9 @@ type TransferEngine struct {
 func NewTransferEngine(opts *TransferOptions) (*TransferEngine, error) {
 	const op = "pkv_transfer_engine_create"
 	var co C.pkv_transfer_options
-	C.pkv_transfer_options_init(&co)
+	if err := check("pkv_transfer_options_init_sized", C.pkvgo_transfer_options_init_sized(&co, C.size_t(C.sizeof_pkv_transfer_options))); err != nil {
+		return nil, err
+	}
 	var arena cArena
 	defer arena.free()
 	if opts != nil {
