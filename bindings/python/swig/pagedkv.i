@@ -1202,12 +1202,20 @@ PKV_OUT_U64(uint32_t, out_index)
   if (view$argnum.obj) PyBuffer_Release(&view$argnum);
 }
 
-/* Result structs: initialised (struct_size) before the call, returned as an
- * owned proxy (malloc'd copy; the proxy's destructor frees it). */
+/* Result structs: initialised (struct_size) before the call by INIT, a
+ * pkv_status expression (pkv_X_init_sized with this module's sizeof:
+ * docs/conventions.md, "Versioned structs"), returned as an owned proxy
+ * (malloc'd copy; the proxy's destructor frees it). */
 %define PKV_OUT_STRUCT(TYPE, INIT)
 %typemap(in, numinputs=0) TYPE* out (TYPE tmp) {
   memset(&tmp, 0, sizeof tmp);
-  INIT;
+  {
+    const pkv_status st_ = INIT;
+    if (st_ != PKV_OK) {
+      pkv_py_raise(st_);
+      SWIG_fail;
+    }
+  }
   $1 = &tmp;
 }
 %typemap(argout) TYPE* out {
@@ -1221,13 +1229,45 @@ PKV_OUT_U64(uint32_t, out_index)
   if (!$result) SWIG_fail;
 }
 %enddef
-PKV_OUT_STRUCT(pkv_pool_options, pkv_pool_options_init(&tmp))
-PKV_OUT_STRUCT(pkv_seq_info, pkv_seq_info_init(&tmp))
-PKV_OUT_STRUCT(pkv_pool_stats, pkv_pool_stats_init(&tmp))
-PKV_OUT_STRUCT(pkv_batch_info, pkv_batch_info_init(&tmp))
-PKV_OUT_STRUCT(pkv_tensor, (void)0)
-PKV_OUT_STRUCT(pkv_prefix_match, pkv_prefix_match_init(&tmp))
-PKV_OUT_STRUCT(pkv_event_publisher_stats, pkv_event_publisher_stats_init(&tmp))
+PKV_OUT_STRUCT(pkv_pool_options, pkv_pool_options_init_sized(&tmp, sizeof tmp))
+PKV_OUT_STRUCT(pkv_seq_info, pkv_seq_info_init_sized(&tmp, sizeof tmp))
+PKV_OUT_STRUCT(pkv_pool_stats, pkv_pool_stats_init_sized(&tmp, sizeof tmp))
+PKV_OUT_STRUCT(pkv_batch_info, pkv_batch_info_init_sized(&tmp, sizeof tmp))
+PKV_OUT_STRUCT(pkv_tensor, PKV_OK)
+PKV_OUT_STRUCT(pkv_prefix_match, pkv_prefix_match_init_sized(&tmp, sizeof tmp))
+PKV_OUT_STRUCT(pkv_event_publisher_stats, pkv_event_publisher_stats_init_sized(&tmp, sizeof tmp))
+
+/* pkv_X_init_sized(s) in Python: size is the struct's sizeof in this module,
+ * which is the size of every pkv_X proxy it allocates (a caller-given size
+ * could reach past the proxy's memory). None is NULL: the library's
+ * InvalidArgumentError. */
+%define PKV_SIZED_INIT(TYPE, NAME)
+%typemap(in) (TYPE* NAME, size_t size) (void* argp = 0) {
+  if (!SWIG_IsOK(SWIG_ConvertPtr($input, &argp, $descriptor(TYPE*), 0))) {
+    PyErr_Format(PyExc_TypeError, "NAME: expected a TYPE, got %s", Py_TYPE($input)->tp_name);
+    SWIG_fail;
+  }
+  $1 = (TYPE*)argp;
+  $2 = sizeof(TYPE);
+}
+%typemap(argout) (TYPE* NAME, size_t size) "";  /* not a result struct (PKV_OUT_STRUCT) */
+%enddef
+PKV_SIZED_INIT(pkv_pool_options, opts)
+PKV_SIZED_INIT(pkv_seq_options, opts)
+PKV_SIZED_INIT(pkv_hash_options, opts)
+PKV_SIZED_INIT(pkv_attention_params, params)
+PKV_SIZED_INIT(pkv_batch_info, info)
+PKV_SIZED_INIT(pkv_pool_stats, stats)
+PKV_SIZED_INIT(pkv_seq_info, info)
+PKV_SIZED_INIT(pkv_prefix_match, out)
+PKV_SIZED_INIT(pkv_event_publisher_options, opts)
+PKV_SIZED_INIT(pkv_event_publisher_stats, stats)
+PKV_SIZED_INIT(pkv_kv_group_spec, spec)
+PKV_SIZED_INIT(pkv_group_stats, stats)
+PKV_SIZED_INIT(pkv_tier_options, opts)
+PKV_SIZED_INIT(pkv_tier_match, out)
+PKV_SIZED_INIT(pkv_tier_stats, stats)
+PKV_SIZED_INIT(pkv_transfer_options, opts)
 
 /* pkv_event_publisher_endpoint: returns the endpoint as str. */
 %typemap(in, numinputs=0) (char* buf, uint64_t capacity, uint64_t* out_len)
@@ -1279,9 +1319,9 @@ PKV_OUT_STRUCT(pkv_event_publisher_stats, pkv_event_publisher_stats_init(&tmp))
 }
 %typemap(freearg) (pkv_event_v2* out, uint64_t capacity, int32_t* token_buf, uint64_t token_capacity,
                    uint64_t* out_count) { free($1); free($3); }
-PKV_OUT_STRUCT(pkv_tier_match, pkv_tier_match_init(&tmp))
-PKV_OUT_STRUCT(pkv_tier_stats, pkv_tier_stats_init(&tmp))
-PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init(&tmp))
+PKV_OUT_STRUCT(pkv_tier_match, pkv_tier_match_init_sized(&tmp, sizeof tmp))
+PKV_OUT_STRUCT(pkv_tier_stats, pkv_tier_stats_init_sized(&tmp, sizeof tmp))
+PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init_sized(&tmp, sizeof tmp))
 
 /* pkv_hash_root's digest: bytes (PKV_HASH_MAX_BYTES, zero-padded). */
 %typemap(in, numinputs=0) pkv_block_hash* out (pkv_block_hash tmp) {
@@ -1768,7 +1808,11 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
     void* argp = 0;
     if (PyDict_Check(item)) {
       static const char* const special[] = {"layer_ids", NULL};
-      pkv_kv_group_spec_init(&$1[i]);
+      const pkv_status st_ = pkv_kv_group_spec_init_sized(&$1[i], sizeof $1[i]);
+      if (st_ != PKV_OK) {
+        pkv_py_raise(st_);
+        SWIG_fail;
+      }
       if (!pkv_py_apply_dict(item, &$1[i], $descriptor(pkv_kv_group_spec*), "groups", special))
         SWIG_fail;
       PyObject* ids = PyDict_GetItemString(item, "layer_ids");  /* borrowed */
@@ -1871,7 +1915,11 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
     $1 = NULL;
   } else if (PyDict_Check($input)) {
     static const char* const special[] = SPECIAL;
-    INIT(&tmp);
+    const pkv_status st_ = INIT(&tmp, sizeof tmp);
+    if (st_ != PKV_OK) {
+      pkv_py_raise(st_);
+      SWIG_fail;
+    }
     keep = PyList_New(0);
     if (!keep) SWIG_fail;
     if (!pkv_py_apply_dict($input, &tmp, $descriptor(TYPE*), "$1_name", special)) SWIG_fail;
@@ -1892,18 +1940,18 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
 %enddef
 
 %define PKV_NO_SPECIAL {NULL} %enddef
-PKV_OPTIONS_IN(pkv_pool_options, pkv_pool_options_init, %arg({"hash_seed", "k_scales", "v_scales", NULL}), %arg(
+PKV_OPTIONS_IN(pkv_pool_options, pkv_pool_options_init_sized, %arg({"hash_seed", "k_scales", "v_scales", NULL}), %arg(
   { const char* s = NULL;
     if (!pkv_py_dict_str($input, "hash_seed", keep, &s)) SWIG_fail;
     if (s) tmp.hash_seed = s;
     if (!pkv_py_dict_scales($input, keep, &tmp)) SWIG_fail; }))
-PKV_OPTIONS_IN(pkv_seq_options, pkv_seq_options_init, %arg({"cache_salt", "lora_name", "lora_path", "mm_items", "num_mm_items", NULL}), %arg(
+PKV_OPTIONS_IN(pkv_seq_options, pkv_seq_options_init_sized, %arg({"cache_salt", "lora_name", "lora_path", "mm_items", "num_mm_items", NULL}), %arg(
   { if (!pkv_py_dict_str($input, "cache_salt", keep, &tmp.cache_salt)) SWIG_fail;
     if (!pkv_py_dict_str($input, "lora_name", keep, &tmp.lora_name)) SWIG_fail;
     if (!pkv_py_dict_str($input, "lora_path", keep, &tmp.lora_path)) SWIG_fail;
     if (!pkv_py_dict_mm($input, keep, &mm, &tmp.num_mm_items)) SWIG_fail;
     tmp.mm_items = mm; }))
-PKV_OPTIONS_IN(pkv_hash_options, pkv_hash_options_init, %arg({"seed", "cache_salt", "lora_name", "lora_path", "mm_items", "num_mm_items", NULL}), %arg(
+PKV_OPTIONS_IN(pkv_hash_options, pkv_hash_options_init_sized, %arg({"seed", "cache_salt", "lora_name", "lora_path", "mm_items", "num_mm_items", NULL}), %arg(
   { const char* s = NULL;
     if (!pkv_py_dict_str($input, "seed", keep, &s)) SWIG_fail;
     if (s) tmp.seed = s;
@@ -1912,17 +1960,17 @@ PKV_OPTIONS_IN(pkv_hash_options, pkv_hash_options_init, %arg({"seed", "cache_sal
     if (!pkv_py_dict_str($input, "lora_path", keep, &tmp.lora_path)) SWIG_fail;
     if (!pkv_py_dict_mm($input, keep, &mm, &tmp.num_mm_items)) SWIG_fail;
     tmp.mm_items = mm; }))
-PKV_OPTIONS_IN(pkv_attention_params, pkv_attention_params_init, PKV_NO_SPECIAL, )
-PKV_OPTIONS_IN(pkv_event_publisher_options, pkv_event_publisher_options_init, %arg({"topic", "device_medium", NULL}), %arg(
+PKV_OPTIONS_IN(pkv_attention_params, pkv_attention_params_init_sized, PKV_NO_SPECIAL, )
+PKV_OPTIONS_IN(pkv_event_publisher_options, pkv_event_publisher_options_init_sized, %arg({"topic", "device_medium", NULL}), %arg(
   { const char* s = NULL;
     if (!pkv_py_dict_str($input, "topic", keep, &s)) SWIG_fail;
     if (s) tmp.topic = s;
     if (!pkv_py_dict_str($input, "device_medium", keep, &tmp.device_medium)) SWIG_fail; }))
 %immutable pkv_event_publisher_options::topic;
 %immutable pkv_event_publisher_options::device_medium;
-PKV_OPTIONS_IN(pkv_tier_options, pkv_tier_options_init, %arg({"file_dir", NULL}), %arg(
+PKV_OPTIONS_IN(pkv_tier_options, pkv_tier_options_init_sized, %arg({"file_dir", NULL}), %arg(
   { if (!pkv_py_dict_str($input, "file_dir", keep, &tmp.file_dir)) SWIG_fail; }))
-PKV_OPTIONS_IN(pkv_transfer_options, pkv_transfer_options_init, %arg({"transports", NULL}), %arg(
+PKV_OPTIONS_IN(pkv_transfer_options, pkv_transfer_options_init_sized, %arg({"transports", NULL}), %arg(
   { if (!pkv_py_dict_str($input, "transports", keep, &tmp.transports)) SWIG_fail; }))
 %immutable pkv_transfer_options::transports;
 
