@@ -31,6 +31,7 @@
   X(ucp_get_nbx)                \
   X(ucp_ep_rkey_unpack)         \
   X(ucp_ep_flush_nbx)           \
+  X(ucp_worker_flush_nbx)       \
   X(ucp_ep_close_nbx)           \
   X(ucp_config_read)            \
   X(ucp_config_modify)          \

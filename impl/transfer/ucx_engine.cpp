@@ -39,6 +39,7 @@
 #define ucp_get_nbx(...) (::pagedkv::ucxdl::api().ucp_get_nbx(__VA_ARGS__))
 #define ucp_ep_rkey_unpack(...) (::pagedkv::ucxdl::api().ucp_ep_rkey_unpack(__VA_ARGS__))
 #define ucp_ep_flush_nbx(...) (::pagedkv::ucxdl::api().ucp_ep_flush_nbx(__VA_ARGS__))
+#define ucp_worker_flush_nbx(...) (::pagedkv::ucxdl::api().ucp_worker_flush_nbx(__VA_ARGS__))
 #define ucp_ep_close_nbx(...) (::pagedkv::ucxdl::api().ucp_ep_close_nbx(__VA_ARGS__))
 #define ucp_config_read(...) (::pagedkv::ucxdl::api().ucp_config_read(__VA_ARGS__))
 #define ucp_config_modify(...) (::pagedkv::ucxdl::api().ucp_config_modify(__VA_ARGS__))
@@ -245,7 +246,19 @@ void UcxEngine::init() {
 UcxEngine::~UcxEngine() {
   for (auto& [id, x] : exports_) drop_export(x);
   for (Registration& r : regs_) ucp_mem_unmap(ctx_, r.memh);
-  if (worker_) ucp_worker_destroy(worker_);
+  // A peer that connected (its import sent this worker a wire-up request)
+  // and went away before this worker's reply left (TCP: the reply waits for
+  // the connection to the peer) leaves that reply queued. UCX 1.13 aborts
+  // the process when ucp_worker_destroy purges it (ucp_request_send_state_ff:
+  // "got REP message"). A flush first sends it, or fails it once the peer
+  // is known gone (bounded: a flush towards a dead shared-memory peer never
+  // ends).
+  if (worker_) {
+    ucp_request_param_t fp{};
+    const ucs_status_ptr_t f = ucp_worker_flush_nbx(worker_, &fp);
+    if (wait_request(worker_, f, 1'000'000'000ull) == UCS_INPROGRESS) ucp_request_free(f);
+    ucp_worker_destroy(worker_);
+  }
   if (ctx_) ucp_cleanup(ctx_);
   retired_.clear();  // no worker serves reads of them any more
   for (auto& [pool, seq] : quarantine_) {

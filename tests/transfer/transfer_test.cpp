@@ -421,6 +421,35 @@ TEST_F(Local, ReadsOfAReleasedExportOfADestroyedPoolDoNotCrashTheExporter) {
   EXPECT_EQ(pkv_pool_validate(dst), PKV_OK);
 }
 
+// An importer that sent its wire-up request (its first poll) and went away
+// (its transfer destroyed, its worker with it) while the exporter's reply
+// was still queued (TCP: it waits for the exporter's connection to the
+// importer) left that reply in the exporter's worker. UCX 1.13 aborts the
+// process when ucp_worker_destroy purges a queued reply ("got REP message"):
+// pkv_transfer_engine_destroy of the exporter killed the exporting process.
+TEST_F(Local, ImporterGoneBeforeTheExporterRepliedDoesNotAbortTheExporter) {
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  uint64_t id = 0;
+  const auto d = export_desc(a, &id);
+  pkv_transfer* t = nullptr;
+  ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), "import");
+  uint32_t state = 9;
+  pkv_seq_id s = 0;
+  ok(pkv_transfer_poll(t, &state, &s), "poll");
+  pkv_transfer_engine_destroy(b);  // the transfer keeps b's worker
+  for (int i = 0; i < 100; ++i) ok(pkv_transfer_engine_progress(a), "progress");
+  // The importer alone polls on (the exporter does not progress) a while.
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (std::chrono::steady_clock::now() < end) ok(pkv_transfer_poll(t, &state, &s), "poll");
+  for (int i = 0; i < 100; ++i) ok(pkv_transfer_engine_progress(a), "progress");
+  pkv_transfer_destroy(t);  // b's worker goes: the reply's peer is gone
+  ok(pkv_transfer_export_release(a, id), "release");
+  pkv_transfer_engine_destroy(a);
+  EXPECT_EQ(stats(dst).num_seqs, 0u);
+  EXPECT_EQ(pkv_pool_validate(dst), PKV_OK) << pkv_last_error_message();
+  EXPECT_EQ(pkv_pool_validate(src), PKV_OK) << pkv_last_error_message();
+}
+
 TEST_F(Local, CancelLeavesThePoolAsBefore) {
   pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
   uint64_t id = 0;
