@@ -13,15 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "assert_ok.h"
 #include "pagedkv/pagedkv.h"
 
 namespace {
-
-#define PKV_ASSERT_OK(expr)                                              \
-  do {                                                                   \
-    pkv_status st_ = (expr);                                             \
-    ASSERT_EQ(st_, PKV_OK) << #expr << ": " << pkv_last_error_message(); \
-  } while (0)
 
 constexpr size_t kMaxStructSize = size_t(1) << 16;  // capi/src/capi_util.h
 

@@ -7,15 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "assert_ok.h"
 #include "pagedkv/pagedkv.h"
 
 namespace {
-
-#define PKV_ASSERT_OK(expr)                                              \
-  do {                                                                   \
-    pkv_status st_ = (expr);                                             \
-    ASSERT_EQ(st_, PKV_OK) << #expr << ": " << pkv_last_error_message(); \
-  } while (0)
 
 pkv_pool* manager_pool(uint32_t partial, uint32_t retention, uint64_t max_pinned = 0) {
   pkv_pool_options o;

@@ -5,15 +5,10 @@
 
 #include <vector>
 
+#include "assert_ok.h"
 #include "pagedkv/pagedkv.h"
 
 namespace {
-
-#define PKV_ASSERT_OK(expr)                                              \
-  do {                                                                   \
-    pkv_status st_ = (expr);                                             \
-    ASSERT_EQ(st_, PKV_OK) << #expr << ": " << pkv_last_error_message(); \
-  } while (0)
 
 void write_all(pkv_pool* p, pkv_seq_id s, uint32_t n, float seed) {
   pkv_batch* b = nullptr;
