@@ -179,8 +179,10 @@ class UcxEngine final : public TransferEngine, public std::enable_shared_from_th
   // go. Called whenever an export is dropped (its reference may have been
   // the pool's last) and before a new registration.
   void sweep_registrations_locked() noexcept;
-  // Keeps an unmapped registration's host arena reserved (see retired_).
+  // Keeps an unmapped registration's host arena reserved (see retired_);
+  // release_retired_locked gives back the pages of those no one else holds.
   void retire_locked(Registration& r) noexcept;
+  void release_retired_locked() noexcept;
   Registration& registration(const std::shared_ptr<Pool>& pool, const Pool::ArenaRef& a);
   void check_open() const {
     if (closed_) fail(Errc::kInvalidState, "the transfer engine was destroyed");
@@ -206,7 +208,15 @@ class UcxEngine final : public TransferEngine, public std::enable_shared_from_th
   // address without checking the unmapped key. Freeing the arena made that
   // read a segfault of the exporting process; it now reads zero pages (the
   // pages are given back with MADV_DONTNEED when no one else holds them).
-  std::vector<std::shared_ptr<void>> retired_;
+  // A plan or tier may still hold an arena when it is retired: its pages
+  // go back at a later sweep, once the engine's is the last reference.
+  struct Retired {
+    std::shared_ptr<void> hold;
+    void* base = nullptr;
+    uint64_t bytes = 0;
+    bool released = false;  // pages given back
+  };
+  std::vector<Retired> retired_;
 };
 
 void UcxEngine::init() {
@@ -312,21 +322,27 @@ void UcxEngine::sweep_registrations_locked() noexcept {
       ++it;
     }
   }
+  release_retired_locked();
 }
 
 void UcxEngine::retire_locked(Registration& r) noexcept {
   if (!r.host || !r.hold) return;  // device memory: UCX's cuda transports check their handles
   try {
-    if (r.hold.use_count() == 1) {
-      // The last holder (no plan or tier still uses the arena): give its
-      // pages back, keep the addresses. Later reads see zero pages.
-      const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
-      const uint64_t b = reinterpret_cast<uintptr_t>(r.base);
-      const uint64_t lo = (b + page - 1) / page * page, hi = (b + r.bytes) / page * page;
-      if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
-    }
-    retired_.push_back(std::move(r.hold));
+    retired_.push_back({std::move(r.hold), r.base, r.bytes, false});
   } catch (...) {  // no room to keep it: it goes, as before
+  }
+}
+
+void UcxEngine::release_retired_locked() noexcept {
+  for (Retired& r : retired_) {
+    if (r.released || r.hold.use_count() != 1) continue;
+    // The last holder (no plan or tier still uses the arena): its pages go
+    // back to the system, its addresses stay. Later reads see zero pages.
+    const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
+    const uint64_t b = reinterpret_cast<uintptr_t>(r.base);
+    const uint64_t lo = (b + page - 1) / page * page, hi = (b + r.bytes) / page * page;
+    if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+    r.released = true;
   }
 }
 

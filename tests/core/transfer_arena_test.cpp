@@ -1,8 +1,12 @@
 // The transfer engine's registration of a pool's KV arena (impl/transfer/):
 // it keeps the arena alive while exports of the pool may still be read,
-// and lets it go once the pool was destroyed and no export names it, on
-// the engine's next call, not only when the engine is destroyed.
+// and gives its memory back once the pool was destroyed and no export names
+// it, on the engine's next call, not only when the engine is destroyed.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
 
 #include "test_util.h"
 #include "transfer/engine.h"
@@ -21,9 +25,11 @@ std::shared_ptr<TransferEngine> engine_or_skip() {
   }
 }
 
-// A pool of 2 layers with one written sequence, and a weak view of its arena.
-std::shared_ptr<Pool> written_pool(SeqId* seq, std::weak_ptr<void>* arena) {
-  PoolOptions o = test::manager_options(4, 8);
+// A pool of 2 layers with one written sequence, a weak view of its arena,
+// and the arena's range. The arena (4 MiB: a mapping of its own) is filled
+// so that all of it is resident.
+std::shared_ptr<Pool> written_pool(SeqId* seq, std::weak_ptr<void>* arena, KvArena* range) {
+  PoolOptions o = test::manager_options(4, 8192);
   o.num_layers = 2;
   o.num_kv_heads = 1;
   o.head_dim = 8;
@@ -41,35 +47,77 @@ std::shared_ptr<Pool> written_pool(SeqId* seq, std::weak_ptr<void>* arena) {
     b->write(l, &kt, &vt, nullptr);
   }
   EXPECT_TRUE(b->committed());
-  *arena = p->arena_ref().hold;
+  const Pool::ArenaRef a = p->arena_ref();
+  *arena = a.hold;
+  *range = a.arena;
+  std::memset(a.arena.base, 0x5a, a.arena.bytes());
   return p;
+}
+
+// Resident pages of the whole pages inside r (mincore), -1 when r is unmapped.
+long resident_pages(const KvArena& r) {
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t b = reinterpret_cast<uintptr_t>(r.base);
+  const uintptr_t lo = (b + page - 1) / page * page, hi = (b + r.bytes()) / page * page;
+  std::vector<unsigned char> v((hi - lo) / page);
+  if (mincore(reinterpret_cast<void*>(lo), hi - lo, v.data()) != 0) return -1;
+  long n = 0;
+  for (unsigned char c : v) n += c & 1;
+  return n;
 }
 
 TEST(TransferArena, ReleasedExportsOfADestroyedPoolLetItsArenaGo) {
   auto e = engine_or_skip();
   if (!e) GTEST_SKIP() << "built without UCX";
-  // Export, release, then destroy the pool: the next call lets go.
+  // Export, release, then destroy the pool: the next call gives the memory
+  // back. The engine keeps the addresses (a late reader sees zero pages,
+  // transfer.Local.ReadsOfAReleasedExportOfADestroyedPoolDoNotCrashTheExporter)
+  // until it is destroyed.
   SeqId s = 0;
   std::weak_ptr<void> arena;
-  auto p = written_pool(&s, &arena);
+  KvArena range;
+  auto p = written_pool(&s, &arena, &range);
+  const long all = resident_pages(range);
+  ASSERT_GT(all, 1000);
   const uint64_t id = e->export_seq(p, s);
   e->release(id);
   p->close();  // pkv_pool_destroy
   p.reset();
-  EXPECT_FALSE(arena.expired()) << "nothing ran on the engine yet";
+  EXPECT_EQ(resident_pages(range), all) << "nothing ran on the engine yet";
   e->progress();
-  EXPECT_TRUE(arena.expired()) << "the engine keeps a destroyed pool's arena";
+  EXPECT_EQ(resident_pages(range), 0) << "the engine keeps a destroyed pool's memory";
   // Destroy the pool while an export is held: the export keeps the arena
   // (a peer may still read it) until it is released.
-  p = written_pool(&s, &arena);
+  std::weak_ptr<void> arena2;
+  KvArena range2;
+  p = written_pool(&s, &arena2, &range2);
   const uint64_t id2 = e->export_seq(p, s);
   p->close();
   p.reset();
   e->progress();
-  EXPECT_FALSE(arena.expired()) << "an export of it is held";
+  EXPECT_EQ(resident_pages(range2), all) << "an export of it is held";
   e->release(id2);
-  EXPECT_TRUE(arena.expired());
+  EXPECT_EQ(resident_pages(range2), 0);
+  // Something else (a plan, a tier) still holds the arena when the engine
+  // lets go of it: its memory goes back at a later call, once that ends.
+  std::weak_ptr<void> arena3;
+  KvArena range3;
+  p = written_pool(&s, &arena3, &range3);
+  e->release(e->export_seq(p, s));
+  std::shared_ptr<void> plan_hold = arena3.lock();
+  p->close();
+  p.reset();
+  e->progress();
+  EXPECT_EQ(resident_pages(range3), all) << "still in use";
+  plan_hold.reset();
+  e->progress();
+  EXPECT_EQ(resident_pages(range3), 0) << "given back once its last user let go";
+  EXPECT_FALSE(arena.expired() || arena2.expired() || arena3.expired())
+      << "addresses stay reserved";
   e->close();
+  e.reset();
+  EXPECT_TRUE(arena.expired() && arena2.expired() && arena3.expired())
+      << "the destroyed engine lets them go";
 }
 
 }  // namespace
