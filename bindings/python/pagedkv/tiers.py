@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Tuple
 
 from . import _pagedkv as _c
-from ._pool import _index, _new_seq, _seq_opts
+from ._pool import _count, _index, _new_seq, _seq_opts
 from ._types import MMItemLike, _copy_fields
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def attach(pool: Pool, *, host_bytes: int, file_dir: Optional[str] = None, file_
     below it. host_bytes=0 with a
     file_dir: a file tier alone, each evicted block hashed and written
     straight from the pool (one pass). Once per pool."""
-    opts = {"host_bytes": host_bytes, "file_bytes": file_bytes}
+    opts = {"host_bytes": _count(host_bytes, "host_bytes"), "file_bytes": _count(file_bytes, "file_bytes")}
     if file_dir is not None:
         opts["file_dir"] = file_dir
     pool._call(_c.pkv_pool_attach_tiers, opts)
@@ -121,7 +121,7 @@ def admit_tiered(
 
 def stats(pool: Pool, medium: int = MEDIUM_HOST) -> TierStats:
     """The counters of the pool's host (MEDIUM_HOST) or file (MEDIUM_FILE) tier."""
-    return TierStats._from_c(pool._call(_c.pkv_pool_get_tier_stats, medium))
+    return TierStats._from_c(pool._call(_c.pkv_pool_get_tier_stats, _count(medium, "medium")))
 
 
 def flush(pool: Pool) -> None:

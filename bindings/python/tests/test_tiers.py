@@ -184,6 +184,26 @@ def test_admit_tiered_borrowed_sequence_is_not_freed_when_collected():
     pool.validate()
 
 
+def test_tier_sizes_and_medium_are_checked_by_name():
+    """Negative or non-integral sizes raised SWIG's OverflowError / TypeError
+    ("argument 2 of type 'uint64_t'"), which named no field."""
+    pool = pagedkv.Pool(num_blocks=6, block_size=BS, num_layers=2, num_kv_heads=HEADS, head_dim=DIM, dtype="f32")
+    for kw, err, name in (
+        ({"host_bytes": -1}, ValueError, "host_bytes"),
+        ({"host_bytes": 1.5}, TypeError, "host_bytes"),
+        ({"host_bytes": 1 << 20, "file_bytes": -4}, ValueError, "file_bytes"),
+        ({"host_bytes": "4096"}, TypeError, "host_bytes"),
+    ):
+        with pytest.raises(err, match=name):
+            tiers.attach(pool, **kw)
+    tiers.attach(pool, host_bytes=4 * pool.bytes_per_block)  # nothing was attached before
+    with pytest.raises(ValueError, match="medium"):
+        tiers.stats(pool, -1)
+    with pytest.raises(TypeError, match="medium"):
+        tiers.stats(pool, 1.0)
+    assert tiers.stats(pool).capacity_blocks == 4
+
+
 def test_file_tier_alone(tmp_path):
     """host_bytes=0 with a file_dir: blocks go straight to the file (one pass)."""
     rng = np.random.default_rng(26)
