@@ -219,7 +219,9 @@ class Attention {
     const int32_t hpt = std::min(hkv_, kMaxTileHeads);
     auto keys = [&](int32_t s, int32_t nq) -> int64_t {
       const int64_t ctx = plan_.context_lens[s];
-      return args_.sliding_window > 0 ? std::min<int64_t>(ctx, args_.sliding_window + nq - 1) : ctx;
+      return args_.sliding_window > 0
+                 ? std::min<int64_t>(ctx, int64_t(args_.sliding_window) + nq - 1)
+                 : ctx;
     };
     int64_t work = 0;
     for (int32_t s = 0; s < plan_.num_seqs; ++s) {

@@ -78,4 +78,77 @@ TEST(AttentionRegression, MaskedKeyOutsideWindowDoesNotReachOutput) {
   pkv_pool_destroy(p);
 }
 
+// Runs one prefill step of 8 tokens (keys and values by position) on a fresh
+// one-head f32 pool and returns the attention output for q (8 x D) under ap.
+std::vector<float> attend_prefill(const std::vector<float>& q, const pkv_attention_params& ap,
+                                  pkv_status* st) {
+  const int bs = 8, D = 64;
+  pkv_pool* p = one_head_pool(bs, 4, 0, D);
+  EXPECT_NE(p, nullptr) << pkv_last_error_message();
+  std::vector<int32_t> tok(8, 3);
+  pkv_seq_id s;
+  EXPECT_EQ(pkv_seq_create(p, nullptr, &s), PKV_OK);
+  EXPECT_EQ(pkv_seq_append(p, s, tok.data(), 8, 0), PKV_OK);
+  uint32_t nq = 8;
+  pkv_batch* b = nullptr;
+  EXPECT_EQ(pkv_batch_prepare(p, &s, &nq, 1, nullptr, &b), PKV_OK);
+  std::vector<float> k(8 * D), v(8 * D), qq = q, out(8 * D, -1.f);
+  for (int r = 0; r < 8; ++r)
+    for (int d = 0; d < D; ++d) {
+      k[r * D + d] = key_at(r, d);
+      v[r * D + d] = value_at(r, d);
+    }
+  const int64_t sh[3] = {8, 1, D};
+  pkv_tensor kt, vt, qt, ot;
+  pkv_tensor_init(k.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 3, sh, &kt);
+  pkv_tensor_init(v.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 3, sh, &vt);
+  pkv_tensor_init(qq.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 3, sh, &qt);
+  pkv_tensor_init(out.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 3, sh, &ot);
+  EXPECT_EQ(pkv_cache_write(b, 0, &kt, &vt, nullptr), PKV_OK);
+  *st = pkv_attention_forward(b, 0, &qt, &ot, nullptr, &ap, nullptr);
+  pkv_batch_destroy(b);
+  pkv_pool_destroy(p);
+  return out;
+}
+
+// A subnormal logit_softcap (finite and > 0, so accepted) made the CPU
+// kernels' soft cap NaN: they multiplied each logit by 1 / softcap, which
+// overflows to +inf, and a logit of 0 gave 0 * inf = NaN (the CUDA kernels
+// divide and were right). c * tanh(x / c) lies within [-c, c], so with
+// q = 0 every logit is 0 either way and the output must equal the uncapped
+// one. Fixed in impl/cpu/kernels_impl.inc (apply_softcap divides when the
+// reciprocal overflows).
+TEST(AttentionRegression, SubnormalSoftcapIsNotNaN) {
+  const std::vector<float> q(8 * 64, 0.f);
+  pkv_attention_params ap;
+  pkv_attention_params_init(&ap);
+  pkv_status st = PKV_E_INTERNAL;
+  const std::vector<float> plain = attend_prefill(q, ap, &st);
+  ASSERT_EQ(st, PKV_OK) << pkv_last_error_message();
+  ap.logit_softcap = 1e-40f;  // subnormal: 1 / c overflows float
+  const std::vector<float> capped = attend_prefill(q, ap, &st);
+  ASSERT_EQ(st, PKV_OK) << pkv_last_error_message();
+  for (size_t i = 0; i < plain.size(); ++i)
+    ASSERT_FLOAT_EQ(capped[i], plain[i]) << "element " << i << " (row " << i / 64 << ")";
+}
+
+// sliding_window 2^31 - 1 (the largest accepted) overflowed int32 in the CPU
+// attention's work estimate (window + queries - 1), undefined behaviour that
+// UBSan aborts on. A window longer than every context is no window.
+// Fixed in impl/cpu/attention.cpp (computed in int64).
+TEST(AttentionRegression, LargestSlidingWindowIsNoWindow) {
+  std::vector<float> q(8 * 64);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = float(int(i % 7) - 3) / 4.f;
+  pkv_attention_params ap;
+  pkv_attention_params_init(&ap);
+  pkv_status st = PKV_E_INTERNAL;
+  const std::vector<float> plain = attend_prefill(q, ap, &st);
+  ASSERT_EQ(st, PKV_OK) << pkv_last_error_message();
+  ap.sliding_window = 0x7fffffffu;
+  const std::vector<float> windowed = attend_prefill(q, ap, &st);
+  ASSERT_EQ(st, PKV_OK) << pkv_last_error_message();
+  for (size_t i = 0; i < plain.size(); ++i)
+    ASSERT_FLOAT_EQ(windowed[i], plain[i]) << "element " << i;
+}
+
 }  // namespace
