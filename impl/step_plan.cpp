@@ -715,6 +715,14 @@ void Batch::attend(uint32_t layer, const TensorArg* q, const TensorArg* out, con
       -int64_t(o.num_kv_heads),          int64_t(o.head_dim)};
   ByteSpan q_span, out_span, lse_span;
   Tensor3 q3 = check_rows(q, "q", qs, &q_span);
+  // The kernels index a sequence's query rows of one KV head (its queries
+  // times the q heads per KV head) with int32.
+  const int64_t group = q3.n1 / int64_t(o.num_kv_heads);
+  if (int64_t(info_.max_query) * group > std::numeric_limits<int32_t>::max())
+    fail(Errc::kInvalidArgument,
+         "q has " + str(uint64_t(q3.n1)) + " heads, " + str(uint64_t(group)) +
+             " per KV head: with the plan's " + str(info_.max_query) +
+             " queries of one sequence that is more than 2^31 - 1 query rows per KV head");
   RowsSpec os{q3.dtype, o.device_type, o.device_id, q3.n0, q3.n1, q3.n2, true};
   Tensor3 out3 = check_rows(out, "out", os, &out_span);
   const ByteSpan kv = arena_span(p.arena_);

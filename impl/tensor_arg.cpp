@@ -85,6 +85,13 @@ ByteSpan check_extent(const TensorArg& t, const char* name, size_t elem, const i
     fail(Errc::kInvalidArgument, n + "'s extent (" + str(last) +
                                      " elements past its start) overflows int64 or wraps the "
                                      "address space");
+  // The documented bound (batch.h): the whole extent, data + byte_offset
+  // included, fits int64; no buffer a caller owns lies beyond it.
+  if (end > uintptr_t(std::numeric_limits<int64_t>::max()))
+    fail(Errc::kInvalidArgument, n +
+                                     "'s extent (data + byte_offset up to its last element) ends "
+                                     "past 2^63 - 1 (byte_offset " +
+                                     std::to_string(t.byte_offset) + ")");
   if (output) {
     // Sufficient for no overlap: ordered by stride, each dimension's stride
     // steps past everything the dimensions inside it span.

@@ -1471,12 +1471,23 @@ std::vector<Case> make_cases() {
         S("pkv_attention_forward", PKV_CLASS_OVERFLOW, "out byte_offset 2^64 - 64: address wraps",
           kInv, "out->byte_offset", pkv_tensor o = e.ot;
           o.byte_offset = ~uint64_t(0) - 63; return attend_out(e, o);),
+        S("pkv_attention_forward", PKV_CLASS_OVERFLOW,
+          "q byte_offset 2^63: data + byte_offset past int64", kInv, "q's extent",
+          pkv_tensor q = e.qt;
+          q.byte_offset = uint64_t(1) << 63; return attend_q(e, q);),
         S("pkv_attention_forward", PKV_CLASS_ALIGN, "lse (f32) data at buffer + 2 bytes", kInv,
           "lse->data + byte_offset is not aligned", pkv_tensor l = e.lt;
           l.data = misaligned(e.lse); return attend_lse(e, l);),
         S("pkv_attention_forward", PKV_CLASS_ABSURD, "q, out with 2^32 heads per KV head", kInv,
           "heads, more than 2^31 - 1", pkv_tensor q = e.qt;
           pkv_tensor o = e.ot; q.shape[1] = o.shape[1] = int64_t(1) << 33;
+          q.strides[0] = o.strides[0] = 256; q.strides[1] = o.strides[1] = 0;
+          q.strides[2] = o.strides[2] = 1;
+          return pkv_attention_forward(e.batch, 0, &q, &o, nullptr, nullptr, nullptr);),
+        S("pkv_attention_forward", PKV_CLASS_ABSURD,
+          "q, out with 2^28 heads per KV head: 8 queries x 2^28 rows overflow int32", kInv,
+          "query rows", pkv_tensor q = e.qt;
+          pkv_tensor o = e.ot; q.shape[1] = o.shape[1] = int64_t(1) << 29;
           q.strides[0] = o.strides[0] = 256; q.strides[1] = o.strides[1] = 0;
           q.strides[2] = o.strides[2] = 1;
           return pkv_attention_forward(e.batch, 0, &q, &o, nullptr, nullptr, nullptr);),

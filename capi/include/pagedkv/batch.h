@@ -149,6 +149,9 @@ PKV_API pkv_status pkv_attention_params_init_sized(pkv_attention_params* params,
  * the same shape and dtype. Each query attends causally over its sequence's
  * cached tokens and the new ones up to itself. lse (NULL = not wanted) gets
  * f32 [num_tokens, num_q_heads] natural-log sum-exp of the scaled logits.
+ * The kernels index a sequence's query rows per KV head with int32: q heads
+ * per KV head times the plan's max_query above 2^31 - 1 is
+ * PKV_E_INVALID_ARGUMENT.
  * params NULL = defaults. On an FP8 pool q is f32, f16 or bf16 (CUDA pool:
  * f16 or bf16, else PKV_E_UNSUPPORTED) and out has q's dtype; keys and values are read as code *
  * scale (the K scale is folded into q's scaling and the V scale into the output's normalisation,
