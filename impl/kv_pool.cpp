@@ -676,6 +676,20 @@ void Pool::swap_blocks(const int32_t* ids, uint64_t n, void* host, uint64_t host
     fail(Errc::kInvalidArgument, "host_bytes " + str(host_bytes) + " is below num_blocks * " +
                                      str(bytes_per_block_) + " bytes per block");
   check_block_ids(ids, n, "blocks");
+  if (!to_host && n >= 2) {
+    // A swap-in writes every block at once (CUDA: one launch; CPU: in
+    // parallel once large enough): two host slots into one block would race.
+    std::vector<std::pair<int32_t, uint64_t>> seen(n);  // (block, index)
+    for (uint64_t i = 0; i < n; ++i) seen[i] = {ids[i], i};
+    std::sort(seen.begin(), seen.end());
+    for (uint64_t k = 1; k < n; ++k)
+      if (seen[k].first == seen[k - 1].first)
+        fail(Errc::kInvalidArgument, "blocks[" + str(seen[k - 1].second) + "] and blocks[" +
+                                         str(seen[k].second) + "] are both block " +
+                                         std::to_string(seen[k].first) +
+                                         ": a swap-in writes its blocks at once, a block may be "
+                                         "written by one");
+  }
   // The moved bytes must not wrap the address space or overlap the blocks
   // themselves (the pool's own storage handed back as the host buffer).
   const uintptr_t h = reinterpret_cast<uintptr_t>(host),

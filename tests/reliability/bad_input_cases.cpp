@@ -818,6 +818,11 @@ std::vector<Case> make_cases() {
           "host_buffer overlaps", int32_t b = 1;
           void* h = in_kv_storage(e, e.kt).data;
           return pkv_pool_swap_blocks(e.pool, &b, 1, h, 1 << 20, PKV_SWAP_IN, nullptr);),
+        S("pkv_pool_swap_blocks", PKV_CLASS_ALIAS, "swap-in blocks[0] = blocks[1]", kInv,
+          "both block", int32_t b[2] = {3, 3};
+          uint64_t bpb = 0; pkv_pool_bytes_per_block(e.pool, &bpb);
+          std::vector<uint8_t> h(2 * bpb, 1);
+          return pkv_pool_swap_blocks(e.pool, b, 2, h.data(), h.size(), PKV_SWAP_IN, nullptr);),
         S("pkv_pool_swap_blocks", PKV_CLASS_OVERFLOW, "host_buffer + host_bytes wraps", kInv,
           "wraps", int32_t b = 1;
           void* h = reinterpret_cast<void*>(~uintptr_t(0) - 4095);

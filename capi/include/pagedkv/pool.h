@@ -575,7 +575,9 @@ PKV_API pkv_status pkv_pool_copy_blocks(pkv_pool* pool, const int32_t* src, cons
  * the pool's dtype (an MLA pool: [num_blocks][num_layers][block_size]
  * [kv_lora_rank + qk_rope_head_dim]) (pinned memory for CUDA pools, for asynchronous copies).
  * host_bytes must be at least num_blocks * bytes_per_block. Block ids and
- * ref counts are the caller's business; this moves bytes only. */
+ * ref counts are the caller's business; this moves bytes only. A swap-in
+ * writes its blocks at once, so a block may appear once in its list
+ * (PKV_E_INVALID_ARGUMENT otherwise); a swap-out may read one twice. */
 PKV_API pkv_status pkv_pool_swap_blocks(pkv_pool* pool, const int32_t* blocks, uint64_t num_blocks,
                                         void* host_buffer, uint64_t host_bytes, uint32_t direction,
                                         void* stream);
