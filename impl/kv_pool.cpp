@@ -545,21 +545,30 @@ void Pool::check_block_ids(const int32_t* ids, uint64_t n, const char* name) con
                                        " is not a block id in [1, " + str(opts_.num_blocks) + ")");
 }
 
+// ids sorted as (block, index); fails naming the first two indices that
+// hold the same block, the message ending with `why`.
+static std::vector<std::pair<int32_t, uint64_t>> distinct_blocks(const int32_t* ids, uint64_t n,
+                                                                 const char* name,
+                                                                 const char* why) {
+  std::vector<std::pair<int32_t, uint64_t>> sorted(n);
+  for (uint64_t i = 0; i < n; ++i) sorted[i] = {ids[i], i};
+  std::sort(sorted.begin(), sorted.end());
+  for (uint64_t k = 1; k < n; ++k)
+    if (sorted[k].first == sorted[k - 1].first)
+      fail(Errc::kInvalidArgument, std::string(name) + "[" + str(sorted[k - 1].second) + "] and " +
+                                       name + "[" + str(sorted[k].second) + "] are both block " +
+                                       std::to_string(sorted[k].first) + ": " + why);
+  return sorted;
+}
+
 void Pool::check_copy_pairs(const int32_t* src, const int32_t* dst, uint64_t n) const {
   // The backends copy all pairs at once (CUDA: one launch; CPU: in
   // parallel once large enough), so a block written by one pair and read
   // or written by another would race. A pair copying a block onto itself
   // changes nothing and is allowed.
   if (n < 2) return;
-  std::vector<std::pair<int32_t, uint64_t>> dsts(n);  // (block, pair)
-  for (uint64_t i = 0; i < n; ++i) dsts[i] = {dst[i], i};
-  std::sort(dsts.begin(), dsts.end());
-  for (uint64_t k = 1; k < n; ++k)
-    if (dsts[k].first == dsts[k - 1].first)
-      fail(Errc::kInvalidArgument, "dst[" + str(dsts[k - 1].second) + "] and dst[" +
-                                       str(dsts[k].second) + "] are both block " +
-                                       std::to_string(dsts[k].first) +
-                                       ": pairs are copied at once, a block may be written by one");
+  const auto dsts =
+      distinct_blocks(dst, n, "dst", "pairs are copied at once, a block may be written by one");
   for (uint64_t j = 0; j < n; ++j) {
     const auto it = std::lower_bound(dsts.begin(), dsts.end(), std::make_pair(src[j], uint64_t(0)));
     if (it != dsts.end() && it->first == src[j] && it->second != j)
@@ -676,20 +685,11 @@ void Pool::swap_blocks(const int32_t* ids, uint64_t n, void* host, uint64_t host
     fail(Errc::kInvalidArgument, "host_bytes " + str(host_bytes) + " is below num_blocks * " +
                                      str(bytes_per_block_) + " bytes per block");
   check_block_ids(ids, n, "blocks");
-  if (!to_host && n >= 2) {
-    // A swap-in writes every block at once (CUDA: one launch; CPU: in
-    // parallel once large enough): two host slots into one block would race.
-    std::vector<std::pair<int32_t, uint64_t>> seen(n);  // (block, index)
-    for (uint64_t i = 0; i < n; ++i) seen[i] = {ids[i], i};
-    std::sort(seen.begin(), seen.end());
-    for (uint64_t k = 1; k < n; ++k)
-      if (seen[k].first == seen[k - 1].first)
-        fail(Errc::kInvalidArgument, "blocks[" + str(seen[k - 1].second) + "] and blocks[" +
-                                         str(seen[k].second) + "] are both block " +
-                                         std::to_string(seen[k].first) +
-                                         ": a swap-in writes its blocks at once, a block may be "
-                                         "written by one");
-  }
+  // A swap-in writes every block at once (CUDA: one launch; CPU: in
+  // parallel once large enough): two host slots into one block would race.
+  if (!to_host && n >= 2)
+    distinct_blocks(ids, n, "blocks",
+                    "a swap-in writes its blocks at once, a block may be written by one");
   // The moved bytes must not wrap the address space or overlap the blocks
   // themselves (the pool's own storage handed back as the host buffer).
   const uintptr_t h = reinterpret_cast<uintptr_t>(host),
