@@ -37,6 +37,7 @@
 
 #include "common.cuh"
 #include "launch.h"
+#include "prefill.cuh"
 
 namespace pagedkv {
 namespace cuda {
@@ -44,6 +45,13 @@ namespace cuda {
 constexpr int kAttnThreads = 128;
 constexpr int kAttnWarps = kAttnThreads / 32;
 constexpr int kSmallRows = 16;
+
+// Large (prefill) tiles of f16/bf16 pages run paged_prefill_kernel; FP8
+// pages and f32 keep the generic kernel's large tile.
+template <typename T, typename S>
+constexpr bool uses_prefill_kernel() {
+  return sizeof(T) == 2 && std::is_same<T, S>::value;
+}
 
 // Keys per tile: 32, or 16 where a key row is 1 KiB (f32 x 256) so that two
 // stages of K and V still fit next to the query tile on an A100.
@@ -476,11 +484,34 @@ cudaError_t launch_attention_rows(const AttnParams& p, const AttnLaunch& l, cuda
   return cudaGetLastError();
 }
 
+template <typename T, int D>
+cudaError_t launch_prefill(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
+  using L = PrefillSmem<T, D>;
+  static std::atomic<uint64_t> configured{0};
+  auto kernel = paged_prefill_kernel<T, D>;
+  cudaError_t err = ensure_smem(kernel, L::kBytes, configured);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(unsigned(l.num_seqs) * unsigned(p.tiles_per_seq), unsigned(p.num_kv_heads),
+                  unsigned(p.num_splits));
+  kernel<<<grid, kPrefillThreads, L::kBytes, s>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || p.num_splits <= 1) return err;
+  const int64_t rows = p.num_tokens * p.num_q_heads;
+  merge_splits_kernel<T><<<unsigned((rows + 3) / 4), 128, 0, s>>>(p, D);
+  return cudaGetLastError();
+}
+
 template <typename T, int D, typename S>
 cudaError_t launch_attention_dim(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
   constexpr int kLarge = large_rows(int(sizeof(T)), D);
-  return l.large_tile ? launch_attention_rows<T, D, kLarge, S>(p, l, s)
-                      : launch_attention_rows<T, D, kSmallRows, S>(p, l, s);
+  // f16/bf16 pages: the prefill tile is the mma.sync kernel (prefill.cuh).
+  if constexpr (uses_prefill_kernel<T, S>()) {
+    return l.large_tile ? launch_prefill<T, D>(p, l, s)
+                        : launch_attention_rows<T, D, kSmallRows, S>(p, l, s);
+  } else {
+    return l.large_tile ? launch_attention_rows<T, D, kLarge, S>(p, l, s)
+                        : launch_attention_rows<T, D, kSmallRows, S>(p, l, s);
+  }
 }
 
 // Head dims are compile-time (register/shared tiles); block size is not.

@@ -61,9 +61,29 @@ size_t attn_smem_bytes_fp8(int head_dim, bool large_tile) {
   return smem_of<__half, true>(head_dim, large_tile);
 }
 
+size_t attn_prefill_smem_bytes(int head_dim) {
+  switch (head_dim) {
+    case 64:
+      return PrefillSmem<__half, 64>::kBytes;
+    case 80:
+      return PrefillSmem<__half, 80>::kBytes;
+    case 96:
+      return PrefillSmem<__half, 96>::kBytes;
+    case 128:
+      return PrefillSmem<__half, 128>::kBytes;
+    case 256:
+      return PrefillSmem<__half, 256>::kBytes;
+    default:
+      return 0;
+  }
+}
+int attn_prefill_rows() { return kPrefillRows; }
+
 size_t attn_max_smem_bytes() {
+  size_t prefill = 0;
+  for (int d : {64, 80, 96, 128, 256}) prefill = std::max(prefill, attn_prefill_smem_bytes(d));
   return std::max({smem_for_type<float>(), smem_for_type<__half>(), smem_for_type<__nv_bfloat16>(),
-                   smem_for_type<__half, true>()});
+                   smem_for_type<__half, true>(), prefill});
 }
 
 void set_forced_splits(int splits) { g_forced_splits.store(splits < 0 ? 0 : splits); }

@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 namespace pagedkv {
@@ -108,6 +109,15 @@ inline float warp_max(float v) {
 inline float warp_sum(float v) {
   return ::pkv_emu::warp_reduce(v, [](float a, float b) { return a + b; });
 }
+inline float shfl_xor(float v, int mask) { return ::pkv_emu::shfl_xor(v, mask); }
+template <bool kTrans>
+inline void ldsm_x4(uint32_t (&r)[4], const void* row) {
+  ::pkv_emu::ldmatrix_x4(r, row, kTrans);
+}
+template <typename T>
+inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  ::pkv_emu::mma_m16n8k16<T>(d, a, b0, b1);
+}
 #else
 // 16-byte global -> shared copy that bypasses L1; src_bytes == 0 fills the
 // destination with zeros without reading src (used for masked keys, so that
@@ -136,8 +146,60 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+__device__ __forceinline__ float shfl_xor(float v, int mask) {
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+}
+
+// ldmatrix .x4: lanes 8i..8i+7 give the 16-byte rows of 8x8 matrix i; each
+// lane receives, per matrix, the two 16-bit elements (row lane/4, columns
+// 2(lane%4), +1), or with kTrans (rows 2(lane%4), +1; column lane/4).
+template <bool kTrans>
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  }
+}
+
+// d += a (16x16, row) * b (16x8, col) on tensor cores, f32 accumulation.
+// Fragments (g = lane/4, t = lane%4): a = {(g, 2t..2t+1), (g+8, 2t..), (g,
+// 2t+8..), (g+8, 2t+8..)}; b = {(k 2t..2t+1, n g), (k 2t+8.., n g)}; d =
+// {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  if constexpr (std::is_same<T, __half>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
 
 #endif  // PKV_CUDA_EMULATION
+
+// Two floats rounded to T, packed as an mma operand register (lo = first).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  const T a = from_float<T>(lo), b = from_float<T>(hi);
+  uint16_t ua, ub;
+  memcpy(&ua, &a, 2);
+  memcpy(&ub, &b, 2);
+  return uint32_t(ua) | (uint32_t(ub) << 16);
+}
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;

@@ -29,6 +29,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #define __launch_bounds__(...)
@@ -72,6 +73,8 @@ struct State {
   std::vector<unsigned char> smem_store;
   unsigned char* smem = nullptr;
   std::vector<float> xchg;
+  std::vector<uint32_t> xchg_u;     // mma operands, 6 per thread
+  std::vector<const void*> xchg_p;  // ldmatrix row addresses
   std::function<void()> body;
   long errors = 0;
   std::string first_error;
@@ -121,6 +124,8 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, std::function<void(
   s.smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(s.smem_store.data()) + 127) & ~uintptr_t(127));
   s.xchg.assign(s.nthreads, 0.f);
+  s.xchg_u.assign(size_t(s.nthreads) * 6, 0u);
+  s.xchg_p.assign(s.nthreads, nullptr);
   for (unsigned z = 0; z < grid.z; ++z) {
     for (unsigned y = 0; y < grid.y; ++y) {
       for (unsigned x = 0; x < grid.x; ++x) {
@@ -165,6 +170,79 @@ inline float warp_reduce(float v, F op) {
   for (int l = base + 1; l < std::min(base + 32, s.nthreads); ++l) r = op(r, s.xchg[l]);
   park(1);
   return r;
+}
+
+inline float shfl_xor(float v, int mask) {
+  State& s = state();
+  s.xchg[s.cur] = v;
+  park(1);
+  const float r = s.xchg[(s.cur & ~31) | ((s.cur & 31) ^ mask)];
+  park(1);
+  return r;
+}
+
+// ldmatrix .x4 (PTX semantics; rows must be 16-byte aligned shared memory).
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
+  State& s = state();
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) report("ldmatrix: misaligned row");
+  s.xchg_p[s.cur] = row;
+  park(1);
+  const int base = s.cur & ~31, lane = s.cur & 31, g = lane / 4, t = lane % 4;
+  auto elt = [&](int m, int rr, int cc) {
+    uint16_t x;
+    std::memcpy(&x, static_cast<const char*>(s.xchg_p[base + 8 * m + rr]) + 2 * cc, 2);
+    return uint32_t(x);
+  };
+  for (int m = 0; m < 4; ++m) {
+    r[m] = trans ? elt(m, 2 * t, g) | (elt(m, 2 * t + 1, g) << 16)
+                 : elt(m, g, 2 * t) | (elt(m, g, 2 * t + 1) << 16);
+  }
+  park(1);
+}
+
+template <typename T>
+inline float half_of(uint32_t w, int hi) {
+  const uint16_t bits = uint16_t(hi ? w >> 16 : w & 0xffffu);
+  T x;
+  std::memcpy(&x, &bits, 2);
+  if constexpr (std::is_same<T, __half>::value) {
+    return __half2float(x);
+  } else {
+    return __bfloat162float(x);
+  }
+}
+
+// mma.sync m16n8k16 .row.col with f32 accumulation, fragments as in PTX.
+template <typename T>
+inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  State& s = state();
+  uint32_t* mine = &s.xchg_u[size_t(s.cur) * 6];
+  for (int i = 0; i < 4; ++i) mine[i] = a[i];
+  mine[4] = b0;
+  mine[5] = b1;
+  park(1);
+  const int base = s.cur & ~31, lane = s.cur & 31;
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const uint32_t* y = &s.xchg_u[size_t(base + l) * 6];
+    const int g = l / 4, t = l % 4;
+    for (int h = 0; h < 2; ++h) {
+      A[g][2 * t + h] = half_of<T>(y[0], h);
+      A[g + 8][2 * t + h] = half_of<T>(y[1], h);
+      A[g][2 * t + 8 + h] = half_of<T>(y[2], h);
+      A[g + 8][2 * t + 8 + h] = half_of<T>(y[3], h);
+      B[2 * t + h][g] = half_of<T>(y[4], h);
+      B[2 * t + 8 + h][g] = half_of<T>(y[5], h);
+    }
+  }
+  const int g = lane / 4, t = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + (i / 2) * 8, col = 2 * t + i % 2;
+    double acc = d[i];
+    for (int k = 0; k < 16; ++k) acc += double(A[row][k]) * double(B[k][col]);
+    d[i] = float(acc);
+  }
+  park(1);
 }
 
 inline float emu_float(float x) { return x; }

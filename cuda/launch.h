@@ -51,6 +51,7 @@ struct AttnParams {
 struct AttnLaunch {
   int32_t head_dim;  // 64, 80, 96, 128, 256
   bool large_tile;   // false: 16 rows per CTA (decode); true: prefill tile
+                     // (paged_prefill_kernel for f16/bf16 pages)
   int32_t num_seqs;
 };
 
@@ -73,6 +74,10 @@ cudaError_t launch_attention_e5m2_bf16(const AttnParams& p, const AttnLaunch& l,
 size_t attn_smem_bytes(int dtype_bytes, int head_dim, bool large_tile);
 // The same for FP8 pages read with 2-byte (f16/bf16) queries.
 size_t attn_smem_bytes_fp8(int head_dim, bool large_tile);
+// The prefill tile of f16/bf16 pages (paged_prefill_kernel): rows per CTA
+// and dynamic shared memory (f16 and bf16 are equal).
+int attn_prefill_rows();
+size_t attn_prefill_smem_bytes(int head_dim);
 // Largest dynamic shared memory any attention instantiation asks for.
 size_t attn_max_smem_bytes();
 

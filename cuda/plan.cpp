@@ -83,7 +83,11 @@ AttnPlan plan_attention(const KvArena& arena, int32_t layer, const PlanView& pla
   const int group = int(q.n1 / lay.num_kv_heads);
   const int64_t max_rows = int64_t(std::max(plan.max_query, 1)) * group;
   const bool large = max_rows > attn_small_rows();
-  const int rows = large ? attn_large_rows(elt, D) : attn_small_rows();
+  // f16/bf16 pages take the mma.sync prefill kernel for large tiles.
+  const bool prefill_kernel = large && !fp8 && elt == 2;
+  const int rows = !large           ? attn_small_rows()
+                   : prefill_kernel ? attn_prefill_rows()
+                                    : attn_large_rows(elt, D);
 
   AttnPlan r{};
   AttnParams& p = r.params;
@@ -116,7 +120,9 @@ AttnPlan plan_attention(const KvArena& arena, int32_t layer, const PlanView& pla
   r.launch.head_dim = D;
   r.launch.large_tile = large;
   r.launch.num_seqs = plan.num_seqs;
-  r.smem_bytes = fp8 ? attn_smem_bytes_fp8(D, large) : attn_smem_bytes(elt, D, large);
+  r.smem_bytes = fp8              ? attn_smem_bytes_fp8(D, large)
+                 : prefill_kernel ? attn_prefill_smem_bytes(D)
+                                  : attn_smem_bytes(elt, D, large);
   if (fp8) {
     p.k_scales = arena.plane_scales(layer, 0);
     p.v_scales = arena.plane_scales(layer, 1);

@@ -25,7 +25,10 @@
 #      PKV_INITCHECK=1 (compute-sanitizer initcheck too; initcheck.log),
 #      PKV_DEMO=1 (serving_sim --device cuda, PKV_DEMO_ARGS; demo.log),
 #      PKV_TIER_BENCH=1 (bench/tier_bandwidth_cuda.cpp against the built
-#      libpagedkv.so; tier_bench.log; PKV_TIER_BENCH_ARGS).
+#      libpagedkv.so; tier_bench.log; PKV_TIER_BENCH_ARGS),
+#      PKV_PREBUILT=.gpu-prebuilt (binaries from scripts/gpu-prebuild.sh,
+#      carried: no build on the device), PKV_MEM_FILTER / PKV_RACE_FILTER
+#      (GoogleTest filters of the memcheck / racecheck runs).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$root/gpu-check-out}
@@ -79,7 +82,25 @@ rm -rf "$src" && mkdir -p "$src"
   (cd "$src" && tar -xf -)
 mkdir -p "$src/tests" && cp "$root/tests/CMakeLists.txt" "$src/tests/" && cp -r "$root/tests/gpu" "$src/tests/"
 arch=${PKV_ARCH:-90}
-if cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGEDKV_CUDA=ON \
+# PKV_PREBUILT=DIR: test_gpu, libpagedkv.so* and serving_sim built on the
+# developer's machine (scripts/gpu-prebuild.sh) and carried, to spend no
+# device time compiling; used only when every library they need resolves
+# here, else the tree is built as below.
+pre=${PKV_PREBUILT:+$root/$PKV_PREBUILT}
+if [ -n "$pre" ] && [ -f "$pre/prebuilt.tar.xz" ]; then
+  rm -rf /tmp/pkv-prebuilt && mkdir -p /tmp/pkv-prebuilt
+  xz -dc "$pre/prebuilt.tar.xz" | tar -C /tmp/pkv-prebuilt -xf - && pre=/tmp/pkv-prebuilt
+fi
+if [ -n "$pre" ] && [ -x "$pre/test_gpu" ] &&
+  ! LD_LIBRARY_PATH="$pre${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$pre/test_gpu" "$pre"/libpagedkv.so* |
+    grep -q 'not found'; then
+  export LD_LIBRARY_PATH="$pre${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  mkdir -p "$build/tests/gpu" "$build/examples/serving_sim"
+  cp "$pre/test_gpu" "$build/tests/gpu/"
+  cp -a "$pre"/libpagedkv.so* "$build/"
+  [ -x "$pre/serving_sim" ] && cp "$pre/serving_sim" "$build/examples/serving_sim/"
+  note "build: carried binaries from $PKV_PREBUILT"
+elif cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGEDKV_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DPAGEDKV_BUILD_BINDINGS=OFF -DPAGEDKV_BUILD_EXAMPLES=OFF \
   -DPAGEDKV_BUILD_BENCH=OFF >"$OUT/build.log" 2>&1 &&
   cmake --build "$build" -j"$(nproc)" --target pagedkv test_gpu >>"$OUT/build.log" 2>&1; then
@@ -124,8 +145,8 @@ sanitize() {  # tool, filter, log, cap seconds, seconds to leave for later steps
 }
 # CudaTiers (offload tiers: pinned host slots, copies on the tiers' stream
 # and the plan's, pools destroyed with copies in flight) in both.
-mem_filter='*f32_D80_G4*:*f16_D256_G1*:*bf16_D128_G8*:*bf16_D64_G4*:*f16_D96_G8*:AttentionShapes.*:CudaWrite.*:CudaCopyBlocks.*:*CudaSwap*:CudaBackendBasics.*:CudaCapi.*:CudaMla.*:*CudaTiers.*-*e5m2*:*e4m3_f16_D96*:*e4m3_bf16_D96*:*e4m3_bf16_D256*'
-race_filter='*bf16_D128_G8*:*f32_D64_G4*:*f16_D256_G4*:CudaWrite.*:CudaCopyBlocks.*:*CudaTiers.*/bf16-*e5m2*'
+mem_filter=${PKV_MEM_FILTER:-'*f32_D80_G4*:*f16_D256_G1*:*bf16_D128_G8*:*bf16_D64_G4*:*f16_D96_G8*:AttentionShapes.*:CudaWrite.*:CudaCopyBlocks.*:*CudaSwap*:CudaBackendBasics.*:CudaCapi.*:CudaMla.*:*CudaTiers.*-*e5m2*:*e4m3_f16_D96*:*e4m3_bf16_D96*:*e4m3_bf16_D256*'}
+race_filter=${PKV_RACE_FILTER:-'*bf16_D128_G8*:*f32_D64_G4*:*f16_D256_G4*:CudaWrite.*:CudaCopyBlocks.*:*CudaTiers.*/bf16-*e5m2*'}
 sanitize memcheck "$mem_filter" memcheck.log 180 "$([ "${PKV_SKIP_BENCH:-0}" = 1 ] && echo 100 || echo 260)"
 
 if [ "${PKV_SKIP_BENCH:-0}" != 1 ]; then
@@ -181,8 +202,9 @@ fi
 # attention check compares rows against a float64 reference; exit 0 = all
 # checks passed on both servers).
 if [ "${PKV_DEMO:-0}" = 1 ]; then
-  if cmake -S "$src" -B "$build" -DPAGEDKV_BUILD_EXAMPLES=ON >>"$OUT/build.log" 2>&1 &&
-    cmake --build "$build" -j"$(nproc)" --target serving_sim >>"$OUT/build.log" 2>&1; then
+  if [ -x "$build/examples/serving_sim/serving_sim" ] ||
+    { cmake -S "$src" -B "$build" -DPAGEDKV_BUILD_EXAMPLES=ON >>"$OUT/build.log" 2>&1 &&
+      cmake --build "$build" -j"$(nproc)" --target serving_sim >>"$OUT/build.log" 2>&1; }; then
     t=$(limit 240 0)
     # shellcheck disable=SC2086
     if timeout "$t" "$build/examples/serving_sim/serving_sim" --device cuda ${PKV_DEMO_ARGS:-} \

@@ -305,6 +305,8 @@ def run(args):
     except Exception as e:  # noqa: BLE001
         print(f"FlexAttention unavailable: {e}", flush=True)
     flex_deadline = time.time() + args.flex_budget
+    if args.skip_flex:
+        flex_attention = None
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backends = [("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
@@ -325,9 +327,11 @@ def run(args):
                 pass
         return best
 
+    heads_sel = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")] if args.heads else HEADS
+    cells_sel = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",")] if args.cells else CELLS
     decode_rows, prefill_rows, move_rows = [], [], []
-    for hq, hkv, d in HEADS:
-        for batch, ctx in CELLS:
+    for hq, hkv, d in heads_sel:
+        for batch, ctx in cells_sel:
             heads = f"{hq}/{hkv}/{d}"
             kvb = kv_bytes(batch, ctx + 1, hkv, d)
             row = dict(heads=heads, batch=batch, ctx=ctx, bytes=kvb, latency_only=kvb < 4 * l2)
@@ -346,7 +350,7 @@ def run(args):
                   f"flex {fmt_us(row.get('flex'))} us {row.get('note', '')}", flush=True)
 
     fp8_rows = []
-    for (hq, hkv, d), (batch, ctx) in FP8_CELLS:
+    for (hq, hkv, d), (batch, ctx) in ([] if args.skip_fp8 else FP8_CELLS):
         r = dict(heads=f"{hq}/{hkv}/{d}", batch=batch, ctx=ctx)
         fp8_rows.append(r)
         if time.time() > deadline:
@@ -377,11 +381,16 @@ def run(args):
           f"KV under 4x L2 ({4 * l2 >> 20} MiB) is reported as latency only. % read BW = KV bytes / time / read BW.",
           "", decode_table(decode_rows, read_bw), "",
           "## Paged prefill vs contiguous causal SDPA", "",
-          "| Hq/Hkv/D | batch x ctx | ours ms | SDPA best ms (backend) | SDPA / ours |", "|---|---|---|---|---|"]
+          "Causal FLOPs counted as 4 * batch * Hq * D * ctx * (ctx + 1) / 2. Error: max |ours - SDPA| over every "
+          "output element (NaN if any element was left unwritten).", "",
+          "| Hq/Hkv/D | batch x ctx | ours ms | ours TFLOP/s | SDPA best ms (backend) | SDPA / ours | max abs err |",
+          "|---|---|---|---|---|---|---|"]
     for r in prefill_rows:
-        md.append(f"| {r['heads']} | {r['batch']} x {r['ctx']} | {r['ours'] * 1e3:.2f} | "
+        hq_, _, d_ = (int(x) for x in r["heads"].split("/"))
+        flops = 4 * r["batch"] * hq_ * d_ * r["ctx"] * (r["ctx"] + 1) / 2
+        md.append(f"| {r['heads']} | {r['batch']} x {r['ctx']} | {r['ours'] * 1e3:.2f} | {flops / r['ours'] / 1e12:.0f} | "
                   + ("n/a" if r["sdpa"] is None else f"{r['sdpa'] * 1e3:.2f} ({r['sdpa_backend']})")
-                  + f" | {fmt_ratio(r['sdpa'], r['ours'])} |")
+                  + f" | {fmt_ratio(r['sdpa'], r['ours'])} | {r.get('err', float('nan')):.3g} |")
     md += ["", "## Decode on FP8 (E4M3) pages vs bf16 pages", "",
            "Same cell, same random bf16 K/V and queries; FP8 pages are written by the quantising "
            "pkv_cache_write (scale 1.0) and read half the bytes. Error: max |fp8 - bf16| over the outputs.", "",
@@ -446,7 +455,16 @@ def bench_cell(torch, F, lib, dev, stream, timeit, best_sdpa, row, hq, hkv, d, b
             kc = k.view(batch, ctx, hkv, d).transpose(1, 2).contiguous()
             vc = v.view(batch, ctx, hkv, d).transpose(1, 2).contiguous()
             sd, sb = best_sdpa(qc, kc, vc, True, hq != hkv)
-            prefill_rows.append(dict(heads=row["heads"], batch=batch, ctx=ctx, ours=ours, sdpa=sd, sdpa_backend=sb))
+            # Our output against SDPA's on the same inputs (every element).
+            o.fill_(float("nan"))
+            lib.ok(lib.c.pkv_attention_forward(b, 0, C.byref(qt), C.byref(ot), None, None, C.c_void_p(stream)),
+                   "attention")
+            ref = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, enable_gqa=hq != hkv)
+            mine = o.view(batch, ctx, hq, d).transpose(1, 2)
+            err = (mine.float() - ref.float()).abs().max().item()
+            prefill_rows.append(dict(heads=row["heads"], batch=batch, ctx=ctx, ours=ours, sdpa=sd, sdpa_backend=sb,
+                                     err=err))
+            del ref, mine
             del q, o, qc, kc, vc
         lib.c.pkv_batch_destroy(b)
         # Contiguous copy of the same keys for SDPA / Flex, with the new token.
@@ -580,6 +598,10 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--time-budget", type=float, default=240, help="seconds; later cells are skipped")
     ap.add_argument("--flex-budget", type=float, default=150, help="seconds of FlexAttention compiles")
+    ap.add_argument("--heads", default="", help="comma-separated Hq/Hkv/D subset of the sweep (default: all)")
+    ap.add_argument("--cells", default="", help="comma-separated BATCHxCTX subset of the sweep (default: all)")
+    ap.add_argument("--skip-flex", action="store_true", help="no FlexAttention baseline (saves its compiles)")
+    ap.add_argument("--skip-fp8", action="store_true", help="no FP8 decode section")
     ap.add_argument("--selftest", action="store_true", help="no GPU: check the ctypes layer on a CPU pool")
     args = ap.parse_args()
     if args.selftest:

@@ -42,6 +42,11 @@ struct Scenario {
   // the first key of the first query's window. The queries that see one
   // give non-finite results on both backends; every other one must match.
   bool poison = false;
+  // With poison: NaN in V only, K finite. A row that sees the key then gets
+  // a positive weight times NaN (the kernels' exact add-back of values they
+  // zeroed for the rows that must not see them); with K NaN too the logit
+  // alone makes the row NaN.
+  bool poison_v_only = false;
 };
 
 // Everything both backends get, as host bytes.
@@ -116,7 +121,7 @@ inline Inputs build(const Scenario& sc, DType dt, int D, int hkv, int group, std
       const bool nan = sc.poison && q.nq >= 2 && pos == window_first;
       for (int h = 0; h < hkv; ++h) {
         put_row(0, block, h, pos % bs,
-                encode(nan ? nan_row(D) : uniform(rng, D, -lim, lim), cache));
+                encode(nan && !sc.poison_v_only ? nan_row(D) : uniform(rng, D, -lim, lim), cache));
         put_row(1, block, h, pos % bs,
                 encode(nan ? nan_row(D) : uniform(rng, D, -lim, lim), cache));
       }
@@ -163,7 +168,7 @@ inline Inputs build(const Scenario& sc, DType dt, int D, int hkv, int group, std
         const int64_t t = s.query_indptr[i] + (pos - first);
         for (int h = 0; h < hkv; ++h) {
           const size_t at = size_t(t * s.kv_s0 + int64_t(h) * D) * es;
-          std::memcpy(&s.k_new[at], nan.data(), nan.size());
+          if (!sc.poison_v_only) std::memcpy(&s.k_new[at], nan.data(), nan.size());
           std::memcpy(&s.v_new[at], nan.data(), nan.size());
         }
       }
@@ -385,6 +390,13 @@ inline std::vector<Scenario> scenarios(std::mt19937_64& rng) {
     s.poison = true;
     s.window = 29;
     s.softcap = 3.f;
+    v.push_back(s);
+  }
+  {
+    Scenario s{"poison-v-window", 16, {{150, 70}, {40, 40}, {60, 1}}};
+    s.poison = true;
+    s.poison_v_only = true;
+    s.window = 45;
     v.push_back(s);
   }
   return v;

@@ -54,14 +54,29 @@ constexpr bool emu_compiled() {
   return D == 96 || D == 256 || D == 64;  // f32
 }
 
+// The mma.sync prefill tile of f16/bf16 pages (cuda/prefill.cuh).
+template <typename T, int D>
+void emu_prefill(const cu::AttnParams& p, const cu::AttnLaunch& l) {
+  const dim3 grid(unsigned(l.num_seqs) * unsigned(p.tiles_per_seq), unsigned(p.num_kv_heads),
+                  unsigned(p.num_splits));
+  pkv_emu::launch(grid, dim3(cu::kPrefillThreads), cu::PrefillSmem<T, D>::kBytes,
+                  [&] { cu::paged_prefill_kernel<T, D>(p); });
+  if (p.num_splits > 1) {
+    const int64_t rows = p.num_tokens * p.num_q_heads;
+    pkv_emu::launch(dim3(unsigned((rows + 3) / 4)), dim3(128), 0,
+                    [&] { cu::merge_splits_kernel<T>(p, D); });
+  }
+}
+
 template <typename T, int D, typename S>
 void emu_dim(const cu::AttnParams& p, const cu::AttnLaunch& l) {
   if constexpr (emu_compiled<T, D, S>()) {
-    constexpr int kLarge = cu::large_rows(int(sizeof(T)), D);
-    if (l.large_tile) {
-      emu_rows<T, D, kLarge, S>(p, l);
-    } else {
+    if (!l.large_tile) {
       emu_rows<T, D, cu::kSmallRows, S>(p, l);
+    } else if constexpr (cu::uses_prefill_kernel<T, S>()) {
+      emu_prefill<T, D>(p, l);
+    } else {
+      emu_rows<T, D, cu::large_rows(int(sizeof(T)), D), S>(p, l);
     }
   } else {
     FAIL() << "head dim " << D << " with this q/page dtype is not compiled into the emulation "
