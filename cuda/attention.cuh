@@ -35,9 +35,9 @@
 #include <atomic>
 #include <type_traits>
 
+#include "attention_mma.cuh"
 #include "common.cuh"
 #include "launch.h"
-#include "prefill.cuh"
 
 namespace pagedkv {
 namespace cuda {
@@ -46,10 +46,10 @@ constexpr int kAttnThreads = 128;
 constexpr int kAttnWarps = kAttnThreads / 32;
 constexpr int kSmallRows = 16;
 
-// Large (prefill) tiles of f16/bf16 pages run paged_prefill_kernel; FP8
-// pages and f32 keep the generic kernel's large tile.
+// f16/bf16 pages run paged_attention_mma_kernel (attention_mma.cuh); FP8
+// pages and f32 keep the generic kernel below.
 template <typename T, typename S>
-constexpr bool uses_prefill_kernel() {
+constexpr bool uses_mma_kernel() {
   return sizeof(T) == 2 && std::is_same<T, S>::value;
 }
 
@@ -484,16 +484,16 @@ cudaError_t launch_attention_rows(const AttnParams& p, const AttnLaunch& l, cuda
   return cudaGetLastError();
 }
 
-template <typename T, int D>
-cudaError_t launch_prefill(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
-  using L = PrefillSmem<T, D>;
+template <typename T, int D, bool kDecode>
+cudaError_t launch_mma(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
+  using L = MmaSmem<T, D, kDecode>;
   static std::atomic<uint64_t> configured{0};
-  auto kernel = paged_prefill_kernel<T, D>;
+  auto kernel = paged_attention_mma_kernel<T, D, kDecode>;
   cudaError_t err = ensure_smem(kernel, L::kBytes, configured);
   if (err != cudaSuccess) return err;
   const dim3 grid(unsigned(l.num_seqs) * unsigned(p.tiles_per_seq), unsigned(p.num_kv_heads),
                   unsigned(p.num_splits));
-  kernel<<<grid, kPrefillThreads, L::kBytes, s>>>(p);
+  kernel<<<grid, kMmaThreads, L::kBytes, s>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits <= 1) return err;
   const int64_t rows = p.num_tokens * p.num_q_heads;
@@ -503,12 +503,17 @@ cudaError_t launch_prefill(const AttnParams& p, const AttnLaunch& l, cudaStream_
 
 template <typename T, int D, typename S>
 cudaError_t launch_attention_dim(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
-  constexpr int kLarge = large_rows(int(sizeof(T)), D);
-  // f16/bf16 pages: the prefill tile is the mma.sync kernel (prefill.cuh).
-  if constexpr (uses_prefill_kernel<T, S>()) {
-    return l.large_tile ? launch_prefill<T, D>(p, l, s)
-                        : launch_attention_rows<T, D, kSmallRows, S>(p, l, s);
+  // f16/bf16 pages run the mma.sync kernel (attention_mma.cuh) in both tiles.
+  if constexpr (uses_mma_kernel<T, S>()) {
+    if constexpr (D == 256) {  // the planner's fallback where the mma tiles do not fit
+      if (l.generic) {
+        return l.large_tile ? launch_attention_rows<T, D, large_rows(2, D), S>(p, l, s)
+                            : launch_attention_rows<T, D, kSmallRows, S>(p, l, s);
+      }
+    }
+    return l.large_tile ? launch_mma<T, D, false>(p, l, s) : launch_mma<T, D, true>(p, l, s);
   } else {
+    constexpr int kLarge = large_rows(int(sizeof(T)), D);
     return l.large_tile ? launch_attention_rows<T, D, kLarge, S>(p, l, s)
                         : launch_attention_rows<T, D, kSmallRows, S>(p, l, s);
   }

@@ -61,29 +61,30 @@ size_t attn_smem_bytes_fp8(int head_dim, bool large_tile) {
   return smem_of<__half, true>(head_dim, large_tile);
 }
 
-size_t attn_prefill_smem_bytes(int head_dim) {
+size_t attn_mma_smem_bytes(int head_dim, bool large_tile) {
   switch (head_dim) {
-    case 64:
-      return PrefillSmem<__half, 64>::kBytes;
-    case 80:
-      return PrefillSmem<__half, 80>::kBytes;
-    case 96:
-      return PrefillSmem<__half, 96>::kBytes;
-    case 128:
-      return PrefillSmem<__half, 128>::kBytes;
-    case 256:
-      return PrefillSmem<__half, 256>::kBytes;
+#define PKV_MMA_SMEM_CASE(D) \
+  case D:                    \
+    return large_tile ? MmaSmem<__half, D, false>::kBytes : MmaSmem<__half, D, true>::kBytes;
+    PKV_MMA_SMEM_CASE(64)
+    PKV_MMA_SMEM_CASE(80)
+    PKV_MMA_SMEM_CASE(96)
+    PKV_MMA_SMEM_CASE(128)
+    PKV_MMA_SMEM_CASE(256)
+#undef PKV_MMA_SMEM_CASE
     default:
       return 0;
   }
 }
-int attn_prefill_rows() { return kPrefillRows; }
+int attn_mma_large_rows() { return MmaSmem<__half, 64, false>::kRows; }
 
 size_t attn_max_smem_bytes() {
-  size_t prefill = 0;
-  for (int d : {64, 80, 96, 128, 256}) prefill = std::max(prefill, attn_prefill_smem_bytes(d));
+  size_t mma = 0;
+  for (int d : {64, 80, 96, 128, 256}) {
+    mma = std::max({mma, attn_mma_smem_bytes(d, false), attn_mma_smem_bytes(d, true)});
+  }
   return std::max({smem_for_type<float>(), smem_for_type<__half>(), smem_for_type<__nv_bfloat16>(),
-                   smem_for_type<__half, true>(), prefill});
+                   smem_for_type<__half, true>(), mma});
 }
 
 void set_forced_splits(int splits) { g_forced_splits.store(splits < 0 ? 0 : splits); }

@@ -264,7 +264,8 @@ class CudaBackend final : public Backend {
 
   void attend(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& q,
               const Tensor3& out, const AttentionArgs& args, void* stream) override {
-    cuda::AttnPlan ap = cuda::plan_attention(arena, layer, plan, q, out, args, sm_count_);
+    cuda::AttnPlan ap =
+        cuda::plan_attention(arena, layer, plan, q, out, args, sm_count_, max_smem_);
     if (plan.num_seqs <= 0 || plan.num_tokens <= 0) return;
     if (ap.smem_bytes > max_smem_) {
       fail(Errc::kUnsupported, "CUDA device " + str(device_) + " offers " +

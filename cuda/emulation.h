@@ -261,6 +261,15 @@ inline void check_align(const void* p, uintptr_t a, const char* what) {
 #define gridDim (::pkv_emu::state().grid)
 
 inline void __syncthreads() { ::pkv_emu::park(1); }
+inline int __syncthreads_or(int v) {
+  ::pkv_emu::State& s = ::pkv_emu::state();
+  s.xchg[s.cur] = v != 0 ? 1.f : 0.f;
+  ::pkv_emu::park(1);
+  int r = 0;
+  for (int i = 0; i < s.nthreads; ++i) r |= s.xchg[i] != 0.f;
+  ::pkv_emu::park(1);
+  return r;
+}
 
 namespace pagedkv {
 namespace cuda {

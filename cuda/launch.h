@@ -51,8 +51,11 @@ struct AttnParams {
 struct AttnLaunch {
   int32_t head_dim;  // 64, 80, 96, 128, 256
   bool large_tile;   // false: 16 rows per CTA (decode); true: prefill tile
-                     // (paged_prefill_kernel for f16/bf16 pages)
+                     // (16 and 64 rows for f16/bf16 pages)
   int32_t num_seqs;
+  // f16/bf16 pages on the generic kernel instead of the mma.sync one (head
+  // dim 256 on devices with too little shared memory for the latter).
+  bool generic;
 };
 
 // Rows per CTA of the large (prefill) tile for a dtype size and head dim.
@@ -74,10 +77,11 @@ cudaError_t launch_attention_e5m2_bf16(const AttnParams& p, const AttnLaunch& l,
 size_t attn_smem_bytes(int dtype_bytes, int head_dim, bool large_tile);
 // The same for FP8 pages read with 2-byte (f16/bf16) queries.
 size_t attn_smem_bytes_fp8(int head_dim, bool large_tile);
-// The prefill tile of f16/bf16 pages (paged_prefill_kernel): rows per CTA
-// and dynamic shared memory (f16 and bf16 are equal).
-int attn_prefill_rows();
-size_t attn_prefill_smem_bytes(int head_dim);
+// f16/bf16 pages (paged_attention_mma_kernel): rows per CTA of the large
+// tile (the small one has attn_small_rows()) and dynamic shared memory (f16
+// and bf16 are equal).
+int attn_mma_large_rows();
+size_t attn_mma_smem_bytes(int head_dim, bool large_tile);
 // Largest dynamic shared memory any attention instantiation asks for.
 size_t attn_max_smem_bytes();
 

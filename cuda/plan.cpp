@@ -48,7 +48,8 @@ int plan_splits(int64_t ctas, const PlanView& plan, const AttentionArgs& args, i
 }  // namespace
 
 AttnPlan plan_attention(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& q,
-                        const Tensor3& out, const AttentionArgs& args, int sm_count) {
+                        const Tensor3& out, const AttentionArgs& args, int sm_count,
+                        size_t max_smem) {
   const KvLayout& lay = arena.layout;
   const int D = lay.head_dim;
   if (!cuda_head_dim_supported(uint64_t(D))) {
@@ -83,11 +84,13 @@ AttnPlan plan_attention(const KvArena& arena, int32_t layer, const PlanView& pla
   const int group = int(q.n1 / lay.num_kv_heads);
   const int64_t max_rows = int64_t(std::max(plan.max_query, 1)) * group;
   const bool large = max_rows > attn_small_rows();
-  // f16/bf16 pages take the mma.sync prefill kernel for large tiles.
-  const bool prefill_kernel = large && !fp8 && elt == 2;
-  const int rows = !large           ? attn_small_rows()
-                   : prefill_kernel ? attn_prefill_rows()
-                                    : attn_large_rows(elt, D);
+  // f16/bf16 pages take the mma.sync kernel (attention_mma.cuh), unless its
+  // tile does not fit the device (head dim 256 on sm_86/sm_89).
+  const bool mma_kernel =
+      !fp8 && elt == 2 && (D != 256 || attn_mma_smem_bytes(D, large) <= max_smem);
+  const int rows = !large       ? attn_small_rows()
+                   : mma_kernel ? attn_mma_large_rows()
+                                : attn_large_rows(elt, D);
 
   AttnPlan r{};
   AttnParams& p = r.params;
@@ -120,9 +123,10 @@ AttnPlan plan_attention(const KvArena& arena, int32_t layer, const PlanView& pla
   r.launch.head_dim = D;
   r.launch.large_tile = large;
   r.launch.num_seqs = plan.num_seqs;
-  r.smem_bytes = fp8              ? attn_smem_bytes_fp8(D, large)
-                 : prefill_kernel ? attn_prefill_smem_bytes(D)
-                                  : attn_smem_bytes(elt, D, large);
+  r.launch.generic = !fp8 && elt == 2 && !mma_kernel;
+  r.smem_bytes = fp8          ? attn_smem_bytes_fp8(D, large)
+                 : mma_kernel ? attn_mma_smem_bytes(D, large)
+                              : attn_smem_bytes(elt, D, large);
   if (fp8) {
     p.k_scales = arena.plane_scales(layer, 0);
     p.v_scales = arena.plane_scales(layer, 1);

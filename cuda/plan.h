@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "backend.h"
 #include "launch.h"
@@ -19,9 +20,13 @@ struct AttnPlan {
 };
 
 // Throws Error(kInvalidArgument / kUnsupported) for arguments the kernels
-// cannot take. sm_count drives the split-KV heuristic.
+// cannot take. sm_count drives the split-KV heuristic; max_smem is the
+// device's opt-in shared memory per block: f16/bf16 head dim 256, whose
+// mma.sync tiles need more than the 99 KB of sm_86/sm_89 parts, then take
+// the generic kernel.
 AttnPlan plan_attention(const KvArena& arena, int32_t layer, const PlanView& plan, const Tensor3& q,
-                        const Tensor3& out, const AttentionArgs& args, int sm_count);
+                        const Tensor3& out, const AttentionArgs& args, int sm_count,
+                        size_t max_smem = SIZE_MAX);
 
 // Points part_o / part_lse into a scratch buffer of plan.scratch_bytes.
 void attach_scratch(AttnPlan& plan, void* scratch);

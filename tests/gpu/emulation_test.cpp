@@ -50,17 +50,17 @@ constexpr bool emu_compiled() {
   if (std::is_same<S, cu::Fp8E4m3>::value) return (bf && D == 128) || (h && (D == 64 || D == 256));
   if (std::is_same<S, cu::Fp8E5m2>::value) return (bf && D == 80) || (h && D == 128);
   if (bf) return D == 128 || D == 256 || D == 96;
-  if (h) return D == 80 || D == 64;
+  if (h) return D == 80 || D == 64 || (D == 256 && std::is_same<S, T>::value);
   return D == 96 || D == 256 || D == 64;  // f32
 }
 
-// The mma.sync prefill tile of f16/bf16 pages (cuda/prefill.cuh).
-template <typename T, int D>
-void emu_prefill(const cu::AttnParams& p, const cu::AttnLaunch& l) {
+// f16/bf16 pages: the mma.sync kernel (cuda/attention_mma.cuh), both tiles.
+template <typename T, int D, bool kDecode>
+void emu_mma(const cu::AttnParams& p, const cu::AttnLaunch& l) {
   const dim3 grid(unsigned(l.num_seqs) * unsigned(p.tiles_per_seq), unsigned(p.num_kv_heads),
                   unsigned(p.num_splits));
-  pkv_emu::launch(grid, dim3(cu::kPrefillThreads), cu::PrefillSmem<T, D>::kBytes,
-                  [&] { cu::paged_prefill_kernel<T, D>(p); });
+  pkv_emu::launch(grid, dim3(cu::kMmaThreads), cu::MmaSmem<T, D, kDecode>::kBytes,
+                  [&] { cu::paged_attention_mma_kernel<T, D, kDecode>(p); });
   if (p.num_splits > 1) {
     const int64_t rows = p.num_tokens * p.num_q_heads;
     pkv_emu::launch(dim3(unsigned((rows + 3) / 4)), dim3(128), 0,
@@ -71,12 +71,17 @@ void emu_prefill(const cu::AttnParams& p, const cu::AttnLaunch& l) {
 template <typename T, int D, typename S>
 void emu_dim(const cu::AttnParams& p, const cu::AttnLaunch& l) {
   if constexpr (emu_compiled<T, D, S>()) {
-    if (!l.large_tile) {
-      emu_rows<T, D, cu::kSmallRows, S>(p, l);
-    } else if constexpr (cu::uses_prefill_kernel<T, S>()) {
-      emu_prefill<T, D>(p, l);
-    } else {
+    if constexpr (cu::uses_mma_kernel<T, S>()) {
+      if (l.generic) {  // head dim 256 where the mma tiles do not fit
+        l.large_tile ? emu_rows<T, D, cu::large_rows(2, D), S>(p, l)
+                     : emu_rows<T, D, cu::kSmallRows, S>(p, l);
+      } else {
+        l.large_tile ? emu_mma<T, D, false>(p, l) : emu_mma<T, D, true>(p, l);
+      }
+    } else if (l.large_tile) {
       emu_rows<T, D, cu::large_rows(int(sizeof(T)), D), S>(p, l);
+    } else {
+      emu_rows<T, D, cu::kSmallRows, S>(p, l);
     }
   } else {
     FAIL() << "head dim " << D << " with this q/page dtype is not compiled into the emulation "
@@ -143,7 +148,10 @@ class EmuBackend final : public Backend {
   void attend(const KvArena& arena, int32_t layer, const pagedkv::PlanView& plan,
               const pagedkv::Tensor3& q, const pagedkv::Tensor3& out,
               const pagedkv::AttentionArgs& args, void*) override {
-    cu::AttnPlan ap = cu::plan_attention(arena, layer, plan, q, out, args, /*sm_count=*/132);
+    cu::AttnPlan ap =
+        cu::plan_attention(arena, layer, plan, q, out, args, /*sm_count=*/132, max_smem);
+    last_generic = ap.launch.generic;
+    last_smem = ap.smem_bytes;
     std::vector<float> scratch(ap.scratch_bytes / sizeof(float) + 1);
     cu::attach_scratch(ap, scratch.data());
     last_splits = ap.params.num_splits;
@@ -197,8 +205,11 @@ class EmuBackend final : public Backend {
   }
   void synchronize(void*) override {}
 
+  size_t max_smem = SIZE_MAX;  // the device's opt-in shared memory per block
   int last_splits = 0;
   bool last_large = false;
+  bool last_generic = false;
+  size_t last_smem = 0;
   int units_seen = 0;
 };
 
@@ -206,7 +217,8 @@ struct EmuCase {
   DType dt;  // q, out, new k/v
   int head_dim;
   int group;
-  DType cache = DType::kI32;  // the pool's dtype; kI32 = dt
+  DType cache = DType::kI32;   // the pool's dtype; kI32 = dt
+  size_t max_smem = SIZE_MAX;  // the device's shared memory per block
 };
 
 class EmulatedAttention : public ::testing::TestWithParam<EmuCase> {};
@@ -216,6 +228,7 @@ class EmulatedAttention : public ::testing::TestWithParam<EmuCase> {};
 TEST_P(EmulatedAttention, KernelsMatchCpuBackend) {
   const EmuCase c = GetParam();
   EmuBackend emu;
+  emu.max_smem = c.max_smem;
   auto cpu = pagedkv::make_cpu_backend(1);
   std::mt19937_64 rng(uint64_t(c.head_dim) * 7919u + uint64_t(c.group) * 31u + uint64_t(c.dt) +
                       uint64_t(c.cache) * 131u);
@@ -243,6 +256,14 @@ TEST_P(EmulatedAttention, KernelsMatchCpuBackend) {
     EXPECT_EQ(pkv_emu::state().errors, 0) << pkv_emu::state().first_error;
     if (sc.splits > 0) EXPECT_EQ(emu.last_splits, sc.splits);
     if (sc.name == "heuristic-splits") EXPECT_GT(emu.last_splits, 1);
+    // On a 99 KB part the decode tile fits; the head-dim-256 prefill tile
+    // fits neither kernel, and the backend refuses it (PKV_E_UNSUPPORTED).
+    if (c.max_smem == SIZE_MAX || !emu.last_large) {
+      EXPECT_LE(emu.last_smem, c.max_smem) << "the chosen tile fits the device";
+    }
+    // Head dim 256 of f16/bf16 on a 99 KB part takes the generic kernel.
+    EXPECT_EQ(emu.last_generic, c.max_smem < 110 * 1024 && c.head_dim == 256 &&
+                                    c.cache == DType::kI32 && c.dt != DType::kF32);
     const Outputs r = run(*cpu, s, args, sc.lse);
     compare(s, g, r, sc.name);
   }
@@ -259,12 +280,18 @@ INSTANTIATE_TEST_SUITE_P(
         EmuCase{DType::kBF16, 128, 8, DType::kFp8E4m3},
         EmuCase{DType::kF16, 64, 4, DType::kFp8E4m3}, EmuCase{DType::kF16, 256, 1, DType::kFp8E4m3},
         EmuCase{DType::kBF16, 80, 4, DType::kFp8E5m2},
-        EmuCase{DType::kF16, 128, 8, DType::kFp8E5m2}),
+        EmuCase{DType::kF16, 128, 8, DType::kFp8E5m2},
+        // An sm_86/sm_89 part (99 KB per block): head dim 256 falls back
+        // to the generic kernel, which must fit.
+        EmuCase{DType::kF16, 256, 4, DType::kI32, 99 * 1024}),
     [](const ::testing::TestParamInfo<EmuCase>& i) {
       const std::string cache =
           i.param.cache == DType::kI32 ? "" : std::string("_") + dtype_name(i.param.cache);
       return std::string(dtype_name(i.param.dt)) + "_D" + std::to_string(i.param.head_dim) + "_G" +
-             std::to_string(i.param.group) + cache;
+             std::to_string(i.param.group) + cache +
+             (i.param.max_smem == SIZE_MAX
+                  ? ""
+                  : "_smem" + std::to_string(i.param.max_smem >> 10) + "k");
     });
 
 TEST(EmulatedKernels, WriteCopySwapMatchCpuBackend) {

@@ -1,0 +1,481 @@
+// The paged attention kernel for f16/bf16 pages, laid out as
+// FlashAttention-2 does it: the same work decomposition, masks and semantics
+// as paged_attention_kernel (attention.cuh), which keeps f32 and FP8 pages.
+//
+// Why a second kernel: the generic one keeps O in shared memory (so that the
+// online-softmax rescale needs no fragment layout) and runs the softmax one
+// warp per row, a shared-memory round trip of O and six barriers per 32
+// keys; it ran prefill at 3-6 % of contiguous SDPA and decode at 54-73 % of
+// read bandwidth on an H100 (bench/results/nvidia-h100.md). Here S = Q K^T
+// and O += P V are mma.sync m16n8k16 with operands from ldmatrix; Q, S, P,
+// O and the running max/sum stay in registers, P goes from S's accumulator
+// fragment to the A operand of P V without leaving the thread, and a tile
+// costs two barriers. K/V tiles of KT keys are double-buffered with cp.async
+// exactly as in the generic kernel (masked keys zero-filled, never read).
+//
+// Two modes of one template:
+//  - prefill (kDecode = false): 64 rows per CTA, each of the 4 warps owns 16
+//    rows for the whole key range;
+//  - decode (kDecode = true): 16 rows per CTA (a decode token's GQA group),
+//    each warp takes a quarter of every key tile with its own running
+//    max/sum/O, merged across the warps at the end through shared memory
+//    (flash-decoding inside the CTA: every K/V byte is loaded once for all
+//    rows, and the 4 warps work on different keys instead of padding rows).
+// Tiles that every row sees whole (most of a long context) skip the
+// per-element masks.
+//
+// Fragment layouts (g = lane / 4, t = lane % 4) are those of the PTX ISA for
+// m16n8k16 (see mma_16816 in common.cuh): a lane holds S and O for rows g
+// and g + 8 of its warp's 16, columns 2t and 2t + 1 of every 8-wide tile.
+#pragma once
+
+#include <type_traits>
+
+#include "common.cuh"
+#include "launch.h"
+
+namespace pagedkv {
+namespace cuda {
+
+constexpr int kMmaThreads = 128;
+constexpr int kMmaWarps = kMmaThreads / 32;
+
+template <typename T, int D, bool kDecode>
+struct MmaSmem {
+  static constexpr int kRows = kDecode ? 16 : 64;
+  // Keys per tile: S is KT/2 floats per lane in prefill (KT/8 in decode).
+  static constexpr int kKT = !kDecode && D >= 256 ? 32 : 64;
+  static constexpr int kKW = kDecode ? kKT / kMmaWarps : kKT;  // keys per warp per tile
+  // Rows padded by 16 bytes: the 8 row addresses of an ldmatrix phase then
+  // fall in distinct bank groups.
+  static constexpr int kLd = D + 8;
+  static constexpr int kLdP = kKT + 8;
+  // cp.async stages. Three for decode (two tiles in flight while one is
+  // computed) measured within run-to-run noise of two on an H200 (64 x 4096
+  // decode at 64-67 % of read bandwidth against 62-64 %) and would not fit
+  // the 99 KB of sm_86/sm_89 parts at head dim 128, so two everywhere.
+  static constexpr int kStages = 2;
+  static constexpr size_t kStage = size_t(kKT) * kLd * sizeof(T);
+  static constexpr size_t kK = 0;  // the stages of K, then those of V
+  static constexpr size_t kV = kStages * kStage;
+  static constexpr size_t kQ = 2 * kStages * kStage;
+  // P of every row, written only when a tile needs the add-back below.
+  static constexpr size_t kP = align_up(kQ + size_t(kRows) * kLd * sizeof(T), 128);
+  static constexpr size_t kValid = align_up(kP + size_t(kRows) * kLdP * sizeof(T), 128);
+  static constexpr size_t kBad = kValid + size_t(kStages) * kKT * sizeof(int);
+  static constexpr size_t kBytes = align_up(kBad + (kKT + 1) * sizeof(int), 128);
+  // Decode: each warp's O, max and sum, over the K/V stages once the loop is done.
+  static constexpr int kLdO = D + 4;
+  static constexpr size_t kMergeO = 0;
+  static constexpr size_t kMergeML = size_t(kMmaWarps) * kRows * kLdO * 4;
+  static_assert(!kDecode || kMergeML + 2 * kMmaWarps * kRows * 4 <= kQ, "merge fits the stages");
+  static_assert(D % 16 == 0 && kKW % 16 == 0, "mma tiles");
+  static_assert((kLd * sizeof(T)) % 16 == 0, "ldmatrix rows are 16-byte aligned");
+};
+
+template <typename T, int D, bool kDecode>
+__global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const AttnParams p) {
+  static_assert(sizeof(T) == 2, "f16 / bf16 only");
+  using L = MmaSmem<T, D, kDecode>;
+  constexpr int kRows = L::kRows;
+  constexpr int KT = L::kKT;
+  constexpr int KW = L::kKW;
+  constexpr int kLd = L::kLd;
+  constexpr int kVec = 8;  // elements per 16 bytes
+  constexpr int kChunks = D / kVec;
+  constexpr int kNT = KW / 8;  // 8-key column tiles of this warp's S
+  constexpr int kDT = D / 8;   // 8-wide column tiles of O
+  constexpr int kKS = D / 16;  // k-steps of Q K^T
+  constexpr bool kQInRegs = D <= 128;
+  constexpr int kStages = L::kStages;
+
+  PKV_EXTERN_SMEM(smem);
+  T* k_s = reinterpret_cast<T*>(smem + L::kK);
+  T* v_s = reinterpret_cast<T*>(smem + L::kV);
+  T* q_s = reinterpret_cast<T*>(smem + L::kQ);
+  T* p_s = reinterpret_cast<T*>(smem + L::kP);
+  int* valid_s = reinterpret_cast<int*>(smem + L::kValid);
+  int* bad_s = reinterpret_cast<int*>(smem + L::kBad);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int wrow = kDecode ? 0 : warp * 16;  // this warp's first row in the CTA
+  const int wkey = kDecode ? warp * KW : 0;  // this warp's first key in a tile
+  const int seq = blockIdx.x / p.tiles_per_seq;
+  const int tile = blockIdx.x % p.tiles_per_seq;
+  const int kvh = blockIdx.y;
+  const int split = blockIdx.z;
+
+  const int q_begin = p.query_indptr[seq];
+  const int n_q = p.query_indptr[seq + 1] - q_begin;
+  const int ctx = p.context_lens[seq];
+  const int group = p.group;
+  const int row0 = tile * kRows;
+  if (row0 >= n_q * group) return;  // uniform: this tile has no rows
+  const int n_rows = min(kRows, n_q * group - row0);
+  const int first_pos = ctx - n_q;
+  const int pos_lo = first_pos + row0 / group;
+  const int pos_hi = first_pos + (row0 + n_rows - 1) / group;
+
+  const int kv_begin = p.window > 0 ? max(0, pos_lo - p.window + 1) : 0;
+  const int kv_end = pos_hi + 1;
+  int chunk = (kv_end - kv_begin + p.num_splits - 1) / p.num_splits;
+  chunk = (chunk + KT - 1) / KT * KT;
+  const int s_begin = kv_begin + split * chunk;
+  const int s_end = min(kv_end, s_begin + chunk);
+  const int n_tiles = s_begin < s_end ? (s_end - s_begin + KT - 1) / KT : 0;
+
+  const int* pages = p.page_indices + p.page_indptr[seq];
+  const int bs = p.block_size;
+  const int64_t head_off = int64_t(kvh) * bs * D;
+  const int64_t block_elems = int64_t(p.num_kv_heads) * bs * D;
+  const T* k_plane = static_cast<const T*>(p.k_plane);
+  const T* v_plane = static_cast<const T*>(p.v_plane);
+
+  // Returns whether any key this thread loaded is masked (past the chunk,
+  // null page): such a tile takes the masked path.
+  auto load_tile = [&](int stage, int key0) {
+    int masked = 0;
+    for (int e = tid; e < KT * kChunks; e += kMmaThreads) {
+      const int jj = e / kChunks, c = e % kChunks;
+      const int j = key0 + jj;
+      int64_t off = 0;
+      bool ok = false;
+      if (j < s_end) {
+        const int page = pages[j / bs];
+        if (page != 0) {
+          ok = true;
+          off = int64_t(page) * block_elems + head_off + int64_t(j % bs) * D + c * kVec;
+        }
+      }
+      masked |= !ok;
+      const int n = ok ? 16 : 0;
+      cp_async16(k_s + (stage * KT + jj) * kLd + c * kVec, k_plane + off, n);
+      cp_async16(v_s + (stage * KT + jj) * kLd + c * kVec, v_plane + off, n);
+      if (c == 0) valid_s[stage * KT + jj] = ok;
+    }
+    cp_async_commit();
+    return masked;
+  };
+
+  // Bit s: a key this thread loaded into stage s is masked (a register,
+  // not an array indexed at run time, which would live in local memory).
+  int masked_bits = 0;
+  auto load_or_skip = [&](int tile_index) {
+    if (tile_index < n_tiles) {
+      const int st = tile_index % kStages;
+      const int m = load_tile(st, s_begin + tile_index * KT);
+      masked_bits = (masked_bits & ~(1 << st)) | (m << st);
+    } else {
+      cp_async_commit();  // an empty group keeps the wait counts uniform
+    }
+  };
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) load_or_skip(st);
+
+  const T* q = static_cast<const T*>(p.q);
+  for (int e = tid; e < kRows * D; e += kMmaThreads) {
+    const int r = e / D, d = e % D;
+    T val = from_float<T>(0.f);
+    if (r < n_rows) {
+      const int flat = row0 + r;
+      const int64_t token = q_begin + flat / group;
+      const int64_t head = int64_t(kvh) * group + flat % group;
+      val = q[token * p.q_s0 + head * p.q_s1 + d];
+    }
+    q_s[r * kLd + d] = val;
+  }
+
+  // This lane's two rows (h = 0: row g of the warp's 16, h = 1: row g + 8).
+  int pos_r[2];
+  bool live_r[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = wrow + g + 8 * h;
+    live_r[h] = r < n_rows;
+    pos_r[h] = first_pos + (row0 + r) / group;
+  }
+  float m_r[2] = {-INFINITY, -INFINITY};
+  float l_r[2] = {0.f, 0.f};  // this lane's share of the row sum
+  float o[kDT][4];
+#pragma unroll
+  for (int n = 0; n < kDT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+
+  const float scale = p.softmax_scale;
+  const float scale_log2 = scale * kLog2e;
+  const float cap = p.softcap;
+  const int window = p.window;
+  const T* q_row = q_s + (wrow + (lane & 15)) * kLd + (lane >> 4) * 8;
+  __syncthreads();
+  uint32_t qf[kQInRegs ? kKS : 1][4];
+  if constexpr (kQInRegs) {
+#pragma unroll
+    for (int k = 0; k < kKS; ++k) ldsm_x4<false>(qf[k], q_row + k * 16);
+  }
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t % kStages;
+    const int key0 = s_begin + t * KT;
+    // Into the stage tile t - 1 used: every thread passed its closing barrier.
+    load_or_skip(t + kStages - 1);
+    cp_async_wait<kStages - 1>();  // tile t's group is complete
+    const bool any_masked = __syncthreads_or((masked_bits >> stage) & 1) != 0;
+    const T* kt = k_s + stage * KT * kLd;
+    T* const vt = v_s + stage * KT * kLd;
+    const int* valid = valid_s + stage * KT;
+
+    // Partly visible keys (the causal diagonal, the window's edge): P V adds
+    // 0 * V for a row that cannot see a key, NaN when that V is not finite
+    // (a never-written slot). Such V values are zeroed here and their exact
+    // contribution added back after P V for the rows that see them, as in
+    // the generic kernel.
+    const bool partly = key0 + KT - 1 > pos_lo || (window > 0 && key0 <= pos_hi - window);
+    const bool full = !partly && !any_masked;  // every row sees every key of the tile
+    if (partly) {
+      for (int jj = tid; jj <= KT; jj += kMmaThreads) bad_s[jj] = 0;
+      __syncthreads();
+      for (int e = tid; e < KT * D; e += kMmaThreads) {
+        const int jj = e / D, d = e % D, j = key0 + jj;
+        const bool all_see = j <= pos_lo && (window <= 0 || j > pos_hi - window);
+        if (!valid[jj] || all_see) continue;
+        const float x = to_float(vt[jj * kLd + d]);
+        if (x - x != 0.f) {
+          vt[jj * kLd + d] = from_float<T>(0.f);
+          bad_s[jj] = 1;
+          bad_s[KT] = 1;
+        }
+      }
+      __syncthreads();
+    }
+
+    // ---- S = Q K^T (16 rows x KW keys per warp)
+    float s[kNT][4];
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int k = 0; k < kKS; ++k) {
+      uint32_t a[4];
+      if constexpr (kQInRegs) {
+        a[0] = qf[k][0], a[1] = qf[k][1], a[2] = qf[k][2], a[3] = qf[k][3];
+      } else {
+        ldsm_x4<false>(a, q_row + k * 16);
+      }
+#pragma unroll
+      for (int n2 = 0; n2 < kNT / 2; ++n2) {
+        // Keys wkey + n2*16 .. +15, dims 16k .. +15: b of column tiles 2 n2, 2 n2 + 1.
+        uint32_t b[4];
+        ldsm_x4<false>(b, kt + (wkey + n2 * 16 + (lane & 7) + ((lane >> 4) << 3)) * kLd + k * 16 +
+                              ((lane >> 3) & 1) * 8);
+        mma_16816<T>(s[2 * n2], a, b[0], b[1]);
+        mma_16816<T>(s[2 * n2 + 1], a, b[2], b[3]);
+      }
+    }
+
+    // ---- online softmax over this lane's two rows
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+      if (full) {
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float x = s[n][2 * h + c];
+            x = cap > 0.f ? cap * tanhf(x * scale / cap) * kLog2e : x * scale_log2;
+            s[n][2 * h + c] = x;
+            mx = fmaxf(mx, x);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int jj = wkey + n * 8 + 2 * t4 + c, j = key0 + jj;
+            const int pos = pos_r[h];
+            float x = -INFINITY;
+            if (live_r[h] && valid[jj] && j <= pos && (window <= 0 || j > pos - window)) {
+              const float y = s[n][2 * h + c];
+              x = cap > 0.f ? cap * tanhf(y * scale / cap) * kLog2e : y * scale_log2;
+            }
+            s[n][2 * h + c] = x;
+            mx = fmaxf(mx, x);
+          }
+        }
+      }
+      mx = fmaxf(mx, shfl_xor(mx, 1));
+      mx = fmaxf(mx, shfl_xor(mx, 2));
+      const float m_new = fmaxf(m_r[h], mx);
+      alpha[h] = m_r[h] == m_new ? 1.f : exp2f(m_r[h] - m_new);
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float x = s[n][2 * h + c];
+          const float pr = x == -INFINITY ? 0.f : exp2f(x - m_new);
+          s[n][2 * h + c] = pr;
+          sum += pr;
+        }
+      }
+      l_r[h] = l_r[h] * alpha[h] + sum;
+      m_r[h] = m_new;
+    }
+#pragma unroll
+    for (int n = 0; n < kDT; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+
+    // ---- O += P V: S's accumulator fragments of column tiles 2j and
+    // 2j + 1 are the A fragment of the warp's keys 16j .. 16j + 15.
+#pragma unroll
+    for (int j = 0; j < KW / 16; ++j) {
+      uint32_t a[4];
+      a[0] = pack2<T>(s[2 * j][0], s[2 * j][1]);
+      a[1] = pack2<T>(s[2 * j][2], s[2 * j][3]);
+      a[2] = pack2<T>(s[2 * j + 1][0], s[2 * j + 1][1]);
+      a[3] = pack2<T>(s[2 * j + 1][2], s[2 * j + 1][3]);
+#pragma unroll
+      for (int n2 = 0; n2 < kDT / 2; ++n2) {
+        // Keys (rows of V) wkey + 16j .. +15, dims n2*16 .. +15, transposed.
+        uint32_t b[4];
+        ldsm_x4<true>(b, vt + (wkey + j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kLd + n2 * 16 +
+                             (lane >> 4) * 8);
+        mma_16816<T>(o[2 * n2], a, b[0], b[1]);
+        mma_16816<T>(o[2 * n2 + 1], a, b[2], b[3]);
+      }
+    }
+
+    if (partly && bad_s[KT]) {
+      // The zeroed values, read again from the cache, times P as the tensor
+      // cores saw it (rounded to T), for the rows that see them.
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t w = pack2<T>(s[n][2 * h], s[n][2 * h + 1]);
+          memcpy(p_s + (wrow + g + 8 * h) * L::kLdP + wkey + n * 8 + 2 * t4, &w, 4);
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (!live_r[h]) continue;
+        const int pos = pos_r[h];
+        const T* prow = p_s + (wrow + g + 8 * h) * L::kLdP;
+        for (int jj = wkey; jj < wkey + KW; ++jj) {
+          const int j = key0 + jj;
+          if (!bad_s[jj] || j > pos || (window > 0 && j <= pos - window)) continue;
+          const float pj = to_float(prow[jj]);
+          const int64_t base =
+              int64_t(pages[j / bs]) * block_elems + head_off + int64_t(j % bs) * D;
+#pragma unroll
+          for (int n = 0; n < kDT; ++n) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              o[n][2 * h + c] =
+                  fmaf(pj, to_float(v_plane[base + n * 8 + 2 * t4 + c]), o[n][2 * h + c]);
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // the stage is free for the load issued next iteration
+  }
+
+  // This lane's full row sums (the 4 lanes of a row hold a share each).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_r[h] += shfl_xor(l_r[h], 1);
+    l_r[h] += shfl_xor(l_r[h], 2);
+  }
+
+  if constexpr (kDecode) {
+    // Merge the warps' partial results (each saw a quarter of every tile):
+    // O = sum_w 2^(m_w - m) O_w, l = sum_w 2^(m_w - m) l_w. The K/V stages
+    // are free (the loop ended on a barrier, or never ran).
+    float* mo = reinterpret_cast<float*>(smem + L::kMergeO);
+    float* mm = reinterpret_cast<float*>(smem + L::kMergeML);
+    float* ml = mm + kMmaWarps * kRows;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = g + 8 * h;
+      if (t4 == 0) {
+        mm[warp * kRows + r] = m_r[h];
+        ml[warp * kRows + r] = l_r[h];
+      }
+#pragma unroll
+      for (int n = 0; n < kDT; ++n) {
+        mo[(warp * kRows + r) * L::kLdO + n * 8 + 2 * t4] = o[n][2 * h];
+        mo[(warp * kRows + r) * L::kLdO + n * 8 + 2 * t4 + 1] = o[n][2 * h + 1];
+      }
+    }
+    __syncthreads();
+    for (int e = tid; e < n_rows * D; e += kMmaThreads) {
+      const int r = e / D, d = e % D;
+      float m = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kMmaWarps; ++w) m = fmaxf(m, mm[w * kRows + r]);
+      float l = 0.f, acc = 0.f;
+      if (m != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < kMmaWarps; ++w) {
+          const float wt = exp2f(mm[w * kRows + r] - m);  // 0 for a warp that saw no key
+          l = fmaf(wt, ml[w * kRows + r], l);
+          acc = fmaf(wt, mo[(w * kRows + r) * L::kLdO + d], acc);
+        }
+      }
+      const int flat = row0 + r;
+      const int64_t token = q_begin + flat / group;
+      const int64_t head = int64_t(kvh) * group + flat % group;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float lse2 = l > 0.f ? m + log2f(l) : -INFINITY;
+      if (p.num_splits == 1) {
+        T* out = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
+        out[d] = from_float<T>(acc * inv);
+        if (p.lse != nullptr && d == 0) p.lse[token * p.lse_s0 + head] = lse2 * kLn2;
+      } else {
+        const int64_t prow = (int64_t(split) * p.num_tokens + token) * p.num_q_heads + head;
+        p.part_o[prow * D + d] = acc * inv;
+        if (d == 0) p.part_lse[prow] = lse2;
+      }
+    }
+  } else {
+    // ---- normalise and store (directly, or as this split's partial result)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (!live_r[h]) continue;
+      const float l = l_r[h];
+      const int flat = row0 + wrow + g + 8 * h;
+      const int64_t token = q_begin + flat / group;
+      const int64_t head = int64_t(kvh) * group + flat % group;
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float lse2 = l > 0.f ? m_r[h] + log2f(l) : -INFINITY;
+      if (p.num_splits == 1) {
+        T* out = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
+#pragma unroll
+        for (int n = 0; n < kDT; ++n) {
+          out[n * 8 + 2 * t4] = from_float<T>(o[n][2 * h] * inv);
+          out[n * 8 + 2 * t4 + 1] = from_float<T>(o[n][2 * h + 1] * inv);
+        }
+        if (p.lse != nullptr && t4 == 0) p.lse[token * p.lse_s0 + head] = lse2 * kLn2;
+      } else {
+        const int64_t prow = (int64_t(split) * p.num_tokens + token) * p.num_q_heads + head;
+        float* po = p.part_o + prow * D;
+#pragma unroll
+        for (int n = 0; n < kDT; ++n) {
+          po[n * 8 + 2 * t4] = o[n][2 * h] * inv;
+          po[n * 8 + 2 * t4 + 1] = o[n][2 * h + 1] * inv;
+        }
+        if (t4 == 0) p.part_lse[prow] = lse2;
+      }
+    }
+  }
+}
+
+}  // namespace cuda
+}  // namespace pagedkv
