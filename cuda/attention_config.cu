@@ -76,7 +76,9 @@ size_t attn_mma_smem_bytes(int head_dim, bool large_tile) {
       return 0;
   }
 }
-int attn_mma_large_rows() { return MmaSmem<__half, 64, false>::kRows; }
+int attn_mma_large_rows(int head_dim) {
+  return head_dim == 256 ? MmaSmem<__half, 256, false>::kRows : MmaSmem<__half, 128, false>::kRows;
+}
 
 size_t attn_max_smem_bytes() {
   size_t mma = 0;

@@ -14,8 +14,8 @@
 // exactly as in the generic kernel (masked keys zero-filled, never read).
 //
 // Two modes of one template:
-//  - prefill (kDecode = false): 64 rows per CTA, each of the 4 warps owns 16
-//    rows for the whole key range;
+//  - prefill (kDecode = false): each of the 4 warps owns 32 rows (two 16-row
+//    m-tiles; 16 at head dim 256) for the whole key range, 128 (64) per CTA;
 //  - decode (kDecode = true): 16 rows per CTA (a decode token's GQA group),
 //    each warp takes a quarter of every key tile with its own running
 //    max/sum/O, merged across the warps at the end through shared memory
@@ -26,7 +26,8 @@
 //
 // Fragment layouts (g = lane / 4, t = lane % 4) are those of the PTX ISA for
 // m16n8k16 (see mma_16816 in common.cuh): a lane holds S and O for rows g
-// and g + 8 of its warp's 16, columns 2t and 2t + 1 of every 8-wide tile.
+// and g + 8 of each of its warp's m-tiles, columns 2t and 2t + 1 of every
+// 8-wide tile.
 #pragma once
 
 #include <type_traits>
@@ -42,9 +43,15 @@ constexpr int kMmaWarps = kMmaThreads / 32;
 
 template <typename T, int D, bool kDecode>
 struct MmaSmem {
-  static constexpr int kRows = kDecode ? 16 : 64;
-  // Keys per tile: S is KT/2 floats per lane in prefill (KT/8 in decode).
-  static constexpr int kKT = !kDecode && D >= 256 ? 32 : 64;
+  // 16-row m-tiles per warp: two in prefill up to head dim 128, so that every
+  // K/V fragment read from shared memory feeds four mma instead of two
+  // (ldmatrix bandwidth, not the tensor cores, bounded the one-m-tile tile).
+  static constexpr int kMT = !kDecode && D <= 128 ? 2 : 1;
+  static constexpr int kRows = kDecode ? 16 : 64 * kMT;
+  // Keys per tile: S is kMT * KT/2 floats per lane in prefill (KT/8 in
+  // decode). With two m-tiles, 48 (32 at head dim 128) keeps two CTAs per
+  // SM (shared memory) and the registers within 255 without spills.
+  static constexpr int kKT = kDecode ? 64 : kMT == 2 ? (D >= 128 ? 32 : 48) : D >= 256 ? 32 : 64;
   static constexpr int kKW = kDecode ? kKT / kMmaWarps : kKT;  // keys per warp per tile
   // Rows padded by 16 bytes: the 8 row addresses of an ldmatrix phase then
   // fall in distinct bank groups.
@@ -59,9 +66,10 @@ struct MmaSmem {
   static constexpr size_t kK = 0;  // the stages of K, then those of V
   static constexpr size_t kV = kStages * kStage;
   static constexpr size_t kQ = 2 * kStages * kStage;
-  // P of every row, written only when a tile needs the add-back below.
+  // P of one m-tile of every warp, written only when a tile needs the
+  // add-back below.
   static constexpr size_t kP = align_up(kQ + size_t(kRows) * kLd * sizeof(T), 128);
-  static constexpr size_t kValid = align_up(kP + size_t(kRows) * kLdP * sizeof(T), 128);
+  static constexpr size_t kValid = align_up(kP + size_t(kMmaWarps * 16) * kLdP * sizeof(T), 128);
   static constexpr size_t kBad = kValid + size_t(kStages) * kKT * sizeof(int);
   static constexpr size_t kBytes = align_up(kBad + (kKT + 1) * sizeof(int), 128);
   // Decode: each warp's O, max and sum, over the K/V stages once the loop is done.
@@ -86,7 +94,8 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
   constexpr int kNT = KW / 8;  // 8-key column tiles of this warp's S
   constexpr int kDT = D / 8;   // 8-wide column tiles of O
   constexpr int kKS = D / 16;  // k-steps of Q K^T
-  constexpr bool kQInRegs = D <= 128;
+  constexpr int kMT = L::kMT;
+  constexpr bool kQInRegs = kMT == 1 && D <= 128;
   constexpr int kStages = L::kStages;
 
   PKV_EXTERN_SMEM(smem);
@@ -99,8 +108,8 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
-  const int wrow = kDecode ? 0 : warp * 16;  // this warp's first row in the CTA
-  const int wkey = kDecode ? warp * KW : 0;  // this warp's first key in a tile
+  const int wrow = kDecode ? 0 : warp * 16 * kMT;  // this warp's first row in the CTA
+  const int wkey = kDecode ? warp * KW : 0;        // this warp's first key in a tile
   const int seq = blockIdx.x / p.tiles_per_seq;
   const int tile = blockIdx.x % p.tiles_per_seq;
   const int kvh = blockIdx.y;
@@ -186,20 +195,24 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
     q_s[r * kLd + d] = val;
   }
 
-  // This lane's two rows (h = 0: row g of the warp's 16, h = 1: row g + 8).
-  int pos_r[2];
-  bool live_r[2];
+  // This lane's rows: m-tile mt, h = 0: row g of its 16, h = 1: row g + 8.
+  int pos_r[kMT][2];
+  bool live_r[kMT][2];
+  float m_r[kMT][2], l_r[kMT][2];  // l: this lane's share of the row sum
+  float o[kMT][kDT][4];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = wrow + g + 8 * h;
-    live_r[h] = r < n_rows;
-    pos_r[h] = first_pos + (row0 + r) / group;
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wrow + mt * 16 + g + 8 * h;
+      live_r[mt][h] = r < n_rows;
+      pos_r[mt][h] = first_pos + (row0 + r) / group;
+      m_r[mt][h] = -INFINITY;
+      l_r[mt][h] = 0.f;
+    }
+#pragma unroll
+    for (int n = 0; n < kDT; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
   }
-  float m_r[2] = {-INFINITY, -INFINITY};
-  float l_r[2] = {0.f, 0.f};  // this lane's share of the row sum
-  float o[kDT][4];
-#pragma unroll
-  for (int n = 0; n < kDT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
   const float scale = p.softmax_scale;
   const float scale_log2 = scale * kLog2e;
@@ -248,17 +261,23 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
       __syncthreads();
     }
 
-    // ---- S = Q K^T (16 rows x KW keys per warp)
-    float s[kNT][4];
+    // ---- S = Q K^T (kMT x 16 rows x KW keys per warp)
+    float s[kMT][kNT][4];
 #pragma unroll
-    for (int n = 0; n < kNT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+    }
 #pragma unroll
     for (int k = 0; k < kKS; ++k) {
-      uint32_t a[4];
-      if constexpr (kQInRegs) {
-        a[0] = qf[k][0], a[1] = qf[k][1], a[2] = qf[k][2], a[3] = qf[k][3];
-      } else {
-        ldsm_x4<false>(a, q_row + k * 16);
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        if constexpr (kQInRegs) {
+          a[mt][0] = qf[k][0], a[mt][1] = qf[k][1], a[mt][2] = qf[k][2], a[mt][3] = qf[k][3];
+        } else {
+          ldsm_x4<false>(a[mt], q_row + mt * 16 * kLd + k * 16);
+        }
       }
 #pragma unroll
       for (int n2 = 0; n2 < kNT / 2; ++n2) {
@@ -266,122 +285,140 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
         uint32_t b[4];
         ldsm_x4<false>(b, kt + (wkey + n2 * 16 + (lane & 7) + ((lane >> 4) << 3)) * kLd + k * 16 +
                               ((lane >> 3) & 1) * 8);
-        mma_16816<T>(s[2 * n2], a, b[0], b[1]);
-        mma_16816<T>(s[2 * n2 + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<T>(s[mt][2 * n2], a[mt], b[0], b[1]);
+          mma_16816<T>(s[mt][2 * n2 + 1], a[mt], b[2], b[3]);
+        }
       }
     }
 
-    // ---- online softmax over this lane's two rows
-    float alpha[2];
+    // ---- online softmax over this lane's rows
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = -INFINITY;
-      if (full) {
+    for (int mt = 0; mt < kMT; ++mt) {
+      float alpha[2];
 #pragma unroll
-        for (int n = 0; n < kNT; ++n) {
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+        if (full) {
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            float x = s[n][2 * h + c];
-            x = cap > 0.f ? cap * tanhf(x * scale / cap) * kLog2e : x * scale_log2;
-            s[n][2 * h + c] = x;
-            mx = fmaxf(mx, x);
-          }
-        }
-      } else {
+          for (int n = 0; n < kNT; ++n) {
 #pragma unroll
-        for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int jj = wkey + n * 8 + 2 * t4 + c, j = key0 + jj;
-            const int pos = pos_r[h];
-            float x = -INFINITY;
-            if (live_r[h] && valid[jj] && j <= pos && (window <= 0 || j > pos - window)) {
-              const float y = s[n][2 * h + c];
-              x = cap > 0.f ? cap * tanhf(y * scale / cap) * kLog2e : y * scale_log2;
+            for (int c = 0; c < 2; ++c) {
+              float x = s[mt][n][2 * h + c];
+              x = cap > 0.f ? cap * tanhf(x * scale / cap) * kLog2e : x * scale_log2;
+              s[mt][n][2 * h + c] = x;
+              mx = fmaxf(mx, x);
             }
-            s[n][2 * h + c] = x;
-            mx = fmaxf(mx, x);
+          }
+        } else {
+#pragma unroll
+          for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int jj = wkey + n * 8 + 2 * t4 + c, j = key0 + jj;
+              const int pos = pos_r[mt][h];
+              float x = -INFINITY;
+              if (live_r[mt][h] && valid[jj] && j <= pos && (window <= 0 || j > pos - window)) {
+                const float y = s[mt][n][2 * h + c];
+                x = cap > 0.f ? cap * tanhf(y * scale / cap) * kLog2e : y * scale_log2;
+              }
+              s[mt][n][2 * h + c] = x;
+              mx = fmaxf(mx, x);
+            }
           }
         }
-      }
-      mx = fmaxf(mx, shfl_xor(mx, 1));
-      mx = fmaxf(mx, shfl_xor(mx, 2));
-      const float m_new = fmaxf(m_r[h], mx);
-      alpha[h] = m_r[h] == m_new ? 1.f : exp2f(m_r[h] - m_new);
-      float sum = 0.f;
+        mx = fmaxf(mx, shfl_xor(mx, 1));
+        mx = fmaxf(mx, shfl_xor(mx, 2));
+        const float m_new = fmaxf(m_r[mt][h], mx);
+        alpha[h] = m_r[mt][h] == m_new ? 1.f : exp2f(m_r[mt][h] - m_new);
+        float sum = 0.f;
 #pragma unroll
-      for (int n = 0; n < kNT; ++n) {
+        for (int n = 0; n < kNT; ++n) {
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float x = s[n][2 * h + c];
-          const float pr = x == -INFINITY ? 0.f : exp2f(x - m_new);
-          s[n][2 * h + c] = pr;
-          sum += pr;
+          for (int c = 0; c < 2; ++c) {
+            const float x = s[mt][n][2 * h + c];
+            const float pr = x == -INFINITY ? 0.f : exp2f(x - m_new);
+            s[mt][n][2 * h + c] = pr;
+            sum += pr;
+          }
         }
+        l_r[mt][h] = l_r[mt][h] * alpha[h] + sum;
+        m_r[mt][h] = m_new;
       }
-      l_r[h] = l_r[h] * alpha[h] + sum;
-      m_r[h] = m_new;
-    }
 #pragma unroll
-    for (int n = 0; n < kDT; ++n) {
-      o[n][0] *= alpha[0];
-      o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1];
-      o[n][3] *= alpha[1];
+      for (int n = 0; n < kDT; ++n) {
+        o[mt][n][0] *= alpha[0];
+        o[mt][n][1] *= alpha[0];
+        o[mt][n][2] *= alpha[1];
+        o[mt][n][3] *= alpha[1];
+      }
     }
 
     // ---- O += P V: S's accumulator fragments of column tiles 2j and
     // 2j + 1 are the A fragment of the warp's keys 16j .. 16j + 15.
 #pragma unroll
     for (int j = 0; j < KW / 16; ++j) {
-      uint32_t a[4];
-      a[0] = pack2<T>(s[2 * j][0], s[2 * j][1]);
-      a[1] = pack2<T>(s[2 * j][2], s[2 * j][3]);
-      a[2] = pack2<T>(s[2 * j + 1][0], s[2 * j + 1][1]);
-      a[3] = pack2<T>(s[2 * j + 1][2], s[2 * j + 1][3]);
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        a[mt][0] = pack2<T>(s[mt][2 * j][0], s[mt][2 * j][1]);
+        a[mt][1] = pack2<T>(s[mt][2 * j][2], s[mt][2 * j][3]);
+        a[mt][2] = pack2<T>(s[mt][2 * j + 1][0], s[mt][2 * j + 1][1]);
+        a[mt][3] = pack2<T>(s[mt][2 * j + 1][2], s[mt][2 * j + 1][3]);
+      }
 #pragma unroll
       for (int n2 = 0; n2 < kDT / 2; ++n2) {
         // Keys (rows of V) wkey + 16j .. +15, dims n2*16 .. +15, transposed.
         uint32_t b[4];
         ldsm_x4<true>(b, vt + (wkey + j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kLd + n2 * 16 +
                              (lane >> 4) * 8);
-        mma_16816<T>(o[2 * n2], a, b[0], b[1]);
-        mma_16816<T>(o[2 * n2 + 1], a, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<T>(o[mt][2 * n2], a[mt], b[0], b[1]);
+          mma_16816<T>(o[mt][2 * n2 + 1], a[mt], b[2], b[3]);
+        }
       }
     }
 
     if (partly && bad_s[KT]) {
       // The zeroed values, read again from the cache, times P as the tensor
-      // cores saw it (rounded to T), for the rows that see them.
+      // cores saw it (rounded to T), for the rows that see them; one m-tile
+      // at a time through the warp's 16 rows of P in shared memory.
+      T* pw = p_s + warp * 16 * L::kLdP;
 #pragma unroll
-      for (int n = 0; n < kNT; ++n) {
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t w = pack2<T>(s[mt][n][2 * h], s[mt][n][2 * h + 1]);
+            memcpy(pw + (g + 8 * h) * L::kLdP + wkey + n * 8 + 2 * t4, &w, 4);
+          }
+        }
+        __syncthreads();
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t w = pack2<T>(s[n][2 * h], s[n][2 * h + 1]);
-          memcpy(p_s + (wrow + g + 8 * h) * L::kLdP + wkey + n * 8 + 2 * t4, &w, 4);
-        }
-      }
-      __syncthreads();
+          if (!live_r[mt][h]) continue;
+          const int pos = pos_r[mt][h];
+          const T* prow = pw + (g + 8 * h) * L::kLdP;
+          for (int jj = wkey; jj < wkey + KW; ++jj) {
+            const int j = key0 + jj;
+            if (!bad_s[jj] || j > pos || (window > 0 && j <= pos - window)) continue;
+            const float pj = to_float(prow[jj]);
+            const int64_t base =
+                int64_t(pages[j / bs]) * block_elems + head_off + int64_t(j % bs) * D;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (!live_r[h]) continue;
-        const int pos = pos_r[h];
-        const T* prow = p_s + (wrow + g + 8 * h) * L::kLdP;
-        for (int jj = wkey; jj < wkey + KW; ++jj) {
-          const int j = key0 + jj;
-          if (!bad_s[jj] || j > pos || (window > 0 && j <= pos - window)) continue;
-          const float pj = to_float(prow[jj]);
-          const int64_t base =
-              int64_t(pages[j / bs]) * block_elems + head_off + int64_t(j % bs) * D;
+            for (int n = 0; n < kDT; ++n) {
 #pragma unroll
-          for (int n = 0; n < kDT; ++n) {
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              o[n][2 * h + c] =
-                  fmaf(pj, to_float(v_plane[base + n * 8 + 2 * t4 + c]), o[n][2 * h + c]);
+              for (int c = 0; c < 2; ++c) {
+                o[mt][n][2 * h + c] =
+                    fmaf(pj, to_float(v_plane[base + n * 8 + 2 * t4 + c]), o[mt][n][2 * h + c]);
+              }
             }
           }
         }
+        __syncthreads();  // the next m-tile's P goes where this one was
       }
     }
     __syncthreads();  // the stage is free for the load issued next iteration
@@ -389,9 +426,12 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
 
   // This lane's full row sums (the 4 lanes of a row hold a share each).
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l_r[h] += shfl_xor(l_r[h], 1);
-    l_r[h] += shfl_xor(l_r[h], 2);
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_r[mt][h] += shfl_xor(l_r[mt][h], 1);
+      l_r[mt][h] += shfl_xor(l_r[mt][h], 2);
+    }
   }
 
   if constexpr (kDecode) {
@@ -405,13 +445,13 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
     for (int h = 0; h < 2; ++h) {
       const int r = g + 8 * h;
       if (t4 == 0) {
-        mm[warp * kRows + r] = m_r[h];
-        ml[warp * kRows + r] = l_r[h];
+        mm[warp * kRows + r] = m_r[0][h];
+        ml[warp * kRows + r] = l_r[0][h];
       }
 #pragma unroll
       for (int n = 0; n < kDT; ++n) {
-        mo[(warp * kRows + r) * L::kLdO + n * 8 + 2 * t4] = o[n][2 * h];
-        mo[(warp * kRows + r) * L::kLdO + n * 8 + 2 * t4 + 1] = o[n][2 * h + 1];
+        mo[(warp * kRows + r) * L::kLdO + n * 8 + 2 * t4] = o[0][n][2 * h];
+        mo[(warp * kRows + r) * L::kLdO + n * 8 + 2 * t4 + 1] = o[0][n][2 * h + 1];
       }
     }
     __syncthreads();
@@ -447,31 +487,34 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
   } else {
     // ---- normalise and store (directly, or as this split's partial result)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (!live_r[h]) continue;
-      const float l = l_r[h];
-      const int flat = row0 + wrow + g + 8 * h;
-      const int64_t token = q_begin + flat / group;
-      const int64_t head = int64_t(kvh) * group + flat % group;
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const float lse2 = l > 0.f ? m_r[h] + log2f(l) : -INFINITY;
-      if (p.num_splits == 1) {
-        T* out = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
+    for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-        for (int n = 0; n < kDT; ++n) {
-          out[n * 8 + 2 * t4] = from_float<T>(o[n][2 * h] * inv);
-          out[n * 8 + 2 * t4 + 1] = from_float<T>(o[n][2 * h + 1] * inv);
-        }
-        if (p.lse != nullptr && t4 == 0) p.lse[token * p.lse_s0 + head] = lse2 * kLn2;
-      } else {
-        const int64_t prow = (int64_t(split) * p.num_tokens + token) * p.num_q_heads + head;
-        float* po = p.part_o + prow * D;
+      for (int h = 0; h < 2; ++h) {
+        if (!live_r[mt][h]) continue;
+        const float l = l_r[mt][h];
+        const int flat = row0 + wrow + mt * 16 + g + 8 * h;
+        const int64_t token = q_begin + flat / group;
+        const int64_t head = int64_t(kvh) * group + flat % group;
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float lse2 = l > 0.f ? m_r[mt][h] + log2f(l) : -INFINITY;
+        if (p.num_splits == 1) {
+          T* out = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
 #pragma unroll
-        for (int n = 0; n < kDT; ++n) {
-          po[n * 8 + 2 * t4] = o[n][2 * h] * inv;
-          po[n * 8 + 2 * t4 + 1] = o[n][2 * h + 1] * inv;
+          for (int n = 0; n < kDT; ++n) {
+            out[n * 8 + 2 * t4] = from_float<T>(o[mt][n][2 * h] * inv);
+            out[n * 8 + 2 * t4 + 1] = from_float<T>(o[mt][n][2 * h + 1] * inv);
+          }
+          if (p.lse != nullptr && t4 == 0) p.lse[token * p.lse_s0 + head] = lse2 * kLn2;
+        } else {
+          const int64_t prow = (int64_t(split) * p.num_tokens + token) * p.num_q_heads + head;
+          float* po = p.part_o + prow * D;
+#pragma unroll
+          for (int n = 0; n < kDT; ++n) {
+            po[n * 8 + 2 * t4] = o[mt][n][2 * h] * inv;
+            po[n * 8 + 2 * t4 + 1] = o[mt][n][2 * h + 1] * inv;
+          }
+          if (t4 == 0) p.part_lse[prow] = lse2;
         }
-        if (t4 == 0) p.part_lse[prow] = lse2;
       }
     }
   }

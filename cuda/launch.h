@@ -51,7 +51,7 @@ struct AttnParams {
 struct AttnLaunch {
   int32_t head_dim;  // 64, 80, 96, 128, 256
   bool large_tile;   // false: 16 rows per CTA (decode); true: prefill tile
-                     // (16 and 64 rows for f16/bf16 pages)
+                     // (16 and 128 rows, 64 at head dim 256, for f16/bf16 pages)
   int32_t num_seqs;
   // f16/bf16 pages on the generic kernel instead of the mma.sync one (head
   // dim 256 on devices with too little shared memory for the latter).
@@ -80,7 +80,7 @@ size_t attn_smem_bytes_fp8(int head_dim, bool large_tile);
 // f16/bf16 pages (paged_attention_mma_kernel): rows per CTA of the large
 // tile (the small one has attn_small_rows()) and dynamic shared memory (f16
 // and bf16 are equal).
-int attn_mma_large_rows();
+int attn_mma_large_rows(int head_dim);
 size_t attn_mma_smem_bytes(int head_dim, bool large_tile);
 // Largest dynamic shared memory any attention instantiation asks for.
 size_t attn_max_smem_bytes();

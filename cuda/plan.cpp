@@ -89,7 +89,7 @@ AttnPlan plan_attention(const KvArena& arena, int32_t layer, const PlanView& pla
   const bool mma_kernel =
       !fp8 && elt == 2 && (D != 256 || attn_mma_smem_bytes(D, large) <= max_smem);
   const int rows = !large       ? attn_small_rows()
-                   : mma_kernel ? attn_mma_large_rows()
+                   : mma_kernel ? attn_mma_large_rows(D)
                                 : attn_large_rows(elt, D);
 
   AttnPlan r{};
