@@ -35,6 +35,7 @@
 #include <atomic>
 #include <type_traits>
 
+#include "attention_cta.cuh"
 #include "attention_mma.cuh"
 #include "common.cuh"
 #include "launch.h"
@@ -119,45 +120,25 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
   [[maybe_unused]] uint8_t* raw_s = smem + L::kRaw;  // FP8 only
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int seq = blockIdx.x / p.tiles_per_seq;
-  const int tile = blockIdx.x % p.tiles_per_seq;
-  const int kvh = blockIdx.y;
-  const int split = blockIdx.z;
-
-  const int q_begin = p.query_indptr[seq];
-  const int n_q = p.query_indptr[seq + 1] - q_begin;
-  const int ctx = p.context_lens[seq];
-  const int group = p.group;
-  const int row0 = tile * ROWS;
-  if (row0 >= n_q * group) return;  // uniform: this tile has no rows
-  const int n_rows = min(ROWS, n_q * group - row0);
-  const int first_pos = ctx - n_q;  // position of the sequence's first query
-  const int pos_lo = first_pos + row0 / group;
-  const int pos_hi = first_pos + (row0 + n_rows - 1) / group;
-
-  // Keys any row of this CTA can see, then this split's share of them.
-  const int kv_begin = p.window > 0 ? max(0, pos_lo - p.window + 1) : 0;
-  const int kv_end = pos_hi + 1;
-  int chunk = (kv_end - kv_begin + p.num_splits - 1) / p.num_splits;
-  chunk = (chunk + KT - 1) / KT * KT;
-  const int s_begin = kv_begin + split * chunk;
-  const int s_end = min(kv_end, s_begin + chunk);
-  const int n_tiles = s_begin < s_end ? (s_end - s_begin + KT - 1) / KT : 0;
-
-  const int* pages = p.page_indices + p.page_indptr[seq];
-  const int bs = p.block_size;
-  const int64_t head_off = int64_t(kvh) * bs * D;
-  const int64_t block_elems = int64_t(p.num_kv_heads) * bs * D;
+  CtaWork w;
+  if (!cta_work<ROWS, KT, D>(p, w)) return;  // uniform: this tile has no rows
+  const int q_begin = w.q_begin, group = w.group, row0 = w.row0, n_rows = w.n_rows;
+  const int first_pos = w.first_pos, kvh = w.kvh;
+  const int split = w.split, s_begin = w.s_begin, n_tiles = w.n_tiles, bs = w.bs;
+  const int* pages = w.pages;
+  const int64_t head_off = w.head_off, block_elems = w.block_elems;
   const SE* k_plane = static_cast<const SE*>(p.k_plane);
   const SE* v_plane = static_cast<const SE*>(p.v_plane);
 
   auto load_tile = [&](int stage, int key0) {
     for (int e = tid; e < KT * kChunks; e += kAttnThreads) {
       const int jj = e / kChunks, c = e % kChunks;
+      // Inline rather than key_row (attention_cta.cuh): with the helper, the
+      // f32 x 256 large tile spills 24 bytes (sm_90).
       const int j = key0 + jj;
       int64_t off = 0;
       bool ok = false;
-      if (j < s_end) {
+      if (j < w.s_end) {
         const int page = pages[j / bs];
         if (page != 0) {
           ok = true;
@@ -181,19 +162,8 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
   if (n_tiles > 0) load_tile(0, s_begin);
 
   // Query rows (zero beyond n_rows) and the f32 output accumulator.
-  const T* q = static_cast<const T*>(p.q);
-  for (int e = tid; e < ROWS * D; e += kAttnThreads) {
-    const int r = e / D, d = e % D;
-    T val = from_float<T>(0.f);
-    if (r < n_rows) {
-      const int flat = row0 + r;
-      const int64_t token = q_begin + flat / group;
-      const int64_t head = int64_t(kvh) * group + flat % group;
-      val = q[token * p.q_s0 + head * p.q_s1 + d];
-    }
-    q_s[r * L::kLdQ + d] = val;
-    o_s[r * L::kLdO + d] = 0.f;
-  }
+  fill_q_tile<T, D, ROWS, kAttnThreads>(p, w, q_s, L::kLdQ);
+  for (int e = tid; e < ROWS * D; e += kAttnThreads) o_s[e / D * L::kLdO + e % D] = 0.f;
 
   // Running max (log2 domain) and sum of each row this warp owns.
   float m_row[kRowsPerWarp], l_row[kRowsPerWarp];
@@ -242,29 +212,13 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
     const T* kt = k_s + tstage * KT * L::kLdKV;
     T* const vt = v_s + tstage * KT * L::kLdKV;
 
-    // ---- partly visible keys. P V adds 0 * V for a key a row cannot see,
-    // which is NaN when that V holds NaN or Inf (a never-written slot), and
-    // tensor cores cannot skip it per row. So where some rows of this CTA
-    // see a key and others do not (the causal diagonal, the window's first
-    // keys; never in decode, where all rows share one position), a
-    // non-finite V is zeroed here and its exact contribution added back
-    // after P V for the rows that see it.
-    const bool partly = key0 + KT - 1 > pos_lo || (window > 0 && key0 <= pos_hi - window);
+    // ---- partly visible keys (see zero_partly_visible): a non-finite V
+    // that some rows of the CTA must not see is zeroed, its contribution
+    // added back after P V for the rows that see it.
+    const bool partly = tile_partly_visible<KT>(w, key0, window);
     if (partly) {
-      for (int jj = tid; jj <= KT; jj += kAttnThreads) bad_s[jj] = 0;
-      __syncthreads();
-      for (int e = tid; e < KT * D; e += kAttnThreads) {
-        const int jj = e / D, d = e % D, j = key0 + jj;
-        const bool all_see = j <= pos_lo && (window <= 0 || j > pos_hi - window);
-        if (!valid_s[stage * KT + jj] || all_see) continue;
-        const float x = to_float(vt[jj * L::kLdKV + d]);
-        if (x - x != 0.f) {  // NaN or +-Inf
-          vt[jj * L::kLdKV + d] = from_float<T>(0.f);
-          bad_s[jj] = 1;
-          bad_s[KT] = 1;
-        }
-      }
-      __syncthreads();
+      zero_partly_visible<T, D, KT, kAttnThreads>(w, key0, window, vt, L::kLdKV,
+                                                  valid_s + stage * KT, bad_s);
     }
 
     // ---- S = Q K^T

@@ -32,6 +32,7 @@
 
 #include <type_traits>
 
+#include "attention_cta.cuh"
 #include "common.cuh"
 #include "launch.h"
 
@@ -110,34 +111,13 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
   const int g = lane / 4, t4 = lane % 4;
   const int wrow = kDecode ? 0 : warp * 16 * kMT;  // this warp's first row in the CTA
   const int wkey = kDecode ? warp * KW : 0;        // this warp's first key in a tile
-  const int seq = blockIdx.x / p.tiles_per_seq;
-  const int tile = blockIdx.x % p.tiles_per_seq;
-  const int kvh = blockIdx.y;
-  const int split = blockIdx.z;
-
-  const int q_begin = p.query_indptr[seq];
-  const int n_q = p.query_indptr[seq + 1] - q_begin;
-  const int ctx = p.context_lens[seq];
-  const int group = p.group;
-  const int row0 = tile * kRows;
-  if (row0 >= n_q * group) return;  // uniform: this tile has no rows
-  const int n_rows = min(kRows, n_q * group - row0);
-  const int first_pos = ctx - n_q;
-  const int pos_lo = first_pos + row0 / group;
-  const int pos_hi = first_pos + (row0 + n_rows - 1) / group;
-
-  const int kv_begin = p.window > 0 ? max(0, pos_lo - p.window + 1) : 0;
-  const int kv_end = pos_hi + 1;
-  int chunk = (kv_end - kv_begin + p.num_splits - 1) / p.num_splits;
-  chunk = (chunk + KT - 1) / KT * KT;
-  const int s_begin = kv_begin + split * chunk;
-  const int s_end = min(kv_end, s_begin + chunk);
-  const int n_tiles = s_begin < s_end ? (s_end - s_begin + KT - 1) / KT : 0;
-
-  const int* pages = p.page_indices + p.page_indptr[seq];
-  const int bs = p.block_size;
-  const int64_t head_off = int64_t(kvh) * bs * D;
-  const int64_t block_elems = int64_t(p.num_kv_heads) * bs * D;
+  CtaWork w;
+  if (!cta_work<kRows, KT, D>(p, w)) return;  // uniform: this tile has no rows
+  const int q_begin = w.q_begin, group = w.group, row0 = w.row0, n_rows = w.n_rows;
+  const int first_pos = w.first_pos, kvh = w.kvh;
+  const int split = w.split, s_begin = w.s_begin, n_tiles = w.n_tiles, bs = w.bs;
+  const int* pages = w.pages;
+  const int64_t head_off = w.head_off, block_elems = w.block_elems;
   const T* k_plane = static_cast<const T*>(p.k_plane);
   const T* v_plane = static_cast<const T*>(p.v_plane);
 
@@ -147,16 +127,9 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
     int masked = 0;
     for (int e = tid; e < KT * kChunks; e += kMmaThreads) {
       const int jj = e / kChunks, c = e % kChunks;
-      const int j = key0 + jj;
       int64_t off = 0;
-      bool ok = false;
-      if (j < s_end) {
-        const int page = pages[j / bs];
-        if (page != 0) {
-          ok = true;
-          off = int64_t(page) * block_elems + head_off + int64_t(j % bs) * D + c * kVec;
-        }
-      }
+      const bool ok = key_row<D>(w, key0 + jj, off);
+      if (ok) off += c * kVec;
       masked |= !ok;
       const int n = ok ? 16 : 0;
       cp_async16(k_s + (stage * KT + jj) * kLd + c * kVec, k_plane + off, n);
@@ -182,18 +155,7 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) load_or_skip(st);
 
-  const T* q = static_cast<const T*>(p.q);
-  for (int e = tid; e < kRows * D; e += kMmaThreads) {
-    const int r = e / D, d = e % D;
-    T val = from_float<T>(0.f);
-    if (r < n_rows) {
-      const int flat = row0 + r;
-      const int64_t token = q_begin + flat / group;
-      const int64_t head = int64_t(kvh) * group + flat % group;
-      val = q[token * p.q_s0 + head * p.q_s1 + d];
-    }
-    q_s[r * kLd + d] = val;
-  }
+  fill_q_tile<T, D, kRows, kMmaThreads>(p, w, q_s, kLd);
 
   // This lane's rows: m-tile mt, h = 0: row g of its 16, h = 1: row g + 8.
   int pos_r[kMT][2];
@@ -237,28 +199,13 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
     T* const vt = v_s + stage * KT * kLd;
     const int* valid = valid_s + stage * KT;
 
-    // Partly visible keys (the causal diagonal, the window's edge): P V adds
-    // 0 * V for a row that cannot see a key, NaN when that V is not finite
-    // (a never-written slot). Such V values are zeroed here and their exact
-    // contribution added back after P V for the rows that see them, as in
-    // the generic kernel.
-    const bool partly = key0 + KT - 1 > pos_lo || (window > 0 && key0 <= pos_hi - window);
+    // Partly visible keys (see zero_partly_visible): a non-finite V that
+    // some rows must not see is zeroed, its contribution added back after
+    // P V for the rows that see it, as in the generic kernel.
+    const bool partly = tile_partly_visible<KT>(w, key0, window);
     const bool full = !partly && !any_masked;  // every row sees every key of the tile
     if (partly) {
-      for (int jj = tid; jj <= KT; jj += kMmaThreads) bad_s[jj] = 0;
-      __syncthreads();
-      for (int e = tid; e < KT * D; e += kMmaThreads) {
-        const int jj = e / D, d = e % D, j = key0 + jj;
-        const bool all_see = j <= pos_lo && (window <= 0 || j > pos_hi - window);
-        if (!valid[jj] || all_see) continue;
-        const float x = to_float(vt[jj * kLd + d]);
-        if (x - x != 0.f) {
-          vt[jj * kLd + d] = from_float<T>(0.f);
-          bad_s[jj] = 1;
-          bad_s[KT] = 1;
-        }
-      }
-      __syncthreads();
+      zero_partly_visible<T, D, KT, kMmaThreads>(w, key0, window, vt, kLd, valid, bad_s);
     }
 
     // ---- S = Q K^T (kMT x 16 rows x KW keys per warp)
