@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
     const int64_t head = int64_t(kvh) * group + flat % group;
     const float l = l_row[i];
     const float inv = l > 0.f ? v_scale / l : 0.f;
-    const float lse2 = l > 0.f ? m_row[i] + log2f(l) : -INFINITY;
+    const float lse2 = row_lse2(m_row[i], l);
     if (p.num_splits == 1) {
       T* o = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
       for (int d = lane; d < D; d += 32) o[d] = from_float<T>(o_s[r * L::kLdO + d] * inv);
@@ -384,7 +384,11 @@ __global__ void __launch_bounds__(128) merge_splits_kernel(const AttnParams p, i
   const int64_t token = row / p.num_q_heads;
   const int64_t head = row % p.num_q_heads;
   float m = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) m = fmaxf(m, p.part_lse[s * num_rows + row]);
+  // A NaN split (NaN logits) makes the row NaN; fmaxf would drop it.
+  for (int s = 0; s < p.num_splits; ++s) {
+    const float x = p.part_lse[s * num_rows + row];
+    m = x != x || m != m ? x + m : fmaxf(m, x);
+  }
   float wsum = 0.f;
   if (m != -INFINITY) {
     for (int s = 0; s < p.num_splits; ++s) wsum += exp2f(p.part_lse[s * num_rows + row] - m);
@@ -402,7 +406,7 @@ __global__ void __launch_bounds__(128) merge_splits_kernel(const AttnParams p, i
     o[d] = from_float<T>(acc * inv);
   }
   if (p.lse != nullptr && lane == 0) {
-    p.lse[token * p.lse_s0 + head] = wsum > 0.f ? (m + log2f(wsum)) * kLn2 : -INFINITY;
+    p.lse[token * p.lse_s0 + head] = row_lse2(m, wsum) * kLn2;
   }
 }
 

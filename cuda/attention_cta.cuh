@@ -116,5 +116,12 @@ __device__ __forceinline__ void zero_partly_visible(const CtaWork& w, int key0, 
   __syncthreads();
 }
 
+// A row's log2-LSE from its running max and sum: -inf for a row that saw
+// no key (l = 0), NaN for one whose logits held NaN (l is NaN: the max skips
+// NaN, the sum does not), as the CPU backend reports them.
+__device__ __forceinline__ float row_lse2(float m, float l) {
+  return l > 0.f ? m + log2f(l) : l == 0.f ? -INFINITY : l;
+}
+
 }  // namespace cuda
 }  // namespace pagedkv

@@ -408,19 +408,20 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
 #pragma unroll
       for (int w = 0; w < kMmaWarps; ++w) m = fmaxf(m, mm[w * kRows + r]);
       float l = 0.f, acc = 0.f;
-      if (m != -INFINITY) {
 #pragma unroll
-        for (int w = 0; w < kMmaWarps; ++w) {
-          const float wt = exp2f(mm[w * kRows + r] - m);  // 0 for a warp that saw no key
-          l = fmaf(wt, ml[w * kRows + r], l);
-          acc = fmaf(wt, mo[(w * kRows + r) * L::kLdO + d], acc);
-        }
+      for (int w = 0; w < kMmaWarps; ++w) {
+        // 0 for a warp that saw no finite logit, whose l and O are 0 (no
+        // key) or NaN (NaN logits: the max skips them, the sum does not),
+        // which 0 * NaN keeps; with no finite logit in any warp, their sum.
+        const float wt = m == -INFINITY ? 1.f : exp2f(mm[w * kRows + r] - m);
+        l = fmaf(wt, ml[w * kRows + r], l);
+        acc = fmaf(wt, mo[(w * kRows + r) * L::kLdO + d], acc);
       }
       const int flat = row0 + r;
       const int64_t token = q_begin + flat / group;
       const int64_t head = int64_t(kvh) * group + flat % group;
       const float inv = l > 0.f ? 1.f / l : 0.f;
-      const float lse2 = l > 0.f ? m + log2f(l) : -INFINITY;
+      const float lse2 = row_lse2(m, l);
       if (p.num_splits == 1) {
         T* out = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
         out[d] = from_float<T>(acc * inv);
@@ -443,7 +444,7 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
         const int64_t token = q_begin + flat / group;
         const int64_t head = int64_t(kvh) * group + flat % group;
         const float inv = l > 0.f ? 1.f / l : 0.f;
-        const float lse2 = l > 0.f ? m_r[mt][h] + log2f(l) : -INFINITY;
+        const float lse2 = row_lse2(m_r[mt][h], l);
         if (p.num_splits == 1) {
           T* out = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
 #pragma unroll

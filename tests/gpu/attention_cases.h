@@ -47,6 +47,10 @@ struct Scenario {
   // zeroed for the rows that must not see them); with K NaN too the logit
   // alone makes the row NaN.
   bool poison_v_only = false;
+  // NaN in the first q head of every sequence's first and last query: those
+  // rows' logits are all NaN (output and LSE NaN on the CPU), which a max
+  // that skips NaN must not turn into zeros, in one CTA or across splits.
+  bool nan_q = false;
 };
 
 // Everything both backends get, as host bytes.
@@ -175,7 +179,15 @@ inline Inputs build(const Scenario& sc, DType dt, int D, int hkv, int group, std
     }
   }
   // Larger queries make the softmax peaked, so masking errors cannot hide.
-  s.q = encode(uniform(rng, size_t(s.num_tokens * s.q_s0), -2.5f, 2.5f), dt);
+  std::vector<float> qf = uniform(rng, size_t(s.num_tokens * s.q_s0), -2.5f, 2.5f);
+  if (sc.nan_q) {
+    for (size_t i = 0; i + 1 < s.query_indptr.size(); ++i) {
+      for (int64_t t : {int64_t(s.query_indptr[i]), int64_t(s.query_indptr[i + 1]) - 1}) {
+        for (int d = 0; d < D; ++d) qf[size_t(t * s.q_s0 + d)] = std::nanf("");
+      }
+    }
+  }
+  s.q = encode(qf, dt);
   return s;
 }
 
@@ -318,8 +330,10 @@ inline void compare(const Inputs& s, const Outputs& gpu, const Outputs& cpu,
   std::ostringstream first_lse;
   for (size_t i = 0; i < gpu.lse.size(); ++i) {
     const float g = gpu.lse[i], c = cpu.lse[i];
+    // NaN (NaN logits) and -inf (no key) are different answers.
     const bool ok =
-        (!std::isfinite(g) && !std::isfinite(c)) ||
+        (std::isnan(g) && std::isnan(c)) ||
+        (std::isinf(g) && std::isinf(c) && (g < 0) == (c < 0)) ||
         (std::isfinite(g) && std::isfinite(c) && std::fabs(g - c) <= 1e-3f + 1e-3f * std::fabs(c));
     if (!ok && bad_lse++ < 5) {
       first_lse << " [token " << i / s.num_q_heads << " head " << i % s.num_q_heads << ": gpu " << g
@@ -390,6 +404,17 @@ inline std::vector<Scenario> scenarios(std::mt19937_64& rng) {
     s.poison = true;
     s.window = 29;
     s.softcap = 3.f;
+    v.push_back(s);
+  }
+  {
+    Scenario s{"nan-q", 16, {{300, 1}, {1, 1}, {90, 1}}};  // decode: every warp NaN
+    s.nan_q = true;
+    v.push_back(s);
+  }
+  {
+    Scenario s{"nan-q-splits-prefill", 8, {{700, 1}, {60, 30}, {20, 20}}};
+    s.nan_q = true;
+    s.splits = 3;
     v.push_back(s);
   }
   {
