@@ -424,17 +424,17 @@ cudaError_t ensure_smem(Kernel kernel, size_t bytes, std::atomic<uint64_t>& done
   return err;
 }
 
-template <typename T, int D, int ROWS, typename S>
-cudaError_t launch_attention_rows(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
-  constexpr int KT = kv_tile<T, D>();
-  using L = AttnSmem<T, D, ROWS, KT, IsFp8<S>::value>;
-  static std::atomic<uint64_t> configured{0};
-  auto kernel = paged_attention_kernel<T, D, ROWS, KT, S>;
-  cudaError_t err = ensure_smem(kernel, L::kBytes, configured);
+// One attention launch over the plan's grid (sequence x row tile, KV head,
+// split), then the merge of the splits; either kernel.
+template <typename T, int D, typename Kernel>
+cudaError_t launch_over_plan(Kernel kernel, int threads, size_t smem,
+                             std::atomic<uint64_t>& configured, const AttnParams& p,
+                             const AttnLaunch& l, cudaStream_t s) {
+  cudaError_t err = ensure_smem(kernel, smem, configured);
   if (err != cudaSuccess) return err;
   const dim3 grid(unsigned(l.num_seqs) * unsigned(p.tiles_per_seq), unsigned(p.num_kv_heads),
                   unsigned(p.num_splits));
-  kernel<<<grid, kAttnThreads, L::kBytes, s>>>(p);
+  kernel<<<grid, threads, smem, s>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits <= 1) return err;
   const int64_t rows = p.num_tokens * p.num_q_heads;
@@ -442,21 +442,20 @@ cudaError_t launch_attention_rows(const AttnParams& p, const AttnLaunch& l, cuda
   return cudaGetLastError();
 }
 
+template <typename T, int D, int ROWS, typename S>
+cudaError_t launch_attention_rows(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
+  constexpr int KT = kv_tile<T, D>();
+  static std::atomic<uint64_t> configured{0};
+  return launch_over_plan<T, D>(paged_attention_kernel<T, D, ROWS, KT, S>, kAttnThreads,
+                                AttnSmem<T, D, ROWS, KT, IsFp8<S>::value>::kBytes, configured, p, l,
+                                s);
+}
+
 template <typename T, int D, bool kDecode>
 cudaError_t launch_mma(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
-  using L = MmaSmem<T, D, kDecode>;
   static std::atomic<uint64_t> configured{0};
-  auto kernel = paged_attention_mma_kernel<T, D, kDecode>;
-  cudaError_t err = ensure_smem(kernel, L::kBytes, configured);
-  if (err != cudaSuccess) return err;
-  const dim3 grid(unsigned(l.num_seqs) * unsigned(p.tiles_per_seq), unsigned(p.num_kv_heads),
-                  unsigned(p.num_splits));
-  kernel<<<grid, kMmaThreads, L::kBytes, s>>>(p);
-  err = cudaGetLastError();
-  if (err != cudaSuccess || p.num_splits <= 1) return err;
-  const int64_t rows = p.num_tokens * p.num_q_heads;
-  merge_splits_kernel<T><<<unsigned((rows + 3) / 4), 128, 0, s>>>(p, D);
-  return cudaGetLastError();
+  return launch_over_plan<T, D>(paged_attention_mma_kernel<T, D, kDecode>, kMmaThreads,
+                                MmaSmem<T, D, kDecode>::kBytes, configured, p, l, s);
 }
 
 template <typename T, int D, typename S>
