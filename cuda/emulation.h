@@ -73,7 +73,9 @@ struct State {
   std::vector<unsigned char> smem_store;
   unsigned char* smem = nullptr;
   std::vector<float> xchg;
-  std::vector<uint32_t> xchg_u;     // mma operands, 6 per thread
+  std::vector<uint32_t> xchg_u;     // mma operands (6) and accumulators (4) per thread
+  std::vector<float> mma_d;         // mma results, 4 per thread
+  std::vector<char> mma_done;       // per warp: this mma's results are computed
   std::vector<const void*> xchg_p;  // ldmatrix row addresses
   std::function<void()> body;
   long errors = 0;
@@ -124,7 +126,9 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, std::function<void(
   s.smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(s.smem_store.data()) + 127) & ~uintptr_t(127));
   s.xchg.assign(s.nthreads, 0.f);
-  s.xchg_u.assign(size_t(s.nthreads) * 6, 0u);
+  s.xchg_u.assign(size_t(s.nthreads) * 10, 0u);
+  s.mma_d.assign(size_t(s.nthreads) * 4, 0.f);
+  s.mma_done.assign(size_t(s.nthreads + 31) / 32, 0);
   s.xchg_p.assign(s.nthreads, nullptr);
   for (unsigned z = 0; z < grid.z; ++z) {
     for (unsigned y = 0; y < grid.y; ++y) {
@@ -213,35 +217,52 @@ inline float half_of(uint32_t w, int hi) {
 }
 
 // mma.sync m16n8k16 .row.col with f32 accumulation, fragments as in PTX.
+// The warp's first lane to run after the barrier computes the whole 16x8
+// tile for every lane (decoding A and B once, not once per lane: the
+// emulation tests spend most of their time here); each lane then takes its
+// four results. Each result is its lane's accumulator plus the 16 products
+// summed in k order in double, as before.
 template <typename T>
 inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   State& s = state();
-  uint32_t* mine = &s.xchg_u[size_t(s.cur) * 6];
+  uint32_t* mine = &s.xchg_u[size_t(s.cur) * 10];
   for (int i = 0; i < 4; ++i) mine[i] = a[i];
   mine[4] = b0;
   mine[5] = b1;
+  std::memcpy(mine + 6, d, sizeof d);
+  const int base = s.cur & ~31, warp = s.cur / 32;
+  const int lanes = std::min(32, s.nthreads - base);
+  s.mma_done[warp] = 0;
   park(1);
-  const int base = s.cur & ~31, lane = s.cur & 31;
-  float A[16][16], B[16][8];
-  for (int l = 0; l < 32; ++l) {
-    const uint32_t* y = &s.xchg_u[size_t(base + l) * 6];
-    const int g = l / 4, t = l % 4;
-    for (int h = 0; h < 2; ++h) {
-      A[g][2 * t + h] = half_of<T>(y[0], h);
-      A[g + 8][2 * t + h] = half_of<T>(y[1], h);
-      A[g][2 * t + 8 + h] = half_of<T>(y[2], h);
-      A[g + 8][2 * t + 8 + h] = half_of<T>(y[3], h);
-      B[2 * t + h][g] = half_of<T>(y[4], h);
-      B[2 * t + 8 + h][g] = half_of<T>(y[5], h);
+  if (!s.mma_done[warp]) {
+    float A[16][16], B[16][8];
+    for (int l = 0; l < lanes; ++l) {
+      const uint32_t* y = &s.xchg_u[size_t(base + l) * 10];
+      const int g = l / 4, t = l % 4;
+      for (int h = 0; h < 2; ++h) {
+        A[g][2 * t + h] = half_of<T>(y[0], h);
+        A[g + 8][2 * t + h] = half_of<T>(y[1], h);
+        A[g][2 * t + 8 + h] = half_of<T>(y[2], h);
+        A[g + 8][2 * t + 8 + h] = half_of<T>(y[3], h);
+        B[2 * t + h][g] = half_of<T>(y[4], h);
+        B[2 * t + 8 + h][g] = half_of<T>(y[5], h);
+      }
     }
+    for (int l = 0; l < lanes; ++l) {
+      const uint32_t* y = &s.xchg_u[size_t(base + l) * 10];
+      float c[4];
+      std::memcpy(c, y + 6, sizeof c);
+      const int g = l / 4, t = l % 4;
+      for (int i = 0; i < 4; ++i) {
+        const int row = g + (i / 2) * 8, col = 2 * t + i % 2;
+        double acc = c[i];
+        for (int k = 0; k < 16; ++k) acc += double(A[row][k]) * double(B[k][col]);
+        s.mma_d[size_t(base + l) * 4 + i] = float(acc);
+      }
+    }
+    s.mma_done[warp] = 1;
   }
-  const int g = lane / 4, t = lane % 4;
-  for (int i = 0; i < 4; ++i) {
-    const int row = g + (i / 2) * 8, col = 2 * t + i % 2;
-    double acc = d[i];
-    for (int k = 0; k < 16; ++k) acc += double(A[row][k]) * double(B[k][col]);
-    d[i] = float(acc);
-  }
+  for (int i = 0; i < 4; ++i) d[i] = s.mma_d[size_t(s.cur) * 4 + i];
   park(1);
 }
 
