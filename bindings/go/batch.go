@@ -440,11 +440,12 @@ func (b *Batch) positionsView(op string, last bool, copyTo *[]int64) (Tensor, er
 	if err := check(op, r); err != nil {
 		return Tensor{}, err
 	}
-	gt := ownedBy(fromC(&t), b)
+	gt := fromC(&t)
 	if copyTo != nil {
+		// Copied before gt names b as its owner: b is held here already.
 		*copyTo, err = gt.Int64s()
 	}
-	return gt, err
+	return ownedBy(gt, b), err
 }
 
 // AttentionParams tunes Attention; the zero value is the default.

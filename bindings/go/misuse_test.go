@@ -322,3 +322,56 @@ func TestTensorHostViewsOfMalformedStridesAndHugeShapesAreErrors(t *testing.T) {
 		}
 	}
 }
+
+// A Tensor the library handed out (a pool's KV storage, a plan array)
+// describes memory its owner frees on Close: its host views after that
+// Close are ErrClosed, never a slice over freed memory (Float32s of a
+// closed pool's storage used to be a view of unmapped pages, a fatal
+// SIGSEGV on the first read; Int64s of a closed batch's plan array copied
+// freed heap memory).
+func TestTensorHostViewsAfterTheirOwnerClosedAreErrClosed(t *testing.T) {
+	p, err := NewPool(&PoolOptions{BlockSize: 16, NumBlocks: 2048, NumLayers: 1, NumKVHeads: 8,
+		HeadDim: 128, DType: Float32, NumThreads: 1})
+	ok(t, err)
+	kt, err := p.KVTensor(0, Key)
+	ok(t, err)
+	if f, err := kt.Float32s(); err != nil || len(f) == 0 {
+		t.Fatalf("Float32s of a live pool's storage: %d elements, %v", len(f), err)
+	}
+	copied := kt // a copy of the descriptor names the same owner
+	ok(t, p.Close())
+	for name, view := range map[string]func() error{
+		"Float32s":      func() error { _, err := kt.Float32s(); return err },
+		"copy.Float32s": func() error { _, err := copied.Float32s(); return err },
+	} {
+		if err := view(); !errors.Is(err, ErrClosed) || !errors.Is(err, ErrInvalidState) {
+			t.Fatalf("%s after Pool.Close: %v, want ErrClosed", name, err)
+		}
+	}
+
+	m := managerPool(t, 64)
+	s, err := m.CreateSeq(nil)
+	ok(t, err)
+	ok(t, s.Append([]int32{1, 2, 3, 4, 5, 6, 7, 8, 9}))
+	b, err := m.Prepare([]Seq{s}, []int{9})
+	ok(t, err)
+	slots, err := b.PlanTensor(PlanSlotMapping)
+	ok(t, err)
+	indptr, err := b.PlanTensor(PlanQueryIndptr)
+	ok(t, err)
+	pos, err := b.TokenPositionsTensor()
+	ok(t, err)
+	if _, err := slots.Int64s(); err != nil {
+		t.Fatalf("Int64s of a live plan array: %v", err)
+	}
+	ok(t, b.Close())
+	for name, view := range map[string]func() error{
+		"slot mapping Int64s":    func() error { _, err := slots.Int64s(); return err },
+		"query indptr Int32s":    func() error { _, err := indptr.Int32s(); return err },
+		"token positions Int64s": func() error { _, err := pos.Int64s(); return err },
+	} {
+		if err := view(); !errors.Is(err, ErrClosed) {
+			t.Fatalf("%s after Batch.Close: %v, want ErrClosed", name, err)
+		}
+	}
+}

@@ -36,6 +36,27 @@ func ownedBy(t Tensor, owner any) Tensor {
 	return t
 }
 
+// holdOwner holds the Pool or Batch whose memory t describes (as its own
+// calls do) so that Close cannot free that memory while a host view reads
+// it: after Close the view is ErrClosed, never a read of freed memory. The
+// returned function lets go. Tensors without an owner (NewTensor) describe
+// the caller's memory and need nothing.
+func (t *Tensor) holdOwner(op string) (func(), error) {
+	switch o := t.owner.(type) {
+	case *Pool:
+		if _, err := o.acquire(op); err != nil {
+			return nil, err
+		}
+		return o.release, nil
+	case *Batch:
+		if _, err := o.acquire(op); err != nil {
+			return nil, err
+		}
+		return o.release, nil
+	}
+	return func() {}, nil
+}
+
 // NewTensor describes dense row-major memory at data, checked by the
 // library (pkv_tensor_init): ndim in [1, MaxDims], no negative extent, known
 // dtype and device.
@@ -182,15 +203,32 @@ func (t *Tensor) hostView(op string, dtype DType) (int, error) {
 
 // Float32s is a []float32 over a dense CPU f32 tensor's memory, without
 // copying. It is valid as long as the memory is (for pool storage: until
-// the pool is closed).
+// the pool is closed); on a Tensor whose Pool or Batch is already closed
+// it is ErrClosed.
 // The slice does not keep the Pool or Batch alive: keep the Tensor (or
 // its owner) reachable while you use it, e.g. with runtime.KeepAlive.
 func (t *Tensor) Float32s() ([]float32, error) {
-	n, err := t.hostView("Tensor.Float32s", Float32)
+	n, err := t.liveHostView("Tensor.Float32s", Float32)
 	if err != nil || n == 0 {
 		return nil, err
 	}
 	return unsafe.Slice((*float32)(unsafe.Add(t.Data, t.ByteOffset)), n), nil
+}
+
+// liveHostView is hostView for a zero-copy view: it also checks that the
+// Tensor's owner is not closed (a later Close still ends the view's
+// validity, as documented on each view).
+func (t *Tensor) liveHostView(op string, dtype DType) (int, error) {
+	n, err := t.hostView(op, dtype)
+	if err != nil {
+		return 0, err
+	}
+	done, err := t.holdOwner(op)
+	if err != nil {
+		return 0, err
+	}
+	done()
+	return n, nil
 }
 
 // Uint16s is a []uint16 over a dense CPU f16 or bf16 tensor's memory.
@@ -202,7 +240,7 @@ func (t *Tensor) Uint16s() ([]uint16, error) {
 	if dt != Float16 && dt != BFloat16 {
 		return nil, argError("Tensor.Uint16s", "tensor dtype is %v, not f16 or bf16", dt)
 	}
-	n, err := t.hostView("Tensor.Uint16s", dt)
+	n, err := t.liveHostView("Tensor.Uint16s", dt)
 	if err != nil || n == 0 {
 		return nil, err
 	}
@@ -219,19 +257,25 @@ func (t *Tensor) Codes() ([]uint8, error) {
 	if !isFP8(dt) {
 		return nil, argError("Tensor.Codes", "tensor dtype is %v, not fp8", dt)
 	}
-	n, err := t.hostView("Tensor.Codes", dt)
+	n, err := t.liveHostView("Tensor.Codes", dt)
 	if err != nil || n == 0 {
 		return nil, err
 	}
 	return unsafe.Slice((*uint8)(unsafe.Add(t.Data, t.ByteOffset)), n), nil
 }
 
-// Int32s copies a dense CPU i32 tensor into a new slice.
+// Int32s copies a dense CPU i32 tensor into a new slice (ErrClosed once
+// the Pool or Batch that handed the Tensor out is closed).
 func (t *Tensor) Int32s() ([]int32, error) {
 	n, err := t.hostView("Tensor.Int32s", Int32)
 	if err != nil {
 		return nil, err
 	}
+	done, err := t.holdOwner("Tensor.Int32s")
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if n == 0 {
 		return []int32{}, nil
 	}
@@ -240,12 +284,18 @@ func (t *Tensor) Int32s() ([]int32, error) {
 	return out, nil
 }
 
-// Int64s copies a dense CPU i64 tensor into a new slice.
+// Int64s copies a dense CPU i64 tensor into a new slice (ErrClosed once
+// the Pool or Batch that handed the Tensor out is closed).
 func (t *Tensor) Int64s() ([]int64, error) {
 	n, err := t.hostView("Tensor.Int64s", Int64)
 	if err != nil {
 		return nil, err
 	}
+	done, err := t.holdOwner("Tensor.Int64s")
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if n == 0 {
 		return []int64{}, nil
 	}
