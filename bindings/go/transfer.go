@@ -6,6 +6,7 @@ package pagedkv
 import "C"
 
 import (
+	"errors"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -149,12 +150,20 @@ func (e *TransferEngine) Export(s Seq) (uint64, []byte, error) {
 	if err := check(op, C.pkvgo_transfer_export(ptr, pp, C.pkv_seq_id(s.id), &id)); err != nil {
 		return 0, nil, err
 	}
+	// The size query (capacity 0) answers PKV_E_BUFFER_TOO_SMALL with the
+	// size; its result goes through check all the same, which frees the
+	// message copy the C side made, and any other error is the export's.
+	const dop = "pkv_transfer_export_descriptor"
 	var size C.uint64_t
-	C.pkvgo_transfer_export_descriptor(ptr, id, nil, 0, &size) // reports the size
+	err = check(dop, C.pkvgo_transfer_export_descriptor(ptr, id, nil, 0, &size))
+	if err != nil && !errors.Is(err, ErrBufferTooSmall) {
+		C.pkv_transfer_export_release(ptr, id)
+		return 0, nil, err
+	}
 	buf := make([]byte, int(size))
 	if size > 0 {
 		r := C.pkvgo_transfer_export_descriptor(ptr, id, (*C.uint8_t)(unsafe.Pointer(&buf[0])), size, &size)
-		if err := check("pkv_transfer_export_descriptor", r); err != nil {
+		if err := check(dop, r); err != nil {
 			C.pkv_transfer_export_release(ptr, id)
 			return 0, nil, err
 		}
