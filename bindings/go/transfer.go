@@ -267,6 +267,25 @@ func (t *Transfer) Cancel() error {
 	return check(op, C.pkvgo_transfer_cancel(t.ptr))
 }
 
+// Bytes is the number of K/V bytes the transfer reads (fixed when it
+// starts).
+func (t *Transfer) Bytes() (uint64, error) {
+	const op = "pkv_transfer_bytes"
+	if t == nil {
+		return 0, closedError(op, "transfer")
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ptr == nil {
+		return 0, closedError(op, "transfer")
+	}
+	var n C.uint64_t
+	if err := check(op, C.pkvgo_transfer_bytes(t.ptr, &n)); err != nil {
+		return 0, err
+	}
+	return uint64(n), nil
+}
+
 // Close cancels a running transfer and frees it.
 func (t *Transfer) Close() error {
 	if t == nil {

@@ -33,3 +33,6 @@ pkvgo_result pkvgo_transfer_poll(pkv_transfer* transfer, uint32_t* out_state, pk
 pkvgo_result pkvgo_transfer_cancel(pkv_transfer* transfer) {
   return pkvgo_capture(pkv_transfer_cancel(transfer));
 }
+pkvgo_result pkvgo_transfer_bytes(const pkv_transfer* transfer, uint64_t* out) {
+  return pkvgo_capture(pkv_transfer_bytes(transfer, out));
+}

@@ -18,5 +18,6 @@ pkvgo_result pkvgo_transfer_import(pkv_transfer_engine* engine, pkv_pool* pool,
                                    uint64_t size, pkv_transfer** out);
 pkvgo_result pkvgo_transfer_poll(pkv_transfer* transfer, uint32_t* out_state, pkv_seq_id* out_seq);
 pkvgo_result pkvgo_transfer_cancel(pkv_transfer* transfer);
+pkvgo_result pkvgo_transfer_bytes(const pkv_transfer* transfer, uint64_t* out);
 
 #endif

@@ -1,6 +1,7 @@
 package pagedkv
 
 import (
+	"errors"
 	"math/rand"
 	"runtime"
 	"testing"
@@ -35,6 +36,10 @@ func TestTransferImportIsComputedAndPrefixCacheable(t *testing.T) {
 	tr, err := b.Import(dst, nil, desc)
 	ok(t, err)
 	defer tr.Close()
+	// K and V of 2 layers, 5 blocks of 2 heads x 16 slots x 32 f32.
+	if n, err := tr.Bytes(); err != nil || n != 2*2*5*2*16*32*4 {
+		t.Fatalf("Bytes() = %d, %v; want %d", n, err, 2*2*5*2*16*32*4)
+	}
 	state, got := TransferRunning, Seq{}
 	for state == TransferRunning {
 		ok(t, a.Progress())
@@ -60,6 +65,10 @@ func TestTransferImportIsComputedAndPrefixCacheable(t *testing.T) {
 	ok(t, got.Free())
 	if f := stats(t, dst).NumFreeBlocks; f != free0 {
 		t.Fatalf("free blocks %d, want %d", f, free0)
+	}
+	ok(t, tr.Close())
+	if _, err := tr.Bytes(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Bytes() after Close: %v, want ErrClosed", err)
 	}
 	ok(t, a.ReleaseExport(id))
 	wantErr(t, a.ReleaseExport(id), ErrNotFound)
