@@ -33,6 +33,7 @@ const (
 	FeatureXXHash Features = C.PKV_FEATURE_XXHASH
 	FeatureSHA256 Features = C.PKV_FEATURE_SHA256
 	FeatureBF16   Features = C.PKV_FEATURE_BF16
+	FeatureFP8    Features = C.PKV_FEATURE_FP8 // FP8 (E4M3, E5M2) KV storage and kernels
 )
 
 // SupportedFeatures reports the loaded library's features.
