@@ -1115,6 +1115,12 @@ impl Pool {
                 "read_kv_block: only CPU pools; use kv_tensor for device memory",
             ));
         }
+        if !self.has_storage {
+            return Err(Error::new(
+                ErrorKind::InvalidState,
+                "read_kv_block: the pool has no KV storage (num_layers 0, or a multi-group pool)",
+            ));
+        }
         if T::DTYPE != self.dtype {
             return Err(Error::invalid(format!(
                 "read_kv_block: T is {:?} but the pool stores {:?}",

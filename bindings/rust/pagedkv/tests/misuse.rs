@@ -152,3 +152,24 @@ fn read_kv_block_refuses_the_null_block() {
     // Real blocks still read.
     assert_eq!(p.read_kv_block::<f32>(1, Kv::Value, 1).unwrap().len(), 32);
 }
+
+#[test]
+fn read_kv_block_of_a_pool_without_storage_says_so_for_every_element_type() {
+    use pagedkv::{half, ErrorKind, Kv};
+    // A manager-only pool has no storage and no storage dtype: the error
+    // used to depend on T (F32: "the pool stores BF16", an invalid
+    // argument naming a dtype the pool does not have; BF16: the library's
+    // invalid state).
+    let p = pool();
+    let s = p.create_seq().unwrap();
+    p.append(s, &[1, 2, 3, 4, 5]).unwrap();
+    let errs = [
+        p.read_kv_block::<f32>(0, Kv::Key, 1).unwrap_err(),
+        p.read_kv_block::<half::bf16>(0, Kv::Key, 1).unwrap_err(),
+        p.read_kv_block::<half::f16>(0, Kv::Value, 1).unwrap_err(),
+    ];
+    for e in &errs {
+        assert_eq!(e.kind(), ErrorKind::InvalidState, "{e}");
+        assert!(e.message().contains("no KV storage"), "{}", e.message());
+    }
+}
