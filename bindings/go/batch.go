@@ -660,6 +660,11 @@ func (b *Batch) CacheWriteTensor(layer int, k, v *Tensor, stream unsafe.Pointer)
 		return err
 	}
 	defer b.release()
+	done, err := holdKernelOperands(op, []string{"k", "v"}, k, v)
+	if err != nil {
+		return err
+	}
+	defer done()
 	return check(op, C.pkvgo_cache_write(ptr, C.uint32_t(layer), &ck, &cv, stream))
 }
 
@@ -694,6 +699,11 @@ func (b *Batch) AttentionTensor(layer int, q, out, lse *Tensor, params *Attentio
 		return err
 	}
 	defer b.release()
+	done, err := holdKernelOperands(op, []string{"q", "out", "lse"}, q, out, lse)
+	if err != nil {
+		return err
+	}
+	defer done()
 	return check(op, C.pkvgo_attention_forward(ptr, C.uint32_t(layer), &cq, &cout, lp, &cp, stream))
 }
 

@@ -375,3 +375,42 @@ func TestTensorHostViewsAfterTheirOwnerClosedAreErrClosed(t *testing.T) {
 		}
 	}
 }
+
+// A Tensor the library handed out and passed to a kernel call after its
+// owner closed is refused, never read: a reshaped view of a closed pool's
+// KV storage given to another pool's CacheWriteTensor made the library
+// read unmapped memory, a fatal SIGSEGV. While such a call runs it holds
+// the owner, so Close waits for it. Plan arrays (read-only i32/i64) are no
+// kernel operand.
+func TestKernelCallsRefuseTensorsOfClosedOwners(t *testing.T) {
+	o := PoolOptions{BlockSize: 16, NumBlocks: 2048, NumLayers: 1, NumKVHeads: 8, HeadDim: 128,
+		DType: Float32, NumThreads: 1}
+	a, err := NewPool(&o)
+	ok(t, err)
+	kt, err := a.KVTensor(0, Key)
+	ok(t, err)
+	k := kt // the first slots of the storage as one token's [1, 8, 128]
+	k.Shape, k.Strides = []int64{1, 8, 128}, nil
+
+	b := newPool(t, o)
+	s := seqOf(t, b, make([]int32, 16))
+	ok(t, s.Append([]int32{1}))
+	bt, err := b.Prepare([]Seq{s}, []int{1})
+	ok(t, err)
+	defer bt.Close()
+	ok(t, bt.CacheWriteTensor(0, &k, &k, nil))
+
+	slots, err := bt.PlanTensor(PlanSlotMapping)
+	ok(t, err)
+	wantErr(t, bt.CacheWriteTensor(0, &slots, &k, nil), ErrInvalidArgument)
+	wantErr(t, bt.AttentionTensor(0, &k, &slots, nil, nil, nil), ErrInvalidArgument)
+
+	ok(t, a.Close())
+	if err := bt.CacheWriteTensor(0, &k, &k, nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("CacheWriteTensor with a closed pool's storage: %v, want ErrClosed", err)
+	}
+	if err := bt.AttentionTensor(0, &k, &k, nil, nil, nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("AttentionTensor with a closed pool's storage: %v, want ErrClosed", err)
+	}
+	ok(t, b.Validate())
+}

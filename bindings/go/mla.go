@@ -145,6 +145,11 @@ func (b *Batch) MLACacheWriteTensor(layer int, kvC, kPe *Tensor, stream unsafe.P
 		return err
 	}
 	defer b.release()
+	done, err := holdKernelOperands(op, []string{"kv_c", "k_pe"}, kvC, kPe)
+	if err != nil {
+		return err
+	}
+	defer done()
 	return check(op, C.pkvgo_mla_cache_write(ptr, C.uint32_t(layer), &cc, pp, stream))
 }
 
@@ -186,5 +191,10 @@ func (b *Batch) MLAAttentionTensor(layer int, qLatent, qPe, out, lse *Tensor, pa
 		return err
 	}
 	defer b.release()
+	done, err := holdKernelOperands(op, []string{"q_latent", "q_pe", "out", "lse"}, qLatent, qPe, out, lse)
+	if err != nil {
+		return err
+	}
+	defer done()
 	return check(op, C.pkvgo_mla_attention(ptr, C.uint32_t(layer), &cq, pp, &co, lp, &cparams, stream))
 }

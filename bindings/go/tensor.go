@@ -30,6 +30,46 @@ type Tensor struct {
 	owner any
 }
 
+// holdKernelOperands checks the Tensors a kernel call (CacheWriteTensor,
+// AttentionTensor, the MLA forms) is given, nil ones skipped: a pool's
+// storage view (KVTensor) holds its Pool for the call, so it is ErrClosed
+// once that pool is closed and Close waits while the call reads it; a plan
+// array (PlanTensor and the like: read-only i32/i64 views of a Batch) is
+// no operand, refused before anything reads it. The returned function
+// lets the pools go.
+func holdKernelOperands(op string, names []string, ts ...*Tensor) (func(), error) {
+	var held []*Pool
+	done := func() {
+		for _, p := range held {
+			p.release()
+		}
+	}
+	for i, t := range ts {
+		if t == nil {
+			continue
+		}
+		switch o := t.owner.(type) {
+		case *Batch:
+			done()
+			return nil, argError(op, "%s is a step plan's array (read-only), not a kernel operand", names[i])
+		case *Pool:
+			dup := false
+			for _, p := range held {
+				dup = dup || p == o
+			}
+			if dup {
+				continue
+			}
+			if _, err := o.acquire(op); err != nil {
+				done()
+				return nil, err
+			}
+			held = append(held, o)
+		}
+	}
+	return done, nil
+}
+
 // ownedBy returns t keeping owner reachable.
 func ownedBy(t Tensor, owner any) Tensor {
 	t.owner = owner
