@@ -563,7 +563,9 @@ const (
 // num_kv_heads, block_size, head_dim]. The memory belongs to the pool: it
 // is valid until Close (the Tensor keeps the pool reachable, so its
 // finalizer does not close it meanwhile), and on the CPU Tensor.Float32s or
-// Tensor.Uint16s view it without copying.
+// Tensor.Uint16s view it without copying. After Close those views, and
+// kernel calls given the Tensor, are ErrClosed; a slice taken before Close
+// must not be used after it.
 func (p *Pool) KVTensor(layer int, which KVKind) (Tensor, error) {
 	const op = "pkv_pool_kv_tensor"
 	if layer < 0 || int64(layer) > 1<<32-1 {
