@@ -215,6 +215,13 @@ class BlockPool {
   // PRIORITY event when it changes. Blocks without a hash stay at the default.
   void set_priority(int32_t id, uint32_t p, uint64_t duration_ns) noexcept;
   uint64_t num_pinned() const { return ret_ ? ret_->pinned : 0; }
+  // Whether id, free or when its last holder releases it, sits in the
+  // free queue's held level (a cached block at PKV_PRIORITY_PINNED), which
+  // allocation never takes: such a block is not among num_free(), and
+  // taking or releasing it changes num_free() by nothing.
+  bool held(int32_t id) const {
+    return ret_ && !hash_[id].empty() && ret_->prio[id] == kPriorityPinned;
+  }
   uint64_t max_pinned() const { return ret_ ? ret_->max_pinned : 0; }
   // The pool's clock: expires the priorities whose time came (they fall back
   // to the default level, in it by when they were last freed: LRU).

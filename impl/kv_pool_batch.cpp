@@ -164,11 +164,14 @@ Pool::Admitted Pool::admit(const SeqOptions& o, const int32_t* tokens, uint64_t 
   const uint64_t want = div_bs(n + lookahead + bs - 1);
   const uint64_t fresh = want > k ? want - k : 0;
   uint64_t leaving = 0, gain = 0, window_end = 0;
-  for (int32_t b : hits) leaving += blocks_.ref(b) == 0;
+  // A free pinned hit sits in the queue's held level, not among the free
+  // blocks: it neither leaves them nor, released by the window, rejoins them.
+  for (int32_t b : hits) leaving += blocks_.ref(b) == 0 && !blocks_.held(b);
   const uint64_t w = opts_.sliding_window;
   if (w > 0 && n > n_hit && n_hit + 1 > w) {
     window_end = std::min<uint64_t>(k, (n_hit + 1 - w) / bs);
-    for (uint64_t j = 0; j < window_end; ++j) gain += blocks_.ref(hits[j]) == 0;
+    for (uint64_t j = 0; j < window_end; ++j)
+      gain += blocks_.ref(hits[j]) == 0 && !blocks_.held(hits[j]);
   }
   const uint64_t avail = uint64_t(blocks_.num_free()) - leaving + gain;
   if (fresh > avail)

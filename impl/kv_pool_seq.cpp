@@ -446,7 +446,9 @@ Pool::AppendNeed Pool::append_need(const Sequence& s, uint64_t n, uint32_t looka
   if (w > 0 && n > 0 && q0 + 1 > w) {
     const uint64_t end = std::min<uint64_t>(nb, (q0 + 1 - w) / bs);
     for (uint64_t j = s.num_null; j < end; ++j)
-      if (blocks_.ref(s.blocks[j]) == 1) ++need.window_gain;
+      // A pinned block released here stays cached in the held level: it
+      // frees nothing for the allocations.
+      if (blocks_.ref(s.blocks[j]) == 1 && !blocks_.held(s.blocks[j])) ++need.window_gain;
     need.window_end = std::max(end, need.window_first);
   }
   return need;

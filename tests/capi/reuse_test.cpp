@@ -136,4 +136,115 @@ TEST(CapiReuse, RetentionThroughTheAbi) {
   pkv_pool_destroy(p);
 }
 
+// A pool whose cached blocks [0, 8) of kPinned are pinned and free: the
+// pinned level of the free queue is kept, never allocated, so such blocks
+// count neither as free nor as freed when a hit takes them or a sliding
+// window releases them.
+const int32_t kPinned[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+
+pkv_pool* pinning_pool(uint64_t num_blocks, uint32_t window) {
+  pkv_pool_options o;
+  pkv_pool_options_init(&o);
+  o.block_size = 4;
+  o.num_blocks = num_blocks;
+  o.sliding_window = window;
+  o.enable_retention = 1;
+  o.max_pinned_blocks = 2;
+  pkv_pool* p = nullptr;
+  EXPECT_EQ(pkv_pool_create(&o, &p), PKV_OK) << pkv_last_error_message();
+  return p;
+}
+
+pkv_seq_id pinned_seq(pkv_pool* p) {
+  pkv_seq_id a = 0;
+  EXPECT_EQ(pkv_seq_create(p, nullptr, &a), PKV_OK);
+  pkv_retention_range pin = {0, PKV_TOKEN_END, PKV_PRIORITY_PINNED, 0, 0};
+  EXPECT_EQ(pkv_seq_set_retention(p, a, &pin, 1), PKV_OK) << pkv_last_error_message();
+  return a;
+}
+
+uint64_t free_blocks(pkv_pool* p) {
+  pkv_pool_stats st;
+  pkv_pool_stats_init(&st);
+  EXPECT_EQ(pkv_pool_get_stats(p, &st), PKV_OK);
+  return st.num_free_blocks;
+}
+
+// Admission counted a pinned free hit as leaving the free blocks: 2 free
+// blocks and 2 pinned hits left "0 free" and a prompt that fits (as
+// match_prefix + append shows) was refused.
+TEST(CapiReuse, AdmitDoesNotCountPinnedHitsAsFreeBlocks) {
+  pkv_pool* p = pinning_pool(5, 0);  // blocks 1..4
+  pkv_seq_id a = pinned_seq(p);
+  PKV_ASSERT_OK(pkv_seq_append(p, a, kPinned, 8, 0));
+  compute(p, a);
+  PKV_ASSERT_OK(pkv_seq_free(p, a));
+  ASSERT_EQ(free_blocks(p), 2u);  // 2 pinned blocks are not free
+  int32_t prompt[13];
+  for (int i = 0; i < 13; ++i) prompt[i] = i;  // the 8 pinned tokens + 5: 4 blocks, 2 new
+  pkv_seq_id b = 0;
+  uint64_t cached = 0;
+  PKV_ASSERT_OK(pkv_seq_admit(p, nullptr, prompt, 13, 0, &b, &cached));
+  EXPECT_EQ(cached, 8u);
+  EXPECT_EQ(free_blocks(p), 0u);
+  PKV_ASSERT_OK(pkv_pool_validate(p));
+  pkv_pool_destroy(p);
+}
+
+// With every unpinned block taken, the same count went below zero (uint64)
+// and the admission allocated from an empty free queue.
+TEST(CapiReuse, AdmitWithOnlyPinnedFreeBlocksIsOutOfBlocks) {
+  pkv_pool* p = pinning_pool(4, 0);  // blocks 1..3
+  pkv_seq_id a = pinned_seq(p);
+  PKV_ASSERT_OK(pkv_seq_append(p, a, kPinned, 8, 0));
+  compute(p, a);
+  PKV_ASSERT_OK(pkv_seq_free(p, a));
+  pkv_seq_id other = 0;
+  PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &other));
+  const int32_t t[4] = {50, 51, 52, 53};
+  PKV_ASSERT_OK(pkv_seq_append(p, other, t, 4, 0));  // the last unpinned block
+  ASSERT_EQ(free_blocks(p), 0u);
+  pkv_seq_id b = 0;
+  uint64_t cached = 0;
+  EXPECT_EQ(pkv_seq_admit(p, nullptr, kPinned, 9, 0, &b, &cached), PKV_E_OUT_OF_BLOCKS);
+  EXPECT_EQ(b, 0u);
+  PKV_ASSERT_OK(pkv_pool_validate(p));
+  pkv_pool_stats st;
+  pkv_pool_stats_init(&st);
+  PKV_ASSERT_OK(pkv_pool_get_stats(p, &st));
+  EXPECT_EQ(st.num_seqs, 1u);
+  EXPECT_EQ(st.num_pinned_blocks, 2u);
+  pkv_pool_destroy(p);
+}
+
+// A sliding window releasing a pinned block gives no free block back (it
+// stays cached, pinned): the append needs a free block of its own.
+TEST(CapiReuse, WindowReleasingAPinnedBlockFreesNothing) {
+  pkv_pool* p = pinning_pool(4, 4);  // blocks 1..3, window of 4 tokens
+  pkv_seq_id a = pinned_seq(p);
+  PKV_ASSERT_OK(pkv_seq_append(p, a, kPinned, 4, 0));
+  compute(p, a);
+  PKV_ASSERT_OK(pkv_seq_append(p, a, kPinned + 4, 4, 0));
+  compute(p, a);
+  pkv_seq_id other = 0;
+  PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &other));
+  const int32_t t[4] = {50, 51, 52, 53};
+  PKV_ASSERT_OK(pkv_seq_append(p, other, t, 4, 0));  // the last unpinned block
+  ASSERT_EQ(free_blocks(p), 0u);
+  uint64_t need = 0;
+  PKV_ASSERT_OK(pkv_seq_blocks_needed(p, a, 1, 0, &need));
+  EXPECT_EQ(need, 1u);  // the window releases block 0 of a, which stays pinned
+  EXPECT_EQ(pkv_seq_append(p, a, kPinned + 8, 1, 0), PKV_E_OUT_OF_BLOCKS);
+  EXPECT_EQ(pkv_seq_append_batch(p, &a, kPinned + 8, 1), PKV_E_OUT_OF_BLOCKS);
+  pkv_batch* b = nullptr;
+  EXPECT_EQ(pkv_batch_prepare_decode(p, &a, kPinned + 8, 1, 0, nullptr, &b), PKV_E_OUT_OF_BLOCKS);
+  EXPECT_EQ(b, nullptr);
+  PKV_ASSERT_OK(pkv_pool_validate(p));
+  pkv_seq_info i;
+  pkv_seq_info_init(&i);
+  PKV_ASSERT_OK(pkv_seq_get_info(p, a, &i));
+  EXPECT_EQ(i.num_tokens, 8u);
+  pkv_pool_destroy(p);
+}
+
 }  // namespace
