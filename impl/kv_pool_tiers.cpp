@@ -126,6 +126,11 @@ void Pool::settle_tiers_slow(void* stream) {
   // and orders stream (whose work writes the storage next) after them.
   tiers_->flush(stream);
   if (!pending_loads_.empty()) {
+    // Copy-on-write copies recorded before a load read and write blocks as
+    // they were then: a copy's source or destination may since have been
+    // freed and taken by a tier hit, so they run before the loads write
+    // into those blocks (after the offloads above read what they evict).
+    run_pending_copies(stream);
     const uint32_t bs = opts_.block_size;
     // Loads write into the storage: exclusive of every kernel (CUDA: of
     // every launch; the copies are queued on stream, before the plan's).

@@ -181,4 +181,90 @@ TEST(CapiTiers, AdmitTieredAndHashLookupLoadFromBothTiers) {
   pkv_pool_destroy(p);
 }
 
+// A copy-on-write copy waits in the pool until the next plan (or copy,
+// swap or flush) runs it; a tier hit's load waits there too. Its source or
+// its destination may meanwhile have been freed and handed to a tier hit:
+// the copy must read and write the blocks as they were when it was
+// recorded, before the load writes the tier's bytes into them (and so
+// before the copy could overwrite a loaded, cached block).
+TEST(CapiTiers, PendingCopiesRunBeforeTierLoadsIntoTheirBlocks) {
+  for (int freed_dst = 0; freed_dst < 2; ++freed_dst) {
+    SCOPED_TRACE(freed_dst ? "the copy's destination went to a tier hit"
+                           : "the copy's source went to a tier hit");
+    pkv_pool_options o;
+    pkv_pool_options_init(&o);
+    o.block_size = 4;
+    o.num_blocks = 6;  // blocks 1..5
+    o.num_layers = 1;
+    o.num_kv_heads = 1;
+    o.head_dim = 8;
+    o.dtype = PKV_DTYPE_F32;
+    o.num_threads = 1;
+    pkv_pool* p = nullptr;
+    PKV_ASSERT_OK(pkv_pool_create(&o, &p));
+    uint64_t bpb = 0;
+    PKV_ASSERT_OK(pkv_pool_bytes_per_block(p, &bpb));
+    pkv_tier_options t;
+    pkv_tier_options_init(&t);
+    t.host_bytes = 8 * bpb;
+    PKV_ASSERT_OK(pkv_pool_attach_tiers(p, &t));
+
+    // x's first block (K = 1.0 + 0.01 i) goes to the host tier.
+    const int32_t tx[5] = {0, 1, 2, 3, 4};
+    std::vector<int32_t> ty(20);
+    for (int i = 0; i < 20; ++i) ty[i] = 1000 + i;
+    pkv_seq_id x = 0, y = 0, par = 0, child = 0, e = 0;
+    PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &x));
+    PKV_ASSERT_OK(pkv_seq_append(p, x, tx, 5, 0));
+    write_all(p, x, 5, 1.0f);
+    PKV_ASSERT_OK(pkv_seq_free(p, x));
+    PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &y));
+    PKV_ASSERT_OK(pkv_seq_append(p, y, ty.data(), ty.size(), 0));  // evicts x's cached block
+    PKV_ASSERT_OK(pkv_seq_free(p, y));
+    PKV_ASSERT_OK(pkv_pool_flush_tiers(p));
+
+    // A parent's written partial block (K = 2.0 + 0.01 i), shared with a
+    // child whose append copies it (pending).
+    const int32_t tp[3] = {200, 201, 202};
+    PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &par));
+    PKV_ASSERT_OK(pkv_seq_append(p, par, tp, 2, 0));
+    write_all(p, par, 2, 2.0f);
+    PKV_ASSERT_OK(pkv_seq_fork(p, par, &child));
+    PKV_ASSERT_OK(pkv_seq_append(p, child, tp + 2, 1, 0));
+    int32_t src = 0, dst = 0;
+    uint64_t n = 0;
+    PKV_ASSERT_OK(pkv_seq_get_block_table(p, par, &src, 1, &n));
+    PKV_ASSERT_OK(pkv_seq_get_block_table(p, child, &dst, 1, &n));
+    ASSERT_NE(src, dst);
+    // The freed block (no hash) goes to the head of the free queue, where
+    // the tier hit's block is taken from.
+    PKV_ASSERT_OK(pkv_seq_free(p, freed_dst ? child : par));
+    PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &e));
+    pkv_tier_match m;
+    pkv_tier_match_init(&m);
+    PKV_ASSERT_OK(pkv_seq_match_prefix_tiered(p, e, tx, 5, &m));
+    ASSERT_EQ(m.host_tokens, 4u);
+    int32_t hit = 0;
+    PKV_ASSERT_OK(pkv_seq_get_block_table(p, e, &hit, 1, &n));
+    ASSERT_EQ(hit, freed_dst ? dst : src);
+    PKV_ASSERT_OK(pkv_pool_flush_tiers(p));  // runs the load (and the copy)
+
+    // Block dst holds the parent's two slots (copied), or x's block (loaded).
+    std::vector<char> raw(bpb);
+    PKV_ASSERT_OK(pkv_pool_swap_blocks(p, &dst, 1, raw.data(), raw.size(), PKV_SWAP_OUT, nullptr));
+    const float* k = reinterpret_cast<const float*>(raw.data());
+    const int slots = freed_dst ? 4 : 2;
+    const float base = freed_dst ? 1.0f : 2.0f;
+    for (int i = 0; i < slots * 8; ++i)
+      ASSERT_EQ(k[i], base + 0.01f * float(i)) << "K element " << i;
+    if (!freed_dst) {  // and the tier's block is where the hit put it
+      PKV_ASSERT_OK(
+          pkv_pool_swap_blocks(p, &src, 1, raw.data(), raw.size(), PKV_SWAP_OUT, nullptr));
+      for (int i = 0; i < 4 * 8; ++i) ASSERT_EQ(k[i], 1.0f + 0.01f * float(i)) << "K element " << i;
+    }
+    PKV_ASSERT_OK(pkv_pool_validate(p));
+    pkv_pool_destroy(p);
+  }
+}
+
 }  // namespace
