@@ -56,9 +56,18 @@ SeqId Pool::import_begin(const SeqOptions& o, const int32_t* tokens, uint64_t n)
     // (tiers.h); on CUDA until the copies completed on the device.
     std::lock_guard<std::mutex> lock(mu_);
     check_open();
+    // Copy-on-write copies still pending may read or write the blocks the
+    // append just took (freed since the copies were recorded): they run,
+    // and complete, before the import writes those blocks.
+    const bool copies = !blocks_.pending_copies().empty();
+    void* const stream = tiers_ ? tiers_->source_stream() : nullptr;
     if (tiers_) {
-      settle_tiers_slow(tiers_->source_stream());
+      settle_tiers_slow(stream);
       tiers_->wait_idle();
+    }
+    if (copies) {
+      run_pending_copies(stream);
+      backend_->synchronize(stream);
     }
   } catch (...) {
     try {

@@ -507,6 +507,73 @@ TEST_F(Local, CompletedTransferCannotBeCancelledAndOutOfBlocksChangesNothing) {
   pkv_transfer_engine_destroy(a);
 }
 
+// A copy-on-write copy recorded in the importing pool waits there until
+// its next plan runs it. When the copy's source or destination block was
+// freed since and the import took it, the import writes that block first:
+// the copy must run before (reading and writing the blocks as they were
+// when it was recorded), or the next plan's copy overwrites the imported,
+// cached K/V (destination) or gives the other sequence the imported bytes
+// (source).
+TEST_F(Local, PendingCopiesRunBeforeAnImportWritesTheirBlocks) {
+  for (int freed_dst = 0; freed_dst < 2; ++freed_dst) {
+    SCOPED_TRACE(freed_dst ? "the copy's destination went to the import"
+                           : "the copy's source went to the import");
+    pkv_pool* into = make_pool(l);
+    std::mt19937_64 rng(23);
+    pkv_seq_id par = 0, child = 0;
+    ok(pkv_seq_create(into, nullptr, &par), "create");
+    prefill(into, l, par, {500, 501}, rng);  // a partial block, written
+    ok(pkv_seq_fork(into, par, &child), "fork");
+    const int32_t tok = 502;
+    ok(pkv_seq_append(into, child, &tok, 1, 0), "append");  // copies the shared block (pending)
+    const std::vector<uint8_t> parent_kv = block_bytes(into, l, par, 2);
+    // The freed block (no hash) is at the head of the free queue: the
+    // import's first block.
+    ok(pkv_seq_free(into, freed_dst ? child : par), "free");
+    pkv_seq_id keep = freed_dst ? par : child;
+
+    pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+    uint64_t id = 0;
+    const auto d = export_desc(a, &id);
+    pkv_transfer* t = nullptr;
+    ok(pkv_transfer_import(b, into, nullptr, d.data(), d.size(), &t), "import");
+    uint32_t state = PKV_TRANSFER_RUNNING;
+    pkv_seq_id s = 0;
+    const auto end = std::chrono::steady_clock::now() + kDeadline;
+    while (state == PKV_TRANSFER_RUNNING && std::chrono::steady_clock::now() < end) {
+      ok(pkv_transfer_engine_progress(a), "progress");
+      ok(pkv_transfer_poll(t, &state, &s), "poll");
+    }
+    ASSERT_EQ(state, uint32_t(PKV_TRANSFER_DONE));
+    pkv_transfer_destroy(t);
+    ok(pkv_transfer_export_release(a, id), "release");
+    pkv_transfer_engine_destroy(b);
+    pkv_transfer_engine_destroy(a);
+
+    // A step of the sequence left runs whatever copy is still pending.
+    const uint32_t one = 1;
+    pkv_batch* batch = nullptr;
+    ok(pkv_seq_append(into, keep, &tok, freed_dst ? 1 : 0, 0), "append");
+    ok(pkv_batch_prepare(into, &keep, &one, 1, nullptr, &batch), "prepare");
+    pkv_batch_destroy(batch);
+    EXPECT_TRUE(block_bytes(into, l, s, tokens.size()) == block_bytes(src, l, seq, tokens.size()))
+        << "the imported K/V changed";
+    const std::vector<uint8_t> kept = block_bytes(into, l, keep, 2);
+    // The first two slots of the kept sequence's block hold the parent's K/V.
+    const size_t slot = size_t(l.head_dim) * pkv_dtype_size(l.dtype);
+    const size_t bb = slot * l.block_size * l.num_kv_heads;
+    for (size_t plane = 0; plane < 2 * l.num_layers; ++plane)
+      for (size_t h = 0; h < l.num_kv_heads; ++h) {
+        const size_t at = plane * bb + h * slot * l.block_size;
+        EXPECT_TRUE(
+            std::equal(kept.begin() + at, kept.begin() + at + 2 * slot, parent_kv.begin() + at))
+            << "plane " << plane << " head " << h;
+      }
+    EXPECT_EQ(pkv_pool_validate(into), PKV_OK) << pkv_last_error_message();
+    pkv_pool_destroy(into);
+  }
+}
+
 TEST_F(Local, MalformedDescriptorsAreRefused) {
   pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
   uint64_t id = 0;
