@@ -35,6 +35,17 @@ Pool::ExportSnapshot Pool::export_pin(SeqId id) {
     x.hashes.assign(s.hashes.begin(),
                     s.hashes.begin() + std::min<uint64_t>(s.hashes.size(), n / bs));
     x.lora_id = s.ctx.lora_id;
+    // A copy-on-write copy still pending may be what fills written slots
+    // of an exported block (a fork child's copied tail, a partial hit's
+    // block; they count as written at once): it runs, and completes,
+    // before the peer reads them. Queued offloads read first what the
+    // copies overwrite.
+    if (!blocks_.pending_copies().empty()) {
+      void* const stream = tiers_ ? tiers_->source_stream() : nullptr;
+      if (tiers_) settle_tiers_slow(stream);
+      run_pending_copies(stream);
+      backend_->synchronize(stream);
+    }
   } catch (...) {
     lock.unlock();
     free(pin);

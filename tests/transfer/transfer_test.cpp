@@ -574,6 +574,57 @@ TEST_F(Local, PendingCopiesRunBeforeAnImportWritesTheirBlocks) {
   }
 }
 
+// A fork child whose append copied the shared partial block counts that
+// block's written slots as computed at once, while the copy itself waits
+// for the next plan: an export before that plan must not hand the peer the
+// copy's destination with its bytes not yet copied.
+TEST_F(Local, ExportOfAForkChildCarriesItsPendingCopy) {
+  std::mt19937_64 rng(29);
+  pkv_seq_id par = 0, child = 0;
+  ok(pkv_seq_create(src, nullptr, &par), "create");
+  prefill(src, l, par, {600, 601, 602}, rng);  // a partial block, written
+  ok(pkv_seq_fork(src, par, &child), "fork");
+  const int32_t tok = 603;
+  ok(pkv_seq_append(src, child, &tok, 1, 0), "append");  // copies the shared block (pending)
+  pkv_seq_info info;
+  pkv_seq_info_init(&info);
+  ok(pkv_seq_get_info(src, child, &info), "info");
+  ASSERT_EQ(info.num_computed_tokens, 3u);
+  const std::vector<uint8_t> parent_kv = block_bytes(src, l, par, 3);
+
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  uint64_t id = 0, size = 0;
+  ok(pkv_transfer_export(a, src, child, &id), "export");
+  pkv_transfer_export_descriptor(a, id, nullptr, 0, &size);
+  std::vector<uint8_t> d(size);
+  ok(pkv_transfer_export_descriptor(a, id, d.data(), size, &size), "descriptor");
+  pkv_transfer* t = nullptr;
+  ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), "import");
+  uint32_t state = PKV_TRANSFER_RUNNING;
+  pkv_seq_id s = 0;
+  const auto end = std::chrono::steady_clock::now() + kDeadline;
+  while (state == PKV_TRANSFER_RUNNING && std::chrono::steady_clock::now() < end) {
+    ok(pkv_transfer_engine_progress(a), "progress");
+    ok(pkv_transfer_poll(t, &state, &s), "poll");
+  }
+  ASSERT_EQ(state, uint32_t(PKV_TRANSFER_DONE));
+  pkv_transfer_destroy(t);
+  ok(pkv_transfer_export_release(a, id), "release");
+  pkv_transfer_engine_destroy(b);
+  pkv_transfer_engine_destroy(a);
+
+  const std::vector<uint8_t> got = block_bytes(dst, l, s, 3);
+  const size_t slot = size_t(l.head_dim) * pkv_dtype_size(l.dtype);
+  for (size_t plane = 0; plane < 2 * l.num_layers; ++plane)
+    for (size_t h = 0; h < l.num_kv_heads; ++h) {
+      const size_t at = (plane * l.num_kv_heads + h) * slot * l.block_size;
+      EXPECT_TRUE(std::equal(got.begin() + at, got.begin() + at + 3 * slot, parent_kv.begin() + at))
+          << "plane " << plane << " head " << h << ": the imported slots are not the parent's";
+    }
+  EXPECT_EQ(pkv_pool_validate(src), PKV_OK) << pkv_last_error_message();
+  EXPECT_EQ(pkv_pool_validate(dst), PKV_OK) << pkv_last_error_message();
+}
+
 TEST_F(Local, MalformedDescriptorsAreRefused) {
   pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
   uint64_t id = 0;
