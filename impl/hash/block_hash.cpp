@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <memory>
 
 #include "error.h"
 #include "hash/cbor_tokens.h"
@@ -282,20 +283,18 @@ struct BlockHasher::State {
 
 BlockHasher::BlockHasher(HashAlgo algo) : algo_(algo), state_(nullptr) {
   check_algo(algo);
-  auto* s = new State();
-#if !defined(PKV_SHA256_DIRECT)  // else digest_into needs no EVP context
+  std::unique_ptr<State> s(new State());  // freed if what follows throws
+#if !defined(PKV_SHA256_DIRECT)           // else digest_into needs no EVP context
   if (algo == HashAlgo::kSha256Cbor) {
     s->md_ctx = EVP_MD_CTX_new();
     // The first init binds the digest; later inits (md == nullptr) reuse the
     // provider context instead of fetching and allocating again.
-    if (s->md_ctx == nullptr || EVP_DigestInit_ex2(s->md_ctx, sha256_md(), nullptr) != 1) {
-      delete s;
+    if (s->md_ctx == nullptr || EVP_DigestInit_ex2(s->md_ctx, sha256_md(), nullptr) != 1)
       fail(Errc::kInternal, "OpenSSL: cannot create a SHA-256 context");
-    }
   }
 #endif
   s->reserve(1024);
-  state_ = s;
+  state_ = s.release();
 }
 
 BlockHasher::~BlockHasher() { delete state_; }

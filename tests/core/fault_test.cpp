@@ -315,18 +315,14 @@ TEST(Faults, PartialMatchAndRetention) {
     step(c, a, 22);
   };
   run_all({
-      {"match_prefix_partial",
-       reuse,
-       computed,
+      {"match_prefix_partial", reuse, computed,
        [](Ctx& c) {
          pkv_prefix_match m;
          pkv_prefix_match_init(&m);
          // 16 tokens of full blocks, then 3 of the fifth block.
          return pkv_seq_match_prefix_partial(c.pool, c.seqs[0], g_tokens.data() + 1, 20, &m);
        }},
-      {"set_retention",
-       reuse,
-       computed,
+      {"set_retention", reuse, computed,
        [](Ctx& c) {
          const pkv_retention_range r[2] = {{0, 8, PKV_PRIORITY_PINNED, 0, 0},
                                            {8, PKV_TOKEN_END, 80, 0, 1000}};
@@ -600,6 +596,34 @@ TEST(Faults, PublisherKeepsWhatItDrained) {
     if (::testing::Test::HasFailure()) return;
   }
   ADD_FAILURE() << "never finished";
+}
+
+// pkv_hash_prefix under allocation failure: PKV_E_OUT_OF_MEMORY or the
+// hashes, and nothing leaked (LeakSanitizer: the hasher's state was lost
+// when its buffer could not be allocated).
+TEST(Faults, HashPrefix) {
+  pkv_hash_options o;
+  pkv_hash_options_init(&o);
+  o.block_size = 4;
+  pkv_block_hash want[4], got[4];
+  uint64_t n = 0;
+  ASSERT_EQ(pkv_hash_prefix(&o, g_tokens.data(), 16, want, 4, &n), PKV_OK);
+  long points = 0;
+  for (long k = 1; k < 1000; ++k) {
+    g_count = 0;
+    g_fail_at = k;
+    const pkv_status st = pkv_hash_prefix(&o, g_tokens.data(), 16, got, 4, &n);
+    const bool reached = g_count >= k;
+    g_fail_at = -1;
+    if (st == PKV_OK) {
+      EXPECT_EQ(std::memcmp(got, want, sizeof want), 0) << "alloc #" << k;
+    } else {
+      EXPECT_EQ(st, PKV_E_OUT_OF_MEMORY) << "alloc #" << k;
+    }
+    if (!reached) break;
+    points = k;
+  }
+  EXPECT_GT(points, 0);
 }
 
 }  // namespace
