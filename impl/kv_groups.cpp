@@ -241,11 +241,15 @@ void GroupPool::record_copy(uint32_t g, int32_t src, int32_t dst) {
   copies_[g].push_back({src, dst});
 }
 
-void GroupPool::cache(int32_t b, uint32_t g, const BlockHash& h) {
+void GroupPool::cache(int32_t b, uint32_t g, const BlockHash& h) noexcept {
   if (!opts_.enable_prefix_caching || !key_[b].empty()) return;
+  try {
+    cache_.emplace(Key{h, g}, b);  // allocates a node: first
+  } catch (...) {
+    return;  // out of memory: the block stays uncached
+  }
   key_[b] = h;
   cached_at_[b] = ++cache_clock_;
-  cache_.emplace(Key{h, g}, b);
 }
 
 void GroupPool::uncache(int32_t b) {
@@ -349,10 +353,15 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
     fail(Errc::kOutOfBlocks, "the append needs " + str(need.fresh + need.cow) +
                                  " blocks over all groups; " + str(queue_.size()) + " free + " +
                                  str(need.gain) + " the sliding window gives back");
-  s.tokens.reserve(n0 + n);  // the only step that may throw; nothing changed yet
+  // What may throw comes first, while nothing changed: room in every vector
+  // that grows, then the new tokens and the hashes of the blocks they fill
+  // (taken back on failure). Nothing below throws.
+  s.tokens.reserve(n0 + n);
   s.hashes.reserve((n0 + n) / bs);
-  for (uint32_t g = 0; g < groups_.size(); ++g)
+  for (uint32_t g = 0; g < groups_.size(); ++g) {
     copies_[g].reserve(copies_[g].size() + s.table[g].size() + 1);
+    if (!recurrent(g)) s.table[g].reserve(ceil_div(n0 + n + lookahead, bs));
+  }
   // Whether each recurrent group keeps a snapshot is decided now, as
   // need_of counted it: an allocation below may evict the cached snapshot
   // of the same hash, and deciding after it would take a block more than
@@ -360,6 +369,15 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
   uint64_t due = 0;
   for (uint32_t g = 0; g < groups_.size(); ++g)
     if (snapshot_due(s, g)) due |= uint64_t(1) << g;
+  const uint64_t k0 = s.hashes.size();
+  s.tokens.insert(s.tokens.end(), tokens, tokens + n);  // reserved
+  try {
+    hash_full_blocks(s);
+  } catch (...) {
+    s.tokens.resize(n0);
+    s.hashes.resize(k0);
+    throw;
+  }
   // The window releases of every group first: need_of counted what they
   // give back towards the allocations of all groups.
   for (uint32_t g = 0; g < groups_.size() && n > 0; ++g) {
@@ -380,10 +398,9 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
   for (uint32_t g = 0; g < groups_.size(); ++g) {
     std::vector<int32_t>& t = s.table[g];
     if (recurrent(g)) {
-      if (n > 0) append_state(s, g, (due >> g) & 1);
+      if (n > 0) append_state(s, g, (due >> g) & 1, n0);
       continue;
     }
-    t.reserve(ceil_div(n0 + n + lookahead, bs));
     const uint64_t last = std::min<uint64_t>(t.size(), ceil_div(n0 + n, bs));
     for (uint64_t j = n0 / bs; n > 0 && j < last; ++j) {
       const int32_t b = t[j];
@@ -397,9 +414,6 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
     }
     while (t.size() < ceil_div(n0 + n + lookahead, bs)) t.push_back(allocate(g));
   }
-  s.tokens.insert(s.tokens.end(), tokens, tokens + n);
-  const uint64_t k0 = s.hashes.size();
-  hash_full_blocks(s);
   if (!planned_) s.num_computed = s.tokens.size();
   cache_computed(s, k0);
 }
@@ -417,7 +431,7 @@ void GroupPool::close() {
   closed_ = true;
 }
 
-void GroupPool::append_state(Seq& s, uint32_t g, bool keep) {
+void GroupPool::append_state(Seq& s, uint32_t g, bool keep, uint64_t n0) {
   std::vector<int32_t>& t = s.table[g];
   if (t.empty()) {
     const int32_t slot = allocate(g);
@@ -438,7 +452,7 @@ void GroupPool::append_state(Seq& s, uint32_t g, bool keep) {
   const int32_t next = allocate(g);
   record_copy(g, slot, next);
   ++cow_;
-  if (keep) cache(slot, g, s.hashes[s.tokens.size() / opts_.block_size - 1]);
+  if (keep) cache(slot, g, s.hashes[n0 / opts_.block_size - 1]);
   release(slot);
   t[0] = next;
   ++s.version[g];
@@ -455,14 +469,21 @@ uint64_t GroupPool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
          seq_name(id) + " is not empty (it holds " + str(s.tokens.size()) + " tokens and blocks)");
   if (n > seq_util::kMaxSeqTokens) fail(Errc::kInvalidArgument, "num_tokens exceeds 2^31 - 1");
   const uint64_t bs = opts_.block_size;
-  query_tokens_ += n;
-  if (!opts_.enable_prefix_caching || n <= bs) return 0;
+  if (!opts_.enable_prefix_caching || n <= bs) {
+    query_tokens_ += n;
+    return 0;
+  }
+  // What may throw (hashing, the hit, room in the vectors) before any change.
   const std::vector<BlockHash> hashes = hash_prefix(s.ctx, root_, tokens, (n - 1) / bs * bs);
   std::vector<std::vector<int32_t>> hit;
   const uint64_t k = find_hit(hashes, hashes.size(), &hit);
+  if (k > 0) {
+    s.tokens.reserve(k * bs);
+    s.hashes.reserve(k);
+    for (auto& t : s.table) t.reserve(k);
+  }
+  query_tokens_ += n;
   if (k == 0) return 0;
-  s.tokens.reserve(k * bs);
-  for (auto& t : s.table) t.reserve(k);
   s.tokens.assign(tokens, tokens + k * bs);
   s.hashes.assign(hashes.begin(), hashes.begin() + k);
   for (uint32_t g = 0; g < groups_.size(); ++g) {

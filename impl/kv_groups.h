@@ -175,15 +175,17 @@ class GroupPool {
   // Records a copy-on-write or state copy; src and dst stay referenced
   // until take_copies hands it out.
   void record_copy(uint32_t g, int32_t src, int32_t dst);
-  void cache(int32_t b, uint32_t g, const BlockHash& h);
+  // Best effort: a block whose map entry cannot be allocated stays
+  // uncached (a later lookup misses it), so no caller is left half done.
+  void cache(int32_t b, uint32_t g, const BlockHash& h) noexcept;
   void uncache(int32_t b);
   int32_t lookup(const BlockHash& h, uint32_t g) const;
   uint64_t hit_of_group(uint32_t g, const std::vector<BlockHash>& hashes, uint64_t max_blocks,
                         std::vector<int32_t>* out) const;
   void hash_full_blocks(Seq& s);
-  // A recurrent group's part of append; keep: snapshot_due before the
-  // append's allocations.
-  void append_state(Seq& s, uint32_t g, bool keep);
+  // A recurrent group's part of append of a sequence n0 tokens long before
+  // it; keep: snapshot_due before the append's allocations.
+  void append_state(Seq& s, uint32_t g, bool keep, uint64_t n0);
   // Caches the full blocks of s from block `from` that its computed tokens
   // cover, in every attention group.
   void cache_computed(const Seq& s, uint64_t from);

@@ -598,6 +598,125 @@ TEST(Faults, PublisherKeepsWhatItDrained) {
   ADD_FAILURE() << "never finished";
 }
 
+// Multi-group pools (pagedkv/groups.h) are held to the same rule: a call
+// failing for want of memory leaves the pool as it was.
+pkv_pool* make_group_pool() {
+  pkv_pool_options o;
+  pkv_pool_options_init(&o);
+  o.block_size = 4;
+  o.num_blocks = 64;
+  pkv_kv_group_spec g[2];
+  for (auto& x : g) {
+    pkv_kv_group_spec_init(&x);
+    x.num_kv_heads = 1;
+    x.head_dim = 8;
+  }
+  g[1].kind = PKV_GROUP_SLIDING_WINDOW;
+  g[1].sliding_window = 4;
+  pkv_pool* p = nullptr;
+  EXPECT_EQ(pkv_pool_create_groups(&o, g, 2, &p), PKV_OK) << pkv_last_error_message();
+  return p;
+}
+
+std::string group_snapshot(const Ctx& c) {
+  pkv_pool_stats st;
+  pkv_pool_stats_init(&st);
+  EXPECT_EQ(pkv_pool_get_stats(c.pool, &st), PKV_OK);
+  std::string s =
+      "free " + std::to_string(st.num_free_blocks) + " used " + std::to_string(st.num_used_blocks) +
+      " cached " + std::to_string(st.num_cached_blocks) + " seqs " + std::to_string(st.num_seqs) +
+      " tokens " + std::to_string(st.num_tokens) + " cow " + std::to_string(st.num_cow_copies);
+  for (uint32_t g = 0; g < 2; ++g) {
+    pkv_group_stats gs;
+    pkv_group_stats_init(&gs);
+    EXPECT_EQ(pkv_pool_group_stats(c.pool, g, &gs), PKV_OK);
+    s += "\ngroup " + std::to_string(g) + ": used " + std::to_string(gs.num_used_blocks) +
+         " cached " + std::to_string(gs.num_cached_blocks) + " null " +
+         std::to_string(gs.num_null_entries);
+  }
+  for (pkv_seq_id id : c.seqs) {
+    pkv_seq_info i;
+    pkv_seq_info_init(&i);
+    if (pkv_seq_get_info(c.pool, id, &i) != PKV_OK) {
+      s += "\nseq gone";
+      continue;
+    }
+    s += "\nseq tokens " + std::to_string(i.num_tokens) + " cached " +
+         std::to_string(i.num_cached_tokens) + " computed " +
+         std::to_string(i.num_computed_tokens) + " blocks " + std::to_string(i.num_blocks);
+    for (uint32_t g = 0; g < 2; ++g) {
+      int32_t t[64];
+      uint64_t n = 0;
+      EXPECT_EQ(pkv_seq_group_block_table(c.pool, id, g, t, 64, &n), PKV_OK);
+      s += " |";
+      for (uint64_t j = 0; j < n; ++j) s += " " + std::to_string(t[j]);
+    }
+  }
+  return s;
+}
+
+TEST(Faults, GroupMatchAndAppend) {
+  struct GroupCase {
+    const char* name;
+    std::function<void(Ctx&)> setup;
+    std::function<pkv_status(Ctx&)> op;
+  };
+  const std::vector<GroupCase> cases = {
+      {"group match prefix",
+       [](Ctx& c) {
+         pkv_seq_id a = make_seq(c);
+         append(c, a, 13, 1);
+         step(c, a, 13);
+         make_seq(c);
+       },
+       [](Ctx& c) { return do_match(c, 1, 13, 1); }},
+      {"group append prefill (full blocks cached)", [](Ctx& c) { make_seq(c); },
+       [](Ctx& c) { return do_append(c, 0, 30, 1); }},
+      {"group append after a plan (window releases)",
+       [](Ctx& c) {
+         pkv_seq_id a = make_seq(c);
+         append(c, a, 10, 1);
+         step(c, a, 10);
+       },
+       [](Ctx& c) { return do_append(c, 0, 9, 100); }},
+      {"group append after fork (copy-on-write)",
+       [](Ctx& c) {
+         pkv_seq_id a = make_seq(c);
+         append(c, a, 10, 1);
+         pkv_seq_id child;
+         ASSERT_EQ(pkv_seq_fork(c.pool, a, &child), PKV_OK);
+         c.seqs.push_back(child);
+       },
+       [](Ctx& c) { return do_append(c, 1, 5, 900); }},
+  };
+  for (const GroupCase& k : cases) {
+    long n = 1;
+    for (; n < 100000; ++n) {
+      Ctx c;
+      c.pool = make_group_pool();
+      ASSERT_NE(c.pool, nullptr);
+      k.setup(c);
+      ASSERT_EQ(pkv_pool_validate(c.pool), PKV_OK) << k.name << ": setup";
+      const std::string before = group_snapshot(c);
+      g_count = 0;
+      g_fail_at = n;
+      const pkv_status st = k.op(c);
+      const bool reached = g_count >= n;
+      g_fail_at = -1;
+      if (st != PKV_OK) {
+        EXPECT_EQ(st, PKV_E_OUT_OF_MEMORY) << k.name << " alloc #" << n;
+        EXPECT_EQ(group_snapshot(c), before) << k.name << " alloc #" << n << " changed the pool";
+      }
+      EXPECT_EQ(pkv_pool_validate(c.pool), PKV_OK)
+          << k.name << " alloc #" << n << ": " << pkv_last_error_message();
+      pkv_pool_destroy(c.pool);
+      if (!reached || ::testing::Test::HasFailure()) break;
+    }
+    EXPECT_GT(n, 1) << k.name << ": no allocation inside it was failed";
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 // pkv_hash_prefix under allocation failure: PKV_E_OUT_OF_MEMORY or the
 // hashes, and nothing leaked (LeakSanitizer: the hasher's state was lost
 // when its buffer could not be allocated).
