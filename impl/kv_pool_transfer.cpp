@@ -43,6 +43,7 @@ Pool::ExportSnapshot Pool::export_pin(SeqId id) {
     if (!blocks_.pending_copies().empty()) {
       void* const stream = tiers_ ? tiers_->source_stream() : nullptr;
       if (tiers_) settle_tiers_slow(stream);
+      backend_->synchronize_device();  // CUDA: what the copies read was written on any stream
       run_pending_copies(stream);
       backend_->synchronize(stream);
     }
@@ -77,6 +78,7 @@ SeqId Pool::import_begin(const SeqOptions& o, const int32_t* tokens, uint64_t n)
       tiers_->wait_idle();
     }
     if (copies) {
+      backend_->synchronize_device();  // CUDA: what the copies read was written on any stream
       run_pending_copies(stream);
       backend_->synchronize(stream);
     }
