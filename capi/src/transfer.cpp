@@ -59,7 +59,6 @@ pkv_status pkv_transfer_options_init_sized(pkv_transfer_options* opts, size_t si
 pkv_status pkv_transfer_engine_create(const pkv_transfer_options* opts, pkv_transfer_engine** out) {
   PKV_GUARD({
     pc::require(out, "out");
-    *out = nullptr;
     pagedkv::TransferOptions o;
     if (opts) {
       pc::check_struct_size(opts->struct_size, kTransferOptionsV1, "opts", "pkv_transfer_options",
@@ -133,7 +132,6 @@ pkv_status pkv_transfer_import(pkv_transfer_engine* engine, pkv_pool* pool,
     pc::require(pool, "pool");
     pc::require(descriptor, "descriptor");
     pc::require(out, "out");
-    *out = nullptr;
     pc::pool_of(pool);  // multi-group pools do not transfer (yet)
     const pagedkv::SeqOptions o = pc::seq_options(opts);
     auto h = std::make_unique<pkv_transfer>();

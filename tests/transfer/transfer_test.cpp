@@ -795,6 +795,36 @@ TEST_F(Local, MlaPoolsAreRefused) {
   pkv_transfer_engine_destroy(e);
 }
 
+// docs/conventions.md: a failed call does not write its out-parameters (a
+// caller's variable that held a live handle keeps it).
+TEST(TransferApi, FailedCallsLeaveTheirOutputsAlone) {
+  auto* const kEngine = reinterpret_cast<pkv_transfer_engine*>(uintptr_t(0x1000));
+  auto* const kTransfer = reinterpret_cast<pkv_transfer*>(uintptr_t(0x2000));
+  pkv_transfer_options o;
+  pkv_transfer_options_init(&o);
+  o.struct_size = 3;
+  pkv_transfer_engine* e = kEngine;
+  EXPECT_EQ(pkv_transfer_engine_create(&o, &e), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(e, kEngine);
+  if (!pkv_transfer_available()) GTEST_SKIP() << "built without UCX";
+  pkv_transfer_engine* real = nullptr;
+  ASSERT_EQ(pkv_transfer_engine_create(nullptr, &real), PKV_OK) << pkv_last_error_message();
+  Layout l;
+  l.num_blocks = 16;
+  pkv_pool* p = make_pool(l);
+  const uint8_t junk[3] = {1, 2, 3};
+  pkv_transfer* t = kTransfer;
+  EXPECT_EQ(pkv_transfer_import(real, p, nullptr, junk, sizeof junk, &t), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(t, kTransfer);
+  pkv_seq_options so;
+  pkv_seq_options_init(&so);
+  so.struct_size = 2;
+  EXPECT_EQ(pkv_transfer_import(real, p, &so, junk, sizeof junk, &t), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(t, kTransfer);
+  pkv_pool_destroy(p);
+  pkv_transfer_engine_destroy(real);
+}
+
 TEST(TransferApi, NullsAndOptions) {
   EXPECT_EQ(pkv_transfer_engine_create(nullptr, nullptr), PKV_E_INVALID_ARGUMENT);
   pkv_transfer_options o;
