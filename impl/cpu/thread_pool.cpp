@@ -1,6 +1,10 @@
 #include "cpu/thread_pool.h"
 
+#include <exception>
+#include <string>
 #include <utility>
+
+#include "error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -23,10 +27,22 @@ ThreadPool::ThreadPool(int32_t num_threads) {
   }
   size_ = num_threads;
   threads_.reserve(size_ - 1);
-  for (int32_t i = 1; i < size_; ++i) threads_.emplace_back([this, i] { worker_main(i); });
+  try {
+    for (int32_t i = 1; i < size_; ++i) threads_.emplace_back([this, i] { worker_main(i); });
+  } catch (const std::exception& e) {
+    // The system refused a thread (address space, pids limit). The ones
+    // started wait on this object: stop and join them before it goes (no
+    // destructor runs for it, and a joinable std::thread would terminate).
+    const size_t started = threads_.size();
+    stop_workers();
+    fail(Errc::kOutOfMemory, "cannot start CPU kernel thread " + std::to_string(started + 2) +
+                                 " of " + std::to_string(size_) + " (num_threads): " + e.what());
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;

@@ -42,6 +42,7 @@ class ThreadPool {
 
   void run(int64_t n, Fn fn, void* ctx);
   void worker_main(int32_t index);
+  void stop_workers() noexcept;  // stops and joins every started worker
   static void drain(Job* job, int32_t worker);
 
   int32_t size_;

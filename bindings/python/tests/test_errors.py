@@ -1,5 +1,8 @@
 """Every status code raises its own exception class, with the library's message."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -239,3 +242,39 @@ def test_pool_options_refuse_floats_strings_and_unordered_ids():
         pool.free_batch({s.id})
     assert pool.stats().num_seqs == 1
     pool.validate()
+
+
+_THREADS_WITHOUT_ROOM = """
+import resource
+
+import pagedkv
+
+# An address-space limit a little above what the process maps now: room for
+# the pool's few bytes, not for 1023 thread stacks (2-8 MiB each).
+with open("/proc/self/status") as f:
+    vm = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize:"))
+hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), hard))
+try:
+    pagedkv.Pool(num_blocks=16, num_layers=1, num_kv_heads=1, head_dim=8, dtype="f32", num_threads=1024)
+except pagedkv.OutOfMemoryError as e:
+    print("OutOfMemoryError:", e)
+else:
+    print("created")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_pool_whose_kernel_threads_cannot_start_raises():
+    # The CPU backend starts num_threads - 1 threads with the pool. When the
+    # system refuses one (address space, pids limit), the threads already
+    # started were left waiting on the half-built pool: pool creation hung
+    # (or aborted), where it must fail with OutOfMemoryError.
+    try:
+        r = subprocess.run([sys.executable, "-c", _THREADS_WITHOUT_ROOM], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("Pool(num_threads=1024) hung when its threads could not start")
+    assert r.returncode == 0, r.stderr
+    if "created" in r.stdout:
+        pytest.skip("the system started 1023 threads within the limit")
+    assert "OutOfMemoryError:" in r.stdout and "thread" in r.stdout, r.stdout
