@@ -13,7 +13,7 @@ from . import _pagedkv as _c
 from ._handle import Handle, HandleOwner
 from ._pool import Pool, Sequence, _index
 from ._tensor import TensorView, check, describe, empty_like, stream_ptr
-from ._types import BatchInfo, DType, PlanArray, SnapshotArray
+from ._types import BatchInfo, DType, PlanArray, SnapshotArray, _real
 
 _SNAPSHOT_ARRAYS = frozenset(int(a) for a in SnapshotArray)
 
@@ -359,7 +359,7 @@ def _c_float(name: str, x: Any) -> float:
     """x as the C float the call takes. A non-zero value that rounds to 0
     there (below ~1.4e-45) would silently mean "the default" for a scale:
     refused instead. Too large or not finite is left to the library's check."""
-    v = float(x)
+    v = _real(x, name)
     if v != 0.0 and abs(v) < 1.0 and struct.unpack("f", struct.pack("f", v))[0] == 0.0:
         raise _c.InvalidArgumentError(f"{name} = {v!r} rounds to 0 as a C float", _c.PKV_E_INVALID_ARGUMENT)
     return v

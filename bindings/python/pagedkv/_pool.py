@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import operator
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Tuple, Union
 from typing import Sequence as Seq
 
@@ -24,6 +23,8 @@ from ._types import (
     PrefixMatch,
     RetentionRange,
     SequenceInfo,
+    _index,
+    _real,
     mm_tuples,
 )
 
@@ -115,8 +116,8 @@ class Pool(HandleOwner):
         if kv_scale_granularity is not None:
             opts["kv_scale_granularity"] = _scale_granularity(kv_scale_granularity)
         if k_scales is not None or v_scales is not None:
-            opts["k_scales"] = _floats(k_scales)
-            opts["v_scales"] = _floats(v_scales)
+            opts["k_scales"] = _floats(k_scales, "k_scales")
+            opts["v_scales"] = _floats(v_scales, "v_scales")
         if enable_partial_reuse is not None:
             opts["enable_partial_reuse"] = int(bool(enable_partial_reuse))
         if enable_retention is not None:
@@ -288,7 +289,7 @@ class Pool(HandleOwner):
         each finite and > 0). Safe while other threads run kernels on the
         pool: they finish with the old scales (docs/threading.md). Stored
         codes stay: they are read with the new scales from now on."""
-        self._call(_c.pkv_pool_set_kv_scales, (_floats(k_scales), _floats(v_scales)))
+        self._call(_c.pkv_pool_set_kv_scales, (_floats(k_scales, "k_scales"), _floats(v_scales, "v_scales")))
 
     # ------------------------------------------------------------ sequences
 
@@ -477,16 +478,6 @@ def _key_domains(strict: Optional[bool], tagged: Optional[bool]) -> int:
     return int(_c.PKV_KEY_DOMAINS_STRICT) if strict else int(_c.PKV_KEY_DOMAINS_VLLM)
 
 
-def _index(value: Any, name: str) -> int:
-    """value as an int: ints, bools and integer scalars (numpy, torch) only.
-    int() truncated 2.7 to 2 and read "5" as 5, so truncate(2.7) dropped a
-    token and cache_write(1.5, ...) wrote layer 1 without a word."""
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
-
-
 def _count(value: Any, name: str) -> int:
     """_index for a count: a negative one is a ValueError naming it (the C
     call saw -1 as 2**64 - 1 and reported a capacity "too large")."""
@@ -496,14 +487,14 @@ def _count(value: Any, name: str) -> int:
     return n
 
 
-def _floats(values: Any) -> List[float]:
+def _floats(values: Any, name: str) -> List[float]:
     """A list of floats from any float sequence or 1-d array (None: [])."""
     if values is None:
         return []
     if isinstance(values, (str, bytes)):  # iterating "12" gave [1.0, 2.0]
-        raise TypeError(f"expected a sequence of floats, got {type(values).__name__}")
+        raise TypeError(f"{name}: expected a sequence of floats, got {type(values).__name__}")
     tolist = getattr(values, "tolist", None)
-    return [float(x) for x in (tolist() if tolist is not None else values)]
+    return [_real(x, f"{name}[{i}]") for i, x in enumerate(tolist() if tolist is not None else values)]
 
 
 def _scale_granularity(value: Any) -> int:
@@ -573,7 +564,7 @@ class Sequence(_c._SeqBase):
         self._owned = False  # until every field is set (__del__ reads them)
         self._pool = pool
         self._h = pool._h
-        self._id = int(seq_id)
+        self._id = _index(seq_id, "seq_id")
         self._owned = bool(owned)
 
     @property
@@ -747,8 +738,8 @@ def _seq_opts(
     ):
         return None
     return {
-        "priority": int(priority),
-        "lora_id": int(lora_id),
+        "priority": _index(priority, "priority"),
+        "lora_id": _index(lora_id, "lora_id"),
         "lora_name": lora_name,
         "lora_path": lora_path,
         "cache_salt": cache_salt,

@@ -229,13 +229,29 @@ MMItemLike = Union[MMItem, Tuple[int, int, str]]
 
 def mm_tuples(items: Any) -> list:
     out = []
-    for it in items or ():
-        if isinstance(it, MMItem):
-            out.append((it.offset, it.length, it.hash))
-        else:
-            off, length, h = it
-            out.append((int(off), int(length), h))
+    for i, it in enumerate(items or ()):
+        off, length, h = (it.offset, it.length, it.hash) if isinstance(it, MMItem) else it
+        out.append((_index(off, f"mm_items[{i}] offset"), _index(length, f"mm_items[{i}] length"), h))
     return out
+
+
+def _index(value: Any, name: str) -> int:
+    """value as an int: ints, bools and integer scalars (numpy, torch) only.
+    int() truncated 2.7 to 2 and read "5" as 5, so truncate(2.7) dropped a
+    token and cache_write(1.5, ...) wrote layer 1 without a word."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
+
+
+def _real(value: Any, name: str) -> float:
+    """value as a float: numbers only (int, float, numpy and torch scalars).
+    float() also parsed strings, so softmax_scale="2" was the scale 2.0."""
+    t = type(value)
+    if not (hasattr(t, "__float__") or hasattr(t, "__index__")):
+        raise TypeError(f"{name}: expected a float, got {t.__name__}")
+    return float(value)
 
 
 _FIELD_GETTERS: dict = {}
@@ -378,8 +394,13 @@ class RetentionRange:
     duration_ns: int = 0
 
     def _as_tuple(self) -> tuple:
-        end = (1 << 64) - 1 if self.end is None else int(self.end)  # PKV_TOKEN_END
-        return (int(self.begin), end, int(self.priority), int(self.duration_ns))
+        end = (1 << 64) - 1 if self.end is None else _index(self.end, "end")  # PKV_TOKEN_END
+        return (
+            _index(self.begin, "begin"),
+            end,
+            _index(self.priority, "priority"),
+            _index(self.duration_ns, "duration_ns"),
+        )
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 from . import _pagedkv as _c
 from ._handle import Handle, HandleOwner
 from ._pool import _count
-from ._types import EventType
+from ._types import EventType, _index
 
 if TYPE_CHECKING:
     from ._pool import Pool
@@ -110,9 +110,9 @@ class EventPublisher(HandleOwner):
             raise _c.InvalidArgumentError(f"hash_encoding {hash_encoding!r}: not 'int' or 'bytes'")
         opts = {
             "topic": topic,
-            "data_parallel_rank": int(data_parallel_rank),
-            "buffer_steps": int(buffer_steps),
-            "hwm": int(hwm),
+            "data_parallel_rank": _index(data_parallel_rank, "data_parallel_rank"),
+            "buffer_steps": _index(buffer_steps, "buffer_steps"),
+            "hwm": _index(hwm, "hwm"),
             "event_encoding": encodings[event_encoding],
             "hash_encoding": hashes[hash_encoding],
             "device_medium": device_medium,

@@ -20,7 +20,7 @@ from . import _pagedkv as _c
 from ._handle import Handle
 from ._pagedkv import NotFoundError
 from ._pool import Pool, Sequence
-from ._types import DType, HashAlgo, PoolOptions
+from ._types import DType, HashAlgo, PoolOptions, _index
 
 
 class GroupKind(enum.IntEnum):
@@ -117,25 +117,25 @@ class KVGroupSpec:
 
     def _to_c(self) -> dict:
         d = {
-            "kind": int(self.kind),
-            "num_layers": int(self.num_layers),
-            "num_kv_heads": int(self.num_kv_heads),
-            "head_dim": int(self.head_dim),
-            "sliding_window": int(self.sliding_window),
-            "kv_lora_rank": int(self.kv_lora_rank),
-            "rope_dim": int(self.rope_dim),
-            "state_bytes": int(self.state_bytes),
+            "kind": _index(self.kind, "kind"),
+            "num_layers": _index(self.num_layers, "num_layers"),
+            "num_kv_heads": _index(self.num_kv_heads, "num_kv_heads"),
+            "head_dim": _index(self.head_dim, "head_dim"),
+            "sliding_window": _index(self.sliding_window, "sliding_window"),
+            "kv_lora_rank": _index(self.kv_lora_rank, "kv_lora_rank"),
+            "rope_dim": _index(self.rope_dim, "rope_dim"),
+            "state_bytes": _index(self.state_bytes, "state_bytes"),
             "flags": _c.PKV_GROUP_SNAPSHOT_EVERY_BLOCK if self.snapshot_every_block else 0,
         }
         if self.dtype is not None:
             d["dtype"] = int(DType.parse(self.dtype))
         if self.layer_ids is not None:
-            d["layer_ids"] = [int(i) for i in self.layer_ids]
+            d["layer_ids"] = [_index(i, "layer_ids") for i in self.layer_ids]
         return d
 
 
 def _ids(layer_ids: Any) -> Optional[Tuple[int, ...]]:
-    return None if layer_ids is None else tuple(int(i) for i in layer_ids)
+    return None if layer_ids is None else tuple(_index(i, "layer_ids") for i in layer_ids)
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ class HybridPool(Pool):
             ("memory_budget_bytes", memory_budget_bytes),
         ):
             if value is not None:
-                opts[key] = int(value)
+                opts[key] = _index(value, key)
         if hash_algo is not None:
             opts["hash_algo"] = int(HashAlgo.parse(hash_algo))
         if hash_seed is not None:
@@ -213,7 +213,7 @@ class HybridPool(Pool):
         """The group holding model layer ``layer`` and the layer's index among
         that group's layers (``KeyError`` for a layer no group holds)."""
         try:
-            g, k = self._call(_c.pkv_pool_group_of_layer, int(layer))
+            g, k = self._call(_c.pkv_pool_group_of_layer, _index(layer, "layer"))
         except NotFoundError as e:
             raise KeyError(layer) from e
         return int(g), int(k)
@@ -221,10 +221,11 @@ class HybridPool(Pool):
     def group_block_table(self, seq: Sequence, group: int) -> List[int]:
         """The block table of ``seq`` in ``group`` (0, the null block, where
         its sliding window released one)."""
+        group = _index(group, "group")
         cap = max(1, seq.info().num_slots // self.block_size)
         while True:
             try:
-                return list(self._call(_c.pkv_seq_group_block_table, seq.id, int(group), cap))
+                return list(self._call(_c.pkv_seq_group_block_table, seq.id, group, cap))
             except _c.BufferTooSmallError:  # grew on another thread meanwhile
                 cap *= 2
 
@@ -233,7 +234,7 @@ class HybridPool(Pool):
         return [self.group_block_table(seq, g) for g in range(len(self._groups))]
 
     def group_stats(self, group: int) -> GroupStats:
-        s = self._call(_c.pkv_pool_group_stats, int(group))
+        s = self._call(_c.pkv_pool_group_stats, _index(group, "group"))
         return GroupStats(
             GroupKind(s.kind), s.num_used_blocks, s.num_cached_blocks, s.num_null_entries, s.bytes_per_block
         )
@@ -242,10 +243,11 @@ class HybridPool(Pool):
         """Copy-on-write copies (src, dst) recorded for ``group`` since the
         last call; the engine copies those pages in every layer of the group
         before the next step writes."""
+        group = _index(group, "group")
         cap = 16
         while True:
             try:
-                src, dst = self._call(_c.pkv_pool_group_take_copies, int(group), cap)
+                src, dst = self._call(_c.pkv_pool_group_take_copies, group, cap)
                 return list(src), list(dst)
             except _c.BufferTooSmallError:
                 cap *= 4

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from . import _pagedkv as _c
 from ._handle import Handle, HandleOwner
-from ._pool import Pool, Sequence, _new_seq, _seq_opts
+from ._pool import Pool, Sequence, _index, _new_seq, _seq_opts
 
 RUNNING = _c.PKV_TRANSFER_RUNNING
 DONE = _c.PKV_TRANSFER_DONE
@@ -72,15 +72,15 @@ class TransferEngine(HandleOwner):
     ) -> None:
         opts: dict = {"transports": transports}
         if timeout_ms is not None:
-            opts["timeout_ms"] = int(timeout_ms)
+            opts["timeout_ms"] = _index(timeout_ms, "timeout_ms")
         if export_ttl_ms is not None:
-            opts["export_ttl_ms"] = int(export_ttl_ms)
+            opts["export_ttl_ms"] = _index(export_ttl_ms, "export_ttl_ms")
         ptr = _c.pkv_transfer_engine_create(opts)
         self._h = Handle(ptr, _c.pkv_transfer_engine_destroy, "transfer engine")
 
     def export(self, pool: Pool, seq: Any) -> Export:
         """Exports seq's computed tokens (a Sequence or its id) and pins their blocks."""
-        seq_id = int(getattr(seq, "id", seq))
+        seq_id = seq.id if isinstance(seq, Sequence) else _index(seq, "seq")
         export_id = int(_c.pkv_transfer_export(self._h, pool._h, seq_id))
         try:
             desc = _c.pkv_py_transfer_descriptor(self._h, export_id)

@@ -278,3 +278,84 @@ def test_pool_whose_kernel_threads_cannot_start_raises():
     if "created" in r.stdout:
         pytest.skip("the system started 1023 threads within the limit")
     assert "OutOfMemoryError:" in r.stdout and "thread" in r.stdout, r.stdout
+
+
+def test_sequence_options_group_arguments_and_scales_refuse_fractions_and_strings():
+    """create_sequence(lora_id=1.7) made a sequence keyed by LoRA 1 (whose
+    blocks then hit another adapter's, while hash_prefix(lora_id=1.7)
+    refused), lora_id="3" LoRA 3, an mm item at 0.5 one at 0, a HybridPool
+    of num_blocks="32" or 32.9 a pool of 32, group_of_layer("1") layer 1 and
+    softmax_scale="2" the scale 2.0: each is a TypeError naming the
+    argument, and nothing is created or changed."""
+    pool = pagedkv.Pool(num_blocks=16, block_size=4, num_layers=1, num_kv_heads=1, head_dim=8, dtype="f32")
+    before = pool.stats()
+    for call, name in (
+        (lambda: pool.create_sequence(lora_id=1.7), "lora_id"),
+        (lambda: pool.create_sequence(lora_id="3"), "lora_id"),
+        (lambda: pool.create_sequence(priority=2.5), "priority"),
+        (lambda: pool.admit([1, 2, 3], priority="1"), "priority"),
+        (lambda: pool.admit([1, 2, 3], lora_id=1.5), "lora_id"),
+        (lambda: pool.create_sequence(mm_items=[(0.5, 2, "img")]), "offset"),
+        (lambda: pool.create_sequence(mm_items=[pagedkv.MMItem(0, "2", "img")]), "length"),
+    ):
+        with pytest.raises(TypeError, match=name):
+            call()
+    assert pool.stats() == before
+    s = pool.create_sequence(lora_id=np.uint64(3), priority=np.int32(1), mm_items=[(np.int64(0), 2, "img")])
+    assert s.info().lora_id == 3 and s.info().priority == 1  # integer scalars still work
+    s.append(list(range(4)))
+    x = np.ones((4, 1, 8), np.float32)
+    with pool.prepare([s], 4) as step:
+        step.cache_write(0, x, x)
+        for call, name in (
+            (lambda: step.attention(0, x, softmax_scale="2"), "softmax_scale"),
+            (lambda: step.attention(0, x, logit_softcap=b"1"), "logit_softcap"),
+        ):
+            with pytest.raises(TypeError, match=name):
+                call()
+        step.attention(0, x, softmax_scale=np.float32(0.5))  # real scalars still work
+    with pytest.raises(TypeError, match="k_scales"):
+        pagedkv.Pool(num_blocks=8, num_layers=1, num_kv_heads=1, head_dim=8, dtype="fp8_e4m3", k_scales=["2"])
+    with pytest.raises(TypeError, match="begin"):
+        pagedkv.Pool(num_blocks=8, block_size=4, enable_retention=True).create_sequence().set_retention(
+            [pagedkv.RetentionRange(0.5, 4, 50)]
+        )
+
+    full = pagedkv.KVGroupSpec.full
+    for make, name in (
+        (lambda: pagedkv.HybridPool([full(1, 2, 8)], num_blocks="32"), "num_blocks"),
+        (lambda: pagedkv.HybridPool([full(1, 2, 8)], num_blocks=32.9), "num_blocks"),
+        (lambda: pagedkv.HybridPool([full(1.9, 2, 8)], num_blocks=32), "num_layers"),
+        (lambda: pagedkv.HybridPool([full(1, 2, 8, layer_ids=[0.5])], num_blocks=32), "layer_ids"),
+    ):
+        with pytest.raises(TypeError, match=name):
+            make()
+    hp = pagedkv.HybridPool([full(1, 1, 8), full(1, 1, 8)], num_blocks=np.int64(32), block_size=4)
+    hs = hp.create_sequence()
+    hs.append([1, 2, 3])
+    for call, name in (
+        (lambda: hp.group_of_layer("1"), "layer"),
+        (lambda: hp.group_block_table(hs, 1.5), "group"),
+        (lambda: hp.group_stats(0.5), "group"),
+        (lambda: hp.take_copies("0"), "group"),
+    ):
+        with pytest.raises(TypeError, match=name):
+            call()
+    assert hp.group_of_layer(np.int32(1)) == (1, 0)
+    assert hp.group_block_table(hs, np.uint8(1)) == hp.block_tables(hs)[1]
+
+
+def test_publisher_and_transfer_options_refuse_fractions_and_strings():
+    """EventPublisher(data_parallel_rank=0.5) published as rank 0 and
+    TransferEngine(timeout_ms="5") timed out after 5 ms: TypeError now."""
+    pool = pagedkv.Pool(num_blocks=8, block_size=4, enable_events=True)
+    with pytest.raises(TypeError, match="data_parallel_rank"):
+        pagedkv.EventPublisher(pool, "inproc://pkv-bad-rank", data_parallel_rank=0.5)
+    with pytest.raises(TypeError, match="hwm"):
+        pagedkv.EventPublisher(pool, "inproc://pkv-bad-hwm", hwm="10")
+    if not pagedkv.transfer.available():
+        pytest.skip("built without the UCX transport")
+    with pytest.raises(TypeError, match="timeout_ms"):
+        pagedkv.TransferEngine(transports="tcp", timeout_ms="5")
+    with pytest.raises(TypeError, match="export_ttl_ms"):
+        pagedkv.TransferEngine(transports="tcp", export_ttl_ms=2.5)
