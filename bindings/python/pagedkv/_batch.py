@@ -102,7 +102,7 @@ class Batch(HandleOwner):
             seqs = list(seqs)
             ids: Any = self._collect_ids(pool, seqs)
         else:
-            # Ids (a uint64 array is borrowed, not converted): the engine
+            # Ids (a uint64 array is copied whole, not converted): the engine
             # keeps their sequences alive while the plan is in use.
             ids = self._ids = seqs
             seqs = None

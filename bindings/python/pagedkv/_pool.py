@@ -371,7 +371,7 @@ class Pool(HandleOwner):
         queries are those tokens, as :meth:`append_batch` then
         ``prepare(seqs, 1, stream, persistent_table=...)`` would. seqs:
         Sequence objects of this pool or ids (a uint64 numpy array of ids is
-        the fastest, borrowed as is); tokens: any int buffer (numpy int32,
+        the fastest: copied whole, not converted); tokens: any int buffer (numpy int32,
         array.array, a CPU torch tensor) or sequence of the same length
         (else InvalidArgumentError).
 

@@ -9,8 +9,9 @@
  *  - out-parameters disappear from the signature and are returned (several
  *    as a list, in declaration order);
  *  - (buffer, capacity, &len) outputs take the capacity and return a list;
- *  - int arrays come from anything with the buffer protocol (zero copy when
- *    it is contiguous int32) or any sequence of ints;
+ *  - int arrays come from anything with the buffer protocol (one memcpy when
+ *    it is contiguous int32) or any sequence of ints, always into memory of
+ *    the call's own (no other thread can change them while it runs);
  *  - option structs are taken as their proxy object, None (NULL) or a dict of
  *    field names; string and multimodal fields can only be set through the
  *    dict (they are borrowed for the call, so nothing dangles or leaks);
@@ -626,6 +627,21 @@ static Py_buffer pkv_py_no_buffer(void) {
   return b;
 }
 
+/* A private malloc'd copy of a buffer's bytes (at least one byte), so that
+ * no thread can change what a call reads while it runs without the GIL.
+ * On failure the view is released and MemoryError set. */
+static void* pkv_py_copy_buffer(Py_buffer* view) {
+  void* copy = malloc(view->len > 0 ? (size_t)view->len : 1);
+  if (!copy) {
+    PyBuffer_Release(view);
+    view->obj = NULL;
+    PyErr_NoMemory();
+    return NULL;
+  }
+  if (view->len > 0) memcpy(copy, view->buf, (size_t)view->len);
+  return copy;
+}
+
 /* Whether a buffer format is a plain integer of itemsize bytes. */
 static int pkv_py_int_format(const char* f, Py_ssize_t itemsize) {
   if (f[0] == 0 || f[1] != 0) return 0;
@@ -678,9 +694,16 @@ static PyObject* pkv_py_as_array(PyObject* obj) {
   return NULL;
 }
 
-/* An int32 array from obj: borrowed from a contiguous int32 buffer (zero
- * copy), otherwise copied from any sequence of ints. *owned tells whether
- * *data must be freed; view->obj whether the buffer must be released. */
+/* An int32 array from obj: copied from an integer buffer (one memcpy from
+ * a contiguous int32 one) or any sequence of ints. *owned tells whether
+ * *data must be freed; view->obj whether the buffer must be released.
+ *
+ * Arrays are never borrowed: the calls run without the GIL, so another
+ * thread may write the caller's buffer meanwhile, and the library checks
+ * block ids, then indexes with them (a borrowed block id array changed in
+ * between made copy_blocks and swap_in/out copy out of bounds). The copy
+ * is the library's alone; it costs a memcpy next to a call that checks
+ * every element anyway. */
 /* Sets and dicts iterate in no order the caller chose (a dict gives its
  * keys): as token ids or block ids they are a mistake, refused by name. */
 static int pkv_py_unordered(PyObject* obj, const char* name) {
@@ -710,8 +733,13 @@ static int pkv_py_int32_array_from(PyObject* obj, const char* name, int32_t** da
     }
     if (view->itemsize == 4 && view->ndim <= 1 && (strcmp(f, "i") == 0 ||
                                                    (strcmp(f, "l") == 0 && sizeof(long) == 4))) {
-      *data = (int32_t*)view->buf;
+      int32_t* buf = (int32_t*)pkv_py_copy_buffer(view);
+      if (!buf) return 0;
+      *data = buf;
       *n = (uint64_t)(view->len / 4);
+      PyBuffer_Release(view);
+      view->obj = NULL;
+      *owned = 1;
       return 1;
     }
     if (view->ndim <= 1 && pkv_py_int_format(f, view->itemsize)) {
@@ -1187,7 +1215,9 @@ PKV_OUT_U64(uint32_t, out_state)
 PKV_OUT_U64(uint32_t, out_group)
 PKV_OUT_U64(uint32_t, out_index)
 
-/* A transfer descriptor in: any contiguous bytes-like object. */
+/* A transfer descriptor in: any contiguous bytes-like object, copied (a
+ * bytearray or array may change on another thread while the call parses
+ * it without the GIL). */
 %typemap(in) (const uint8_t* descriptor, uint64_t size) (Py_buffer view = pkv_py_no_buffer()) {
   view.obj = NULL;
   if (PyObject_GetBuffer($input, &view, PyBUF_C_CONTIGUOUS) != 0) {
@@ -1195,10 +1225,14 @@ PKV_OUT_U64(uint32_t, out_index)
     PyErr_Format(PyExc_TypeError, "descriptor: expected bytes, got %s", Py_TYPE($input)->tp_name);
     SWIG_fail;
   }
-  $1 = (const uint8_t*)view.buf;
+  $1 = ($1_ltype)pkv_py_copy_buffer(&view);
+  if (!$1) SWIG_fail;
   $2 = (uint64_t)view.len;
+  PyBuffer_Release(&view);
+  view.obj = NULL;
 }
 %typemap(freearg) (const uint8_t* descriptor, uint64_t size) {
+  free((void*)$1);
   if (view$argnum.obj) PyBuffer_Release(&view$argnum);
 }
 
@@ -1473,8 +1507,9 @@ PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init_sized(&tmp, sizeof tmp))
 }
 %apply (const int32_t* tokens, uint64_t num_tokens) { (const int32_t* blocks, uint64_t num_blocks) };
 
-/* Sequence ids: borrowed from a contiguous 8-byte integer buffer (numpy
- * uint64/int64, array('Q')), otherwise copied from a sequence of ints. */
+/* Sequence ids: copied from a contiguous 8-byte integer buffer (numpy
+ * uint64/int64, array('Q'): one memcpy) or a sequence of ints; never
+ * borrowed (see pkv_py_int32_array_from). */
 %{
 static int pkv_py_seq_ids(PyObject* obj, const char* name, pkv_seq_id** data, uint64_t* n,
                           Py_buffer* view, int* owned) {
@@ -1485,8 +1520,13 @@ static int pkv_py_seq_ids(PyObject* obj, const char* name, pkv_seq_id** data, ui
     const char* f = view->format ? view->format : "B";
     if (*f == '<' || *f == '=' || *f == '@') ++f;
     if (view->itemsize == 8 && view->ndim <= 1 && pkv_py_int_format(f, 8)) {
-      *data = (pkv_seq_id*)view->buf;
+      pkv_seq_id* ids = (pkv_seq_id*)pkv_py_copy_buffer(view);
+      if (!ids) return 0;
+      *data = ids;
       *n = (uint64_t)(view->len / 8);
+      PyBuffer_Release(view);
+      view->obj = NULL;
+      *owned = 1;
       return 1;
     }
     PyBuffer_Release(view);
@@ -1539,8 +1579,8 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
 }
 
 /* pkv_batch_prepare_decode: one argument (seqs, tokens) of equal length,
- * both as for pkv_seq_append_batch (uint64 ids and int32 tokens borrowed
- * from a buffer); a length mismatch raises InvalidArgumentError before the
+ * both as for pkv_seq_append_batch (uint64 ids and int32 tokens copied
+ * from a buffer with one memcpy); a length mismatch raises InvalidArgumentError before the
  * call. */
 %typemap(in) (const pkv_seq_id* seqs, const int32_t* tokens, uint32_t num_seqs)
     (Py_buffer sv = pkv_py_no_buffer(), Py_buffer tv = pkv_py_no_buffer(), int sown = 0, int town = 0, uint64_t ns = 0, uint64_t nt = 0) {
@@ -1576,7 +1616,7 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
 }
 
 /* Block hashes: None (NULL), a contiguous buffer of num_hashes * 32 bytes
- * (borrowed), or a sequence of bytes of at most 32 each (zero-padded, as
+ * (copied), or a sequence of bytes of at most 32 each (zero-padded, as
  * pkv_hash_prefix and Pool.hash_prefix give them). */
 %typemap(in) (const pkv_block_hash* hashes, uint64_t num_hashes) (Py_buffer view = pkv_py_no_buffer(), int owned = 0) {
   view.obj = NULL;
@@ -1590,8 +1630,12 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
                    view.len, PKV_HASH_MAX_BYTES);
       SWIG_fail;
     }
-    $1 = (pkv_block_hash*)view.buf;
+    $1 = (pkv_block_hash*)pkv_py_copy_buffer(&view);  /* a copy: see pkv_py_int32_array_from */
+    if (!$1) SWIG_fail;
+    owned = 1;
     $2 = (uint64_t)(view.len / PKV_HASH_MAX_BYTES);
+    PyBuffer_Release(&view);
+    view.obj = NULL;
   } else {
     PyErr_Clear();
     PyObject* seq = PySequence_Fast($input, "hashes: expected None, bytes or a sequence of bytes");
@@ -1697,8 +1741,8 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
 }
 
 /* pkv_batch_prepare: one argument (seqs, query_counts); the ids as for
- * pkv_seq_append_batch (a uint64 buffer is borrowed), the counts from a
- * uint32 buffer (borrowed), an int (the same count for every sequence) or
+ * pkv_seq_append_batch (a uint64 buffer is copied whole), the counts from a
+ * uint32 buffer (copied whole), an int (the same count for every sequence) or
  * any sequence of ints. */
 %typemap(in) (const pkv_seq_id* seqs, const uint32_t* query_counts, uint32_t num_seqs)
     (Py_buffer sv = pkv_py_no_buffer(), Py_buffer qv = pkv_py_no_buffer(), int sown = 0, int qown = 0,
@@ -1725,8 +1769,12 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
   } else if (PyObject_CheckBuffer(qc) && PyObject_GetBuffer(qc, &qv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0 &&
              qv.itemsize == 4 && qv.ndim <= 1 && qv.format &&
              (strcmp(qv.format, "I") == 0 || strcmp(qv.format, "<I") == 0 || strcmp(qv.format, "=I") == 0)) {
-    $2 = (uint32_t*)qv.buf;
+    $2 = (uint32_t*)pkv_py_copy_buffer(&qv);  /* a copy: see pkv_py_int32_array_from */
+    if (!$2) SWIG_fail;
+    qown = 1;
     nq = qv.len / 4;
+    PyBuffer_Release(&qv);
+    qv.obj = NULL;
   } else {
     if (qv.obj) PyBuffer_Release(&qv);
     qv.obj = NULL;

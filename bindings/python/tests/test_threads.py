@@ -1,5 +1,7 @@
 """Several Python threads on one pool."""
 
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -192,3 +194,59 @@ def test_pool_close_during_attention_on_another_thread():
             b.attention(0, q)
         assert b.info().num_tokens == 1
         b.close()
+
+
+_ARRAY_WRITTEN_DURING_CALL = """
+import sys, threading, time
+
+import numpy as np
+
+import pagedkv
+
+which = sys.argv[1]
+pool = pagedkv.Pool(num_blocks=4096, block_size=16, num_layers=1, num_kv_heads=1, head_dim=64, dtype="f32")
+n = 1000
+src = np.arange(1, n + 1, dtype=np.int32)
+dst = np.arange(n + 1, 2 * n + 1, dtype=np.int32)
+buf = pool.swap_out(src)
+ids, good = (dst, 2 * n) if which == "copy_blocks" else (src, n)
+calls = {
+    "copy_blocks": lambda: pool.copy_blocks(src, dst),
+    "swap_out": lambda: pool.swap_out(src, buf),
+    "swap_in": lambda: pool.swap_in(src, buf),
+}
+stop = False
+
+
+def writer():  # an id far out of range, then the valid one again, without end
+    while not stop:
+        ids[-1] = 1 << 30
+        ids[-1] = good
+
+
+t = threading.Thread(target=writer)
+t.start()
+end = time.monotonic() + 2.0
+while time.monotonic() < end:
+    try:
+        calls[which]()
+    except pagedkv.InvalidArgumentError:
+        pass  # the id was out of range when the call read it
+stop = True
+t.join()
+pool.validate()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("which", ["copy_blocks", "swap_out", "swap_in"])
+def test_block_id_array_written_by_another_thread_during_the_call(which):
+    """The calls run without the GIL, and the raw module passed them the
+    caller's own int32 array: a thread writing it between the library's
+    check of the block ids and its copy made the copy go out of bounds
+    (a segmentation fault). The call now reads a private copy: each call
+    either copies valid blocks or raises InvalidArgumentError."""
+    r = subprocess.run(
+        [sys.executable, "-c", _ARRAY_WRITTEN_DURING_CALL, which], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
