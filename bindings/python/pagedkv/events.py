@@ -48,26 +48,38 @@ class EventV2:
     token_ids: Tuple[int, ...]
 
 
+# Events per raw call: its buffers (events and block_size token ids each)
+# are allocated for the whole chunk, whatever is queued.
+_DRAIN_CHUNK = 1024
+
+
 def drain_events(pool: Pool, max_events: int = 1024) -> List[EventV2]:
     """Moves up to max_events oldest events of pool (every medium) out."""
     digest = pool._digest
-    cap = _count(max_events, "max_events")
-    raw = pool._call(_c.pkv_pool_drain_events_v2, (cap, cap * pool.block_size))
-    return [
-        EventV2(
-            seq_no=e.seq_no,
-            type=EventType(e.type),
-            block_id=e.block_id,
-            medium=Medium(e.medium),
-            block_hash=e.block_hash[:digest],
-            parent_hash=e.parent_hash[:digest] if e.has_parent else None,
-            num_tokens=e.num_tokens,
-            lora_id=e.lora_id,
-            block_size=e.block_size,
-            token_ids=tuple(ids),
+    left = _count(max_events, "max_events")
+    out: List[EventV2] = []
+    while left > 0:
+        cap = min(left, _DRAIN_CHUNK)
+        raw = pool._call(_c.pkv_pool_drain_events_v2, (cap, cap * pool.block_size))
+        out.extend(
+            EventV2(
+                seq_no=e.seq_no,
+                type=EventType(e.type),
+                block_id=e.block_id,
+                medium=Medium(e.medium),
+                block_hash=e.block_hash[:digest],
+                parent_hash=e.parent_hash[:digest] if e.has_parent else None,
+                num_tokens=e.num_tokens,
+                lora_id=e.lora_id,
+                block_size=e.block_size,
+                token_ids=tuple(ids),
+            )
+            for e, ids in raw
         )
-        for e, ids in raw
-    ]
+        if len(raw) < cap:
+            break
+        left -= cap
+    return out
 
 
 @dataclass(frozen=True)

@@ -314,6 +314,29 @@ def test_drain_events_v2_carries_tokens_and_medium() -> None:
                 bad()
 
 
+def test_drain_events_v2_any_count_drains_in_chunks() -> None:
+    """drain_events(pool, n) asked the raw call for room for n events and
+    n * block_size token ids at once: a count above 2**20 (or, with 1024-token
+    blocks, above 65536) was a ValueError ("capacity or token_capacity too
+    large") however few events were queued, and a large one allocated that
+    much. "Up to max_events": any count drains what is there, in order."""
+    with pagedkv.Pool(num_blocks=3000, block_size=BS, enable_events=True, max_events=5000) as pool:
+        s = pool.create_sequence()
+        tokens = list(range(2500 * BS))
+        s.append(tokens)  # 2500 stored events: more than one chunk
+        evs = drain_events(pool, 2**21)
+        assert [e.seq_no for e in evs] == list(range(1, 2501))
+        assert evs[-1].token_ids == tuple(tokens[-BS:])
+        assert drain_events(pool, 2**40) == []
+    with pagedkv.Pool(num_blocks=8, block_size=1024, enable_events=True) as pool:
+        s = pool.create_sequence()
+        s.append(list(range(2048)))
+        evs = drain_events(pool, 100_000)
+        assert [e.num_tokens for e in evs] == [1024, 1024]
+        s.append(list(range(1024)))
+        assert [e.seq_no for e in drain_events(pool, 1)] == [3]
+
+
 def test_publisher_bad_arguments() -> None:
     with pagedkv.Pool(num_blocks=8, block_size=BS) as pool:  # events off
         try:
