@@ -264,16 +264,17 @@ class Pool(HandleOwner):
             import numpy as np
 
             buffer = np.empty(n * self._bytes_per_block, dtype=np.uint8)
-        self._call(
-            _c.pkv_pool_swap_blocks, blocks, _host_buffer(buffer, writable=True), _c.PKV_SWAP_OUT, stream_ptr(stream)
-        )
+        host, keep = _host_buffer(buffer, writable=True)
+        self._call(_c.pkv_pool_swap_blocks, blocks, host, _c.PKV_SWAP_OUT, stream_ptr(stream))
+        del keep  # held (and the memory with it) until the call returned
         return buffer
 
     def swap_in(self, blocks: Tokens, buffer: Any, stream: Any = None) -> None:
         """Copies a buffer written by swap_out back into the given blocks
         (a read-only buffer, e.g. bytes, will do: it is only read)."""
-        host = _host_buffer(buffer, writable=False)
+        host, keep = _host_buffer(buffer, writable=False)
         self._call(_c.pkv_pool_swap_blocks, blocks, host, _c.PKV_SWAP_IN, stream_ptr(stream))
+        del keep  # held (and the memory with it) until the call returned
 
     # ------------------------------------------------------------ FP8 scales
 
@@ -508,9 +509,13 @@ def _scale_granularity(value: Any) -> int:
     raise ValueError(f"kv_scale_granularity {value!r}: expected 'tensor' or 'head'")
 
 
-def _host_buffer(buffer: Any, writable: bool) -> Any:
-    """A buffer-protocol object as is, else (address, nbytes) of a host
-    tensor (e.g. pinned torch memory) described without a copy."""
+def _host_buffer(buffer: Any, writable: bool) -> Tuple[Any, Any]:
+    """(host, keep): host is a buffer-protocol object as is, else (address,
+    nbytes) of a read-only buffer or a host tensor (e.g. pinned torch
+    memory) described without a copy; the caller holds keep until the raw
+    call returned. keep holds a buffer export (or the DLPack capsule), so
+    the memory cannot be released meanwhile: a read-only mmap closed by
+    another thread while the call read it was a segmentation fault."""
     try:
         mv = memoryview(buffer)
     except TypeError:
@@ -518,7 +523,7 @@ def _host_buffer(buffer: Any, writable: bool) -> Any:
     if mv is not None:
         if not mv.readonly or writable:
             mv.release()
-            return buffer  # the raw call refuses a read-only one to write into
+            return buffer, None  # the raw call refuses a read-only one to write into
         # Read-only (bytes, a read-only array) for a call that only reads
         # it: described by address, the caller keeping it alive.
         if not mv.c_contiguous:
@@ -527,9 +532,9 @@ def _host_buffer(buffer: Any, writable: bool) -> Any:
         try:
             import numpy as np
         except ImportError:
-            return bytearray(mv)  # a copy, writable
-        arr = np.frombuffer(mv.cast("B"), dtype=np.uint8)
-        return (arr.ctypes.data, arr.nbytes)
+            return bytearray(mv), None  # a copy, writable
+        arr = np.frombuffer(mv.cast("B"), dtype=np.uint8)  # holds the export
+        return (arr.ctypes.data, arr.nbytes), arr
     desc = describe(buffer, "buffer", raw=True)  # bytes: uint8 (pinned torch memory) as well as int32
     if desc.device is None or desc.device.type != DeviceType.CPU:
         raise _c.InvalidArgumentError("buffer: expected host (CPU or pinned) memory", _c.PKV_E_INVALID_ARGUMENT)
@@ -538,7 +543,7 @@ def _host_buffer(buffer: Any, writable: bool) -> Any:
         raise _c.InvalidArgumentError("buffer: expected a contiguous tensor", _c.PKV_E_INVALID_ARGUMENT)
     if writable and desc.readonly:
         raise _c.InvalidArgumentError("buffer: read-only", _c.PKV_E_INVALID_ARGUMENT)
-    return (desc.data + desc.byte_offset, desc.nbytes)
+    return (desc.data + desc.byte_offset, desc.nbytes), desc
 
 
 class Sequence(_c._SeqBase):

@@ -250,3 +250,52 @@ def test_block_id_array_written_by_another_thread_during_the_call(which):
         [sys.executable, "-c", _ARRAY_WRITTEN_DURING_CALL, which], capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+
+
+_MMAP_CLOSED_DURING_SWAP_IN = """
+import mmap, os, tempfile, threading, time
+
+import numpy as np
+
+import pagedkv
+
+pool = pagedkv.Pool(num_blocks=2048, block_size=16, num_layers=2, num_kv_heads=4, head_dim=64, dtype="f32")
+blocks = np.arange(1, 1501, dtype=np.int32)
+size = len(blocks) * pool.bytes_per_block
+fd, path = tempfile.mkstemp()
+os.unlink(path)
+os.ftruncate(fd, size)
+current = [mmap.mmap(fd, size, access=mmap.ACCESS_READ)]
+stop = False
+
+
+def closer():  # closes the mapping whenever no export pins it, maps it again
+    while not stop:
+        try:
+            current[0].close()
+            current[0] = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        except BufferError:
+            pass  # a call holds it: it may not go
+
+
+t = threading.Thread(target=closer)
+t.start()
+end = time.monotonic() + 3.0
+while time.monotonic() < end:
+    try:
+        pool.swap_in(blocks, current[0])
+    except ValueError:
+        pass  # closed before the call took it
+stop = True
+t.join()
+print("ok")
+"""
+
+
+def test_read_only_swap_in_buffer_stays_mapped_during_the_call():
+    """swap_in of a read-only buffer (an ACCESS_READ mmap) passed its address
+    and let go of the buffer before the call: another thread could close
+    the mmap while the library read it (a segmentation fault). The buffer
+    is now pinned until the call returns, so the close fails (BufferError)."""
+    r = subprocess.run([sys.executable, "-c", _MMAP_CLOSED_DURING_SWAP_IN], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
