@@ -53,7 +53,8 @@ class Batch(HandleOwner):
         self._ids = None
         if not isinstance(seqs, (list, tuple)) and hasattr(seqs, "__array_interface__"):
             # An id array (uint64): the engine keeps its sequences alive.
-            ids = self._ids = seqs
+            ids = seqs
+            self._ids = _id_snapshot(seqs)
             seqs = None
         else:
             seqs = list(seqs)
@@ -104,7 +105,8 @@ class Batch(HandleOwner):
         else:
             # Ids (a uint64 array is copied whole, not converted): the engine
             # keeps their sequences alive while the plan is in use.
-            ids = self._ids = seqs
+            ids = seqs
+            self._ids = _id_snapshot(seqs)
             seqs = None
         self._pool = pool
         self._seqs = seqs
@@ -353,6 +355,14 @@ class Batch(HandleOwner):
     def __repr__(self) -> str:
         i = self._info
         return f"<pagedkv.Batch {i.num_seqs} seqs, {i.num_tokens} tokens, {i.num_pages} pages>"
+
+
+def _id_snapshot(ids: Any) -> Any:
+    """The ids a plan was made from, as they were then: engines reuse their
+    id array from step to step, and Batch.sequences must name the plan's."""
+    if hasattr(ids, "__array_interface__") and callable(getattr(ids, "copy", None)):
+        return ids.copy()  # numpy: one memcpy
+    return list(ids)
 
 
 def _c_float(name: str, x: Any) -> float:

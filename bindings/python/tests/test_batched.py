@@ -306,3 +306,26 @@ def test_prepare_from_an_id_array_equals_prepare_from_sequences():
     a.close()
     with pytest.raises(pagedkv.NotFoundError, match=r"seqs\[1\]"):
         pool.prepare(np.array([seqs[0].id, 999], dtype=np.uint64), 1)
+
+
+def test_batch_sequences_are_the_plans_after_the_id_array_is_reused():
+    """A plan made from an id array kept the caller's array itself, so
+    batch.sequences named whatever ids the engine wrote into it for the next
+    step, not the plan's. It names the plan's sequences."""
+    pool = pagedkv.Pool(num_blocks=64, block_size=4)
+    seqs = [pool.create_sequence() for _ in range(4)]
+    for s in seqs:
+        s.append([1, 2, 3])
+    ids = np.array([s.id for s in seqs[:2]], np.uint64)
+    with pool.prepare(ids, 3) as b:
+        ids[:] = [s.id for s in seqs[2:]]  # the engine's next step
+        assert [s.id for s in b.sequences] == [s.id for s in seqs[:2]]
+    ids_list = [s.id for s in seqs[:2]]
+    with pool.prepare_decode(ids_list, [7, 8]) as d:
+        ids_list[:] = [s.id for s in seqs[2:]]
+        assert [s.id for s in d.sequences] == [s.id for s in seqs[:2]]
+    ids[:] = [s.id for s in seqs[:2]]
+    with pool.prepare_decode(ids, np.array([9, 9], np.int32)) as d:
+        ids[:] = [s.id for s in seqs[2:]]
+        assert [s.id for s in d.sequences] == [s.id for s in seqs[:2]]
+    pool.validate()
