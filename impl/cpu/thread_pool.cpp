@@ -4,6 +4,11 @@
 #include <string>
 #include <utility>
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#define PKV_HAVE_FORK 1
+#endif
+
 #include "error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -18,7 +23,27 @@ namespace {
 // Set while a pool worker (or a submitting caller) runs items, so that a
 // nested parallel_for runs inline instead of waiting on itself.
 thread_local bool t_inside_job = false;
+
+// Counts fork()s of this process (their child side). A child has the
+// parent's ThreadPool objects but none of their workers: a pool made before
+// the last fork runs every job on the calling thread and, when it goes,
+// lets the workers' handles go instead of joining threads that are not
+// there (Python's multiprocessing forks processes that hold pools).
+std::atomic<uint64_t> g_forks{0};
+
+uint64_t fork_epoch() {
+#ifdef PKV_HAVE_FORK
+  static const int registered =
+      pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_add(1, std::memory_order_relaxed); });
+  (void)registered;
+#endif
+  return g_forks.load(std::memory_order_relaxed);
+}
 }  // namespace
+
+bool ThreadPool::forked() const noexcept {
+  return g_forks.load(std::memory_order_relaxed) != fork_epoch_;
+}
 
 ThreadPool::ThreadPool(int32_t num_threads) {
   if (num_threads <= 0) {
@@ -26,6 +51,7 @@ ThreadPool::ThreadPool(int32_t num_threads) {
     if (num_threads <= 0) num_threads = 1;
   }
   size_ = num_threads;
+  fork_epoch_ = fork_epoch();
   threads_.reserve(size_ - 1);
   try {
     for (int32_t i = 1; i < size_; ++i) threads_.emplace_back([this, i] { worker_main(i); });
@@ -43,12 +69,19 @@ ThreadPool::ThreadPool(int32_t num_threads) {
 ThreadPool::~ThreadPool() { stop_workers(); }
 
 void ThreadPool::stop_workers() noexcept {
+  if (forked()) {  // the workers run in the parent only: nothing to stop here
+    for (auto& t : threads_) t.detach();
+    threads_.clear();
+    (void)work_cv_.release();  // their waiters never leave (see thread_pool.h)
+    (void)done_cv_.release();
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
     published_.store(~uint64_t(0), std::memory_order_release);
   }
-  work_cv_.notify_all();
+  work_cv_->notify_all();
   for (auto& t : threads_) t.join();
 }
 
@@ -62,7 +95,7 @@ void ThreadPool::drain(Job* job, int32_t worker) {
 
 void ThreadPool::run(int64_t n, Fn fn, void* ctx) {
   if (n <= 0) return;
-  if (size_ == 1 || n == 1 || t_inside_job) {
+  if (size_ == 1 || n == 1 || t_inside_job || forked()) {
     for (int64_t i = 0; i < n; ++i) fn(ctx, i, 0);
     return;
   }
@@ -78,13 +111,13 @@ void ThreadPool::run(int64_t n, Fn fn, void* ctx) {
     ++generation_;
     published_.store(generation_, std::memory_order_release);
   }
-  work_cv_.notify_all();
+  work_cv_->notify_all();
   t_inside_job = true;
   drain(&job, 0);
   t_inside_job = false;
   // The job lives on this stack: wait until every worker has left it.
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return busy_ == 0; });
+  done_cv_->wait(lock, [&] { return busy_ == 0; });
   job_ = nullptr;
 }
 
@@ -100,7 +133,7 @@ void ThreadPool::worker_main(int32_t index) {
     Job* job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      work_cv_->wait(lock, [&] { return stop_ || generation_ != seen; });
       if (stop_) return;
       seen = generation_;
       job = job_;
@@ -108,7 +141,7 @@ void ThreadPool::worker_main(int32_t index) {
     drain(job, index);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--busy_ == 0) done_cv_.notify_one();
+      if (--busy_ == 0) done_cv_->notify_one();
     }
   }
 }

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -43,14 +44,19 @@ class ThreadPool {
   void run(int64_t n, Fn fn, void* ctx);
   void worker_main(int32_t index);
   void stop_workers() noexcept;  // stops and joins every started worker
+  bool forked() const noexcept;  // this process was forked since the pool was made
   static void drain(Job* job, int32_t worker);
 
   int32_t size_;
+  uint64_t fork_epoch_ = 0;  // forks of the process before this pool was made
   std::vector<std::thread> threads_;
   std::mutex submit_mu_;  // one job at a time
   std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
+  // Owned, but left undestroyed in a forked child: the parent's workers
+  // still count as its waiters there, and destroying a condition variable
+  // waits until its waiters leave (forever).
+  std::unique_ptr<std::condition_variable> work_cv_{new std::condition_variable};
+  std::unique_ptr<std::condition_variable> done_cv_{new std::condition_variable};
   Job* job_ = nullptr;
   uint64_t generation_ = 0;
   std::atomic<uint64_t> published_{0};  // generation_, readable without mu_ for spinning

@@ -1,5 +1,6 @@
 """Several Python threads on one pool."""
 
+import os
 import subprocess
 import sys
 import threading
@@ -299,3 +300,50 @@ def test_read_only_swap_in_buffer_stays_mapped_during_the_call():
     is now pinned until the call returns, so the close fails (BufferError)."""
     r = subprocess.run([sys.executable, "-c", _MMAP_CLOSED_DURING_SWAP_IN], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+
+
+_FORKED_CHILD_USES_THE_POOL = """
+import os
+
+import numpy as np
+
+import pagedkv
+
+pool = pagedkv.Pool(num_blocks=64, block_size=16, num_layers=1, num_kv_heads=8, head_dim=64, dtype="f32", num_threads=4)
+s = pool.create_sequence()
+s.append(list(range(40)))
+x = np.ones((40, 8, 64), np.float32)
+with pool.prepare([s], 40) as b:
+    b.cache_write(0, x, x)
+    want = b.attention(0, x)
+pid = os.fork()
+if pid == 0:  # the child: the parent's pool, without its kernel threads
+    code = 1
+    try:
+        with pool.prepare([s], 40) as b:
+            b.cache_write(0, x, x)
+            got = b.attention(0, x)
+        pool.close()
+        code = 0 if np.array_equal(got, want) else 2
+    finally:
+        os._exit(code)
+_, status = os.waitpid(pid, 0)
+print("child", status)
+pool.close()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_runs_kernels_and_closes_the_pool():
+    """multiprocessing's fork start method gives a child the parent's pools
+    but not their CPU kernel threads: a kernel call there waited forever for
+    those threads, and closing (or collecting) the pool joined threads the
+    child does not have (SIGSEGV). The child now runs kernels on its own
+    thread and lets the parent's workers go."""
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", _FORKED_CHILD_USES_THE_POOL], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the forked child hung")
+    assert r.returncode == 0 and r.stdout.strip() == "child 0", (r.stdout, r.stderr[-2000:])
