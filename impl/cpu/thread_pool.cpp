@@ -4,12 +4,8 @@
 #include <string>
 #include <utility>
 
-#if defined(__unix__) || defined(__APPLE__)
-#include <pthread.h>
-#define PKV_HAVE_FORK 1
-#endif
-
 #include "error.h"
+#include "fork_epoch.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -23,27 +19,12 @@ namespace {
 // Set while a pool worker (or a submitting caller) runs items, so that a
 // nested parallel_for runs inline instead of waiting on itself.
 thread_local bool t_inside_job = false;
-
-// Counts fork()s of this process (their child side). A child has the
-// parent's ThreadPool objects but none of their workers: a pool made before
-// the last fork runs every job on the calling thread and, when it goes,
-// lets the workers' handles go instead of joining threads that are not
-// there (Python's multiprocessing forks processes that hold pools).
-std::atomic<uint64_t> g_forks{0};
-
-uint64_t fork_epoch() {
-#ifdef PKV_HAVE_FORK
-  static const int registered =
-      pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_add(1, std::memory_order_relaxed); });
-  (void)registered;
-#endif
-  return g_forks.load(std::memory_order_relaxed);
-}
 }  // namespace
 
-bool ThreadPool::forked() const noexcept {
-  return g_forks.load(std::memory_order_relaxed) != fork_epoch_;
-}
+// A pool made before the latest fork, in the child: its workers run in the
+// parent only, so every job runs on the calling thread and destruction lets
+// the workers' handles go instead of joining them (fork_epoch.h).
+bool ThreadPool::forked() const noexcept { return forked_since(fork_epoch_); }
 
 ThreadPool::ThreadPool(int32_t num_threads) {
   if (num_threads <= 0) {

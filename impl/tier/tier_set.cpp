@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <new>
 
 #include "error.h"
+#include "fork_epoch.h"
 #include "tier/slot_hash.h"
 
 namespace pagedkv {
@@ -76,6 +78,7 @@ void fence_streaming() {
 TierSet::TierSet(const TierOptions& o, const KvArena& arena, std::shared_ptr<void> hold,
                  uint32_t block_size, size_t max_jobs, std::shared_ptr<Backend> backend)
     : arena_(arena), hold_(std::move(hold)), block_size_(block_size), backend_(std::move(backend)) {
+  fork_epoch_ = fork_epoch();
   async_ = backend_ && backend_->async_host_copies();
   plane_bytes_ = arena_.layout.block_bytes();
   slot_bytes_ = plane_bytes_ * size_t(arena_.num_planes());
@@ -124,6 +127,15 @@ TierSet::TierSet(const TierOptions& o, const KvArena& arena, std::shared_ptr<voi
 TierSet::~TierSet() { stop(); }
 
 void TierSet::stop() noexcept {
+  if (forked_since(fork_epoch_)) {
+    // A forked child: the copy thread runs in the parent only. Its handle is
+    // let go, and the condition variables it waits on are replaced unused
+    // (destroying one waits until its waiters leave: forever here).
+    if (thread_.joinable()) thread_.detach();
+    new (&work_cv_) std::condition_variable;
+    new (&idle_cv_) std::condition_variable;
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -142,6 +154,7 @@ TierLevel* TierSet::level(Medium m) const {
 }
 
 void TierSet::enqueue(int32_t block, const BlockHash& h, uint64_t lora) noexcept {
+  if (forked_since(fork_epoch_)) return;  // no copy thread here: not offloaded
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
@@ -173,6 +186,7 @@ void TierSet::enqueue(int32_t block, const BlockHash& h, uint64_t lora) noexcept
 }
 
 void TierSet::flush(void* stream) {
+  if (forked_since(fork_epoch_)) return;  // a forked child offloads nothing
   std::unique_lock<std::mutex> lock(mu_);
   if (!async_) {
     idle_cv_.wait(lock, [&] { return stopping_ || (size_ == 0 && !busy_); });
@@ -207,7 +221,7 @@ void TierSet::flush(void* stream) {
 }
 
 void TierSet::wait_idle() {
-  if (!async_) return flush();
+  if (!async_ || forked_since(fork_epoch_)) return flush();
   std::unique_lock<std::mutex> lock(mu_);
   idle_cv_.wait(lock, [&] { return stopping_ || (size_ == 0 && !issuing_ && inflight_.empty()); });
   drain_loads(true);

@@ -225,7 +225,8 @@ class TierSet final : public EvictSink {
   bool loading_ = false;
   std::deque<LoadBatch> loads_;  // queued, copies maybe not complete
 
-  std::thread thread_;  // last: starts after everything above exists
+  uint64_t fork_epoch_ = 0;  // fork_epoch.h: the copy thread is the parent's after a fork
+  std::thread thread_;       // last: starts after everything above exists
 };
 
 }  // namespace pagedkv

@@ -347,3 +347,64 @@ def test_forked_child_runs_kernels_and_closes_the_pool():
     except subprocess.TimeoutExpired:
         pytest.fail("the forked child hung")
     assert r.returncode == 0 and r.stdout.strip() == "child 0", (r.stdout, r.stderr[-2000:])
+
+
+_FORKED_CHILD_USES_A_TIERED_POOL = """
+import os
+
+import numpy as np
+
+import pagedkv
+from pagedkv import tiers
+
+pool = pagedkv.Pool(num_blocks=9, block_size=4, num_layers=1, num_kv_heads=1, head_dim=8, dtype="f32")
+tiers.attach(pool, host_bytes=1 << 20)
+
+
+def step(tokens):  # a prefill that writes its blocks, then frees them (cached)
+    s, cached = pool.admit(tokens)
+    n = len(tokens) - cached
+    x = np.ones((n, 1, 8), np.float32)
+    with pool.prepare([s], n) as b:
+        b.cache_write(0, x, x)
+    s.free()
+
+
+for r in range(3):  # evictions: the parent's copy thread offloads
+    step([r * 100 + t for t in range(17)])
+tiers.flush(pool)
+pid = os.fork()
+if pid == 0:  # the child: the parent's tiers, without their copy thread
+    code = 1
+    try:
+        for r in range(3, 6):  # evictions in the child
+            step([r * 100 + t for t in range(17)])
+        tiers.flush(pool)
+        s = pool.create_sequence()
+        tiers.match_prefix_tiered(s, list(range(17)))
+        s.free()
+        pool.validate()
+        pool.close()
+        code = 0
+    finally:
+        os._exit(code)
+_, status = os.waitpid(pid, 0)
+print("child", status)
+pool.validate()
+pool.close()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_uses_and_closes_a_pool_with_tiers():
+    """A pool with offload tiers owns a copy thread, which a forked child
+    does not have: the child's evictions queued copies nobody made, the
+    next plan waited for them forever, and closing the pool joined the
+    missing thread. The child now offloads nothing and closes cleanly."""
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", _FORKED_CHILD_USES_A_TIERED_POOL], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the forked child hung")
+    assert r.returncode == 0 and r.stdout.strip() == "child 0", (r.stdout, r.stderr[-2000:])
