@@ -23,7 +23,8 @@ only the files below, with every other vllm.* module stubbed):
 
 Needs torch (vLLM's kv_cache_interface.py imports it), cbor2, xxhash,
 msgspec and pyzmq (its kv_events.py). PKV_VLLM_SEEDS sets the random
-sequences per configuration (default 15: about 30 s in all).
+sequences per configuration (default 15: about 30 s in all), PKV_VLLM_OPS the
+operations per sequence (default 150).
 
 How the two are driven alike: a vLLM request is admitted as its scheduler
 does (get_computed_blocks, allocate_slots for the rest, all of it computed in
@@ -36,6 +37,7 @@ is full attention, W > 0 a sliding window of W tokens.
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import sys
@@ -56,6 +58,7 @@ for _mod in ("torch", "cbor2", "xxhash", "msgspec", "zmq"):
     pytest.importorskip(_mod)
 
 SEEDS = int(os.environ.get("PKV_VLLM_SEEDS", "15"))
+NOPS = int(os.environ.get("PKV_VLLM_OPS", "150"))
 
 # ---------------------------------------------------------------- loader
 # bench/vllm_loader.py, with more of vLLM's own files executed.
@@ -81,6 +84,30 @@ _REAL = {
 if "vllm" in sys.modules and not isinstance(sys.modules["vllm"], vllm_loader.StubModule):
     pytest.skip("a real vllm package is imported in this process", allow_module_level=True)
 vllm_loader.install(VLLM_SRC, _REAL)
+
+
+def _install_vllm_function(module, name):
+    """Executes one function of a vLLM module whose imports are too heavy to
+    load (vllm/multimodal/utils.py needs PIL and most of vLLM) from vLLM's
+    own source, and sets it on the stub before anything imports it: a stub
+    would make the request block hasher fail on every decode block that an
+    mm item still overlaps."""
+    import ast
+    import bisect
+
+    path = os.path.join(VLLM_SRC, *module.split(".")) + ".py"
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    fn.returns = None
+    for a in fn.args.args:
+        a.annotation = None
+    ns = {"bisect": bisect}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), path, "exec"), ns)
+    setattr(importlib.import_module(module), name, ns[name])
+
+
+_install_vllm_function("vllm.multimodal.utils", "get_mm_features_in_window")
 import torch  # noqa: E402
 import vllm.v1.core.kv_cache_manager as kcm  # noqa: E402
 import vllm.v1.core.kv_cache_utils as kcu  # noqa: E402
@@ -311,7 +338,7 @@ class PagedkvSide:
 # ---------------------------------------------------------------- driver
 
 
-def gen_ops(seed, bs, nops=150):
+def gen_ops(seed, bs, nops=NOPS):
     """Random operations; a request is named by the index of its admission."""
     rng = random.Random(seed)
     bases = [[rng.randrange(1000) for _ in range(rng.randrange(4, 6 * bs))] for _ in range(3)]
@@ -448,9 +475,14 @@ def replay(ops, groups, bs, nblocks, caching=True, hybrid=False, stats=None, chu
 # ------------------------------------------------------------------ hashes
 
 
-def _vllm_hashes(fn, bs, tokens, lora=None, salt=None, mm=()):
+def _vllm_hashes(fn, bs, tokens, lora=None, salt=None, mm=(), prompt_len=None):
+    """vLLM's block hashes of tokens: the first prompt_len (all by default)
+    hashed when the request arrives, each later one as decode appends it."""
     kcu.init_none_hash(fn)
-    req = _Request("h", tokens, kcu.get_request_block_hasher(bs, fn), lora=lora, salt=salt, mm=mm)
+    n = len(tokens) if prompt_len is None else prompt_len
+    req = _Request("h", tokens[:n], kcu.get_request_block_hasher(bs, fn), lora=lora, salt=salt, mm=mm)
+    for t in tokens[n:]:
+        req.append(t)
     return [bytes(h) for h in req.block_hashes], kcu._NONE_HASH_SEED
 
 
@@ -537,12 +569,16 @@ def test_extra_keys_in_block_hashes(kind):
     assert got == want
 
 
+@pytest.mark.parametrize("prompt_len", [None, 13, 29], ids=["prompt", "decode13", "decode29"])
 @pytest.mark.parametrize("kinds", [("lora",), ("salt",), ("mm",), ("lora", "salt", "mm")])
 @pytest.mark.parametrize("fn,algo", ALGOS)
-def test_tagged_extra_keys_are_vllms(kinds, fn, algo):
+def test_tagged_extra_keys_are_vllms(kinds, fn, algo, prompt_len):
     """tagged_keys=True (PKV_KEY_DOMAINS_VLLM_TAGGED) against the loaded
     vLLM's own request block hasher, prompt and decode blocks alike: the
-    same bytes where that vLLM tags its keys (0.33.0 does)."""
+    same bytes where that vLLM tags its keys (0.33.0 does). prompt_len 13
+    leaves block 1 ([8, 16), overlapping img1 only) to decode; prompt_len
+    29 leaves block 3 ([24, 32), overlapping img1 and img2) to decode, the
+    case older vLLM keyed by the last item alone (docs/vllm-compat.md)."""
     if not _vllm_tags_extra_keys():
         pytest.skip("this vLLM keys extra keys untagged: test_extra_keys_in_block_hashes covers it")
     rng = random.Random(11)
@@ -555,9 +591,9 @@ def test_tagged_extra_keys_are_vllms(kinds, fn, algo):
     if "salt" in kinds:
         pkw["cache_salt"] = vkw["salt"] = "tenant-1"
     if "mm" in kinds:
-        pkw["mm_items"] = vkw["mm"] = [(2, 5, "img0"), (9, 12, "img1"), (30, 4, "img2")]
+        pkw["mm_items"] = vkw["mm"] = [(2, 5, "img0"), (9, 18, "img1"), (27, 2, "img2")]
     try:
-        want, seed = _vllm_hashes(fn, 8, tokens, **vkw)
+        want, seed = _vllm_hashes(fn, 8, tokens, prompt_len=prompt_len, **vkw)
         got = pk.hash_prefix(tokens, block_size=8, algo=algo, seed=seed, tagged_keys=True, **pkw)
         assert got == want
         # A tagged pool gives its blocks the same hashes.
