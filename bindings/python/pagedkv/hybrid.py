@@ -19,7 +19,7 @@ from typing import Sequence as Seq
 from . import _pagedkv as _c
 from ._handle import Handle
 from ._pagedkv import NotFoundError
-from ._pool import Pool, Sequence
+from ._pool import Pool, Sequence, _key_domains
 from ._types import DType, HashAlgo, PoolOptions, _index
 
 
@@ -156,6 +156,8 @@ class HybridPool(Pool):
     ``memory_budget_bytes`` sets the budget; a block costs the largest
     group's page over its layers (groups alias one arena, as in vLLM), which
     ``bytes_per_block`` and the stats' ``kv_bytes_*`` report.
+    ``strict_key_domains`` and ``tagged_keys`` (vLLM 0.33's tagged extra
+    keys) key every group's blocks as they key a :class:`Pool`'s.
     """
 
     def __init__(
@@ -168,6 +170,8 @@ class HybridPool(Pool):
         hash_algo: Any = None,
         hash_seed: Optional[str] = None,
         enable_prefix_caching: Optional[bool] = None,
+        strict_key_domains: Optional[bool] = None,
+        tagged_keys: Optional[bool] = None,
     ) -> None:
         opts: dict = {}
         for key, value in (
@@ -183,6 +187,8 @@ class HybridPool(Pool):
             opts["hash_seed"] = hash_seed
         if enable_prefix_caching is not None:
             opts["enable_prefix_caching"] = int(bool(enable_prefix_caching))
+        if strict_key_domains is not None or tagged_keys is not None:
+            opts["strict_key_domains"] = _key_domains(strict_key_domains, tagged_keys)
         self._groups = tuple(groups)
         for i, g in enumerate(self._groups):
             if not isinstance(g, KVGroupSpec):

@@ -288,3 +288,30 @@ def test_reserve_on_a_multi_group_pool():
         seqs[1].reserve(8)
     for p in pools:
         p.validate()
+
+
+@pytest.mark.parametrize("domains", [{"tagged_keys": True}, {"strict_key_domains": True}])
+def test_key_domains_reach_every_group(domains):
+    """A HybridPool takes the key-domain mode as Pool does (the C base
+    options carry it), and hashes as it says (tagged_keys: vLLM 0.33's
+    tagged extra keys; test_vllm_differential.py runs such pools against
+    vLLM); a lookup hits with the same keys only (docs/vllm-compat.md)."""
+    keys = {"lora_name": "a", "lora_path": "/a", "cache_salt": "s", "mm_items": [(1, 6, "img")]}
+    tokens = list(range(100, 117))
+    pool = HybridPool(
+        [KVGroupSpec.window(8, 1, 1, 8), KVGroupSpec.full(1, 1, 8)], num_blocks=32, block_size=4, **domains
+    )
+    assert pool.options.tagged_keys == bool(domains.get("tagged_keys"))
+    assert pool.options.strict_key_domains == bool(domains.get("strict_key_domains"))
+    want = pk.hash_prefix(tokens, block_size=4, **domains, **keys)
+    assert want != pk.hash_prefix(tokens, block_size=4, **keys)  # the mode changes them
+    assert pool.hash_prefix(tokens, **keys) == want
+    s = pool.create_sequence(**keys)
+    s.append(tokens)
+    with pool.prepare([s], [len(tokens)]) as b:
+        b.commit()
+    t = pool.create_sequence(**keys)
+    assert t.match_prefix(tokens) == 16
+    u = pool.create_sequence(**{**keys, "cache_salt": "other"})
+    assert u.match_prefix(tokens) == 0
+    pool.validate()
