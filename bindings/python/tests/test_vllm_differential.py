@@ -1,7 +1,8 @@
 """pagedkv against vLLM V1's own KV cache manager, op for op (opt-in).
 
 Runs random operation sequences (admissions of prompts sharing prefixes,
-decode appends, frees, preemptions with re-admission, prefix-cache resets)
+some with a LoRA adapter, cache salt or multimodal items, decode appends,
+lookahead slots, frees, preemptions with re-admission, prefix-cache resets)
 through vLLM's KVCacheManager (vllm/v1/core: kv_cache_manager.py, the
 Unitary/Hybrid coordinators, FullAttentionManager, SlidingWindowManager,
 block_pool.py) and through pagedkv, and compares after every operation the
@@ -132,7 +133,7 @@ class _Request:
         self.num_computed_tokens = 0
         self.num_in_flight_tokens = 0
         self.num_preemptions = 0
-        self.lora_request = lora
+        self.lora_request = lora  # lora_name, lora_path, adapter_id, name
         self.mm_features = [
             types.SimpleNamespace(identifier=h, mm_position=types.SimpleNamespace(offset=o, length=n))
             for (o, n, h) in mm
@@ -177,29 +178,36 @@ class VllmSide:
         self.reqs = {}
         self.n = 0
 
-    def admit(self, tokens, chunk=0):
+    def admit(self, tokens, chunk=0, keys=None, lookahead=0, req=None):
         """(request id, hit); (None, hit) when it does not fit, ("mid", hit)
-        when a later chunk of a chunked prefill does not."""
-        self.n += 1
-        r = _Request(str(self.n), tokens, self.hasher)
+        when a later chunk of a chunked prefill does not. keys: the LoRA
+        adapter, cache salt and mm items (KEYS). req: a preempted request
+        scheduled again (its block hashes and prompt length kept, as vLLM's
+        scheduler keeps the Request object), tokens being all of its own."""
+        if req is None:
+            self.n += 1
+            r = _Request(str(self.n), tokens, self.hasher, **_vllm_keys(keys))
+        else:
+            r = req
+            assert r.all_token_ids == list(tokens)
         blocks, hit, _ = self.m.get_computed_blocks(r)
         first = len(tokens) - hit if not chunk else min(chunk, len(tokens) - hit)
-        if self.m.allocate_slots(r, first, hit, blocks) is None:
+        if self.m.allocate_slots(r, first, hit, blocks, num_lookahead_tokens=lookahead) is None:
             return None, hit
         r.num_computed_tokens = hit + first
         r.status = "RUNNING"
         self.reqs[r.request_id] = r
         while r.num_computed_tokens < len(tokens):  # the scheduler's next chunks
             c = min(chunk, len(tokens) - r.num_computed_tokens)
-            if self.m.allocate_slots(r, c) is None:
+            if self.m.allocate_slots(r, c, num_lookahead_tokens=lookahead) is None:
                 return "mid", hit
             r.num_computed_tokens += c
         return r.request_id, hit
 
-    def decode(self, rid, token):
+    def decode(self, rid, token, lookahead=0):
         r = self.reqs[rid]
         r.append(token)
-        if self.m.allocate_slots(r, 1) is None:
+        if self.m.allocate_slots(r, 1, num_lookahead_tokens=lookahead) is None:
             # As pagedkv's failed append: the token is not the request's.
             r.all_token_ids.pop()
             del r.block_hashes[len(r.all_token_ids) // self.bs :]
@@ -209,6 +217,24 @@ class VllmSide:
 
     def free(self, rid):
         self.m.free(self.reqs.pop(rid))
+
+    def preempt(self, rid):
+        """Frees the request as the scheduler's preemption does; returns it
+        for admit(req=...)."""
+        r = self.reqs.pop(rid)
+        self.m.free(r)
+        r.num_computed_tokens = 0
+        r.status = "PREEMPTED"
+        r.num_preemptions += 1
+        return r
+
+    def num_uncached(self, rid):
+        """The most blocks without a hash (freed to the head of the free
+        queue) the request holds in one group."""
+        return max(
+            sum(1 for b in blocks if not b.is_null and b.block_hash is None)
+            for blocks in self.m.coordinator.get_blocks(rid)
+        )
 
     def tables(self, rid):
         return [list(t) for t in self.m.get_block_ids(rid)]
@@ -244,9 +270,19 @@ class PagedkvSide:
 
     def __init__(self, groups, bs, nblocks, caching=True, hybrid=False):
         self.multi = hybrid or len(groups) > 1
+        # Tagged keys: LoRA, salt and mm keys as vLLM 0.33 (text-only hashes
+        # are the same in every mode).
+        tagged = _vllm_tags_extra_keys()
         if self.multi:
             specs = [KVGroupSpec.window(w, 1, 1, 8) if w else KVGroupSpec.full(1, 1, 8) for w in groups]
-            self.p = HybridPool(specs, num_blocks=nblocks, block_size=bs, hash_seed=SEED, enable_prefix_caching=caching)
+            self.p = HybridPool(
+                specs,
+                num_blocks=nblocks,
+                block_size=bs,
+                hash_seed=SEED,
+                enable_prefix_caching=caching,
+                tagged_keys=tagged,
+            )
         else:
             self.p = pk.Pool(
                 num_blocks=nblocks,
@@ -255,6 +291,7 @@ class PagedkvSide:
                 enable_prefix_caching=caching,
                 sliding_window=groups[0],
                 enable_events=True,
+                tagged_keys=tagged,
             )
         self.seqs = {}
         self.n = 0
@@ -263,16 +300,17 @@ class PagedkvSide:
         with self.p.prepare([seq], [n]) as b:
             b.commit()
 
-    def admit(self, tokens, chunk=0):
+    def admit(self, tokens, chunk=0, keys=None, lookahead=0):
         self.n += 1
+        kw = _pagedkv_keys(keys)
         if chunk:  # match, then one append and committed step per chunk
-            seq = self.p.create_sequence()
+            seq = self.p.create_sequence(**kw)
             pos = hit = seq.match_prefix(tokens)
             self.seqs[str(self.n)] = seq
             while pos < len(tokens):
                 c = min(chunk, len(tokens) - pos)
                 try:
-                    seq.append(tokens[pos : pos + c])
+                    seq.append(tokens[pos : pos + c], lookahead)
                 except pk.OutOfBlocksError:
                     if pos == hit:
                         del self.seqs[str(self.n)]
@@ -283,25 +321,25 @@ class PagedkvSide:
                 pos += c
             return str(self.n), hit
         if self.multi:  # HybridPool has no admit: match, then append
-            seq = self.p.create_sequence()
+            seq = self.p.create_sequence(**kw)
             hit = seq.match_prefix(tokens)
             try:
-                seq.append(tokens[hit:])
+                seq.append(tokens[hit:], lookahead)
             except pk.OutOfBlocksError:
                 seq.free()
                 return None, hit
         else:
             try:
-                seq, hit = self.p.admit(tokens)
+                seq, hit = self.p.admit(tokens, lookahead=lookahead, **kw)
             except pk.OutOfBlocksError:
                 return None, None
         self._step(seq, len(tokens) - hit)
         self.seqs[str(self.n)] = seq
         return str(self.n), hit
 
-    def decode(self, rid, token):
+    def decode(self, rid, token, lookahead=0):
         try:
-            self.seqs[rid].append([token])
+            self.seqs[rid].append([token], lookahead)
         except pk.OutOfBlocksError:
             return False
         self._step(self.seqs[rid], 1)
@@ -338,21 +376,83 @@ class PagedkvSide:
 # ---------------------------------------------------------------- driver
 
 
-def gen_ops(seed, bs, nops=NOPS):
-    """Random operations; a request is named by the index of its admission."""
+# Key sets an admission may carry: LoRA adapter (name, path, vLLM's int id),
+# cache salt; mm items come from the prompt's base (gen_ops).
+KEYSETS = [
+    {"lora": ("adapter-a", "/adapters/a", 1)},
+    {"lora": ("adapter-b", "/adapters/b", 2)},
+    {"lora": ("adapter-a", "/adapters/a2", 3)},  # same name, another path
+    {"salt": "tenant-1"},
+    {"salt": "tenant-2", "lora": ("adapter-a", "/adapters/a", 1)},
+]
+
+
+def _vllm_keys(keys):
+    if not keys:
+        return {}
+    out = {"salt": keys.get("salt"), "mm": keys.get("mm", ())}
+    if keys.get("lora"):
+        name, path, adapter_id = keys["lora"]
+        out["lora"] = types.SimpleNamespace(
+            lora_name=name, lora_path=path, adapter_id=adapter_id, lora_int_id=adapter_id, name=name
+        )
+    return out
+
+
+def _pagedkv_keys(keys):
+    if not keys:
+        return {}
+    out = {"cache_salt": keys.get("salt"), "mm_items": list(keys.get("mm", ()))}
+    if keys.get("lora"):
+        out["lora_name"], out["lora_path"], _ = keys["lora"]
+    return out
+
+
+def gen_ops(seed, bs, nops=NOPS, keys=False, lookahead=False):
+    """Random operations; a request is named by the index of its admission.
+
+    keys: admissions carry a LoRA adapter, a cache salt and/or multimodal
+    items (each base prompt has its own items and two key sets, so that
+    requests share prefixes with and without keys). lookahead: admissions
+    and decode steps reserve lookahead slots (vLLM's num_lookahead_tokens,
+    pagedkv's append lookahead). Without either the sequence is the same as
+    before they existed."""
     rng = random.Random(seed)
     bases = [[rng.randrange(1000) for _ in range(rng.randrange(4, 6 * bs))] for _ in range(3)]
+    base_keys = []
+    if keys:
+        for base in bases:
+            mm, pos = [], rng.randrange(0, 2 * bs)
+            while pos < len(base) - 1 and len(mm) < 3:
+                n = rng.randrange(1, 2 * bs)
+                mm.append((pos, min(n, len(base) - pos), f"img{seed}-{len(mm)}-{pos}"))
+                pos += mm[-1][1] + rng.randrange(0, bs)
+            base_keys.append([None, dict(rng.choice(KEYSETS))] + ([{"mm": mm}] if mm else []))
+
+    def la():
+        return rng.choice([0, 0, 1, 2, bs - 1, bs + 1, 2 * bs]) if lookahead else 0
+
     ops, live = [], []
     for _ in range(nops):
         r = rng.random()
         if r < 0.35 or not live:
-            base = rng.choice(bases)
+            b = rng.randrange(len(bases)) if keys else None
+            base = bases[b] if keys else rng.choice(bases)
             cut = rng.randrange(0, len(base) + 1)
             extra = [rng.randrange(1000) for _ in range(rng.randrange(0 if cut else 1, 2 * bs))]
-            ops.append(("admit", base[:cut] + extra))
+            op = ("admit", base[:cut] + extra)
+            if keys or lookahead:
+                k = None
+                if keys:
+                    k = rng.choice(base_keys[b])
+                    if k and "mm" in k:  # the items inside the prompt's part of the base
+                        k = {**k, "mm": [m for m in k["mm"] if m[0] + m[1] <= cut]}
+                op += (k, la())
+            ops.append(op)
             live.append(len(ops) - 1)
         elif r < 0.75:
-            ops.append(("decode", rng.choice(live), [rng.randrange(1000) for _ in range(rng.randrange(1, 2 * bs))]))
+            op = ("decode", rng.choice(live), [rng.randrange(1000) for _ in range(rng.randrange(1, 2 * bs))])
+            ops.append((*op, la()) if lookahead else op)
         elif r < 0.88:
             k = rng.choice(live)
             live.remove(k)
@@ -366,12 +466,34 @@ def gen_ops(seed, bs, nops=NOPS):
     return ops
 
 
+def _same_up_to_renaming(vts, pts):
+    """Whether two lists of block tables are equal up to one renaming of
+    block ids (a bijection, the null block 0 mapped to itself)."""
+    fwd, back = {0: 0}, {0: 0}
+    if [[len(t) for t in g] for g in vts] != [[len(t) for t in g] for g in pts]:
+        return False
+    for vg, pg in zip(vts, pts):
+        for vt, pt in zip(vg, pg):
+            for a, b in zip(vt, pt):
+                if fwd.setdefault(a, b) != b or back.setdefault(b, a) != a:
+                    return False
+    return True
+
+
 def replay(ops, groups, bs, nblocks, caching=True, hybrid=False, stats=None, chunk=0):
     """Runs ops on both sides; None, or the first difference (a string)."""
     v = VllmSide(groups, bs, nblocks, caching)
     p = PagedkvSide(groups, bs, nblocks, caching, hybrid)
-    live = {}  # op index -> (vLLM id, pagedkv id, tokens)
+    live = {}  # op index -> (vLLM id, pagedkv id, tokens, keys)
     st = stats if stats is not None else {}
+    # Block ids compared exactly, or (renamed) up to one renaming of ids:
+    # vLLM puts the uncached blocks one free gives back at the head of the
+    # free queue in the order freed (the request's tail block first), pagedkv
+    # each at the head in turn (docs/vllm-compat.md, "Where freed blocks
+    # go"). Such blocks hold nothing and are interchangeable, so from then on
+    # the pools agree up to a renaming of ids: hits, free counts, events and
+    # which blocks requests share must still agree exactly.
+    renamed = not caching
 
     def count(key, n=1):
         st[key] = st.get(key, 0) + n
@@ -380,17 +502,14 @@ def replay(ops, groups, bs, nblocks, caching=True, hybrid=False, stats=None, chu
         p.p.validate()
         if v.num_free() != p.num_free():
             return f"op {i} {ops[i][0]}: free blocks vLLM {v.num_free()} pagedkv {p.num_free()}"
-        for k, (vr, pr, _) in live.items():
-            vt, pt = v.tables(vr), p.tables(pr)
-            if not caching:
-                # Nothing is cached: vLLM puts a request's freed blocks at
-                # the head of the free queue in the order freed (tail block
-                # first), pagedkv each at the head in turn (docs/
-                # vllm-compat.md), so ids differ; the tables' shape must not.
-                vt = [[b != 0 for b in t] for t in vt]
-                pt = [[b != 0 for b in t] for t in pt]
-            if vt != pt:
-                return f"op {i} {ops[i][0]}: block tables of request {k}: vLLM {vt} pagedkv {pt}"
+        tables = [(k, v.tables(vr), p.tables(pr)) for k, (vr, pr, _, _) in live.items()]
+        if renamed:
+            if not _same_up_to_renaming([t[1] for t in tables], [t[2] for t in tables]):
+                return f"op {i} {ops[i][0]}: block tables (up to renaming) vLLM {tables}"
+        else:
+            for k, vt, pt in tables:
+                if vt != pt:
+                    return f"op {i} {ops[i][0]}: block tables of request {k}: vLLM {vt} pagedkv {pt}"
         if not p.multi:  # multi-group pools record no events (groups.h)
             ve, pe = v.events(), p.events()
             count("events", len(ve))
@@ -398,9 +517,9 @@ def replay(ops, groups, bs, nblocks, caching=True, hybrid=False, stats=None, chu
                 return f"op {i} {ops[i][0]}: events vLLM {ve} pagedkv {pe}"
         return None
 
-    def admit(i, k, tokens):
-        vr, vh = v.admit(tokens, chunk)
-        pr, ph = p.admit(tokens, chunk)
+    def admit(i, k, tokens, keys=None, la=0, req=None):
+        vr, vh = v.admit(tokens, chunk, keys, la, req)
+        pr, ph = p.admit(tokens, chunk, keys, la)
         if "mid" in (vr, pr):
             if vr != pr:
                 return f"op {i}: chunked admission of {len(tokens)} tokens: vLLM {vr} pagedkv {pr}"
@@ -421,9 +540,13 @@ def replay(ops, groups, bs, nblocks, caching=True, hybrid=False, stats=None, chu
             return "stop" if (p.multi or chunk) and vh else None
         if vh != ph:
             return f"op {i}: admission of {len(tokens)} tokens: hit vLLM {vh} pagedkv {ph}"
-        live[k] = (vr, pr, list(tokens))
+        live[k] = (vr, pr, list(tokens), keys)
         count("admissions")
         count("hit_tokens", vh)
+        if keys:
+            count("keyed_admissions")
+        if la:
+            count("lookahead_admissions")
         return None
 
     for i, op in enumerate(ops):
@@ -431,7 +554,7 @@ def replay(ops, groups, bs, nblocks, caching=True, hybrid=False, stats=None, chu
         if op[0] == "noop":  # an op a reduction dropped
             continue
         if op[0] == "admit":
-            err = admit(i, i, op[1])
+            err = admit(i, i, op[1], *op[2:])
         elif op[0] == "reset":
             if p.multi:  # not on multi-group pools (groups.h): the frees before it stay
                 continue
@@ -439,10 +562,11 @@ def replay(ops, groups, bs, nblocks, caching=True, hybrid=False, stats=None, chu
             p.reset()
             count("resets")
         elif op[1] in live:
-            vr, pr, tokens = live[op[1]]
+            vr, pr, tokens, keys = live[op[1]]
             if op[0] == "decode":
+                la = op[3] if len(op) > 3 else 0
                 for t in op[2]:
-                    okv, okp = v.decode(vr, t), p.decode(pr, t)
+                    okv, okp = v.decode(vr, t, la), p.decode(pr, t, la)
                     if okv != okp:
                         err = f"op {i}: decode of request {op[1]}: vLLM {okv} pagedkv {okp} (False: out of blocks)"
                         break
@@ -458,12 +582,18 @@ def replay(ops, groups, bs, nblocks, caching=True, hybrid=False, stats=None, chu
                     tokens.append(t)
                     count("decode_tokens")
             else:
-                v.free(vr)
+                if v.num_uncached(vr) > 1 and not renamed:
+                    renamed = True
+                    count("renamed_after_free")
+                if op[0] == "preempt":
+                    vreq = v.preempt(vr)
+                else:
+                    v.free(vr)
                 p.free(pr)
                 del live[op[1]]
                 count(op[0] + "s")
                 if op[0] == "preempt":  # recomputed from scratch: prompt + outputs
-                    err = check(i) or admit(i, op[1], tokens)
+                    err = check(i) or admit(i, op[1], tokens, keys, 0, vreq)
         if err == "stop":
             return None
         err = err or check(i)
@@ -635,6 +765,44 @@ def test_reset_prefix_cache_clears_as_vllm():
     assert v.tables("2") == p.tables("2")
 
 
+def test_same_step_admissions_share_in_vllm_only():
+    """Documented difference (README "When tokens count as computed",
+    docs/vllm-compat.md): vLLM caches a prompt's blocks when it schedules
+    them, so a second request admitted in the same step hits them; pagedkv's
+    lookup takes only written blocks, so the second computes its own copy
+    (and stores it again: BlockStored twice). After the step a third
+    request hits on both."""
+    a = list(range(100, 113))
+    b = [*a, 7, 8, 9]
+    v, p = VllmSide([0], 4, 32), PagedkvSide([0], 4, 32)
+    assert v.admit(a)[1] == 0 and v.admit(b)[1] == 12
+    sa, ha = p.p.admit(a)
+    sb, hb = p.p.admit(b)
+    assert (ha, hb) == (0, 0)
+    with p.p.prepare([sa, sb], [len(a), len(b)]) as batch:
+        batch.commit()
+    ve, pe = v.events(), p.events()
+    assert len(ve) == 4 and len(pe) == 7 and pe[:3] == ve[:3] == pe[3:6] and pe[6] == ve[3]
+    assert v.admit(b)[1] == p.p.admit(b)[1] == 12
+
+
+def test_reset_with_live_requests():
+    """Documented difference: vLLM refuses to reset the prefix cache while a
+    request holds blocks (False, nothing changes); pagedkv forgets every
+    hash at once, the live requests keeping their blocks."""
+    tokens = list(range(100, 113))
+    v, p = VllmSide([0], 4, 32), PagedkvSide([0], 4, 32)
+    v.admit(tokens)
+    p.admit(tokens)
+    assert v.events() == p.events()
+    assert v.m.reset_prefix_cache() is False and v.events() == []
+    p.reset()
+    assert p.events() == [("cleared",)]
+    assert v.admit(tokens)[1] == 12 and p.admit(tokens)[1] == 0
+    assert v.tables("1") == p.tables("1")
+    p.p.validate()
+
+
 # (groups, block size, one-group HybridPool)
 CONFIGS = [
     ([0], 4, False),
@@ -660,6 +828,25 @@ def test_random_sequences_match_vllm(groups, bs, hybrid, caching):
         err = replay(gen_ops(seed, bs), groups, bs, nblocks, caching, hybrid, stats)
         assert err is None, f"seed {seed}, {nblocks} blocks: {err}"
     assert stats.get("admissions", 0) > 0
+
+
+@pytest.mark.parametrize(
+    "keys,lookahead", [(True, False), (False, True), (True, True)], ids=["keys", "lookahead", "keys+lookahead"]
+)
+@pytest.mark.parametrize("groups,bs,hybrid", CONFIGS, ids=lambda x: str(x).replace(" ", ""))
+def test_keys_and_lookahead_match_vllm(groups, bs, hybrid, keys, lookahead):
+    """Admissions with a LoRA adapter, a cache salt or multimodal items
+    (a tagged_keys pool: vLLM 0.33's keys), and lookahead slots on admission
+    and decode (vLLM's num_lookahead_tokens), mixed with the operations
+    above."""
+    stats = {}
+    for seed in range(SEEDS):
+        nblocks = random.Random(seed).randrange(12, 60) * len(groups)
+        ops = gen_ops(seed, bs, keys=keys, lookahead=lookahead)
+        err = replay(ops, groups, bs, nblocks, True, hybrid, stats)
+        assert err is None, f"seed {seed}, {nblocks} blocks: {err}"
+    assert stats.get("keyed_admissions" if keys else "lookahead_admissions", 0) > 0
+    assert stats.get("hit_tokens", 0) > 0
 
 
 @pytest.mark.parametrize("groups,bs,hybrid", CONFIGS, ids=lambda x: str(x).replace(" ", ""))
