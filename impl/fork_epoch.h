@@ -5,7 +5,9 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <new>
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <pthread.h>
@@ -31,6 +33,14 @@ inline uint64_t fork_epoch() {
 
 inline bool forked_since(uint64_t epoch) {
   return fork_count().load(std::memory_order_relaxed) != epoch;
+}
+
+// In a forked child, for a condition variable the parent's threads wait on:
+// they still count as its waiters there, and destroying it would wait for
+// them to leave (forever). A fresh one takes its place unused (the old one
+// ends without its destructor), so its owner's destructor destroys that.
+inline void abandon_in_child(std::condition_variable& cv) noexcept {
+  new (&cv) std::condition_variable;
 }
 
 }  // namespace pagedkv

@@ -53,8 +53,8 @@ void ThreadPool::stop_workers() noexcept {
   if (forked()) {  // the workers run in the parent only: nothing to stop here
     for (auto& t : threads_) t.detach();
     threads_.clear();
-    (void)work_cv_.release();  // their waiters never leave (see thread_pool.h)
-    (void)done_cv_.release();
+    abandon_in_child(work_cv_);
+    abandon_in_child(done_cv_);
     return;
   }
   {
@@ -62,7 +62,7 @@ void ThreadPool::stop_workers() noexcept {
     stop_ = true;
     published_.store(~uint64_t(0), std::memory_order_release);
   }
-  work_cv_->notify_all();
+  work_cv_.notify_all();
   for (auto& t : threads_) t.join();
 }
 
@@ -92,13 +92,13 @@ void ThreadPool::run(int64_t n, Fn fn, void* ctx) {
     ++generation_;
     published_.store(generation_, std::memory_order_release);
   }
-  work_cv_->notify_all();
+  work_cv_.notify_all();
   t_inside_job = true;
   drain(&job, 0);
   t_inside_job = false;
   // The job lives on this stack: wait until every worker has left it.
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_->wait(lock, [&] { return busy_ == 0; });
+  done_cv_.wait(lock, [&] { return busy_ == 0; });
   job_ = nullptr;
 }
 
@@ -114,7 +114,7 @@ void ThreadPool::worker_main(int32_t index) {
     Job* job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_->wait(lock, [&] { return stop_ || generation_ != seen; });
+      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
       if (stop_) return;
       seen = generation_;
       job = job_;
@@ -122,7 +122,7 @@ void ThreadPool::worker_main(int32_t index) {
     drain(job, index);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--busy_ == 0) done_cv_->notify_one();
+      if (--busy_ == 0) done_cv_.notify_one();
     }
   }
 }

@@ -5,7 +5,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -52,11 +51,9 @@ class ThreadPool {
   std::vector<std::thread> threads_;
   std::mutex submit_mu_;  // one job at a time
   std::mutex mu_;
-  // Owned, but left undestroyed in a forked child: the parent's workers
-  // still count as its waiters there, and destroying a condition variable
-  // waits until its waiters leave (forever).
-  std::unique_ptr<std::condition_variable> work_cv_{new std::condition_variable};
-  std::unique_ptr<std::condition_variable> done_cv_{new std::condition_variable};
+  // Abandoned in a forked child (fork_epoch.h).
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
   Job* job_ = nullptr;
   uint64_t generation_ = 0;
   std::atomic<uint64_t> published_{0};  // generation_, readable without mu_ for spinning

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <new>
 
 #include "error.h"
 #include "fork_epoch.h"
@@ -129,11 +128,10 @@ TierSet::~TierSet() { stop(); }
 void TierSet::stop() noexcept {
   if (forked_since(fork_epoch_)) {
     // A forked child: the copy thread runs in the parent only. Its handle is
-    // let go, and the condition variables it waits on are replaced unused
-    // (destroying one waits until its waiters leave: forever here).
+    // let go, and the condition variables it waits on are abandoned.
     if (thread_.joinable()) thread_.detach();
-    new (&work_cv_) std::condition_variable;
-    new (&idle_cv_) std::condition_variable;
+    abandon_in_child(work_cv_);
+    abandon_in_child(idle_cv_);
     return;
   }
   {
