@@ -173,7 +173,7 @@ void BlockPool::set_priority(int32_t id, uint32_t p, uint64_t duration_ns) noexc
 void BlockPool::release_retained(int32_t id) noexcept {
   Retention& r = *ret_;
   if (hash_[id].empty()) {
-    queue_.push_front(id, 0);
+    push_empty(id);
     return;
   }
   queue_.push_back(id, r.prio[id]);

@@ -85,8 +85,24 @@ class BlockPool {
     ++ref_[id];
   }
   void share(int32_t id) noexcept { ++ref_[id]; }  // id already in use
+  // The releases of one free (a sequence's blocks, a window's, a truncated
+  // tail) between construction and destruction form one batch (release).
+  // Nothing but release may run on the pool meanwhile.
+  class ReleaseBatch {
+   public:
+    explicit ReleaseBatch(BlockPool& p) noexcept : p_(p) { p_.front_run_ = p_.queue_.head(0); }
+    ~ReleaseBatch() { p_.front_run_ = -1; }
+    ReleaseBatch(const ReleaseBatch&) = delete;
+    ReleaseBatch& operator=(const ReleaseBatch&) = delete;
+
+   private:
+    BlockPool& p_;
+  };
   // Drops one holder; at zero, hashed blocks go to the tail (cached longest),
-  // the others to the head (reused first).
+  // the others to the head (reused first). Within a ReleaseBatch the blocks
+  // without a hash go to the head in the order released, as one run: the
+  // first released is reused first (vLLM's free_blocks prepends a free's
+  // uncached blocks as one list).
   void release(int32_t id) noexcept {
     if (--ref_[id] == 0) {
       --num_used_;
@@ -94,7 +110,7 @@ class BlockPool {
       if (ret_) {
         release_retained(id);
       } else if (hash_[id].empty()) {
-        queue_.push_front(id);
+        push_empty(id);
       } else {
         queue_.push_back(id);
       }
@@ -237,6 +253,15 @@ class BlockPool {
   friend struct BlockPoolTestPeer;
   void evict(int32_t id) noexcept;
   void release_retained(int32_t id) noexcept;  // ref reached 0 with retention on
+  // A free block without a hash: to the head, or after the batch's run.
+  void push_empty(int32_t id) noexcept {
+    if (front_run_ < 0) {
+      queue_.push_front(id, 0);
+    } else {
+      queue_.insert_after(front_run_, id, 0);
+      front_run_ = id;
+    }
+  }
   void push_event_priority(int32_t id) noexcept;
   std::string check_retention() const;
 
@@ -279,6 +304,7 @@ class BlockPool {
   FreeBlockQueue queue_;
   PrefixCache cache_;
   std::vector<CopyPair> pending_;
+  int32_t front_run_ = -1;  // in a ReleaseBatch: the last block its run put at the head
   EventQueue* events_ = nullptr;
   EvictSink* sink_ = nullptr;
 };

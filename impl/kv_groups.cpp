@@ -72,9 +72,9 @@ void check_layer_ids(const std::vector<GroupSpec>& groups) {
       const uint32_t id = groups[i].layer_ids[k];
       auto [it, fresh] = seen.emplace(id, std::make_pair(i, k));
       if (!fresh)
-        fail(Errc::kInvalidArgument, "groups[" + str(i) + "].layer_ids[" + str(k) + "] = " +
-                                         str(id) + " is also groups[" + str(it->second.first) +
-                                         "].layer_ids[" + str(it->second.second) + "]");
+        fail(Errc::kInvalidArgument,
+             "groups[" + str(i) + "].layer_ids[" + str(k) + "] = " + str(id) + " is also groups[" +
+                 str(it->second.first) + "].layer_ids[" + str(it->second.second) + "]");
     }
   }
 }
@@ -223,7 +223,12 @@ void GroupPool::release(int32_t b) {
   // Cached blocks wait at the tail (evicted last), the others are reused first.
   if (key_[b].empty()) {
     group_of_[b] = -1;
-    queue_.push_front(b);
+    if (front_run_ < 0) {
+      queue_.push_front(b);
+    } else {
+      queue_.insert_after(front_run_, b, 0);
+      front_run_ = b;
+    }
   } else {
     queue_.push_back(b);
   }
@@ -388,6 +393,7 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
     // Released nearest-first so the earliest blocks reach the free tail
     // last and are evicted last (as vLLM's remove_skipped_blocks).
     const uint64_t end = std::min<uint64_t>(t.size(), window_end(g, std::min(n0, s.num_computed)));
+    ReleaseBatch batch(*this);
     for (uint64_t j = end; j-- > s.num_null[g];)
       if (t[j] != 0) {
         release(t[j]);
@@ -572,6 +578,7 @@ void GroupPool::truncate(SeqId id, uint64_t num_tokens) {
   for (uint32_t g = 0; g < groups_.size(); ++g) {
     std::vector<int32_t>& t = s.table[g];
     if (recurrent(g)) continue;
+    ReleaseBatch batch(*this);
     while (t.size() > keep) {
       if (t.back() != 0) release(t.back());
       t.pop_back();
@@ -594,6 +601,7 @@ void GroupPool::free(SeqId id) {
     if (snapshot_due(s, g) && ref_[s.table[g][0]] == 1)
       cache(s.table[g][0], g, s.hashes[s.tokens.size() / opts_.block_size - 1]);
     const std::vector<int32_t>& t = s.table[g];
+    ReleaseBatch batch(*this);
     for (size_t j = t.size(); j-- > 0;)
       if (t[j] != 0) release(t[j]);
     if (s.state_src[g] != 0) release(s.state_src[g]);

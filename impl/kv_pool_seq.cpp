@@ -105,6 +105,7 @@ uint64_t Pool::computed_tokens(const Sequence& s, uint64_t from) const {
 
 void Pool::release_blocks_reverse(const std::vector<int32_t>& blocks, size_t begin,
                                   size_t end) noexcept {
+  BlockPool::ReleaseBatch batch(blocks_);
   for (size_t j = end; j-- > begin;)
     if (blocks[j] != BlockPool::kNullBlock) blocks_.release(blocks[j]);
 }
@@ -536,9 +537,12 @@ void Pool::apply_append(Sequence& s, uint64_t n0, uint64_t n, const AppendNeed& 
   bool replaced = need.window_end > need.window_first;  // a block of the table changed
   // 1. Sliding window: release what no query will read again, tail first.
   uncache_unwritten(s, need.window_first, need.window_end);  // none while the invariants hold
-  for (uint64_t j = need.window_end; j-- > need.window_first;) {
-    blocks_.release(s.blocks[j]);
-    s.blocks[j] = BlockPool::kNullBlock;
+  {
+    BlockPool::ReleaseBatch batch(blocks_);
+    for (uint64_t j = need.window_end; j-- > need.window_first;) {
+      blocks_.release(s.blocks[j]);
+      s.blocks[j] = BlockPool::kNullBlock;
+    }
   }
   s.num_null = need.window_end;
 

@@ -98,6 +98,35 @@ TEST(Groups, WindowGroupReleasesWhileFullKeeps) {
   EXPECT_EQ(p->check(), "");
 }
 
+// A free gives each group's uncached blocks back as one run at the head of
+// the queue, tail first, group after group (vLLM's coordinator frees manager
+// after manager, each with one free_blocks call): a later sequence's tables
+// show the order.
+TEST(Groups, FreeGivesEachGroupsUncachedBlocksBackAsOneRun) {
+  PoolOptions o = base(4, 32);
+  o.enable_prefix_caching = false;
+  auto p = GroupPool::create(o, {full(), window(8)});
+  const auto t = seq_tokens(12, 100);
+  const SeqId a = p->seq_create({});
+  p->append(a, t.data(), t.size(), 0);
+  const auto a0 = table(*p, a, 0), a1 = table(*p, a, 1);
+  ASSERT_EQ(a0.size(), 3u);
+  ASSERT_EQ(a1.size(), 3u);
+  p->free(a);
+  // Queue head: group 1's run (a1 tail first), then group 0's.
+  const std::vector<int32_t> head = {a1[2], a1[1], a1[0], a0[2], a0[1], a0[0]};
+  const SeqId c = p->seq_create({});
+  p->append(c, t.data(), t.size(), 0);
+  EXPECT_EQ(table(*p, c, 0), (std::vector<int32_t>(head.begin(), head.begin() + 3)));
+  EXPECT_EQ(table(*p, c, 1), (std::vector<int32_t>(head.begin() + 3, head.end())));
+  p->truncate(c, 1);  // group 0 releases head[2], head[1]; group 1 head[5], head[4]
+  const SeqId d = p->seq_create({});
+  p->append(d, t.data(), 8, 0);
+  EXPECT_EQ(table(*p, d, 0), (std::vector<int32_t>{head[5], head[4]}));
+  EXPECT_EQ(table(*p, d, 1), (std::vector<int32_t>{head[2], head[1]}));
+  EXPECT_EQ(p->check(), "");
+}
+
 TEST(Groups, AppendIsAllOrNothingAcrossGroups) {
   // 9 usable blocks; two groups of 4-token blocks.
   auto p = GroupPool::create(base(4, 10), {full(), full(1)});
@@ -545,7 +574,7 @@ TEST(GroupLayers, GivenIdsInARandomInterleaveAndNumberingInOrder) {
   std::mt19937 rng(23);
   for (int round = 0; round < 20; ++round) {
     const uint32_t sizes[3] = {uint32_t(1 + rng() % 6), uint32_t(1 + rng() % 6),
-                              uint32_t(1 + rng() % 6)};
+                               uint32_t(1 + rng() % 6)};
     const uint32_t total = sizes[0] + sizes[1] + sizes[2];
     std::vector<uint32_t> ids(total);
     for (uint32_t i = 0; i < total; ++i) ids[i] = 3 * i + 1;  // sparse, not from 0
@@ -560,7 +589,8 @@ TEST(GroupLayers, GivenIdsInARandomInterleaveAndNumberingInOrder) {
         want_given[ids[at]] = {g, k};
         want_plain[at] = {g, k};
       }
-    for (auto [groups, want] : {std::make_pair(given, want_given), std::make_pair(plain, want_plain)}) {
+    for (auto [groups, want] :
+         {std::make_pair(given, want_given), std::make_pair(plain, want_plain)}) {
       auto p = GroupPool::create(base(4, 64), groups);
       for (uint32_t layer = 0; layer < 3 * total + 3; ++layer) {
         uint32_t g = 99, k = 99;
@@ -593,8 +623,9 @@ TEST(GroupLayers, IdsForSomeGroupsOrTwiceAreRefused) {
     GroupPool::create(base(4, 64), g);
     FAIL() << "a layer in two groups was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("groups[1].layer_ids[1] = 1 is also groups[0].layer_ids[1]"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("groups[1].layer_ids[1] = 1 is also groups[0].layer_ids[1]"),
+        std::string::npos)
         << e.what();
   }
 }

@@ -129,9 +129,9 @@ TEST(Planned, FreeUncachesBlocksNoPlanCovered) {
   drain(*pool);
   pool->free(a);
   EXPECT_VALID(*pool);
-  // 4 (partial) and 3, 2 (full, filled after the plan) to the head; 1 (full,
-  // planned) to the tail.
-  EXPECT_EQ(free_queue(*pool), (V{2, 3, 4, 5, 6, 7, 8, 9, 1}));
+  // 4 (partial) and 3, 2 (full, filled after the plan) to the head as one
+  // run in the order freed (vLLM's prepend_n); 1 (full, planned) to the tail.
+  EXPECT_EQ(free_queue(*pool), (V{4, 3, 2, 5, 6, 7, 8, 9, 1}));
   EXPECT_EQ(pool->stats().num_cached_blocks, 1u);
   auto ev = drain(*pool);
   ASSERT_EQ(ev.size(), 2u);
@@ -186,7 +186,7 @@ TEST(Planned, TruncateUncachesReleasedBlocksNoPlanCovered) {
   pool->truncate(a, 9);  // releases 5, 4 (unplanned: uncached), keeps 3 partial (ours: uncached)
   EXPECT_EQ(table(*pool, a), (V{1, 2, 3}));
   EXPECT_EQ(pool->stats().num_cached_blocks, 2u);
-  EXPECT_EQ(free_queue(*pool), (V{4, 5, 6, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(free_queue(*pool), (V{5, 4, 6, 7, 8, 9, 10, 11}));  // in the order released
   auto ev = drain(*pool);
   ASSERT_EQ(ev.size(), 2u);
   EXPECT_EQ(ev[0].block_id, 3);

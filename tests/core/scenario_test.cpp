@@ -86,6 +86,49 @@ TEST_F(Scenario, FreeReleasesTailFirstHashedToTailOthersToHead) {
   EXPECT_EQ(pool->stats().num_cached_blocks, 2u);
 }
 
+// vLLM's free_blocks prepends a free's uncached blocks as one list, in the
+// order freed (tail first): the next allocation takes the freed tail first.
+// What a user sees: the block ids a later sequence gets.
+TEST(FreeOrder, UncachedBlocksOfOneFreeAreReusedInTheOrderFreed) {
+  for (bool retention : {false, true}) {
+    SCOPED_TRACE(retention ? "retention" : "plain");
+    PoolOptions o = test::manager_options(4, 12);
+    o.enable_prefix_caching = false;
+    o.enable_retention = retention;
+    auto pool = Pool::create(o);
+    SeqId a = pool->seq_create({}), b = pool->seq_create({});
+    append(*pool, a, iota_tokens(12));  // 1 2 3
+    append(*pool, b, iota_tokens(8));   // 4 5
+    pool->free(a);
+    pool->free(b);  // b's run goes before a's
+    EXPECT_EQ(free_queue(*pool), (V{5, 4, 3, 2, 1, 6, 7, 8, 9, 10, 11}));
+    SeqId c = pool->seq_create({});
+    append(*pool, c, iota_tokens(16));
+    EXPECT_EQ(table(*pool, c), (V{5, 4, 3, 2}));
+    pool->truncate(c, 3);  // releases 2, 3, 4 in that order (tail first)
+    EXPECT_EQ(free_queue(*pool), (V{2, 3, 4, 1, 6, 7, 8, 9, 10, 11}));
+    EXPECT_VALID(*pool);
+  }
+}
+
+// One append's window releases (vLLM's remove_skipped_blocks: one
+// free_blocks call, nearest block first) form one run too.
+TEST(FreeOrder, WindowReleasesOfOneAppendAreOneRun) {
+  PoolOptions o = test::manager_options(4, 12);
+  o.enable_prefix_caching = false;
+  o.sliding_window = 4;
+  auto pool = Pool::create(o);
+  SeqId a = pool->seq_create({});
+  append(*pool, a, iota_tokens(16));  // 1 2 3 4
+  test::step(pool, a);                // 0..15 computed
+  // Query 16 sees 13..16: blocks 0..2 go (3, 2, 1 to the head, as vLLM's
+  // allocate_slots before it allocates), and the new block is the first.
+  append(*pool, a, {16});
+  EXPECT_EQ(table(*pool, a), (V{0, 0, 0, 4, 3}));
+  EXPECT_EQ(free_queue(*pool), (V{2, 1, 5, 6, 7, 8, 9, 10, 11}));
+  EXPECT_VALID(*pool);
+}
+
 TEST_F(Scenario, PrefixHitTouchesFreeCachedBlocksAndIsCappedBeforeTheLastToken) {
   make(10);
   SeqId a = seq();

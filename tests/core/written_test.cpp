@@ -80,9 +80,10 @@ TEST(Written, SameStepAdmissionDoesNotShareUncomputedBlocks) {
   drain(*pool);
   pool->free(s1);  // preempted before the step
   // s1's full blocks were never written: they leave the cache (REMOVED) and
-  // go to the head of the free queue, like its partial block.
+  // go to the head of the free queue, like its partial block, as one run in
+  // the order freed: the tail block first.
   EXPECT_EQ(count(drain(*pool), EventType::kRemoved), 3u);
-  EXPECT_EQ(free_queue(*pool), (V{1, 2, 3, 4, 9, 10, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(free_queue(*pool), (V{4, 3, 2, 1, 9, 10, 11, 12, 13, 14, 15}));
   // s2 must compute everything; a plan for its last token alone is refused.
   EXPECT_EQ(computed(*pool, s2), 0u);
   EXPECT_NE(refusal(pool, {s2}, {1}).find("tokens [0, 48)"), std::string::npos);
@@ -116,7 +117,7 @@ TEST(Written, UncomputedBlocksAreNeverHitAndLeaveTheCacheWhenReleased) {
       pool->free(a);
     EXPECT_EQ(count(drain(*pool), EventType::kRemoved), 2u);
     EXPECT_EQ(pool->stats().num_cached_blocks, 0u);
-    EXPECT_EQ(free_queue(*pool), (V{1, 2, 3, 4, 5, 6, 7}));
+    EXPECT_EQ(free_queue(*pool), (V{3, 2, 1, 4, 5, 6, 7}));
     SeqId c = pool->seq_create({});
     EXPECT_EQ(pool->match_prefix(c, t.data(), t.size()), 0u);
     EXPECT_VALID(*pool);
@@ -286,8 +287,8 @@ TEST(Written, ResetPrefixCacheKeepsWrittenState) {
   EXPECT_EQ(pool->match_prefix(b, t.data(), t.size()), 0u);
   EXPECT_EQ(computed(*pool, a), 9u);
   EXPECT_EQ(refusal(pool, {a}, {1}), "");
-  pool->free(a);  // no hash: head of the queue
-  EXPECT_EQ(free_queue(*pool).front(), 1);
+  pool->free(a);  // no hash: head of the queue, the tail block first
+  EXPECT_EQ(free_queue(*pool), (V{3, 2, 1, 4, 5, 6, 7, 8, 9, 10, 11}));
   EXPECT_VALID(*pool);
 }
 

@@ -291,7 +291,9 @@ PKV_API pkv_status pkv_seq_truncate(pkv_pool* pool, pkv_seq_id seq, uint64_t num
  * Full blocks whose K/V is written (a committed step, prefix hits) stay
  * cached at the tail of the free queue; unwritten full blocks that no
  * other sequence holds leave the cache (PKV_EVENT_BLOCK_REMOVED) and go to
- * the head. */
+ * the head. Blocks without a hash go to the head as one run in the order
+ * freed, so the sequence's tail block is reused first (vLLM 0.33's
+ * free_blocks). */
 PKV_API pkv_status pkv_seq_free(pkv_pool* pool, pkv_seq_id seq);
 
 typedef struct pkv_seq_info {
