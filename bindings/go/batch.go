@@ -33,6 +33,7 @@ type Batch struct {
 
 	dtype      DType
 	device     DeviceType
+	hasStorage bool // NumLayers > 0 (a multi-group pool has none)
 	numKVHeads int
 	headDim    int
 	// The MLA widths (kvLayout LayoutMLA), kept here like the fields
@@ -179,6 +180,7 @@ func (p *Pool) newBatch(bp *C.pkv_batch) (*Batch, error) {
 		pool:       p,
 		dtype:      p.opts.DType,
 		device:     p.opts.Device,
+		hasStorage: p.opts.NumLayers > 0,
 		numKVHeads: int(p.opts.NumKVHeads),
 		headDim:    int(p.opts.HeadDim),
 		kvLayout:   p.opts.KVLayout,
@@ -473,6 +475,17 @@ func (a *AttentionParams) toC(out *C.pkv_attention_params) error {
 func (b *Batch) hostCheck(op string, layer int, want16 bool) error {
 	if layer < 0 || int64(layer) > 1<<32-1 {
 		return argError(op, "layer %d out of range", layer)
+	}
+	// A closed (or zero) Batch is ErrClosed before anything its fields say.
+	if _, err := b.acquire(op); err != nil {
+		return err
+	}
+	b.release()
+	// Before the dtype: a pool without storage has a dtype nothing is
+	// stored in, and the library says what is wrong with the call.
+	if !b.hasStorage {
+		return &Error{Code: CodeInvalidState, Op: op,
+			Msg: "the pool has no KV storage (created with NumLayers 0, or a multi-group pool)"}
 	}
 	if b.device != CPU {
 		return &Error{Code: CodeUnsupported, Op: op,

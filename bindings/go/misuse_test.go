@@ -4,6 +4,7 @@ import (
 	"errors"
 	"reflect"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -413,4 +414,46 @@ func TestKernelCallsRefuseTensorsOfClosedOwners(t *testing.T) {
 		t.Fatalf("AttentionTensor with a closed pool's storage: %v, want ErrClosed", err)
 	}
 	ok(t, b.Validate())
+}
+
+// The host kernel calls on a plan of a pool without KV storage (NumLayers 0,
+// or a multi-group pool) failed with ErrInvalidArgument "the pool stores
+// bf16; pass []uint16" (the dtype check saw the manager pool's default
+// dtype first), where the library and the Tensor forms answer
+// ErrInvalidState "the pool has no KV storage".
+func TestHostKernelCallsOnAPoolWithoutStorageAreInvalidState(t *testing.T) {
+	manager := managerPool(t, 16)
+	group, err := NewGroupPool(&PoolOptions{BlockSize: 4, NumBlocks: 16},
+		[]GroupSpec{{Kind: GroupFull, NumKVHeads: 1, HeadDim: 8}})
+	ok(t, err)
+	defer group.Close()
+	f := make([]float32, 3*8)
+	u := make([]uint16, 3*8)
+	for name, p := range map[string]*Pool{"manager": manager, "group": group} {
+		s, err := p.CreateSeq(nil)
+		ok(t, err)
+		ok(t, s.Append([]int32{1, 2, 3}))
+		b, err := p.Prepare([]Seq{s}, []int{3})
+		ok(t, err)
+		for call, err := range map[string]error{
+			"CacheWrite":    b.CacheWrite(0, f, f),
+			"CacheWrite16":  b.CacheWrite16(0, u, u),
+			"Attention":     b.Attention(0, f, f, nil, nil),
+			"Attention16":   b.Attention16(0, u, u, nil, nil),
+			"MLACacheWrite": b.MLACacheWrite(0, f, f),
+			"MLAAttention":  b.MLAAttention(0, f, f, f, nil, 1),
+		} {
+			e := wantErr(t, err, ErrInvalidState)
+			if !strings.Contains(e.Msg, "no KV storage") {
+				t.Errorf("%s pool: %s: %v, want the pool's missing storage named", name, call, err)
+			}
+		}
+		ok(t, b.Close())
+		// Closed, the same calls are ErrClosed.
+		if err := b.CacheWrite(0, f, f); !errors.Is(err, ErrClosed) {
+			t.Errorf("%s pool: CacheWrite of a closed batch: %v, want ErrClosed", name, err)
+		}
+		ok(t, s.Free())
+		ok(t, p.Validate())
+	}
 }
