@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math/rand"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -191,4 +192,28 @@ func TestReadsOfAReleasedExportOfAClosedPoolDoNotCrashTheExporter(t *testing.T) 
 		t.Fatal("the import never ended")
 	}
 	ok(t, dst.Validate())
+}
+
+// Transports naming nothing UCX has here (a typo, a transport of another
+// machine) were ErrUnsupported "UCX could not be initialised (ucp_init): No
+// such device", the answer of a build without UCX: the caller's option was
+// not named. It is ErrInvalidArgument naming Transports.
+func TestUnknownTransportsAreAnArgumentError(t *testing.T) {
+	if !TransferAvailable() {
+		t.Skip("built without UCX")
+	}
+	for _, tls := range []string{"no_such_transport", "tcpp,shmm"} {
+		e, err := NewTransferEngine(&TransferOptions{Transports: tls})
+		if e != nil {
+			e.Close()
+			t.Fatalf("transports %q: an engine was made", tls)
+		}
+		got := wantErr(t, err, ErrInvalidArgument)
+		if !strings.Contains(got.Msg, "transports") || !strings.Contains(got.Msg, tls) {
+			t.Fatalf("transports %q: %v does not name the option", tls, err)
+		}
+	}
+	e, err := NewTransferEngine(&TransferOptions{Transports: "tcp"})
+	ok(t, err)
+	ok(t, e.Close())
 }

@@ -239,6 +239,13 @@ void UcxEngine::init() {
   p.features = UCP_FEATURE_RMA;
   st = ucp_init(&p, cfg, &ctx_);
   ucp_config_release(cfg);
+  // Transports the caller named of which UCX has none here (a typo, another
+  // machine's): the caller's option, not a missing UCX.
+  if (st == UCS_ERR_NO_DEVICE && !opts_.transports.empty())
+    fail_ucx(Errc::kInvalidArgument,
+             "options->transports \"" + opts_.transports +
+                 "\" names no transport UCX can use here (ucp_init)",
+             st);
   if (st != UCS_OK) fail_ucx(Errc::kUnsupported, "UCX could not be initialised (ucp_init)", st);
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;

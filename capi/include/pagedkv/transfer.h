@@ -75,7 +75,8 @@ typedef struct pkv_transfer_options {
                              0 = never. Default 30000 */
   const char* transports; /* UCX_TLS list for this engine ("shm", "tcp", "posix,cma",
                              ...); copied; NULL/"" (default) = UCX's own choice or the
-                             UCX_TLS environment variable */
+                             UCX_TLS environment variable. A list of which UCX has
+                             none here: PKV_E_INVALID_ARGUMENT at engine creation */
   uint32_t export_ttl_ms; /* an export not released by then is released by the engine
                              (on its next call); 0 (default) = until released */
   uint32_t reserved0;

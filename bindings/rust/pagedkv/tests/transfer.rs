@@ -143,3 +143,31 @@ fn reads_of_a_released_export_of_a_dropped_pool_do_not_crash_the_exporter() {
     drop(t);
     dst.validate().unwrap();
 }
+
+/// Transports naming nothing UCX has here were `Unsupported` ("UCX could
+/// not be initialised (ucp_init): No such device"), the answer of a build
+/// without UCX; they are `InvalidArgument` naming the option.
+#[test]
+fn unknown_transports_are_an_argument_error() {
+    if !pagedkv::transfer_available() {
+        return;
+    }
+    for tls in ["no_such_transport", "tcpp,shmm"] {
+        let e = TransferEngine::new(&TransferOptions {
+            transports: Some(tls.into()),
+            ..TransferOptions::default()
+        })
+        .err()
+        .expect("an engine over unknown transports");
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{tls}: {e}");
+        assert!(
+            e.message().contains("transports") && e.message().contains(tls),
+            "{tls}: {e}"
+        );
+    }
+    TransferEngine::new(&TransferOptions {
+        transports: Some("tcp".into()),
+        ..TransferOptions::default()
+    })
+    .unwrap();
+}
