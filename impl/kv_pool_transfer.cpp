@@ -8,7 +8,7 @@ namespace pagedkv {
 
 Pool::ExportSnapshot Pool::export_pin(SeqId id) {
   if (!has_storage())
-    fail(Errc::kInvalidArgument, "pool has no KV storage (num_layers 0): nothing to export");
+    fail(Errc::kInvalidState, "the pool has no KV storage (num_layers 0): nothing to export");
   if (opts_.is_mla())
     fail(Errc::kUnsupported,
          "pool is an MLA pool (kv_layout PKV_KV_LAYOUT_MLA): its one latent plane per layer does "
@@ -57,7 +57,7 @@ Pool::ExportSnapshot Pool::export_pin(SeqId id) {
 
 SeqId Pool::import_begin(const SeqOptions& o, const int32_t* tokens, uint64_t n) {
   if (!has_storage())
-    fail(Errc::kInvalidArgument, "pool has no KV storage (num_layers 0): nothing to import into");
+    fail(Errc::kInvalidState, "the pool has no KV storage (num_layers 0): nothing to import into");
   const SeqId id = seq_create(o);
   try {
     append(id, tokens, n, 0);

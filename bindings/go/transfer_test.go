@@ -217,3 +217,36 @@ func TestUnknownTransportsAreAnArgumentError(t *testing.T) {
 	ok(t, err)
 	ok(t, e.Close())
 }
+
+// A pool without KV storage (NumLayers 0) was ErrInvalidArgument for an
+// export and an import, where every other call needing storage (KVTensor,
+// the kernels, CopyBlocks, AttachTiers) says ErrInvalidState "no KV
+// storage": the pool's state, not an argument, is what is wrong.
+func TestTransferOfAPoolWithoutStorageIsInvalidState(t *testing.T) {
+	a, b := engines(t)
+	src, _ := transferPools(t)
+	manager := managerPool(t, 64)
+	ms := seqOf(t, manager, randTokens(rand.New(rand.NewSource(4)), 20))
+	_, _, err := a.Export(ms)
+	if e := wantErr(t, err, ErrInvalidState); !strings.Contains(e.Msg, "no KV storage") {
+		t.Fatalf("export: %v", err)
+	}
+	s := seqOf(t, src, randTokens(rand.New(rand.NewSource(5)), 20))
+	id, desc, err := a.Export(s)
+	ok(t, err)
+	before := stats(t, manager)
+	_, err = b.Import(manager, nil, desc)
+	if e := wantErr(t, err, ErrInvalidState); !strings.Contains(e.Msg, "no KV storage") {
+		t.Fatalf("import: %v", err)
+	}
+	if after := stats(t, manager); after != before {
+		t.Fatalf("a refused import changed the pool: %+v, was %+v", after, before)
+	}
+	ok(t, a.ReleaseExport(id))
+	n, err := a.NumExports()
+	ok(t, err)
+	if n != 0 {
+		t.Fatalf("%d exports held after a refused export and a release", n)
+	}
+	ok(t, manager.Validate())
+}

@@ -19,7 +19,7 @@ void describe_layout(const Pool& pool, TransferDescriptor* d) {
 
 void check_importable(const TransferDescriptor& d, const Pool& pool) {
   if (!pool.has_storage())
-    fail(Errc::kInvalidArgument, "pool has no KV storage (num_layers 0): nothing to import into");
+    fail(Errc::kInvalidState, "the pool has no KV storage (num_layers 0): nothing to import into");
   // Descriptors describe K and V planes (2 per layer): an MLA pool's one
   // latent plane per layer neither exports nor imports (yet).
   if (pool.options().is_mla())

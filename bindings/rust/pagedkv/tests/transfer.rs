@@ -171,3 +171,36 @@ fn unknown_transports_are_an_argument_error() {
     })
     .unwrap();
 }
+
+/// A pool without KV storage was `InvalidArgument` for an export and an
+/// import, where every other call needing storage says `InvalidState` "no
+/// KV storage".
+#[test]
+fn transfer_of_a_pool_without_storage_is_invalid_state() {
+    let Some((a, b)) = engines() else { return };
+    let src = pool(16, 64);
+    let manager = Pool::new(&PoolOptions {
+        block_size: 16,
+        num_blocks: 64,
+        ..PoolOptions::default()
+    })
+    .unwrap();
+    let tokens: Vec<i32> = (0..20).map(|i| i * 7 + 1).collect();
+    let ms = computed(&manager, &tokens);
+    let e = a.export(&manager, ms).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidState, "{e}");
+    assert!(e.message().contains("no KV storage"), "{e}");
+    let s = computed(&src, &tokens);
+    let (id, desc) = a.export(&src, s).unwrap();
+    let before = manager.stats().unwrap();
+    let e = b
+        .import(&manager, &SeqOptions::default(), &desc)
+        .err()
+        .expect("an import into a pool without storage");
+    assert_eq!(e.kind(), ErrorKind::InvalidState, "{e}");
+    assert!(e.message().contains("no KV storage"), "{e}");
+    assert_eq!(manager.stats().unwrap(), before);
+    a.release_export(id).unwrap();
+    assert_eq!(a.num_exports().unwrap(), 0);
+    manager.validate().unwrap();
+}
