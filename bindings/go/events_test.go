@@ -98,3 +98,25 @@ func TestEventPublisherLongEndpoint(t *testing.T) {
 		ok(t, pub.Close())
 	}
 }
+
+// A tcp port that the data-parallel rank pushes past 65535 was refused as
+// "endpoint ... has no numeric port to offset": the port is numeric, and
+// the message named neither the rank nor the sum. It names both now.
+func TestPublisherRankPastTheLastPortIsNamed(t *testing.T) {
+	p := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 8, EnableEvents: true})
+	pub, err := NewEventPublisher(p, "tcp://127.0.0.1:65000", "", &PublisherOptions{DataParallelRank: 1000})
+	if errors.Is(err, ErrUnsupported) {
+		t.Skip("built without PAGEDKV_EVENTS")
+	}
+	if pub != nil {
+		pub.Close()
+		t.Fatal("a publisher on port 66000 was made")
+	}
+	e := wantErr(t, err, ErrInvalidArgument)
+	if !strings.Contains(e.Msg, "66000") || !strings.Contains(e.Msg, "data_parallel_rank") {
+		t.Fatalf("%v: want the offset port 66000 and the rank named", err)
+	}
+	if evs, err := p.DrainEventsV2(8); err != nil || len(evs) != 0 {
+		t.Fatalf("the refused publisher drained or failed: %v %v", evs, err)
+	}
+}

@@ -1,3 +1,4 @@
+#include <cstdint>
 #include <string>
 
 #include "error.h"
@@ -12,10 +13,15 @@ std::string offset_endpoint(const std::string& e, uint32_t rank) {
     const size_t colon = e.rfind(':');
     const std::string port = colon == std::string::npos ? "" : e.substr(colon + 1);
     if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos ||
-        port.size() > 5 || std::stoul(port) + rank > 65535)
+        port.size() > 5)
       fail(Errc::kInvalidArgument,
            "endpoint '" + e + "' has no numeric port to offset by the data-parallel rank");
-    return e.substr(0, colon + 1) + std::to_string(std::stoul(port) + rank);
+    const uint64_t offset = uint64_t(std::stoul(port)) + rank;
+    if (offset > 65535)
+      fail(Errc::kInvalidArgument, "endpoint '" + e + "': its port " + port +
+                                       " + data_parallel_rank " + std::to_string(rank) + " = " +
+                                       std::to_string(offset) + " exceeds 65535");
+    return e.substr(0, colon + 1) + std::to_string(offset);
   }
   fail(Errc::kInvalidArgument, "endpoint '" + e +
                                    "' must be tcp:// or inproc:// when data_parallel_rank > 0 "

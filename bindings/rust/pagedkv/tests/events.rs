@@ -98,3 +98,30 @@ fn endpoint_of_any_length_is_returned() {
         assert_eq!(pub_.replay_endpoint().unwrap(), "");
     }
 }
+
+#[test]
+fn rank_past_the_last_port_is_named() {
+    // Refused as "has no numeric port to offset" (the port is numeric); the
+    // message names the offset port and the rank now.
+    let p = pool(8);
+    let err = EventPublisher::new(
+        &p,
+        "tcp://127.0.0.1:65000",
+        None,
+        &PublisherOptions {
+            data_parallel_rank: 1000,
+            ..PublisherOptions::default()
+        },
+    )
+    .err()
+    .expect("a publisher on port 66000");
+    if err.kind() == ErrorKind::Unsupported {
+        return; // built without PAGEDKV_EVENTS
+    }
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        err.message().contains("66000") && err.message().contains("data_parallel_rank"),
+        "{}",
+        err.message()
+    );
+}
