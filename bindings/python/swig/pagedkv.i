@@ -1072,6 +1072,23 @@ static int pkv_py_dict_scales(PyObject* dict, PyObject* keep, pkv_pool_options* 
   return 1;
 }
 
+/* An int in [0, 2^64 - 1] (an int or any object with __index__), named
+ * "<name>[i].<field>" in the OverflowError of one outside that range. */
+static int pkv_py_u64(PyObject* v, const char* name, Py_ssize_t i, const char* field,
+                      unsigned long long* out) {
+  PyObject* idx = PyNumber_Index(v);
+  if (!idx) return 0;
+  unsigned long long x = PyLong_AsUnsignedLongLong(idx);
+  Py_DECREF(idx);
+  if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_OverflowError, "%s[%zd].%s: expected an int in [0, 2^64 - 1]", name, i, field);
+    return 0;
+  }
+  *out = x;
+  return 1;
+}
+
 /* mm_items: a sequence of (offset, length, hash str) -> malloc'd array. */
 static int pkv_py_dict_mm(PyObject* dict, PyObject* keep, pkv_mm_item** items, uint32_t* n) {
   PyObject* v = PyDict_GetItemString(dict, "mm_items");
@@ -1089,11 +1106,20 @@ static int pkv_py_dict_mm(PyObject* dict, PyObject* keep, pkv_mm_item** items, u
   }
   for (Py_ssize_t i = 0; i < len; ++i) {
     PyObject* it = PySequence_Fast_GET_ITEM(seq, i);
-    unsigned long long off, ln;
-    PyObject* h;
-    if (!PyTuple_Check(it) || !PyArg_ParseTuple(it, "KKU", &off, &ln, &h)) {
+    unsigned long long off = 0, ln = 0;
+    PyObject *po, *pl, *h;
+    if (!PyTuple_Check(it) || !PyArg_ParseTuple(it, "OOU", &po, &pl, &h) ||
+        !PyIndex_Check(po) || !PyIndex_Check(pl)) {
       PyErr_Clear();
       PyErr_Format(PyExc_TypeError, "option mm_items[%zd]: expected (offset, length, hash str)", i);
+      free(arr);
+      Py_DECREF(seq);
+      return 0;
+    }
+    /* Range checked: "K" took them modulo 2^64, so an item at offset
+     * 2^64 + 3 keyed the blocks as one at 3, and one at -5 was accepted. */
+    if (!pkv_py_u64(po, "option mm_items", i, "offset", &off) ||
+        !pkv_py_u64(pl, "option mm_items", i, "length", &ln)) {
       free(arr);
       Py_DECREF(seq);
       return 0;

@@ -359,3 +359,29 @@ def test_publisher_and_transfer_options_refuse_fractions_and_strings():
         pagedkv.TransferEngine(transports="tcp", timeout_ms="5")
     with pytest.raises(TypeError, match="export_ttl_ms"):
         pagedkv.TransferEngine(transports="tcp", export_ttl_ms=2.5)
+
+
+def test_mm_item_offsets_and_lengths_outside_uint64_are_refused_not_wrapped():
+    """The raw module read an mm item's offset and length with no range
+    check (PyArg_ParseTuple "K": modulo 2^64): an item at offset 2^64 + 3
+    keyed the blocks as an item at 3, and one at offset -5 was accepted as
+    2^64 - 5, silently changing or dropping the prompt's multimodal key.
+    Each is an OverflowError naming the item, and nothing is created."""
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    tokens = list(range(16))
+    before = pool.stats()
+    for item in ((2**64 + 3, 4, "img"), (3, 2**64 + 4, "img"), (-5, 2, "img"), (0, -1, "img")):
+        for call in (
+            lambda item=item: pool.create_sequence(mm_items=[item]),
+            lambda item=item: pool.admit(tokens, mm_items=[item]),
+            lambda item=item: pool.hash_prefix(tokens, mm_items=[item]),
+            lambda item=item: pagedkv.hash_prefix(tokens, block_size=4, mm_items=[item]),
+        ):
+            with pytest.raises(OverflowError, match=r"mm_items\[0\]"):
+                call()
+    assert pool.stats() == before
+    # The extremes of the range still work.
+    pool.create_sequence(mm_items=[(2**64 - 2, 1, "img")]).free()
+    assert pool.hash_prefix(tokens, mm_items=[(np.uint64(3), np.int8(4), "img")]) == pool.hash_prefix(
+        tokens, mm_items=[(3, 4, "img")]
+    )
