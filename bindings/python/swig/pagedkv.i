@@ -1072,10 +1072,16 @@ static int pkv_py_dict_scales(PyObject* dict, PyObject* keep, pkv_pool_options* 
   return 1;
 }
 
-/* An int in [0, 2^64 - 1] (an int or any object with __index__), named
- * "<name>[i].<field>" in the OverflowError of one outside that range. */
+/* An int in [0, 2^64 - 1] (an int or any object with __index__, such as
+ * numpy's integers), named "<name>[i].<field>" in the TypeError of another
+ * object and the OverflowError of an int outside that range. */
 static int pkv_py_u64(PyObject* v, const char* name, Py_ssize_t i, const char* field,
                       unsigned long long* out) {
+  if (!PyIndex_Check(v)) {
+    PyErr_Format(PyExc_TypeError, "%s[%zd].%s: expected an int, got %s", name, i, field,
+                 Py_TYPE(v)->tp_name);
+    return 0;
+  }
   PyObject* idx = PyNumber_Index(v);
   if (!idx) return 0;
   unsigned long long x = PyLong_AsUnsignedLongLong(idx);
@@ -1490,14 +1496,19 @@ PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init_sized(&tmp, sizeof tmp))
       PyErr_Format(PyExc_TypeError, "ranges[%zd]: expected a tuple (begin, end, priority, duration_ns)", i);
       break;
     }
-    rs[i].token_begin = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 0));
-    if (!PyErr_Occurred()) rs[i].token_end = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 1));
-    if (!PyErr_Occurred()) {
-      unsigned long long pr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 2));
-      /* a priority beyond 32 bits is the library's to refuse, not truncated */
-      rs[i].priority = pr > 0xffffffffULL ? 0xffffffffu : (uint32_t)pr;
-    }
-    if (!PyErr_Occurred()) rs[i].duration_ns = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 3));
+    /* Any integer (numpy's too, as RetentionRange takes), a bad one named
+     * by range and field (PyLong_AsUnsignedLongLong said only "an integer
+     * is required"). */
+    unsigned long long v[4];
+    static const char* const fields[4] = {"token_begin", "token_end", "priority", "duration_ns"};
+    int ok = 1;
+    for (int f = 0; f < 4 && ok; ++f) ok = pkv_py_u64(PyTuple_GET_ITEM(t, f), "ranges", i, fields[f], &v[f]);
+    if (!ok) break;
+    rs[i].token_begin = v[0];
+    rs[i].token_end = v[1];
+    /* a priority beyond 32 bits is the library's to refuse, not truncated */
+    rs[i].priority = v[2] > 0xffffffffULL ? 0xffffffffu : (uint32_t)v[2];
+    rs[i].duration_ns = v[3];
   }
   Py_DECREF(seq);
   if (PyErr_Occurred()) SWIG_fail;

@@ -385,3 +385,29 @@ def test_mm_item_offsets_and_lengths_outside_uint64_are_refused_not_wrapped():
     assert pool.hash_prefix(tokens, mm_items=[(np.uint64(3), np.int8(4), "img")]) == pool.hash_prefix(
         tokens, mm_items=[(3, 4, "img")]
     )
+
+
+def test_retention_tuples_take_integer_scalars_and_name_a_bad_field():
+    """set_retention's (begin, end, priority, duration_ns) tuples were read
+    with PyLong_AsUnsignedLongLong: a numpy integer (as RetentionRange
+    takes) raised a bare "TypeError: an integer is required", a fraction
+    the same, and -1 "can't convert negative int to unsigned", none naming
+    the range or its field. Numbers with __index__ work now, and a bad
+    field is named; nothing changes on failure."""
+    pool = pagedkv.Pool(num_blocks=16, block_size=4, enable_retention=True)
+    s = pool.create_sequence()
+    s.append(list(range(8)))
+    with pool.prepare([s], 8):
+        pass
+    before = (pool.stats(), pool.priority_counts())
+    for ranges, exc, where in (
+        ([(0.5, 8, 50, 0)], TypeError, r"ranges\[0\]\.token_begin"),
+        ([(0, 8, 50, 0), (0, "8", 50, 0)], TypeError, r"ranges\[1\]\.token_end"),
+        ([(0, 8, -1, 0)], OverflowError, r"ranges\[0\]\.priority"),
+        ([(0, 8, 50, 2**64)], OverflowError, r"ranges\[0\]\.duration_ns"),
+    ):
+        with pytest.raises(exc, match=where):
+            s.set_retention(ranges)
+    assert (pool.stats(), pool.priority_counts()) == before
+    s.set_retention([(np.int64(0), np.uint64(8), np.int32(50), np.uint8(0))])
+    assert pool.priority_counts()[50] == 2
