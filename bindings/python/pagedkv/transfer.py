@@ -133,10 +133,17 @@ class Transfer(HandleOwner):
 
     def poll(self) -> int:
         """RUNNING, DONE (``self.sequence`` is the new sequence, owned by
-        this object's caller) or CANCELLED; raises if it failed."""
-        if self.state != RUNNING:
+        this object's caller) or CANCELLED; raises if it failed (then
+        ``state`` is FAILED, and every later poll raises the failure
+        again, as the library's does)."""
+        if self.state != RUNNING and self.state != FAILED:
             return self.state
-        state, seq_id = _c.pkv_transfer_poll(self._h)
+        try:
+            state, seq_id = _c.pkv_transfer_poll(self._h)
+        except _c.PagedKVError:
+            if not self._h.closed:  # the transfer's failure, not a closed handle
+                self.state = FAILED
+            raise
         self.state = int(state)
         if self.state == DONE:
             self.sequence = _new_seq(self.pool, int(seq_id), True)
@@ -153,7 +160,8 @@ class Transfer(HandleOwner):
         return self.sequence
 
     def cancel(self) -> None:
-        """Stops the reads and frees the blocks; InvalidStateError once done."""
+        """Stops the reads and frees the blocks; InvalidStateError once done.
+        A no-op on a failed transfer: it stays FAILED (poll() raises)."""
         _c.pkv_transfer_cancel(self._h)
-        if self.state == RUNNING:
+        if self.state == RUNNING:  # a failure happens in poll(), which set FAILED
             self.state = CANCELLED

@@ -1,6 +1,8 @@
 """pagedkv.transfer: a sequence's KV moved between two pools over UCX (two
 engines in one process, TCP loopback; the two-process tests are C++)."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -117,3 +119,35 @@ def test_unknown_export_and_closed_engine():
     e.close()
     with pytest.raises(pagedkv.InvalidStateError):
         e.progress()
+
+
+def test_cancel_after_a_failure_keeps_the_failure():
+    """Transfer.cancel() of a transfer that had failed (here: timed out
+    connecting, the exporter never progressing) set its state to CANCELLED,
+    so poll() returned CANCELLED and wait() None, hiding the failure,
+    although the library's cancel is a no-op on a failed transfer and its
+    poll goes on reporting the failure. The state is FAILED once poll()
+    raised, poll() and wait() keep raising, and cancel() leaves it so."""
+    rng = np.random.default_rng(6)
+    src, dst = make_pool(), make_pool()
+    seq = prefill(src, list(range(40)), rng)
+    free_before = dst.stats().num_free_blocks
+    with transfer.TransferEngine(transports="tcp") as a, transfer.TransferEngine(transports="tcp", timeout_ms=1) as b:
+        with a.export(src, seq) as exp:
+            t = b.import_sequence(dst, exp.descriptor)  # a never progresses: the wire-up times out
+            with pytest.raises(pagedkv.InvalidStateError, match="timed out"):
+                for _ in range(10000):
+                    if t.poll() != transfer.RUNNING:
+                        break
+                    time.sleep(0.001)
+            assert t.state == transfer.FAILED
+            t.cancel()
+            assert t.state == transfer.FAILED
+            with pytest.raises(pagedkv.InvalidStateError, match="timed out"):
+                t.poll()
+            with pytest.raises(pagedkv.InvalidStateError, match="timed out"):
+                t.wait()
+            assert t.sequence is None
+            assert dst.stats().num_free_blocks == free_before
+            t.close()
+    dst.validate()
