@@ -792,8 +792,11 @@ sequence:;
   if (pkv_py_unordered(obj, name)) return 0;
   PyObject* seq = PySequence_Fast(obj, "expected a sequence of ints");
   if (!seq) {
-    PyErr_Format(PyExc_TypeError, "%s: expected a sequence or buffer of ints, got %s", name,
-                 Py_TYPE(obj)->tp_name);
+    /* Only "not a sequence" is renamed: a MemoryError (range(2**62): no
+     * room for its items) is not the caller passing the wrong kind. */
+    if (PyErr_ExceptionMatches(PyExc_TypeError))
+      PyErr_Format(PyExc_TypeError, "%s: expected a sequence or buffer of ints, got %s", name,
+                   Py_TYPE(obj)->tp_name);
     return 0;
   }
   Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
@@ -835,8 +838,9 @@ static void* pkv_py_uint_array(PyObject* obj, const char* name, size_t width,
   if (pkv_py_unordered(obj, name)) return NULL;
   PyObject* seq = PySequence_Fast(obj, "expected a sequence of ints");
   if (!seq) {
-    PyErr_Format(PyExc_TypeError, "%s: expected a sequence of ints, got %s", name,
-                 Py_TYPE(obj)->tp_name);
+    if (PyErr_ExceptionMatches(PyExc_TypeError))  /* as in pkv_py_int32_array_from */
+      PyErr_Format(PyExc_TypeError, "%s: expected a sequence of ints, got %s", name,
+                   Py_TYPE(obj)->tp_name);
     return NULL;
   }
   Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);

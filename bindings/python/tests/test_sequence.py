@@ -304,3 +304,25 @@ def test_reserve_bad_input(manager_pool):
     manager_pool.close()
     with pytest.raises(pagedkv.InvalidStateError, match="closed"):
         s.reserve(8)
+
+
+def test_an_int_sequence_too_large_to_convert_is_not_called_a_non_sequence(manager_pool):
+    """Converting a sequence of ints too large to hold (range(2**62): the
+    list of its items cannot be allocated) raised TypeError "tokens:
+    expected a sequence or buffer of ints, got range": the MemoryError (or
+    OverflowError) was replaced by a message saying the argument was of the
+    wrong kind. It propagates now; nothing changes."""
+    s = manager_pool.create_sequence()
+    s.append([1, 2, 3])
+    before = (manager_pool.stats(), s.info())
+    for call in (
+        lambda: s.append(range(2**62)),
+        lambda: manager_pool.append_batch(range(2**62), [1]),
+        lambda: manager_pool.free_batch(range(2**62)),
+        lambda: manager_pool.copy_blocks(range(2**62), range(2**62)),
+    ):
+        with pytest.raises((MemoryError, OverflowError)):
+            call()
+    assert (manager_pool.stats(), s.info()) == before
+    with pytest.raises(TypeError, match="tokens: expected a sequence or buffer of ints, got object"):
+        s.append(object())  # not a sequence: still named so
