@@ -245,7 +245,16 @@ class Pool(HandleOwner):
         return TensorView(t, self._h)  # the view releases our reference
 
     def kv_caches(self) -> List[tuple]:
-        """[(k_view, v_view)] for every layer."""
+        """[(k_view, v_view)] for every layer. InvalidStateError on an MLA
+        pool, which stores one latent tensor per layer and no V: its
+        ``kv_tensor(layer, "k")``."""
+        if self._options.kv_layout == KvLayout.MLA:
+            # The library would refuse layer 0's V, naming a `which` the
+            # caller never passed.
+            raise _c.InvalidStateError(
+                'kv_caches(): an MLA pool stores one latent tensor per layer and no V; use kv_tensor(layer, "k")',
+                _c.PKV_E_INVALID_STATE,
+            )
         return [(self.kv_tensor(i, KV.KEY), self.kv_tensor(i, KV.VALUE)) for i in range(self.num_layers)]
 
     def copy_blocks(self, src: Tokens, dst: Tokens, stream: Any = None) -> None:

@@ -163,3 +163,15 @@ def test_mha_calls_refused_and_torch():
         with mha.prepare([s], [1]) as batch:
             with pytest.raises(pagedkv.InvalidStateError, match="kv_layout"):
                 pagedkv.mla.cache_write(batch, 0, np.ones((1, RANK), np.float32), np.ones((1, ROPE), np.float32))
+
+
+def test_kv_caches_of_an_mla_pool_names_the_call_to_use():
+    """Pool.kv_caches() (a (K, V) pair per layer) on an MLA pool asked the
+    library for layer 0's V and raised "pkv_pool_kv_tensor: which is
+    PKV_KV_VALUE but an MLA pool stores no V", naming an argument the
+    caller never passed. It is an InvalidStateError naming kv_caches and
+    the call that gives the latent tensors."""
+    with make_pool() as pool:
+        with pytest.raises(pagedkv.InvalidStateError, match=r"kv_caches.*kv_tensor\(layer, \"k\"\)"):
+            pool.kv_caches()
+        assert pool.kv_tensor(1, "k").shape == (48, 4, RANK + ROPE)
