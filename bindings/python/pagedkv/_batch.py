@@ -309,9 +309,9 @@ class Batch(HandleOwner):
         p = self._pool
         qd = self._tensor(q, "q", _activation_dtype(p.dtype), (self._info.num_tokens, None, p.head_dim), s)
         heads = qd.shape[1]
-        if p.num_kv_heads and heads % p.num_kv_heads:
+        if heads == 0 or (p.num_kv_heads and heads % p.num_kv_heads):
             raise _c.InvalidArgumentError(
-                f"q: {heads} query heads is not a multiple of the pool's {p.num_kv_heads} KV heads",
+                f"q: {heads} query heads is not a positive multiple of the pool's {p.num_kv_heads} KV heads",
                 _c.PKV_E_INVALID_ARGUMENT,
             )
         if out is None:

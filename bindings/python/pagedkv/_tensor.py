@@ -291,11 +291,13 @@ def check(
     if len(desc.shape) != len(shape) or any(e is not None and e != g for e, g in zip(shape, desc.shape)):
         want = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
         raise InvalidArgumentError(f"{name}: expected shape {want}, got {list(desc.shape)}")
-    if desc.shape and desc.shape[-1] > 1 and desc.strides[-1] != 1:
+    numel = math.prod(desc.shape)
+    # An empty tensor describes no memory (numpy gives it all-zero strides):
+    # its strides are not checked, its shape is the caller's to name.
+    if numel and desc.shape and desc.shape[-1] > 1 and desc.strides[-1] != 1:
         raise InvalidArgumentError(
             f"{name}: the innermost dimension must be contiguous (stride 1), got stride {desc.strides[-1]}"
         )
-    numel = math.prod(desc.shape)
     if numel > 1 and all(s == 0 for s in desc.strides):
         raise InvalidArgumentError(f"{name}: broadcast (all-zero stride) tensors are not supported")
     if writable:

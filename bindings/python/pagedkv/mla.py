@@ -91,6 +91,8 @@ def attention(
     n = batch.num_tokens
     qd = batch._tensor(q_latent, "q_latent", pool.dtype, (n, None, rank), s)
     heads = qd.shape[1]
+    if heads == 0:
+        raise _c.InvalidArgumentError("q_latent: 0 query heads", _c.PKV_E_INVALID_ARGUMENT)
     pd = batch._tensor(q_pe, "q_pe", pool.dtype, (n, heads, rope), s)
     if out is None:
         out = empty_like(q_latent)

@@ -257,3 +257,30 @@ def test_with_block_that_aborts_does_not_commit_on_exit():
     with pool.prepare_decode([s], [7]) as b:
         b.abort()
     assert len(s) == 7 and s.num_computed_tokens == 6
+
+
+def test_zero_query_heads_are_named_not_called_a_stride():
+    """numpy gives an empty array all-zero strides, so q of shape [n, 0,
+    head_dim] (no query heads) failed the innermost-stride check: "q: the
+    innermost dimension must be contiguous (stride 1), got stride 0" for a
+    freshly allocated, contiguous array. The head count is named now, for
+    attention and MLA attention."""
+    with pagedkv.Pool(num_blocks=8, block_size=4, num_layers=1, num_kv_heads=2, head_dim=8, dtype="f32") as pool:
+        s = pool.create_sequence()
+        s.append([1, 2, 3])
+        with pool.prepare([s], 3) as b:
+            x = np.ones((3, 2, 8), np.float32)
+            b.cache_write(0, x, x)
+            with pytest.raises(pagedkv.InvalidArgumentError, match="0 query heads"):
+                b.attention(0, np.zeros((3, 0, 8), np.float32))
+            with pytest.raises(pagedkv.InvalidArgumentError, match="0 query heads"):
+                b.attention(0, np.zeros((3, 0, 8), np.float32), out=np.zeros((3, 0, 8), np.float32))
+    with pagedkv.Pool(
+        num_blocks=8, block_size=4, num_layers=1, kv_layout="mla", kv_lora_rank=16, qk_rope_head_dim=8, dtype="f32"
+    ) as pool:
+        s = pool.create_sequence()
+        s.append([1, 2, 3])
+        with pool.prepare([s], 3) as b:
+            b.mla_cache_write(0, np.ones((3, 16), np.float32), np.ones((3, 8), np.float32))
+            with pytest.raises(pagedkv.InvalidArgumentError, match="0 query heads"):
+                b.mla_attention(0, np.zeros((3, 0, 16), np.float32), np.zeros((3, 0, 8), np.float32), softmax_scale=0.5)
