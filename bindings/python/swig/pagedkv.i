@@ -944,14 +944,27 @@ static int pkv_py_tensor_from_tuple(PyObject* t, const char* name, pkv_tensor* o
   }
   if (!pkv_py_as_ptr(PyTuple_GET_ITEM(t, 0), name, &out->data)) return 0;
   unsigned long long off = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 1));
-  long dtype = PyLong_AsLong(PyTuple_GET_ITEM(t, 2));
-  long dev = PyLong_AsLong(PyTuple_GET_ITEM(t, 3));
-  long dev_id = PyLong_AsLong(PyTuple_GET_ITEM(t, 4));
   if (PyErr_Occurred()) return 0;
+  /* Range checked: a cast to 32 bits made dtype 2^32 + 1 f32 and device
+   * id 2^32 device 0. */
+  static const char* const fields[3] = {"dtype", "device_type", "device_id"};
+  static const long long lo[3] = {0, INT32_MIN, INT32_MIN};
+  static const long long hi[3] = {UINT32_MAX, INT32_MAX, INT32_MAX};
+  long long v[3];
+  for (int i = 0; i < 3; ++i) {
+    int ovf = 0;
+    v[i] = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(t, 2 + i), &ovf);
+    if (v[i] == -1 && PyErr_Occurred()) return 0;
+    if (ovf || v[i] < lo[i] || v[i] > hi[i]) {
+      PyErr_Format(PyExc_OverflowError, "%s: %s is out of range [%lld, %lld]", name, fields[i], lo[i],
+                   hi[i]);
+      return 0;
+    }
+  }
   out->byte_offset = off;
-  out->dtype = (uint32_t)dtype;
-  out->device_type = (int32_t)dev;
-  out->device_id = (int32_t)dev_id;
+  out->dtype = (uint32_t)v[0];
+  out->device_type = (int32_t)v[1];
+  out->device_id = (int32_t)v[2];
   PyObject* shape = PySequence_Fast(PyTuple_GET_ITEM(t, 5), "shape must be a sequence");
   if (!shape) return 0;
   Py_ssize_t nd = PySequence_Fast_GET_SIZE(shape);
@@ -1125,12 +1138,15 @@ static int pkv_py_dict_scales(PyObject* dict, PyObject* keep, pkv_pool_options* 
 }
 
 /* An int in [0, 2^64 - 1] (an int or any object with __index__, such as
- * numpy's integers), named "<name>[i].<field>" in the TypeError of another
- * object and the OverflowError of an int outside that range. */
+ * numpy's integers), named "<name>[i].<field>" ("<name>.<field>" for i < 0)
+ * in the TypeError of another object and the OverflowError of an int
+ * outside that range. */
 static int pkv_py_u64(PyObject* v, const char* name, Py_ssize_t i, const char* field,
                       unsigned long long* out) {
+  char at[32] = "";
+  if (i >= 0) PyOS_snprintf(at, sizeof at, "[%zd]", i);
   if (!PyIndex_Check(v)) {
-    PyErr_Format(PyExc_TypeError, "%s[%zd].%s: expected an int, got %s", name, i, field,
+    PyErr_Format(PyExc_TypeError, "%s%s.%s: expected an int, got %s", name, at, field,
                  Py_TYPE(v)->tp_name);
     return 0;
   }
@@ -1140,7 +1156,7 @@ static int pkv_py_u64(PyObject* v, const char* name, Py_ssize_t i, const char* f
   Py_DECREF(idx);
   if (x == (unsigned long long)-1 && PyErr_Occurred()) {
     PyErr_Clear();
-    PyErr_Format(PyExc_OverflowError, "%s[%zd].%s: expected an int in [0, 2^64 - 1]", name, i, field);
+    PyErr_Format(PyExc_OverflowError, "%s%s.%s: expected an int in [0, 2^64 - 1]", name, at, field);
     return 0;
   }
   *out = x;
@@ -1404,7 +1420,12 @@ PKV_SIZED_INIT(pkv_transfer_options, opts)
 %typemap(in) (pkv_event_v2* out, uint64_t capacity, int32_t* token_buf, uint64_t token_capacity,
               uint64_t* out_count) (uint64_t count = 0) {
   unsigned long long cap = 0, tcap = 0;
-  if (!PyArg_ParseTuple($input, "KK", &cap, &tcap)) SWIG_fail;
+  PyObject *pc = NULL, *pt = NULL;
+  /* Range checked ("KK" took them modulo 2^64). */
+  if (!PyArg_ParseTuple($input, "OO", &pc, &pt)) SWIG_fail;
+  if (!pkv_py_u64(pc, "drain_events_v2", -1, "capacity", &cap) ||
+      !pkv_py_u64(pt, "drain_events_v2", -1, "token_capacity", &tcap))
+    SWIG_fail;
   if (cap > (1u << 20) || tcap > (1u << 26)) {
     PyErr_SetString(PyExc_ValueError, "drain_events_v2: capacity or token_capacity too large");
     SWIG_fail;

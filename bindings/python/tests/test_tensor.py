@@ -169,3 +169,41 @@ def test_torch_tensors_without_copies(rng):
             np.testing.assert_allclose(out.float().numpy(), ref, atol=3e-2, rtol=3e-2)
             kt = pool.kv_tensor(0, "k").torch()
             assert kt.dtype == torch.bfloat16 and torch.equal(kt[s.block_table()[0], :, :4], k.transpose(0, 1))
+
+
+def test_raw_tensor_tuple_fields_out_of_range_are_refused_not_wrapped():
+    """The raw module took a tensor tuple's dtype, device_type and device_id
+    with PyLong_AsLong and a cast to 32 bits: dtype 2^32 + 1 was f32, device
+    id 2^32 device 0, and the call went ahead on the wrong description.
+    pkv_pool_drain_events_v2's (capacity, token_capacity) wrapped modulo
+    2^64 the same way. Each is an OverflowError naming the field now, and
+    nothing is written."""
+    raw = pagedkv._pagedkv
+    with pagedkv.Pool(num_blocks=8, block_size=4, num_layers=1, num_kv_heads=1, head_dim=8, dtype="f32") as pool:
+        s = pool.create_sequence()
+        s.append([1, 2, 3])
+        x = np.ones((3, 1, 8), np.float32)
+
+        def tup(**over):
+            t = dict(
+                data=x.ctypes.data, byte_offset=0, dtype=1, device_type=1, device_id=0, shape=x.shape, strides=None
+            )
+            t.update(over)
+            return tuple(t.values())
+
+        with pool.prepare([s], 3) as b:
+            for field, value in (
+                ("dtype", 2**32 + 1),
+                ("dtype", -(2**32) + 1),
+                ("device_type", 2**32 + 1),
+                ("device_id", 2**32),
+                ("device_id", -(2**31) - 1),
+            ):
+                with pytest.raises(OverflowError, match=f"k: {field}"):
+                    b._call(raw.pkv_cache_write, 0, tup(**{field: value}), tup(), 0)
+            assert s.num_computed_tokens == 0
+            b._call(raw.pkv_cache_write, 0, tup(), tup(), 0)  # in range: written
+        assert s.num_computed_tokens == 3
+        for caps in ((2**64 + 3, 12), (3, 2**64 + 12), (-1, 12)):
+            with pytest.raises(OverflowError, match="capacity"):
+                raw.pkv_pool_drain_events_v2(pool._h, caps)
