@@ -2015,10 +2015,24 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
         if (!a) { Py_DECREF(f); PyErr_NoMemory(); SWIG_fail; }
         $1[i].layer_ids = a;  /* freed by freearg, also on the failure paths below */
         for (Py_ssize_t k = 0; k < m; ++k) {
-          const unsigned long v = PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(f, k));
-          if ((v == (unsigned long)-1 && PyErr_Occurred()) || v > 0xFFFFFFFFul) {
-            if (!PyErr_Occurred())
-              PyErr_Format(PyExc_OverflowError, "groups[%zd].layer_ids[%zd] exceeds 2^32 - 1", i, k);
+          /* Any integer (numpy's too), a bad one named (PyLong_AsUnsignedLong
+           * said "an integer is required" or "can't convert negative value"). */
+          PyObject* item_k = PySequence_Fast_GET_ITEM(f, k);
+          long long v = 0;
+          int ovf = 0;
+          PyObject* idx = PyIndex_Check(item_k) ? PyNumber_Index(item_k) : NULL;
+          if (idx) {
+            v = PyLong_AsLongLongAndOverflow(idx, &ovf);
+            Py_DECREF(idx);
+          }
+          if (!idx || (v == -1 && PyErr_Occurred()) || ovf || v < 0 || v > 0xFFFFFFFFll) {
+            const int not_int = !idx;
+            PyErr_Clear();
+            if (not_int)
+              PyErr_Format(PyExc_TypeError, "groups[%zd].layer_ids[%zd]: expected an int, got %s", i, k,
+                           Py_TYPE(item_k)->tp_name);
+            else
+              PyErr_Format(PyExc_OverflowError, "groups[%zd].layer_ids[%zd] is outside [0, 2^32 - 1]", i, k);
             Py_DECREF(f);
             SWIG_fail;
           }

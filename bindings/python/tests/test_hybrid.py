@@ -315,3 +315,21 @@ def test_key_domains_reach_every_group(domains):
     u = pool.create_sequence(**{**keys, "cache_salt": "other"})
     assert u.match_prefix(tokens) == 0
     pool.validate()
+
+
+def test_layer_ids_take_integer_scalars_and_name_a_bad_entry():
+    """A group spec dict's layer_ids were read with PyLong_AsUnsignedLong: a
+    numpy integer raised a bare "TypeError: an integer is required" and -1
+    "can't convert negative value to unsigned int", naming neither the group
+    nor the entry. Integer scalars work now, and a bad entry is named."""
+    raw = pk._pagedkv
+    for ids, exc in (([-1], OverflowError), ([2**32], OverflowError), ([0.5], TypeError)):
+        with pytest.raises(exc, match=r"groups\[0\]\.layer_ids\[0\]"):
+            raw.pkv_pool_create_groups({"num_blocks": 8}, [{"num_kv_heads": 1, "head_dim": 8, "layer_ids": ids}])
+    ptr = raw.pkv_pool_create_groups(
+        {"num_blocks": 8}, [{"num_kv_heads": 1, "head_dim": 8, "num_layers": 2, "layer_ids": np.array([5, 3])}]
+    )
+    try:
+        assert raw.pkv_pool_group_of_layer(ptr, 3) == [0, 1]
+    finally:
+        raw.pkv_pool_destroy(ptr)
