@@ -1371,6 +1371,25 @@ PKV_OUT_STRUCT(pkv_tensor, PKV_OK)
 PKV_OUT_STRUCT(pkv_prefix_match, pkv_prefix_match_init_sized(&tmp, sizeof tmp))
 PKV_OUT_STRUCT(pkv_event_publisher_stats, pkv_event_publisher_stats_init_sized(&tmp, sizeof tmp))
 
+/* pkv_pool_get_options: hash_seed points into the pool, which may be
+ * destroyed while the proxy lives (reading opts.hash_seed then, or passing
+ * the proxy to pkv_pool_create, read freed memory). The proxy's one
+ * allocation (freed by its destructor) carries a copy of the string. */
+%typemap(argout) pkv_pool_options* out {
+  const char* seed_ = tmp$argnum.hash_seed ? tmp$argnum.hash_seed : "";
+  const size_t seed_len_ = strlen(seed_) + 1;
+  pkv_pool_options* copy = (pkv_pool_options*)malloc(sizeof(pkv_pool_options) + seed_len_);
+  if (!copy) {
+    PyErr_NoMemory();
+    SWIG_fail;
+  }
+  *copy = tmp$argnum;
+  memcpy((char*)(copy + 1), seed_, seed_len_);
+  copy->hash_seed = (const char*)(copy + 1);
+  $result = pkv_py_append($result, SWIG_NewPointerObj(copy, $descriptor(pkv_pool_options*), SWIG_POINTER_OWN));
+  if (!$result) SWIG_fail;
+}
+
 /* pkv_X_init_sized(s) in Python: size is the struct's sizeof in this module,
  * which is the size of every pkv_X proxy it allocates (a caller-given size
  * could reach past the proxy's memory). None is NULL: the library's

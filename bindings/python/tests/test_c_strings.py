@@ -71,3 +71,27 @@ def test_publisher_strings_with_nul_are_refused():
     ]:
         with pytest.raises(ValueError, match="null character"):  # before the C call
             EventPublisher(pool, *args, **kw).close()
+
+
+def test_raw_pool_options_keep_their_hash_seed_after_the_pool_is_destroyed():
+    """pkv_pool_get_options's hash_seed points into the pool; the raw
+    module's result proxy kept that pointer, so reading opts.hash_seed (or
+    passing the proxy to pkv_pool_create) after the pool was destroyed read
+    freed memory: other heap bytes came back as the seed. The proxy carries
+    its own copy of the string now."""
+    raw = pagedkv._pagedkv
+    seed = "seed-" + "S" * 995
+    pool = pagedkv.Pool(num_blocks=8, hash_seed=seed)
+    opts = raw.pkv_pool_get_options(pool._h)
+    assert opts.hash_seed == seed
+    pool.close()
+    del pool
+    junk = [b"Z" * 1000 for _ in range(2000)]  # reuse the freed memory
+    others = [pagedkv.Pool(num_blocks=4, hash_seed="Q" * 1000) for _ in range(8)]
+    assert opts.hash_seed == seed
+    again = raw.pkv_pool_create(opts)  # the proxy as options: the same seed
+    try:
+        assert raw.pkv_pool_get_options(again).hash_seed == seed
+    finally:
+        raw.pkv_pool_destroy(again)
+    del junk, others
