@@ -122,6 +122,12 @@ class Batch(HandleOwner):
         try:
             self._info = BatchInfo._from_c(_c.pkv_batch_get_info(ptr))
         except BaseException:
+            # A plan destroyed with neither commit nor abort counts as
+            # committed (batch.h): this step never ran.
+            try:
+                _c.pkv_batch_abort(ptr)
+            except _c.PagedKVError:
+                pass
             self._h.close()
             raise
 

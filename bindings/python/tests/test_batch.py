@@ -284,3 +284,42 @@ def test_zero_query_heads_are_named_not_called_a_stride():
             b.mla_cache_write(0, np.ones((3, 16), np.float32), np.ones((3, 8), np.float32))
             with pytest.raises(pagedkv.InvalidArgumentError, match="0 query heads"):
                 b.mla_attention(0, np.zeros((3, 0, 16), np.float32), np.zeros((3, 0, 8), np.float32), softmax_scale=0.5)
+
+
+def test_a_batch_whose_construction_fails_is_aborted_not_committed(monkeypatch):
+    """Batch construction reads the new plan's info after the library made
+    the plan; an exception there (MemoryError, a KeyboardInterrupt) closed
+    the handle, and destroying a plan that was neither committed nor
+    aborted counts as committed: a manager-only pool took the step's tokens
+    as computed although no step ran. The plan is aborted first now."""
+    import pagedkv._batch as batch_module
+
+    with pagedkv.Pool(num_blocks=16, block_size=4) as pool:
+        s = pool.create_sequence()
+        s.append(list(range(6)))
+        with pool.prepare([s], 6):
+            pass
+        s.append([1, 2])
+        assert s.num_computed_tokens == 6
+
+        def fail(_):
+            raise RuntimeError("interrupted")
+
+        monkeypatch.setattr(batch_module.BatchInfo, "_from_c", staticmethod(fail))
+        with pytest.raises(RuntimeError, match="interrupted"):
+            pool.prepare([s], 2)
+        monkeypatch.undo()
+        assert s.num_computed_tokens == 6
+        pool.validate()
+        with pool.prepare([s], 2):
+            pass
+        assert s.num_computed_tokens == 8
+        monkeypatch.setattr(batch_module.BatchInfo, "_from_c", staticmethod(fail))
+        with pytest.raises(RuntimeError, match="interrupted"):
+            pool.prepare_decode([s], [3])  # appended, then its plan aborted
+        monkeypatch.undo()
+        assert (s.num_tokens, s.num_computed_tokens) == (9, 8)
+        pool.validate()
+        with pool.prepare([s], 1):
+            pass
+        assert s.num_computed_tokens == 9
