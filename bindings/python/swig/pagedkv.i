@@ -2067,6 +2067,17 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
                    i, Py_TYPE(item)->tp_name);
       SWIG_fail;
     }
+    /* The library walks the array by groups[0].struct_size: these copies
+     * lie sizeof apart, so any other size (set in a dict or on a proxy) had
+     * it read the next spec at the wrong place (65536: 64 KiB past a
+     * two-spec array). */
+    if ($1[i].struct_size != (uint32_t)sizeof(pkv_kv_group_spec)) {
+      PyErr_Format(PyExc_ValueError,
+                   "groups[%zd].struct_size is %u; the specs are laid out %u bytes apart "
+                   "(leave struct_size as pkv_kv_group_spec_init_sized sets it)",
+                   i, (unsigned)$1[i].struct_size, (unsigned)sizeof(pkv_kv_group_spec));
+      SWIG_fail;
+    }
   }
 }
 %typemap(freearg) (const pkv_kv_group_spec* groups, uint32_t num_groups) {
