@@ -37,7 +37,8 @@ def available() -> bool:
 
 class Export:
     """A pinned, exported sequence: ``descriptor`` (bytes) for the importer,
-    ``release()`` to unpin (idempotent)."""
+    ``release()`` to unpin (idempotent; a no-op once the engine expired the
+    export or was closed)."""
 
     def __init__(self, engine: TransferEngine, export_id: int, descriptor: bytes) -> None:
         self.engine = engine
@@ -48,7 +49,14 @@ class Export:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            _c.pkv_transfer_export_release(self.engine._h, self.id)
+            try:
+                _c.pkv_transfer_export_release(self.engine._h, self.id)
+            except _c.NotFoundError:
+                pass  # the engine expired it (export_ttl_ms): released already
+            except _c.InvalidStateError:
+                if not self.engine._h.closed:
+                    raise
+                # closing the engine released every export
 
     def __enter__(self) -> Export:
         return self

@@ -151,3 +151,30 @@ def test_cancel_after_a_failure_keeps_the_failure():
             assert dst.stats().num_free_blocks == free_before
             t.close()
     dst.validate()
+
+
+def test_release_of_an_expired_export_or_after_close_is_a_no_op():
+    """Export.release() is idempotent, but raised NotFoundError once the
+    engine had expired the export (export_ttl_ms), so a `with
+    engine.export(...)` block raised on exit, and InvalidStateError once
+    the engine was closed (which released every export). Both are no-ops
+    now: the export was released."""
+    rng = np.random.default_rng(7)
+    src = make_pool()
+    seq = prefill(src, list(range(40)), rng)
+    free_before = src.stats().num_free_blocks
+    with transfer.TransferEngine(transports="tcp", export_ttl_ms=1) as a:
+        exp = a.export(src, seq)
+        with a.export(src, seq):
+            time.sleep(0.01)
+            a.progress()  # expires both
+        assert a.num_exports == 0
+        exp.release()
+        exp.release()
+    b = transfer.TransferEngine(transports="tcp")
+    exp = b.export(src, seq)
+    b.close()
+    exp.release()
+    seq.free()
+    assert src.stats().num_free_blocks > free_before
+    src.validate()
