@@ -2072,10 +2072,21 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
      * it read the next spec at the wrong place (65536: 64 KiB past a
      * two-spec array). */
     if ($1[i].struct_size != (uint32_t)sizeof(pkv_kv_group_spec)) {
-      PyErr_Format(PyExc_ValueError,
-                   "groups[%zd].struct_size is %u; the specs are laid out %u bytes apart "
-                   "(leave struct_size as pkv_kv_group_spec_init_sized sets it)",
-                   i, (unsigned)$1[i].struct_size, (unsigned)sizeof(pkv_kv_group_spec));
+      /* InvalidArgumentError (a ValueError), as the library's own
+       * struct_size check raises. */
+      PyObject* cls = pkv_py_error_classes[-PKV_E_INVALID_ARGUMENT];
+      PyObject* msg = PyUnicode_FromFormat(
+          "groups[%zd].struct_size is %u; the specs are laid out %u bytes apart "
+          "(leave struct_size as pkv_kv_group_spec_init_sized sets it)",
+          i, (unsigned)$1[i].struct_size, (unsigned)sizeof(pkv_kv_group_spec));
+      PyObject* exc = cls && msg ? PyObject_CallFunction(cls, "Oi", msg, (int)PKV_E_INVALID_ARGUMENT) : NULL;
+      if (exc) {
+        PyErr_SetObject((PyObject*)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+      } else if (msg && !PyErr_Occurred()) {
+        PyErr_SetObject(PyExc_ValueError, msg);
+      }
+      Py_XDECREF(msg);
       SWIG_fail;
     }
   }

@@ -340,12 +340,14 @@ def test_group_specs_with_another_struct_size_are_refused_before_the_library_wal
     module lays its copies out at its own sizeof, but let a dict (or a
     proxy) set struct_size: with 65536 the library read groups[1] 64 KiB
     past the start of a two-spec array (a heap over-read: garbage came back
-    as groups[1].struct_size). Any other size is a ValueError naming the
-    spec now."""
+    as groups[1].struct_size). Any other size is an InvalidArgumentError
+    naming the spec now, raised before the call."""
     raw = pk._pagedkv
     spec = {"num_kv_heads": 1, "head_dim": 8}
     for bad in (65536, 40):
-        with pytest.raises(ValueError, match=rf"groups\[0\]\.struct_size is {bad}; the specs are laid out"):
+        with pytest.raises(
+            pk.InvalidArgumentError, match=rf"groups\[0\]\.struct_size is {bad}; the specs are laid out"
+        ):
             raw.pkv_pool_create_groups({"num_blocks": 8}, [dict(spec, struct_size=bad), dict(spec)])
     s = raw.pkv_kv_group_spec()
     raw.pkv_kv_group_spec_init_sized(s)
@@ -353,5 +355,5 @@ def test_group_specs_with_another_struct_size_are_refused_before_the_library_wal
     ok = raw.pkv_pool_create_groups({"num_blocks": 8}, [s, s])  # as initialised: fine
     raw.pkv_pool_destroy(ok)
     s.struct_size = 60000
-    with pytest.raises(ValueError, match=r"groups\[1\]\.struct_size is 60000; the specs are laid out"):
+    with pytest.raises(pk.InvalidArgumentError, match=r"groups\[1\]\.struct_size is 60000; the specs are laid out"):
         raw.pkv_pool_create_groups({"num_blocks": 8}, [dict(spec), s])
