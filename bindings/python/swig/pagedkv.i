@@ -1614,8 +1614,13 @@ PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init_sized(&tmp, sizeof tmp))
 %typemap(in) (char* buf, uint64_t capacity) {
   unsigned long long cap = PyLong_AsUnsignedLongLong($input);
   if (PyErr_Occurred()) SWIG_fail;
-  $2 = cap;
-  $1 = (char*)malloc((size_t)cap + 1);
+  /* At most what the message needs (its length + 1; the result is the
+   * same for any larger capacity): malloc(capacity + 1) was a MemoryError
+   * at 2^40 and wrapped to malloc(0) at 2^64 - 1, into which the library
+   * then copied the message (heap overflow, the interpreter aborted). */
+  const uint64_t need_ = pkv_last_error_copy(NULL, 0) + 1;
+  $2 = cap < need_ ? cap : need_;
+  $1 = (char*)malloc((size_t)$2 + 1);
   if (!$1) { PyErr_NoMemory(); SWIG_fail; }
   $1[0] = 0;
 }

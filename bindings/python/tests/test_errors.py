@@ -411,3 +411,22 @@ def test_retention_tuples_take_integer_scalars_and_name_a_bad_field():
     assert (pool.stats(), pool.priority_counts()) == before
     s.set_retention([(np.int64(0), np.uint64(8), np.int32(50), np.uint8(0))])
     assert pool.priority_counts()[50] == 2
+
+
+def test_raw_last_error_copy_allocates_what_the_message_needs():
+    """The raw pkv_last_error_copy(capacity) allocated capacity + 1 bytes:
+    2^40 was a MemoryError, and 2^64 - 1 wrapped to malloc(0), into which the
+    library then copied the last message (heap overflow; ASan:
+    heap-buffer-overflow in pkv_last_error_copy). It allocates at most the
+    message's length + 1 now, whatever the capacity."""
+    pool = pagedkv.Pool(num_blocks=8)
+    s = pool.create_sequence()  # alive: its collection would clear the message
+    with pytest.raises(pagedkv.InvalidArgumentError) as err:
+        s.truncate(1000)
+    msg = str(err.value)
+    assert len(msg) > 40
+    for cap in (2**64 - 1, 2**40, len(msg) + 1, 1000):
+        assert raw.pkv_last_error_copy(cap) == [len(msg), msg]
+    assert raw.pkv_last_error_copy(10) == [len(msg), msg[:9]]
+    assert raw.pkv_last_error_copy(0) == [len(msg), ""]
+    s.free()
