@@ -1494,11 +1494,19 @@ PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init_sized(&tmp, sizeof tmp))
 
 /* ------------------------------------------- (buffer, capacity, &len) outs */
 
+%{
+/* No block table or copy list holds more than 2^31 entries (a sequence
+ * holds at most 2^31 - 1 tokens, a pool 2^30 blocks): a larger capacity is
+ * clamped, the result being the same. Unclamped, capacity * 4 bytes wrapped
+ * (2^62: malloc(0)) and the library wrote the table past the allocation. */
+#define PKV_PY_MAX_TABLE (1ULL << 31)
+%}
 %typemap(in) (int32_t* out_blocks, uint64_t capacity, uint64_t* out_len) (uint64_t len = 0) {
   unsigned long long cap = PyLong_AsUnsignedLongLong($input);
   if (PyErr_Occurred()) SWIG_fail;
+  if (cap > PKV_PY_MAX_TABLE) cap = PKV_PY_MAX_TABLE;
   $2 = cap;
-  $1 = (int32_t*)malloc(sizeof(int32_t) * (size_t)(cap > 0 ? cap : 1));
+  $1 = (int32_t*)calloc((size_t)(cap > 0 ? cap : 1), sizeof(int32_t));
   if (!$1) { PyErr_NoMemory(); SWIG_fail; }
   $3 = &len;
 }
@@ -2108,9 +2116,10 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
 %typemap(in) (int32_t* src, int32_t* dst, uint64_t capacity, uint64_t* out_len) (uint64_t len = 0) {
   unsigned long long cap = PyLong_AsUnsignedLongLong($input);
   if (PyErr_Occurred()) SWIG_fail;
+  if (cap > PKV_PY_MAX_TABLE) cap = PKV_PY_MAX_TABLE;  /* see the block tables' typemap */
   $3 = cap;
-  $1 = (int32_t*)malloc(sizeof(int32_t) * (size_t)(cap > 0 ? cap : 1));
-  $2 = (int32_t*)malloc(sizeof(int32_t) * (size_t)(cap > 0 ? cap : 1));
+  $1 = (int32_t*)calloc((size_t)(cap > 0 ? cap : 1), sizeof(int32_t));
+  $2 = (int32_t*)calloc((size_t)(cap > 0 ? cap : 1), sizeof(int32_t));
   if (!$1 || !$2) { PyErr_NoMemory(); SWIG_fail; }
   $4 = &len;
 }

@@ -430,3 +430,40 @@ def test_raw_last_error_copy_allocates_what_the_message_needs():
     assert raw.pkv_last_error_copy(10) == [len(msg), msg[:9]]
     assert raw.pkv_last_error_copy(0) == [len(msg), ""]
     s.free()
+
+
+def test_raw_capacities_whose_byte_size_wraps_are_not_allocated_short():
+    """The raw out-array typemaps allocated capacity * 4 bytes for block
+    tables (pkv_seq_get_block_table, pkv_seq_group_block_table) and copy
+    lists (pkv_pool_group_take_copies): capacity 2^62 wrapped that to
+    malloc(0), and the library wrote the whole table into it (heap
+    overflow: "malloc(): invalid size", the interpreter aborted). A
+    capacity beyond what any table holds is clamped now (2^31 entries),
+    allocated with an overflow check (a machine that cannot reserve that
+    much answers MemoryError, never a short buffer)."""
+
+    def call(fn, *args):
+        try:
+            return fn(*args)
+        except MemoryError:
+            return None
+
+    pool = pagedkv.Pool(num_blocks=256, block_size=4)
+    s = pool.create_sequence()
+    s.append(list(range(800)))
+    table = s.block_table()
+    assert len(table) == 200
+    for cap in (2**62, 2**62 + 1, 2**64 - 1):
+        assert call(raw.pkv_seq_get_block_table, pool._h, s.id, cap) in (table, None)
+        assert call(raw.pkv_seq_group_block_table, pool._h, s.id, 0, cap) in (table, None)
+    hp = pagedkv.HybridPool([pagedkv.KVGroupSpec.recurrent(1, 64)], num_blocks=64, block_size=4)
+    h = hp.create_sequence()
+    h.append([1, 2, 3, 4])
+    with hp.prepare([h], 4):
+        pass
+    child = h.fork()
+    child.append([5])  # starts from the parent's state: a copy
+    copies = call(raw.pkv_pool_group_take_copies, hp._h, 0, 2**62)
+    assert copies is None or (len(copies[0]) == len(copies[1]) == 1)
+    x = [bytearray(100) for _ in range(1000)]  # a corrupted heap failed here
+    del x
