@@ -792,7 +792,9 @@ static int pkv_py_int32_array_from(PyObject* obj, const char* name, int32_t** da
     }
     if (view->ndim == 1 && pkv_py_int_format(f, view->itemsize)) {
       const Py_ssize_t len = view->shape[0], step = view->strides[0];
-      int32_t* buf = (int32_t*)malloc(sizeof(int32_t) * (size_t)(len > 0 ? len : 1));
+      /* calloc checks the product: a broadcast of 2^62 int8 describes 2^62
+       * elements in no memory, and 4 * 2^62 bytes wrapped to malloc(0). */
+      int32_t* buf = (int32_t*)calloc((size_t)(len > 0 ? len : 1), sizeof(int32_t));
       if (!buf) {
         PyBuffer_Release(view);
         view->obj = NULL;
@@ -1683,7 +1685,8 @@ static int pkv_py_seq_ids(PyObject* obj, const char* name, pkv_seq_id** data, ui
     if (*f == '<' || *f == '=' || *f == '@') ++f;
     if (view->itemsize == 8 && view->ndim == 1 && pkv_py_int_format(f, 8)) {
       const Py_ssize_t len = view->shape[0], step = view->strides[0];
-      pkv_seq_id* ids = (pkv_seq_id*)malloc(sizeof(pkv_seq_id) * (size_t)(len > 0 ? len : 1));
+      /* calloc checks the product (a broadcast's length is not bounded by memory) */
+      pkv_seq_id* ids = (pkv_seq_id*)calloc((size_t)(len > 0 ? len : 1), sizeof(pkv_seq_id));
       if (!ids) {
         PyBuffer_Release(view);
         view->obj = NULL;

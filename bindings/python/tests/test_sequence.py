@@ -369,3 +369,10 @@ def test_strided_int_arrays_are_copied_without_an_object_per_element(manager_poo
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.split() == ["16"], r.stderr[-2000:]
+    # A broadcast describes any length in no memory: 2^62 int8 tokens are
+    # 2^64 bytes as int32 (a size that wrapped to malloc(0): segfault).
+    for huge in (np.broadcast_to(np.int8(1), (1 << 62,)), np.broadcast_to(np.uint64(1), (1 << 59,))):
+        with pytest.raises(MemoryError):
+            manager_pool.create_sequence().append(huge)
+        with pytest.raises(MemoryError):
+            manager_pool.free_batch(huge)
