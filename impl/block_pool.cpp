@@ -202,7 +202,10 @@ void BlockPool::advance_clock(uint64_t now_ns) noexcept {
   if (!ret_) return;
   Retention& r = *ret_;
   if (now_ns > r.now_ns) r.now_ns = now_ns;  // a clock never runs back
-  while (!r.heap.empty() && r.heap.front().at_ns <= r.now_ns) {
+  // An expiry past the clock's end saturated to UINT64_MAX: it never comes,
+  // even with the clock at its last value.
+  while (!r.heap.empty() && r.heap.front().at_ns <= r.now_ns &&
+         r.heap.front().at_ns != UINT64_MAX) {
     const Expiry e = r.heap.front();
     std::pop_heap(r.heap.begin(), r.heap.end(), std::greater<Expiry>());
     r.heap.pop_back();

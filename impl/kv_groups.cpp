@@ -139,6 +139,10 @@ GroupPool::GroupPool(const PoolOptions& base, std::vector<GroupSpec> groups)
       fail(Errc::kInvalidArgument, "base->memory_budget_bytes " + str(opts_.memory_budget_bytes) +
                                        " holds " + str(nb) + " blocks of " + str(bytes_per_block_) +
                                        " bytes; at least 2 are needed");
+    if (nb > uint64_t(1) << 30)
+      fail(Errc::kInvalidArgument, "base->memory_budget_bytes " + str(opts_.memory_budget_bytes) +
+                                       " holds " + str(nb) + " blocks of " + str(bytes_per_block_) +
+                                       " bytes; at most 2^30 are allowed (set base->num_blocks)");
   }
   if (nb < 2 || nb > uint64_t(1) << 30)
     fail(Errc::kInvalidArgument, "base->num_blocks " + str(nb) + " must be in [2, 2^30]");

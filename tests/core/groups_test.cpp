@@ -227,6 +227,18 @@ TEST(Groups, BytesPerBlockIsTheLargestGroupPage) {
   PoolOptions o = base(16, 0);
   o.memory_budget_bytes = p->bytes_per_block() * 50 + 7;
   EXPECT_EQ(GroupPool::create(o, {w, f})->options().num_blocks, 50u);
+  // A budget of more blocks than a pool may have names the budget, not a
+  // num_blocks the caller never set.
+  o.memory_budget_bytes = p->bytes_per_block() * ((uint64_t(1) << 30) + 1);
+  try {
+    GroupPool::create(o, {w, f});
+    ADD_FAILURE() << "a budget of 2^30 + 1 blocks was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("base->memory_budget_bytes"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("at most 2^30"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Groups, BadSpecsNameTheField) {

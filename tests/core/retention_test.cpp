@@ -140,6 +140,20 @@ TEST(Retention, DurationRestartsAtEachRelease) {
   EXPECT_VALID(*p);
 }
 
+// A duration that runs past the clock's end never ends, also when the
+// clock is at its last value (the saturated expiry is not "now").
+TEST(Retention, DurationPastTheClocksEndNeverExpires) {
+  for (uint64_t start : {~uint64_t(0), ~uint64_t(0) - 10}) {
+    auto p = make(7);
+    p->set_clock(start);
+    SeqId sys = cached(p, kSys, {{0, kEnd, 90, 100}});
+    p->free(sys);
+    p->set_clock(~uint64_t(0));
+    EXPECT_EQ(counts(*p)[90], 2u) << start;
+    EXPECT_VALID(*p);
+  }
+}
+
 // Pinned blocks are never evicted, even when an append needs them: they do
 // not count as free.
 TEST(Retention, PinnedBlocksAreNeverEvicted) {
