@@ -39,7 +39,8 @@ std::unique_ptr<GroupBatch> GroupBatch::prepare(const std::shared_ptr<GroupPool>
   uint32_t max_q = 0;
   for (uint32_t i = 0; i < num_seqs; ++i) {
     auto it = p.seqs_.find(seqs[i]);
-    if (it == p.seqs_.end()) fail(Errc::kNotFound, at(i, seqs[i]) + " is stale or unknown");
+    if (it == p.seqs_.end())
+      fail(Errc::kNotFound, "seqs[" + str(i) + "]: " + unknown_seq(seqs[i], p.tag_.value()));
     if (!seen.insert(seqs[i]).second)
       fail(Errc::kInvalidArgument, at(i, seqs[i]) + " appears twice in the batch");
     GroupPool::Seq& s = it->second;

@@ -180,7 +180,7 @@ bool GroupPool::layer(uint32_t model_layer, uint32_t* group, uint32_t* index) co
 
 GroupPool::Seq& GroupPool::seq_or_throw(SeqId id) {
   auto it = seqs_.find(id);
-  if (it == seqs_.end()) fail(Errc::kNotFound, seq_name(id) + " is stale or unknown");
+  if (it == seqs_.end()) fail(Errc::kNotFound, unknown_seq(id, tag_.value()));
   return it->second;
 }
 

@@ -15,6 +15,12 @@ std::string seq_name(SeqId id) {
   return buf;
 }
 
+std::string unknown_seq(SeqId id, uint16_t tag) {
+  if (uint16_t(id >> SeqTable::kTagShift) == tag) return seq_name(id) + " is stale or unknown";
+  return seq_name(id) + " is stale or unknown: it is not an id of this pool (another pool's, or " +
+         "not a sequence id)";
+}
+
 namespace {
 
 std::string str(uint64_t v) { return std::to_string(v); }

@@ -24,7 +24,7 @@ std::string at(const char* name, uint64_t i, SeqId id) {
 }  // namespace
 
 void Pool::batch_member_fail(const SeqId* ids, uint64_t i, bool found) const {
-  if (!found) fail(Errc::kNotFound, at("seqs", i, ids[i]) + " is stale or unknown");
+  if (!found) fail(Errc::kNotFound, "seqs[" + str(i) + "]: " + unknown_seq(ids[i], tag()));
   fail(Errc::kInvalidArgument, at("seqs", i, ids[i]) + " appears twice in the batch");
 }
 

@@ -31,7 +31,7 @@ bool no_extra_keys(const HashContext& c, uint64_t start) {
 Sequence& Pool::seq_or_throw(SeqId id) {
   check_open();
   Sequence* s = seqs_.find(id);
-  if (!s) fail(Errc::kNotFound, seq_name(id) + " is stale or unknown");
+  if (!s) fail(Errc::kNotFound, unknown_seq(id, tag()));
   return *s;
 }
 

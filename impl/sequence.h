@@ -256,5 +256,9 @@ class SeqTable {
 };
 
 std::string seq_name(SeqId id);  // "seq 0x0001000001000002"
+// Why id names no live sequence of the pool whose ids carry tag: freed or
+// never made (" is stale or unknown"), or another pool's id, which the
+// caller should hear about (a sequence used on the wrong pool).
+std::string unknown_seq(SeqId id, uint16_t tag);
 
 }  // namespace pagedkv

@@ -148,8 +148,7 @@ void Batch::build(const SeqId* seqs, const uint32_t* query_counts, uint32_t num_
     if (i + kAhead < num_seqs) p.seqs_.prefetch(seqs[i + kAhead]);
     if (i + kNear < num_seqs) resolve(i + kNear);
     Sequence* s = live[i];
-    if (!s)
-      fail(Errc::kNotFound, "seqs[" + str(i) + "]: " + seq_name(seqs[i]) + " is stale or unknown");
+    if (!s) fail(Errc::kNotFound, "seqs[" + str(i) + "]: " + unknown_seq(seqs[i], p.tag()));
     if (s->plan_mark == epoch)
       fail(Errc::kInvalidArgument,
            "seqs[" + str(i) + "]: " + seq_name(seqs[i]) + " appears twice in the batch");

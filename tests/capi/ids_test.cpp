@@ -48,6 +48,28 @@ TEST(Ids, AnIdOfAnotherPoolIsNotFoundThere) {
   pkv_batch* batch = nullptr;
   EXPECT_EQ(pkv_batch_prepare(b, &ia, &q, 1, nullptr, &batch), PKV_E_NOT_FOUND);
   EXPECT_EQ(batch, nullptr);
+  // The message says the id is not this pool's, in single calls and batches.
+  const std::string other = "not an id of this pool";
+  EXPECT_EQ(pkv_seq_append(b, ia, toks, 1, 0), PKV_E_NOT_FOUND);
+  EXPECT_NE(std::string(pkv_last_error_message()).find(other), std::string::npos)
+      << pkv_last_error_message();
+  EXPECT_EQ(pkv_batch_prepare(b, &ia, &q, 1, nullptr, &batch), PKV_E_NOT_FOUND);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("seqs[0]: "), std::string::npos);
+  EXPECT_NE(std::string(pkv_last_error_message()).find(other), std::string::npos)
+      << pkv_last_error_message();
+  pkv_seq_id both[2] = {ib, ia};
+  EXPECT_EQ(pkv_seq_free_batch(b, both, 2), PKV_E_NOT_FOUND);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("seqs[1]: "), std::string::npos);
+  EXPECT_NE(std::string(pkv_last_error_message()).find(other), std::string::npos)
+      << pkv_last_error_message();
+  // A freed id of the pool itself is stale, not another pool's.
+  pkv_seq_id gone = 0;
+  ASSERT_EQ(pkv_seq_create(b, nullptr, &gone), PKV_OK);
+  ASSERT_EQ(pkv_seq_free(b, gone), PKV_OK);
+  EXPECT_EQ(pkv_seq_free(b, gone), PKV_E_NOT_FOUND);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("stale or unknown"), std::string::npos);
+  EXPECT_EQ(std::string(pkv_last_error_message()).find(other), std::string::npos)
+      << pkv_last_error_message();
 
   // b's sequence is untouched; a's still works on a.
   ASSERT_EQ(pkv_seq_get_info(b, ib, &info), PKV_OK);

@@ -127,6 +127,28 @@ TEST(Groups, FreeGivesEachGroupsUncachedBlocksBackAsOneRun) {
   EXPECT_EQ(p->check(), "");
 }
 
+// Another pool's id is named as such, not only "stale or unknown".
+TEST(Groups, AnotherPoolsIdIsNamed) {
+  auto a = GroupPool::create(base(4, 16), {full()});
+  auto b = GroupPool::create(base(4, 16), {full()});
+  const SeqId sa = a->seq_create({});
+  const auto t = seq_tokens(4, 1);
+  try {
+    b->append(sa, t.data(), t.size(), 0);
+    ADD_FAILURE() << "another pool's id was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kNotFound);
+    EXPECT_NE(std::string(e.what()).find("not an id of this pool"), std::string::npos) << e.what();
+  }
+  a->free(sa);
+  try {
+    a->free(sa);
+    ADD_FAILURE() << "a freed id was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("not an id of this pool"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Groups, AppendIsAllOrNothingAcrossGroups) {
   // 9 usable blocks; two groups of 4-token blocks.
   auto p = GroupPool::create(base(4, 10), {full(), full(1)});
