@@ -173,7 +173,7 @@ void BlockPool::set_priority(int32_t id, uint32_t p, uint64_t duration_ns) noexc
 void BlockPool::release_retained(int32_t id) noexcept {
   Retention& r = *ret_;
   if (hash_[id].empty()) {
-    push_empty(id);
+    queue_.push_front_run(id);
     return;
   }
   queue_.push_back(id, r.prio[id]);

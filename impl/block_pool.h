@@ -86,17 +86,13 @@ class BlockPool {
   }
   void share(int32_t id) noexcept { ++ref_[id]; }  // id already in use
   // The releases of one free (a sequence's blocks, a window's, a truncated
-  // tail) between construction and destruction form one batch (release).
-  // Nothing but release may run on the pool meanwhile.
+  // tail) while one lives form one batch (release).
   class ReleaseBatch {
    public:
-    explicit ReleaseBatch(BlockPool& p) noexcept : p_(p) { p_.front_run_ = p_.queue_.head(0); }
-    ~ReleaseBatch() { p_.front_run_ = -1; }
-    ReleaseBatch(const ReleaseBatch&) = delete;
-    ReleaseBatch& operator=(const ReleaseBatch&) = delete;
+    explicit ReleaseBatch(BlockPool& p) noexcept : run_(p.queue_) {}
 
    private:
-    BlockPool& p_;
+    FreeBlockQueue::FrontRun run_;
   };
   // Drops one holder; at zero, hashed blocks go to the tail (cached longest),
   // the others to the head (reused first). Within a ReleaseBatch the blocks
@@ -110,7 +106,7 @@ class BlockPool {
       if (ret_) {
         release_retained(id);
       } else if (hash_[id].empty()) {
-        push_empty(id);
+        queue_.push_front_run(id);
       } else {
         queue_.push_back(id);
       }
@@ -253,15 +249,6 @@ class BlockPool {
   friend struct BlockPoolTestPeer;
   void evict(int32_t id) noexcept;
   void release_retained(int32_t id) noexcept;  // ref reached 0 with retention on
-  // A free block without a hash: to the head, or after the batch's run.
-  void push_empty(int32_t id) noexcept {
-    if (front_run_ < 0) {
-      queue_.push_front(id, 0);
-    } else {
-      queue_.insert_after(front_run_, id, 0);
-      front_run_ = id;
-    }
-  }
   void push_event_priority(int32_t id) noexcept;
   std::string check_retention() const;
 
@@ -304,7 +291,6 @@ class BlockPool {
   FreeBlockQueue queue_;
   PrefixCache cache_;
   std::vector<CopyPair> pending_;
-  int32_t front_run_ = -1;  // in a ReleaseBatch: the last block its run put at the head
   EventQueue* events_ = nullptr;
   EvictSink* sink_ = nullptr;
 };

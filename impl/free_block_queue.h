@@ -53,6 +53,26 @@ class FreeBlockQueue {
     return id;
   }
   void push_front(int32_t id, int32_t level = 0) { link_after(head(level), id, level); }
+  // While a FrontRun lives, the blocks pushed by push_front_run go to the
+  // head of level 0 as one run in push order (the first pushed is popped
+  // first), as vLLM's free_blocks prepends one free's uncached blocks;
+  // otherwise push_front_run is push_front. Nothing but pushes may change
+  // the queue while the run lives.
+  class FrontRun {
+   public:
+    explicit FrontRun(FreeBlockQueue& q) noexcept : q_(q) { q_.run_end_ = q_.head(0); }
+    ~FrontRun() { q_.run_end_ = kNotQueued; }
+    FrontRun(const FrontRun&) = delete;
+    FrontRun& operator=(const FrontRun&) = delete;
+
+   private:
+    FreeBlockQueue& q_;
+  };
+  void push_front_run(int32_t id) {
+    if (run_end_ == kNotQueued) return push_front(id, 0);
+    link_after(run_end_, id, 0);
+    run_end_ = id;
+  }
   void push_back(int32_t id, int32_t level = 0) { link_after(prev_[tail(level)], id, level); }
   // Removes id from anywhere in the queue; id must be queued.
   void remove(int32_t id) { unlink(id); }
@@ -112,6 +132,7 @@ class FreeBlockQueue {
   }
 
   int32_t num_blocks_ = 0;
+  int32_t run_end_ = kNotQueued;  // within a FrontRun: its last block (the head at first)
   int32_t num_levels_ = 1;
   int32_t held_level_ = 1;
   int32_t size_ = 0;

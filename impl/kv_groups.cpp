@@ -227,12 +227,7 @@ void GroupPool::release(int32_t b) {
   // Cached blocks wait at the tail (evicted last), the others are reused first.
   if (key_[b].empty()) {
     group_of_[b] = -1;
-    if (front_run_ < 0) {
-      queue_.push_front(b);
-    } else {
-      queue_.insert_after(front_run_, b, 0);
-      front_run_ = b;
-    }
+    queue_.push_front_run(b);
   } else {
     queue_.push_back(b);
   }
@@ -397,7 +392,7 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
     // Released nearest-first so the earliest blocks reach the free tail
     // last and are evicted last (as vLLM's remove_skipped_blocks).
     const uint64_t end = std::min<uint64_t>(t.size(), window_end(g, std::min(n0, s.num_computed)));
-    ReleaseBatch batch(*this);
+    ReleaseBatch batch(queue_);
     for (uint64_t j = end; j-- > s.num_null[g];)
       if (t[j] != 0) {
         release(t[j]);
@@ -582,7 +577,7 @@ void GroupPool::truncate(SeqId id, uint64_t num_tokens) {
   for (uint32_t g = 0; g < groups_.size(); ++g) {
     std::vector<int32_t>& t = s.table[g];
     if (recurrent(g)) continue;
-    ReleaseBatch batch(*this);
+    ReleaseBatch batch(queue_);
     while (t.size() > keep) {
       if (t.back() != 0) release(t.back());
       t.pop_back();
@@ -605,7 +600,7 @@ void GroupPool::free(SeqId id) {
     if (snapshot_due(s, g) && ref_[s.table[g][0]] == 1)
       cache(s.table[g][0], g, s.hashes[s.tokens.size() / opts_.block_size - 1]);
     const std::vector<int32_t>& t = s.table[g];
-    ReleaseBatch batch(*this);
+    ReleaseBatch batch(queue_);
     for (size_t j = t.size(); j-- > 0;)
       if (t[j] != 0) release(t[j]);
     if (s.state_src[g] != 0) release(s.state_src[g]);

@@ -176,16 +176,7 @@ class GroupPool {
   // blocks, a truncated tail) while one lives: their blocks without a key go
   // to the head as one run in release order, the first released reused
   // first, as vLLM's free_blocks prepends them (BlockPool::ReleaseBatch).
-  class ReleaseBatch {
-   public:
-    explicit ReleaseBatch(GroupPool& p) noexcept : p_(p) { p_.front_run_ = p_.queue_.head(0); }
-    ~ReleaseBatch() { p_.front_run_ = -1; }
-    ReleaseBatch(const ReleaseBatch&) = delete;
-    ReleaseBatch& operator=(const ReleaseBatch&) = delete;
-
-   private:
-    GroupPool& p_;
-  };
+  using ReleaseBatch = FreeBlockQueue::FrontRun;  // constructed from queue_
   // Records a copy-on-write or state copy; src and dst stay referenced
   // until take_copies hands it out.
   void record_copy(uint32_t g, int32_t src, int32_t dst);
@@ -223,7 +214,6 @@ class GroupPool {
   std::vector<uint64_t> cached_at_;
   uint64_t cache_clock_ = 0;
   FreeBlockQueue queue_;
-  int32_t front_run_ = -1;  // in a ReleaseBatch: the last block its run put at the head
   std::unordered_multimap<Key, int32_t, KeyHasher> cache_;
   std::unordered_map<SeqId, Seq> seqs_;
   PoolTag tag_;  // no live pool of either kind shares it (pool_tag.h)

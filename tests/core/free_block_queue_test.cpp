@@ -22,6 +22,35 @@ TEST(FreeBlockQueue, StartsWithBlocksInIdOrderSkippingTheNullBlock) {
   EXPECT_STREQ(q.check(), "");
 }
 
+// A run's pushes go to the head in push order, tail pushes alongside; out of
+// a run push_front_run is push_front. Also with levels (retention).
+TEST(FreeBlockQueue, FrontRunPushesInOrderAtTheHead) {
+  for (int32_t levels : {1, 3}) {
+    FreeBlockQueue q(9, 1, levels, levels);
+    for (int i = 0; i < 6; ++i) q.pop_front();  // 7, 8 left
+    {
+      FreeBlockQueue::FrontRun run(q);
+      q.push_front_run(3);
+      q.push_back(5);
+      q.push_front_run(2);
+      q.push_front_run(6);
+    }
+    q.push_front_run(1);  // no run: the head
+    q.push_front_run(4);
+    EXPECT_EQ(items(q), (std::vector<int32_t>{4, 1, 3, 2, 6, 7, 8, 5})) << levels;
+    EXPECT_EQ(q.size(), 8);
+    EXPECT_STREQ(q.check(), "");
+    while (!q.empty()) q.pop_front();
+    {
+      FreeBlockQueue::FrontRun run(q);  // a run into an empty queue
+      q.push_front_run(8);
+      q.push_front_run(7);
+    }
+    EXPECT_EQ(items(q), (std::vector<int32_t>{8, 7}));
+    EXPECT_STREQ(q.check(), "");
+  }
+}
+
 TEST(FreeBlockQueue, PopPushAndRemoveFromTheMiddle) {
   FreeBlockQueue q(6);
   EXPECT_EQ(q.pop_front(), 1);
