@@ -89,7 +89,8 @@ typedef struct pkv_pool_options {
                            f16 or bf16 on a CUDA pool) */
   int32_t device_type;  /* PKV_DEVICE_CPU (default) or PKV_DEVICE_CUDA */
   int32_t device_id;    /* CUDA ordinal; 0 for CPU */
-  uint32_t num_threads; /* CPU kernel threads; 0 = hardware concurrency */
+  uint32_t num_threads; /* CPU kernel threads; 0 = hardware concurrency; more than
+                           1024 runs 1024 (pkv_pool_get_options returns the value given) */
   /* Appended (read only when struct_size covers it; older callers get 0). */
   uint32_t strict_key_domains; /* PKV_KEY_DOMAINS_*. 1 (STRICT) = a cache
                               salt, a LoRA name and a multimodal item hash
