@@ -97,11 +97,17 @@ const (
 type PublisherOptions struct {
 	Topic            string
 	DataParallelRank uint32
-	BufferSteps      uint64
-	HWM              int32
+	BufferSteps      uint64 // 0 = the default; NoReplayBuffer for none
+	HWM              int32  // 0 = the default; NoHWM for no limit
 	EventEncoding    uint32
 	HashEncoding     uint32
 	DeviceMedium     string
+	// The C options' zero values, which the fields above cannot express
+	// (their zero is the default): keep no batches for replay
+	// (buffer_steps 0), and set no send high-water mark (hwm 0: ZeroMQ
+	// queues without limit). Each overrides its field.
+	NoReplayBuffer bool
+	NoHWM          bool
 }
 
 // PublisherStats are an EventPublisher's counters.
@@ -159,15 +165,7 @@ func NewEventPublisher(pool *Pool, endpoint, replayEndpoint string, opts *Publis
 	}
 	if opts != nil {
 		o.topic = cstr(opts.Topic)
-		o.data_parallel_rank = C.uint32_t(opts.DataParallelRank)
-		if opts.BufferSteps != 0 {
-			o.buffer_steps = C.uint64_t(opts.BufferSteps)
-		}
-		if opts.HWM != 0 {
-			o.hwm = C.int32_t(opts.HWM)
-		}
-		o.event_encoding = C.uint32_t(opts.EventEncoding)
-		o.hash_encoding = C.uint32_t(opts.HashEncoding)
+		opts.fill(&o)
 		if opts.DeviceMedium != "" {
 			o.device_medium = cstr(opts.DeviceMedium)
 		}
@@ -183,6 +181,36 @@ func NewEventPublisher(pool *Pool, endpoint, replayEndpoint string, opts *Publis
 	pub := &EventPublisher{ptr: out}
 	runtime.SetFinalizer(pub, (*EventPublisher).Close)
 	return pub, nil
+}
+
+// fill sets o's numeric fields from opts (o holds the library's defaults).
+func (opts *PublisherOptions) fill(o *C.pkv_event_publisher_options) {
+	o.data_parallel_rank = C.uint32_t(opts.DataParallelRank)
+	if opts.NoReplayBuffer {
+		o.buffer_steps = 0
+	} else if opts.BufferSteps != 0 {
+		o.buffer_steps = C.uint64_t(opts.BufferSteps)
+	}
+	if opts.NoHWM {
+		o.hwm = 0
+	} else if opts.HWM != 0 {
+		o.hwm = C.int32_t(opts.HWM)
+	}
+	o.event_encoding = C.uint32_t(opts.EventEncoding)
+	o.hash_encoding = C.uint32_t(opts.HashEncoding)
+}
+
+// cOptionsForTest: the buffer_steps and hwm that opts (nil: none) gives
+// the library, for the tests (cgo is not allowed in _test files).
+func (opts *PublisherOptions) cOptionsForTest() (bufferSteps uint64, hwm int32, err error) {
+	var o C.pkv_event_publisher_options
+	if err := check("pkv_event_publisher_options_init_sized", C.pkvgo_event_publisher_options_init_sized(&o, C.size_t(C.sizeof_pkv_event_publisher_options))); err != nil {
+		return 0, 0, err
+	}
+	if opts != nil {
+		opts.fill(&o)
+	}
+	return uint64(o.buffer_steps), int32(o.hwm), nil
 }
 
 func (p *EventPublisher) acquire(op string) (*C.pkv_event_publisher, error) {

@@ -72,6 +72,46 @@ func TestEventPublisher(t *testing.T) {
 	}
 }
 
+// The C options' zero values (no replay buffer, no high-water mark) are
+// reachable through NoReplayBuffer and NoHWM; the fields' zero stays the
+// library's default.
+func TestPublisherOptionsReachTheLibrary(t *testing.T) {
+	for _, c := range []struct {
+		opts   *PublisherOptions
+		buffer uint64
+		hwm    int32
+	}{
+		{nil, 10000, 100000},
+		{&PublisherOptions{}, 10000, 100000},
+		{&PublisherOptions{BufferSteps: 5, HWM: 7}, 5, 7},
+		{&PublisherOptions{NoReplayBuffer: true}, 0, 100000},
+		{&PublisherOptions{NoHWM: true}, 10000, 0},
+		{&PublisherOptions{BufferSteps: 5, HWM: 7, NoReplayBuffer: true, NoHWM: true}, 0, 0},
+	} {
+		buffer, hwm, err := c.opts.cOptionsForTest()
+		ok(t, err)
+		if buffer != c.buffer || hwm != c.hwm {
+			t.Fatalf("%+v: buffer_steps %d hwm %d, want %d %d", c.opts, buffer, hwm, c.buffer, c.hwm)
+		}
+	}
+	p := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 32, EnableEvents: true})
+	pub, err := NewEventPublisher(p, "inproc://pkv-go-zero-opts", "inproc://pkv-go-zero-opts-replay",
+		&PublisherOptions{NoReplayBuffer: true, NoHWM: true})
+	if errors.Is(err, ErrUnsupported) {
+		t.Skip("built without PAGEDKV_EVENTS")
+	}
+	ok(t, err)
+	defer pub.Close()
+	s, err := p.CreateSeq(nil)
+	ok(t, err)
+	ok(t, s.Append(make([]int32, 8)))
+	n, err := pub.Publish()
+	ok(t, err)
+	if n != 2 {
+		t.Fatalf("published %d pool events, want 2", n)
+	}
+}
+
 // An endpoint has no length limit: one past the first buffer (a long
 // inproc:// name, the replay endpoint too) is read whole, not refused with
 // ErrBufferTooSmall.
