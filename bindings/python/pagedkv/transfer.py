@@ -17,6 +17,7 @@ Decode side::
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Optional
 
@@ -133,6 +134,10 @@ class Transfer(HandleOwner):
         self._h = Handle(ptr, _c.pkv_transfer_destroy, "transfer")
         self.sequence: Optional[Sequence] = None
         self.state = RUNNING
+        # Polls from several threads: the library answers DONE and the new
+        # id to each, and only the first may make the owning Sequence (a
+        # second owner, collected, freed the sequence under the first).
+        self._lock = threading.Lock()
 
     @property
     def nbytes(self) -> int:
@@ -152,9 +157,12 @@ class Transfer(HandleOwner):
             if not self._h.closed:  # the transfer's failure, not a closed handle
                 self.state = FAILED
             raise
-        self.state = int(state)
-        if self.state == DONE:
-            self.sequence = _new_seq(self.pool, int(seq_id), True)
+        with self._lock:
+            if self.state == DONE:  # another poll got there first: its Sequence owns it
+                return DONE
+            if int(state) == DONE:
+                self.sequence = _new_seq(self.pool, int(seq_id), True)
+            self.state = int(state)
         return self.state
 
     def wait(self, timeout: Optional[float] = None) -> Optional[Sequence]:

@@ -178,3 +178,42 @@ def test_release_of_an_expired_export_or_after_close_is_a_no_op():
     seq.free()
     assert src.stats().num_free_blocks > free_before
     src.validate()
+
+
+def test_polls_racing_to_done_give_one_owner_of_the_sequence(monkeypatch):
+    # Two threads polling one transfer both got DONE and the new id from the
+    # library; each made an owning Sequence. Transfer.sequence kept the later
+    # one and collecting the other freed the sequence: Transfer.sequence said
+    # "live" while the pool held no sequence. The race is replayed in one
+    # thread: a second poll runs between the first's library call and its
+    # bookkeeping.
+    import gc
+
+    rng = np.random.default_rng(9)
+    src, dst = make_pool(), make_pool()
+    seq = prefill(src, list(range(40)), rng)
+    with transfer.TransferEngine(transports="tcp") as a, transfer.TransferEngine(transports="tcp") as b:
+        exp = a.export(src, seq)
+        t = b.import_sequence(dst, exp.descriptor)
+        raw = pagedkv._pagedkv.pkv_transfer_poll
+        interleaved = []
+
+        def racing(h):
+            r = raw(h)
+            if r[0] == transfer.DONE and not interleaved:
+                interleaved.append(None)
+                interleaved[0] = t.poll()  # the other thread's poll, here
+            return r
+
+        monkeypatch.setattr(pagedkv._pagedkv, "pkv_transfer_poll", racing)
+        while t.poll() == transfer.RUNNING:
+            a.progress()
+        monkeypatch.undo()
+        gc.collect()
+        assert interleaved == [transfer.DONE] and t.state == transfer.DONE
+        assert dst.stats().num_seqs == 1
+        assert t.sequence.num_computed_tokens == 40  # not freed by a second owner
+        t.sequence.free()
+        exp.release()
+        t.close()
+    dst.validate()
