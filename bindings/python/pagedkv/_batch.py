@@ -52,9 +52,10 @@ class Batch(HandleOwner):
     ) -> None:
         self._ids = None
         if not isinstance(seqs, (list, tuple)) and hasattr(seqs, "__array_interface__"):
-            # An id array (uint64): the engine keeps its sequences alive.
-            ids = seqs
-            self._ids = _id_snapshot(seqs)
+            # An id array (uint64): the engine keeps its sequences alive. The
+            # plan is made from the snapshot Batch.sequences reports, not the
+            # caller's array, which an engine thread may rewrite meanwhile.
+            ids = self._ids = _id_snapshot(seqs)
             seqs = None
         else:
             seqs = list(seqs)
@@ -104,9 +105,9 @@ class Batch(HandleOwner):
             ids: Any = self._collect_ids(pool, seqs)
         else:
             # Ids (a uint64 array is copied whole, not converted): the engine
-            # keeps their sequences alive while the plan is in use.
-            ids = seqs
-            self._ids = _id_snapshot(seqs)
+            # keeps their sequences alive while the plan is in use. The plan
+            # is made from the snapshot (see __init__).
+            ids = self._ids = _id_snapshot(seqs)
             seqs = None
         self._pool = pool
         self._seqs = seqs

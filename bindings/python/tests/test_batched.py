@@ -329,3 +329,33 @@ def test_batch_sequences_are_the_plans_after_the_id_array_is_reused():
         ids[:] = [s.id for s in seqs[2:]]
         assert [s.id for s in d.sequences] == [s.id for s in seqs[:2]]
     pool.validate()
+
+
+class _IdsRewrittenAfterTheSnapshot(np.ndarray):
+    """An id array another thread rewrites between the plan's snapshot of it
+    (its copy(), taken under the GIL) and the library call reading it."""
+
+    def copy(self, *args, **kw):
+        snapshot = np.asarray(self).copy()
+        self[...] = self.next_ids  # the other thread's write, right there
+        return snapshot
+
+
+def test_batch_sequences_and_the_plan_read_the_same_ids():
+    """The plan was built from the caller's array, read again after the
+    snapshot Batch.sequences reports: an engine thread rewriting the array in
+    between made a plan over one sequence that named another."""
+    pool = pagedkv.Pool(num_blocks=64, block_size=4)
+    seqs = [pool.create_sequence() for _ in range(4)]
+    for s in seqs:
+        s.append([1, 2, 3])
+    for make in (lambda ids: pool.prepare(ids, 3), lambda ids: pool.prepare_decode(ids, np.array([9], np.int32))):
+        ids = np.array([seqs[0].id], np.uint64).view(_IdsRewrittenAfterTheSnapshot)
+        ids.next_ids = seqs[1].id
+        with make(ids) as b:
+            (named,) = b.sequences
+            pages = list(np.asarray(b.plan(pagedkv.PlanArray.PAGE_INDICES)))
+            assert named.id == seqs[0].id
+            assert pages == named.block_table()  # the plan's sequence is the one named
+    assert len(seqs[0]) == 4 and len(seqs[1]) == 3  # the decode appended to the one named
+    pool.validate()
