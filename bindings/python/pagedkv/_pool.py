@@ -603,7 +603,11 @@ class Sequence(_c._SeqBase):
 
     @property
     def freed(self) -> bool:
-        return self._freed
+        """Whether free() was called on this handle or the pool was closed
+        (which released every sequence). A free through another handle or
+        by id (free_batch of ids) is not seen here: calls then raise
+        NotFoundError."""
+        return self._freed or self._h.closed
 
     def match_prefix(self, tokens: Tokens, hashes: Any = None) -> int:
         """For an empty sequence: attaches the longest cached run of leading
@@ -704,7 +708,7 @@ class Sequence(_c._SeqBase):
         self.free()
 
     def __repr__(self) -> str:
-        state = "freed" if self._freed else "live" if self._owned else "live, borrowed"
+        state = "freed" if self.freed else "live" if self._owned else "live, borrowed"
         # "seq 0x%016x": the form every library message prints ids in.
         return f"<pagedkv.Sequence seq {self._id:#018x} {state}>"
 

@@ -237,3 +237,21 @@ def test_plan_calls_fail_after_close_while_a_storage_view_lives():
     plan.close()
     del view
     gc.collect()
+
+
+def test_a_sequence_of_a_closed_pool_says_it_is_freed():
+    """Closing the pool frees its sequences (the library released them), yet
+    their handles said freed == False and "live" until free() was called
+    on each, the no-op that only set the flag."""
+    pool = make_pool()
+    s = pool.create_sequence()
+    s.append([1])
+    borrowed = pool.sequence(s.id)
+    assert not s.freed and "live" in repr(s)
+    pool.close()
+    for h in (s, borrowed):
+        assert h.freed and "freed" in repr(h)
+        with pytest.raises(pagedkv.InvalidStateError):
+            h.info()
+    s.free()  # still a no-op
+    assert s.freed
