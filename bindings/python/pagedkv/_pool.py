@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Tuple
 from typing import Sequence as Seq
 
 from . import _pagedkv as _c
-from ._handle import Handle, HandleOwner
+from ._handle import Handle, HandleOwner, no_copy
 from ._tensor import TensorView, describe, stream_ptr
 from ._types import (
     KV,
@@ -706,6 +706,18 @@ class Sequence(_c._SeqBase):
 
     def __exit__(self, *exc: Any) -> None:
         self.free()
+
+    # A copy would be a second handle of the sequence (object's default
+    # reduce refused it, saying "cannot pickle" for a copy): refused as
+    # HandleOwner's copies are.
+    def __copy__(self) -> Any:
+        raise TypeError(no_copy(self))
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError(no_copy(self))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("cannot pickle a pagedkv.Sequence: it names a sequence of a live pool (send its tokens)")
 
     def __repr__(self) -> str:
         state = "freed" if self.freed else "live" if self._owned else "live, borrowed"

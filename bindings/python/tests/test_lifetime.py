@@ -255,3 +255,24 @@ def test_a_sequence_of_a_closed_pool_says_it_is_freed():
             h.info()
     s.free()  # still a no-op
     assert s.freed
+
+
+def test_sequence_copy_and_pickle_are_refused_naming_the_sequence():
+    """copy.copy(seq) and copy.deepcopy(seq) said "cannot pickle 'Sequence'
+    object" (object's default reduce), naming neither copying nor why; they
+    refuse as the other handle owners do now, and nothing changes."""
+    import copy
+    import pickle
+
+    pool = make_pool()
+    seq = pool.create_sequence()
+    seq.append([1, 2, 3])
+    for fn in (copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match=r"cannot copy a pagedkv\.Sequence: it .*share the object itself"):
+            fn(seq)
+    with pytest.raises(TypeError, match=r"cannot copy a pagedkv\.Sequence"):
+        copy.deepcopy({"request": [seq]})
+    with pytest.raises(TypeError, match=r"cannot pickle a pagedkv\.Sequence"):
+        pickle.dumps(seq)
+    gc.collect()
+    assert len(seq) == 3 and pool.stats().num_seqs == 1
