@@ -13,7 +13,7 @@ from . import _pagedkv as _c
 from ._handle import Handle, HandleOwner
 from ._pool import Pool, Sequence, _index
 from ._tensor import TensorView, check, describe, empty_like, stream_ptr
-from ._types import BatchInfo, DType, PlanArray, SnapshotArray, _real
+from ._types import BatchInfo, DType, KvLayout, PlanArray, SnapshotArray, _real
 
 _SNAPSHOT_ARRAYS = frozenset(int(a) for a in SnapshotArray)
 
@@ -279,6 +279,15 @@ class Batch(HandleOwner):
         check(desc, name, dtype=dtype, device=self._pool.device, shape=shape, writable=writable)
         return desc
 
+    def _mha_only(self, call: str, mla_call: str) -> None:
+        if self._pool.options.kv_layout == KvLayout.MLA:
+            # The library refuses too, but only after the tensor checks,
+            # which hold MLA-shaped tensors against a made-up MHA shape.
+            raise _c.InvalidStateError(
+                f"Batch.{call}() cannot serve an MLA pool (kv_layout 'mla'): use Batch.{mla_call}() (pkv_{mla_call})",
+                _c.PKV_E_INVALID_STATE,
+            )
+
     def cache_write(self, layer: int, k: Any, v: Any, stream: Any = None) -> None:
         """Scatters the step's new keys and values, each [num_tokens,
         num_kv_heads, head_dim] of the pool's dtype and device, into layer.
@@ -286,6 +295,7 @@ class Batch(HandleOwner):
         x / scale, rounded to nearest even and saturated."""
         s = stream_ptr(stream)
         p = self._pool
+        self._mha_only("cache_write", "mla_cache_write")
         shape = (self._info.num_tokens, p.num_kv_heads, p.head_dim)
         act = _activation_dtype(p.dtype)
         kd = self._tensor(k, "k", act, shape, s)
@@ -314,6 +324,7 @@ class Batch(HandleOwner):
         """
         s = stream_ptr(stream)
         p = self._pool
+        self._mha_only("attention", "mla_attention")
         qd = self._tensor(q, "q", _activation_dtype(p.dtype), (self._info.num_tokens, None, p.head_dim), s)
         heads = qd.shape[1]
         if heads == 0 or (p.num_kv_heads and heads % p.num_kv_heads):

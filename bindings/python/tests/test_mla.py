@@ -175,3 +175,29 @@ def test_kv_caches_of_an_mla_pool_names_the_call_to_use():
         with pytest.raises(pagedkv.InvalidStateError, match=r"kv_caches.*kv_tensor\(layer, \"k\"\)"):
             pool.kv_caches()
         assert pool.kv_tensor(1, "k").shape == (48, 4, RANK + ROPE)
+
+
+def test_mha_calls_on_an_mla_pool_say_so_whatever_the_shapes():
+    """Batch.cache_write / Batch.attention on an MLA pool checked the
+    tensors against the MHA shape first (num_kv_heads 1, head_dim rank +
+    rope): a query or latents of the MLA shapes got "q: expected shape [3,
+    *, 80]", an InvalidArgumentError pointing at the tensor, and only
+    tensors of that made-up shape reached the library's refusal. They are
+    refused as the library does, naming the MLA calls, before any tensor
+    check; nothing is written."""
+    rng = np.random.default_rng(5)
+    with make_pool() as pool:
+        s = pool.create_sequence()
+        s.append([1, 2, 3])
+        with pool.prepare([s], [3]) as batch:
+            kv_c = rand(rng, (3, RANK), "f32")
+            q_lat = rand(rng, (3, 2, RANK), "f32")
+            with pytest.raises(pagedkv.InvalidStateError, match=r"MLA pool.*mla_cache_write"):
+                batch.cache_write(0, kv_c[:, None, :], kv_c[:, None, :])
+            with pytest.raises(pagedkv.InvalidStateError, match=r"MLA pool.*mla_attention"):
+                batch.attention(0, q_lat)
+            with pytest.raises(pagedkv.InvalidStateError, match=r"MLA pool.*mla_attention"):
+                batch.attention(0, q_lat, lse=True)
+            batch.abort()
+        assert s.num_computed_tokens == 0
+        pool.validate()
