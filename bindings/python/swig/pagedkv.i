@@ -715,6 +715,18 @@ static int pkv_py_unordered(PyObject* obj, const char* name) {
   return 0;
 }
 
+/* PySequence_Fast for the conversion loops, whose items are read by index
+ * while each is converted: a conversion can run the caller's Python code
+ * (__index__, __float__, __len__ of an item), which may shrink or clear a
+ * list given as it is, and the loop then read items past its end (freed
+ * memory: a segmentation fault). A list is copied into a tuple, which no
+ * such code can change; PySequence_Fast builds a list of its own from
+ * anything else, and a tuple is immutable already. */
+static PyObject* pkv_py_items(PyObject* obj, const char* msg) {
+  if (PyList_CheckExact(obj)) return PyList_AsTuple(obj);
+  return PySequence_Fast(obj, msg);
+}
+
 static int pkv_py_int32_array_from(PyObject* obj, const char* name, int32_t** data, uint64_t* n,
                                    Py_buffer* view, int* owned, int convert) {
   *owned = 0;
@@ -840,7 +852,7 @@ static int pkv_py_int32_array_from(PyObject* obj, const char* name, int32_t** da
   }
 sequence:;
   if (pkv_py_unordered(obj, name)) return 0;
-  PyObject* seq = PySequence_Fast(obj, "expected a sequence of ints");
+  PyObject* seq = pkv_py_items(obj, "expected a sequence of ints");
   if (!seq) {
     /* Only "not a sequence" is renamed: a MemoryError (range(2**62): no
      * room for its items) is not the caller passing the wrong kind. */
@@ -886,7 +898,7 @@ static void pkv_py_int32_release(int32_t* data, Py_buffer* view, int owned) {
 static void* pkv_py_uint_array(PyObject* obj, const char* name, size_t width,
                                unsigned long long hi, Py_ssize_t* len_out) {
   if (pkv_py_unordered(obj, name)) return NULL;
-  PyObject* seq = PySequence_Fast(obj, "expected a sequence of ints");
+  PyObject* seq = pkv_py_items(obj, "expected a sequence of ints");
   if (!seq) {
     if (PyErr_ExceptionMatches(PyExc_TypeError))  /* as in pkv_py_int32_array_from */
       PyErr_Format(PyExc_TypeError, "%s: expected a sequence of ints, got %s", name,
@@ -967,7 +979,7 @@ static int pkv_py_tensor_from_tuple(PyObject* t, const char* name, pkv_tensor* o
   out->dtype = (uint32_t)v[0];
   out->device_type = (int32_t)v[1];
   out->device_id = (int32_t)v[2];
-  PyObject* shape = PySequence_Fast(PyTuple_GET_ITEM(t, 5), "shape must be a sequence");
+  PyObject* shape = pkv_py_items(PyTuple_GET_ITEM(t, 5), "shape must be a sequence");
   if (!shape) return 0;
   Py_ssize_t nd = PySequence_Fast_GET_SIZE(shape);
   if (nd < 1 || nd > PKV_TENSOR_MAX_DIMS) {
@@ -983,7 +995,7 @@ static int pkv_py_tensor_from_tuple(PyObject* t, const char* name, pkv_tensor* o
   if (PyErr_Occurred()) return 0;
   PyObject* st = PyTuple_GET_ITEM(t, 6);
   if (st != Py_None) {
-    PyObject* strides = PySequence_Fast(st, "strides must be a sequence or None");
+    PyObject* strides = pkv_py_items(st, "strides must be a sequence or None");
     if (!strides) return 0;
     if (PySequence_Fast_GET_SIZE(strides) != nd) {
       Py_DECREF(strides);
@@ -1095,7 +1107,7 @@ static int pkv_py_floats(PyObject* v, const char* name, PyObject* keep, const fl
   *out = NULL;
   *n = 0;
   if (!v || v == Py_None) return 1;
-  PyObject* seq = PySequence_Fast(v, "expected a sequence of floats");
+  PyObject* seq = pkv_py_items(v, "expected a sequence of floats");
   if (!seq) return 0;
   const Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
   PyObject* store = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(float) * (len > 0 ? len : 1));
@@ -1171,7 +1183,7 @@ static int pkv_py_dict_mm(PyObject* dict, PyObject* keep, pkv_mm_item** items, u
   *items = NULL;
   *n = 0;
   if (!v || v == Py_None) return 1;
-  PyObject* seq = PySequence_Fast(v, "option mm_items: expected a sequence of (offset, length, hash)");
+  PyObject* seq = pkv_py_items(v, "option mm_items: expected a sequence of (offset, length, hash)");
   if (!seq) return 0;
   Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
   pkv_mm_item* arr = (pkv_mm_item*)calloc((size_t)(len > 0 ? len : 1), sizeof(pkv_mm_item));
@@ -1587,7 +1599,7 @@ PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init_sized(&tmp, sizeof tmp))
 /* pkv_seq_set_retention's ranges: a sequence of (token_begin, token_end,
  * priority, duration_ns) tuples. */
 %typemap(in) (const pkv_retention_range* ranges, uint64_t num_ranges) (pkv_retention_range* rs = NULL) {
-  PyObject* seq = PySequence_Fast($input, "ranges: expected a sequence of (begin, end, priority, duration_ns)");
+  PyObject* seq = pkv_py_items($input, "ranges: expected a sequence of (begin, end, priority, duration_ns)");
   if (!seq) SWIG_fail;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   rs = (pkv_retention_range*)calloc((size_t)(n > 0 ? n : 1), sizeof(pkv_retention_range));
@@ -1810,7 +1822,7 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
     view.obj = NULL;
   } else {
     PyErr_Clear();
-    PyObject* seq = PySequence_Fast($input, "hashes: expected None, bytes or a sequence of bytes");
+    PyObject* seq = pkv_py_items($input, "hashes: expected None, bytes or a sequence of bytes");
     if (!seq) SWIG_fail;
     Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
     pkv_block_hash* arr = (pkv_block_hash*)calloc((size_t)(len > 0 ? len : 1), sizeof(pkv_block_hash));
@@ -1970,7 +1982,7 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
 
 /* pkv_tensor_init's (ndim, shape): one sequence of ints. */
 %typemap(in) (int32_t ndim, const int64_t* shape) (Py_ssize_t nd = 0) {
-  PyObject* seq = PySequence_Fast($input, "shape: expected a sequence of ints");
+  PyObject* seq = pkv_py_items($input, "shape: expected a sequence of ints");
   if (!seq) SWIG_fail;
   nd = PySequence_Fast_GET_SIZE(seq);
   $2 = (int64_t*)malloc(sizeof(int64_t) * (size_t)(nd > 0 ? nd : 1));
@@ -2013,7 +2025,7 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
  * num_layers ints) is copied into an array that lives for the call; a
  * proxy's layer_ids pointer is never followed. */
 %typemap(in) (const pkv_kv_group_spec* groups, uint32_t num_groups) (PyObject* seq = NULL) {
-  seq = PySequence_Fast($input, "groups: expected a sequence of pkv_kv_group_spec or dicts");
+  seq = pkv_py_items($input, "groups: expected a sequence of pkv_kv_group_spec or dicts");
   if (!seq) SWIG_fail;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   if (n > 0xFFFF) {
@@ -2037,7 +2049,7 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
         SWIG_fail;
       PyObject* ids = PyDict_GetItemString(item, "layer_ids");  /* borrowed */
       if (ids && ids != Py_None) {
-        PyObject* f = PySequence_Fast(ids, "groups[i].layer_ids: expected a sequence of ints");
+        PyObject* f = pkv_py_items(ids, "groups[i].layer_ids: expected a sequence of ints");
         if (!f) SWIG_fail;
         const Py_ssize_t m = PySequence_Fast_GET_SIZE(f);
         if (m != (Py_ssize_t)$1[i].num_layers) {
@@ -2272,7 +2284,7 @@ PKV_OPTIONS_IN(pkv_transfer_options, pkv_transfer_options_init_sized, %arg({"tra
   for (Py_ssize_t i = 0; i < $1_dim0; ++i) PyTuple_SET_ITEM($result, i, PyLong_FromLongLong($1[i]));
 }
 %typemap(in) int64_t shape[ANY] (int64_t tmp[PKV_TENSOR_MAX_DIMS]) {
-  PyObject* seq = PySequence_Fast($input, "$1_name: expected a sequence of ints");
+  PyObject* seq = pkv_py_items($input, "$1_name: expected a sequence of ints");
   if (!seq) SWIG_fail;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   if (n > $1_dim0) {

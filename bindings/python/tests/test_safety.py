@@ -137,3 +137,72 @@ def test_owned_handle_still_frees_on_collection():
         gc.collect()
         with pytest.raises(pagedkv.NotFoundError):
             pool.sequence(sid)
+
+
+_LISTS_CLEARED_BY_THEIR_ITEMS = r"""
+import pagedkv
+from pagedkv import _pagedkv as _c
+
+
+class Clears:
+    # An int (or float) whose conversion clears the list holding it.
+    def __init__(self, value=1):
+        self.value, self.holder = value, None
+
+    def __index__(self):
+        self.holder.clear()
+        return self.value
+
+    def __float__(self):
+        self.holder.clear()
+        return float(self.value)
+
+
+def held(n=2000, value=1, pos=0, fill=1, wrap=None):
+    c = Clears(value)
+    lst = [fill] * n
+    lst[pos] = c if wrap is None else wrap(c)
+    c.holder = lst
+    return lst
+
+
+def attempt(name, fn):
+    try:
+        fn()
+    except Exception as e:  # refusing is fine; reading freed items was not
+        assert isinstance(e, (pagedkv.PagedKVError, TypeError, ValueError, OverflowError)), (name, e)
+
+
+pool = pagedkv.Pool(num_blocks=4096, block_size=4, num_layers=1, num_kv_heads=1, head_dim=8,
+                    dtype="fp8_e4m3", enable_retention=True)
+seq = pool.create_sequence()
+attempt("append", lambda: seq.append(held()))
+attempt("free_batch", lambda: pool.free_batch(held(value=seq.id, fill=seq.id)))
+attempt("copy_blocks", lambda: pool.copy_blocks(held(value=1, fill=2), list(range(3, 2003))))
+attempt("swap_out", lambda: pool.swap_out(held(value=1, fill=2)))
+attempt("kv_scales", lambda: _c.pkv_pool_set_kv_scales(pool._h, (held(value=1.0, fill=1.0), [1.0])))
+attempt("retention", lambda: _c.pkv_seq_set_retention(
+    pool._h, seq.id, held(fill=(0, 4, 50, 0), wrap=lambda c: (0, c, 50, 0))))
+attempt("mm_items", lambda: _c.pkv_seq_create(pool._h, {"mm_items": held(fill=(0, 4, "h"), wrap=lambda c: (c, 4, "h"))}))
+attempt("layer_ids", lambda: _c.pkv_pool_create_groups(
+    {"num_blocks": 16}, [{"kind": 0, "num_layers": 2000, "num_kv_heads": 1, "head_dim": 8,
+                          "layer_ids": held(value=0, fill=5)}]))
+pool.validate()
+print("done")
+"""
+
+
+def test_conversions_survive_items_that_clear_their_list():
+    """The raw module converted a list in place, reading item i after
+    converting item i - 1: an item whose __index__ (or __float__) cleared
+    the list left the loop reading freed memory (a segmentation fault for
+    tokens, ids, block ids, scales, retention ranges, mm_items and layer
+    ids). A list is converted from a snapshot of its items now: each call
+    works on what it was given, or refuses it, and the process lives."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-c", _LISTS_CLEARED_BY_THEIR_ITEMS], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0 and r.stdout.split() == ["done"], (r.returncode, r.stdout[-500:], r.stderr[-2000:])
