@@ -23,25 +23,36 @@ void write_all(pkv_pool* p, pkv_seq_id s, uint32_t n, float seed) {
   pkv_batch_destroy(b);
 }
 
-TEST(CapiTiers, DrainEventsStaysDeviceOnlyAndGapFree) {
+// A 6-block f32 pool (1 layer, 1 KV head, head dim 8, block 4) with a host
+// tier of host_blocks blocks and, when file_blocks > 0, a file tier in /tmp.
+void make_tiered_pool(pkv_pool** out, uint64_t host_blocks, uint64_t file_blocks = 0,
+                      bool events = false) {
   pkv_pool_options o;
   pkv_pool_options_init(&o);
   o.block_size = 4;
-  o.num_blocks = 6;
+  o.num_blocks = 6;  // blocks 1..5
   o.num_layers = 1;
   o.num_kv_heads = 1;
   o.head_dim = 8;
   o.dtype = PKV_DTYPE_F32;
   o.num_threads = 1;
-  o.enable_events = 1;
-  pkv_pool* p = nullptr;
-  PKV_ASSERT_OK(pkv_pool_create(&o, &p));
+  o.enable_events = events ? 1 : 0;
+  PKV_ASSERT_OK(pkv_pool_create(&o, out));
   uint64_t bpb = 0;
-  PKV_ASSERT_OK(pkv_pool_bytes_per_block(p, &bpb));
+  PKV_ASSERT_OK(pkv_pool_bytes_per_block(*out, &bpb));
   pkv_tier_options t;
   pkv_tier_options_init(&t);
-  t.host_bytes = 8 * bpb;
-  PKV_ASSERT_OK(pkv_pool_attach_tiers(p, &t));
+  t.host_bytes = host_blocks * bpb;
+  if (file_blocks > 0) {
+    t.file_dir = "/tmp";
+    t.file_bytes = file_blocks * bpb;
+  }
+  PKV_ASSERT_OK(pkv_pool_attach_tiers(*out, &t));
+}
+
+TEST(CapiTiers, DrainEventsStaysDeviceOnlyAndGapFree) {
+  pkv_pool* p = nullptr;
+  ASSERT_NO_FATAL_FAILURE(make_tiered_pool(&p, 8, 0, true));
 
   std::vector<int32_t> ta(17), tb(20);
   for (int i = 0; i < 17; ++i) ta[i] = i;
@@ -96,25 +107,10 @@ TEST(CapiTiers, DrainEventsStaysDeviceOnlyAndGapFree) {
 // The tiered admit and hash lookup through the C ABI: hits per medium,
 // the loads in the next plan bring the bytes back exactly.
 TEST(CapiTiers, AdmitTieredAndHashLookupLoadFromBothTiers) {
-  pkv_pool_options o;
-  pkv_pool_options_init(&o);
-  o.block_size = 4;
-  o.num_blocks = 6;
-  o.num_layers = 1;
-  o.num_kv_heads = 1;
-  o.head_dim = 8;
-  o.dtype = PKV_DTYPE_F32;
-  o.num_threads = 1;
   pkv_pool* p = nullptr;
-  PKV_ASSERT_OK(pkv_pool_create(&o, &p));
+  ASSERT_NO_FATAL_FAILURE(make_tiered_pool(&p, 3, 2));
   uint64_t bpb = 0;
   PKV_ASSERT_OK(pkv_pool_bytes_per_block(p, &bpb));
-  pkv_tier_options t;
-  pkv_tier_options_init(&t);
-  t.host_bytes = 3 * bpb;
-  t.file_dir = "/tmp";
-  t.file_bytes = 2 * bpb;
-  PKV_ASSERT_OK(pkv_pool_attach_tiers(p, &t));
 
   std::vector<int32_t> ta(17), tb(20);
   for (int i = 0; i < 17; ++i) ta[i] = 7 * i + 3;
@@ -191,23 +187,10 @@ TEST(CapiTiers, PendingCopiesRunBeforeTierLoadsIntoTheirBlocks) {
   for (int freed_dst = 0; freed_dst < 2; ++freed_dst) {
     SCOPED_TRACE(freed_dst ? "the copy's destination went to a tier hit"
                            : "the copy's source went to a tier hit");
-    pkv_pool_options o;
-    pkv_pool_options_init(&o);
-    o.block_size = 4;
-    o.num_blocks = 6;  // blocks 1..5
-    o.num_layers = 1;
-    o.num_kv_heads = 1;
-    o.head_dim = 8;
-    o.dtype = PKV_DTYPE_F32;
-    o.num_threads = 1;
     pkv_pool* p = nullptr;
-    PKV_ASSERT_OK(pkv_pool_create(&o, &p));
+    ASSERT_NO_FATAL_FAILURE(make_tiered_pool(&p, 8));
     uint64_t bpb = 0;
     PKV_ASSERT_OK(pkv_pool_bytes_per_block(p, &bpb));
-    pkv_tier_options t;
-    pkv_tier_options_init(&t);
-    t.host_bytes = 8 * bpb;
-    PKV_ASSERT_OK(pkv_pool_attach_tiers(p, &t));
 
     // x's first block (K = 1.0 + 0.01 i) goes to the host tier.
     const int32_t tx[5] = {0, 1, 2, 3, 4};

@@ -150,6 +150,18 @@ uint32_t finish(pkv_transfer* t, pkv_seq_id* seq, pkv_status* st) {
   return state;
 }
 
+// Runs the exporter's engine while the import polls, until the transfer
+// leaves RUNNING (or the deadline); its state, the new sequence in *seq.
+uint32_t drive(pkv_transfer_engine* exporter, pkv_transfer* t, pkv_seq_id* seq) {
+  const auto end = std::chrono::steady_clock::now() + kDeadline;
+  uint32_t state = PKV_TRANSFER_RUNNING;
+  while (state == PKV_TRANSFER_RUNNING && std::chrono::steady_clock::now() < end) {
+    ok(pkv_transfer_engine_progress(exporter), "progress");
+    ok(pkv_transfer_poll(t, &state, seq), "poll");
+  }
+  return state;
+}
+
 class Transport : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -355,9 +367,10 @@ class Local : public ::testing::Test {
     pkv_pool_destroy(src);
     pkv_pool_destroy(dst);
   }
-  std::vector<uint8_t> export_desc(pkv_transfer_engine* e, uint64_t* id) {
+  // Exports `which` of src (default: seq); its descriptor.
+  std::vector<uint8_t> export_desc(pkv_transfer_engine* e, uint64_t* id, pkv_seq_id which = 0) {
     uint64_t size = 0;
-    ok(pkv_transfer_export(e, src, seq, id), "export");
+    ok(pkv_transfer_export(e, src, which ? which : seq, id), "export");
     pkv_transfer_export_descriptor(e, *id, nullptr, 0, &size);
     std::vector<uint8_t> d(size);
     ok(pkv_transfer_export_descriptor(e, *id, d.data(), size, &size), "descriptor");
@@ -482,13 +495,8 @@ TEST_F(Local, CompletedTransferCannotBeCancelledAndOutOfBlocksChangesNothing) {
   const auto d = export_desc(a, &id);
   pkv_transfer* t = nullptr;
   ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), "import");
-  uint32_t state = PKV_TRANSFER_RUNNING;
   pkv_seq_id s = 0;
-  while (state == PKV_TRANSFER_RUNNING) {
-    ok(pkv_transfer_engine_progress(a), "progress");
-    ok(pkv_transfer_poll(t, &state, &s), "poll");
-  }
-  ASSERT_EQ(state, uint32_t(PKV_TRANSFER_DONE));
+  ASSERT_EQ(drive(a, t, &s), uint32_t(PKV_TRANSFER_DONE));
   EXPECT_EQ(pkv_transfer_cancel(t), PKV_E_INVALID_STATE);
   EXPECT_TRUE(block_bytes(dst, l, s, tokens.size()) == block_bytes(src, l, seq, tokens.size()));
   pkv_transfer_destroy(t);
@@ -537,14 +545,8 @@ TEST_F(Local, PendingCopiesRunBeforeAnImportWritesTheirBlocks) {
     const auto d = export_desc(a, &id);
     pkv_transfer* t = nullptr;
     ok(pkv_transfer_import(b, into, nullptr, d.data(), d.size(), &t), "import");
-    uint32_t state = PKV_TRANSFER_RUNNING;
     pkv_seq_id s = 0;
-    const auto end = std::chrono::steady_clock::now() + kDeadline;
-    while (state == PKV_TRANSFER_RUNNING && std::chrono::steady_clock::now() < end) {
-      ok(pkv_transfer_engine_progress(a), "progress");
-      ok(pkv_transfer_poll(t, &state, &s), "poll");
-    }
-    ASSERT_EQ(state, uint32_t(PKV_TRANSFER_DONE));
+    ASSERT_EQ(drive(a, t, &s), uint32_t(PKV_TRANSFER_DONE));
     pkv_transfer_destroy(t);
     ok(pkv_transfer_export_release(a, id), "release");
     pkv_transfer_engine_destroy(b);
@@ -593,21 +595,12 @@ TEST_F(Local, ExportOfAForkChildCarriesItsPendingCopy) {
   const std::vector<uint8_t> parent_kv = block_bytes(src, l, par, 3);
 
   pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
-  uint64_t id = 0, size = 0;
-  ok(pkv_transfer_export(a, src, child, &id), "export");
-  pkv_transfer_export_descriptor(a, id, nullptr, 0, &size);
-  std::vector<uint8_t> d(size);
-  ok(pkv_transfer_export_descriptor(a, id, d.data(), size, &size), "descriptor");
+  uint64_t id = 0;
+  const auto d = export_desc(a, &id, child);
   pkv_transfer* t = nullptr;
   ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), "import");
-  uint32_t state = PKV_TRANSFER_RUNNING;
   pkv_seq_id s = 0;
-  const auto end = std::chrono::steady_clock::now() + kDeadline;
-  while (state == PKV_TRANSFER_RUNNING && std::chrono::steady_clock::now() < end) {
-    ok(pkv_transfer_engine_progress(a), "progress");
-    ok(pkv_transfer_poll(t, &state, &s), "poll");
-  }
-  ASSERT_EQ(state, uint32_t(PKV_TRANSFER_DONE));
+  ASSERT_EQ(drive(a, t, &s), uint32_t(PKV_TRANSFER_DONE));
   pkv_transfer_destroy(t);
   ok(pkv_transfer_export_release(a, id), "release");
   pkv_transfer_engine_destroy(b);
@@ -687,13 +680,8 @@ TEST_F(Local, EveryOneByteChangeOfADescriptorIsRefused) {
   // The unchanged descriptor still imports.
   pkv_transfer* t = nullptr;
   ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), "import");
-  uint32_t state = PKV_TRANSFER_RUNNING;
   pkv_seq_id got = 0;
-  while (state == PKV_TRANSFER_RUNNING) {
-    ok(pkv_transfer_engine_progress(a), "progress");
-    ok(pkv_transfer_poll(t, &state, &got), "poll");
-  }
-  ASSERT_EQ(state, uint32_t(PKV_TRANSFER_DONE));
+  ASSERT_EQ(drive(a, t, &got), uint32_t(PKV_TRANSFER_DONE));
   EXPECT_TRUE(block_bytes(dst, l, got, tokens.size()) == block_bytes(src, l, seq, tokens.size()));
   pkv_transfer_destroy(t);
   ok(pkv_seq_free(dst, got), "free");

@@ -302,6 +302,15 @@ def test_read_only_swap_in_buffer_stays_mapped_during_the_call():
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
 
 
+def _run_forked_child(script):
+    """Runs script in a fresh interpreter; it must print "child 0" and exit 0."""
+    try:
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the forked child hung")
+    assert r.returncode == 0 and r.stdout.strip() == "child 0", (r.stdout, r.stderr[-2000:])
+
+
 _FORKED_CHILD_USES_THE_POOL = """
 import os
 
@@ -340,13 +349,7 @@ def test_forked_child_runs_kernels_and_closes_the_pool():
     those threads, and closing (or collecting) the pool joined threads the
     child does not have (SIGSEGV). The child now runs kernels on its own
     thread and lets the parent's workers go."""
-    try:
-        r = subprocess.run(
-            [sys.executable, "-c", _FORKED_CHILD_USES_THE_POOL], capture_output=True, text=True, timeout=60
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail("the forked child hung")
-    assert r.returncode == 0 and r.stdout.strip() == "child 0", (r.stdout, r.stderr[-2000:])
+    _run_forked_child(_FORKED_CHILD_USES_THE_POOL)
 
 
 _FORKED_CHILD_USES_A_TIERED_POOL = """
@@ -401,10 +404,4 @@ def test_forked_child_uses_and_closes_a_pool_with_tiers():
     does not have: the child's evictions queued copies nobody made, the
     next plan waited for them forever, and closing the pool joined the
     missing thread. The child now offloads nothing and closes cleanly."""
-    try:
-        r = subprocess.run(
-            [sys.executable, "-c", _FORKED_CHILD_USES_A_TIERED_POOL], capture_output=True, text=True, timeout=60
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail("the forked child hung")
-    assert r.returncode == 0 and r.stdout.strip() == "child 0", (r.stdout, r.stderr[-2000:])
+    _run_forked_child(_FORKED_CHILD_USES_A_TIERED_POOL)
