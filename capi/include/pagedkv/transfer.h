@@ -103,7 +103,8 @@ PKV_API pkv_status pkv_transfer_engine_progress(pkv_transfer_engine* engine);
 /* Exports the computed tokens of seq (at least one; a sequence with blocks
  * released by a sliding window is PKV_E_UNSUPPORTED, and so is an MLA pool,
  * PKV_KV_LAYOUT_MLA, here and in pkv_transfer_import: descriptors describe
- * K and V planes) and pins their blocks.
+ * K and V planes; a pool without KV storage, num_layers 0, is
+ * PKV_E_INVALID_STATE, here and in pkv_transfer_import) and pins their blocks.
  * The sequence stays the caller's: it may grow, shrink or be freed; the
  * export keeps its own reference. *out_export_id names the export. */
 PKV_API pkv_status pkv_transfer_export(pkv_transfer_engine* engine, pkv_pool* pool, pkv_seq_id seq,
