@@ -19,6 +19,14 @@ std::string str(uint64_t v) { return std::to_string(v); }
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
+// The sequence (n0 tokens) can take n more and lookahead slots: at most
+// 2^31 - 1 slots, checked so that n0 + n + lookahead cannot wrap.
+void check_room(uint64_t n0, uint64_t n, uint32_t lookahead) {
+  if (n > seq_util::kMaxSeqTokens - n0 || n + lookahead > seq_util::kMaxSeqTokens - n0)
+    fail(Errc::kInvalidArgument, "the sequence would hold " + str(n0) + " + " + str(n) + " + " +
+                                     str(lookahead) + " slots, more than 2^31 - 1");
+}
+
 void check_group(const GroupSpec& g, uint32_t i, uint32_t block_size) {
   const std::string at = "groups[" + str(i) + "].";
   if (g.num_layers == 0) fail(Errc::kInvalidArgument, at + "num_layers is 0");
@@ -341,6 +349,7 @@ GroupPool::Need GroupPool::need_of(const Seq& s, uint64_t n, uint32_t lookahead)
 uint64_t GroupPool::blocks_needed(SeqId id, uint64_t n, uint32_t lookahead) const {
   std::lock_guard<std::mutex> lock(mu_);
   const Seq& s = seq_or_throw(id);
+  check_room(s.tokens.size(), n, lookahead);  // as append: need_of sums in 64 bits
   const Need need = need_of(s, n, lookahead);
   const uint64_t take = need.fresh + need.cow;
   return take > need.gain ? take - need.gain : 0;
@@ -350,8 +359,7 @@ void GroupPool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t loo
   std::lock_guard<std::mutex> lock(mu_);
   Seq& s = seq_or_throw(id);
   const uint64_t bs = opts_.block_size, n0 = s.tokens.size();
-  if (n > seq_util::kMaxSeqTokens - n0 || n + lookahead > seq_util::kMaxSeqTokens - n0)
-    fail(Errc::kInvalidArgument, "the sequence would hold more than 2^31 - 1 slots");
+  check_room(n0, n, lookahead);
   const Need need = need_of(s, n, lookahead);
   if (need.fresh + need.cow > uint64_t(queue_.size()) + need.gain)
     fail(Errc::kOutOfBlocks, "the append needs " + str(need.fresh + need.cow) +

@@ -129,6 +129,43 @@ TEST(CountChecks, CreateGroupsBlockBytesCannotWrap) {
   EXPECT_EQ(p, nullptr);
 }
 
+// pkv_seq_blocks_needed of a count the sequence could never hold: a
+// multi-group pool summed n0 + num_tokens + num_lookahead in 64 bits and
+// answered PKV_OK with the wrapped count (2^64 - 2^32 + 4 tokens and
+// 2^32 - 1 lookahead slots "needed" 1 block, an append that is refused),
+// where a single-group pool and the append itself answer
+// PKV_E_INVALID_ARGUMENT.
+TEST(CountChecks, GroupBlocksNeededRefusesCountsBeyondTheSlotLimit) {
+  const pkv_pool_options base = manager_opts();
+  const pkv_kv_group_spec g = full_spec();
+  pkv_pool* pools[2] = {nullptr, nullptr};
+  ASSERT_EQ(pkv_pool_create(&base, &pools[0]), PKV_OK) << pkv_last_error_message();
+  ASSERT_EQ(pkv_pool_create_groups(&base, &g, 1, &pools[1]), PKV_OK) << pkv_last_error_message();
+  for (pkv_pool* p : pools) {
+    pkv_seq_id s = 0;
+    ASSERT_EQ(pkv_seq_create(p, nullptr, &s), PKV_OK);
+    const int32_t tokens[2] = {1, 2};
+    ASSERT_EQ(pkv_seq_append(p, s, tokens, 2, 0), PKV_OK);
+    const struct {
+      uint64_t n;
+      uint32_t lookahead;
+    } cases[] = {{(uint64_t(0) - (uint64_t(1) << 32)) + 4, UINT32_MAX},
+                 {UINT64_MAX, UINT32_MAX},
+                 {uint64_t(1) << 40, 0},
+                 {0, UINT32_MAX}};
+    for (const auto& c : cases) {
+      uint64_t need = 12345;
+      expect_error(pkv_seq_blocks_needed(p, s, c.n, c.lookahead, &need), PKV_E_INVALID_ARGUMENT,
+                   "pkv_seq_blocks_needed", "more than 2^31 - 1");
+      EXPECT_EQ(need, 12345u);
+    }
+    uint64_t need = 0;
+    ASSERT_EQ(pkv_seq_blocks_needed(p, s, 7, 0, &need), PKV_OK);
+    EXPECT_EQ(need, 2u);  // tokens 2..8 of blocks of 4: blocks 1 and 2
+    pkv_pool_destroy(p);
+  }
+}
+
 TEST(CountChecks, GroupBlockTableTooSmallLeavesTheBufferAlone) {
   const pkv_pool_options base = manager_opts();
   const pkv_kv_group_spec g = full_spec();
