@@ -1614,6 +1614,12 @@ std::vector<Case> make_cases() {
           pkv_pool_options o = gbase();
           pkv_kv_group_spec g = gspec(PKV_GROUP_FULL); pkv_pool* p = nullptr;
           return pkv_pool_create_groups(&o, &g, 0, &p);),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "base->enable_events = 2", kInv,
+          "base->enable_events", pkv_pool_options o = gbase();
+          o.enable_events = 2; return create_groups_with(o, gspec(PKV_GROUP_FULL));),
+        S("pkv_pool_create_groups", PKV_CLASS_RANGE, "base->enable_retention = 2", kInv,
+          "base->enable_retention", pkv_pool_options o = gbase();
+          o.enable_retention = 2; return create_groups_with(o, gspec(PKV_GROUP_FULL));),
         S("pkv_pool_create_groups", PKV_CLASS_STRUCT, "groups[1].struct_size = 4", kInv,
           "groups[1]", pkv_kv_group_spec g = gspec(PKV_GROUP_FULL);
           g.struct_size = 4; return create_groups_with(gbase(), g);),

@@ -183,7 +183,8 @@ PKV_API pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out)
  * (docs/threading.md). */
 PKV_API void pkv_pool_destroy(pkv_pool* pool);
 
-/* The options the pool was created with, num_blocks resolved. */
+/* The options the pool was created with, num_blocks resolved. out->hash_seed
+ * points at the pool's own copy of the seed: valid until pkv_pool_destroy. */
 PKV_API pkv_status pkv_pool_get_options(const pkv_pool* pool, pkv_pool_options* out);
 
 /* Bytes of K plus V storage one block takes over all layers (0 without
