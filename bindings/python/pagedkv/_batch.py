@@ -383,13 +383,22 @@ def _id_snapshot(ids: Any) -> Any:
     return list(ids)
 
 
+_FLT_MAX = struct.unpack("f", struct.pack("I", 0x7F7FFFFF))[0]
+
+
 def _c_float(name: str, x: Any) -> float:
     """x as the C float the call takes. A non-zero value that rounds to 0
     there (below ~1.4e-45) would silently mean "the default" for a scale:
-    refused instead. Too large or not finite is left to the library's check."""
+    refused instead. A finite value beyond the largest C float is refused
+    here too (the raw setter's OverflowError named the setter, not the
+    argument); inf and NaN are left to the library's check."""
     v = _real(x, name)
     if v != 0.0 and abs(v) < 1.0 and struct.unpack("f", struct.pack("f", v))[0] == 0.0:
         raise _c.InvalidArgumentError(f"{name} = {v!r} rounds to 0 as a C float", _c.PKV_E_INVALID_ARGUMENT)
+    if _FLT_MAX < abs(v) < float("inf"):
+        raise _c.InvalidArgumentError(
+            f"{name} = {v!r} is beyond the largest C float ({_FLT_MAX!r})", _c.PKV_E_INVALID_ARGUMENT
+        )
     return v
 
 

@@ -747,6 +747,35 @@ def test_scale_that_rounds_to_zero_is_refused(monkeypatch):
     f.m.pool.close()
 
 
+def test_scale_beyond_the_largest_c_float_is_refused_naming_it(monkeypatch):
+    # A finite Python float above FLT_MAX never reached the library's check:
+    # SWIG's setter refused it as "in method
+    # 'pkv_attention_params_softmax_scale_set', argument 2 of type 'float'".
+    f = Fixture(monkeypatch)
+    f.write_all()
+    out = np.full((f.n, 4, 64), 3.0, dtype=f.q.dtype)
+    sentinel = out.copy()
+    for kw in ({"softmax_scale": 1e40}, {"logit_softcap": 3.5e38}, {"logit_softcap": -1e300}):
+        name = next(iter(kw))
+        with pytest.raises(pagedkv.InvalidArgumentError, match=f"^{name} = .* largest C float") as ei:
+            f.b.attention(0, f.q, out, **kw)
+        assert "pkv_attention_params" not in str(ei.value)
+        assert np.array_equal(bits(out), bits(sentinel))
+    f.b.attention(0, f.q, out, softmax_scale=3.4028234663852886e38)  # FLT_MAX itself: a C float
+    f.b.close()
+    f.m.pool.close()
+    with pagedkv.Pool(
+        num_blocks=8, block_size=4, num_layers=1, dtype="f32", kv_layout="mla", kv_lora_rank=16, qk_rope_head_dim=8
+    ) as pool:
+        seq = pool.create_sequence()
+        seq.append([1, 2, 3])
+        with pool.prepare([seq], 3) as b:
+            b.mla_cache_write(0, np.ones((3, 16), np.float32), np.ones((3, 8), np.float32))
+            q, q_pe = np.ones((3, 2, 16), np.float32), np.ones((3, 2, 8), np.float32)
+            with pytest.raises(pagedkv.InvalidArgumentError, match=r"^softmax_scale = 1e\+40 .*largest C float"):
+                pagedkv.mla.attention(b, 0, q, q_pe, softmax_scale=1e40)
+
+
 def test_misuse_cache_write(monkeypatch):
     f = Fixture(monkeypatch)
     b, k, v, n = f.b, f.k, f.v, f.n
