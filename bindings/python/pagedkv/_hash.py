@@ -43,9 +43,10 @@ def hash_prefix(
     from ._pool import _index, _key_domains
 
     a = HashAlgo.parse(algo)
+    block_size = _index(block_size, "block_size")
     opts = {
         "algo": int(a),
-        "block_size": _index(block_size, "block_size"),
+        "block_size": block_size,
         "seed": seed,
         "lora_id": _index(lora_id, "lora_id"),
         "cache_salt": cache_salt,

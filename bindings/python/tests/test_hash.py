@@ -30,3 +30,18 @@ def test_tagged_keys_pool_and_hash_prefix_agree_and_key_the_lora_path():
     with pytest.raises(ValueError, match="lora_path"):
         pool.create_sequence(lora_name="a", lora_path="x\0y")
     pool.validate()
+
+
+def test_hash_prefix_takes_an_integer_scalar_block_size():
+    """block_size is converted like every other int option (numpy and torch
+    integer scalars are ints); the output capacity was computed from the
+    unconverted value, so a numpy block_size reached the raw call as a numpy
+    integer: a bare "TypeError: an integer is required"."""
+    np = pytest.importorskip("numpy")
+    toks = list(range(40))
+    want = pk.hash_prefix(toks, block_size=16)
+    assert len(want) == 2
+    for bs in (np.int64(16), np.uint32(16), np.int8(16)):
+        assert pk.hash_prefix(toks, block_size=bs) == want
+    with pytest.raises(TypeError, match="block_size"):
+        pk.hash_prefix(toks, block_size=16.0)
