@@ -176,3 +176,33 @@ def test_requests_that_cannot_run_are_errors():
             gen.add_request([1, 2], SamplingParams(n=0))
         with pytest.raises(RuntimeError, match="more blocks than the pool has"):
             gen.generate([list(range(20))])
+
+
+def test_fractional_or_string_ids_and_counts_are_refused_not_truncated():
+    """Prompt ids were read with int(): 2.7 was token 2 and "5" token 5; a
+    fractional n, max_new_tokens or top_k was queued and failed (or
+    generated one token more) steps later. Each is a TypeError naming it,
+    and nothing is queued; ids outside the vocabulary, which the model's
+    embedding refused at every later step, are a ValueError."""
+    model = tiny_model("llama")
+    with Generator(model, num_blocks=16, block_size=4) as gen:
+        for prompt, where in (
+            ([1, 2.7, 3], r"prompt\[1\]"),
+            (["5", 6], r"prompt\[0\]"),
+            (torch.tensor([1.0, 2.0]), r"prompt\[0\]"),
+        ):
+            with pytest.raises(TypeError, match=where):
+                gen.add_request(prompt)
+        for kw in ({"n": 1.5}, {"max_new_tokens": 2.5}, {"top_k": 2.5, "temperature": 1.0}):
+            with pytest.raises(TypeError, match=next(iter(kw))):
+                gen.add_request([1, 2], SamplingParams(**kw))
+        for prompt in ([1, 384], [-1, 2]):  # vocab_size 384
+            with pytest.raises(ValueError, match=r"prompt\[[01]\] = -?\d+ is outside the vocabulary \[0, 384\)"):
+                gen.add_request(prompt)
+        assert not gen.has_unfinished()
+        out = gen.generate([range(1, 4), torch.tensor([4, 5])], SamplingParams(max_new_tokens=2))
+        assert [c[0].prompt for c in out] == [[1, 2, 3], [4, 5]]
+        assert [len(c[0].tokens) for c in out] == [2, 2]
+    for name in ("max_num_batched_tokens", "max_num_seqs"):
+        with pytest.raises(TypeError, match=name):
+            Generator(model, num_blocks=16, **{name: 1.5})

@@ -26,6 +26,7 @@ import itertools
 from typing import Any, Deque, Iterable, List, Optional, Sequence
 
 import pagedkv
+from pagedkv._types import _index
 
 from ._runner import pool_for_model, run_step
 
@@ -131,6 +132,9 @@ class Generator:
     ) -> None:
         import torch
 
+        # ints only: a fractional budget reached the plan as a float count
+        max_num_batched_tokens = _index(max_num_batched_tokens, "max_num_batched_tokens")
+        max_num_seqs = _index(max_num_seqs, "max_num_seqs")
         if max_num_batched_tokens < 1 or max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be at least 1")
         self.model = model.eval()
@@ -151,6 +155,8 @@ class Generator:
         self._ids = itertools.count()
         self._waiting: Deque[_Seq] = collections.deque()
         self._running: List[_Seq] = []
+        emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        self._vocab: Optional[int] = getattr(emb, "num_embeddings", None)
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self._default_stop = frozenset([eos] if isinstance(eos, int) else (eos or []))
 
@@ -163,9 +169,18 @@ class Generator:
 
     def _add(self, prompt: Iterable[int], params: Optional[SamplingParams]) -> _Request:
         params = params or SamplingParams()
-        prompt = [int(t) for t in prompt]
+        # ints only (int() read 2.7 as 2 and "5" as 5), checked before
+        # anything is queued: a request the model cannot run failed every
+        # later step.
+        prompt = [_index(t, f"prompt[{i}]") for i, t in enumerate(prompt)]
         if not prompt:
             raise ValueError("prompt is empty")
+        if self._vocab is not None:
+            for i, t in enumerate(prompt):
+                if not 0 <= t < self._vocab:
+                    raise ValueError(f"prompt[{i}] = {t} is outside the vocabulary [0, {self._vocab})")
+        for name in ("n", "max_new_tokens", "top_k"):
+            _index(getattr(params, name), name)
         if params.n < 1 or params.max_new_tokens < 1:
             raise ValueError("n and max_new_tokens must be at least 1")
         stop = (
