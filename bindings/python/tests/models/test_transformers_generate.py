@@ -206,3 +206,36 @@ def test_fractional_or_string_ids_and_counts_are_refused_not_truncated():
     for name in ("max_num_batched_tokens", "max_num_seqs"):
         with pytest.raises(TypeError, match=name):
             Generator(model, num_blocks=16, **{name: 1.5})
+
+
+def test_a_generate_call_that_fails_leaves_none_of_its_requests_behind(monkeypatch):
+    """generate() raising (a prompt that can never fit, a bad prompt after
+    good ones, an interrupt mid-step) left its requests queued or running:
+    every later generate() raised the same error again (or ran the stale
+    requests first), and their sequences held pool blocks."""
+    model = tiny_model("llama")
+    with Generator(model, num_blocks=4, block_size=4) as gen:  # 3 usable blocks: 12 tokens
+        with pytest.raises(RuntimeError, match="more blocks than the pool has"):
+            gen.generate([[1, 2, 3], list(range(20))], SamplingParams(max_new_tokens=2))
+        assert not gen.has_unfinished() and gen.pool.stats().num_seqs == 0
+        with pytest.raises(TypeError, match=r"prompt\[0\]"):
+            gen.generate([[1, 2, 3], ["x"]])
+        assert not gen.has_unfinished()
+        out = gen.generate([[4, 5, 6]], SamplingParams(max_new_tokens=2))
+        assert len(out[0][0].tokens) == 2
+        forward, calls = model.forward, []
+
+        def interrupted(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(model, "forward", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            gen.generate([[7, 8, 9], [1, 2]], SamplingParams(max_new_tokens=4, n=2))
+        assert not gen.has_unfinished() and gen.pool.stats().num_seqs == 0
+        gen.pool.validate()
+        monkeypatch.setattr(model, "forward", forward)
+        out = gen.generate([[7, 8, 9]], SamplingParams(max_new_tokens=2))
+        assert len(out[0][0].tokens) == 2

@@ -204,11 +204,34 @@ class Generator:
         self, prompts: Iterable[Iterable[int]], params: Optional[SamplingParams] = None
     ) -> List[List[Completion]]:
         """Runs prompts to completion; result[i] holds prompt i's n samples
-        in sample order."""
-        reqs = [self._add(p, params) for p in prompts]
-        while self.has_unfinished():
-            self.step()
+        in sample order. A call that raises (a prompt that can never fit, a
+        bad prompt, an interrupt) leaves none of its requests queued or
+        running: their sequences are freed."""
+        reqs: List[_Request] = []
+        try:
+            for p in prompts:
+                reqs.append(self._add(p, params))
+            while self.has_unfinished():
+                self.step()
+        except BaseException:
+            # Left queued, a request that cannot run made every later
+            # generate() raise its error again.
+            self._drop(reqs)
+            raise
         return [sorted(r.done, key=lambda c: c.index) for r in reqs]
+
+    def _drop(self, reqs: List[_Request]) -> None:
+        """Forgets the samples of reqs, waiting or running (freed)."""
+        gone = {r.id for r in reqs}
+        for s in self._running:
+            if s.req.id in gone and s.handle is not None:
+                try:
+                    s.handle.free()
+                except pagedkv.PagedKVError:
+                    pass  # the pool was closed: nothing is held
+                s.handle = None
+        self._running = [s for s in self._running if s.req.id not in gone]
+        self._waiting = collections.deque(s for s in self._waiting if s.req.id not in gone)
 
     def close(self) -> None:
         for s in self._running:
