@@ -134,6 +134,12 @@ class KVGroupSpec:
         return d
 
 
+def _check_seq(seq: Any) -> None:
+    # An id reached seq.info(): AttributeError "'int' object has no attribute 'info'".
+    if not isinstance(seq, Sequence):
+        raise TypeError(f"seq: expected a pagedkv.Sequence, got {type(seq).__name__}")
+
+
 def _ids(layer_ids: Any) -> Optional[Tuple[int, ...]]:
     return None if layer_ids is None else tuple(_index(i, "layer_ids") for i in layer_ids)
 
@@ -227,6 +233,7 @@ class HybridPool(Pool):
     def group_block_table(self, seq: Sequence, group: int) -> List[int]:
         """The block table of ``seq`` in ``group`` (0, the null block, where
         its sliding window released one)."""
+        _check_seq(seq)
         group = _index(group, "group")
         cap = max(1, seq.info().num_slots // self.block_size)
         while True:
@@ -237,6 +244,7 @@ class HybridPool(Pool):
 
     def block_tables(self, seq: Sequence) -> List[List[int]]:
         """Every group's table of ``seq``, in group order."""
+        _check_seq(seq)
         return [self.group_block_table(seq, g) for g in range(len(self._groups))]
 
     def group_stats(self, group: int) -> GroupStats:

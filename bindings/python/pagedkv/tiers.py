@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Tuple
 
 from . import _pagedkv as _c
-from ._pool import _count, _index, _new_seq, _seq_opts
+from ._pool import Sequence, _count, _index, _new_seq, _seq_opts
 from ._types import MMItemLike, _copy_fields
 
 if TYPE_CHECKING:
-    from ._pool import Pool, Sequence
+    from ._pool import Pool
 
 MEDIUM_DEVICE: int = _c.PKV_MEDIUM_DEVICE
 MEDIUM_HOST: int = _c.PKV_MEDIUM_HOST
@@ -87,6 +87,8 @@ def match_prefix_tiered(seq: Sequence, tokens: Any, hashes: Any = None) -> TierM
     tokens' block hashes computed beforehand (:meth:`Pool.hash_prefix` with
     the sequence's keys; ``pkv_seq_match_prefix_hashes_tiered``), checked as
     by Sequence.match_prefix and followed through the tiers too."""
+    if not isinstance(seq, Sequence):  # an id raised AttributeError naming `_pool`
+        raise TypeError(f"seq: expected a pagedkv.Sequence, got {type(seq).__name__}")
     if hashes is None:
         return TierMatch._from_c(seq._pool._call(_c.pkv_seq_match_prefix_tiered, seq._id, tokens))
     return TierMatch._from_c(seq._pool._call(_c.pkv_seq_match_prefix_hashes_tiered, seq._id, tokens, hashes))

@@ -357,3 +357,17 @@ def test_group_specs_with_another_struct_size_are_refused_before_the_library_wal
     s.struct_size = 60000
     with pytest.raises(pk.InvalidArgumentError, match=r"groups\[1\]\.struct_size is 60000; the specs are laid out"):
         raw.pkv_pool_create_groups({"num_blocks": 8}, [dict(spec), s])
+
+
+def test_group_tables_of_a_non_sequence_are_a_type_error_naming_seq():
+    """group_block_table / block_tables take a Sequence: an id (or anything
+    else) raised AttributeError "'int' object has no attribute 'info'"."""
+    pool = gpt_oss_like()
+    seq = pool.create_sequence()
+    seq.append(list(range(9)))
+    for bad in (seq.id, None, "seq"):
+        with pytest.raises(TypeError, match=r"^seq: expected a pagedkv.Sequence, got "):
+            pool.group_block_table(bad, 0)
+        with pytest.raises(TypeError, match=r"^seq: expected a pagedkv.Sequence, got "):
+            pool.block_tables(bad)
+    assert pool.block_tables(seq) == [pool.group_block_table(seq, 0), pool.group_block_table(seq, 1)]

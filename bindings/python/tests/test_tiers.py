@@ -219,3 +219,15 @@ def test_file_tier_alone(tmp_path):
     for got, want in zip(block_bytes(pool, s.block_table()[:4]), saved):
         assert np.array_equal(got, want)
     pool.validate()
+
+
+def test_match_prefix_tiered_of_a_non_sequence_is_a_type_error_naming_seq():
+    """match_prefix_tiered takes a Sequence: an id (or anything else) raised
+    AttributeError "'int' object has no attribute '_pool'"."""
+    pool = make_pool(4)
+    seq = pool.create_sequence()
+    for bad in (seq.id, None):
+        for hashes in (None, []):
+            with pytest.raises(TypeError, match=r"^seq: expected a pagedkv.Sequence, got "):
+                tiers.match_prefix_tiered(bad, list(range(9)), hashes)
+    assert tiers.match_prefix_tiered(seq, list(range(9))).num_cached == 0
