@@ -160,6 +160,8 @@ class Transfer(HandleOwner):
         with self._lock:
             if self.state == DONE:  # another poll got there first: its Sequence owns it
                 return DONE
+            if self.state == CANCELLED and int(state) == RUNNING:
+                return CANCELLED  # a cancel() on another thread landed after the library's answer
             if int(state) == DONE:
                 self.sequence = _new_seq(self.pool, int(seq_id), True)
             self.state = int(state)
@@ -179,5 +181,6 @@ class Transfer(HandleOwner):
         """Stops the reads and frees the blocks; InvalidStateError once done.
         A no-op on a failed transfer: it stays FAILED (poll() raises)."""
         _c.pkv_transfer_cancel(self._h)
-        if self.state == RUNNING:  # a failure happens in poll(), which set FAILED
-            self.state = CANCELLED
+        with self._lock:  # not between a racing poll's check and its write
+            if self.state == RUNNING:  # a failure happens in poll(), which set FAILED
+                self.state = CANCELLED

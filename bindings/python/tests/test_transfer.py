@@ -217,3 +217,36 @@ def test_polls_racing_to_done_give_one_owner_of_the_sequence(monkeypatch):
         exp.release()
         t.close()
     dst.validate()
+
+
+def test_a_poll_racing_a_cancel_does_not_undo_it(monkeypatch):
+    # A poll on one thread got RUNNING from the library; cancel() on another
+    # then set the state to CANCELLED, and the poll wrote its RUNNING over
+    # it: `state` said RUNNING after cancel() had returned (and the poll
+    # returned RUNNING for a transfer that no longer ran). The race is
+    # replayed in one thread: the cancel runs between the poll's library
+    # call and its bookkeeping.
+    rng = np.random.default_rng(10)
+    src, dst = make_pool(), make_pool()
+    seq = prefill(src, list(range(40)), rng)
+    free_before = dst.stats().num_free_blocks
+    with transfer.TransferEngine(transports="tcp") as a, transfer.TransferEngine(transports="tcp") as b:
+        with a.export(src, seq) as exp:
+            t = b.import_sequence(dst, exp.descriptor)  # a never progresses: it stays RUNNING
+            raw = pagedkv._pagedkv.pkv_transfer_poll
+
+            def racing(h):
+                r = raw(h)
+                assert r[0] == transfer.RUNNING
+                t.cancel()  # the other thread's cancel, here
+                assert t.state == transfer.CANCELLED
+                return r
+
+            monkeypatch.setattr(pagedkv._pagedkv, "pkv_transfer_poll", racing)
+            got = t.poll()
+            monkeypatch.undo()
+            assert got == transfer.CANCELLED and t.state == transfer.CANCELLED
+            assert t.poll() == transfer.CANCELLED and t.wait() is None
+            assert dst.stats().num_free_blocks == free_before
+            t.close()
+    dst.validate()
