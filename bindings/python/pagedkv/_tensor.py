@@ -169,11 +169,15 @@ def _from_numpy(obj: Any, name: str) -> TensorDesc:
 def _from_dlpack(obj: Any, name: str, stream: int, raw: bool = False) -> TensorDesc:
     dev_type, _dev_id = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (_kDLCPU, 0)
     dev_type = int(dev_type)
-    if dev_type in (_kDLCUDA, _kDLCUDAManaged):
-        # DLPack: None means the legacy default stream, which NULL is too.
-        capsule = obj.__dlpack__(stream=stream if stream else None)
-    else:
-        capsule = obj.__dlpack__()
+    # DLPack: None means the legacy default stream, which NULL is too.
+    kw = {"stream": stream if stream else None} if dev_type in (_kDLCUDA, _kDLCUDAManaged) else {}
+    try:
+        # A DLPack 1.0 capsule first: only it can say read-only (numpy
+        # refuses a legacy export of a read-only array, so read-only inputs
+        # were refused).
+        capsule = obj.__dlpack__(max_version=(1, 0), **kw)
+    except TypeError:  # a producer older than DLPack 1.0: no max_version
+        capsule = obj.__dlpack__(**kw)
     cname = _capsule_name(capsule)
     mt: Any
     if cname == b"dltensor_versioned":

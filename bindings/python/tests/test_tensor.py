@@ -21,6 +21,20 @@ class DLPackOnly:
         return self._arr.__dlpack_device__()
 
 
+class DLPackVersioned:
+    """A DLPack 1.0 producer (``max_version``, as numpy >= 2.1, torch and the
+    array-API libraries wrapping them): it can say read-only."""
+
+    def __init__(self, arr):
+        self._arr = arr
+
+    def __dlpack__(self, stream=None, max_version=None):
+        return self._arr.__dlpack__() if max_version is None else self._arr.__dlpack__(max_version=max_version)
+
+    def __dlpack_device__(self):
+        return self._arr.__dlpack_device__()
+
+
 class InterfaceOnly:
     def __init__(self, arr, typestr=None):
         self._arr = arr
@@ -207,3 +221,43 @@ def test_raw_tensor_tuple_fields_out_of_range_are_refused_not_wrapped():
         for caps in ((2**64 + 3, 12), (3, 2**64 + 12), (-1, 12)):
             with pytest.raises(OverflowError, match="capacity"):
                 raw.pkv_pool_drain_events_v2(pool._h, caps)
+
+
+def test_read_only_dlpack_inputs_are_taken_and_refused_as_outputs(rng):
+    """__dlpack__ was called without max_version, so every producer gave a
+    legacy capsule, which cannot say read-only: numpy refuses to export a
+    read-only array that way ("supported by newer DLPack version"), and a
+    read-only q, k or v behind DLPack was refused where the same numpy
+    array is taken. A DLPack 1.0 capsule is asked for first (legacy
+    producers still work): read-only inputs are taken, read-only outputs
+    refused as such."""
+    try:
+        np.zeros(1).__dlpack__(max_version=(1, 0))
+    except TypeError:
+        pytest.skip("numpy without DLPack 1.0")
+
+    def ro(a):
+        a = a.copy()
+        a.flags.writeable = False
+        return a
+
+    q = ro(random_tensor(rng, (6, 2, 64), np.float32))
+    d = _tensor.describe(DLPackVersioned(q), "q")
+    assert d.readonly and d.data + d.byte_offset == q.ctypes.data
+    assert not _tensor.describe(DLPackVersioned(q.copy()), "q").readonly
+    assert not _tensor.describe(DLPackOnly(q.copy()), "q").readonly  # a legacy producer
+    with pagedkv.Pool(num_blocks=8, block_size=16, num_layers=1, num_kv_heads=1, head_dim=64, dtype="f32") as pool:
+        s = pool.create_sequence()
+        s.append(list(range(6)))
+        with pool.prepare([s], 6) as step:
+            k = ro(random_tensor(rng, (6, 1, 64), np.float32))
+            v = ro(random_tensor(rng, (6, 1, 64), np.float32))
+            step.cache_write(0, DLPackVersioned(k), DLPackVersioned(v))
+            out = ro(np.full_like(q, 7.0))
+            with pytest.raises(pagedkv.InvalidArgumentError, match="out: the output tensor is read-only"):
+                step.attention(0, DLPackVersioned(q), DLPackVersioned(out))
+            assert (out == 7.0).all()
+            out = np.empty_like(q)
+            step.attention(0, DLPackVersioned(q), DLPackVersioned(out))
+            ref, _ = reference_attention(q, k, v)
+            np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
