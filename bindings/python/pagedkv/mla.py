@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Tuple, Union
 from . import _pagedkv as _c
 from ._batch import _c_float
 from ._pool import _index
-from ._tensor import empty_like, stream_ptr
+from ._tensor import describe, empty_like, stream_ptr
 from ._types import DType, KvLayout
 
 if TYPE_CHECKING:
@@ -59,8 +59,11 @@ def cache_write(batch: Batch, layer: int, kv_c: Any, k_pe: Any, stream: Any = No
     s = stream_ptr(stream)
     n = batch.num_tokens
     cd = batch._tensor(kv_c, "kv_c", pool.dtype, (n, rank), s)
-    pshape = (n, 1, rope) if len(getattr(k_pe, "shape", ())) == 3 else (n, rope)
-    pd = batch._tensor(k_pe, "k_pe", pool.dtype, pshape, s)
+    # The layout from the tensor itself: a k_pe behind DLPack or an array
+    # interface alone need have no `shape` attribute.
+    pd = describe(k_pe, "k_pe", stream=s, expect=pool.dtype)
+    pshape = (n, 1, rope) if len(pd.shape) == 3 else (n, rope)
+    pd = batch._tensor(pd, "k_pe", pool.dtype, pshape, s)
     dev = pool.device
     batch._call(_c.pkv_mla_cache_write, _index(layer, "layer"), cd.as_c(dev), pd.as_c(dev), s)
 

@@ -201,3 +201,39 @@ def test_mha_calls_on_an_mla_pool_say_so_whatever_the_shapes():
             batch.abort()
         assert s.num_computed_tokens == 0
         pool.validate()
+
+
+def test_k_pe_with_a_head_dimension_is_taken_from_any_tensor_kind():
+    """cache_write takes k_pe as [n, rope] or [n, 1, rope] (as vLLM passes
+    it), but chose between them by the object's ``shape`` attribute: a 3-d
+    k_pe behind DLPack or an array interface alone, which need no
+    ``shape``, was refused as "expected shape [3, 16], got [3, 1, 16]"."""
+
+    class DLPackOnly:
+        def __init__(self, a):
+            self._a = a
+
+        def __dlpack__(self, stream=None, max_version=None):
+            return self._a.__dlpack__()
+
+        def __dlpack_device__(self):
+            return self._a.__dlpack_device__()
+
+    class InterfaceOnly:
+        def __init__(self, a):
+            self._a = a
+            self.__array_interface__ = a.__array_interface__
+
+    rng = np.random.default_rng(5)
+    with make_pool(num_layers=1) as pool:
+        seq = pool.create_sequence()
+        seq.append([1, 2, 3])
+        with pool.prepare([seq], 3) as b:
+            kv_c = rand(rng, (3, RANK), "f32")
+            for wrap in (DLPackOnly, InterfaceOnly):
+                k_pe = rand(rng, (3, 1, ROPE), "f32")
+                pagedkv.mla.cache_write(b, 0, kv_c, wrap(k_pe))
+                rows = np.asarray(pool.kv_tensor(0, "k"))[seq.block_table()[0], :3]
+                np.testing.assert_array_equal(rows[:, RANK:], k_pe[:, 0])
+            with pytest.raises(pagedkv.InvalidArgumentError, match=r"k_pe: expected shape \[3, 1, 16\]"):
+                pagedkv.mla.cache_write(b, 0, kv_c, DLPackOnly(rand(rng, (3, 2, ROPE), "f32")))
