@@ -116,6 +116,12 @@ class EventPublisher(HandleOwner):
     ) -> None:
         encodings = {"map": _c.PKV_EVENTS_ENCODING_MAP, "array": _c.PKV_EVENTS_ENCODING_ARRAY}
         hashes = {"int": _c.PKV_EVENTS_HASH_INT, "bytes": _c.PKV_EVENTS_HASH_BYTES}
+        for name, value, words in (
+            ("event_encoding", event_encoding, "'map' or 'array'"),
+            ("hash_encoding", hash_encoding, "'int' or 'bytes'"),
+        ):
+            if value.__hash__ is None:  # a list, a dict: the lookup's "unhashable type" named neither
+                raise TypeError(f"{name}: expected {words}, got {type(value).__name__}")
         if event_encoding not in encodings:
             raise _c.InvalidArgumentError(f"event_encoding {event_encoding!r}: not 'map' or 'array'")
         if hash_encoding not in hashes:
