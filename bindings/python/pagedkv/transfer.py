@@ -22,7 +22,7 @@ import time
 from typing import Any, Optional
 
 from . import _pagedkv as _c
-from ._handle import Handle, HandleOwner
+from ._handle import Handle, HandleOwner, no_copy
 from ._pool import Pool, Sequence, _index, _new_seq, _seq_opts
 
 RUNNING = _c.PKV_TRANSFER_RUNNING
@@ -64,6 +64,17 @@ class Export:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+    # A copy would release the same pin: the copy's release() unpinned the
+    # blocks while this object still said unreleased.
+    def __copy__(self) -> Any:
+        raise TypeError(no_copy(self))
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError(no_copy(self))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("cannot pickle a pagedkv.Export: it pins blocks of a live pool (send its descriptor bytes)")
 
 
 class TransferEngine(HandleOwner):

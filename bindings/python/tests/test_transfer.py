@@ -250,3 +250,26 @@ def test_a_poll_racing_a_cancel_does_not_undo_it(monkeypatch):
             assert dst.stats().num_free_blocks == free_before
             t.close()
     dst.validate()
+
+
+def test_export_copy_and_pickle_are_refused_naming_the_export():
+    # copy.copy(export) made a second object releasing the same pin: the
+    # copy's release() unpinned the original's blocks while the original
+    # still said unreleased (and its descriptor, sent on, failed to import);
+    # deepcopy and pickle were refused as copies of the TransferEngine.
+    import copy
+    import pickle
+
+    rng = np.random.default_rng(11)
+    src = make_pool()
+    seq = prefill(src, list(range(40)), rng)
+    with transfer.TransferEngine(transports="tcp") as a:
+        with a.export(src, seq) as exp:
+            for f in (copy.copy, copy.deepcopy):
+                with pytest.raises(TypeError, match=r"^cannot copy a pagedkv\.Export: "):
+                    f(exp)
+            with pytest.raises(TypeError, match=r"^cannot pickle a pagedkv\.Export: .*descriptor"):
+                pickle.dumps(exp)
+            assert a.num_exports == 1
+            assert pickle.loads(pickle.dumps(exp.descriptor)) == exp.descriptor
+        assert a.num_exports == 0
