@@ -17,6 +17,7 @@ Decode side::
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any, Optional
@@ -24,6 +25,7 @@ from typing import Any, Optional
 from . import _pagedkv as _c
 from ._handle import Handle, HandleOwner, no_copy
 from ._pool import Pool, Sequence, _index, _new_seq, _seq_opts
+from ._types import _real
 
 RUNNING = _c.PKV_TRANSFER_RUNNING
 DONE = _c.PKV_TRANSFER_DONE
@@ -181,6 +183,10 @@ class Transfer(HandleOwner):
     def wait(self, timeout: Optional[float] = None) -> Optional[Sequence]:
         """Polls until the transfer ends (or timeout seconds: TimeoutError);
         the new sequence (None if cancelled)."""
+        if timeout is not None:
+            timeout = _real(timeout, "timeout")
+            if math.isnan(timeout):  # never past it: the wait polled forever
+                raise ValueError("timeout: NaN is not a number of seconds")
         end = None if timeout is None else time.monotonic() + timeout
         while self.poll() == RUNNING:
             if end is not None and time.monotonic() > end:

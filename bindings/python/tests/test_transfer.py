@@ -273,3 +273,41 @@ def test_export_copy_and_pickle_are_refused_naming_the_export():
             assert a.num_exports == 1
             assert pickle.loads(pickle.dumps(exp.descriptor)) == exp.descriptor
         assert a.num_exports == 0
+
+
+def test_wait_timeout_is_a_number_and_nan_is_refused():
+    # wait(timeout=nan) compared the clock against nan, never true: it
+    # polled forever; wait(timeout="1") failed adding the string to the
+    # clock ("unsupported operand type(s)"), naming nothing.
+    import threading
+
+    rng = np.random.default_rng(12)
+    src, dst = make_pool(), make_pool()
+    seq = prefill(src, list(range(40)), rng)
+    with transfer.TransferEngine(transports="tcp") as a, transfer.TransferEngine(transports="tcp") as b:
+        with a.export(src, seq) as exp:
+            t = b.import_sequence(dst, exp.descriptor)  # a never progresses: it stays RUNNING
+            got = []
+
+            def wait_nan():
+                try:
+                    got.append(t.wait(timeout=float("nan")))
+                except Exception as e:
+                    got.append(e)
+
+            th = threading.Thread(target=wait_nan)
+            th.start()
+            th.join(5)
+            if th.is_alive():  # unblock it before failing
+                t.cancel()
+                th.join()
+            assert len(got) == 1 and isinstance(got[0], ValueError) and "timeout" in str(got[0]), got
+            with pytest.raises(TypeError, match=r"^timeout: expected a float"):
+                t.wait(timeout="1")
+            with pytest.raises(TimeoutError):
+                t.wait(timeout=0.01)
+            assert t.state == transfer.RUNNING
+            t.cancel()
+            assert t.wait(timeout=1) is None
+            t.close()
+    dst.validate()
