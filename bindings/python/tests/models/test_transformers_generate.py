@@ -239,3 +239,21 @@ def test_a_generate_call_that_fails_leaves_none_of_its_requests_behind(monkeypat
         monkeypatch.setattr(model, "forward", forward)
         out = gen.generate([[7, 8, 9]], SamplingParams(max_new_tokens=2))
         assert len(out[0][0].tokens) == 2
+
+
+def test_a_request_that_can_never_run_does_not_block_later_steps():
+    """A request queued with add_request whose first chunk needs more blocks
+    than the pool has (raised by step() once nothing else runs) stayed at
+    the head of the queue: every later step() raised the same error and no
+    other request could run (step() users have no call to remove it)."""
+    model = tiny_model("llama")
+    with Generator(model, num_blocks=4, block_size=4) as gen:  # 3 usable blocks: 12 tokens
+        rid = gen.add_request(list(range(20)))
+        with pytest.raises(RuntimeError, match=f"request {rid}: .*more blocks than the pool has"):
+            gen.step()
+        assert not gen.has_unfinished() and gen.pool.stats().num_seqs == 0
+        gen.add_request([1, 2, 3], SamplingParams(max_new_tokens=2))
+        done = []
+        while gen.has_unfinished():
+            done += gen.step()
+        assert len(done) == 1 and len(done[0].tokens) == 2

@@ -320,7 +320,9 @@ class Generator:
             counts.append(count)
             budget -= count
         if not seqs and self._waiting and not self._running:
-            s = self._waiting[0]
+            # Nothing else holds blocks: it can never run. Left queued, it
+            # made every later step raise this again.
+            s = self._waiting.popleft()
             raise RuntimeError(
                 f"request {s.req.id}: its first {min(len(s.tokens), self.max_num_batched_tokens)} tokens need "
                 f"more blocks than the pool has ({self.pool.num_blocks} of {self.pool.block_size} tokens)"
