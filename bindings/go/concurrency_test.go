@@ -5,7 +5,9 @@ import (
 	"math/rand"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Many goroutines drive one pool the way an engine's request handlers
@@ -330,4 +332,66 @@ func TestFinalizersRelease(t *testing.T) {
 	}
 	runtime.GC()
 	runtime.GC()
+}
+
+// Kernel calls given views of two pools in opposite orders (A's storage as
+// k and B's as v on one batch, B's then A's on another) while both pools
+// close: each call held the first pool it was given and waited for the
+// second, whose waiting Close blocked new readers, so the two calls and the
+// two Closes waited on each other for ever. The hook stops both calls after
+// the first pool each takes until both Closes wait.
+func TestKernelCallsGivenEachOthersPoolsDoNotDeadlockWithClose(t *testing.T) {
+	mk := func() (*Pool, *Batch, Tensor) {
+		p, err := NewPool(&PoolOptions{BlockSize: 8, NumBlocks: 12, NumLayers: 1, NumKVHeads: 2,
+			HeadDim: 64, DType: Float32, NumThreads: 1})
+		ok(t, err)
+		s, err := p.CreateSeq(nil)
+		ok(t, err)
+		ok(t, s.Append([]int32{1, 2}))
+		b, err := p.Prepare([]Seq{s}, []int{2})
+		ok(t, err)
+		kt, err := p.KVTensor(0, Key)
+		ok(t, err)
+		kt.Shape, kt.Strides = []int64{2, 2, 64}, nil // the first two slots, as the step's k and v
+		return p, b, kt
+	}
+	pa, ba, ta := mk()
+	pb, bb, tb := mk()
+
+	var hooked int32
+	arrived, resume := make(chan struct{}, 2), make(chan struct{})
+	holdOperandHook = func() {
+		if atomic.AddInt32(&hooked, 1) <= 2 {
+			arrived <- struct{}{}
+			<-resume
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	wg.Add(2)
+	go func() { defer wg.Done(); errs[0] = ba.CacheWriteTensor(0, &ta, &tb, nil) }()
+	go func() { defer wg.Done(); errs[1] = bb.CacheWriteTensor(0, &tb, &ta, nil) }()
+	<-arrived
+	<-arrived // each call holds one pool
+	wg.Add(2)
+	go func() { defer wg.Done(); pa.Close() }()
+	go func() { defer wg.Done(); pb.Close() }()
+	time.Sleep(100 * time.Millisecond) // both Closes wait
+	close(resume)
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(10 * time.Second):
+		// (Nothing closes the batches: the stuck calls hold them.)
+		t.Fatal("the two kernel calls and the two Closes still wait after 10 s")
+	}
+	holdOperandHook = nil
+	ok(t, ba.Close())
+	ok(t, bb.Close())
+	for i, err := range errs {
+		if err != nil && !errors.Is(err, ErrClosed) {
+			t.Errorf("call %d: %v, want success or ErrClosed", i, err)
+		}
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -197,7 +198,13 @@ type Pool struct {
 	mu   sync.RWMutex // read-held by every call, write-held by Close
 	ptr  *C.pkv_pool
 	opts PoolOptions // as resolved by the library
+	// serial orders pools by creation: calls holding several pools take
+	// them in this order (holdKernelOperands).
+	serial uint64
 }
+
+// poolSerial numbers the pools created (Pool.serial).
+var poolSerial uint64
 
 // NewPool creates a pool; opts may be nil for the defaults. Close it when
 // done.
@@ -227,7 +234,7 @@ func adoptPool(ptr *C.pkv_pool) (*Pool, error) {
 		C.pkv_pool_destroy(ptr)
 		return nil, err
 	}
-	p := &Pool{ptr: ptr, opts: poolOptionsFromC(&resolved)}
+	p := &Pool{ptr: ptr, opts: poolOptionsFromC(&resolved), serial: atomic.AddUint64(&poolSerial, 1)}
 	runtime.SetFinalizer(p, (*Pool).Close)
 	return p, nil
 }

@@ -5,7 +5,10 @@ package pagedkv
 */
 import "C"
 
-import "unsafe"
+import (
+	"sort"
+	"unsafe"
+)
 
 // MaxDims is the most dimensions a Tensor may have.
 const MaxDims = C.PKV_TENSOR_MAX_DIMS
@@ -37,38 +40,53 @@ type Tensor struct {
 // array (PlanTensor and the like: read-only i32/i64 views of a Batch) is
 // no operand, refused before anything reads it. The returned function
 // lets the pools go.
+//
+// The pools are held in the order they were created, the same in every
+// call: two calls holding each other's pool (views of pools A and B given
+// as A, B to one and B, A to the other) would otherwise deadlock once a
+// Close of each waited, as a waiting Close blocks new readers.
 func holdKernelOperands(op string, names []string, ts ...*Tensor) (func(), error) {
-	var held []*Pool
-	done := func() {
-		for _, p := range held {
-			p.release()
-		}
-	}
+	var pools []*Pool
 	for i, t := range ts {
 		if t == nil {
 			continue
 		}
 		switch o := t.owner.(type) {
 		case *Batch:
-			done()
 			return nil, argError(op, "%s is a step plan's array (read-only), not a kernel operand", names[i])
 		case *Pool:
 			dup := false
-			for _, p := range held {
+			for _, p := range pools {
 				dup = dup || p == o
 			}
-			if dup {
-				continue
+			if !dup {
+				pools = append(pools, o)
 			}
-			if _, err := o.acquire(op); err != nil {
-				done()
-				return nil, err
-			}
-			held = append(held, o)
+		}
+	}
+	sort.Slice(pools, func(i, j int) bool { return pools[i].serial < pools[j].serial })
+	var held []*Pool
+	done := func() {
+		for _, p := range held {
+			p.release()
+		}
+	}
+	for _, p := range pools {
+		if _, err := p.acquire(op); err != nil {
+			done()
+			return nil, err
+		}
+		held = append(held, p)
+		if holdOperandHook != nil {
+			holdOperandHook()
 		}
 	}
 	return done, nil
 }
+
+// holdOperandHook, when set (tests only), runs after each pool
+// holdKernelOperands takes.
+var holdOperandHook func()
 
 // ownedBy returns t keeping owner reachable.
 func ownedBy(t Tensor, owner any) Tensor {
