@@ -125,6 +125,46 @@ impl Default for AttentionParams {
 /// batch that was not committed aborts it, so an early return or a panic
 /// between prepare and the writes never caches K/V nobody wrote.
 ///
+/// Its host arrays ([`slot_mapping`](Batch::slot_mapping) and the others)
+/// are slices borrowed from it: they cannot outlive it or a commit
+/// (compile errors), and `Batch` is not `Sync`:
+///
+/// ```compile_fail
+/// # fn main() -> pagedkv::Result<()> {
+/// let pool = pagedkv::Pool::new(&pagedkv::PoolOptions { block_size: 4, num_blocks: 8, ..Default::default() })?;
+/// let seq = pool.create_seq()?;
+/// pool.append(seq, &[1, 2])?;
+/// let slots = {
+///     let batch = pool.prepare(&[seq], &[2])?;
+///     batch.slot_mapping()? // error[E0597]: `batch` does not live long enough
+/// };
+/// assert_eq!(slots.len(), 2);
+/// # Ok(()) }
+/// ```
+///
+/// ```compile_fail
+/// # fn main() -> pagedkv::Result<()> {
+/// let pool = pagedkv::Pool::new(&pagedkv::PoolOptions { block_size: 4, num_blocks: 8, ..Default::default() })?;
+/// let seq = pool.create_seq()?;
+/// pool.append(seq, &[1, 2])?;
+/// let batch = pool.prepare(&[seq], &[2])?;
+/// let slots = batch.slot_mapping()?;
+/// batch.commit()?; // error[E0505]: cannot move out of `batch` because it is borrowed
+/// assert_eq!(slots.len(), 2);
+/// # Ok(()) }
+/// ```
+///
+/// ```compile_fail
+/// # fn main() -> pagedkv::Result<()> {
+/// fn shared<T: Sync>(_: &T) {}
+/// let pool = pagedkv::Pool::new(&pagedkv::PoolOptions { block_size: 4, num_blocks: 8, ..Default::default() })?;
+/// let seq = pool.create_seq()?;
+/// pool.append(seq, &[1, 2])?;
+/// let batch = pool.prepare(&[seq], &[2])?;
+/// shared(&batch); // error[E0277]: `NonNull<pkv_batch>` cannot be shared between threads safely
+/// # Ok(()) }
+/// ```
+///
 /// [`Pool`]: crate::Pool
 pub struct Batch {
     raw: NonNull<sys::pkv_batch>,

@@ -381,7 +381,20 @@ impl Event {
     }
 }
 
-/// Iterator draining a pool's events in order; see [`Pool::events`].
+/// Iterator draining a pool's events in order; see [`Pool::events`]. It
+/// borrows the pool:
+///
+/// ```compile_fail
+/// # fn main() -> pagedkv::Result<()> {
+/// let events = {
+///     let pool = pagedkv::Pool::new(&pagedkv::PoolOptions { block_size: 4, num_blocks: 8, ..Default::default() })?;
+///     pool.events() // error[E0597]: `pool` does not live long enough
+/// };
+/// for e in events {
+///     e?;
+/// }
+/// # Ok(()) }
+/// ```
 pub struct Events<'p> {
     pool: &'p Pool,
     buf: std::vec::IntoIter<Event>,

@@ -26,6 +26,18 @@ use crate::types::BlockHash;
 /// assert_eq!(pool.stats()?.num_seqs, 0);
 /// # Ok(()) }
 /// ```
+///
+/// The pool cannot go away under a live `Seq` (a compile error, not a
+/// freed pool at the `Seq`'s drop):
+///
+/// ```compile_fail
+/// # fn main() -> pagedkv::Result<()> {
+/// let pool = pagedkv::Pool::new(&pagedkv::PoolOptions { block_size: 4, num_blocks: 8, ..Default::default() })?;
+/// let s = pool.sequence()?;
+/// drop(pool); // error[E0505]: cannot move out of `pool` because it is borrowed
+/// s.append(&[1])?;
+/// # Ok(()) }
+/// ```
 pub struct Seq<'pool> {
     pool: &'pool Pool,
     id: SeqId,

@@ -80,6 +80,18 @@ fn apply_strides(raw: &mut sys::pkv_tensor, strides: Option<&[i64]>) -> Result<(
 /// assert_eq!(view.shape(), &[2, 4, 64]);
 /// assert!(TensorView::new(&q, &[3, 4, 64]).is_err()); // wrong element count
 /// ```
+///
+/// A view borrows its data, which therefore outlives it:
+///
+/// ```compile_fail
+/// # fn main() -> pagedkv::Result<()> {
+/// let view = {
+///     let q = vec![0.5f32; 4];
+///     pagedkv::TensorView::new(&q, &[4])? // error[E0597]: `q` does not live long enough
+/// };
+/// assert_eq!(view.shape(), &[4]);
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct TensorView<'a> {
     raw: sys::pkv_tensor,
@@ -138,7 +150,19 @@ impl<'a> TensorView<'a> {
     }
 }
 
-/// A writable view of tensor data for one call (`out`, `lse`).
+/// A writable view of tensor data for one call (`out`, `lse`). It borrows
+/// its data exclusively: no other view (or read) of that data while it
+/// lives, so a kernel's output never aliases its inputs.
+///
+/// ```compile_fail
+/// # fn main() -> pagedkv::Result<()> {
+/// use pagedkv::{TensorView, TensorViewMut};
+/// let mut buf = vec![0f32; 4];
+/// let out = TensorViewMut::new(&mut buf, &[4])?;
+/// let q = TensorView::new(&buf, &[4])?; // error[E0502]: `buf` is also borrowed as mutable
+/// assert_eq!(q.shape(), out.shape());
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct TensorViewMut<'a> {
     raw: sys::pkv_tensor,

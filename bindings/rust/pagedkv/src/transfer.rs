@@ -184,7 +184,29 @@ impl TransferEngine {
 }
 
 /// An import in flight; dropping it cancels a running one. It borrows its
-/// engine and pool, which therefore outlive it.
+/// engine and pool, which therefore outlive it:
+///
+/// ```compile_fail
+/// # fn main() -> pagedkv::Result<()> {
+/// use pagedkv::{Pool, PoolOptions, SeqOptions, TransferEngine};
+/// let engine = TransferEngine::new(&Default::default())?;
+/// let pool = Pool::new(&PoolOptions { block_size: 4, num_blocks: 8, ..Default::default() })?;
+/// let t = engine.import(&pool, &SeqOptions::default(), &[])?;
+/// drop(pool); // error[E0505]: cannot move out of `pool` because it is borrowed
+/// t.poll()?;
+/// # Ok(()) }
+/// ```
+///
+/// ```compile_fail
+/// # fn main() -> pagedkv::Result<()> {
+/// use pagedkv::{Pool, PoolOptions, SeqOptions, TransferEngine};
+/// let pool = Pool::new(&PoolOptions { block_size: 4, num_blocks: 8, ..Default::default() })?;
+/// let engine = TransferEngine::new(&Default::default())?;
+/// let t = engine.import(&pool, &SeqOptions::default(), &[])?;
+/// drop(engine); // error[E0505]: cannot move out of `engine` because it is borrowed
+/// t.poll()?;
+/// # Ok(()) }
+/// ```
 pub struct Transfer<'a> {
     raw: NonNull<sys::pkv_transfer>,
     _engine: &'a TransferEngine,
