@@ -21,6 +21,11 @@ Tensor3 check_latent_rows(const TensorArg* t, const char* name, const RowsSpec& 
     fail(Errc::kInvalidArgument, std::string(name) + " has " + std::to_string(t->ndim) +
                                      " dimensions, expected 2 [num_tokens, " + str(spec.n2) +
                                      "] (or 3 with a middle dimension of 1)");
+  // A wrong shape is named as the caller gave it, not as the view below.
+  if (t->shape[0] != spec.n0 || t->shape[1] != spec.n2)
+    fail(Errc::kInvalidArgument, std::string(name) + " has shape [" + std::to_string(t->shape[0]) +
+                                     ", " + std::to_string(t->shape[1]) + "], expected [" +
+                                     str(uint64_t(spec.n0)) + ", " + str(uint64_t(spec.n2)) + "]");
   TensorArg r = *t;
   r.ndim = 3;
   r.shape[2] = t->shape[1];

@@ -200,3 +200,60 @@ fn mla_wrong_calls() {
     .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
 }
+
+#[test]
+fn a_wrong_2d_latent_is_named_by_the_shape_given() {
+    // kv_c and k_pe are [num_tokens, width]; a wrong one was reported as the
+    // [num_tokens, 1, width] view the library makes of it, a shape the caller
+    // never passed.
+    let pool = mla_pool();
+    let s = pool.create_seq().unwrap();
+    pool.append(s, &[1, 2]).unwrap();
+    let mut batch = pool.prepare(&[s], &[2]).unwrap();
+    let c = vec![0.5f32; 3 * RANK];
+    let pe = vec![0.5f32; 3 * ROPE];
+    let e = batch
+        .mla_cache_write(
+            0,
+            &TensorView::new(&pe[..2 * ROPE], &[2, ROPE]).unwrap(),
+            &TensorView::new(&pe[..2 * ROPE], &[2, ROPE]).unwrap(),
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        e.message()
+            .contains(&format!("kv_c has shape [2, {ROPE}], expected [2, {RANK}]")),
+        "{}",
+        e.message()
+    );
+    let e = batch
+        .mla_cache_write(
+            0,
+            &TensorView::new(&c[..2 * RANK], &[2, RANK]).unwrap(),
+            &TensorView::new(&pe, &[3, ROPE]).unwrap(),
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        e.message()
+            .contains(&format!("k_pe has shape [3, {ROPE}], expected [2, {ROPE}]")),
+        "{}",
+        e.message()
+    );
+    // The 3-D form is named as given.
+    let e = batch
+        .mla_cache_write(
+            0,
+            &TensorView::new(&c[..2 * RANK], &[2, 1, RANK]).unwrap(),
+            &TensorView::new(&pe, &[3, 1, ROPE]).unwrap(),
+        )
+        .unwrap_err();
+    assert!(
+        e.message().contains(&format!(
+            "k_pe has shape [3, 1, {ROPE}], expected [2, 1, {ROPE}]"
+        )),
+        "{}",
+        e.message()
+    );
+    assert_eq!(pool.seq_info(s).unwrap().num_computed_tokens, 0);
+}
