@@ -152,6 +152,12 @@ pkv_status pkv_batch_plan_tensor_group(const pkv_batch* batch, uint32_t group, u
       if (group != 0)
         fail(Errc::kInvalidArgument,
              "group " + std::to_string(group) + " is out of range (the pool has 1)");
+      // As a multi-group plan answers for a group that is not recurrent.
+      if (which >= pagedkv::kPlanSnapshotIndptr && which <= pagedkv::kPlanSnapshotBlocks)
+        fail(Errc::kInvalidArgument,
+             "which " + std::to_string(which) +
+                 " is a PKV_PLAN_SNAPSHOT_* array but group 0 is not PKV_GROUP_RECURRENT (a "
+                 "single-group pool's plan)");
       pc::from_arg(batch_of(batch).plan_tensor(which), out);
     }
   });

@@ -444,3 +444,58 @@ fn with_groups_keeps_strict_key_domains_and_refuses_unsupported_options() {
         assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     }
 }
+
+#[test]
+fn snapshot_arrays_of_a_single_group_plan_name_the_group() {
+    // A single-group plan has no recurrent group: asking it for a snapshot
+    // array was answered "which 16 is not a PKV_PLAN_* array (0..5)", as if
+    // SnapshotArray::Indptr were no array at all, where a multi-group plan
+    // names the group that is not recurrent.
+    let pool = Pool::new(&opts(16)).unwrap();
+    let s = pool.create_seq().unwrap();
+    pool.append(s, &[1, 2, 3, 4, 5]).unwrap();
+    let plan = pool.prepare(&[s], &[5]).unwrap();
+    for which in [
+        SnapshotArray::Indptr,
+        SnapshotArray::Rows,
+        SnapshotArray::Blocks,
+    ] {
+        let e = plan.group_snapshot_tensor(0, which).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(
+            e.message().contains("group 0 is not PKV_GROUP_RECURRENT"),
+            "{which:?}: {}",
+            e.message()
+        );
+    }
+    let e = plan
+        .group_snapshot_i32(0, SnapshotArray::Blocks)
+        .unwrap_err();
+    assert!(
+        e.message().contains("not PKV_GROUP_RECURRENT"),
+        "{}",
+        e.message()
+    );
+    let e = plan.group_snapshot_rows(0).unwrap_err();
+    assert!(
+        e.message().contains("not PKV_GROUP_RECURRENT"),
+        "{}",
+        e.message()
+    );
+    // The multi-group answer, for comparison.
+    let gp = Pool::with_groups(&opts(16), &[GroupSpec::full(1, 1, 8)]).unwrap();
+    let gs = gp.create_seq().unwrap();
+    gp.append(gs, &[1, 2]).unwrap();
+    let gplan = gp.prepare(&[gs], &[2]).unwrap();
+    let e = gplan.group_snapshot_rows(0).unwrap_err();
+    assert!(
+        e.message().contains("not PKV_GROUP_RECURRENT"),
+        "{}",
+        e.message()
+    );
+    // The plan arrays are still there.
+    assert_eq!(
+        plan.plan_group_i32(0, PlanArray::ContextLens).unwrap(),
+        &[5]
+    );
+}
