@@ -409,7 +409,12 @@ void Pool::set_retention(SeqId id, const RetentionRange* ranges, uint64_t n) {
              str(blocks_.num_pinned()) + " of max_pinned_blocks " + str(blocks_.max_pinned()) +
              " are pinned" + (blocks_.max_pinned() == 0 ? " (pinning is off)" : ""));
   }
-  for (size_t j = 0; j < s.blocks.size(); ++j) assign_priority(s, j, false);
+  // A block the sequence filled and holds alone takes the new ranges'
+  // priority exactly, lower ones and an unpin included (pool.h); its prefix
+  // hits and blocks others share only ever rise, as at caching.
+  const uint64_t hits = div_bs(s.num_cached);
+  for (size_t j = 0; j < s.blocks.size(); ++j)
+    assign_priority(s, j, j >= hits && blocks_.ref(s.blocks[j]) == 1);
 }
 
 void Pool::priority_counts(uint64_t* out) const {

@@ -94,3 +94,47 @@ fn retention_needs_the_pool_option() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidState);
 }
+
+#[test]
+fn replacing_the_ranges_lowers_and_unpins_the_sequences_own_blocks() {
+    // pool.h: set_retention replaces the ranges, and a block the sequence
+    // filled takes their priority exactly. Replacing them never lowered a
+    // priority: a pin stayed for good, after the sequence was freed too,
+    // and its max_pinned_blocks budget could not be given back.
+    let p = pool(false, true, 1);
+    let a = p.create_seq().unwrap();
+    computed(&p, a, &[0, 1, 2, 3, 4, 5, 6, 7, 8]);
+    let pin = [RetentionRange::new(0, 4, RetentionRange::PINNED)];
+    p.set_retention(a, &pin).unwrap();
+    assert_eq!(p.stats().unwrap().num_pinned_blocks, 1);
+    p.set_retention(a, &[RetentionRange::new(0, 8, 10)])
+        .unwrap();
+    let c = p.priority_counts().unwrap();
+    assert_eq!((c[100], c[10]), (0, 2), "{c:?}");
+    assert_eq!(p.stats().unwrap().num_pinned_blocks, 0);
+    // No ranges: the default for all of it.
+    p.set_retention(a, &[]).unwrap();
+    let c = p.priority_counts().unwrap();
+    assert_eq!(c[RetentionRange::PRIORITY_DEFAULT as usize], 2, "{c:?}");
+    // The budget is free again for another sequence.
+    let b = p.create_seq().unwrap();
+    computed(&p, b, &[50, 51, 52, 53, 54]);
+    p.set_retention(b, &pin).unwrap();
+    assert_eq!(p.stats().unwrap().num_pinned_blocks, 1);
+    // A prefix hit on b's block only ever raises it: a lower range of the
+    // sequence that hit it leaves the pin.
+    let hit = p.create_seq().unwrap();
+    assert_eq!(p.match_prefix(hit, &[50, 51, 52, 53, 54]).unwrap(), 4);
+    p.set_retention(hit, &[RetentionRange::new(0, 4, 5)])
+        .unwrap();
+    assert_eq!(p.stats().unwrap().num_pinned_blocks, 1);
+    // Nor does b lower it while the hit shares it.
+    p.set_retention(b, &[]).unwrap();
+    assert_eq!(p.stats().unwrap().num_pinned_blocks, 1);
+    p.free_seq(hit).unwrap();
+    p.set_retention(b, &[]).unwrap();
+    assert_eq!(p.stats().unwrap().num_pinned_blocks, 0);
+    p.free_seq(a).unwrap();
+    p.free_seq(b).unwrap();
+    p.validate().unwrap();
+}
