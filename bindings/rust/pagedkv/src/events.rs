@@ -125,7 +125,7 @@ pub enum HashEncoding {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PublisherOptions {
     pub topic: String,
-    /// In every batch; offsets a tcp port (inproc: "_dp<rank>"), as vLLM.
+    /// In every batch; offsets a tcp port (inproc: `"_dp<rank>"`), as vLLM.
     pub data_parallel_rank: u32,
     /// Batches kept for replay.
     pub buffer_steps: u64,
