@@ -45,6 +45,49 @@ def tiny_model(kind: str, dtype=None, seed: int = 0, attn: str = "sdpa"):
     return model
 
 
+def _family_configs():
+    """Tiny configs of other decoder families: (config, model class, the
+    attn_implementation generate() runs with). Windows of 8 tokens, shorter
+    than the prompts the tests use, so that the window matters."""
+    t = transformers
+    c = dict(
+        vocab_size=384,
+        max_position_embeddings=1024,
+        initializer_range=0.08,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=3,
+    )
+    alt = ["sliding_attention", "full_attention", "sliding_attention"]
+    return {
+        "gpt_oss": lambda: (
+            t.GptOssConfig(
+                **{**c, "num_hidden_layers": 2, "max_position_embeddings": 131072},  # YaRN's 4096 x 32
+                intermediate_size=64,
+                head_dim=16,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                sliding_window=8,
+                layer_types=alt[:2],
+            ),
+            t.GptOssForCausalLM,
+            "eager",
+        ),
+    }
+
+
+def family_model(name: str, seed: int = 0):
+    """A tiny random-weight model of decoder family name (_family_configs)."""
+    torch.manual_seed(seed)
+    cfg, cls, attn = _family_configs()[name]()
+    cfg._attn_implementation = attn
+    return cls(cfg).eval()
+
+
 def random_prompts(seed: int, lengths, vocab: int = 384):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]

@@ -91,9 +91,14 @@ def pagedkv_attention_forward(
     sliding_window: Optional[int] = None,
     softcap: Optional[float] = None,
     pagedkv_step: Any = None,
+    s_aux: Any = None,
     **kwargs: Any,
 ) -> Tuple[Any, None]:
-    """The transformers attention function (see the module docstring)."""
+    """The transformers attention function (see the module docstring).
+
+    s_aux: per-query-head attention-sink logits (gpt-oss's ``sinks``): each
+    head's softmax also normalizes over one extra logit with no value, so
+    the output is pagedkv's scaled by ``sigmoid(lse - sink)``."""
     if pagedkv_step is None:
         raise RuntimeError(
             "attn_implementation 'pagedkv' needs the step plan: call the model with pagedkv_step=<pagedkv.Batch> "
@@ -106,6 +111,18 @@ def pagedkv_attention_forward(
         )
     if dropout:
         raise ValueError("attn_implementation 'pagedkv' is for inference: dropout must be 0 (model.eval())")
+    if s_aux is not None:
+        return _attention_with_sinks(
+            pagedkv_step,
+            module.layer_idx,
+            query,
+            key,
+            value,
+            s_aux,
+            scaling=scaling,
+            sliding_window=sliding_window,
+            softcap=softcap,
+        ), None
     out = paged_attention(
         pagedkv_step,
         module.layer_idx,
@@ -117,6 +134,46 @@ def pagedkv_attention_forward(
         softcap=softcap,
     )
     return out, None
+
+
+def _attention_with_sinks(
+    step: Any,
+    layer: int,
+    query: Any,
+    key: Any,
+    value: Any,
+    sinks: Any,
+    *,
+    scaling: Optional[float],
+    sliding_window: Optional[int],
+    softcap: Optional[float],
+) -> Any:
+    """Attention whose softmax has one more logit per head, sinks[h], with
+    no value (gpt-oss): sum_i e^{s_i} v_i / (e^{sink} + sum_i e^{s_i}) is
+    the plain output times e^{lse} / (e^{lse} + e^{sink}) = sigmoid(lse - sink),
+    lse being the log-sum-exp of the scaled logits that pagedkv returns."""
+    import torch
+
+    q = token_rows(query, "bhtd")
+    heads = q.shape[1]
+    sinks = sinks.reshape(-1)
+    if sinks.numel() != heads:
+        raise ValueError(f"attention sinks: {sinks.numel()} values for {heads} query heads")
+    stream = torch.cuda.current_stream(q.device) if q.is_cuda else None
+    step.cache_write(layer, token_rows(key, "bhtd"), token_rows(value, "bhtd"), stream=stream)
+    out = torch.empty((1, q.shape[0], heads, q.shape[2]), dtype=q.dtype, device=q.device)
+    _, lse = step.attention(
+        layer,
+        q,
+        out[0],
+        lse=True,
+        softmax_scale=float(scaling or 0.0),
+        sliding_window=int(sliding_window or 0),
+        logit_softcap=float(softcap or 0.0),
+        stream=stream,
+    )
+    gate = torch.sigmoid(lse - sinks.to(device=lse.device, dtype=torch.float32)[None, :])  # [tokens, heads]
+    return (out.float() * gate[None, :, :, None]).to(q.dtype)
 
 
 def register() -> str:

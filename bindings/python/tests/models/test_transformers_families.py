@@ -1,0 +1,34 @@
+"""pagedkv.integrations.transformers on decoder families beyond Llama and
+Qwen2 (tiny random-weight configs, conftest._family_configs): greedy tokens
+equal generate() in f32 through chunked prefill and prefix hits with prompts
+longer than any sliding window; models whose attention pagedkv cannot run
+are refused with an error that says why."""
+
+import torch
+
+from conftest import family_model, random_prompts, reference_greedy
+from pagedkv.integrations.transformers import Generator, SamplingParams
+
+NEW = 6
+
+
+def greedy_matches_generate(model, *, preempt=False):
+    first = random_prompts(11, [5, 21, 30], 384)
+    second = [[*first[1][:16], 3, 4], first[2] + [9]]  # whole blocks of first's prompts are prefix hits
+    with Generator(model, num_blocks=200, block_size=4, max_num_batched_tokens=16) as gen:
+        outs = gen.generate(first, SamplingParams(max_new_tokens=NEW))
+        outs += gen.generate(second, SamplingParams(max_new_tokens=NEW))
+        assert gen.stats.chunked_prefills > 0
+        assert gen.stats.prefix_hit_tokens >= 16 + 28
+    for prompt, (c,) in zip(first + second, outs):
+        assert c.tokens == reference_greedy(model, prompt, NEW), (len(prompt), c.tokens)
+
+
+def test_gpt_oss_attention_sinks():
+    """gpt-oss's attention has a learned sink logit per head (s_aux): the
+    softmax also normalizes over it. Ignoring it gave other tokens."""
+    model = family_model("gpt_oss")
+    g = torch.Generator().manual_seed(1)
+    for layer in model.model.layers:  # trained sinks are logits of a few units, not ~0 as initialized
+        layer.self_attn.sinks.data = torch.rand(layer.self_attn.sinks.shape, generator=g) * 4
+    greedy_matches_generate(model)
