@@ -64,6 +64,7 @@ def _family_configs():
     )
     alt = ["sliding_attention", "full_attention", "sliding_attention"]
     return {
+        "stablelm": lambda: (t.StableLmConfig(**c, intermediate_size=128), t.StableLmForCausalLM, "sdpa"),
         "gpt_oss": lambda: (
             t.GptOssConfig(
                 **{**c, "num_hidden_layers": 2, "max_position_embeddings": 131072},  # YaRN's 4096 x 32

@@ -32,3 +32,10 @@ def test_gpt_oss_attention_sinks():
     for layer in model.model.layers:  # trained sinks are logits of a few units, not ~0 as initialized
         layer.self_attn.sinks.data = torch.rand(layer.self_attn.sinks.shape, generator=g) * 4
     greedy_matches_generate(model)
+
+
+def test_stablelm_whose_layers_drop_the_kwargs():
+    """StableLM's decoder layers call their attention without the forward's
+    kwargs, so pagedkv_step never reached it: "needs the step plan", from
+    Generator itself. run_step also makes the plan the active one."""
+    greedy_matches_generate(family_model("stablelm"))

@@ -15,7 +15,14 @@ prefill, preemption and fork-based parallel sampling. Needs torch and
 transformers (tested with transformers 5.23 and torch 2.15: scripts/deps/models.*).
 """
 
-from ._attention import ATTN_IMPLEMENTATION, paged_attention, pagedkv_attention_forward, register, token_rows
+from ._attention import (
+    ATTN_IMPLEMENTATION,
+    active_step,
+    paged_attention,
+    pagedkv_attention_forward,
+    register,
+    token_rows,
+)
 from ._generator import Completion, Generator, GeneratorStats, SamplingParams
 from ._runner import model_kv_shape, pagedkv_attention, pool_for_model, run_step
 
@@ -25,6 +32,7 @@ __all__ = [
     "Generator",
     "GeneratorStats",
     "SamplingParams",
+    "active_step",
     "model_kv_shape",
     "paged_attention",
     "pagedkv_attention",

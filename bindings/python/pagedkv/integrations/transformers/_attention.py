@@ -14,11 +14,40 @@ kernels as strided views, never copied.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+import contextlib
+import contextvars
+from typing import Any, Iterator, List, Optional, Tuple
 
 ATTN_IMPLEMENTATION = "pagedkv"
 
 _registered = False
+
+
+class StepCalls:
+    """The step plan :func:`run_step` is running the model over, and the
+    layers whose attention reached it (in call order)."""
+
+    __slots__ = ("layers", "step")
+
+    def __init__(self, step: Any) -> None:
+        self.step = step
+        self.layers: List[int] = []
+
+
+_active: contextvars.ContextVar = contextvars.ContextVar("pagedkv_active_step", default=None)
+
+
+@contextlib.contextmanager
+def active_step(step: Any) -> Iterator[StepCalls]:
+    """Makes step the plan of attention calls inside the block that get no
+    ``pagedkv_step`` kwarg: some models' decoder layers do not pass the
+    forward's kwargs on to their attention module (StableLM)."""
+    calls = StepCalls(step)
+    token = _active.set(calls)
+    try:
+        yield calls
+    finally:
+        _active.reset(token)
 
 
 def token_rows(x: Any, layout: str) -> Any:
@@ -96,9 +125,15 @@ def pagedkv_attention_forward(
 ) -> Tuple[Any, None]:
     """The transformers attention function (see the module docstring).
 
+    pagedkv_step: the step plan; None takes the one :func:`active_step`
+    (:func:`run_step`) set, for models whose layers drop the kwargs.
+
     s_aux: per-query-head attention-sink logits (gpt-oss's ``sinks``): each
     head's softmax also normalizes over one extra logit with no value, so
     the output is pagedkv's scaled by ``sigmoid(lse - sink)``."""
+    active = _active.get()
+    if pagedkv_step is None and active is not None:
+        pagedkv_step = active.step
     if pagedkv_step is None:
         raise RuntimeError(
             "attn_implementation 'pagedkv' needs the step plan: call the model with pagedkv_step=<pagedkv.Batch> "

@@ -17,7 +17,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import pagedkv
 
-from ._attention import register
+from ._attention import active_step, register
 
 _DTYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
@@ -109,14 +109,15 @@ def run_step(
     device = input_ids.device
     stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
     with pool.prepare(seqs, counts, stream) as step, torch.inference_mode(), pagedkv_attention(model):
-        positions = as_torch_i64(step.token_positions(), device)
-        last = as_torch_i64(step.last_token_indices(), device)
-        keep = last.index_select(0, sample_rows.to(device))
-        out = model(
-            input_ids=input_ids[None],
-            position_ids=positions[None],
-            logits_to_keep=keep,
-            use_cache=False,
-            pagedkv_step=step,
-        )
+        with active_step(step):
+            positions = as_torch_i64(step.token_positions(), device)
+            last = as_torch_i64(step.last_token_indices(), device)
+            keep = last.index_select(0, sample_rows.to(device))
+            out = model(
+                input_ids=input_ids[None],
+                position_ids=positions[None],
+                logits_to_keep=keep,
+                use_cache=False,
+                pagedkv_step=step,
+            )
     return out.logits[0]
