@@ -65,6 +65,39 @@ def _family_configs():
     alt = ["sliding_attention", "full_attention", "sliding_attention"]
     return {
         "stablelm": lambda: (t.StableLmConfig(**c, intermediate_size=128), t.StableLmForCausalLM, "sdpa"),
+        # Attention of their own, not through the registry: refused.
+        "falcon": lambda: (
+            t.FalconConfig(**{**c, "num_kv_heads": 2}, new_decoder_architecture=True),
+            t.FalconForCausalLM,
+            "sdpa",
+        ),
+        "gptj": lambda: (
+            t.GPTJConfig(
+                n_embd=64,
+                n_head=4,
+                n_layer=3,
+                rotary_dim=8,
+                vocab_size=384,
+                initializer_range=0.08,
+                eos_token_id=None,
+                bos_token_id=None,
+            ),
+            t.GPTJForCausalLM,
+            "eager",
+        ),
+        "bloom": lambda: (
+            t.BloomConfig(
+                hidden_size=64,
+                n_head=4,
+                n_layer=3,
+                vocab_size=384,
+                initializer_range=0.08,
+                eos_token_id=None,
+                bos_token_id=None,
+            ),
+            t.BloomForCausalLM,
+            "eager",
+        ),
         "gpt_oss": lambda: (
             t.GptOssConfig(
                 **{**c, "num_hidden_layers": 2, "max_position_embeddings": 131072},  # YaRN's 4096 x 32

@@ -4,10 +4,11 @@ equal generate() in f32 through chunked prefill and prefix hits with prompts
 longer than any sliding window; models whose attention pagedkv cannot run
 are refused with an error that says why."""
 
+import pytest
 import torch
 
 from conftest import family_model, random_prompts, reference_greedy
-from pagedkv.integrations.transformers import Generator, SamplingParams
+from pagedkv.integrations.transformers import Generator, SamplingParams, run_step
 
 NEW = 6
 
@@ -39,3 +40,21 @@ def test_stablelm_whose_layers_drop_the_kwargs():
     kwargs, so pagedkv_step never reached it: "needs the step plan", from
     Generator itself. run_step also makes the plan the active one."""
     greedy_matches_generate(family_model("stablelm"))
+
+
+@pytest.mark.parametrize("name", ["falcon", "gptj", "bloom"])
+def test_models_with_attention_of_their_own_are_refused(name):
+    """Falcon, GPT-J and BLOOM attend in their own code, not through the
+    attention-function registry: the step wrote no K/V and saw no cache
+    (Falcon raised a TypeError inside the model, GPT-J and BLOOM returned
+    their first token, then failed at the next step's plan). Refused at the
+    first step, naming why, with nothing computed."""
+    model = family_model(name)
+    with Generator(model, num_blocks=32, block_size=4) as gen:
+        with pytest.raises(ValueError, match="attention-function registry"):
+            gen.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=2))
+        s = gen.pool.create_sequence()
+        s.append([1, 2, 3])
+        with pytest.raises(ValueError, match=type(model).__name__):
+            run_step(model, gen.pool, [s], [3], torch.tensor([1, 2, 3]), torch.tensor([0]))
+        assert s.num_computed_tokens == 0

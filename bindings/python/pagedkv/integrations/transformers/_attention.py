@@ -134,6 +134,8 @@ def pagedkv_attention_forward(
     active = _active.get()
     if pagedkv_step is None and active is not None:
         pagedkv_step = active.step
+    if active is not None and pagedkv_step is active.step:
+        active.layers.append(module.layer_idx)
     if pagedkv_step is None:
         raise RuntimeError(
             "attn_implementation 'pagedkv' needs the step plan: call the model with pagedkv_step=<pagedkv.Batch> "

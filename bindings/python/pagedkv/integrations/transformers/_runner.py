@@ -109,15 +109,43 @@ def run_step(
     device = input_ids.device
     stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
     with pool.prepare(seqs, counts, stream) as step, torch.inference_mode(), pagedkv_attention(model):
-        with active_step(step):
+        with active_step(step) as calls:
             positions = as_torch_i64(step.token_positions(), device)
             last = as_torch_i64(step.last_token_indices(), device)
             keep = last.index_select(0, sample_rows.to(device))
-            out = model(
-                input_ids=input_ids[None],
-                position_ids=positions[None],
-                logits_to_keep=keep,
-                use_cache=False,
-                pagedkv_step=step,
-            )
+            try:
+                out = model(
+                    input_ids=input_ids[None],
+                    position_ids=positions[None],
+                    logits_to_keep=keep,
+                    use_cache=False,
+                    pagedkv_step=step,
+                )
+            except Exception as e:
+                if calls.layers or getattr(model, "_supports_attention_backend", True):
+                    raise
+                raise ValueError(_not_routed(model, calls.layers, pool.num_layers, e)) from e
+            # Before the step commits: layers that attended some other way
+            # wrote no K/V here, and their output did not see the cache.
+            if sorted(calls.layers) != list(range(pool.num_layers)):
+                raise ValueError(_not_routed(model, calls.layers, pool.num_layers))
     return out.logits[0]
+
+
+def _not_routed(model: Any, layers: Sequence[int], num_layers: int, error: Optional[BaseException] = None) -> str:
+    """Why a model cannot run on pagedkv: its attention does not go
+    through transformers' attention-function registry (Falcon, GPT-J,
+    BLOOM, MPT: their own attention code), or not once per layer."""
+    name = type(model).__name__
+    seen = sorted(set(layers))
+    what = (
+        f"its forward raised ({type(error).__name__}: {error}) before any layer's attention reached pagedkv"
+        if error is not None
+        else f"{len(layers)} attention calls reached pagedkv (layers {seen}) for {num_layers} layers"
+    )
+    return (
+        f"{name}: {what}. pagedkv runs models whose attention modules call transformers' attention-function "
+        f"registry (attn_implementation) once per layer, e.g. Llama, Qwen2, Mistral, Gemma; "
+        f"{name}'s attention does not (supports_attention_backend = "
+        f"{getattr(model, '_supports_attention_backend', None)}), so it cannot use a paged KV cache"
+    )
