@@ -64,6 +64,21 @@ def _family_configs():
     )
     alt = ["sliding_attention", "full_attention", "sliding_attention"]
     return {
+        "qwen2_moe": lambda: (
+            t.Qwen2MoeConfig(
+                **c,
+                intermediate_size=96,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=64,
+                num_experts=4,
+                num_experts_per_tok=2,
+                use_sliding_window=True,
+                sliding_window=8,
+                max_window_layers=3,  # layers 0 and 2 slide
+            ),
+            t.Qwen2MoeForCausalLM,
+            "sdpa",
+        ),
         "stablelm": lambda: (t.StableLmConfig(**c, intermediate_size=128), t.StableLmForCausalLM, "sdpa"),
         # Attention of their own, not through the registry: refused.
         "falcon": lambda: (

@@ -35,6 +35,15 @@ def test_gpt_oss_attention_sinks():
     greedy_matches_generate(model)
 
 
+def test_qwen2_moe_sliding_layers_whose_attention_passes_no_window():
+    """Qwen2-MoE's sliding layers get their window only from the mask
+    (config.layer_types), not as the attention function's sliding_window:
+    they attended over the whole context, other tokens past 8."""
+    model = family_model("qwen2_moe")
+    assert model.config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    greedy_matches_generate(model)
+
+
 def test_stablelm_whose_layers_drop_the_kwargs():
     """StableLM's decoder layers call their attention without the forward's
     kwargs, so pagedkv_step never reached it: "needs the step plan", from

@@ -148,6 +148,8 @@ def pagedkv_attention_forward(
         )
     if dropout:
         raise ValueError("attn_implementation 'pagedkv' is for inference: dropout must be 0 (model.eval())")
+    if sliding_window is None:
+        sliding_window = _layer_window(module)
     if s_aux is not None:
         return _attention_with_sinks(
             pagedkv_step,
@@ -171,6 +173,18 @@ def pagedkv_attention_forward(
         softcap=softcap,
     )
     return out, None
+
+
+def _layer_window(module: Any) -> Optional[int]:
+    """The sliding window of a layer whose attention module does not pass
+    one (Qwen2-MoE): transformers gives a layer of ``config.layer_types``
+    "sliding_attention" the mask of ``config.sliding_window``."""
+    config = getattr(module, "config", None)
+    types = getattr(config, "layer_types", None)
+    layer = getattr(module, "layer_idx", None)
+    if not types or layer is None or layer >= len(types) or types[layer] != "sliding_attention":
+        return None
+    return getattr(config, "sliding_window", None) or None
 
 
 def _attention_with_sinks(
