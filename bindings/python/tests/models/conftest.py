@@ -113,6 +113,21 @@ def _family_configs():
             t.BloomForCausalLM,
             "eager",
         ),
+        "llama4": lambda: (
+            t.Llama4TextConfig(
+                **c,
+                intermediate_size=128,
+                intermediate_size_mlp=128,
+                head_dim=16,
+                num_local_experts=2,
+                num_experts_per_tok=1,
+                attention_chunk_size=8,
+                layer_types=["chunked_attention", "full_attention", "chunked_attention"],
+                no_rope_layers=[1, 0, 1],
+            ),
+            t.Llama4ForCausalLM,
+            "sdpa",
+        ),
         "gpt_oss": lambda: (
             t.GptOssConfig(
                 **{**c, "num_hidden_layers": 2, "max_position_embeddings": 131072},  # YaRN's 4096 x 32

@@ -67,3 +67,15 @@ def test_models_with_attention_of_their_own_are_refused(name):
         with pytest.raises(ValueError, match=type(model).__name__):
             run_step(model, gen.pool, [s], [3], torch.tensor([1, 2, 3]), torch.tensor([0]))
         assert s.num_computed_tokens == 0
+
+
+def test_llama4_chunked_attention_layers_are_refused():
+    """Llama 4's "chunked_attention" layers see only their chunk of
+    attention_chunk_size tokens (a mask pagedkv does not make): they
+    attended over the whole context, other tokens once a sequence crossed a
+    chunk, with no error. Refused at the first step, naming the layer."""
+    model = family_model("llama4")
+    with Generator(model, num_blocks=32, block_size=4) as gen:
+        with pytest.raises(ValueError, match="layer 0 of Llama4TextConfig is 'chunked_attention'"):
+            gen.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=2))
+        gen.pool.validate()

@@ -148,6 +148,7 @@ def pagedkv_attention_forward(
         )
     if dropout:
         raise ValueError("attn_implementation 'pagedkv' is for inference: dropout must be 0 (model.eval())")
+    _check_layer_type(module)
     if sliding_window is None:
         sliding_window = _layer_window(module)
     if s_aux is not None:
@@ -173,6 +174,29 @@ def pagedkv_attention_forward(
         softcap=softcap,
     )
     return out, None
+
+
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _check_layer_type(module: Any) -> None:
+    """Refuses a layer whose mask pagedkv cannot make: transformers builds
+    the mask of each ``config.layer_types`` entry, and pagedkv attends
+    causally over the whole context or a sliding window, nothing else (Llama
+    4's "chunked_attention" layers see only their chunk of
+    attention_chunk_size tokens)."""
+    config = getattr(module, "config", None)
+    types = getattr(config, "layer_types", None)
+    layer = getattr(module, "layer_idx", None)
+    if not types or layer is None or layer >= len(types) or types[layer] in _LAYER_TYPES:
+        return
+    chunk = getattr(config, "attention_chunk_size", None)
+    raise ValueError(
+        f"layer {layer} of {type(config).__name__} is {types[layer]!r}"
+        + (f" (attention_chunk_size {chunk})" if chunk and "chunk" in str(types[layer]) else "")
+        + ": attn_implementation 'pagedkv' attends causally over the whole context or a sliding window "
+        f"({' or '.join(_LAYER_TYPES)} layers), not with that layer's mask"
+    )
 
 
 def _layer_window(module: Any) -> Optional[int]:
