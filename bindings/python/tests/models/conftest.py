@@ -128,6 +128,22 @@ def _family_configs():
             t.Llama4ForCausalLM,
             "sdpa",
         ),
+        "phi3_longrope": lambda: (
+            t.Phi3Config(
+                **c,
+                intermediate_size=128,
+                original_max_position_embeddings=16,
+                rope_parameters={
+                    "rope_type": "longrope",
+                    "rope_theta": 10000.0,
+                    "short_factor": [1.0] * 8,
+                    "long_factor": [1.0 + i for i in range(8)],
+                    "original_max_position_embeddings": 16,
+                },
+            ),
+            t.Phi3ForCausalLM,
+            "sdpa",
+        ),
         "gpt_oss": lambda: (
             t.GptOssConfig(
                 **{**c, "num_hidden_layers": 2, "max_position_embeddings": 131072},  # YaRN's 4096 x 32

@@ -79,3 +79,19 @@ def test_llama4_chunked_attention_layers_are_refused():
         with pytest.raises(ValueError, match="layer 0 of Llama4TextConfig is 'chunked_attention'"):
             gen.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=2))
         gen.pool.validate()
+
+
+def test_longrope_past_the_original_length_is_refused():
+    """A longrope RoPE (Phi-3 128k) takes the long factors for every token
+    of a forward whose longest position passes original_max_position_embeddings:
+    a short sequence packed with a long one got them too (other tokens than
+    its own generate(), with no error). Within the original length the
+    tokens equal generate(); a step that passes it is refused."""
+    model = family_model("phi3_longrope")
+    short = random_prompts(12, [5, 7], 384)
+    with Generator(model, num_blocks=64, block_size=4, max_num_batched_tokens=8) as gen:
+        outs = gen.generate(short, SamplingParams(max_new_tokens=6))  # at most 13 tokens < 16
+        for prompt, (c,) in zip(short, outs):
+            assert c.tokens == reference_greedy(model, prompt, 6)
+        with pytest.raises(ValueError, match="rope_type 'longrope' changes its frequencies past 16 tokens"):
+            gen.generate([*short, random_prompts(13, [20], 384)[0]], SamplingParams(max_new_tokens=2))

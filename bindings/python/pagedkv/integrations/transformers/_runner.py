@@ -91,6 +91,44 @@ def as_torch_i64(view: pagedkv.TensorView, device: Any) -> Any:
     return view.torch()
 
 
+_LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+def _check_rope_length(config: Any, positions: Any) -> None:
+    """Refuses a step that would reach the length at which a dynamic or
+    longrope RoPE changes its frequencies. transformers picks them from the
+    longest position in the forward (``max(position_ids) + 1`` past the
+    original context length: longrope's long factors, dynamic NTK's larger
+    base) for every token of it, so in a packed step every sequence would get
+    the longest one's, and a prompt prefilled in chunks other frequencies than
+    generate()'s one forward. Below that length they are the fixed ones."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
+    if not isinstance(params, dict) or positions.numel() == 0:
+        return
+    for p in params.values() if all(isinstance(v, dict) for v in params.values()) else [params]:
+        kind = p.get("rope_type", p.get("type"))
+        if kind not in _LENGTH_DEPENDENT_ROPE:
+            continue
+        # dynamic grows past the rotary's cached length, max_position_embeddings;
+        # longrope switches to its long factors past the original length.
+        limit = (
+            text.max_position_embeddings
+            if kind == "dynamic"
+            else p.get("original_max_position_embeddings")
+            or getattr(text, "original_max_position_embeddings", None)
+            or text.max_position_embeddings
+        )
+        longest = int(positions.max()) + 1
+        if longest > limit:
+            raise ValueError(
+                f"{type(text).__name__}: rope_type {kind!r} changes its frequencies past {limit} tokens "
+                f"from the longest sequence of a forward; this step reaches "
+                f"{longest} tokens. pagedkv packs sequences and prefills in chunks, which would give other "
+                f"tokens than generate(): it runs such models within their first {limit} tokens"
+            )
+
+
 def run_step(
     model: Any,
     pool: pagedkv.Pool,
@@ -113,6 +151,7 @@ def run_step(
             positions = as_torch_i64(step.token_positions(), device)
             last = as_torch_i64(step.last_token_indices(), device)
             keep = last.index_select(0, sample_rows.to(device))
+            _check_rope_length(model.config, positions)
             try:
                 out = model(
                     input_ids=input_ids[None],
