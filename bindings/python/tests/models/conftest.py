@@ -63,7 +63,141 @@ def _family_configs():
         num_hidden_layers=3,
     )
     alt = ["sliding_attention", "full_attention", "sliding_attention"]
+    mlp = dict(intermediate_size=128)
+    four = dict(num_hidden_layers=4, head_dim=32)
+    alt4 = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
     return {
+        # Through the attention-function registry, as they are: greedy equals generate().
+        "mistral": lambda: (t.MistralConfig(**c, **mlp, sliding_window=8), t.MistralForCausalLM, "sdpa"),
+        "gemma": lambda: (
+            t.GemmaConfig(**{**c, "num_key_value_heads": 1}, **mlp, head_dim=32),
+            t.GemmaForCausalLM,
+            "sdpa",
+        ),
+        "gemma2": lambda: (  # alternating sliding/global layers, logit softcapping, query_pre_attn_scalar
+            t.Gemma2Config(
+                **{**c, **four},
+                **mlp,
+                sliding_window=8,
+                query_pre_attn_scalar=20,
+                attn_logit_softcapping=5.0,
+                final_logit_softcapping=30.0,
+                layer_types=alt4,
+            ),
+            t.Gemma2ForCausalLM,
+            "eager",
+        ),
+        "gemma3": lambda: (
+            t.Gemma3TextConfig(**{**c, **four}, **mlp, sliding_window=8, query_pre_attn_scalar=20, layer_types=alt4),
+            t.Gemma3ForCausalLM,
+            "sdpa",
+        ),
+        "qwen3": lambda: (t.Qwen3Config(**c, **mlp, head_dim=32), t.Qwen3ForCausalLM, "sdpa"),
+        "qwen2_sliding": lambda: (
+            t.Qwen2Config(
+                **c,
+                **mlp,
+                use_sliding_window=True,
+                sliding_window=8,
+                layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+            ),
+            t.Qwen2ForCausalLM,
+            "sdpa",
+        ),
+        "phi3": lambda: (t.Phi3Config(**c, **mlp, sliding_window=8), t.Phi3ForCausalLM, "sdpa"),
+        "olmo2": lambda: (t.Olmo2Config(**c, **mlp), t.Olmo2ForCausalLM, "sdpa"),
+        "granite": lambda: (
+            t.GraniteConfig(
+                **c,
+                **mlp,
+                attention_multiplier=0.3,
+                embedding_multiplier=2.0,
+                residual_multiplier=0.5,
+                logits_scaling=2.0,
+            ),
+            t.GraniteForCausalLM,
+            "sdpa",
+        ),
+        "cohere": lambda: (t.CohereConfig(**c, **mlp, logit_scale=0.5), t.CohereForCausalLM, "sdpa"),
+        "cohere2": lambda: (
+            t.Cohere2Config(
+                **c,
+                **mlp,
+                sliding_window=8,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            ),
+            t.Cohere2ForCausalLM,
+            "sdpa",
+        ),
+        "starcoder2": lambda: (t.Starcoder2Config(**c, **mlp, sliding_window=8), t.Starcoder2ForCausalLM, "sdpa"),
+        "gpt_neox": lambda: (
+            t.GPTNeoXConfig(**{k: v for k, v in c.items() if k != "num_key_value_heads"}, **mlp, rotary_pct=0.25),
+            t.GPTNeoXForCausalLM,
+            "sdpa",
+        ),
+        "mixtral": lambda: (
+            t.MixtralConfig(**c, intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
+            t.MixtralForCausalLM,
+            "sdpa",
+        ),
+        "qwen3_moe": lambda: (
+            t.Qwen3MoeConfig(
+                **c, intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2, head_dim=16
+            ),
+            t.Qwen3MoeForCausalLM,
+            "sdpa",
+        ),
+        "phi": lambda: (
+            t.PhiConfig(**c, **mlp, partial_rotary_factor=0.5, qk_layernorm=True),
+            t.PhiForCausalLM,
+            "sdpa",
+        ),
+        "gpt2": lambda: (
+            t.GPT2Config(
+                n_embd=64,
+                n_head=4,
+                n_layer=3,
+                n_positions=1024,
+                vocab_size=384,
+                initializer_range=0.08,
+                eos_token_id=None,
+                bos_token_id=None,
+            ),
+            t.GPT2LMHeadModel,
+            "sdpa",
+        ),
+        "gpt_bigcode": lambda: (  # multi-query
+            t.GPTBigCodeConfig(
+                n_embd=64,
+                n_head=4,
+                n_layer=3,
+                n_positions=1024,
+                vocab_size=384,
+                initializer_range=0.08,
+                multi_query=True,
+                eos_token_id=None,
+                bos_token_id=None,
+            ),
+            t.GPTBigCodeForCausalLM,
+            "sdpa",
+        ),
+        "opt": lambda: (
+            t.OPTConfig(
+                hidden_size=64,
+                ffn_dim=128,
+                num_attention_heads=4,
+                num_hidden_layers=3,
+                word_embed_proj_dim=64,
+                vocab_size=384,
+                max_position_embeddings=1024,
+                eos_token_id=None,
+                bos_token_id=None,
+                pad_token_id=1,
+            ),
+            t.OPTForCausalLM,
+            "sdpa",
+        ),
+        # Needing the fixes of docs/reliability.md.
         "qwen2_moe": lambda: (
             t.Qwen2MoeConfig(
                 **c,

@@ -25,6 +25,37 @@ def greedy_matches_generate(model, *, preempt=False):
         assert c.tokens == reference_greedy(model, prompt, NEW), (len(prompt), c.tokens)
 
 
+SUPPORTED = [
+    "mistral",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "qwen3",
+    "qwen2_sliding",
+    "phi3",
+    "olmo2",
+    "granite",
+    "cohere",
+    "cohere2",
+    "starcoder2",
+    "gpt_neox",
+    "mixtral",
+    "qwen3_moe",
+    "phi",
+    "gpt2",
+    "gpt_bigcode",
+    "opt",
+]
+
+
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_greedy_equals_generate(name):
+    """The families the README lists as tested (sliding windows of 8 tokens
+    under prompts of up to 31, Gemma 2's softcapping and query scalar,
+    Granite's multipliers, q/k norms, partial rotary, MoE, MQA)."""
+    greedy_matches_generate(family_model(name))
+
+
 def test_gpt_oss_attention_sinks():
     """gpt-oss's attention has a learned sink logit per head (s_aux): the
     softmax also normalizes over it. Ignoring it gave other tokens."""

@@ -110,8 +110,9 @@ class Generator:
     """Continuous batching of a transformers causal LM over a pagedkv pool.
 
     model: a ``*ForCausalLM`` whose attention modules call transformers'
-    attention-function registry (Llama, Qwen2, Mistral, ... : the models
-    with ``attn_implementation`` support). num_blocks: KV blocks of
+    attention-function registry (Llama, Qwen2, Mistral, Gemma, Phi-3,
+    gpt-oss, ... : the models with ``attn_implementation`` support; the
+    README lists those tested and those refused). num_blocks: KV blocks of
     block_size tokens for all sequences together. max_num_batched_tokens:
     the token budget of one step (prompts longer than what is left are
     prefilled in chunks). keep_logits: each Completion carries the logits its
