@@ -126,3 +126,32 @@ def test_longrope_past_the_original_length_is_refused():
             assert c.tokens == reference_greedy(model, prompt, 6)
         with pytest.raises(ValueError, match="rope_type 'longrope' changes its frequencies past 16 tokens"):
             gen.generate([*short, random_prompts(13, [20], 384)[0]], SamplingParams(max_new_tokens=2))
+
+
+def test_sub_configs_keep_their_own_attn_implementation():
+    """A composite model (Gemma 3 with a vision tower) loaded with an
+    attn_implementation per sub-config: after a step the vision tower's
+    "eager" had become the top config's "sdpa" (transformers sets the top
+    value on every sub-config, and only the top one was put back)."""
+    t = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    text = t.Gemma3TextConfig(
+        vocab_size=384, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, num_hidden_layers=2, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+        initializer_range=0.08, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+    )  # fmt: skip
+    vision = t.SiglipVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+    )
+    cfg = t.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=380,
+        boi_token_index=381, eoi_token_index=382, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+    )  # fmt: skip
+    attn = {"text_config": "sdpa", "vision_config": "eager"}
+    model = t.Gemma3ForConditionalGeneration._from_config(cfg, attn_implementation=attn).eval()
+    prompt = random_prompts(14, [21], 300)[0]
+    with Generator(model, num_blocks=64, block_size=4, max_num_batched_tokens=16) as gen:
+        ((c,),) = gen.generate([prompt], SamplingParams(max_new_tokens=NEW))
+    assert model.config.text_config._attn_implementation == "sdpa"
+    assert model.config.vision_config._attn_implementation == "eager"
+    assert c.tokens == reference_greedy(model, prompt, NEW)

@@ -68,12 +68,25 @@ def pagedkv_attention(model: Any) -> Iterator[None]:
     """Routes model's attention through pagedkv inside the block."""
     name = register()
     config = model.config
-    before = config._attn_implementation
+    # transformers sets the top config's value on every sub-config too
+    # (text, vision, ...): each one's own value is put back, parents first.
+    before = [(c, c._attn_implementation) for c in _configs(config)]
     config._attn_implementation = name
     try:
         yield
     finally:
-        config._attn_implementation = before
+        for c, value in before:
+            c._attn_implementation = value
+
+
+def _configs(config: Any) -> list:
+    """config and its sub-configs, recursively, each before its own."""
+    out = [config]
+    for key in getattr(config, "sub_configs", None) or {}:
+        sub = getattr(config, key, None)
+        if sub is not None and hasattr(sub, "_attn_implementation"):
+            out += _configs(sub)
+    return out
 
 
 def as_torch_i64(view: pagedkv.TensorView, device: Any) -> Any:
