@@ -278,6 +278,25 @@ def _family_configs():
             t.Phi3ForCausalLM,
             "sdpa",
         ),
+        "deepseek_v3": lambda: (  # MLA, expanded to heads: q/k of 16 + 8, v of 16
+            t.DeepseekV3Config(
+                **{**c, "num_key_value_heads": 4},
+                intermediate_size=128,
+                moe_intermediate_size=32,
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                n_group=1,
+                topk_group=1,
+                first_k_dense_replace=1,
+                kv_lora_rank=16,
+                q_lora_rank=None,
+                qk_rope_head_dim=8,
+                qk_nope_head_dim=16,
+                v_head_dim=16,
+            ),
+            t.DeepseekV3ForCausalLM,
+            "sdpa",
+        ),
         "gpt_oss": lambda: (
             t.GptOssConfig(
                 **{**c, "num_hidden_layers": 2, "max_position_embeddings": 131072},  # YaRN's 4096 x 32

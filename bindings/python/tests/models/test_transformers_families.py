@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import family_model, random_prompts, reference_greedy
-from pagedkv.integrations.transformers import Generator, SamplingParams, run_step
+from pagedkv.integrations.transformers import Generator, SamplingParams, model_kv_shape, run_step
 
 NEW = 6
 
@@ -72,6 +72,16 @@ def test_qwen2_moe_sliding_layers_whose_attention_passes_no_window():
     they attended over the whole context, other tokens past 8."""
     model = family_model("qwen2_moe")
     assert model.config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    greedy_matches_generate(model)
+
+
+def test_deepseek_v3_values_narrower_than_keys():
+    """DeepSeek-V3's attention (MLA expanded to heads) has keys of
+    qk_nope + qk_rope = 24 and values of v_head_dim = 16: the pool was made
+    with head_dim = qk_rope_head_dim (8) and the first cache_write failed
+    with "k: expected shape [16, 4, 8], got [16, 4, 24]"."""
+    model = family_model("deepseek_v3")
+    assert model_kv_shape(model.config) == (3, 4, 24)
     greedy_matches_generate(model)
 
 

@@ -163,6 +163,11 @@ def pagedkv_attention_forward(
             sliding_window=sliding_window,
             softcap=softcap,
         ), None
+    dk, dv = key.shape[-1], value.shape[-1]
+    if dv != dk:
+        return _attention_padded(
+            pagedkv_step, module.layer_idx, query, key, value, scaling, sliding_window, softcap
+        ), None
     out = paged_attention(
         pagedkv_step,
         module.layer_idx,
@@ -209,6 +214,38 @@ def _layer_window(module: Any) -> Optional[int]:
     if not types or layer is None or layer >= len(types) or types[layer] != "sliding_attention":
         return None
     return getattr(config, "sliding_window", None) or None
+
+
+def _attention_padded(
+    step: Any,
+    layer: int,
+    query: Any,
+    key: Any,
+    value: Any,
+    scaling: Optional[float],
+    sliding_window: Optional[int],
+    softcap: Optional[float],
+) -> Any:
+    """Attention whose values are narrower or wider than its queries and
+    keys (DeepSeek-V2/V3's MLA expanded to heads: q/k of qk_nope + qk_rope,
+    v of v_head_dim). The pool holds max(dk, dv) per head (model_kv_shape):
+    zeros pad q, k and v to it, which changes no dot product, and the output
+    is cut back to dv. The scale stays the model's (1/sqrt(dk) if none)."""
+    import torch.nn.functional as F
+
+    dk, dv = key.shape[-1], value.shape[-1]
+    d = max(dk, dv)
+    out = paged_attention(
+        step,
+        layer,
+        F.pad(query, (0, d - dk)),
+        F.pad(key, (0, d - dk)),
+        F.pad(value, (0, d - dv)),
+        scaling=scaling or dk**-0.5,
+        sliding_window=sliding_window,
+        softcap=softcap,
+    )
+    return out[..., :dv]
 
 
 def _attention_with_sinks(

@@ -28,6 +28,11 @@ def model_kv_shape(config: Any) -> tuple[int, int, int]:
     heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    v_head_dim = getattr(text, "v_head_dim", None)
+    if v_head_dim and getattr(text, "qk_nope_head_dim", None) is not None:
+        # MLA (DeepSeek-V2/V3) as transformers runs it: K/V expanded to heads,
+        # k of qk_nope + qk_rope, v of v_head_dim; the pool holds the wider.
+        head_dim = max(text.qk_nope_head_dim + text.qk_rope_head_dim, v_head_dim)
     return text.num_hidden_layers, kv_heads, head_dim
 
 
