@@ -215,6 +215,11 @@ def _family_configs():
         ),
         "stablelm": lambda: (t.StableLmConfig(**c, intermediate_size=128), t.StableLmForCausalLM, "sdpa"),
         # Attention of their own, not through the registry: refused.
+        "lfm2": lambda: (  # hybrid: convolution layers with a state of their own
+            t.Lfm2Config(**c, intermediate_size=128, layer_types=["conv", "full_attention", "conv"]),
+            t.Lfm2ForCausalLM,
+            "sdpa",
+        ),
         "falcon": lambda: (
             t.FalconConfig(**{**c, "num_kv_heads": 2}, new_decoder_architecture=True),
             t.FalconForCausalLM,

@@ -165,3 +165,15 @@ def test_sub_configs_keep_their_own_attn_implementation():
     assert model.config.text_config._attn_implementation == "sdpa"
     assert model.config.vision_config._attn_implementation == "eager"
     assert c.tokens == reference_greedy(model, prompt, NEW)
+
+
+def test_hybrid_models_are_refused_naming_the_other_layers():
+    """LFM2's convolution layers (like Qwen3-Next's linear attention or a
+    Mamba layer) keep a state of their own that use_cache=False throws
+    away (the step is never committed: the next one failed with "K/V no
+    committed step wrote"). Refused at the first step, naming the layers
+    that did not attend through pagedkv and their layer type."""
+    model = family_model("lfm2")
+    with Generator(model, num_blocks=32, block_size=4) as gen:
+        with pytest.raises(ValueError, match=r"layers \[0, 2\] of 3 did not go through pagedkv \(layer_types conv\)"):
+            gen.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=2))

@@ -192,17 +192,25 @@ def run_step(
 def _not_routed(model: Any, layers: Sequence[int], num_layers: int, error: Optional[BaseException] = None) -> str:
     """Why a model cannot run on pagedkv: its attention does not go
     through transformers' attention-function registry (Falcon, GPT-J,
-    BLOOM, MPT: their own attention code), or not once per layer."""
+    BLOOM, MPT: their own attention code), or not in every layer (hybrids:
+    linear attention, convolutions, Mamba keep a state of their own)."""
     name = type(model).__name__
-    seen = sorted(set(layers))
-    what = (
-        f"its forward raised ({type(error).__name__}: {error}) before any layer's attention reached pagedkv"
-        if error is not None
-        else f"{len(layers)} attention calls reached pagedkv (layers {seen}) for {num_layers} layers"
-    )
+    if error is not None:
+        what = f"its forward raised ({type(error).__name__}: {error}) before any layer's attention reached pagedkv"
+    else:
+        missing = [i for i in range(num_layers) if i not in set(layers)]
+        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        types = getattr(text, "layer_types", None)
+        kinds = sorted({str(types[i]) for i in missing if types and i < len(types)})
+        what = (
+            f"the attention of layers {missing} of {num_layers} did not go through pagedkv"
+            + (f" (layer_types {', '.join(kinds)})" if kinds else "")
+            + (f"; {len(layers)} calls reached it for layers {sorted(set(layers))}" if layers else "")
+        )
     return (
-        f"{name}: {what}. pagedkv runs models whose attention modules call transformers' attention-function "
-        f"registry (attn_implementation) once per layer, e.g. Llama, Qwen2, Mistral, Gemma; "
-        f"{name}'s attention does not (supports_attention_backend = "
-        f"{getattr(model, '_supports_attention_backend', None)}), so it cannot use a paged KV cache"
+        f"{name}: {what}. pagedkv runs models whose every layer attends through transformers' "
+        f"attention-function registry (attn_implementation) once per step, e.g. Llama, Qwen2, Mistral, Gemma; "
+        f"layers with attention code of their own (Falcon, GPT-J, BLOOM) or a state of their own (linear "
+        f"attention, convolutions, Mamba) cannot use a paged KV cache (_supports_attention_backend = "
+        f"{getattr(model, '_supports_attention_backend', None)})"
     )
