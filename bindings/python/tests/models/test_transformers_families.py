@@ -23,6 +23,14 @@ def greedy_matches_generate(model, *, preempt=False):
         assert gen.stats.prefix_hit_tokens >= 16 + 28
     for prompt, (c,) in zip(first + second, outs):
         assert c.tokens == reference_greedy(model, prompt, NEW), (len(prompt), c.tokens)
+    if preempt:  # 9 blocks of 4 tokens for sequences that grow to 4, 4, 5 and 3 blocks
+        prompts = random_prompts(12, [10, 7, 11, 5], 384)
+        with Generator(model, num_blocks=9, block_size=4, max_num_batched_tokens=64) as gen:
+            outs = gen.generate(prompts, SamplingParams(max_new_tokens=NEW))
+            assert gen.stats.preemptions > 0
+            gen.pool.validate()
+        for prompt, (c,) in zip(prompts, outs):
+            assert c.tokens == reference_greedy(model, prompt, NEW), ("preempted", len(prompt), c.tokens)
 
 
 SUPPORTED = [
@@ -52,8 +60,9 @@ SUPPORTED = [
 def test_greedy_equals_generate(name):
     """The families the README lists as tested (sliding windows of 8 tokens
     under prompts of up to 31, Gemma 2's softcapping and query scalar,
-    Granite's multipliers, q/k norms, partial rotary, MoE, MQA)."""
-    greedy_matches_generate(family_model(name))
+    Granite's multipliers, q/k norms, partial rotary, MoE, MQA), also
+    under preemption."""
+    greedy_matches_generate(family_model(name), preempt=True)
 
 
 def test_gpt_oss_attention_sinks():
