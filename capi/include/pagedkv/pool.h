@@ -26,7 +26,9 @@
  * No read of K/V that nobody wrote is possible through this API.
  *
  * Failures change nothing: a call that returns an error, PKV_E_OUT_OF_MEMORY
- * included, leaves the pool, its sequences, stats and events as they were.
+ * included, leaves the pool, its sequences, stats and events as they were
+ * (one exception: a failed plan on a pool with tiers may have run the
+ * tiers' pending loads first; tiers.h).
  */
 #ifndef PAGEDKV_POOL_H
 #define PAGEDKV_POOL_H

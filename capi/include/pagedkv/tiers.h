@@ -22,6 +22,12 @@
  * the prefix cache, the tier entry is dropped, the failure is counted, and
  * the plan fails with PKV_E_INVALID_STATE naming the tokens to compute
  * (see "Written blocks" in pool.h), so the bytes are never served.
+ * A pkv_batch_prepare / _prepare_decode whose ids pass its checks runs
+ * the pool's pending loads (and waits for queued offloads) before it
+ * checks the rest, as pkv_pool_flush_tiers does: when it then fails, the
+ * loads' outcome stands (blocks written or turned misses, other
+ * sequences' cached tokens, the tier stats). This is the one exception
+ * to pool.h's "failures change nothing", and only for pools with tiers.
  *
  * pkv_pool_reset_prefix_cache clears the tiers too. Tier events (STORED,
  * REMOVED, ALL_CLEARED of medium host/file) are recorded internally;
