@@ -567,6 +567,123 @@ PKV_HANDLE_IN(pkv_batch)
 PKV_HANDLE_IN_NAMED(pkv_transfer_engine, engine)
 PKV_HANDLE_IN_NAMED(pkv_transfer, transfer)
 
+/* Integer scalars: the helpers of the typemaps in "integer scalars" below,
+ * also used by the multi-argument typemaps for their counts and sizes. */
+%{
+#include <limits.h>
+
+/* The fast paths, as SWIG_AsVal_*: 0 leaves no error set. */
+static inline int pkv_py_arg_u(PyObject* obj, unsigned long long hi, unsigned long long* out) {
+  if (!PyLong_Check(obj)) return 0;
+#if ULONG_MAX == ULLONG_MAX
+  /* SWIG's call: PyLong_AsUnsignedLongLong goes through _PyLong_AsByteArray
+   * for an int of more than one digit (every seq id), measurably slower. */
+  const unsigned long long v = PyLong_AsUnsignedLong(obj);
+#else
+  const unsigned long long v = PyLong_AsUnsignedLongLong(obj);
+#endif
+  if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return 0;
+  }
+  if (v > hi) return 0;
+  *out = v;
+  return 1;
+}
+
+static inline int pkv_py_arg_s(PyObject* obj, long long lo, long long hi, long long* out) {
+  if (!PyLong_Check(obj)) return 0;
+  int ovf = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(obj, &ovf);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return 0;
+  }
+  if (ovf || v < lo || v > hi) return 0;
+  *out = v;
+  return 1;
+}
+
+/* The error of a value the fast path refused. fn is the wrapper's name: a
+ * struct member setter ("pkv_pool_options_block_size_set" for the field
+ * "block_size") is named "pkv_pool_options.block_size". */
+#if defined(__GNUC__)
+__attribute__((cold, noinline))
+#endif
+static void pkv_py_int_arg_error(PyObject* obj, const char* fn, const char* name, const char* type,
+                                 const char* range) {
+  char where[256];
+  const size_t fl = strlen(fn), nl = strcspn(name, "["); /* "shape[2]": the field shape */
+  if (fl > nl + 5 && strcmp(fn + fl - 4, "_set") == 0 && fn[fl - nl - 5] == '_' &&
+      strncmp(fn + fl - nl - 4, name, nl) == 0) {
+    PyOS_snprintf(where, sizeof where, "%.*s.%s", (int)(fl - nl - 5), fn, name);
+  } else {
+    PyOS_snprintf(where, sizeof where, "%s: %s", fn, name);
+  }
+  /* The value as given; an int too long to print (or to print usefully:
+   * str() of more than 4300 digits raises) by its size. */
+  PyObject* shown = NULL;
+  if (PyLong_Check(obj)) {
+    PyObject* bits = PyObject_CallMethod(obj, "bit_length", NULL);
+    const long long nbits = bits ? PyLong_AsLongLong(bits) : -1;
+    Py_XDECREF(bits);
+    PyErr_Clear();
+    shown = nbits >= 0 && nbits <= 128
+                ? PyObject_Repr(obj)
+                : PyUnicode_FromFormat("an int of %lld bits", nbits);
+  } else {
+    PyObject* r = PyObject_Repr(obj);
+    if (r && PyUnicode_GET_LENGTH(r) <= 60) {
+      shown = PyUnicode_FromFormat("%U (%s)", r, Py_TYPE(obj)->tp_name);
+    } else {
+      shown = PyUnicode_FromString(Py_TYPE(obj)->tp_name);
+    }
+    Py_XDECREF(r);
+  }
+  if (!shown) {
+    PyErr_Clear();
+    shown = PyUnicode_FromString(Py_TYPE(obj)->tp_name);
+    if (!shown) return;
+  }
+  PyErr_Format(PyLong_Check(obj) ? PyExc_OverflowError : PyExc_TypeError,
+               "%s must be an int in %s (%s), got %U%s", where, range, type, shown,
+               !PyLong_Check(obj) && PyIndex_Check(obj) ? "; pass int(value)" : "");
+  Py_DECREF(shown);
+}
+
+/* A uint64_t that a multi-argument typemap takes (a capacity, a size):
+ * as the integer typemaps, named (it was Python's bare "can't convert
+ * negative int to unsigned" or "an integer is required"). */
+static int pkv_py_u64_arg(PyObject* obj, const char* fn, const char* name, unsigned long long* out) {
+  if (pkv_py_arg_u(obj, ULLONG_MAX, out)) return 1;
+  pkv_py_int_arg_error(obj, fn, name, "uint64_t", "[0, 2^64 - 1]");
+  return 0;
+}
+
+/* An int64_t element of a shape or strides: any integer (numpy's too, as
+ * PyLong_AsLongLong took them), a bad one named "<fn>: <name>[i]". */
+static int pkv_py_i64_item(PyObject* obj, const char* fn, const char* name, Py_ssize_t i, int64_t* out) {
+  long long v = 0;
+  if (pkv_py_arg_s(obj, LLONG_MIN, LLONG_MAX, &v)) {
+    *out = (int64_t)v;
+    return 1;
+  }
+  char at[96];
+  PyOS_snprintf(at, sizeof at, "%.60s[%zd]", name, i);
+  if (!PyLong_Check(obj) && PyIndex_Check(obj)) {
+    PyObject* idx = PyNumber_Index(obj);
+    if (!idx) return 0;
+    const int ok = pkv_py_arg_s(idx, LLONG_MIN, LLONG_MAX, &v);
+    if (!ok) pkv_py_int_arg_error(idx, fn, at, "int64_t", "[-2^63, 2^63 - 1]");
+    Py_DECREF(idx);
+    if (ok) *out = (int64_t)v;
+    return ok;
+  }
+  pkv_py_int_arg_error(obj, fn, at, "int64_t", "[-2^63, 2^63 - 1]");
+  return 0;
+}
+%}
+
 /* ------------------------------------------------------------ conversions */
 
 %{
@@ -957,8 +1074,8 @@ static int pkv_py_tensor_from_tuple(PyObject* t, const char* name, pkv_tensor* o
     return 0;
   }
   if (!pkv_py_as_ptr(PyTuple_GET_ITEM(t, 0), name, &out->data)) return 0;
-  unsigned long long off = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 1));
-  if (PyErr_Occurred()) return 0;
+  unsigned long long off = 0;
+  if (!pkv_py_u64_arg(PyTuple_GET_ITEM(t, 1), name, "byte_offset", &off)) return 0;
   /* Range checked: a cast to 32 bits made dtype 2^32 + 1 f32 and device
    * id 2^32 device 0. */
   static const char* const fields[3] = {"dtype", "device_type", "device_id"};
@@ -989,10 +1106,12 @@ static int pkv_py_tensor_from_tuple(PyObject* t, const char* name, pkv_tensor* o
   }
   out->ndim = (int32_t)nd;
   for (Py_ssize_t i = 0; i < nd; ++i) {
-    out->shape[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(shape, i));
+    if (!pkv_py_i64_item(PySequence_Fast_GET_ITEM(shape, i), name, "shape", i, &out->shape[i])) {
+      Py_DECREF(shape);
+      return 0;
+    }
   }
   Py_DECREF(shape);
-  if (PyErr_Occurred()) return 0;
   PyObject* st = PyTuple_GET_ITEM(t, 6);
   if (st != Py_None) {
     PyObject* strides = pkv_py_items(st, "strides must be a sequence or None");
@@ -1003,10 +1122,12 @@ static int pkv_py_tensor_from_tuple(PyObject* t, const char* name, pkv_tensor* o
       return 0;
     }
     for (Py_ssize_t i = 0; i < nd; ++i) {
-      out->strides[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(strides, i));
+      if (!pkv_py_i64_item(PySequence_Fast_GET_ITEM(strides, i), name, "strides", i, &out->strides[i])) {
+        Py_DECREF(strides);
+        return 0;
+      }
     }
     Py_DECREF(strides);
-    if (PyErr_Occurred()) return 0;
   }
   return 1;
 }
@@ -1247,6 +1368,52 @@ static PyObject* pkv_py_hash_list(const pkv_block_hash* h, uint64_t n) {
   return list;
 }
 %}
+
+/* ------------------------------------------------------ integer scalars */
+
+/* Every integer parameter and struct field (uint32_t, int32_t, uint64_t,
+ * pkv_seq_id, size_t...: the typemaps are on the C types the stdint.i
+ * typedefs reduce to). The values accepted are SWIG's own conversion's: an
+ * int (bool and other int subclasses included) within the type's range;
+ * numpy's integer scalars are not ints and stay a TypeError here (the
+ * package takes them through operator.index). A bad value raises what
+ * SWIG raised, OverflowError for an int out of range and TypeError for
+ * anything else, but naming the function, the parameter (a setter: the
+ * struct and field), the range and the value given: SWIG's "in method
+ * 'pkv_seq_append', argument 5 of type 'uint32_t'" named none of them
+ * (and counted C arguments, not Python ones). */
+
+%define PKV_UINT_IN(CTYPE, HI, RANGE)
+%typemap(in) CTYPE {
+  unsigned long long v_ = 0;
+  if (!pkv_py_arg_u($input, HI, &v_)) {
+    pkv_py_int_arg_error($input, "$symname", "$1_name", "$1_type", RANGE);
+    SWIG_fail;
+  }
+  $1 = ($1_ltype)v_;
+}
+%enddef
+%define PKV_SINT_IN(CTYPE, LO, HI, RANGE)
+%typemap(in) CTYPE {
+  long long v_ = 0;
+  if (!pkv_py_arg_s($input, LO, HI, &v_)) {
+    pkv_py_int_arg_error($input, "$symname", "$1_name", "$1_type", RANGE);
+    SWIG_fail;
+  }
+  $1 = ($1_ltype)v_;
+}
+%enddef
+PKV_UINT_IN(unsigned char, UCHAR_MAX, "[0, 255]")
+PKV_UINT_IN(unsigned short, USHRT_MAX, "[0, 65535]")
+PKV_UINT_IN(unsigned int, UINT_MAX, "[0, 2^32 - 1]")
+PKV_UINT_IN(unsigned long, ULONG_MAX, ULONG_MAX > UINT_MAX ? "[0, 2^64 - 1]" : "[0, 2^32 - 1]")
+PKV_UINT_IN(unsigned long long, ULLONG_MAX, "[0, 2^64 - 1]")
+PKV_UINT_IN(size_t, SIZE_MAX, SIZE_MAX > UINT_MAX ? "[0, 2^64 - 1]" : "[0, 2^32 - 1]")
+PKV_SINT_IN(signed char, SCHAR_MIN, SCHAR_MAX, "[-128, 127]")
+PKV_SINT_IN(short, SHRT_MIN, SHRT_MAX, "[-32768, 32767]")
+PKV_SINT_IN(int, INT_MIN, INT_MAX, "[-2^31, 2^31 - 1]")
+PKV_SINT_IN(long, LONG_MIN, LONG_MAX, LONG_MAX > INT_MAX ? "[-2^63, 2^63 - 1]" : "[-2^31, 2^31 - 1]")
+PKV_SINT_IN(long long, LLONG_MIN, LLONG_MAX, "[-2^63, 2^63 - 1]")
 
 /* void* arguments: data pointers and streams. */
 %typemap(in) void* data, void* stream {
@@ -1516,8 +1683,8 @@ PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init_sized(&tmp, sizeof tmp))
 #define PKV_PY_MAX_TABLE (1ULL << 31)
 %}
 %typemap(in) (int32_t* out_blocks, uint64_t capacity, uint64_t* out_len) (uint64_t len = 0) {
-  unsigned long long cap = PyLong_AsUnsignedLongLong($input);
-  if (PyErr_Occurred()) SWIG_fail;
+  unsigned long long cap = 0;
+  if (!pkv_py_u64_arg($input, "$symname", "capacity", &cap)) SWIG_fail;
   if (cap > PKV_PY_MAX_TABLE) cap = PKV_PY_MAX_TABLE;
   $2 = cap;
   $1 = (int32_t*)calloc((size_t)(cap > 0 ? cap : 1), sizeof(int32_t));
@@ -1535,8 +1702,8 @@ PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init_sized(&tmp, sizeof tmp))
 %typemap(freearg) (int32_t* out_blocks, uint64_t capacity, uint64_t* out_len) { free($1); }
 
 %typemap(in) (pkv_block_hash* out_hashes, uint64_t capacity, uint64_t* out_len) (uint64_t len = 0) {
-  unsigned long long cap = PyLong_AsUnsignedLongLong($input);
-  if (PyErr_Occurred()) SWIG_fail;
+  unsigned long long cap = 0;
+  if (!pkv_py_u64_arg($input, "$symname", "capacity", &cap)) SWIG_fail;
   $2 = cap;
   $1 = (pkv_block_hash*)calloc((size_t)(cap > 0 ? cap : 1), sizeof(pkv_block_hash));
   if (!$1) { PyErr_NoMemory(); SWIG_fail; }
@@ -1553,8 +1720,8 @@ PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init_sized(&tmp, sizeof tmp))
   (pkv_block_hash* out_hashes, uint64_t capacity, uint64_t* out_num_blocks) };
 
 %typemap(in) (pkv_event* out, uint64_t capacity, uint64_t* out_count) (uint64_t count = 0) {
-  unsigned long long cap = PyLong_AsUnsignedLongLong($input);
-  if (PyErr_Occurred()) SWIG_fail;
+  unsigned long long cap = 0;
+  if (!pkv_py_u64_arg($input, "$symname", "capacity", &cap)) SWIG_fail;
   $2 = cap;
   $1 = (pkv_event*)calloc((size_t)(cap > 0 ? cap : 1), sizeof(pkv_event));
   if (!$1) { PyErr_NoMemory(); SWIG_fail; }
@@ -1577,8 +1744,8 @@ PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init_sized(&tmp, sizeof tmp))
 
 /* pkv_pool_get_priority_counts: takes the capacity, returns a list of ints. */
 %typemap(in) (uint64_t* out_counts, uint64_t capacity, uint64_t* out_len) (uint64_t len = 0) {
-  unsigned long long cap = PyLong_AsUnsignedLongLong($input);
-  if (PyErr_Occurred()) SWIG_fail;
+  unsigned long long cap = 0;
+  if (!pkv_py_u64_arg($input, "$symname", "capacity", &cap)) SWIG_fail;
   $2 = cap;
   $1 = (uint64_t*)calloc((size_t)(cap > 0 && cap < 4096 ? cap : 1), sizeof(uint64_t));
   if (!$1) { PyErr_NoMemory(); SWIG_fail; }
@@ -1634,8 +1801,8 @@ PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init_sized(&tmp, sizeof tmp))
 /* pkv_last_error_copy(buf, capacity): takes the capacity, returns
  * [full length, copied text]. */
 %typemap(in) (char* buf, uint64_t capacity) {
-  unsigned long long cap = PyLong_AsUnsignedLongLong($input);
-  if (PyErr_Occurred()) SWIG_fail;
+  unsigned long long cap = 0;
+  if (!pkv_py_u64_arg($input, "$symname", "capacity", &cap)) SWIG_fail;
   /* At most what the message needs (its length + 1; the result is the
    * same for any larger capacity): malloc(capacity + 1) was a MemoryError
    * at 2^40 and wrapped to malloc(0) at 2^64 - 1, into which the library
@@ -1898,8 +2065,8 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
 
 /* pkv_pool_get_kv_scales: takes the capacity, returns (k list, v list). */
 %typemap(in) (float* k_out, float* v_out, uint64_t capacity, uint64_t* out_len) (uint64_t len = 0) {
-  unsigned long long cap = PyLong_AsUnsignedLongLong($input);
-  if (PyErr_Occurred()) SWIG_fail;
+  unsigned long long cap = 0;
+  if (!pkv_py_u64_arg($input, "$symname", "capacity", &cap)) SWIG_fail;
   if (cap > (1ULL << 28)) cap = 1ULL << 28;  /* more scales than any pool has */
   $3 = cap;
   $1 = (float*)calloc((size_t)(cap > 0 ? cap : 1), sizeof(float));
@@ -1988,10 +2155,12 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
   $2 = (int64_t*)malloc(sizeof(int64_t) * (size_t)(nd > 0 ? nd : 1));
   if (!$2) { Py_DECREF(seq); PyErr_NoMemory(); SWIG_fail; }
   for (Py_ssize_t i = 0; i < nd; ++i) {
-    ((int64_t*)$2)[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+    if (!pkv_py_i64_item(PySequence_Fast_GET_ITEM(seq, i), "$symname", "shape", i, &((int64_t*)$2)[i])) {
+      Py_DECREF(seq);
+      SWIG_fail;
+    }
   }
   Py_DECREF(seq);
-  if (PyErr_Occurred()) SWIG_fail;
   $1 = (int32_t)nd;
 }
 %typemap(freearg) (int32_t ndim, const int64_t* shape) { free((void*)$2); }
@@ -2002,8 +2171,9 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
   view.obj = NULL;
   if (PyTuple_Check($input) && PyTuple_GET_SIZE($input) == 2) {
     if (!pkv_py_as_ptr(PyTuple_GET_ITEM($input, 0), "host_buffer", &$1)) SWIG_fail;
-    $2 = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM($input, 1));
-    if (PyErr_Occurred()) SWIG_fail;
+    unsigned long long nbytes_ = 0;
+    if (!pkv_py_u64_arg(PyTuple_GET_ITEM($input, 1), "$symname", "host_buffer nbytes", &nbytes_)) SWIG_fail;
+    $2 = nbytes_;
   } else {
     if (PyObject_GetBuffer($input, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
       PyErr_Clear();
@@ -2129,8 +2299,8 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
 
 /* pkv_pool_group_take_copies: returns the tuple (src list, dst list). */
 %typemap(in) (int32_t* src, int32_t* dst, uint64_t capacity, uint64_t* out_len) (uint64_t len = 0) {
-  unsigned long long cap = PyLong_AsUnsignedLongLong($input);
-  if (PyErr_Occurred()) SWIG_fail;
+  unsigned long long cap = 0;
+  if (!pkv_py_u64_arg($input, "$symname", "capacity", &cap)) SWIG_fail;
   if (cap > PKV_PY_MAX_TABLE) cap = PKV_PY_MAX_TABLE;  /* see the block tables' typemap */
   $3 = cap;
   $1 = (int32_t*)calloc((size_t)(cap > 0 ? cap : 1), sizeof(int32_t));
@@ -2293,10 +2463,13 @@ PKV_OPTIONS_IN(pkv_transfer_options, pkv_transfer_options_init_sized, %arg({"tra
     SWIG_fail;
   }
   for (Py_ssize_t i = 0; i < $1_dim0; ++i) {
-    tmp[i] = i < n ? PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i)) : 0;
+    tmp[i] = 0;
+    if (i < n && !pkv_py_i64_item(PySequence_Fast_GET_ITEM(seq, i), "$symname", "$1_name", i, &tmp[i])) {
+      Py_DECREF(seq);
+      SWIG_fail;
+    }
   }
   Py_DECREF(seq);
-  if (PyErr_Occurred()) SWIG_fail;
   $1 = tmp;
 }
 
