@@ -214,6 +214,11 @@ def _family_configs():
             "sdpa",
         ),
         "stablelm": lambda: (t.StableLmConfig(**c, intermediate_size=128), t.StableLmForCausalLM, "sdpa"),
+        "phimoe": lambda: (  # every layer slides, by the mask alone: no layer_types, no sliding_window kwarg
+            t.PhimoeConfig(**c, intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
+            t.PhimoeForCausalLM,
+            "sdpa",
+        ),
         # Attention of their own, not through the registry: refused.
         "lfm2": lambda: (  # hybrid: convolution layers with a state of their own
             t.Lfm2Config(**c, intermediate_size=128, layer_types=["conv", "full_attention", "conv"]),

@@ -84,6 +84,22 @@ def test_qwen2_moe_sliding_layers_whose_attention_passes_no_window():
     greedy_matches_generate(model)
 
 
+def test_phimoe_whose_window_is_only_in_the_mask():
+    """PhiMoE has no layer_types and its attention passes no sliding_window:
+    transformers windows every layer through the mask
+    (create_sliding_window_causal_mask when config.sliding_window is set),
+    which pagedkv does not get. Its layers attended over the whole context,
+    other tokens past 8."""
+    model = family_model("phimoe")
+    assert getattr(model.config, "layer_types", None) is None and model.config.sliding_window == 8
+    prompts = random_prompts(11, [21, 30], 384)
+    with Generator(model, num_blocks=64, block_size=4, max_num_batched_tokens=16) as gen:
+        outs = gen.generate(prompts, SamplingParams(max_new_tokens=4))
+        assert gen.stats.chunked_prefills > 0
+    for prompt, (c,) in zip(prompts, outs):
+        assert c.tokens == reference_greedy(model, prompt, 4), len(prompt)
+
+
 def test_deepseek_v3_values_narrower_than_keys():
     """DeepSeek-V3's attention (MLA expanded to heads) has keys of
     qk_nope + qk_rope = 24 and values of v_head_dim = 16: the pool was made

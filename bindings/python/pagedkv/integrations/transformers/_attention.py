@@ -22,6 +22,10 @@ ATTN_IMPLEMENTATION = "pagedkv"
 
 _registered = False
 
+# The default of pagedkv_attention_forward's sliding_window: a module that
+# passes none at all (PhiMoE) is told apart from one that passes None.
+_NOT_PASSED: Any = object()
+
 
 class StepCalls:
     """The step plan :func:`run_step` is running the model over, and the
@@ -117,7 +121,7 @@ def pagedkv_attention_forward(
     attention_mask: Any,
     scaling: Optional[float] = None,
     dropout: float = 0.0,
-    sliding_window: Optional[int] = None,
+    sliding_window: Optional[int] = _NOT_PASSED,
     softcap: Optional[float] = None,
     pagedkv_step: Any = None,
     s_aux: Any = None,
@@ -149,7 +153,9 @@ def pagedkv_attention_forward(
     if dropout:
         raise ValueError("attn_implementation 'pagedkv' is for inference: dropout must be 0 (model.eval())")
     _check_layer_type(module)
-    if sliding_window is None:
+    if sliding_window is _NOT_PASSED:
+        sliding_window = _layer_window(module, passed=False)
+    elif sliding_window is None:
         sliding_window = _layer_window(module)
     if s_aux is not None:
         return _attention_with_sinks(
@@ -204,13 +210,19 @@ def _check_layer_type(module: Any) -> None:
     )
 
 
-def _layer_window(module: Any) -> Optional[int]:
+def _layer_window(module: Any, passed: bool = True) -> Optional[int]:
     """The sliding window of a layer whose attention module does not pass
     one (Qwen2-MoE): transformers gives a layer of ``config.layer_types``
-    "sliding_attention" the mask of ``config.sliding_window``."""
+    "sliding_attention" the mask of ``config.sliding_window``. A config
+    without layer_types whose attention passes no sliding_window at all
+    (PhiMoE) has transformers make every layer's mask with
+    ``create_sliding_window_causal_mask`` when ``config.sliding_window`` is
+    set: every layer slides."""
     config = getattr(module, "config", None)
     types = getattr(config, "layer_types", None)
     layer = getattr(module, "layer_idx", None)
+    if not types and not passed and getattr(config, "use_sliding_window", True):
+        return getattr(config, "sliding_window", None) or None
     if not types or layer is None or layer >= len(types) or types[layer] != "sliding_attention":
         return None
     return getattr(config, "sliding_window", None) or None
