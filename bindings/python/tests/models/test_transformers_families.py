@@ -202,3 +202,21 @@ def test_hybrid_models_are_refused_naming_the_other_layers():
     with Generator(model, num_blocks=32, block_size=4) as gen:
         with pytest.raises(ValueError, match=r"layers \[0, 2\] of 3 did not go through pagedkv \(layer_types conv\)"):
             gen.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=2))
+
+
+def test_doge_whose_attention_makes_its_own_mask_is_refused_saying_so():
+    """Doge's attention adds a dynamic mask of its own (computed from the
+    values) to the weights: it reached pagedkv as attention_mask and was
+    refused as "pass no attention_mask", which the caller never passed.
+    The error names the layer and the model's own mask."""
+    t = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = t.DogeConfig(
+        vocab_size=384, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=2, sliding_window=8, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+    )  # fmt: skip
+    model = t.DogeForCausalLM(cfg).eval()
+    with Generator(model, num_blocks=32, block_size=4) as gen:
+        with pytest.raises(ValueError, match=r"layer 0 of DogeConfig got an attention mask.*Doge's dynamic mask"):
+            gen.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=2))
+        gen.pool.validate()

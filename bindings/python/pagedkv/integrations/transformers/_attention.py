@@ -147,8 +147,10 @@ def pagedkv_attention_forward(
         )
     if attention_mask is not None:
         raise ValueError(
-            "attn_implementation 'pagedkv' computes causal attention per sequence from the step plan; "
-            "pass no attention_mask"
+            f"layer {getattr(module, 'layer_idx', None)} of {type(getattr(module, 'config', None)).__name__} "
+            "got an attention mask: attn_implementation 'pagedkv' computes causal attention per sequence from "
+            "the step plan and takes no mask (pass no attention_mask; a model whose attention makes a mask of its "
+            "own, such as Doge's dynamic mask, cannot run on pagedkv)"
         )
     if dropout:
         raise ValueError("attn_implementation 'pagedkv' is for inference: dropout must be 0 (model.eval())")
