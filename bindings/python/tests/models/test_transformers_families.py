@@ -204,6 +204,49 @@ def test_hybrid_models_are_refused_naming_the_other_layers():
             gen.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=2))
 
 
+def test_attention_arguments_pagedkv_cannot_apply_are_refused():
+    """Attention arguments that change the output were ignored: T5-style
+    position_bias, sparse attention's indices / block_indices, sinks of a
+    layout other than gpt-oss's s_aux, head_mask, any other tensor, and
+    is_causal=False (bidirectional layers, or config.is_causal False, which
+    transformers runs bidirectionally): pagedkv attended causally and
+    densely, with no error. Each is refused, naming the layer and the
+    argument; position ids and is_causal=True are not."""
+    from pagedkv.integrations.transformers import pagedkv_attention_forward, pool_for_model
+
+    model = family_model("mistral")
+    module = model.model.layers[1].self_attn
+    q, k, v = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 3, 16), torch.randn(1, 2, 3, 16)
+    pool = pool_for_model(model, num_blocks=8, block_size=4)
+    s = pool.create_sequence()
+    s.append([1, 2, 3])
+    refused = {
+        "position_bias": torch.zeros(1, 4, 3, 3),
+        "indices": torch.zeros(1, 3, 2, dtype=torch.long),
+        "block_indices": torch.zeros(1, 3, 1, dtype=torch.long),
+        "sinks": torch.zeros(1, 4, 1, 1),
+        "head_mask": torch.ones(4),
+        "attention_bias": torch.zeros(1, 4, 3, 3),
+    }
+    with pool.prepare([s], [3]) as step:
+        for name, value in refused.items():
+            with pytest.raises(ValueError, match=f"layer 1 of MistralConfig passes '{name}'"):
+                pagedkv_attention_forward(module, q, k, v, None, pagedkv_step=step, **{name: value})
+        with pytest.raises(ValueError, match="layer 1 of MistralConfig attends bidirectionally"):
+            pagedkv_attention_forward(module, q, k, v, None, pagedkv_step=step, is_causal=False)
+        out, _ = pagedkv_attention_forward(
+            module, q, k, v, None, pagedkv_step=step, is_causal=True, position_ids=torch.arange(3)[None]
+        )
+        assert out.shape == (1, 3, 4, 16)
+    pool.close()
+    model.config.is_causal = False  # transformers' bidirectional decoder: the first token sees the last
+    with Generator(model, num_blocks=32, block_size=4) as gen:
+        with pytest.raises(ValueError, match="attends bidirectionally"):
+            gen.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=2))
+        st = gen.pool.stats()
+        assert (st.num_seqs, st.num_used_blocks) == (0, 0)
+
+
 def test_doge_whose_attention_makes_its_own_mask_is_refused_saying_so():
     """Doge's attention adds a dynamic mask of its own (computed from the
     values) to the weights: it reached pagedkv as attention_mask and was

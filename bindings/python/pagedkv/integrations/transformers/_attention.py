@@ -154,6 +154,7 @@ def pagedkv_attention_forward(
         )
     if dropout:
         raise ValueError("attn_implementation 'pagedkv' is for inference: dropout must be 0 (model.eval())")
+    _check_kwargs(module, kwargs)
     _check_layer_type(module)
     if sliding_window is _NOT_PASSED:
         sliding_window = _layer_window(module, passed=False)
@@ -190,6 +191,54 @@ def pagedkv_attention_forward(
 
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
+
+# Arguments that some attention modules pass and that change the output,
+# which pagedkv's attention cannot apply: refused rather than ignored.
+_REFUSED_KWARGS = {
+    "sinks": "attention sinks in a layout other than gpt-oss's s_aux",
+    "position_bias": "an additive position bias (T5-style relative attention)",
+    "indices": "sparse attention over indexer-selected keys",
+    "block_indices": "block-sparse attention over selected blocks",
+    "head_mask": "a per-head mask of the attention weights",
+}
+# Tensors that reach the attention function and change nothing it computes:
+# position ids (for FlashAttention's packing detection) and varlen metadata
+# of FlashAttention (the step plan is what separates sequences here).
+_IGNORED_TENSOR_KWARGS = ("position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "cache_position")
+
+
+def _check_kwargs(module: Any, kwargs: dict) -> None:
+    """Refuses attention arguments that would change the output and that
+    pagedkv would otherwise ignore: a bidirectional (non-causal) layer or
+    model, and the arguments of _REFUSED_KWARGS or any other tensor."""
+    config = getattr(module, "config", None)
+    where = f"layer {getattr(module, 'layer_idx', None)} of {type(config).__name__}"
+    if (
+        kwargs.get("is_causal", True) is False
+        or getattr(module, "is_causal", True) is False
+        or getattr(config, "is_causal", True) is False
+    ):
+        raise ValueError(
+            f"{where} attends bidirectionally (is_causal False): attn_implementation 'pagedkv' attends causally "
+            "over each sequence's cache"
+        )
+    for name, value in kwargs.items():
+        if value is None:
+            continue
+        what = _REFUSED_KWARGS.get(name)
+        if what is None and name not in _IGNORED_TENSOR_KWARGS and _is_tensor(value):
+            what = "a tensor argument that pagedkv's attention does not know"
+        if what is not None:
+            raise ValueError(
+                f"{where} passes {name!r} to its attention function ({what}): attn_implementation 'pagedkv' "
+                "cannot apply it, and ignoring it would give other outputs"
+            )
+
+
+def _is_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
 
 
 def _check_layer_type(module: Any) -> None:
