@@ -257,3 +257,40 @@ def test_a_request_that_can_never_run_does_not_block_later_steps():
         while gen.has_unfinished():
             done += gen.step()
         assert len(done) == 1 and len(done[0].tokens) == 2
+
+
+def test_padding_masks_and_mask_functions_given_to_the_model_are_refused():
+    """With attn_implementation "pagedkv" (no mask function registered),
+    transformers' mask creation dropped the model's 2-d attention_mask
+    unread and the mask functions a model lays over the causal one: a
+    caller's own step with padding (zeros) in its attention_mask, or a
+    model's or_mask_function (bidirectional image tokens), ran as plain
+    causal attention, with no error. Refused; an all-ones mask still runs."""
+    from transformers.masking_utils import create_causal_mask
+
+    from pagedkv.integrations.transformers import pagedkv_attention, pool_for_model
+
+    model = tiny_model("llama")
+    prompt = random_prompts(3, [6])[0]
+    ids, pos = torch.tensor([prompt]), torch.arange(6)[None]
+    pool = pool_for_model(model, num_blocks=8, block_size=4)
+    s = pool.create_sequence()
+    s.append(prompt)
+    with pool.prepare([s], [6]) as step, torch.inference_mode(), pagedkv_attention(model):
+        padded = torch.tensor([[0, 1, 1, 1, 1, 1]])
+        with pytest.raises(ValueError, match="LlamaConfig: an attention_mask with padding"):
+            model(input_ids=ids, attention_mask=padded, position_ids=pos, use_cache=False, pagedkv_step=step)
+        with pytest.raises(ValueError, match="a mask function of its own"):
+            create_causal_mask(
+                config=model.config,
+                inputs_embeds=torch.zeros(1, 6, 8),
+                attention_mask=None,
+                past_key_values=None,
+                position_ids=pos,
+                or_mask_function=lambda b, h, q, kv: kv < 2,
+            )
+        ones = torch.ones_like(ids)
+        out = model(input_ids=ids, attention_mask=ones, position_ids=pos, use_cache=False, pagedkv_step=step)
+    torch.testing.assert_close(out.logits[0, -1].float(), full_logits(model, prompt, "eager")[-1], atol=2e-4, rtol=1e-4)
+    assert s.num_computed_tokens == 6
+    pool.close()

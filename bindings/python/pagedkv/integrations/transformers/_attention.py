@@ -351,13 +351,39 @@ def _attention_with_sinks(
     return (out.float() * gate[None, :, :, None]).to(q.dtype)
 
 
+def pagedkv_mask(*, attention_mask: Any = None, use_vmap: bool = False, config: Any = None, **kwargs: Any) -> None:
+    """The mask function transformers' mask creation (``create_causal_mask``
+    and its kin) calls for attn_implementation "pagedkv": there is no mask,
+    pagedkv's step plan says what each token sees (None, as for an
+    implementation with no mask function, which made transformers drop the
+    model's 2-d attention_mask unread). Refuses what that would silently
+    ignore: a 2-d attention_mask with padding (zeros) given to the model,
+    and a mask function the model lays over the causal one (``or_mask_function``
+    / ``and_mask_function``, e.g. bidirectional image tokens)."""
+    name = type(config).__name__
+    if use_vmap:
+        raise ValueError(
+            f"{name}: the model lays a mask function of its own over the causal mask (or_mask_function / "
+            "and_mask_function, e.g. bidirectional attention among image tokens): attn_implementation 'pagedkv' "
+            "attends causally over each sequence's cache and cannot apply it"
+        )
+    if attention_mask is not None and getattr(attention_mask, "ndim", 0) == 2 and not bool(attention_mask.all()):
+        raise ValueError(
+            f"{name}: an attention_mask with padding (zeros) was given to the model: attn_implementation 'pagedkv' "
+            "attends over each sequence's cached tokens as the step plan says and would ignore it; pass each "
+            "sequence's own tokens, unpadded (run_step / Generator pass no attention_mask)"
+        )
+    return None
+
+
 def register() -> str:
     """Registers ``"pagedkv"`` in transformers' attention-function registry
     (idempotent) and returns the name to pass as ``attn_implementation``."""
     global _registered
     if not _registered:
-        from transformers import AttentionInterface
+        from transformers import AttentionInterface, AttentionMaskInterface
 
         AttentionInterface.register(ATTN_IMPLEMENTATION, pagedkv_attention_forward)
+        AttentionMaskInterface.register(ATTN_IMPLEMENTATION, pagedkv_mask)
         _registered = True
     return ATTN_IMPLEMENTATION
