@@ -61,6 +61,25 @@ def test_stop_token_ends_a_sample():
     assert c.tokens == ref[: ref.index(stop) + 1]
 
 
+def test_stop_token_ids_given_as_a_tensor_stop():
+    """stop_token_ids=torch.tensor([...]) (or a list of its elements) made
+    a set of 0-d tensors, which hash by identity: no sampled id ever
+    matched, every sample ran to max_new_tokens with no error. Ids are read
+    as ints (tensor and numpy elements too); a string id is refused."""
+    np = pytest.importorskip("numpy")
+    model = tiny_model("llama", seed=4)
+    prompt = random_prompts(4, [12])[0]
+    ref = reference_greedy(model, prompt, 8)
+    stop = ref[3]
+    with Generator(model, num_blocks=64, block_size=4) as gen:
+        for ids in (torch.tensor([stop]), list(torch.tensor([stop, 383])), np.array([stop])):
+            ((c,),) = gen.generate([prompt], SamplingParams(max_new_tokens=8, stop_token_ids=ids))
+            assert (c.finish_reason, c.tokens) == ("stop", ref[: ref.index(stop) + 1]), ids
+        with pytest.raises(TypeError, match="stop_token_ids\\[0\\]: expected an int, got str"):
+            gen.generate([prompt], SamplingParams(max_new_tokens=8, stop_token_ids=[str(stop)]))
+        assert not gen.has_unfinished()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_forked_samples_see_their_own_tokens(kind):
     """n samples share the prompt's blocks (fork, copy-on-write). Each

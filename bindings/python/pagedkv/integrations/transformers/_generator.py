@@ -184,10 +184,16 @@ class Generator:
             _index(getattr(params, name), name)
         if params.n < 1 or params.max_new_tokens < 1:
             raise ValueError("n and max_new_tokens must be at least 1")
+        # ints, as the sampled ids are: a torch tensor's elements hash by
+        # identity, so stop_token_ids=torch.tensor([eos]) never matched one.
         stop = (
             frozenset()
             if params.ignore_eos
-            else (frozenset(params.stop_token_ids) if params.stop_token_ids is not None else self._default_stop)
+            else (
+                frozenset(_index(t, f"stop_token_ids[{i}]") for i, t in enumerate(params.stop_token_ids))
+                if params.stop_token_ids is not None
+                else self._default_stop
+            )
         )
         rid = next(self._ids)
         req = _Request(rid, prompt, params, stop)
