@@ -197,6 +197,27 @@ def test_requests_that_cannot_run_are_errors():
             gen.generate([list(range(20))])
 
 
+def test_negative_or_nan_temperature_and_negative_top_k_are_refused():
+    """temperature -1 or NaN is not > 0: the request was sampled greedily;
+    top_k -3 is not > 0: sampled from every token; both with no error
+    (transformers' TemperatureLogitsWarper and TopKLogitsWarper refuse
+    them). A seed that is not an int failed inside torch at admission."""
+    model = tiny_model("llama")
+    with Generator(model, num_blocks=16, block_size=4) as gen:
+        for t in (-1.0, float("nan"), -1e-9):
+            with pytest.raises(ValueError, match="temperature must be 0 \\(greedy\\) or positive"):
+                gen.add_request([1, 2], SamplingParams(temperature=t))
+        with pytest.raises(TypeError, match="temperature: expected a float, got str"):
+            gen.add_request([1, 2], SamplingParams(temperature="0.5"))
+        with pytest.raises(ValueError, match="top_k must be 0"):
+            gen.add_request([1, 2], SamplingParams(temperature=1.0, top_k=-3))
+        with pytest.raises(TypeError, match="seed: expected an int, got float"):
+            gen.add_request([1, 2], SamplingParams(temperature=1.0, seed=1.5))
+        assert not gen.has_unfinished()
+        ((c,),) = gen.generate([[1, 2]], SamplingParams(max_new_tokens=2, temperature=float("inf"), seed=3))
+        assert len(c.tokens) == 2  # infinite temperature: uniform, as transformers' warper
+
+
 def test_fractional_or_string_ids_and_counts_are_refused_not_truncated():
     """Prompt ids were read with int(): 2.7 was token 2 and "5" token 5; a
     fractional n, max_new_tokens or top_k was queued and failed (or

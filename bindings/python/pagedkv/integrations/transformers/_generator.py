@@ -26,7 +26,7 @@ import itertools
 from typing import Any, Deque, Iterable, List, Optional, Sequence
 
 import pagedkv
-from pagedkv._types import _index
+from pagedkv._types import _index, _real
 
 from ._runner import pool_for_model, run_step
 
@@ -184,6 +184,16 @@ class Generator:
             _index(getattr(params, name), name)
         if params.n < 1 or params.max_new_tokens < 1:
             raise ValueError("n and max_new_tokens must be at least 1")
+        # A negative or NaN temperature sampled greedily (it is not > 0) and a
+        # negative top_k sampled from every token, both without a word
+        # (transformers' warpers refuse them).
+        temperature = _real(params.temperature, "temperature")
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be 0 (greedy) or positive, got {temperature}")
+        if params.top_k < 0:
+            raise ValueError(f"top_k must be 0 (all tokens) or positive, got {params.top_k}")
+        if params.seed is not None:
+            _index(params.seed, "seed")
         # ints, as the sampled ids are: a torch tensor's elements hash by
         # identity, so stop_token_ids=torch.tensor([eos]) never matched one.
         stop = (
