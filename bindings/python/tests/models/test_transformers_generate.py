@@ -218,6 +218,28 @@ def test_negative_or_nan_temperature_and_negative_top_k_are_refused():
         assert len(c.tokens) == 2  # infinite temperature: uniform, as transformers' warper
 
 
+def test_a_request_that_fails_to_sample_does_not_wedge_the_generator():
+    """A temperature of 1e-40 makes the scaled logits infinite and
+    torch.multinomial raises. The sequence had all its tokens computed and
+    no new one: left running, every later step() scheduled it for 0 tokens
+    and failed with "query_counts[1] = 0 is outside [1, 9]", the other
+    requests never finished. Now the step raises naming the request, which
+    is dropped (its blocks freed); the others finish as they would have."""
+    model = tiny_model("llama")
+    prompt = random_prompts(1, [9])[0]
+    with Generator(model, num_blocks=32, block_size=4) as gen:
+        good = gen.add_request(prompt, SamplingParams(max_new_tokens=3))
+        bad = gen.add_request(prompt, SamplingParams(max_new_tokens=3, temperature=1e-40, n=2))
+        with pytest.raises(RuntimeError, match=f"request {bad}: sampling failed"):
+            gen.step()
+        done = []
+        while gen.has_unfinished():
+            done += gen.step()
+        assert [(c.request_id, c.tokens) for c in done] == [(good, reference_greedy(model, prompt, 3))]
+        st = gen.pool.stats()
+        assert (st.num_seqs, st.num_used_blocks) == (0, 0)
+
+
 def test_fractional_or_string_ids_and_counts_are_refused_not_truncated():
     """Prompt ids were read with int(): 2.7 was token 2 and "5" token 5; a
     fractional n, max_new_tokens or top_k was queued and failed (or

@@ -371,8 +371,11 @@ class Generator:
         for s, c in zip(seqs, counts):
             s.computed += c
         finished: List[Completion] = []
+        failed: Optional[BaseException] = None
         for row, j in enumerate(sampling):
             s = seqs[j]
+            if s.handle is None:  # its request failed to sample above
+                continue
             samples = [s]
             for _ in range(s.forks_left):  # parallel sampling: children share the prompt's blocks
                 child = _Seq(s.req, s.req.params.n - s.forks_left, list(s.tokens), _child_rng(s, torch))
@@ -383,9 +386,25 @@ class Generator:
                 s.forks_left -= 1
                 self.stats.forks += 1
             for x in samples:
-                done = self._sample(x, logits[row])
+                try:
+                    done = self._sample(x, logits[row])
+                except Exception as e:
+                    # Left running, a sequence whose tokens were all computed
+                    # but that got no new one was scheduled for 0 tokens: every
+                    # later step failed with a plan error. Its request is
+                    # dropped; the other sequences of the step still sample.
+                    self._drop([x.req])
+                    if failed is None:
+                        failed = RuntimeError(
+                            f"request {x.req.id}: sampling failed ({type(e).__name__}: {e}); "
+                            "the request was dropped, its samples freed"
+                        )
+                        failed.__cause__ = e
+                    break
                 if done:
                     finished.append(done)
+        if failed is not None:
+            raise failed
         return finished
 
     def _sample(self, s: _Seq, logits: Any) -> Optional[Completion]:
