@@ -321,6 +321,34 @@ def test_a_request_that_can_never_run_does_not_block_later_steps():
         assert len(done) == 1 and len(done[0].tokens) == 2
 
 
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_a_sequence_that_outgrows_the_pool_is_an_error_not_a_loop(prefix_caching):
+    """A sequence the pool cannot hold, alone, in chunks of the budget (a
+    prompt of 20 tokens, or 10 that grow past 12 while decoding, with 12
+    tokens of blocks): its append preempted itself and readmission
+    recomputed it from the start. Without prefix caching that went on for
+    ever (generate() never returned); with it, it ended in "its first 4
+    tokens need more blocks", the token budget, not what did not fit. Now
+    the request is dropped at once, naming the tokens it needed."""
+    model = tiny_model("llama")
+    with Generator(
+        model, num_blocks=4, block_size=4, max_num_batched_tokens=4, enable_prefix_caching=prefix_caching
+    ) as gen:  # 3 usable blocks: 12 tokens
+        for prompt, new, needed in (
+            (list(range(20)), 2, "16 tokens \\(of prompt 20\\)"),
+            (list(range(10)), 10, "13 tokens \\(of prompt 10 \\+ 3 generated\\)"),
+        ):
+            rid = gen.add_request(prompt, SamplingParams(max_new_tokens=new))
+            with pytest.raises(RuntimeError, match=f"request {rid}: its first {needed} need more blocks"):
+                for _ in range(40):
+                    gen.step()
+            assert not gen.has_unfinished()
+            st = gen.pool.stats()
+            assert (st.num_seqs, st.num_used_blocks) == (0, 0)
+        ((c,),) = gen.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
+        assert len(c.tokens) == 2
+
+
 def test_padding_masks_and_mask_functions_given_to_the_model_are_refused():
     """With attn_implementation "pagedkv" (no mask function registered),
     transformers' mask creation dropped the model's 2-d attention_mask

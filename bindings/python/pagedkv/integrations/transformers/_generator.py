@@ -155,6 +155,7 @@ class Generator:
         self._torch = torch
         self._ids = itertools.count()
         self._waiting: Deque[_Seq] = collections.deque()
+        self._unadmitted = 0
         self._running: List[_Seq] = []
         emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
         self._vocab: Optional[int] = getattr(emb, "num_embeddings", None)
@@ -285,6 +286,19 @@ class Generator:
                 return True
             except pagedkv.OutOfBlocksError:
                 victim = self._running[-1]
+                if victim is s and len(self._running) == 1:
+                    # Nothing else holds blocks: s can never hold upto tokens.
+                    # Preempted and readmitted, it recomputed its first chunk
+                    # and came back here for good without prefix caching.
+                    s.handle.free()
+                    s.handle = None
+                    self._running.remove(s)
+                    generated = f" + {s.num_generated} generated" if s.num_generated else ""
+                    raise RuntimeError(
+                        f"request {s.req.id}: its first {upto} tokens (of prompt {len(s.req.prompt)}{generated}) "
+                        f"need more blocks than the pool has ({self.pool.num_blocks} of {self.pool.block_size} "
+                        "tokens)"
+                    ) from None
                 self._preempt(victim)
                 if victim is s:
                     return False
@@ -297,6 +311,7 @@ class Generator:
         count = min(len(s.tokens) - hit, budget)
         if h.blocks_needed(count) > self.pool.stats().num_free_blocks:
             h.free()
+            self._unadmitted = hit + count
             return 0
         h.append(s.tokens[hit : hit + count])
         s.handle, s.appended, s.computed = h, hit + count, hit
@@ -339,10 +354,14 @@ class Generator:
         if not seqs and self._waiting and not self._running:
             # Nothing else holds blocks: it can never run. Left queued, it
             # made every later step raise this again.
+            # The tokens it needed at once: its prefix hit (the blocks of a
+            # sequence that outgrew the pool and was preempted) and the chunk,
+            # not the token budget.
             s = self._waiting.popleft()
+            generated = f" + {s.num_generated} generated" if s.num_generated else ""
             raise RuntimeError(
-                f"request {s.req.id}: its first {min(len(s.tokens), self.max_num_batched_tokens)} tokens need "
-                f"more blocks than the pool has ({self.pool.num_blocks} of {self.pool.block_size} tokens)"
+                f"request {s.req.id}: its first {self._unadmitted} tokens (of prompt {len(s.req.prompt)}{generated}) "
+                f"need more blocks than the pool has ({self.pool.num_blocks} of {self.pool.block_size} tokens)"
             )
         return seqs, counts
 
