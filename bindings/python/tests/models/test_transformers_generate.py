@@ -186,6 +186,34 @@ def test_run_step_failure_counts_nothing():
         torch.testing.assert_close(logits[0], full_logits(model, prompt, "eager")[-1], atol=2e-4, rtol=1e-4)
 
 
+def test_run_step_inputs_of_the_wrong_shape_are_refused_naming_them():
+    """input_ids in transformers' usual [1, tokens] shape failed in the
+    rotary embedding ("The size of tensor a (8) must match the size of
+    tensor b (6)"), as did more or fewer ids than counts; a list of sample
+    rows failed with "'list' object has no attribute 'to'" and a row past
+    seqs with "index out of range in self". Each now names the argument,
+    before the step (nothing computed)."""
+    model = tiny_model("llama")
+    prompt = random_prompts(8, [6])[0]
+    with Generator(model, num_blocks=16, block_size=4) as gen:
+        s = gen.pool.create_sequence()
+        s.append(prompt)
+        ids, row = torch.tensor(prompt), torch.tensor([0])
+        bad = [
+            (ValueError, r"input_ids: expected a 1-d integer tensor .* got \[1, 6\]", ids[None], row),
+            (ValueError, "input_ids: 7 ids for counts that sum to 6", torch.tensor([*prompt, 1]), row),
+            (ValueError, "input_ids: expected a 1-d integer tensor", ids.float(), row),
+            (TypeError, "sample_rows: expected a 1-d integer tensor", ids, [0]),
+            (IndexError, r"sample_rows: indices must be in \[0, 1\), got \[3\]", ids, torch.tensor([3])),
+        ]
+        for exc, match, x, rows in bad:
+            with pytest.raises(exc, match=match):
+                run_step(model, gen.pool, [s], [6], x, rows)
+            assert s.num_computed_tokens == 0
+        logits = run_step(model, gen.pool, [s], [6], ids.int(), row)
+        torch.testing.assert_close(logits[0], full_logits(model, prompt, "eager")[-1], atol=2e-4, rtol=1e-4)
+
+
 def test_requests_that_cannot_run_are_errors():
     model = tiny_model("llama")
     with Generator(model, num_blocks=4, block_size=4) as gen:  # 3 usable blocks: 12 tokens

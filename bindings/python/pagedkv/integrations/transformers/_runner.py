@@ -12,6 +12,7 @@ same model object still works with ``generate()`` around it.
 from __future__ import annotations
 
 import contextlib
+import operator
 import warnings
 from typing import Any, Iterator, Optional, Sequence
 
@@ -162,6 +163,7 @@ def run_step(
     succeeded; on an exception nothing of it counts as computed."""
     import torch
 
+    _check_step_inputs(torch, seqs, counts, input_ids, sample_rows)
     device = input_ids.device
     stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
     with pool.prepare(seqs, counts, stream) as step, torch.inference_mode(), pagedkv_attention(model):
@@ -187,6 +189,29 @@ def run_step(
             if sorted(calls.layers) != list(range(pool.num_layers)):
                 raise ValueError(_not_routed(model, calls.layers, pool.num_layers))
     return out.logits[0]
+
+
+def _check_step_inputs(
+    torch: Any, seqs: Sequence[Any], counts: Sequence[int], input_ids: Any, sample_rows: Any
+) -> None:
+    """Refuses inputs that failed deep inside the model with messages that
+    named neither: input_ids in transformers' usual [1, tokens] shape (a
+    size mismatch in the rotary embedding), too many or too few ids for
+    counts, float ids; sample_rows that is not a tensor or names no
+    sequence (an IndexError "index out of range in self")."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1 or input_ids.is_floating_point():
+        shape = list(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise ValueError(f"input_ids: expected a 1-d integer tensor of the step's tokens, packed; got {shape}")
+    try:
+        total = sum(operator.index(c) for c in counts)
+    except TypeError:
+        total = None  # the plan refuses such counts, naming them
+    if total is not None and input_ids.shape[0] != total:
+        raise ValueError(f"input_ids: {input_ids.shape[0]} ids for counts that sum to {total}")
+    if not isinstance(sample_rows, torch.Tensor) or sample_rows.dim() != 1 or sample_rows.is_floating_point():
+        raise TypeError("sample_rows: expected a 1-d integer tensor of indices into seqs")
+    if sample_rows.numel() and not (0 <= int(sample_rows.min()) and int(sample_rows.max()) < len(seqs)):
+        raise IndexError(f"sample_rows: indices must be in [0, {len(seqs)}), got {sample_rows.tolist()}")
 
 
 def _not_routed(model: Any, layers: Sequence[int], num_layers: int, error: Optional[BaseException] = None) -> str:
