@@ -394,27 +394,36 @@ void Pool::set_retention(SeqId id, const RetentionRange* ranges, uint64_t n) {
   // Pins the budget cannot hold are refused here, where the caller can act
   // on it; blocks the sequence caches later degrade instead (pool.h).
   next.swap(s.retention);  // no allocation: swapped back on refusal
-  uint64_t new_pins = 0;
-  for (size_t j = 0; j < s.blocks.size(); ++j) {
-    const int32_t b = s.blocks[j];
-    if (b != BlockPool::kNullBlock && !blocks_.hash(b).empty() &&
-        blocks_.priority(b) != kPriorityPinned && block_retention(s, j).first == kPriorityPinned)
-      ++new_pins;
-  }
-  if ((pins && blocks_.max_pinned() == 0) ||
-      blocks_.num_pinned() + new_pins > blocks_.max_pinned()) {
-    s.retention.swap(next);
-    fail(Errc::kOutOfBlocks,
-         "ranges pin " + str(new_pins) + " more cached blocks of " + seq_name(id) + " but " +
-             str(blocks_.num_pinned()) + " of max_pinned_blocks " + str(blocks_.max_pinned()) +
-             " are pinned" + (blocks_.max_pinned() == 0 ? " (pinning is off)" : ""));
-  }
   // A block the sequence filled and holds alone takes the new ranges'
   // priority exactly, lower ones and an unpin included (pool.h); its prefix
   // hits and blocks others share only ever rise, as at caching.
   const uint64_t hits = div_bs(s.num_cached);
-  for (size_t j = 0; j < s.blocks.size(); ++j)
-    assign_priority(s, j, j >= hits && blocks_.ref(s.blocks[j]) == 1);
+  const auto own = [&](size_t j) { return j >= hits && blocks_.ref(s.blocks[j]) == 1; };
+  // The pins the new ranges drop from the sequence's own blocks come back to
+  // the budget in this call: moving a pin between its blocks needs no room.
+  uint64_t new_pins = 0, dropped_pins = 0;
+  for (size_t j = 0; j < s.blocks.size(); ++j) {
+    const int32_t b = s.blocks[j];
+    if (b == BlockPool::kNullBlock || blocks_.hash(b).empty()) continue;
+    const bool was = blocks_.priority(b) == kPriorityPinned;
+    const bool will = block_retention(s, j).first == kPriorityPinned;
+    new_pins += !was && will;
+    dropped_pins += was && !will && own(j);
+  }
+  if ((pins && blocks_.max_pinned() == 0) ||
+      blocks_.num_pinned() - dropped_pins + new_pins > blocks_.max_pinned()) {
+    s.retention.swap(next);
+    fail(Errc::kOutOfBlocks,
+         "ranges pin " + str(new_pins) + " more cached blocks of " + seq_name(id) +
+             (dropped_pins ? " (and unpin " + str(dropped_pins) + ")" : "") + " but " +
+             str(blocks_.num_pinned()) + " of max_pinned_blocks " + str(blocks_.max_pinned()) +
+             " are pinned" + (blocks_.max_pinned() == 0 ? " (pinning is off)" : ""));
+  }
+  // Unpins before pins, so that a pin the budget holds once the dropped
+  // ones are back is not degraded for being assigned first.
+  for (bool pinning : {false, true})
+    for (size_t j = 0; j < s.blocks.size(); ++j)
+      if ((block_retention(s, j).first == kPriorityPinned) == pinning) assign_priority(s, j, own(j));
 }
 
 void Pool::priority_counts(uint64_t* out) const {

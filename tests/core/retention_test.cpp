@@ -201,6 +201,41 @@ TEST(Retention, PinBudgetRefusesOrDegrades) {
   EXPECT_VALID(*q);
 }
 
+// Replacing the ranges can move a pin between the sequence's own blocks:
+// the pin the new ranges drop comes back to the budget in the same call, so
+// a full budget neither refuses the move nor degrades the new pin, in
+// either order of the blocks.
+TEST(Retention, MovingAPinWithinTheSequenceFitsTheBudget) {
+  for (bool forward : {true, false}) {
+    auto p = make(16, 1);
+    const Ranges first = {{0, 4, kPriorityPinned, 0}}, second = {{4, 8, kPriorityPinned, 0}};
+    SeqId a = cached(p, iota_tokens(9), forward ? first : second);
+    const V t = table(*p, a);
+    EXPECT_EQ(p->stats().num_pinned_blocks, 1u);
+    drain(*p);
+    const Ranges& next = forward ? second : first;
+    ASSERT_EQ(code_of([&] { p->set_retention(a, next.data(), 1); }), Errc(0)) << forward;
+    const int32_t pinned = forward ? t[1] : t[0], unpinned = forward ? t[0] : t[1];
+    EXPECT_EQ(p->block_pool().priority(pinned), kPriorityPinned) << forward;
+    EXPECT_EQ(p->block_pool().priority(unpinned), kPriorityDefault) << forward;
+    const PoolStats s = p->stats();
+    EXPECT_EQ(s.num_pinned_blocks, 1u) << forward;
+    EXPECT_EQ(s.num_pins_degraded, 0u) << forward;
+    EXPECT_EQ(counts(*p)[kPriorityPinned - 1], 0u) << forward;
+    const auto ev = drain(*p);
+    ASSERT_EQ(ev.size(), 2u) << forward;
+    for (const Event& e : ev) EXPECT_EQ(e.type, EventType::kPriority);
+    // A move that still needs one pin more than the budget is refused and
+    // changes nothing.
+    const Ranges both = {{0, 8, kPriorityPinned, 0}};
+    EXPECT_EQ(code_of([&] { p->set_retention(a, both.data(), 1); }), Errc::kOutOfBlocks);
+    EXPECT_EQ(p->block_pool().priority(pinned), kPriorityPinned);
+    EXPECT_EQ(p->block_pool().priority(unpinned), kPriorityDefault);
+    EXPECT_TRUE(drain(*p).empty());
+    EXPECT_VALID(*p);
+  }
+}
+
 // A hit raises a block's priority, never lowers it: another request may
 // count on it. A block a sequence fills itself takes its priority exactly.
 TEST(Retention, HitsRaiseButNeverLower) {

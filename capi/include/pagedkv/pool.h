@@ -403,8 +403,9 @@ typedef struct pkv_retention_range {
  * recently used first within one; a block whose priority ran out joins the
  * default level where its last release puts it. Pinned blocks are
  * never evicted; at most max_pinned_blocks are: a call whose ranges would
- * pin more of the sequence's cached blocks than the budget has left fails
- * with PKV_E_OUT_OF_BLOCKS and changes nothing; a block cached later when
+ * pin more of the sequence's cached blocks than the budget has left (pins
+ * the call drops from blocks this sequence filled and holds alone count as
+ * left) fails with PKV_E_OUT_OF_BLOCKS and changes nothing; a block cached later when
  * the budget is spent gets PKV_PRIORITY_PINNED - 1 instead (counted in
  * pkv_pool_stats.num_pins_degraded). PKV_E_INVALID_STATE on a pool created
  * without enable_retention. Changes of a cached block's priority are
