@@ -120,8 +120,10 @@ class EventPublisher(HandleOwner):
             ("event_encoding", event_encoding, "'map' or 'array'"),
             ("hash_encoding", hash_encoding, "'int' or 'bytes'"),
         ):
-            if value.__hash__ is None:  # a list, a dict: the lookup's "unhashable type" named neither
-                raise TypeError(f"{name}: expected {words}, got {type(value).__name__}")
+            try:  # a list, a dict, a tuple holding one: the lookup's "unhashable type" named neither
+                hash(value)
+            except TypeError:
+                raise TypeError(f"{name}: expected {words}, got {type(value).__name__}") from None
         if event_encoding not in encodings:
             raise _c.InvalidArgumentError(f"event_encoding {event_encoding!r}: not 'map' or 'array'")
         if hash_encoding not in hashes:

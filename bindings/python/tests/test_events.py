@@ -367,7 +367,7 @@ def test_publisher_encodings_of_another_type_are_named() -> None:
     """event_encoding / hash_encoding were looked up in a dict as given: a
     list or dict raised a bare "unhashable type: 'list'", naming neither."""
     with pagedkv.Pool(num_blocks=8, block_size=BS, enable_events=True) as pool:
-        for kw in ({"event_encoding": ["map"]}, {"hash_encoding": {"int": 1}}):
+        for kw in ({"event_encoding": ["map"]}, {"hash_encoding": {"int": 1}}, {"event_encoding": ("map", [])}):
             name = next(iter(kw))
             with pytest.raises(
                 TypeError, match=f"^{name}: expected 'map' or 'array'|^{name}: expected 'int' or 'bytes'"
