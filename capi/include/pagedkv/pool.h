@@ -27,8 +27,11 @@
  *
  * Failures change nothing: a call that returns an error, PKV_E_OUT_OF_MEMORY
  * included, leaves the pool, its sequences, stats and events as they were
- * (one exception: a failed plan on a pool with tiers may have run the
- * tiers' pending loads first; tiers.h).
+ * (exceptions: a failed plan on a pool with tiers may have run the
+ * tiers' pending loads first, tiers.h; and retention priorities whose
+ * duration ran out fall back when the clock says so, applied with their
+ * PKV_EVENT_BLOCK_PRIORITY events by whichever call comes next, a read or
+ * a failing one included: time passed, not the call).
  */
 #ifndef PAGEDKV_POOL_H
 #define PAGEDKV_POOL_H
