@@ -135,7 +135,9 @@ typedef struct pkv_pool_options {
                                     4 * block_size + at most 57 bytes
                                     per block
                                     (README, "Partial-block hits"). 0 (default):
-                                    full blocks only. Needs prefix caching. */
+                                    full blocks only. Needs prefix caching:
+                                    without it nothing is cached, so 1 has no
+                                    effect (accepted, as ever). */
   uint32_t enable_retention;     /* 1 = retention priorities
                                     (pkv_seq_set_retention): the free queue
                                     evicts lower priorities first, LRU within
