@@ -1072,8 +1072,8 @@ impl Pool {
         Ok(raw.iter().map(Event::from_raw).collect())
     }
 
-    /// Drains every pending event, in order (requires
-    /// `enable_events` in the options).
+    /// Drains every pending event, in order. A pool created without
+    /// `enable_events` records none: the iterator is empty, not an error.
     pub fn events(&self) -> Events<'_> {
         Events {
             pool: self,
