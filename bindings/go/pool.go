@@ -241,8 +241,9 @@ func adoptPool(ptr *C.pkv_pool) (*Pool, error) {
 
 // acquire read-locks the pool for one call; release must follow.
 func (p *Pool) acquire(op string) (*C.pkv_pool, error) {
-	if p == nil {
-		return nil, closedError(op, "pool")
+	if p == nil { // never had one: ErrClosed as a closed pool, said apart
+		return nil, &Error{Code: CodeInvalidState, Op: op,
+			Msg: "no pool (a nil *Pool, or a zero Seq that no pool made)", cause: ErrClosed}
 	}
 	p.mu.RLock()
 	if p.ptr == nil {
