@@ -25,9 +25,29 @@ Handle = _c._Handle
 _Owner = TypeVar("_Owner", bound="HandleOwner")
 
 
-class HandleOwner:
+class NoCopy:
+    """Refuses copy, deepcopy and pickle, naming the class and
+    ``_pickle_why`` (why it cannot travel; what to send instead)."""
+
+    __slots__ = ()
+    _pickle_why = "it owns a library handle"
+
+    def __copy__(self) -> Any:
+        raise TypeError(no_copy(self))
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError(no_copy(self))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(f"cannot pickle a pagedkv.{type(self).__name__}: {self._pickle_why}")
+
+
+class HandleOwner(NoCopy):
     """The lifetime protocol of an object owning a Handle in ``self._h``:
-    idempotent close(), ``closed``, context manager, close on collection."""
+    idempotent close(), ``closed``, context manager, close on collection.
+    A copy would share the handle and close it when collected (a copied
+    Pool closed the original, a copied Batch aborted it): one object owns
+    one handle, so share the object itself."""
 
     _h: Handle
 
@@ -53,18 +73,6 @@ class HandleOwner:
             self.close()
         except Exception:
             pass
-
-    # A copy would share the handle and close it when collected (a copied
-    # Pool closed the original, a copied Batch aborted it): one object owns
-    # one handle, so share the object itself.
-    def __copy__(self) -> Any:
-        raise TypeError(no_copy(self))
-
-    def __deepcopy__(self, memo: Any) -> Any:
-        raise TypeError(no_copy(self))
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError(f"cannot pickle a pagedkv.{type(self).__name__}: it owns a library handle")
 
 
 def no_copy(obj: Any) -> str:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Tuple
 from typing import Sequence as Seq
 
 from . import _pagedkv as _c
-from ._handle import Handle, HandleOwner, no_copy
+from ._handle import Handle, HandleOwner, NoCopy
 from ._tensor import TensorView, describe, stream_ptr
 from ._types import (
     KV,
@@ -555,7 +555,7 @@ def _host_buffer(buffer: Any, writable: bool) -> Tuple[Any, Any]:
     return (desc.data + desc.byte_offset, desc.nbytes), desc
 
 
-class Sequence(_c._SeqBase):
+class Sequence(NoCopy, _c._SeqBase):
     """One request's tokens and block table in a pool.
 
     Holds a reference to its pool, so the pool stays usable while the
@@ -572,6 +572,9 @@ class Sequence(_c._SeqBase):
     # implements free() and whose deallocation frees an owned sequence not
     # freed yet.
     __slots__ = ()
+    # A copy would be a second handle of the sequence (object's default
+    # reduce refused it, saying "cannot pickle" for a copy).
+    _pickle_why = "it names a sequence of a live pool (send its tokens)"
 
     def __init__(self, pool: Pool, seq_id: int, owned: bool = True) -> None:
         self._freed = False
@@ -706,18 +709,6 @@ class Sequence(_c._SeqBase):
 
     def __exit__(self, *exc: Any) -> None:
         self.free()
-
-    # A copy would be a second handle of the sequence (object's default
-    # reduce refused it, saying "cannot pickle" for a copy): refused as
-    # HandleOwner's copies are.
-    def __copy__(self) -> Any:
-        raise TypeError(no_copy(self))
-
-    def __deepcopy__(self, memo: Any) -> Any:
-        raise TypeError(no_copy(self))
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError("cannot pickle a pagedkv.Sequence: it names a sequence of a live pool (send its tokens)")
 
     def __repr__(self) -> str:
         state = "freed" if self.freed else "live" if self._owned else "live, borrowed"

@@ -15,7 +15,7 @@ import sys
 from typing import Any, Optional, Sequence, Tuple
 
 from . import _pagedkv as _c
-from ._handle import no_copy
+from ._handle import NoCopy
 from ._types import CPU, Device, DeviceType, DType
 
 InvalidArgumentError = _c.InvalidArgumentError
@@ -342,7 +342,7 @@ def stream_ptr(stream: Any) -> int:
 # ------------------------------------------------------------------ views
 
 
-class TensorView:
+class TensorView(NoCopy):
     """A view of library-owned memory (KV storage, plan arrays).
 
     Exposes ``__array_interface__`` (CPU) or ``__cuda_array_interface__``
@@ -357,6 +357,10 @@ class TensorView:
     returns a copy of it, torch having no read-only tensors. The library
     never reads a plan array back from its callers' copy anyway.
     """
+
+    # A copy would release the one pin a second time when collected, and the
+    # handle could then go while arrays over the memory are still in use.
+    _pickle_why = "it pins library memory"
 
     def __init__(self, c_tensor: Any, pin: Any, readonly: bool = False) -> None:
         self._pin = pin  # keeps the C object alive; released with the view
@@ -376,17 +380,6 @@ class TensorView:
                 pin.release()
             except Exception:
                 pass
-
-    # A copy would release the one pin a second time when collected, and the
-    # handle could then go while arrays over the memory are still in use.
-    def __copy__(self) -> Any:
-        raise TypeError(no_copy(self))
-
-    def __deepcopy__(self, memo: Any) -> Any:
-        raise TypeError(no_copy(self))
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError("cannot pickle a pagedkv.TensorView: it pins library memory")
 
     def _interface(self) -> dict:
         item = self.dtype.itemsize

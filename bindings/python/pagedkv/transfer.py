@@ -23,7 +23,7 @@ import time
 from typing import Any, Optional
 
 from . import _pagedkv as _c
-from ._handle import Handle, HandleOwner, no_copy
+from ._handle import Handle, HandleOwner, NoCopy
 from ._pool import Pool, Sequence, _index, _new_seq, _seq_opts
 from ._types import _real
 
@@ -38,10 +38,14 @@ def available() -> bool:
     return bool(_c.pkv_transfer_available())
 
 
-class Export:
+class Export(NoCopy):
     """A pinned, exported sequence: ``descriptor`` (bytes) for the importer,
     ``release()`` to unpin (idempotent; a no-op once the engine expired the
     export or was closed)."""
+
+    # A copy would release the same pin: the copy's release() unpinned the
+    # blocks while this object still said unreleased.
+    _pickle_why = "it pins blocks of a live pool (send its descriptor bytes)"
 
     def __init__(self, engine: TransferEngine, export_id: int, descriptor: bytes) -> None:
         self.engine = engine
@@ -66,17 +70,6 @@ class Export:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
-
-    # A copy would release the same pin: the copy's release() unpinned the
-    # blocks while this object still said unreleased.
-    def __copy__(self) -> Any:
-        raise TypeError(no_copy(self))
-
-    def __deepcopy__(self, memo: Any) -> Any:
-        raise TypeError(no_copy(self))
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError("cannot pickle a pagedkv.Export: it pins blocks of a live pool (send its descriptor bytes)")
 
 
 class TransferEngine(HandleOwner):
