@@ -77,6 +77,9 @@ void require(const T* p, const char* name) {
   if (!p) fail(Errc::kInvalidArgument, std::string(name) + " is NULL");
 }
 
+// A 0/1 option field: any other value is INVALID_ARGUMENT naming it.
+uint32_t flag(uint32_t v, const char* name);
+
 // Versioned structs: struct_size must cover at least the first released
 // version (v1_size); larger sizes come from newer headers and are fine.
 constexpr uint32_t kMaxStructSize = 1u << 16;  // anything beyond is garbage

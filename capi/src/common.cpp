@@ -41,6 +41,12 @@ std::string& last_error() {
   return message;
 }
 
+uint32_t flag(uint32_t v, const char* name) {
+  if (v > 1)
+    fail(Errc::kInvalidArgument, std::string(name) + " is " + std::to_string(v) + ", not 0 or 1");
+  return v;
+}
+
 void check_struct_size(uint32_t size, uint32_t v1_size, const char* name, const char* type,
                        const char* init) {
   if (size < v1_size || size > kMaxStructSize)

@@ -92,27 +92,23 @@ pkv_status pkv_pool_create_groups(const pkv_pool_options* base, const pkv_kv_gro
     if (num_groups > 0) pc::require(groups, "groups");
     // A flag's value is checked before whether the pool kind supports it,
     // as pkv_pool_create does: 2 is a bad value, not an unsupported option.
-    const auto flag = [](uint32_t v, const char* name) {
-      if (v > 1) fail(Errc::kInvalidArgument, std::string(name) + " is " + str(v) + ", not 0 or 1");
-      return v != 0;
-    };
     pagedkv::PoolOptions o;
     o.block_size = base->block_size;
     o.num_blocks = base->num_blocks;
     o.memory_budget_bytes = base->memory_budget_bytes;
     o.hash_algo = pagedkv::HashAlgo(base->hash_algo);
-    o.enable_prefix_caching = flag(base->enable_prefix_caching, "base->enable_prefix_caching");
+    o.enable_prefix_caching = pc::flag(base->enable_prefix_caching, "base->enable_prefix_caching");
     o.hash_seed = base->hash_seed ? base->hash_seed : "";
     o.sliding_window = base->sliding_window;
-    o.enable_events = flag(base->enable_events, "base->enable_events");
+    o.enable_events = pc::flag(base->enable_events, "base->enable_events");
     o.num_layers = base->num_layers;
     if (PKV_HAS_FIELD(base, strict_key_domains))
       pc::key_domains(base->strict_key_domains, "base->strict_key_domains", &o.strict_key_domains,
                       &o.tagged_keys);
     if (PKV_HAS_FIELD(base, enable_partial_reuse))
-      o.enable_partial_reuse = flag(base->enable_partial_reuse, "base->enable_partial_reuse");
+      o.enable_partial_reuse = pc::flag(base->enable_partial_reuse, "base->enable_partial_reuse");
     if (PKV_HAS_FIELD(base, enable_retention))
-      o.enable_retention = flag(base->enable_retention, "base->enable_retention");
+      o.enable_retention = pc::flag(base->enable_retention, "base->enable_retention");
     // Before groups[0, num_groups) is read: a count beyond what a pool
     // takes is refused, not read past the caller's array.
     if (num_groups > pagedkv::kMaxGroups)

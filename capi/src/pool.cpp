@@ -12,11 +12,6 @@ namespace {
 
 std::string str(uint64_t v) { return std::to_string(v); }
 
-uint32_t flag(uint32_t v, const char* name) {
-  if (v > 1) fail(Errc::kInvalidArgument, std::string(name) + " is " + str(v) + ", not 0 or 1");
-  return v;
-}
-
 // The defaults of pkv_pool_options that are not 0 (for pc::fill_defaults).
 void pool_options_defaults(pkv_pool_options& o) {
   o.block_size = 16;
@@ -102,10 +97,10 @@ pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out) {
     o.num_blocks = opts->num_blocks;
     o.memory_budget_bytes = opts->memory_budget_bytes;
     o.hash_algo = pagedkv::HashAlgo(opts->hash_algo);
-    o.enable_prefix_caching = flag(opts->enable_prefix_caching, "opts->enable_prefix_caching");
+    o.enable_prefix_caching = pc::flag(opts->enable_prefix_caching, "opts->enable_prefix_caching");
     o.hash_seed = opts->hash_seed ? opts->hash_seed : "";
     o.sliding_window = opts->sliding_window;
-    o.enable_events = flag(opts->enable_events, "opts->enable_events");
+    o.enable_events = pc::flag(opts->enable_events, "opts->enable_events");
     o.max_events = opts->max_events;
     o.num_layers = opts->num_layers;
     o.num_kv_heads = opts->num_kv_heads;
@@ -119,9 +114,9 @@ pkv_status pkv_pool_create(const pkv_pool_options* opts, pkv_pool** out) {
                       &o.tagged_keys);
     if (PKV_HAS_FIELD(opts, v_scales)) read_kv_scales(*opts, &o);
     if (PKV_HAS_FIELD(opts, enable_partial_reuse))
-      o.enable_partial_reuse = flag(opts->enable_partial_reuse, "opts->enable_partial_reuse");
+      o.enable_partial_reuse = pc::flag(opts->enable_partial_reuse, "opts->enable_partial_reuse");
     if (PKV_HAS_FIELD(opts, enable_retention))
-      o.enable_retention = flag(opts->enable_retention, "opts->enable_retention");
+      o.enable_retention = pc::flag(opts->enable_retention, "opts->enable_retention");
     if (PKV_HAS_FIELD(opts, max_pinned_blocks)) o.max_pinned_blocks = opts->max_pinned_blocks;
     if (PKV_HAS_FIELD(opts, qk_rope_head_dim)) {
       o.kv_layout = opts->kv_layout;
