@@ -150,6 +150,9 @@ pkv_status pkv_event_publisher_create(pkv_pool* pool, const char* endpoint,
                        : p->options().device_type == PKV_DEVICE_CUDA ? "GPU"
                                                                      : "CPU";
     // Checked before any socket opens, so the message names the argument.
+    pagedkv::events::check_transport(o.endpoint, "endpoint");
+    if (!o.replay_endpoint.empty())
+      pagedkv::events::check_transport(o.replay_endpoint, "replay_endpoint");
     pagedkv::events::offset_endpoint(o.endpoint, o.dp_rank);
     if (!o.replay_endpoint.empty()) pagedkv::events::offset_endpoint(o.replay_endpoint, o.dp_rank);
     auto h = std::make_unique<pkv_event_publisher>();

@@ -1,4 +1,5 @@
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "error.h"
@@ -37,6 +38,16 @@ void check_tcp_port(const std::string& e) {
       port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) > 65535)
     fail(Errc::kInvalidArgument,
          "endpoint '" + e + "': its port must be * or a number from 0 to 65535");
+}
+
+void check_transport(const std::string& e, const char* what) {
+  for (const char* t : {"pgm://", "epgm://", "norm://"})
+    if (e.rfind(t, 0) == 0)
+      fail(Errc::kInvalidArgument,
+           std::string(what) + " '" + e + "': the " + std::string(t, std::strlen(t) - 3) +
+               " transport is not supported (libzmq aborts the process when a NORM session "
+               "fails to start, and OpenPGM writes to stderr); use tcp://, ipc://, inproc:// "
+               "or ws://");
 }
 
 }  // namespace pagedkv::events

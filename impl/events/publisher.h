@@ -59,5 +59,12 @@ std::string offset_endpoint(const std::string& endpoint, uint32_t rank);
 // a number up to 65535: libzmq 4.3 takes 99999 modulo 65536 and binds
 // another port without a word.
 void check_tcp_port(const std::string& endpoint);
+// Throws kInvalidArgument naming `what` for the multicast transports
+// (pgm://, epgm://, norm://): a NORM session that fails to start (an
+// address libzmq cannot use, e.g. "norm://*:5") hits a zmq_assert that
+// aborts the process from libzmq's I/O thread after the connect returned,
+// and OpenPGM prints warnings to stderr; a KV event router takes tcp://,
+// ipc:// or inproc:// (vLLM's publisher) anyway.
+void check_transport(const std::string& endpoint, const char* what);
 
 }  // namespace pagedkv::events

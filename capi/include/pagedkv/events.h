@@ -86,6 +86,9 @@ PKV_API pkv_status pkv_event_publisher_options_init_sized(pkv_event_publisher_op
  * endpoint: the PUB address, bound when it holds '*' or '::' or is ipc://
  * or inproc://, else connected (vLLM's rule): "tcp://" then "*:5557"
  * binds port 5557 on every interface.
+ * The multicast transports (pgm://, epgm://, norm://) are refused as
+ * PKV_E_INVALID_ARGUMENT, for either endpoint: libzmq aborts the process
+ * when a NORM session fails to start, and OpenPGM writes to stderr.
  * replay_endpoint: NULL for none, or a ROUTER address to bind: a request
  * [start seq, 8 bytes big endian] is answered with every buffered
  * [seq, batch] from there and then [-1, empty]. opts: NULL for defaults.

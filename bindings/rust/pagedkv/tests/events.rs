@@ -125,3 +125,55 @@ fn rank_past_the_last_port_is_named() {
         err.message()
     );
 }
+
+#[test]
+fn multicast_endpoints_are_refused_not_aborted() {
+    // "norm://*:5" was accepted, then libzmq's I/O thread hit a zmq_assert
+    // starting the NORM session and aborted the whole process; pgm:// and
+    // epgm:// endpoints made OpenPGM print to stderr. All three are refused
+    // now, naming the argument and the transport, before any socket opens.
+    let p = pool(8);
+    let eps = [
+        "norm://*:5",
+        "norm://x",
+        "pgm://127.0.0.1;239.192.1.1:5555",
+        "epgm://;239.192.1.1:5555",
+    ];
+    for (ep, replay) in eps
+        .iter()
+        .flat_map(|e| [(*e, None), ("inproc://mc-ok", Some(*e))])
+    {
+        let err = match EventPublisher::new(&p, ep, replay, &PublisherOptions::default()) {
+            Ok(publisher) => {
+                // Before the fix: the abort comes from libzmq's I/O thread
+                // shortly after the connect returned.
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                drop(publisher);
+                panic!("{ep} / {replay:?} was accepted");
+            }
+            Err(e) => e,
+        };
+        if err.kind() == ErrorKind::Unsupported {
+            return; // built without PAGEDKV_EVENTS
+        }
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{ep}: {err}");
+        let (what, bad) = match replay {
+            None => ("endpoint", ep),
+            Some(r) => ("replay_endpoint", r),
+        };
+        let transport = bad.split("://").next().unwrap();
+        assert!(
+            err.message().contains(what)
+                && err.message().contains(bad)
+                && err
+                    .message()
+                    .contains(&format!("the {transport} transport")),
+            "{}",
+            err.message()
+        );
+    }
+    // The pool is as before and takes a publisher on a supported transport.
+    assert!(
+        EventPublisher::new(&p, "inproc://mc-after", None, &PublisherOptions::default()).is_ok()
+    );
+}
