@@ -258,4 +258,24 @@ TEST(Publisher, RefusesPortsOutOfRange) {
   pkv_event_publisher_destroy(pub);
 }
 
+// libzmq accepted norm://*:5, then aborted the process from its I/O thread
+// when the session failed to start; OpenPGM printed to stderr.
+TEST(Publisher, RefusesMulticastTransports) {
+  Pool pool;
+  for (const char* e : {"norm://*:5", "norm://x", "pgm://127.0.0.1;239.192.1.1:5555",
+                        "epgm://lo;239.192.1.1:5555"}) {
+    for (int replay = 0; replay < 2; ++replay) {
+      pkv_event_publisher* pub = nullptr;
+      const pkv_status st =
+          replay ? pkv_event_publisher_create(pool.p, "tcp://127.0.0.1:*", e, nullptr, &pub)
+                 : pkv_event_publisher_create(pool.p, e, nullptr, nullptr, &pub);
+      EXPECT_EQ(st, PKV_E_INVALID_ARGUMENT) << e;
+      EXPECT_EQ(pub, nullptr) << e;
+      const std::string msg = pkv_last_error_message();
+      EXPECT_NE(msg.find(replay ? "replay_endpoint" : "endpoint"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("not supported"), std::string::npos) << msg;
+    }
+  }
+}
+
 }  // namespace
