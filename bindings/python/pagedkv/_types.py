@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import numbers
 import operator
 from dataclasses import dataclass, fields
 from typing import Any, Optional, Tuple, Union
@@ -249,9 +250,19 @@ def _real(value: Any, name: str) -> float:
     """value as a float: numbers only (int, float, numpy and torch scalars).
     float() also parsed strings, so softmax_scale="2" was the scale 2.0."""
     t = type(value)
-    if not (hasattr(t, "__float__") or hasattr(t, "__index__")):
+    if t is float or t is int:
+        return float(value)
+    if not (hasattr(t, "__float__") or hasattr(t, "__index__")) or (
+        isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real)
+    ):
+        # A numpy complex scalar has __float__: float() printed a
+        # ComplexWarning and dropped the imaginary part (softmax_scale=0.1+2j
+        # ran with 0.1).
         raise TypeError(f"{name}: expected a float, got {t.__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except (TypeError, RuntimeError) as e:  # a numpy array (1-d or more), a complex torch scalar
+        raise TypeError(f"{name}: expected a float, got {t.__name__} ({e})") from None
 
 
 _FIELD_GETTERS: dict = {}

@@ -1,0 +1,54 @@
+"""Inputs of every kind a caller may hand the package: a clear exception
+naming the argument, never a warning printed or a value silently changed."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import pagedkv
+
+H, D = 2, 64
+
+
+def _step():
+    pool = pagedkv.Pool(num_blocks=16, block_size=16, num_layers=1, num_kv_heads=H, head_dim=D, dtype="f32")
+    seq = pool.create_sequence()
+    seq.append(list(range(5)))
+    step = pool.prepare([seq], 5)
+    rng = np.random.default_rng(0)
+    kv = rng.standard_normal((5, H, D)).astype(np.float32)
+    step.cache_write(0, kv, kv)
+    q = rng.standard_normal((5, 4, D)).astype(np.float32)
+    return pool, seq, step, q
+
+
+@pytest.mark.parametrize("name", ["softmax_scale", "logit_softcap"])
+@pytest.mark.parametrize("value", [np.complex128(0.125 + 1j), np.complex64(0.5), 0.125 + 0j])
+def test_complex_float_arguments_are_refused_not_truncated(name, value):
+    pool, _seq, step, q = _step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's ComplexWarning was printed, the imaginary part dropped
+        with pytest.raises(TypeError, match=f"{name}: expected a float, got complex"):
+            step.attention(0, q, **{name: value})
+    step.close()
+    pool.close()
+
+
+def test_float_argument_given_an_array_names_it():
+    pool, _seq, step, q = _step()
+    with pytest.raises(TypeError, match="softmax_scale: expected a float, got ndarray"):
+        step.attention(0, q, softmax_scale=np.array([0.125]))
+    assert np.array_equal(step.attention(0, q, softmax_scale=np.float32(0.125)), step.attention(0, q))
+    step.close()
+    pool.close()
+
+
+def test_complex_kv_scales_are_refused():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TypeError, match=r"k_scales\[0\]: expected a float, got complex"):
+            pagedkv.Pool(
+                num_blocks=4, num_layers=1, num_kv_heads=1, head_dim=64, dtype="fp8_e4m3",
+                k_scales=np.array([1 + 1j]), v_scales=[1.0],
+            )  # fmt: skip
