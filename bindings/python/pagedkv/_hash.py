@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Optional
+from typing import Any, Iterable, Iterator, List, Optional
 
 from . import _pagedkv as _c
 from ._types import HashAlgo, MMItemLike, mm_tuples
@@ -55,6 +55,12 @@ def hash_prefix(
         "mm_items": mm_tuples(mm_items),
         "strict_key_domains": _key_domains(strict_key_domains, tagged_keys),
     }
-    capacity = len(tokens) // block_size if block_size > 0 else 0
+    if isinstance(tokens, Iterator):  # a generator: read once, as Sequence.append reads it
+        tokens = list(tokens)
+    try:
+        n = len(tokens)
+    except TypeError:  # "object of type 'int' has no len()", naming nothing
+        raise TypeError(f"tokens: expected a sequence or buffer of ints, got {type(tokens).__name__}") from None
+    capacity = n // block_size if block_size > 0 else 0
     hashes = _c.pkv_hash_prefix(opts, tokens, capacity)
     return [h[: a.digest_size] for h in hashes]

@@ -268,7 +268,12 @@ class Pool(HandleOwner):
         [blocks][layers][K,V][heads][block_size][head_dim] (allocated as a
         numpy uint8 array when None; pinned memory for CUDA pools). Returns
         the buffer."""
-        n = len(blocks)
+        if isinstance(blocks, Iterator):  # a generator: read once
+            blocks = list(blocks)
+        try:
+            n = len(blocks)
+        except TypeError:  # "object of type 'int' has no len()", naming nothing
+            raise TypeError(f"blocks: expected a sequence or buffer of ints, got {type(blocks).__name__}") from None
         if buffer is None:
             import numpy as np
 

@@ -724,7 +724,17 @@ static int pkv_py_long_range(PyObject* item, const char* name, Py_ssize_t i, lon
   }
   int overflow = 0;
   PyObject* idx = PyNumber_Index(item);
-  if (!idx) return 0;
+  if (!idx) {
+    /* An element whose __index__ refuses (a float or bfloat16 torch tensor,
+     * one that requires grad: "only integer tensors of a single element can
+     * be converted to an index") is named as any non-int element. */
+    if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_TypeError, "%s[%zd]: expected an int, got %s", name, i,
+                   Py_TYPE(item)->tp_name);
+    }
+    return 0;
+  }
   long long v = PyLong_AsLongLongAndOverflow(idx, &overflow);
   Py_DECREF(idx);
   if (v == -1 && PyErr_Occurred()) return 0;

@@ -52,3 +52,43 @@ def test_complex_kv_scales_are_refused():
                 num_blocks=4, num_layers=1, num_kv_heads=1, head_dim=64, dtype="fp8_e4m3",
                 k_scales=np.array([1 + 1j]), v_scales=[1.0],
             )  # fmt: skip
+
+
+def test_token_elements_whose_index_refuses_are_named():
+    torch = pytest.importorskip("torch")
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    seq = pool.create_sequence()
+    # numpy() refuses both, so the tensor was read element by element and
+    # the 0-d tensors' own "only integer tensors of a single element can be
+    # converted to an index" came out, naming no argument.
+    for bad in (torch.tensor([1.0, 2.0], requires_grad=True), torch.tensor([1.0], dtype=torch.bfloat16)):
+        with pytest.raises(TypeError, match=r"tokens\[0\]: expected an int, got Tensor"):
+            seq.append(bad)
+        with pytest.raises(TypeError, match=r"tokens\[0\]: expected an int, got Tensor"):
+            pagedkv.hash_prefix(bad, block_size=1)
+    assert len(seq) == 0
+    pool.validate()
+    pool.close()
+
+
+@pytest.mark.parametrize("bad", [5, None, np.int32(5), np.array(7, dtype=np.int32)])
+def test_hash_prefix_of_a_non_sequence_names_tokens(bad):
+    with pytest.raises(TypeError, match="tokens: expected a sequence or buffer of ints"):
+        pagedkv.hash_prefix(bad, block_size=1)
+
+
+def test_hash_prefix_reads_a_generator_as_append_does():
+    tokens = list(range(9))
+    assert pagedkv.hash_prefix((t for t in tokens), block_size=4) == pagedkv.hash_prefix(tokens, block_size=4)
+    pool = pagedkv.Pool(num_blocks=8, block_size=4)
+    assert pool.hash_prefix(iter(tokens)) == pool.hash_prefix(tokens)
+    pool.close()
+
+
+def test_swap_out_of_a_non_sequence_names_blocks():
+    pool = pagedkv.Pool(num_blocks=8, block_size=4, num_layers=1, num_kv_heads=1, head_dim=64, dtype="f32")
+    with pytest.raises(TypeError, match="blocks: expected a sequence or buffer of ints, got int"):
+        pool.swap_out(3)
+    buf = pool.swap_out(b for b in [1, 2])  # a generator: read once
+    assert buf.nbytes == 2 * pool.bytes_per_block
+    pool.close()
