@@ -23,6 +23,7 @@ from ._types import (
     PrefixMatch,
     RetentionRange,
     SequenceInfo,
+    _flag,
     _index,
     _real,
     mm_tuples,
@@ -108,9 +109,9 @@ class Pool(HandleOwner):
         if hash_seed is not None:
             opts["hash_seed"] = hash_seed
         if enable_prefix_caching is not None:
-            opts["enable_prefix_caching"] = int(bool(enable_prefix_caching))
+            opts["enable_prefix_caching"] = int(_flag(enable_prefix_caching, "enable_prefix_caching"))
         if enable_events is not None:
-            opts["enable_events"] = int(bool(enable_events))
+            opts["enable_events"] = int(_flag(enable_events, "enable_events"))
         if strict_key_domains is not None or tagged_keys is not None:
             opts["strict_key_domains"] = _key_domains(strict_key_domains, tagged_keys)
         if kv_scale_granularity is not None:
@@ -119,9 +120,9 @@ class Pool(HandleOwner):
             opts["k_scales"] = _floats(k_scales, "k_scales")
             opts["v_scales"] = _floats(v_scales, "v_scales")
         if enable_partial_reuse is not None:
-            opts["enable_partial_reuse"] = int(bool(enable_partial_reuse))
+            opts["enable_partial_reuse"] = int(_flag(enable_partial_reuse, "enable_partial_reuse"))
         if enable_retention is not None:
-            opts["enable_retention"] = int(bool(enable_retention))
+            opts["enable_retention"] = int(_flag(enable_retention, "enable_retention"))
         if kv_layout is not None:  # "mha" / "mla" (pagedkv.mla)
             opts["kv_layout"] = int(KvLayout.parse(kv_layout))
         ptr = _c.pkv_pool_create(opts)
@@ -327,6 +328,8 @@ class Pool(HandleOwner):
         ``pool.sequence(id)`` gives a handle back. lora_name keys its blocks
         by LoRA adapter name, as current vLLM does; on a pool with
         tagged_keys=True, lora_path too (vLLM 0.33 keys both)."""
+        if owned is not True:
+            owned = _flag(owned, "owned")
         if (
             priority
             or lora_id
@@ -347,6 +350,7 @@ class Pool(HandleOwner):
         when collected, as create_sequence's). free() on any handle frees
         the sequence."""
         seq_id = _index(seq_id, "seq_id")
+        own = _flag(own, "own")
         self._call(_c.pkv_seq_get_info, seq_id)  # NotFoundError for a stale id
         return Sequence(self, seq_id, owned=own)
 
@@ -371,7 +375,7 @@ class Pool(HandleOwner):
         pages at ``PAGE_INDICES[i * stride + j]``, 0 (the null block) past
         them, ``PAGE_INDPTR[i] == i * stride``. Keep each sequence at the
         same index from step to step."""
-        return _batch_class()(self, seqs, query_counts, stream, persistent_table)
+        return _batch_class()(self, seqs, query_counts, stream, _flag(persistent_table, "persistent_table"))
 
     def prepare_decode(
         self,
@@ -395,7 +399,7 @@ class Pool(HandleOwner):
         InvalidStateError) nothing is appended. The Batch is committed,
         aborted and closed like prepare()'s. UnsupportedError on a
         HybridPool (append, then prepare)."""
-        return _batch_class()._decode(self, seqs, tokens, stream, persistent_table)
+        return _batch_class()._decode(self, seqs, tokens, stream, _flag(persistent_table, "persistent_table"))
 
     def admit(
         self,
@@ -420,6 +424,8 @@ class Pool(HandleOwner):
         when the request arrived), so the lookup does not hash again."""
         opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name, lora_path)
         la = lookahead if lookahead.__class__ is int else _index(lookahead, "lookahead")
+        if owned is not True:
+            owned = _flag(owned, "owned")
         if hashes is None:
             sid, cached = _seq_admit(self._h, opts, tokens, la)
         else:
@@ -486,6 +492,8 @@ class Pool(HandleOwner):
 def _key_domains(strict: Optional[bool], tagged: Optional[bool]) -> int:
     """strict_key_domains of the C options (PKV_KEY_DOMAINS_*) from the two
     flags; both set is refused (tagged keys already keep domains apart)."""
+    strict = strict is not None and _flag(strict, "strict_key_domains")
+    tagged = tagged is not None and _flag(tagged, "tagged_keys")
     if strict and tagged:
         raise _c.InvalidArgumentError("strict_key_domains and tagged_keys: choose one (tagged keys keep domains apart)")
     if tagged:

@@ -246,6 +246,23 @@ def _index(value: Any, name: str) -> int:
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
 
 
+def _flag(value: Any, name: str) -> bool:
+    """value as a bool: True/False, 0/1 (numpy and torch bool and integer
+    scalars too). bool() read any object: enable_prefix_caching="false"
+    enabled prefix caching, tagged_keys="no" keyed blocks vLLM 0.33's way."""
+    if value is True or value is False:
+        return value
+    try:
+        v = operator.index(value)
+    except TypeError:
+        if type(value).__name__ in ("bool", "bool_"):  # numpy.bool has no __index__
+            return bool(value)
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}") from None
+    if v not in (0, 1):
+        raise ValueError(f"{name}: expected a bool (or 0 / 1), got {v}")
+    return bool(v)
+
+
 def _real(value: Any, name: str) -> float:
     """value as a float: numbers only (int, float, numpy and torch scalars).
     float() also parsed strings, so softmax_scale="2" was the scale 2.0."""

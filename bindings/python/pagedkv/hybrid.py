@@ -20,7 +20,7 @@ from . import _pagedkv as _c
 from ._handle import Handle
 from ._pagedkv import NotFoundError
 from ._pool import Pool, Sequence, _key_domains
-from ._types import DType, HashAlgo, PoolOptions, _index
+from ._types import DType, HashAlgo, PoolOptions, _flag, _index
 
 
 class GroupKind(enum.IntEnum):
@@ -112,7 +112,7 @@ class KVGroupSpec:
             num_layers,
             state_bytes=state_bytes,
             layer_ids=_ids(layer_ids),
-            snapshot_every_block=bool(snapshot_every_block),
+            snapshot_every_block=_flag(snapshot_every_block, "snapshot_every_block"),
         )
 
     def _to_c(self) -> dict:
@@ -192,7 +192,7 @@ class HybridPool(Pool):
         if hash_seed is not None:
             opts["hash_seed"] = hash_seed
         if enable_prefix_caching is not None:
-            opts["enable_prefix_caching"] = int(bool(enable_prefix_caching))
+            opts["enable_prefix_caching"] = int(_flag(enable_prefix_caching, "enable_prefix_caching"))
         if strict_key_domains is not None or tagged_keys is not None:
             opts["strict_key_domains"] = _key_domains(strict_key_domains, tagged_keys)
         self._groups = tuple(groups)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional, Tuple
 
 from . import _pagedkv as _c
 from ._pool import Sequence, _count, _index, _new_seq, _seq_opts
-from ._types import MMItemLike, _copy_fields
+from ._types import MMItemLike, _copy_fields, _flag
 
 if TYPE_CHECKING:
     from ._pool import Pool
@@ -117,6 +117,7 @@ def admit_tiered(
     Pool.admit's (False: the Sequence object does not free the sequence
     when it is collected; the id stays the engine's to free)."""
     opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name, lora_path)
+    owned = _flag(owned, "owned")
     sid, m = pool._call(_c.pkv_seq_admit_tiered, opts, tokens, hashes, _index(lookahead, "lookahead"))
     return _new_seq(pool, sid, owned), TierMatch._from_c(m)
 

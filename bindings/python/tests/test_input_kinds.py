@@ -92,3 +92,48 @@ def test_swap_out_of_a_non_sequence_names_blocks():
     buf = pool.swap_out(b for b in [1, 2])  # a generator: read once
     assert buf.nbytes == 2 * pool.bytes_per_block
     pool.close()
+
+
+@pytest.mark.parametrize("flag", ["enable_prefix_caching", "enable_events", "enable_retention", "tagged_keys"])
+@pytest.mark.parametrize("bad", ["false", "no", 2, 0.0, None.__class__])
+def test_bool_options_refuse_what_is_not_a_bool(flag, bad):
+    # bool() read these: enable_prefix_caching="false" enabled prefix caching.
+    with pytest.raises((TypeError, ValueError), match=f"{flag}: expected a bool"):
+        pagedkv.Pool(num_blocks=8, **{flag: bad})
+
+
+def test_bool_arguments_refuse_strings_everywhere():
+    with pytest.raises(TypeError, match="strict_key_domains: expected a bool, got str"):
+        pagedkv.hash_prefix([1, 2, 3, 4], block_size=4, strict_key_domains="False")
+    with pytest.raises(TypeError, match="tagged_keys: expected a bool, got str"):
+        pagedkv.hash_prefix([1, 2, 3, 4], block_size=4, tagged_keys="no")
+    pool = pagedkv.Pool(num_blocks=8, block_size=4)
+    with pytest.raises(TypeError, match="owned: expected a bool, got str"):
+        pool.create_sequence(owned="False")
+    with pytest.raises(TypeError, match="owned: expected a bool, got str"):
+        pool.admit([1, 2, 3], owned="False")
+    assert pool.stats().num_seqs == 0  # refused before anything was created
+    seq = pool.create_sequence()
+    seq.append([1])
+    with pytest.raises(TypeError, match="own: expected a bool, got str"):
+        pool.sequence(seq.id, own="no")
+    with pytest.raises(TypeError, match="persistent_table: expected a bool, got str"):
+        pool.prepare([seq], 1, persistent_table="no")
+    with pytest.raises(TypeError, match="enable_prefix_caching: expected a bool, got str"):
+        pagedkv.HybridPool([pagedkv.KVGroupSpec.full(1, 1, 8)], num_blocks=8, enable_prefix_caching="no")
+    pool.close()
+
+
+def test_bool_arguments_take_bools_and_integer_scalars():
+    torch = pytest.importorskip("torch")
+    for value in (True, 1, np.True_, np.int8(1), torch.tensor(True)):
+        pool = pagedkv.Pool(num_blocks=8, enable_events=value, enable_prefix_caching=value)
+        assert pool.options.enable_events is True and pool.options.enable_prefix_caching is True
+        pool.close()
+    for value in (False, 0, np.False_):
+        pool = pagedkv.Pool(num_blocks=8, enable_prefix_caching=value)
+        assert pool.options.enable_prefix_caching is False
+        pool.close()
+    assert pagedkv.hash_prefix([1] * 4, block_size=4, tagged_keys=np.True_) == pagedkv.hash_prefix(
+        [1] * 4, block_size=4, tagged_keys=True
+    )
