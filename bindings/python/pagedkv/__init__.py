@@ -48,6 +48,7 @@ from ._types import (
     RetentionRange,
     SequenceInfo,
     SnapshotArray,
+    _index,
 )
 from .events import EventPublisher, EventV2, Medium
 from .hybrid import GroupKind, GroupStats, HybridPool, KVGroupSpec
@@ -93,7 +94,7 @@ def cuda_device_count() -> int:
 
 def status_string(status: int) -> str:
     """Static text naming a status code."""
-    return str(_pagedkv.pkv_status_string(int(status)))
+    return str(_pagedkv.pkv_status_string(_index(status, "status")))  # int() parsed "-1"
 
 
 __all__ = [

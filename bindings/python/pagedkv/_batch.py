@@ -58,9 +58,14 @@ class Batch(HandleOwner):
             ids = self._ids = _id_snapshot(seqs)
             seqs = None
         else:
-            seqs = list(seqs)
+            try:
+                seqs = list(seqs)
+            except TypeError:  # "'int' object is not iterable", naming nothing
+                raise TypeError(f"seqs: expected Sequence objects or ids, got {type(seqs).__name__}") from None
             ids = self._collect_ids(pool, seqs)
         n = len(ids)
+        if getattr(query_counts, "ndim", None) == 0:  # a 0-d array: "iteration over a 0-d array"
+            query_counts = _index(query_counts, "query_counts")
         if query_counts.__class__ is not int and not hasattr(query_counts, "__len__"):
             if hasattr(query_counts, "__index__"):  # a numpy integer scalar
                 query_counts = operator.index(query_counts)
@@ -378,9 +383,14 @@ class Batch(HandleOwner):
 def _id_snapshot(ids: Any) -> Any:
     """The ids a plan was made from, as they were then: engines reuse their
     id array from step to step, and Batch.sequences must name the plan's."""
+    if getattr(ids, "ndim", None) == 0:  # a numpy scalar or 0-d array: "len() of unsized object"
+        raise TypeError(f"seqs: expected Sequence objects or a 1-d array of ids, got a 0-d {type(ids).__name__}")
     if hasattr(ids, "__array_interface__") and callable(getattr(ids, "copy", None)):
         return ids.copy()  # numpy: one memcpy
-    return list(ids)
+    try:
+        return list(ids)
+    except TypeError:  # "'int' object is not iterable", naming nothing
+        raise TypeError(f"seqs: expected Sequence objects or ids, got {type(ids).__name__}") from None
 
 
 _FLT_MAX = struct.unpack("f", struct.pack("I", 0x7F7FFFFF))[0]

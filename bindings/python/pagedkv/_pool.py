@@ -646,7 +646,19 @@ class Sequence(NoCopy, _c._SeqBase):
         enable_retention): RetentionRange objects or (begin, end, priority,
         duration_ns) tuples. Pins beyond max_pinned_blocks raise
         OutOfBlocksError and change nothing."""
-        rs = [r._as_tuple() if isinstance(r, RetentionRange) else tuple(r) for r in ranges]
+        try:
+            items = list(ranges)
+        except TypeError:  # "'int' object is not iterable", naming nothing
+            raise TypeError(f"ranges: expected an iterable of retention ranges, got {type(ranges).__name__}") from None
+        rs = []
+        for i, r in enumerate(items):
+            try:
+                rs.append(r._as_tuple() if isinstance(r, RetentionRange) else tuple(r))
+            except TypeError:
+                raise TypeError(
+                    f"ranges[{i}]: expected a RetentionRange or a tuple (begin, end, priority, duration_ns), "
+                    f"got {type(r).__name__}"
+                ) from None
         self._pool._call(_c.pkv_seq_set_retention, self._id, rs)
 
     def append(self, tokens: Tokens, lookahead: int = 0) -> None:

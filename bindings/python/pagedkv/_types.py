@@ -231,7 +231,12 @@ MMItemLike = Union[MMItem, Tuple[int, int, str]]
 def mm_tuples(items: Any) -> list:
     out = []
     for i, it in enumerate(items or ()):
-        off, length, h = (it.offset, it.length, it.hash) if isinstance(it, MMItem) else it
+        try:
+            off, length, h = (it.offset, it.length, it.hash) if isinstance(it, MMItem) else it
+        except (TypeError, ValueError):  # "cannot unpack non-iterable int object", naming nothing
+            raise TypeError(
+                f"mm_items[{i}]: expected an MMItem or a tuple (offset, length, hash), got {type(it).__name__}"
+            ) from None
         out.append((_index(off, f"mm_items[{i}] offset"), _index(length, f"mm_items[{i}] length"), h))
     return out
 

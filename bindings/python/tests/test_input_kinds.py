@@ -137,3 +137,36 @@ def test_bool_arguments_take_bools_and_integer_scalars():
     assert pagedkv.hash_prefix([1] * 4, block_size=4, tagged_keys=np.True_) == pagedkv.hash_prefix(
         [1] * 4, block_size=4, tagged_keys=True
     )
+
+
+def test_misshapen_arguments_name_themselves():
+    pool = pagedkv.Pool(num_blocks=8, block_size=4, enable_retention=True)
+    seq = pool.create_sequence()
+    seq.append([1, 2, 3])
+    for bad in (5, None, np.uint64(5), np.array(5, dtype=np.uint64)):
+        with pytest.raises(TypeError, match="seqs: expected Sequence objects"):
+            pool.prepare(bad)
+        with pytest.raises(TypeError, match="seqs: expected Sequence objects"):
+            pool.prepare_decode(bad, [1])
+    with pytest.raises(TypeError, match="query_counts: expected an int, got ndarray"):
+        pool.prepare([seq], np.array(1.5))
+    with pool.prepare([seq], np.array(3)) as step:  # a 0-d integer array is a count
+        assert step.num_tokens == 3
+    for bad in ([5], [(0, 1)], [None]):
+        with pytest.raises(TypeError, match=r"mm_items\[0\]: expected an MMItem or a tuple"):
+            pool.create_sequence(mm_items=bad)
+        with pytest.raises(TypeError, match=r"mm_items\[0\]: expected an MMItem or a tuple"):
+            pagedkv.hash_prefix([1] * 4, block_size=4, mm_items=bad)
+    with pytest.raises(TypeError, match="ranges: expected an iterable of retention ranges, got int"):
+        seq.set_retention(5)
+    with pytest.raises(TypeError, match=r"ranges\[1\]: expected a RetentionRange or a tuple"):
+        seq.set_retention([(0, 4, 50, 0), 7])
+    assert pool.stats().num_seqs == 1
+    pool.validate()
+    pool.close()
+
+
+def test_status_string_takes_ints_only():
+    assert pagedkv.status_string(-1) == pagedkv.status_string(np.int32(-1))
+    with pytest.raises(TypeError, match="status: expected an int, got str"):
+        pagedkv.status_string("-1")  # int() parsed it
