@@ -543,9 +543,14 @@ def _host_buffer(buffer: Any, writable: bool) -> Tuple[Any, Any]:
     except TypeError:
         mv = None
     if mv is not None:
+        if writable and (mv.readonly or not mv.c_contiguous):
+            # The raw call's TypeError named "host_buffer", a C parameter.
+            why = "read-only" if mv.readonly else "not contiguous"
+            mv.release()
+            raise TypeError(f"buffer: expected a writable contiguous buffer, got a {why} {type(buffer).__name__}")
         if not mv.readonly or writable:
             mv.release()
-            return buffer, None  # the raw call refuses a read-only one to write into
+            return buffer, None
         # Read-only (bytes, a read-only array) for a call that only reads
         # it: described by address, the caller keeping it alive.
         if not mv.c_contiguous:

@@ -170,3 +170,15 @@ def test_status_string_takes_ints_only():
     assert pagedkv.status_string(-1) == pagedkv.status_string(np.int32(-1))
     with pytest.raises(TypeError, match="status: expected an int, got str"):
         pagedkv.status_string("-1")  # int() parsed it
+
+
+def test_swap_out_names_its_buffer_argument():
+    pool = pagedkv.Pool(num_blocks=8, block_size=4, num_layers=1, num_kv_heads=1, head_dim=64, dtype="f32")
+    n = pool.bytes_per_block
+    # The raw call's TypeError named "host_buffer", a parameter the Python API does not have.
+    with pytest.raises(TypeError, match="buffer: expected a writable contiguous buffer, got a read-only bytes"):
+        pool.swap_out([1], bytes(n))
+    with pytest.raises(TypeError, match="buffer: expected a writable contiguous buffer, got a not contiguous ndarray"):
+        pool.swap_out([1], np.zeros(2 * n, np.uint8)[::2])
+    assert len(pool.swap_out([1], bytearray(n))) == n
+    pool.close()
