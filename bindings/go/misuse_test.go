@@ -457,3 +457,70 @@ func TestHostKernelCallsOnAPoolWithoutStorageAreInvalidState(t *testing.T) {
 		ok(t, p.Validate())
 	}
 }
+
+// A Tensor the library handed out has exported fields: changed to describe
+// more than the library did (a larger shape, a byte offset past the
+// storage, wider strides), its host views were slices past the pool's
+// storage or the plan's array (Float32s of a KV tensor reshaped to 2^30
+// elements faulted on the first read past the arena: fatal SIGSEGV), and
+// as a kernel operand the library read or wrote those bytes. Such views
+// and calls are argument errors; a view within the original bytes (a few
+// slots of the storage, as TestKernelCallsRefuseTensorsOfClosedOwners
+// uses) still works.
+func TestHandedOutTensorsChangedToReachPastTheirMemoryAreRefused(t *testing.T) {
+	p := storagePool(t, 1)
+	kt, err := p.KVTensor(0, Key)
+	ok(t, err)
+	total := kt.NumElements() // [12, 2, 8, 64] f32
+
+	grown := kt
+	grown.Shape, grown.Strides = []int64{1 << 30}, nil
+	past := kt
+	past.Shape, past.Strides, past.ByteOffset = []int64{4}, nil, uint64(total)*4-8
+	strided := kt
+	strided.Shape, strided.Strides = []int64{2, 64}, []int64{total, 1}
+	for name, c := range map[string]Tensor{"grown": grown, "past": past, "strided": strided} {
+		c := c
+		if f, err := c.Float32s(); !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("%s: Float32s gave %d elements, %v; want ErrInvalidArgument", name, len(f), err)
+		}
+	}
+	// Within the storage: the last token's slots of the last block.
+	last := kt
+	last.Shape, last.Strides, last.ByteOffset = []int64{64}, nil, uint64(total-64)*4
+	f, err := last.Float32s()
+	ok(t, err)
+	if len(f) != 64 {
+		t.Fatalf("Float32s of the last 64 elements: %d", len(f))
+	}
+
+	// As a kernel operand of another pool's step.
+	q := newPool(t, p.Options())
+	s := seqOf(t, q, make([]int32, 8))
+	ok(t, s.Append([]int32{1}))
+	b, err := q.Prepare([]Seq{s}, []int{1})
+	ok(t, err)
+	defer b.Close()
+	k := kt
+	k.Shape, k.Strides, k.ByteOffset = []int64{1, 2, 64}, nil, uint64(total)*4
+	wantErr(t, b.CacheWriteTensor(0, &k, &k, nil), ErrInvalidArgument)
+	k.ByteOffset = uint64(total-128) * 4
+	ok(t, b.CacheWriteTensor(0, &k, &k, nil))
+
+	// A plan array's copy.
+	m := managerPool(t, 64)
+	ms, err := m.CreateSeq(nil)
+	ok(t, err)
+	ok(t, ms.Append([]int32{1, 2, 3}))
+	mb, err := m.Prepare([]Seq{ms}, []int{3})
+	ok(t, err)
+	defer mb.Close()
+	slots, err := mb.PlanTensor(PlanSlotMapping)
+	ok(t, err)
+	slots.Shape = []int64{1 << 28}
+	if got, err := slots.Int64s(); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("Int64s of a grown plan array: %d elements, %v", len(got), err)
+	}
+	ok(t, p.Validate())
+	ok(t, q.Validate())
+}

@@ -31,6 +31,11 @@ type Tensor struct {
 	// out describes: it stays reachable (its finalizer cannot free that
 	// memory) as long as the Tensor or a copy of it is.
 	owner any
+	// lo and hi bound the bytes [lo, hi) the library described when it
+	// handed the Tensor out (owner != nil): the exported fields may be
+	// changed (a reshaped view of a few slots is fine), but a host view or
+	// kernel call never reaches past the owner's memory.
+	lo, hi uintptr
 }
 
 // holdKernelOperands checks the Tensors a kernel call (CacheWriteTensor,
@@ -55,6 +60,9 @@ func holdKernelOperands(op string, names []string, ts ...*Tensor) (func(), error
 		case *Batch:
 			return nil, argError(op, "%s is a step plan's array (read-only), not a kernel operand", names[i])
 		case *Pool:
+			if err := t.checkBounds(op, names[i]); err != nil {
+				return nil, err
+			}
 			dup := false
 			for _, p := range pools {
 				dup = dup || p == o
@@ -88,10 +96,99 @@ func holdKernelOperands(op string, names []string, ts ...*Tensor) (func(), error
 // holdKernelOperands takes.
 var holdOperandHook func()
 
-// ownedBy returns t keeping owner reachable.
+// ownedBy returns t keeping owner reachable, and bounded by the bytes it
+// describes now (checkBounds).
 func ownedBy(t Tensor, owner any) Tensor {
 	t.owner = owner
+	if lo, hi, ok := t.span(); ok {
+		t.lo, t.hi = lo, hi
+	}
 	return t
+}
+
+// span returns the bytes [lo, hi) t describes (its strides, nil meaning
+// dense row-major, and its dtype's size), lo == hi when it holds no
+// element; ok is false for a descriptor whose extent cannot be computed
+// (negative extents, an unknown dtype, offsets past the address space).
+func (t *Tensor) span() (lo, hi uintptr, ok bool) {
+	sz := int64(t.DType.Size())
+	if sz <= 0 || len(t.Shape) == 0 || len(t.Shape) > MaxDims ||
+		(t.Strides != nil && len(t.Strides) != len(t.Shape)) {
+		return 0, 0, false
+	}
+	const limit = int64(1) << 62
+	for _, e := range t.Shape {
+		if e < 0 || e >= limit {
+			return 0, 0, false
+		}
+		if e == 0 {
+			return 0, 0, true
+		}
+	}
+	// Element offsets of the first and the last element in memory.
+	var minOff, maxOff int64
+	dense := int64(1)
+	for i := len(t.Shape) - 1; i >= 0; i-- {
+		e := t.Shape[i]
+		s := dense
+		if t.Strides != nil {
+			s = t.Strides[i]
+		}
+		if s <= -limit || s >= limit || (e > 1 && (s > limit/(e-1) || s < -limit/(e-1))) {
+			return 0, 0, false
+		}
+		if s > 0 {
+			maxOff += (e - 1) * s
+		} else {
+			minOff += (e - 1) * s
+		}
+		if maxOff >= limit || minOff <= -limit {
+			return 0, 0, false
+		}
+		if t.Strides == nil {
+			if dense > limit/e {
+				return 0, 0, false
+			}
+			dense *= e
+		}
+	}
+	if maxOff+1 > limit/sz || -minOff > limit/sz || t.ByteOffset >= uint64(limit) {
+		return 0, 0, false
+	}
+	base := uint64(uintptr(t.Data)) + t.ByteOffset
+	if base < t.ByteOffset { // wrapped
+		return 0, 0, false
+	}
+	first, end := base-uint64(-minOff*sz), base+uint64((maxOff+1)*sz)
+	if first > base || end < base || uint64(uintptr(end)) != end {
+		return 0, 0, false
+	}
+	return uintptr(first), uintptr(end), true
+}
+
+// checkBounds refuses a Tensor the library handed out (a Pool's storage, a
+// plan array) whose exported fields were changed to describe bytes outside
+// what the library described: its host views and kernel uses would read
+// or write past the owner's memory. Tensors the caller made (NewTensor, a
+// literal) describe the caller's memory and are not checked.
+func (t *Tensor) checkBounds(op, name string) error {
+	if t.owner == nil {
+		return nil
+	}
+	lo, hi, ok := t.span()
+	if !ok {
+		return argError(op, "%s has a malformed descriptor (shape %v, strides %v, dtype %v)",
+			name, t.Shape, t.Strides, t.DType)
+	}
+	if lo == hi {
+		return nil
+	}
+	if lo < t.lo || hi > t.hi {
+		return argError(op, "%s (shape %v, strides %v, byte offset %d, dtype %v) reaches outside "+
+			"the %d bytes of memory the library handed it out for", name, t.Shape, t.Strides,
+			t.ByteOffset, t.DType, t.hi-t.lo)
+	}
+	return nil
 }
 
 // holdOwner holds the Pool or Batch whose memory t describes (as its own
@@ -255,6 +352,9 @@ func (t *Tensor) hostView(op string, dtype DType) (int, error) {
 	}
 	if n > 0 && t.Data == nil {
 		return 0, argError(op, "tensor data is nil but its shape %v holds %d elements", t.Shape, n)
+	}
+	if err := t.checkBounds(op, "the tensor"); err != nil {
+		return 0, err
 	}
 	return int(n), nil
 }
