@@ -118,13 +118,12 @@ func (p *Pool) prepare(op string, seqs []Seq, queryCounts []int, flags PrepareFl
 		idp, cp = &ids[0], &counts[0]
 	}
 	var bp *C.pkv_batch
-	var res C.pkvgo_result
-	if flags == 0 {
-		res = C.pkvgo_batch_prepare(ptr, idp, cp, C.uint32_t(len(seqs)), stream, &bp)
-	} else {
-		res = C.pkvgo_batch_prepare_ex(ptr, idp, cp, C.uint32_t(len(seqs)), C.uint32_t(flags), stream, &bp)
-	}
-	if err := check(op, res); err != nil {
+	if err := callChecked(op, []pointerArg{{"stream", stream, false}}, func() C.pkvgo_result {
+		if flags == 0 {
+			return C.pkvgo_batch_prepare(ptr, idp, cp, C.uint32_t(len(seqs)), stream, &bp)
+		}
+		return C.pkvgo_batch_prepare_ex(ptr, idp, cp, C.uint32_t(len(seqs)), C.uint32_t(flags), stream, &bp)
+	}); err != nil {
 		return nil, err
 	}
 	return p.newBatch(bp)
@@ -163,11 +162,13 @@ func (p *Pool) PrepareDecodeEx(seqs []SeqID, tokens []int32, flags PrepareFlags,
 	}
 	defer p.release()
 	var bp *C.pkv_batch
-	res := C.pkvgo_batch_prepare_decode(ptr, seqIDPtr(seqs), int32Ptr(tokens), C.uint32_t(len(seqs)),
-		C.uint32_t(flags), stream, &bp)
+	err = callChecked(op, []pointerArg{{"stream", stream, false}}, func() C.pkvgo_result {
+		return C.pkvgo_batch_prepare_decode(ptr, seqIDPtr(seqs), int32Ptr(tokens), C.uint32_t(len(seqs)),
+			C.uint32_t(flags), stream, &bp)
+	})
 	runtime.KeepAlive(seqs)
 	runtime.KeepAlive(tokens)
-	if err := check(op, res); err != nil {
+	if err != nil {
 		return nil, err
 	}
 	return p.newBatch(bp)
@@ -678,7 +679,10 @@ func (b *Batch) CacheWriteTensor(layer int, k, v *Tensor, stream unsafe.Pointer)
 		return err
 	}
 	defer done()
-	return check(op, C.pkvgo_cache_write(ptr, C.uint32_t(layer), &ck, &cv, stream))
+	return callChecked(op, []pointerArg{{"k", unsafe.Pointer(&ck), true}, {"v", unsafe.Pointer(&cv), true},
+		{"stream", stream, false}}, func() C.pkvgo_result {
+		return C.pkvgo_cache_write(ptr, C.uint32_t(layer), &ck, &cv, stream)
+	})
 }
 
 // AttentionTensor is Attention for memory outside Go (CUDA device memory
@@ -717,7 +721,10 @@ func (b *Batch) AttentionTensor(layer int, q, out, lse *Tensor, params *Attentio
 		return err
 	}
 	defer done()
-	return check(op, C.pkvgo_attention_forward(ptr, C.uint32_t(layer), &cq, &cout, lp, &cp, stream))
+	return callChecked(op, []pointerArg{{"q", unsafe.Pointer(&cq), true}, {"out", unsafe.Pointer(&cout), true},
+		{"lse", unsafe.Pointer(lp), true}, {"stream", stream, false}}, func() C.pkvgo_result {
+		return C.pkvgo_attention_forward(ptr, C.uint32_t(layer), &cq, &cout, lp, &cp, stream)
+	})
 }
 
 func f32Ptr(s []float32) unsafe.Pointer {

@@ -3,6 +3,7 @@ package pagedkv
 import (
 	"math"
 	"math/rand"
+	"strings"
 	"testing"
 	"unsafe"
 )
@@ -236,21 +237,68 @@ func equalInt64(a, b []int64) bool {
 	return true
 }
 
-// A Tensor holding a pointer to Go memory breaks cgo's pointer rules; cgo's
-// runtime check stops it before C sees it.
-func TestTensorWithGoPointerPanics(t *testing.T) {
+// A Tensor holding a pointer to Go memory breaks cgo's pointer rules, and
+// so does a stream or host buffer pointing at Go memory that holds Go
+// pointers. cgo's check (on by default) stops them before C sees them; it
+// used to panic ("cgo argument has Go pointer to Go pointer") out of
+// CacheWriteTensor and every call taking such a pointer. Each is an
+// ErrInvalidArgument naming the argument, and nothing changed.
+func TestGoPointersCgoRefusesAreArgumentErrors(t *testing.T) {
 	p := storagePool(t, 1)
 	s := seqOf(t, p, []int32{1})
+	ok(t, s.Append([]int32{2}))
 	b, err := p.Prepare([]Seq{s}, []int{1})
 	ok(t, err)
 	defer b.Close()
-	goMem := make([]float32, 2*64)
+	goMem := make([]float32, 4*64)
 	k := Tensor{Data: unsafe.Pointer(&goMem[0]), DType: Float32, Device: CPU,
 		Shape: []int64{1, 2, 64}}
-	defer func() {
-		if recover() == nil {
-			t.Fatal("a Go pointer inside a Tensor reached C")
-		}
-	}()
-	b.CacheWriteTensor(0, &k, &k, nil)
+	made, err := NewTensor(unsafe.Pointer(&goMem[0]), Float32, CPU, 0, []int64{1, 4, 64})
+	ok(t, err) // no Go pointer inside goMem: cgo lets it through, the Tensor holds one
+	ptrs := []*int{new(int), new(int)}
+	goPtrs := unsafe.Pointer(&ptrs[0])
+	before := stats(t, p)
+	for _, c := range []struct {
+		name, arg string
+		call      func() error
+	}{
+		{"CacheWriteTensor", "k", func() error { return b.CacheWriteTensor(0, &k, &k, nil) }},
+		{"AttentionTensor", "q", func() error { return b.AttentionTensor(0, &made, &made, nil, nil, nil) }},
+		{"MLACacheWriteTensor", "kvC", func() error { return b.MLACacheWriteTensor(0, &k, nil, nil) }},
+		{"MLAAttentionTensor", "qLatent", func() error {
+			return b.MLAAttentionTensor(0, &made, nil, &made, nil, &AttentionParams{SoftmaxScale: 1}, nil)
+		}},
+		{"NewTensor", "data", func() error {
+			_, err := NewTensor(goPtrs, Int64, CPU, 0, []int64{2})
+			return err
+		}},
+		{"CopyBlocks", "stream", func() error { return p.CopyBlocks(nil, nil, goPtrs) }},
+		{"PrepareOnStream", "stream", func() error {
+			_, err := p.PrepareOnStream([]Seq{s}, []int{1}, goPtrs)
+			return err
+		}},
+		{"PrepareDecodeEx", "stream", func() error {
+			_, err := p.PrepareDecodeEx([]SeqID{s.ID()}, []int32{3}, 0, goPtrs)
+			return err
+		}},
+		{"SwapBlocksPinned", "host", func() error {
+			return p.SwapBlocksPinned([]int32{1}, goPtrs, 16, SwapOut, nil)
+		}},
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Fatalf("%s panicked: %v", c.name, r)
+				}
+			}()
+			e := wantErr(t, c.call(), ErrInvalidArgument)
+			if !strings.HasPrefix(e.Msg, c.arg+" ") && !strings.HasPrefix(e.Msg, c.arg+".") {
+				t.Fatalf("%s: %v does not name %s first", c.name, e, c.arg)
+			}
+		}()
+	}
+	if after := stats(t, p); after != before {
+		t.Fatalf("stats changed: %+v -> %+v", before, after)
+	}
+	ok(t, p.Validate())
 }

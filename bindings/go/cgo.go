@@ -8,6 +8,7 @@ package pagedkv
 import "C"
 
 import (
+	"runtime"
 	"strings"
 	"unsafe"
 )
@@ -89,4 +90,69 @@ func int32Ptr(s []int32) *C.int32_t {
 		return nil
 	}
 	return (*C.int32_t)(unsafe.Pointer(&s[0]))
+}
+
+// pointerArg is one caller-supplied pointer of a C call and the name the
+// Go API gives it: a Tensor's descriptor (tensor true), a stream, a host
+// buffer.
+type pointerArg struct {
+	name   string
+	p      unsafe.Pointer
+	tensor bool
+}
+
+// isCgoPointerPanic reports whether r is the panic of cgo's pointer check,
+// which runs before a C call (cgocheck, on by default).
+func isCgoPointerPanic(r interface{}) bool {
+	e, ok := r.(runtime.Error)
+	return ok && strings.Contains(e.Error(), "cgo argument has Go pointer")
+}
+
+// callChecked makes the C call f, whose arguments include the caller's
+// pointers args. cgo checks them before C runs and panics on a Tensor whose
+// Data points into Go memory (its descriptor, in Go memory, then holds a Go
+// pointer) or on a stream or buffer pointing at Go memory that holds Go
+// pointers: that becomes an ErrInvalidArgument naming the argument, and C
+// never ran.
+func callChecked(op string, args []pointerArg, f func() C.pkvgo_result) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			if !isCgoPointerPanic(r) {
+				panic(r)
+			}
+			err = refusedPointer(op, args)
+		}
+	}()
+	return check(op, f())
+}
+
+// refusedPointer is the error of a call whose pointer arguments cgo
+// refused, naming the first one it refuses alone.
+func refusedPointer(op string, args []pointerArg) error {
+	for _, a := range args {
+		if a.p == nil || !probeRefused(a.p) {
+			continue
+		}
+		if a.tensor {
+			return argError(op, "%s.Data points into Go memory: a Tensor describes memory outside Go "+
+				"(C, pinned or device memory); pass Go slices to the slice forms (cgo's pointer rules)", a.name)
+		}
+		return argError(op, "%s points into Go memory that holds Go pointers (cgo's pointer rules)", a.name)
+	}
+	return argError(op, "an argument holds a Go pointer that cgo's pointer rules refuse")
+}
+
+// probeRefused reports whether cgo's pointer check refuses p as an
+// argument.
+func probeRefused(p unsafe.Pointer) (refused bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			if !isCgoPointerPanic(r) {
+				panic(r)
+			}
+			refused = true
+		}
+	}()
+	C.pkvgoshim_probe(p)
+	return false
 }

@@ -150,7 +150,10 @@ func (b *Batch) MLACacheWriteTensor(layer int, kvC, kPe *Tensor, stream unsafe.P
 		return err
 	}
 	defer done()
-	return check(op, C.pkvgo_mla_cache_write(ptr, C.uint32_t(layer), &cc, pp, stream))
+	return callChecked(op, []pointerArg{{"kvC", unsafe.Pointer(&cc), true}, {"kPe", unsafe.Pointer(pp), true},
+		{"stream", stream, false}}, func() C.pkvgo_result {
+		return C.pkvgo_mla_cache_write(ptr, C.uint32_t(layer), &cc, pp, stream)
+	})
 }
 
 // MLAAttentionTensor is MLAAttention for memory outside Go, on stream;
@@ -196,5 +199,9 @@ func (b *Batch) MLAAttentionTensor(layer int, qLatent, qPe, out, lse *Tensor, pa
 		return err
 	}
 	defer done()
-	return check(op, C.pkvgo_mla_attention(ptr, C.uint32_t(layer), &cq, pp, &co, lp, &cparams, stream))
+	return callChecked(op, []pointerArg{{"qLatent", unsafe.Pointer(&cq), true}, {"qPe", unsafe.Pointer(pp), true},
+		{"out", unsafe.Pointer(&co), true}, {"lse", unsafe.Pointer(lp), true}, {"stream", stream, false}},
+		func() C.pkvgo_result {
+			return C.pkvgo_mla_attention(ptr, C.uint32_t(layer), &cq, pp, &co, lp, &cparams, stream)
+		})
 }

@@ -606,10 +606,12 @@ func (p *Pool) CopyBlocks(src, dst []int32, stream unsafe.Pointer) error {
 		return err
 	}
 	defer p.release()
-	r := C.pkvgo_pool_copy_blocks(ptr, int32Ptr(src), int32Ptr(dst), C.uint64_t(len(src)), stream)
+	err = callChecked(op, []pointerArg{{"stream", stream, false}}, func() C.pkvgo_result {
+		return C.pkvgo_pool_copy_blocks(ptr, int32Ptr(src), int32Ptr(dst), C.uint64_t(len(src)), stream)
+	})
 	runtime.KeepAlive(src)
 	runtime.KeepAlive(dst)
-	return check(op, r)
+	return err
 }
 
 // SwapDirection says which way SwapBlocks moves bytes.
@@ -653,9 +655,12 @@ func (p *Pool) swap(op string, blocks []int32, host unsafe.Pointer, hostBytes ui
 		return err
 	}
 	defer p.release()
-	r := C.pkvgo_pool_swap_blocks(ptr, int32Ptr(blocks), C.uint64_t(len(blocks)), host,
-		C.uint64_t(hostBytes), C.uint32_t(dir), stream)
+	err = callChecked(op, []pointerArg{{"host", host, false}, {"stream", stream, false}},
+		func() C.pkvgo_result {
+			return C.pkvgo_pool_swap_blocks(ptr, int32Ptr(blocks), C.uint64_t(len(blocks)), host,
+				C.uint64_t(hostBytes), C.uint32_t(dir), stream)
+		})
 	runtime.KeepAlive(blocks)
 	runtime.KeepAlive(keep)
-	return check(op, r)
+	return err
 }

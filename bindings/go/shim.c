@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+void pkvgoshim_probe(const void* p) { (void)p; }
+
 pkvgo_result pkvgo_capture(pkv_status status) {
   pkvgo_result r;
   char small[512];

@@ -20,6 +20,12 @@ typedef struct pkvgo_result {
 
 pkvgo_result pkvgo_capture(pkv_status status);
 
+/* Does nothing. The Go side passes each caller-supplied pointer of a call
+ * that cgo's pointer check refused (a Tensor descriptor holding a Go
+ * pointer, a stream or host buffer pointing at Go memory that holds Go
+ * pointers) through it, to name the argument in its error. */
+void pkvgoshim_probe(const void* p);
+
 /* Versioned structs: pkvgo_X_init_sized(s, size) is pkv_X_init_sized, which
  * the binding calls with its own C.sizeof_pkv_X (docs/conventions.md,
  * "Versioned structs"). */

@@ -16,8 +16,9 @@ const MaxDims = C.PKV_TENSOR_MAX_DIMS
 // Tensor describes memory outside the Go heap with DLPack semantics: CUDA
 // device memory, pinned host memory, or the library's own storage and plan
 // arrays. Data must never point into Go memory (use the []float32 and
-// []uint16 methods for Go slices). Strides are in elements; nil means dense
-// row-major.
+// []uint16 methods for Go slices): cgo's pointer check refuses such a
+// Tensor, and the calls taking it return ErrInvalidArgument naming it.
+// Strides are in elements; nil means dense row-major.
 type Tensor struct {
 	Data       unsafe.Pointer
 	ByteOffset uint64
@@ -226,9 +227,10 @@ func NewTensor(data unsafe.Pointer, dtype DType, device DeviceType, deviceID int
 		shp[i] = C.int64_t(s)
 	}
 	var t C.pkv_tensor
-	r := C.pkvgo_tensor_init(data, C.uint32_t(dtype), C.int32_t(device), C.int32_t(deviceID),
-		C.int32_t(len(shape)), &shp[0], &t)
-	if err := check(op, r); err != nil {
+	if err := callChecked(op, []pointerArg{{"data", data, false}}, func() C.pkvgo_result {
+		return C.pkvgo_tensor_init(data, C.uint32_t(dtype), C.int32_t(device), C.int32_t(deviceID),
+			C.int32_t(len(shape)), &shp[0], &t)
+	}); err != nil {
 		return Tensor{}, err
 	}
 	return fromC(&t), nil
