@@ -26,7 +26,7 @@ func check(op string, r C.pkvgo_result) error {
 	}
 	// The C message starts with the function's name, which Op already holds.
 	msg = strings.TrimPrefix(msg, op+": ")
-	return &Error{Code: Code(r.status), Op: op, Msg: msg}
+	return &Error{Code: Code(r.status), Op: op, Msg: goNames(op, msg)}
 }
 
 // cArena collects C allocations made for one call (strings, multimodal

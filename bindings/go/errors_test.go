@@ -45,8 +45,8 @@ func TestLibraryErrorsCarryMessageAndOp(t *testing.T) {
 	if e.Op != "pkv_pool_create" {
 		t.Fatalf("Op = %q", e.Op)
 	}
-	if !strings.Contains(e.Msg, "num_blocks") {
-		t.Fatalf("message %q does not name num_blocks", e.Msg)
+	if !strings.Contains(e.Msg, "PoolOptions.NumBlocks") {
+		t.Fatalf("message %q does not name PoolOptions.NumBlocks", e.Msg)
 	}
 	p := managerPool(t, 8)
 	_, err = p.Seq(12345).Info()
@@ -106,5 +106,71 @@ func TestClosedObjects(t *testing.T) {
 	var zero Seq
 	if err := zero.Free(); !errors.Is(err, ErrClosed) {
 		t.Fatalf("zero Seq: %v", err)
+	}
+}
+
+// The library's messages name C arguments and option fields
+// ("opts->block_size 2000 is outside [1, 1024]", "k_scales[0] ...",
+// "groups[0].kind ...", "options->transports ..."); a Go caller set
+// PoolOptions.BlockSize, SetKVScales' k, GroupSpec.Kind. Errors name what
+// the Go API calls them.
+func TestLibraryMessagesNameGoArguments(t *testing.T) {
+	fp8 := newPool(t, PoolOptions{NumBlocks: 10, NumLayers: 1, NumKVHeads: 1, HeadDim: 8,
+		DType: Float8E4M3, NumThreads: 1})
+	mgr := managerPool(t, 16)
+	s, err := mgr.CreateSeq(nil)
+	ok(t, err)
+	cases := []struct {
+		name string
+		err  func() error
+		want string
+	}{
+		{"NewPool BlockSize", func() error { _, err := NewPool(&PoolOptions{BlockSize: 2000}); return err },
+			"PoolOptions.BlockSize 2000"},
+		{"NewPool KScales", func() error {
+			_, err := NewPool(&PoolOptions{NumBlocks: 10, NumLayers: 1, NumKVHeads: 1, HeadDim: 8,
+				DType: Float8E4M3, KScales: []float32{-1}, VScales: []float32{1}})
+			return err
+		}, "PoolOptions.KScales[0]"},
+		{"SetKVScales value", func() error { return fp8.SetKVScales([]float32{-1}, []float32{1}) }, "k[0] = "},
+		{"SetKVScales count", func() error { return fp8.SetKVScales([]float32{1, 2}, []float32{1, 2}) }, "len(k) is 2"},
+		{"NewGroupPool Kind", func() error {
+			_, err := NewGroupPool(&PoolOptions{NumBlocks: 10}, []GroupSpec{{Kind: 77}})
+			return err
+		}, "groups[0].Kind 77"},
+		{"HashPrefix MMItems", func() error {
+			_, err := HashPrefix(&HashOptions{MMItems: []MMItem{{Offset: 5, Hash: "x"}}}, []int32{1, 2})
+			return err
+		}, "HashOptions.MMItems[0].Length"},
+		{"CreateSeq MMItems", func() error {
+			_, err := mgr.CreateSeq(&SeqOptions{MMItems: []MMItem{{Offset: 5, Length: 2, Hash: "x"},
+				{Offset: 1, Length: 2, Hash: "y"}}})
+			return err
+		}, "SeqOptions.MMItems[1]"},
+		{"AttachTiers HostBytes", func() error { return fp8.AttachTiers(TierOptions{HostBytes: 1}) },
+			"TierOptions.HostBytes 1"},
+		{"SetRetention", func() error { return s.SetRetention([]RetentionRange{{Begin: 0, End: 4}}) },
+			"PoolOptions.EnableRetention"},
+	}
+	if TransferAvailable() {
+		cases = append(cases, struct {
+			name string
+			err  func() error
+			want string
+		}{"NewTransferEngine Transports", func() error {
+			_, err := NewTransferEngine(&TransferOptions{Transports: "tcpp"})
+			return err
+		}, "TransferOptions.Transports \"tcpp\""})
+	}
+	for _, c := range cases {
+		sentinel := ErrInvalidArgument
+		if c.name == "SetRetention" {
+			sentinel = ErrInvalidState
+		}
+		e := wantErr(t, c.err(), sentinel)
+		if !strings.Contains(e.Msg, c.want) || strings.Contains(e.Msg, "opts->") ||
+			strings.Contains(e.Msg, "options->") {
+			t.Errorf("%s: %q does not name %q", c.name, e.Msg, c.want)
+		}
 	}
 }

@@ -90,7 +90,7 @@ func NewGroupPool(opts *PoolOptions, groups []GroupSpec) (*Pool, error) {
 			// The library reads num_layers entries: a shorter list must not reach it.
 			if len(g.LayerIDs) != int(s.num_layers) {
 				return nil, &Error{Code: CodeInvalidArgument, Op: op,
-					Msg: fmt.Sprintf("groups[%d].layer_ids holds %d entries, not num_layers %d", i, len(g.LayerIDs), s.num_layers)}
+					Msg: fmt.Sprintf("groups[%d].LayerIDs holds %d entries, not NumLayers %d", i, len(g.LayerIDs), s.num_layers)}
 			}
 			s.layer_ids = arena.uint32s(g.LayerIDs)
 		}

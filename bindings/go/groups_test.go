@@ -92,11 +92,11 @@ func TestGroupPoolErrors(t *testing.T) {
 	_, err := NewGroupPool(&PoolOptions{BlockSize: 4, NumBlocks: 8},
 		[]GroupSpec{{Kind: GroupSlidingWindow, NumKVHeads: 1, HeadDim: 8}})
 	var e *Error
-	if !errors.As(err, &e) || e.Code != CodeInvalidArgument || !strings.Contains(e.Msg, "groups[0].sliding_window") {
+	if !errors.As(err, &e) || e.Code != CodeInvalidArgument || !strings.Contains(e.Msg, "groups[0].SlidingWindow") {
 		t.Fatalf("window 0: %v", err)
 	}
 	_, err = NewGroupPool(&PoolOptions{NumBlocks: 8}, []GroupSpec{{Kind: GroupRecurrent}})
-	if !errors.As(err, &e) || e.Code != CodeInvalidArgument || !strings.Contains(e.Msg, "state_bytes") {
+	if !errors.As(err, &e) || e.Code != CodeInvalidArgument || !strings.Contains(e.Msg, "groups[0].StateBytes") {
 		t.Fatalf("recurrent: %v", err)
 	}
 	p := gptOssLike(t, 16)
@@ -240,7 +240,7 @@ func TestGroupLayerIDs(t *testing.T) {
 	_, err = NewGroupPool(&PoolOptions{BlockSize: 4, NumBlocks: 8}, []GroupSpec{
 		{Kind: GroupFull, NumLayers: 2, NumKVHeads: 1, HeadDim: 8, LayerIDs: []uint32{0}},
 	})
-	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "not num_layers 2") {
+	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "groups[0].LayerIDs holds 1 entries, not NumLayers 2") {
 		t.Fatalf("short layer_ids: %v", err)
 	}
 	_, err = NewGroupPool(&PoolOptions{BlockSize: 4, NumBlocks: 8}, []GroupSpec{

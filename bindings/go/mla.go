@@ -54,10 +54,10 @@ func (b *Batch) MLACacheWrite(layer int, kvC, kPe []float32) error {
 	}
 	n := b.NumTokens()
 	if len(kvC) != n*rank {
-		return argError(op, "kv_c has %d elements, want %d = [%d tokens, %d rank]", len(kvC), n*rank, n, rank)
+		return argError(op, "kvC has %d elements, want %d = [%d tokens, %d rank]", len(kvC), n*rank, n, rank)
 	}
 	if len(kPe) != n*rope {
-		return argError(op, "k_pe has %d elements, want %d = [%d tokens, %d rope]", len(kPe), n*rope, n, rope)
+		return argError(op, "kPe has %d elements, want %d = [%d tokens, %d rope]", len(kPe), n*rope, n, rope)
 	}
 	ptr, err := b.acquire(op)
 	if err != nil {
@@ -84,16 +84,16 @@ func (b *Batch) MLAAttention(layer int, qLatent, qPe, out, lse []float32, softma
 	}
 	n := b.NumTokens()
 	if n == 0 || rank == 0 || len(qLatent)%(n*rank) != 0 || len(qLatent) == 0 {
-		return argError(op, "q_latent has %d elements, not a multiple of %d = [%d tokens, %d rank]",
+		return argError(op, "qLatent has %d elements, not a multiple of %d = [%d tokens, %d rank]",
 			len(qLatent), n*rank, n, rank)
 	}
 	heads := len(qLatent) / (n * rank)
 	if len(qPe) != n*heads*rope {
-		return argError(op, "q_pe has %d elements, want %d = [%d tokens, %d heads, %d rope]",
+		return argError(op, "qPe has %d elements, want %d = [%d tokens, %d heads, %d rope]",
 			len(qPe), n*heads*rope, n, heads, rope)
 	}
 	if len(out) != len(qLatent) {
-		return argError(op, "out has %d elements, want %d (as q_latent)", len(out), len(qLatent))
+		return argError(op, "out has %d elements, want %d (as qLatent)", len(out), len(qLatent))
 	}
 	if lse != nil && len(lse) != n*heads {
 		return argError(op, "lse has %d elements, want %d = [%d tokens, %d heads]", len(lse), n*heads, n, heads)
@@ -130,12 +130,12 @@ func (b *Batch) MLACacheWriteTensor(layer int, kvC, kPe *Tensor, stream unsafe.P
 		return argError(op, "layer %d out of range", layer)
 	}
 	var cc, cpe C.pkv_tensor
-	if err := kvC.toC(op, "kv_c", &cc); err != nil {
+	if err := kvC.toC(op, "kvC", &cc); err != nil {
 		return err
 	}
 	var pp *C.pkv_tensor
 	if kPe != nil {
-		if err := kPe.toC(op, "k_pe", &cpe); err != nil {
+		if err := kPe.toC(op, "kPe", &cpe); err != nil {
 			return err
 		}
 		pp = &cpe
@@ -145,7 +145,7 @@ func (b *Batch) MLACacheWriteTensor(layer int, kvC, kPe *Tensor, stream unsafe.P
 		return err
 	}
 	defer b.release()
-	done, err := holdKernelOperands(op, []string{"kv_c", "k_pe"}, kvC, kPe)
+	done, err := holdKernelOperands(op, []string{"kvC", "kPe"}, kvC, kPe)
 	if err != nil {
 		return err
 	}
@@ -165,12 +165,12 @@ func (b *Batch) MLAAttentionTensor(layer int, qLatent, qPe, out, lse *Tensor, pa
 		return argError(op, "layer %d out of range", layer)
 	}
 	var cq, cp, co, cl C.pkv_tensor
-	if err := qLatent.toC(op, "q_latent", &cq); err != nil {
+	if err := qLatent.toC(op, "qLatent", &cq); err != nil {
 		return err
 	}
 	var pp *C.pkv_tensor
 	if qPe != nil {
-		if err := qPe.toC(op, "q_pe", &cp); err != nil {
+		if err := qPe.toC(op, "qPe", &cp); err != nil {
 			return err
 		}
 		pp = &cp
@@ -194,7 +194,7 @@ func (b *Batch) MLAAttentionTensor(layer int, qLatent, qPe, out, lse *Tensor, pa
 		return err
 	}
 	defer b.release()
-	done, err := holdKernelOperands(op, []string{"q_latent", "q_pe", "out", "lse"}, qLatent, qPe, out, lse)
+	done, err := holdKernelOperands(op, []string{"qLatent", "qPe", "out", "lse"}, qLatent, qPe, out, lse)
 	if err != nil {
 		return err
 	}

@@ -104,7 +104,7 @@ func TestRetentionPinsPrioritiesAndClock(t *testing.T) {
 	b, _ := p.CreateSeq(nil)
 	computed(t, p, b, []int32{50, 51, 52, 53, 54})
 	err = b.SetRetention([]RetentionRange{{Begin: 0, End: 4, Priority: PriorityPinned}})
-	if !errors.Is(err, ErrOutOfBlocks) || !strings.Contains(err.Error(), "max_pinned_blocks") {
+	if !errors.Is(err, ErrOutOfBlocks) || !strings.Contains(err.Error(), "PoolOptions.MaxPinnedBlocks") {
 		t.Fatalf("pin over budget: %v", err)
 	}
 	err = b.SetRetention([]RetentionRange{{Begin: 0, End: 4, Priority: 101}})

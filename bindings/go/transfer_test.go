@@ -209,7 +209,7 @@ func TestUnknownTransportsAreAnArgumentError(t *testing.T) {
 			t.Fatalf("transports %q: an engine was made", tls)
 		}
 		got := wantErr(t, err, ErrInvalidArgument)
-		if !strings.Contains(got.Msg, "transports") || !strings.Contains(got.Msg, tls) {
+		if !strings.Contains(got.Msg, "TransferOptions.Transports") || !strings.Contains(got.Msg, tls) {
 			t.Fatalf("transports %q: %v does not name the option", tls, err)
 		}
 	}

@@ -1,0 +1,161 @@
+package pagedkv
+
+import (
+	"regexp"
+	"strings"
+)
+
+// The library's messages name its C arguments and option fields
+// ("opts->block_size 2000 is outside [1, 1024]", "k_scales[0] = -1 ...",
+// "groups[1].sliding_window ..."). goNames rewrites them into the names the
+// Go API gives them (PoolOptions.BlockSize, k[0], groups[1].SlidingWindow),
+// per C function, so that an error says what to change in the Go call.
+
+// optionFields maps a C options struct's fields to the Go struct's, for
+// the C functions taking it as opts (or options).
+var (
+	poolFields = map[string]string{
+		"block_size": "BlockSize", "num_blocks": "NumBlocks",
+		"memory_budget_bytes": "MemoryBudgetBytes", "hash_algo": "HashAlgo",
+		"enable_prefix_caching": "DisablePrefixCaching", "hash_seed": "HashSeed",
+		"sliding_window": "SlidingWindow", "enable_events": "EnableEvents",
+		"max_events": "MaxEvents", "num_layers": "NumLayers", "num_kv_heads": "NumKVHeads",
+		"head_dim": "HeadDim", "dtype": "DType", "device_type": "Device", "device_id": "DeviceID",
+		"num_threads": "NumThreads", "strict_key_domains": "StrictKeyDomains/VLLMTaggedKeys",
+		"kv_scale_granularity": "KVScaleGranularity", "num_kv_scales": "len(KScales)",
+		"k_scales": "KScales", "v_scales": "VScales", "enable_partial_reuse": "EnablePartialReuse",
+		"enable_retention": "EnableRetention", "max_pinned_blocks": "MaxPinnedBlocks",
+		"kv_layout": "KVLayout", "kv_lora_rank": "KVLoRARank", "qk_rope_head_dim": "QKRopeHeadDim",
+	}
+	groupFields = map[string]string{
+		"kind": "Kind", "num_layers": "NumLayers", "num_kv_heads": "NumKVHeads", "head_dim": "HeadDim",
+		"sliding_window": "SlidingWindow", "kv_lora_rank": "KVLoraRank", "rope_dim": "RopeDim",
+		"state_bytes": "StateBytes", "dtype": "DType", "layer_ids": "LayerIDs",
+		"flags": "SnapshotEveryBlock",
+	}
+	seqFields = map[string]string{
+		"priority": "Priority", "lora_id": "LoraID", "lora_name": "LoraName", "lora_path": "LoraPath",
+		"cache_salt": "CacheSalt", "mm_items": "MMItems", "num_mm_items": "len(MMItems)",
+	}
+	hashFields = map[string]string{
+		"algo": "Algo", "block_size": "BlockSize", "seed": "Seed", "lora_id": "LoraID",
+		"lora_name": "LoraName", "lora_path": "LoraPath", "cache_salt": "CacheSalt",
+		"mm_items": "MMItems", "num_mm_items": "len(MMItems)",
+		"strict_key_domains": "StrictKeyDomains/VLLMTaggedKeys",
+	}
+	tierFields = map[string]string{
+		"host_bytes": "HostBytes", "file_dir": "FileDir", "file_bytes": "FileBytes",
+	}
+	transferFields = map[string]string{
+		"transports": "Transports", "timeout_ms": "TimeoutMs", "export_ttl_ms": "ExportTTLMs",
+	}
+	publisherFields = map[string]string{
+		"topic": "Topic", "data_parallel_rank": "DataParallelRank", "buffer_steps": "BufferSteps",
+		"hwm": "HWM", "event_encoding": "EventEncoding", "hash_encoding": "HashEncoding",
+		"device_medium": "DeviceMedium",
+	}
+	mmItemFields = map[string]string{"offset": "Offset", "length": "Length", "hash": "Hash"}
+	rangeFields  = map[string]string{
+		"token_begin": "Begin", "token_end": "End", "priority": "Priority",
+		"duration_ns": "DurationNs",
+	}
+)
+
+// opNames: per C function, the Go struct its opts are (with its fields)
+// and the plain argument names to rewrite.
+type opNames struct {
+	optsStruct string
+	optsFields map[string]string
+	args       map[string]string
+}
+
+var seqOpNames = &opNames{"SeqOptions", seqFields, nil}
+
+var namesByOp = map[string]*opNames{
+	"pkv_pool_create":        {"PoolOptions", poolFields, nil},
+	"pkv_pool_create_groups": {"PoolOptions", poolFields, nil},
+	"pkv_seq_create":         seqOpNames,
+	"pkv_seq_admit":          seqOpNames,
+	"pkv_seq_admit_hashes":   seqOpNames,
+	"pkv_seq_admit_tiered":   seqOpNames,
+	"pkv_transfer_import":    seqOpNames,
+	"pkv_hash_prefix":        {"HashOptions", hashFields, nil},
+	"pkv_pool_attach_tiers": {"TierOptions", tierFields,
+		map[string]string{"file_dir": "TierOptions.FileDir", "host_bytes": "TierOptions.HostBytes"}},
+	"pkv_transfer_engine_create": {"TransferOptions", transferFields, nil},
+	"pkv_event_publisher_create": {"PublisherOptions", publisherFields,
+		map[string]string{"replay_endpoint": "replayEndpoint", "enable_events": "PoolOptions.EnableEvents"}},
+	"pkv_pool_set_kv_scales": {"", nil, map[string]string{"k_scales": "k", "v_scales": "v",
+		"num_scales": "len(k)", "num_layers": "NumLayers", "num_kv_heads": "NumKVHeads"}},
+	"pkv_seq_set_retention": {"", nil, map[string]string{"num_ranges": "len(ranges)",
+		"enable_retention": "PoolOptions.EnableRetention", "max_pinned_blocks": "PoolOptions.MaxPinnedBlocks"}},
+	"pkv_mla_cache_write": {"", nil, map[string]string{"kv_c": "kvC", "k_pe": "kPe"}},
+	"pkv_mla_attention": {"", nil, map[string]string{"q_latent": "qLatent", "q_pe": "qPe",
+		"kv_c": "kvC", "k_pe": "kPe"}},
+	"pkv_batch_prepare":        {"", nil, map[string]string{"query_counts": "queryCounts"}},
+	"pkv_batch_prepare_ex":     {"", nil, map[string]string{"query_counts": "queryCounts"}},
+	"pkv_batch_prepare_decode": {"", nil, map[string]string{"num_seqs": "len(seqs)"}},
+}
+
+var (
+	// opts->field, opts->field[i], opts->field[i].sub
+	optsRef = regexp.MustCompile(`\b(?:opts|options)->([a-z_0-9]+)((?:\[\d+\])?)(?:\.([a-z_]+))?`)
+	// groups[i].field
+	groupRef = regexp.MustCompile(`\bgroups\[(\d+)\]\.([a-z_]+)`)
+	// ranges[i].field
+	rangeRef = regexp.MustCompile(`\branges\[(\d+)\]\.([a-z_]+)`)
+	// a C identifier with underscores (argument names)
+	identRef = regexp.MustCompile(`\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b`)
+)
+
+func goNames(op, msg string) string {
+	n := namesByOp[op]
+	if n == nil || msg == "" {
+		return msg
+	}
+	if n.optsFields != nil {
+		msg = optsRef.ReplaceAllStringFunc(msg, func(m string) string {
+			sm := optsRef.FindStringSubmatch(m)
+			f, ok := n.optsFields[sm[1]]
+			if !ok {
+				return m
+			}
+			out := n.optsStruct + "." + f + sm[2]
+			if sm[3] != "" {
+				sub, ok := mmItemFields[sm[3]]
+				if !ok || sm[1] != "mm_items" {
+					sub = sm[3]
+				}
+				out += "." + sub
+			}
+			return out
+		})
+	}
+	if op == "pkv_pool_create_groups" {
+		msg = groupRef.ReplaceAllStringFunc(msg, func(m string) string {
+			sm := groupRef.FindStringSubmatch(m)
+			if f, ok := groupFields[sm[2]]; ok {
+				return "groups[" + sm[1] + "]." + f
+			}
+			return m
+		})
+	}
+	if op == "pkv_seq_set_retention" {
+		msg = rangeRef.ReplaceAllStringFunc(msg, func(m string) string {
+			sm := rangeRef.FindStringSubmatch(m)
+			if f, ok := rangeFields[sm[2]]; ok {
+				return "ranges[" + sm[1] + "]." + f
+			}
+			return m
+		})
+	}
+	if n.args != nil {
+		msg = identRef.ReplaceAllStringFunc(msg, func(m string) string {
+			if g, ok := n.args[m]; ok {
+				return g
+			}
+			return m
+		})
+	}
+	return strings.TrimSpace(msg)
+}
