@@ -23,13 +23,8 @@ import (
 // (and the finalizer) aborts a step that was not committed, so an error
 // path that returns after `defer b.Close()` never caches K/V nobody wrote.
 type Batch struct {
-	mu        sync.Mutex
-	ptr       *C.pkv_batch
-	info      BatchInfo
-	committed bool
-	// pool keeps the Pool reachable while the batch is: its finalizer must
-	// not destroy the pool under a batch still in use on some goroutine.
-	pool *Pool
+	h    *batchHandle // shared by copies of the struct (one destroy)
+	info BatchInfo
 
 	dtype      DType
 	device     DeviceType
@@ -177,8 +172,7 @@ func (p *Pool) PrepareDecodeEx(seqs []SeqID, tokens []int32, flags PrepareFlags,
 // newBatch wraps a plan the library just built on p.
 func (p *Pool) newBatch(bp *C.pkv_batch) (*Batch, error) {
 	b := &Batch{
-		ptr:        bp,
-		pool:       p,
+		h:          &batchHandle{ptr: bp, pool: p},
 		dtype:      p.opts.DType,
 		device:     p.opts.Device,
 		hasStorage: p.opts.NumLayers > 0,
@@ -198,8 +192,33 @@ func (p *Pool) newBatch(bp *C.pkv_batch) (*Batch, error) {
 		return nil, err
 	}
 	b.info = batchInfoFromC(&ci)
-	runtime.SetFinalizer(b, (*Batch).Close)
+	runtime.SetFinalizer(b.h, (*batchHandle).close)
 	return b, nil
+}
+
+// batchHandle is what a Batch's calls lock and Close destroys, behind a
+// pointer so that copies of a Batch value share it.
+type batchHandle struct {
+	mu        sync.Mutex
+	ptr       *C.pkv_batch
+	committed bool
+	// pool keeps the Pool reachable while the batch is: its finalizer must
+	// not destroy the pool under a batch still in use on some goroutine.
+	pool *Pool
+}
+
+func (h *batchHandle) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ptr != nil {
+		if !h.committed {
+			C.pkv_batch_abort(h.ptr) // refused, harmlessly, if every layer was written
+		}
+		C.pkv_batch_destroy(h.ptr)
+		h.ptr = nil
+		h.pool = nil
+		runtime.SetFinalizer(h, nil)
+	}
 }
 
 func batchInfoFromC(c *C.pkv_batch_info) BatchInfo {
@@ -214,19 +233,19 @@ func batchInfoFromC(c *C.pkv_batch_info) BatchInfo {
 }
 
 func (b *Batch) acquire(op string) (*C.pkv_batch, error) {
-	if b == nil {
+	if b == nil || b.h == nil {
 		return nil, closedError(op, "batch")
 	}
-	b.mu.Lock()
-	if b.ptr == nil {
-		b.mu.Unlock()
+	b.h.mu.Lock()
+	if b.h.ptr == nil {
+		b.h.mu.Unlock()
 		return nil, closedError(op, "batch")
 	}
-	return b.ptr, nil
+	return b.h.ptr, nil
 }
 
 func (b *Batch) release() {
-	b.mu.Unlock()
+	b.h.mu.Unlock()
 	runtime.KeepAlive(b)
 }
 
@@ -242,7 +261,7 @@ func (b *Batch) Commit() error {
 	if err := check(op, C.pkvgo_batch_commit(ptr)); err != nil {
 		return err
 	}
-	b.committed = true
+	b.h.committed = true
 	return nil
 }
 
@@ -262,20 +281,10 @@ func (b *Batch) Abort() error {
 // Close aborts the step unless it was committed, then destroys the plan;
 // idempotent.
 func (b *Batch) Close() error {
-	if b == nil {
+	if b == nil || b.h == nil {
 		return nil
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.ptr != nil {
-		if !b.committed {
-			C.pkv_batch_abort(b.ptr) // refused, harmlessly, if every layer was written
-		}
-		C.pkv_batch_destroy(b.ptr)
-		b.ptr = nil
-		b.pool = nil
-		runtime.SetFinalizer(b, nil)
-	}
+	b.h.close()
 	return nil
 }
 

@@ -123,8 +123,22 @@ type PublisherStats struct {
 // (pkv_event_publisher_*): a router written for vLLM's KV events consumes
 // them unchanged. Safe for concurrent use; Close it when done.
 type EventPublisher struct {
+	h *publisherHandle // shared by copies of the struct (one destroy)
+}
+
+type publisherHandle struct {
 	mu  sync.RWMutex
 	ptr *C.pkv_event_publisher
+}
+
+func (h *publisherHandle) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ptr != nil {
+		C.pkv_event_publisher_destroy(h.ptr)
+		h.ptr = nil
+		runtime.SetFinalizer(h, nil)
+	}
 }
 
 // NewEventPublisher publishes pool's events on endpoint (bound if it holds
@@ -178,8 +192,8 @@ func NewEventPublisher(pool *Pool, endpoint, replayEndpoint string, opts *Publis
 	if err := check(op, C.pkvgo_event_publisher_create(ptr, cstr(endpoint), replay, &o, &out)); err != nil {
 		return nil, err
 	}
-	pub := &EventPublisher{ptr: out}
-	runtime.SetFinalizer(pub, (*EventPublisher).Close)
+	pub := &EventPublisher{h: &publisherHandle{ptr: out}}
+	runtime.SetFinalizer(pub.h, (*publisherHandle).close)
 	return pub, nil
 }
 
@@ -214,19 +228,19 @@ func (opts *PublisherOptions) cOptionsForTest() (bufferSteps uint64, hwm int32, 
 }
 
 func (p *EventPublisher) acquire(op string) (*C.pkv_event_publisher, error) {
-	if p == nil {
+	if p == nil || p.h == nil {
 		return nil, closedError(op, "event publisher")
 	}
-	p.mu.RLock()
-	if p.ptr == nil {
-		p.mu.RUnlock()
+	p.h.mu.RLock()
+	if p.h.ptr == nil {
+		p.h.mu.RUnlock()
 		return nil, closedError(op, "event publisher")
 	}
-	return p.ptr, nil
+	return p.h.ptr, nil
 }
 
 func (p *EventPublisher) release() {
-	p.mu.RUnlock()
+	p.h.mu.RUnlock()
 	runtime.KeepAlive(p)
 }
 
@@ -310,15 +324,9 @@ func (p *EventPublisher) endpoint(which uint32) (string, error) {
 
 // Close stops the publisher (undelivered messages are dropped). Idempotent.
 func (p *EventPublisher) Close() error {
-	if p == nil {
+	if p == nil || p.h == nil {
 		return nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ptr != nil {
-		C.pkv_event_publisher_destroy(p.ptr)
-		p.ptr = nil
-		runtime.SetFinalizer(p, nil)
-	}
+	p.h.close()
 	return nil
 }

@@ -1,9 +1,11 @@
 package pagedkv
 
 import (
+	"errors"
 	"math"
 	"math/rand"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -200,6 +202,98 @@ func TestStrictKeyDomains(t *testing.T) {
 		ok(t, err)
 		if len(lib) != 2 || len(got) != 2 || lib[0] != got[0] || lib[1] != got[1] {
 			t.Fatalf("strict %v: HashPrefix %v, pool %v", strict, lib, got)
+		}
+	}
+}
+
+// A copy of a Pool, Batch, EventPublisher, TransferEngine or Transfer value
+// (`cp := *pool`) held the C handle twice: the copy's Close and the
+// original's each destroyed it (a double free: the process aborted or
+// crashed at the second Close), and the original's finalizer destroyed it
+// under the copy. Copies share one handle: the first Close destroys it,
+// later ones do nothing, and every call on either is ErrClosed. Zero values
+// of the structs are closed objects, never a nil dereference.
+func TestCopiesOfHandlesCloseOnce(t *testing.T) {
+	p, err := NewPool(&PoolOptions{BlockSize: 4, NumBlocks: 16, EnableEvents: true})
+	ok(t, err)
+	s, err := p.CreateSeq(nil)
+	ok(t, err)
+	ok(t, s.Append([]int32{1, 2, 3}))
+	b, err := p.Prepare([]Seq{s}, []int{3})
+	ok(t, err)
+	bc := *b
+	ok(t, bc.Commit())
+	ok(t, bc.Close())
+	ok(t, b.Close())
+	if err := b.Commit(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Commit of a batch whose copy was closed: %v", err)
+	}
+	if info, err := s.Info(); err != nil || info.NumComputedTokens != 3 {
+		t.Fatalf("committed through the copy: %+v, %v", info, err)
+	}
+
+	if pub, err := NewEventPublisher(p, "inproc://copies-close-once", "", nil); err == nil {
+		pc := *pub
+		ok(t, pc.Close())
+		ok(t, pub.Close())
+		if _, err := pub.Publish(); !errors.Is(err, ErrClosed) {
+			t.Fatalf("Publish after the copy's Close: %v", err)
+		}
+	} else if !errors.Is(err, ErrUnsupported) {
+		t.Fatal(err)
+	}
+
+	if TransferAvailable() {
+		e, err := NewTransferEngine(&TransferOptions{Transports: "tcp"})
+		ok(t, err)
+		ec := *e
+		ok(t, ec.Close())
+		ok(t, e.Close())
+		if _, err := e.NumExports(); !errors.Is(err, ErrClosed) {
+			t.Fatalf("NumExports after the copy's Close: %v", err)
+		}
+	}
+
+	pc := *p
+	runtime.GC() // the original's finalizer must not run while the copy lives
+	if _, err := pc.Stats(); err != nil {
+		t.Fatalf("Stats of a live copy: %v", err)
+	}
+	ok(t, pc.Close())
+	ok(t, p.Close())
+	if _, err := p.Stats(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Stats after the copy's Close: %v", err)
+	}
+
+	var zp Pool
+	var zb Batch
+	var ze EventPublisher
+	var zt TransferEngine
+	var ztr Transfer
+	for name, err := range map[string]error{
+		"Pool.Stats":       func() error { _, err := zp.Stats(); return err }(),
+		"Pool.CreateSeq":   func() error { _, err := zp.CreateSeq(nil); return err }(),
+		"Pool.Close":       zp.Close(),
+		"Batch.Commit":     zb.Commit(),
+		"Batch.Close":      zb.Close(),
+		"Publisher.Stats":  func() error { _, err := ze.Stats(); return err }(),
+		"Publisher.Close":  ze.Close(),
+		"Engine.Progress":  zt.Progress(),
+		"Engine.Close":     zt.Close(),
+		"Transfer.Cancel":  ztr.Cancel(),
+		"Transfer.Bytes":   func() error { _, err := ztr.Bytes(); return err }(),
+		"Transfer.Close":   ztr.Close(),
+		"Transfer.Poll":    func() error { _, _, err := ztr.Poll(); return err }(),
+		"Batch.CacheWrite": zb.CacheWrite(0, nil, nil),
+	} {
+		if strings.HasSuffix(name, ".Close") {
+			if err != nil {
+				t.Fatalf("%s of a zero value: %v", name, err)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("%s of a zero value: %v, want ErrClosed", name, err)
 		}
 	}
 }

@@ -193,14 +193,33 @@ func poolOptionsFromC(c *C.pkv_pool_options) PoolOptions {
 }
 
 // Pool is a block pool with its prefix cache, sequences and KV storage. It
-// is safe for concurrent use by any number of goroutines.
+// is safe for concurrent use by any number of goroutines. Use it through
+// the *Pool NewPool returns; a copy of the struct shares its handle (one
+// Close closes both, never twice).
 type Pool struct {
-	mu   sync.RWMutex // read-held by every call, write-held by Close
-	ptr  *C.pkv_pool
+	h    *poolHandle // shared by copies of the struct
 	opts PoolOptions // as resolved by the library
 	// serial orders pools by creation: calls holding several pools take
 	// them in this order (holdKernelOperands).
 	serial uint64
+}
+
+// poolHandle is what a Pool's calls lock and Close destroys. It lives
+// behind a pointer so that a copy of a Pool value (`cp := *pool`) shares
+// it: the copy's Close and the original's destroy the C pool once.
+type poolHandle struct {
+	mu  sync.RWMutex // read-held by every call, write-held by Close
+	ptr *C.pkv_pool
+}
+
+func (h *poolHandle) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ptr != nil {
+		C.pkv_pool_destroy(h.ptr)
+		h.ptr = nil
+		runtime.SetFinalizer(h, nil)
+	}
 }
 
 // poolSerial numbers the pools created (Pool.serial).
@@ -234,27 +253,30 @@ func adoptPool(ptr *C.pkv_pool) (*Pool, error) {
 		C.pkv_pool_destroy(ptr)
 		return nil, err
 	}
-	p := &Pool{ptr: ptr, opts: poolOptionsFromC(&resolved), serial: atomic.AddUint64(&poolSerial, 1)}
-	runtime.SetFinalizer(p, (*Pool).Close)
+	h := &poolHandle{ptr: ptr}
+	// On the handle, which every copy of the Pool (and everything made
+	// from one: Seq, Batch, Tensor) keeps reachable.
+	runtime.SetFinalizer(h, (*poolHandle).close)
+	p := &Pool{h: h, opts: poolOptionsFromC(&resolved), serial: atomic.AddUint64(&poolSerial, 1)}
 	return p, nil
 }
 
 // acquire read-locks the pool for one call; release must follow.
 func (p *Pool) acquire(op string) (*C.pkv_pool, error) {
-	if p == nil { // never had one: ErrClosed as a closed pool, said apart
+	if p == nil || p.h == nil { // never had one: ErrClosed as a closed pool, said apart
 		return nil, &Error{Code: CodeInvalidState, Op: op,
-			Msg: "no pool (a nil *Pool, or a zero Seq that no pool made)", cause: ErrClosed}
+			Msg: "no pool (a nil *Pool, a zero Pool, or a zero Seq that no pool made)", cause: ErrClosed}
 	}
-	p.mu.RLock()
-	if p.ptr == nil {
-		p.mu.RUnlock()
+	p.h.mu.RLock()
+	if p.h.ptr == nil {
+		p.h.mu.RUnlock()
 		return nil, closedError(op, "pool")
 	}
-	return p.ptr, nil
+	return p.h.ptr, nil
 }
 
 func (p *Pool) release() {
-	p.mu.RUnlock()
+	p.h.mu.RUnlock()
 	runtime.KeepAlive(p)
 }
 
@@ -266,16 +288,10 @@ func (p *Pool) release() {
 // the kernels) fail with ErrInvalidState; their plan arrays and Info stay
 // readable and Abort succeeds.
 func (p *Pool) Close() error {
-	if p == nil {
+	if p == nil || p.h == nil {
 		return nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ptr != nil {
-		C.pkv_pool_destroy(p.ptr)
-		p.ptr = nil
-		runtime.SetFinalizer(p, nil)
-	}
+	p.h.close()
 	return nil
 }
 

@@ -36,8 +36,22 @@ type TransferOptions struct {
 // TransferEngine moves sequences between pools over UCX (one UCP context
 // and worker). Safe for concurrent use; Close is idempotent.
 type TransferEngine struct {
+	h *engineHandle // shared by copies of the struct (one destroy)
+}
+
+type engineHandle struct {
 	mu  sync.RWMutex
 	ptr *C.pkv_transfer_engine
+}
+
+func (h *engineHandle) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ptr != nil {
+		C.pkv_transfer_engine_destroy(h.ptr)
+		h.ptr = nil
+		runtime.SetFinalizer(h, nil)
+	}
 }
 
 // NewTransferEngine creates an engine; opts may be nil.
@@ -68,40 +82,37 @@ func NewTransferEngine(opts *TransferOptions) (*TransferEngine, error) {
 	if err := check(op, C.pkvgo_transfer_engine_create(&co, &ptr)); err != nil {
 		return nil, err
 	}
-	e := &TransferEngine{ptr: ptr}
+	e := &TransferEngine{h: &engineHandle{ptr: ptr}}
 	// As Pool, Batch and EventPublisher: an engine dropped without Close
 	// is destroyed by the collector (its exports released), not leaked.
-	runtime.SetFinalizer(e, (*TransferEngine).Close)
+	runtime.SetFinalizer(e.h, (*engineHandle).close)
 	return e, nil
 }
 
 func (e *TransferEngine) acquire(op string) (*C.pkv_transfer_engine, error) {
-	if e == nil {
+	if e == nil || e.h == nil {
 		return nil, closedError(op, "transfer engine")
 	}
-	e.mu.RLock()
-	if e.ptr == nil {
-		e.mu.RUnlock()
+	e.h.mu.RLock()
+	if e.h.ptr == nil {
+		e.h.mu.RUnlock()
 		return nil, closedError(op, "transfer engine")
 	}
-	return e.ptr, nil
+	return e.h.ptr, nil
 }
 
-func (e *TransferEngine) release() { e.mu.RUnlock() }
+func (e *TransferEngine) release() {
+	e.h.mu.RUnlock()
+	runtime.KeepAlive(e)
+}
 
 // Close releases every export and the engine. Imports still running keep
 // the transport alive until they are closed.
 func (e *TransferEngine) Close() error {
-	if e == nil {
+	if e == nil || e.h == nil {
 		return nil
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.ptr != nil {
-		C.pkv_transfer_engine_destroy(e.ptr)
-		e.ptr = nil
-		runtime.SetFinalizer(e, nil)
-	}
+	e.h.close()
 	return nil
 }
 
@@ -185,9 +196,37 @@ func (e *TransferEngine) ReleaseExport(id uint64) error {
 // Transfer is an import in flight. Safe for concurrent use; Close is
 // idempotent and cancels a running transfer.
 type Transfer struct {
+	h *transferHandle // shared by copies of the struct (one destroy)
+}
+
+type transferHandle struct {
 	mu   sync.Mutex
 	ptr  *C.pkv_transfer
 	pool *Pool
+}
+
+func (h *transferHandle) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ptr != nil {
+		C.pkv_transfer_destroy(h.ptr)
+		h.ptr = nil
+		runtime.SetFinalizer(h, nil)
+	}
+}
+
+// lock locks the transfer for one call; nil when it is closed (or a nil
+// or zero Transfer), with nothing held.
+func (t *Transfer) lock() *transferHandle {
+	if t == nil || t.h == nil {
+		return nil
+	}
+	t.h.mu.Lock()
+	if t.h.ptr == nil {
+		t.h.mu.Unlock()
+		return nil
+	}
+	return t.h
 }
 
 // Import starts pulling descriptor's sequence into p (opts may be nil).
@@ -222,10 +261,10 @@ func (e *TransferEngine) Import(p *Pool, opts *SeqOptions, descriptor []byte) (*
 	if err := check(op, r); err != nil {
 		return nil, err
 	}
-	tr := &Transfer{ptr: t, pool: p}
+	tr := &Transfer{h: &transferHandle{ptr: t, pool: p}}
 	// A transfer dropped without Close is cancelled and freed by the
 	// collector: its blocks go back to the pool instead of staying held.
-	runtime.SetFinalizer(tr, (*Transfer).Close)
+	runtime.SetFinalizer(tr.h, (*transferHandle).close)
 	return tr, nil
 }
 
@@ -234,21 +273,18 @@ func (e *TransferEngine) Import(p *Pool, opts *SeqOptions, descriptor []byte) (*
 // its error.
 func (t *Transfer) Poll() (int, Seq, error) {
 	const op = "pkv_transfer_poll"
-	if t == nil {
+	h := t.lock()
+	if h == nil {
 		return 0, Seq{}, closedError(op, "transfer")
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.ptr == nil {
-		return 0, Seq{}, closedError(op, "transfer")
-	}
+	defer h.mu.Unlock()
 	var state C.uint32_t
 	var id C.pkv_seq_id
-	if err := check(op, C.pkvgo_transfer_poll(t.ptr, &state, &id)); err != nil {
+	if err := check(op, C.pkvgo_transfer_poll(h.ptr, &state, &id)); err != nil {
 		return int(state), Seq{}, err
 	}
 	if state == TransferDone {
-		return int(state), Seq{pool: t.pool, id: SeqID(id)}, nil
+		return int(state), Seq{pool: h.pool, id: SeqID(id)}, nil
 	}
 	return int(state), Seq{}, nil
 }
@@ -256,31 +292,25 @@ func (t *Transfer) Poll() (int, Seq, error) {
 // Cancel stops the reads and frees the blocks (ErrInvalidState once done).
 func (t *Transfer) Cancel() error {
 	const op = "pkv_transfer_cancel"
-	if t == nil {
+	h := t.lock()
+	if h == nil {
 		return closedError(op, "transfer")
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.ptr == nil {
-		return closedError(op, "transfer")
-	}
-	return check(op, C.pkvgo_transfer_cancel(t.ptr))
+	defer h.mu.Unlock()
+	return check(op, C.pkvgo_transfer_cancel(h.ptr))
 }
 
 // Bytes is the number of K/V bytes the transfer reads (fixed when it
 // starts).
 func (t *Transfer) Bytes() (uint64, error) {
 	const op = "pkv_transfer_bytes"
-	if t == nil {
+	h := t.lock()
+	if h == nil {
 		return 0, closedError(op, "transfer")
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.ptr == nil {
-		return 0, closedError(op, "transfer")
-	}
+	defer h.mu.Unlock()
 	var n C.uint64_t
-	if err := check(op, C.pkvgo_transfer_bytes(t.ptr, &n)); err != nil {
+	if err := check(op, C.pkvgo_transfer_bytes(h.ptr, &n)); err != nil {
 		return 0, err
 	}
 	return uint64(n), nil
@@ -288,15 +318,9 @@ func (t *Transfer) Bytes() (uint64, error) {
 
 // Close cancels a running transfer and frees it.
 func (t *Transfer) Close() error {
-	if t == nil {
+	if t == nil || t.h == nil {
 		return nil
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.ptr != nil {
-		C.pkv_transfer_destroy(t.ptr)
-		t.ptr = nil
-		runtime.SetFinalizer(t, nil)
-	}
+	t.h.close()
 	return nil
 }
