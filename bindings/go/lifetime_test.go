@@ -285,6 +285,7 @@ func TestCopiesOfHandlesCloseOnce(t *testing.T) {
 		"Transfer.Close":   ztr.Close(),
 		"Transfer.Poll":    func() error { _, _, err := ztr.Poll(); return err }(),
 		"Batch.CacheWrite": zb.CacheWrite(0, nil, nil),
+		"Pool.SwapBlocks":  zp.SwapBlocks([]int32{1}, make([]byte, 8), SwapOut),
 	} {
 		if strings.HasSuffix(name, ".Close") {
 			if err != nil {

@@ -646,7 +646,7 @@ const (
 // SwapBlocksPinned: an asynchronous copy may not read or write Go memory.
 func (p *Pool) SwapBlocks(blocks []int32, buf []byte, dir SwapDirection) error {
 	const op = "pkv_pool_swap_blocks"
-	if p != nil && p.opts.Device != CPU {
+	if p != nil && p.h != nil && p.opts.Device != CPU { // a zero Pool is ErrClosed below
 		return &Error{Code: CodeUnsupported, Op: op,
 			Msg: "a Go buffer can only be swapped with a CPU pool; use SwapBlocksPinned"}
 	}
