@@ -151,6 +151,17 @@ func TestLibraryMessagesNameGoArguments(t *testing.T) {
 			"TierOptions.HostBytes 1"},
 		{"SetRetention", func() error { return s.SetRetention([]RetentionRange{{Begin: 0, End: 4}}) },
 			"PoolOptions.EnableRetention"},
+		{"CacheWrite on an MLA pool", func() error {
+			m := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 16, NumLayers: 1, DType: Float32,
+				KVLayout: LayoutMLA, KVLoRARank: 8, QKRopeHeadDim: 4, NumThreads: 1})
+			ms, err := m.CreateSeq(nil)
+			ok(t, err)
+			ok(t, ms.Append([]int32{1, 2}))
+			b, err := m.Prepare([]Seq{ms}, []int{2})
+			ok(t, err)
+			defer b.Close()
+			return b.CacheWrite(0, make([]float32, 24), make([]float32, 24))
+		}, "use Batch.MLACacheWrite / Batch.MLAAttention"},
 	}
 	if TransferAvailable() {
 		cases = append(cases, struct {
@@ -164,7 +175,7 @@ func TestLibraryMessagesNameGoArguments(t *testing.T) {
 	}
 	for _, c := range cases {
 		sentinel := ErrInvalidArgument
-		if c.name == "SetRetention" {
+		if c.name == "SetRetention" || c.name == "CacheWrite on an MLA pool" {
 			sentinel = ErrInvalidState
 		}
 		e := wantErr(t, c.err(), sentinel)

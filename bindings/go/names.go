@@ -61,6 +61,15 @@ var (
 	}
 )
 
+// kernelNames: the kernel calls' arguments, and the calls their messages
+// point to (an MHA call on an MLA pool, and back).
+var kernelNames = map[string]string{
+	"q_latent": "qLatent", "q_pe": "qPe", "kv_c": "kvC", "k_pe": "kPe",
+	"pkv_cache_write": "Batch.CacheWrite", "pkv_attention_forward": "Batch.Attention",
+	"pkv_mla_cache_write": "Batch.MLACacheWrite", "pkv_mla_attention": "Batch.MLAAttention",
+	"pkv_batch_commit": "Batch.Commit", "kv_layout": "KVLayout",
+}
+
 // opNames: per C function, the Go struct its opts are (with its fields)
 // and the plain argument names to rewrite.
 type opNames struct {
@@ -89,9 +98,10 @@ var namesByOp = map[string]*opNames{
 		"num_scales": "len(k)", "num_layers": "NumLayers", "num_kv_heads": "NumKVHeads"}},
 	"pkv_seq_set_retention": {"", nil, map[string]string{"num_ranges": "len(ranges)",
 		"enable_retention": "PoolOptions.EnableRetention", "max_pinned_blocks": "PoolOptions.MaxPinnedBlocks"}},
-	"pkv_mla_cache_write": {"", nil, map[string]string{"kv_c": "kvC", "k_pe": "kPe"}},
-	"pkv_mla_attention": {"", nil, map[string]string{"q_latent": "qLatent", "q_pe": "qPe",
-		"kv_c": "kvC", "k_pe": "kPe"}},
+	"pkv_mla_cache_write":      {"", nil, kernelNames},
+	"pkv_mla_attention":        {"", nil, kernelNames},
+	"pkv_cache_write":          {"", nil, kernelNames},
+	"pkv_attention_forward":    {"", nil, kernelNames},
 	"pkv_batch_prepare":        {"", nil, map[string]string{"query_counts": "queryCounts"}},
 	"pkv_batch_prepare_ex":     {"", nil, map[string]string{"query_counts": "queryCounts"}},
 	"pkv_batch_prepare_decode": {"", nil, map[string]string{"num_seqs": "len(seqs)"}},
