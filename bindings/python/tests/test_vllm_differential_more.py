@@ -563,3 +563,27 @@ def test_speculative_decoding_matches_vllm(groups, bs, hybrid, accept):
         nblocks = random.Random(seed).randrange(16, 60) * len(groups)
         err = _spec_replay(seed, groups, bs, nblocks, hybrid, accept)
         assert err is None, f"seed {seed}, {nblocks} blocks: {err}"
+
+
+# ------------------------------------------------------ hash functions
+
+
+@pytest.mark.parametrize("name,algo", [("sha256", "sha256_cbor"), ("xxhash", "xxh3_128")])
+def test_pickle_hashes_are_not_reproduced(name, algo):
+    """vLLM's default prefix_caching_hash_algo "sha256" (and "xxhash")
+    serialise with pickle; pagedkv hashes canonical CBOR only, vLLM's
+    "sha256_cbor" / "xxhash_cbor": the pickle variants give other bytes,
+    and a vLLM deployment shares pagedkv's hashes only configured with a
+    CBOR variant (docs/vllm-compat.md)."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+
+    tokens = list(range(100, 117))
+    cbor = {"sha256": sha256_cbor, "xxhash": xxhash_cbor}[name]
+    try:
+        pickled, seed = tvd._vllm_hashes(get_hash_fn_by_name(name), 4, tokens)
+        ours = pk.hash_prefix(tokens, block_size=4, algo=algo, seed=seed)
+        assert len(ours) == len(pickled) == 4 and all(a != b for a, b in zip(ours, pickled))
+        want, seed = tvd._vllm_hashes(cbor, 4, tokens)
+        assert pk.hash_prefix(tokens, block_size=4, algo=algo, seed=seed) == want
+    finally:
+        kcu.init_none_hash(sha256_cbor)
