@@ -412,3 +412,20 @@ def test_padding_masks_and_mask_functions_given_to_the_model_are_refused():
     torch.testing.assert_close(out.logits[0, -1].float(), full_logits(model, prompt, "eager")[-1], atol=2e-4, rtol=1e-4)
     assert s.num_computed_tokens == 6
     pool.close()
+
+
+def test_what_is_not_a_decoder_only_model_is_refused_at_construction():
+    """A torch module that is no transformers model failed with
+    "AttributeError: 'Linear' object has no attribute 'config'", and an
+    encoder-decoder model was accepted and failed at its first step inside
+    its forward ("You must specify exactly one of input_ids or
+    inputs_embeds"). Both are refused before a pool is made."""
+    import transformers
+
+    with pytest.raises(TypeError, match=r"model: expected a transformers causal LM .*got Linear"):
+        Generator(torch.nn.Linear(3, 3), num_blocks=8)
+    with pytest.raises(TypeError, match="got str"):
+        Generator("meta-llama/Llama-3.2-1B", num_blocks=8)
+    t5 = transformers.T5Config(d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8, vocab_size=64)
+    with pytest.raises(ValueError, match="T5ForConditionalGeneration is an encoder-decoder model"):
+        Generator(transformers.T5ForConditionalGeneration(t5), num_blocks=8)

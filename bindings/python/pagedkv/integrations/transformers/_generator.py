@@ -138,14 +138,14 @@ class Generator:
         max_num_seqs = _index(max_num_seqs, "max_num_seqs")
         if max_num_batched_tokens < 1 or max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be at least 1")
-        self.model = model.eval()
-        self.pool = pool_for_model(
+        self.pool = pool_for_model(  # first: it refuses what is not a decoder-only model
             model,
             num_blocks=num_blocks,
             block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
             num_threads=num_threads,
         )
+        self.model = model.eval()
         self.device = next(model.parameters()).device
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs

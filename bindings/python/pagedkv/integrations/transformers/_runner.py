@@ -48,6 +48,7 @@ def pool_for_model(
     """A CPU pool with storage shaped for model's K/V (its dtype, every layer)."""
     import torch
 
+    _check_model(model)
     layers, kv_heads, head_dim = model_kv_shape(model.config)
     dtype = _DTYPES.get(str(model.dtype).replace("torch.", ""))
     if dtype is None:
@@ -67,6 +68,25 @@ def pool_for_model(
         enable_prefix_caching=enable_prefix_caching,
         num_threads=num_threads,
     )
+
+
+def _check_model(model: Any) -> None:
+    """Refuses what is not a transformers decoder-only model, before any
+    pool is made: anything else (a torch module, a pipeline, a tokenizer)
+    failed with an AttributeError about ``config`` or ``dtype``, and an
+    encoder-decoder model at its first step inside its forward."""
+    import torch
+
+    config = getattr(model, "config", None)
+    if not isinstance(model, torch.nn.Module) or config is None:
+        raise TypeError(
+            f"model: expected a transformers causal LM (a PreTrainedModel such as LlamaForCausalLM), "
+            f"got {type(model).__name__}"
+        )
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"{type(model).__name__} is an encoder-decoder model: pagedkv runs decoder-only causal LMs (*ForCausalLM)"
+        )
 
 
 @contextlib.contextmanager
