@@ -429,3 +429,19 @@ def test_what_is_not_a_decoder_only_model_is_refused_at_construction():
     t5 = transformers.T5Config(d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8, vocab_size=64)
     with pytest.raises(ValueError, match="T5ForConditionalGeneration is an encoder-decoder model"):
         Generator(transformers.T5ForConditionalGeneration(t5), num_blocks=8)
+
+
+def test_one_prompt_given_where_a_list_of_prompts_is_expected_says_so():
+    """generate([1, 2, 3]) (one prompt, not a list of them) failed with
+    "TypeError: 'int' object is not iterable", naming nothing; the error
+    names the prompt and the expected shape, and nothing stays queued."""
+    model = tiny_model("llama")
+    with Generator(model, num_blocks=16, block_size=4) as gen:
+        for bad in ([1, 2, 3], ["abc"], [torch.tensor(5)]):
+            with pytest.raises(TypeError, match=r"prompt: expected a sequence of token ids.*list of prompts"):
+                gen.generate(bad, SamplingParams(max_new_tokens=2))
+        with pytest.raises(TypeError, match="prompt: expected a sequence of token ids, got int"):
+            gen.add_request(7)
+        assert not gen.has_unfinished()
+        ((c,),) = gen.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
+        assert len(c.tokens) == 2

@@ -174,7 +174,18 @@ class Generator:
         # ints only (int() read 2.7 as 2 and "5" as 5), checked before
         # anything is queued: a request the model cannot run failed every
         # later step.
-        prompt = [_index(t, f"prompt[{i}]") for i, t in enumerate(prompt)]
+        # One prompt of ints given where prompts are expected
+        # (generate([1, 2, 3])) failed with "'int' object is not iterable".
+        try:
+            tokens = list(prompt) if not isinstance(prompt, (str, bytes)) else None
+        except TypeError:
+            tokens = None
+        if tokens is None:
+            raise TypeError(
+                f"prompt: expected a sequence of token ids, got {type(prompt).__name__} "
+                "(generate() takes a list of prompts, each a list of token ids: generate([[1, 2, 3]]))"
+            )
+        prompt = [_index(t, f"prompt[{i}]") for i, t in enumerate(tokens)]
         if not prompt:
             raise ValueError("prompt is empty")
         if self._vocab is not None:
