@@ -445,3 +445,21 @@ def test_one_prompt_given_where_a_list_of_prompts_is_expected_says_so():
         assert not gen.has_unfinished()
         ((c,),) = gen.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
         assert len(c.tokens) == 2
+
+
+def test_a_pool_too_small_says_how_many_tokens_it_holds():
+    """Block 0 is the null block: a Generator of 2 blocks of 4 tokens holds
+    4 tokens, and a 5-token prompt was refused with "its first 5 tokens ...
+    need more blocks than the pool has (2 of 4 tokens)", which read as room
+    for 8. The error counts the usable blocks and tokens."""
+    model = tiny_model("llama")
+    with Generator(model, num_blocks=2, block_size=4) as gen:
+        ((c,),) = gen.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=1))  # 4 tokens fit
+        assert len(c.tokens) == 1
+        msg = (
+            r"first 5 tokens \(of prompt 5\) need more blocks than the pool has \(1 usable blocks of 4 tokens, 4 tokens"
+        )
+        with pytest.raises(RuntimeError, match=msg):
+            gen.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=1))
+        with pytest.raises(RuntimeError, match=r"first 5 tokens \(of prompt 4 \+ 1 generated\).*1 usable blocks"):
+            gen.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=3))

@@ -113,7 +113,8 @@ class Generator:
     attention-function registry (Llama, Qwen2, Mistral, Gemma, Phi-3,
     gpt-oss, ... : the models with ``attn_implementation`` support; the
     README lists those tested and those refused). num_blocks: KV blocks of
-    block_size tokens for all sequences together. max_num_batched_tokens:
+    block_size tokens for all sequences together, block 0 (the null block)
+    included: they hold (num_blocks - 1) * block_size tokens. max_num_batched_tokens:
     the token budget of one step (prompts longer than what is left are
     prefilled in chunks). keep_logits: each Completion carries the logits its
     tokens were sampled from (for tests and scoring).
@@ -278,6 +279,12 @@ class Generator:
 
     # ------------------------------------------------------------ scheduling
 
+    def _capacity(self) -> str:
+        """The pool's room, for errors: block 0 is the null block, which no
+        sequence gets (a pool of 2 blocks of 4 tokens holds 4 tokens)."""
+        n, bs = self.pool.num_blocks, self.pool.block_size
+        return f"{n - 1} usable blocks of {bs} tokens, {(n - 1) * bs} tokens: {n} less the null block"
+
     def _preempt(self, victim: _Seq) -> None:
         assert victim.handle is not None
         victim.handle.free()
@@ -307,8 +314,7 @@ class Generator:
                     generated = f" + {s.num_generated} generated" if s.num_generated else ""
                     raise RuntimeError(
                         f"request {s.req.id}: its first {upto} tokens (of prompt {len(s.req.prompt)}{generated}) "
-                        f"need more blocks than the pool has ({self.pool.num_blocks} of {self.pool.block_size} "
-                        "tokens)"
+                        f"need more blocks than the pool has ({self._capacity()})"
                     ) from None
                 self._preempt(victim)
                 if victim is s:
@@ -372,7 +378,7 @@ class Generator:
             generated = f" + {s.num_generated} generated" if s.num_generated else ""
             raise RuntimeError(
                 f"request {s.req.id}: its first {self._unadmitted} tokens (of prompt {len(s.req.prompt)}{generated}) "
-                f"need more blocks than the pool has ({self.pool.num_blocks} of {self.pool.block_size} tokens)"
+                f"need more blocks than the pool has ({self._capacity()})"
             )
         return seqs, counts
 
