@@ -6,6 +6,8 @@ use std::os::raw::c_char;
 
 use pagedkv_sys as sys;
 
+use crate::names::{rust_message, Renames};
+
 /// What went wrong, one variant per `PKV_E_*` status code of the C ABI.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -99,11 +101,22 @@ impl fmt::Display for ErrorKind {
 
 /// An error from pagedkv: its kind, the raw status code and the message
 /// naming what was wrong with which argument.
+///
+/// The message names the argument as this crate calls it: the library's
+/// text (`pkv_pool_create: opts->block_size 2000 is outside [1, 1024]`)
+/// is rewritten into the Rust method and names
+/// (`Pool::new: PoolOptions::block_size 2000 is outside [1, 1024]`): an
+/// option field is `Struct::field`, a slice's count `arg.len()`
+/// (`seqs.len()` for the C `num_seqs`), a dtype number its [`DType`]
+/// variant (`DType::F32`). [`Error::c_message`] keeps the library's text.
+///
+/// [`DType`]: crate::DType
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Error {
     kind: ErrorKind,
     code: i32,
     message: String,
+    c_message: String,
 }
 
 /// `Result` with this crate's [`Error`].
@@ -116,6 +129,7 @@ impl Error {
             kind,
             code: kind.code().unwrap_or(sys::PKV_E_INTERNAL),
             message: message.into(),
+            c_message: String::new(),
         }
     }
 
@@ -127,14 +141,22 @@ impl Error {
     /// message. Must run right after the failing call, before any other
     /// pagedkv call on this thread.
     pub(crate) fn from_status(code: i32) -> Error {
-        let mut message = last_error_message();
-        if message.is_empty() {
-            message = status_string(code);
+        Error::from_status_as(code, None, &[])
+    }
+
+    /// [`from_status`](Error::from_status) reported as the Rust method `op`
+    /// (instead of the C function's default one), with `args` rewritten
+    /// before the C function's own table.
+    pub(crate) fn from_status_as(code: i32, op: Option<&str>, args: Renames) -> Error {
+        let mut c_message = last_error_message();
+        if c_message.is_empty() {
+            c_message = status_string(code);
         }
         Error {
             kind: ErrorKind::from_code(code),
             code,
-            message,
+            message: rust_message(&c_message, op, args),
+            c_message,
         }
     }
 
@@ -148,9 +170,17 @@ impl Error {
         self.code
     }
 
-    /// The library's message for the failed call.
+    /// What was wrong, naming the Rust method and arguments (see
+    /// [`Error`]).
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// The library's own message, with its C names
+    /// (`pkv_batch_prepare: num_seqs is 0`); empty for an error the Rust
+    /// side raised before calling the library.
+    pub fn c_message(&self) -> &str {
+        &self.c_message
     }
 }
 
@@ -168,6 +198,17 @@ pub(crate) fn check(status: sys::pkv_status) -> Result<()> {
         Ok(())
     } else {
         Err(Error::from_status(status))
+    }
+}
+
+/// [`check`] for a call whose error is reported as the Rust method `op`,
+/// with `args` (C name, Rust name) rewritten first: for a C function that
+/// several methods call with differently named arguments.
+pub(crate) fn check_as(status: sys::pkv_status, op: &str, args: Renames) -> Result<()> {
+    if status == sys::PKV_OK {
+        Ok(())
+    } else {
+        Err(Error::from_status_as(status, Some(op), args))
     }
 }
 

@@ -159,7 +159,7 @@ impl Pool {
     /// enable_retention are [`ErrorKind::Unsupported`]).
     pub fn with_groups(opts: &crate::PoolOptions, groups: &[GroupSpec]) -> Result<Pool> {
         let seed = std::ffi::CString::new(opts.hash_seed.as_str())
-            .map_err(|_| Error::invalid("hash_seed contains a NUL byte"))?;
+            .map_err(|_| Error::invalid("PoolOptions::hash_seed contains a NUL byte"))?;
         let mut base = init_sized!(sys::pkv_pool_options_init_sized, sys::pkv_pool_options)?;
         base.block_size = opts.block_size;
         base.num_blocks = opts.num_blocks;
@@ -181,7 +181,7 @@ impl Pool {
             .enumerate()
             .map(|(i, g)| g.raw(i))
             .collect::<Result<Vec<sys::pkv_kv_group_spec>>>()?;
-        let n = u32::try_from(raw.len()).map_err(|_| Error::invalid("too many groups"))?;
+        let n = u32::try_from(raw.len()).map_err(|_| Error::invalid("groups: too many groups"))?;
         let mut out = ptr::null_mut();
         // SAFETY: base, the seed and raw outlive the call; raw holds n specs.
         check(unsafe { sys::pkv_pool_create_groups(&base, raw.as_ptr(), n, &mut out) })?;

@@ -134,12 +134,12 @@ impl Default for HashOptions {
 /// assert_eq!(hash_prefix(&opts, &tokens[..4]).unwrap()[0], hashes[0]);
 /// ```
 pub fn hash_prefix(opts: &HashOptions, tokens: &[i32]) -> Result<Vec<BlockHash>> {
-    let seed = c_string(&opts.seed, "seed")?;
-    let salt = opt_c_string(&opts.cache_salt, "cache_salt")?;
-    let lora_name = opt_c_string(&opts.lora_name, "lora_name")?;
-    let lora_path = opt_c_string(&opts.lora_path, "lora_path")?;
+    let seed = c_string(&opts.seed, "HashOptions::seed")?;
+    let salt = opt_c_string(&opts.cache_salt, "HashOptions::cache_salt")?;
+    let lora_name = opt_c_string(&opts.lora_name, "HashOptions::lora_name")?;
+    let lora_path = opt_c_string(&opts.lora_path, "HashOptions::lora_path")?;
     let domains = crate::pool::key_domains(opts.strict_key_domains, opts.vllm_tagged_keys)?;
-    let mm = RawMmItems::new(&opts.mm_items, "mm_items")?;
+    let mm = RawMmItems::new(&opts.mm_items, "HashOptions::mm_items")?;
     let mut raw = init_sized!(sys::pkv_hash_options_init_sized, sys::pkv_hash_options)?;
     raw.algo = opts.algo.raw();
     raw.block_size = opts.block_size;

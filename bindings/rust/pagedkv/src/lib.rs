@@ -50,7 +50,11 @@
 //! call returns) — the library cannot see that.
 //!
 //! Errors are [`Error`] values with an [`ErrorKind`] per C status code and
-//! the library's message. [`Pool`] is `Send + Sync`. CPU tensors are plain
+//! the library's message in this crate's names: the Rust method and the
+//! argument or field to change (`Pool::prepare: seqs.len() is 0`,
+//! `Pool::new: PoolOptions::block_size 2000 is outside [1, 1024]`, a dtype
+//! as `DType::F32`), not the C ABI's (`pkv_batch_prepare: num_seqs is 0`,
+//! `opts->block_size`, `dtype 1`), which [`Error::c_message`] keeps. [`Pool`] is `Send + Sync`. CPU tensors are plain
 //! slices (`f32`, [`half::f16`], [`half::bf16`]); GPU memory enters through
 //! the `unsafe` [`TensorView::from_raw_parts`].
 
@@ -77,6 +81,7 @@ mod error;
 mod events;
 mod groups;
 mod hash;
+mod names;
 mod pool;
 mod seq;
 mod tensor;

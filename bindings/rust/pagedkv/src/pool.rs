@@ -7,8 +7,9 @@ use std::ptr::{self, NonNull};
 use pagedkv_sys as sys;
 
 use crate::batch::Batch;
-use crate::error::{check, Error, ErrorKind, Result};
+use crate::error::{check, check_as, Error, ErrorKind, Result};
 use crate::hash::{c_string, opt_c_string, opt_ptr, MmItem, RawMmItems};
+use crate::names::Renames;
 use crate::tensor::{RawTensor, Stream};
 use crate::types::{BlockHash, DType, Device, Element, HashAlgo, KvLayout, KvScaleGranularity};
 
@@ -144,10 +145,10 @@ impl PoolOptions {
 
 // The common length of a K and a V scale list (the C ABI reads that many
 // of each, so they must match).
-fn scale_count(k: &[f32], v: &[f32]) -> Result<usize> {
+fn scale_count(k: &[f32], v: &[f32], prefix: &str) -> Result<usize> {
     if k.len() != v.len() {
         return Err(Error::invalid(format!(
-            "k_scales and v_scales differ in length ({} vs {})",
+            "{prefix}k_scales and {prefix}v_scales differ in length ({} vs {})",
             k.len(),
             v.len()
         )));
@@ -535,6 +536,9 @@ pub(crate) fn read_vec<T: Clone>(
     ))
 }
 
+// swap_in / swap_out take the host buffer as a slice.
+const SAFE_SWAP_NAMES: Renames = &[("host_buffer", "host"), ("host_bytes", "host.len()")];
+
 impl Pool {
     /// The most events one [`drain_events`](Pool::drain_events) call
     /// returns (the Go binding's cap).
@@ -542,7 +546,7 @@ impl Pool {
 
     /// Creates a pool.
     pub fn new(opts: &PoolOptions) -> Result<Pool> {
-        let seed = c_string(&opts.hash_seed, "hash_seed")?;
+        let seed = c_string(&opts.hash_seed, "PoolOptions::hash_seed")?;
         let mut raw = init_sized!(sys::pkv_pool_options_init_sized, sys::pkv_pool_options)?;
         raw.block_size = opts.block_size;
         raw.num_blocks = opts.num_blocks;
@@ -563,10 +567,10 @@ impl Pool {
         raw.num_threads = opts.num_threads;
         raw.strict_key_domains = key_domains(opts.strict_key_domains, opts.vllm_tagged_keys)?;
         raw.kv_scale_granularity = opts.kv_scale_granularity.raw();
-        let nscales = scale_count(&opts.k_scales, &opts.v_scales)?;
+        let nscales = scale_count(&opts.k_scales, &opts.v_scales, "PoolOptions::")?;
         if nscales > 0 {
             raw.num_kv_scales = u32::try_from(nscales)
-                .map_err(|_| Error::invalid("k_scales: more than 2^32 - 1 scales"))?;
+                .map_err(|_| Error::invalid("PoolOptions::k_scales: more than 2^32 - 1 scales"))?;
             raw.k_scales = opts.k_scales.as_ptr();
             raw.v_scales = opts.v_scales.as_ptr();
         }
@@ -659,7 +663,7 @@ impl Pool {
     /// other threads run kernels on the pool: they finish with the old
     /// scales. Stored codes stay and are read with the new scales.
     pub fn set_kv_scales(&self, k_scales: &[f32], v_scales: &[f32]) -> Result<()> {
-        let n = scale_count(k_scales, v_scales)?;
+        let n = scale_count(k_scales, v_scales, "")?;
         // SAFETY: both slices hold n floats.
         check(unsafe {
             sys::pkv_pool_set_kv_scales(self.ptr(), k_scales.as_ptr(), v_scales.as_ptr(), n as u64)
@@ -1236,12 +1240,14 @@ impl Pool {
         // SAFETY: host is valid for its length; the CPU copy is complete
         // when the call returns.
         unsafe {
-            self.swap_blocks_raw(
+            self.swap_blocks_as(
                 blocks,
                 host.as_mut_ptr() as *mut c_void,
                 to_u64(host.len()),
                 SwapDirection::Out,
                 Stream::DEFAULT,
+                "Pool::swap_out",
+                SAFE_SWAP_NAMES,
             )
         }
     }
@@ -1253,12 +1259,14 @@ impl Pool {
         // SAFETY: with SWAP_IN the library only reads host, for its length,
         // within the call.
         unsafe {
-            self.swap_blocks_raw(
+            self.swap_blocks_as(
                 blocks,
                 host.as_ptr() as *mut c_void,
                 to_u64(host.len()),
                 SwapDirection::In,
                 Stream::DEFAULT,
+                "Pool::swap_in",
+                SAFE_SWAP_NAMES,
             )
         }
     }
@@ -1278,23 +1286,57 @@ impl Pool {
         direction: SwapDirection,
         stream: Stream,
     ) -> Result<()> {
+        // SAFETY: by the caller's contract.
+        unsafe {
+            self.swap_blocks_as(
+                blocks,
+                host,
+                host_bytes,
+                direction,
+                stream,
+                "Pool::swap_blocks_raw",
+                &[],
+            )
+        }
+    }
+
+    /// [`swap_blocks_raw`](Pool::swap_blocks_raw), its errors reported as
+    /// `op` with `names` rewritten.
+    ///
+    /// # Safety
+    /// As [`swap_blocks_raw`](Pool::swap_blocks_raw).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn swap_blocks_as(
+        &self,
+        blocks: &[i32],
+        host: *mut c_void,
+        host_bytes: u64,
+        direction: SwapDirection,
+        stream: Stream,
+        op: &str,
+        names: Renames,
+    ) -> Result<()> {
         let dir = match direction {
             SwapDirection::Out => sys::PKV_SWAP_OUT,
             SwapDirection::In => sys::PKV_SWAP_IN,
         };
         // SAFETY: blocks is valid for its length; host by the caller's
         // contract.
-        check(unsafe {
-            sys::pkv_pool_swap_blocks(
-                self.ptr(),
-                blocks.as_ptr(),
-                to_u64(blocks.len()),
-                host,
-                host_bytes,
-                dir,
-                stream.as_raw(),
-            )
-        })
+        check_as(
+            unsafe {
+                sys::pkv_pool_swap_blocks(
+                    self.ptr(),
+                    blocks.as_ptr(),
+                    to_u64(blocks.len()),
+                    host,
+                    host_bytes,
+                    dir,
+                    stream.as_raw(),
+                )
+            },
+            op,
+            names,
+        )
     }
 
     // --------------------------------------------------------- step plans
@@ -1503,10 +1545,10 @@ pub(crate) fn with_raw_seq_options<T>(
     opts: &SeqOptions,
     f: impl FnOnce(&sys::pkv_seq_options) -> Result<T>,
 ) -> Result<T> {
-    let salt = opt_c_string(&opts.cache_salt, "cache_salt")?;
-    let lora_name = opt_c_string(&opts.lora_name, "lora_name")?;
-    let lora_path = opt_c_string(&opts.lora_path, "lora_path")?;
-    let mm = RawMmItems::new(&opts.mm_items, "mm_items")?;
+    let salt = opt_c_string(&opts.cache_salt, "SeqOptions::cache_salt")?;
+    let lora_name = opt_c_string(&opts.lora_name, "SeqOptions::lora_name")?;
+    let lora_path = opt_c_string(&opts.lora_path, "SeqOptions::lora_path")?;
+    let mm = RawMmItems::new(&opts.mm_items, "SeqOptions::mm_items")?;
     let mut raw = init_sized!(sys::pkv_seq_options_init_sized, sys::pkv_seq_options)?;
     raw.priority = opts.priority;
     raw.lora_id = opts.lora_id;

@@ -180,7 +180,16 @@ impl Pool {
     ///
     /// [`ErrorKind::NotFound`]: crate::ErrorKind::NotFound
     pub fn attach_seq(&self, id: SeqId) -> Result<Seq<'_>> {
-        self.seq_info(id)?;
+        let mut raw = init_sized!(
+            crate::sys::pkv_seq_info_init_sized,
+            crate::sys::pkv_seq_info
+        )?;
+        // SAFETY: valid out-parameter, struct_size set by _init_sized.
+        crate::error::check_as(
+            unsafe { crate::sys::pkv_seq_get_info(self.as_raw(), id.raw(), &mut raw) },
+            "Pool::attach_seq",
+            &[("seq", "id")],
+        )?;
         Ok(Seq::new(self, id))
     }
 }

@@ -91,7 +91,7 @@ impl Pool {
     /// Attaches offload tiers (once; a CPU or CUDA pool with storage and
     /// prefix caching; a CUDA pool's host tier is page-locked memory).
     pub fn attach_tiers(&self, o: &TierOptions) -> Result<()> {
-        let dir = opt_c_string(&o.file_dir, "file_dir")?;
+        let dir = opt_c_string(&o.file_dir, "TierOptions::file_dir")?;
         let mut raw = init_sized!(sys::pkv_tier_options_init_sized, sys::pkv_tier_options)?;
         raw.host_bytes = o.host_bytes;
         raw.file_bytes = o.file_bytes;

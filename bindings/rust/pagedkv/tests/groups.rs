@@ -54,7 +54,7 @@ fn group_errors() {
     let e = Pool::with_groups(&opts(8), &[GroupSpec::window(0, 1, 1, 8)]).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidArgument);
     assert!(
-        e.message().contains("groups[0].sliding_window"),
+        e.message().contains("groups[0].kind.window"),
         "{}",
         e.message()
     );
