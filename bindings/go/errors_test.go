@@ -185,3 +185,27 @@ func TestLibraryMessagesNameGoArguments(t *testing.T) {
 		}
 	}
 }
+
+// Messages quoting the caller's strings (a tier directory, an endpoint)
+// keep them verbatim: only the library's argument names are rewritten.
+func TestGoNamesLeaveQuotedCallerStringsAlone(t *testing.T) {
+	p := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 16, NumLayers: 1, NumKVHeads: 1, HeadDim: 8,
+		DType: Float32, NumThreads: 1})
+	dir := "/nonexistent-pkv-review/host_bytes/file_dir"
+	err := p.AttachTiers(TierOptions{FileDir: dir, FileBytes: 1 << 20})
+	e := wantErr(t, err, ErrInvalidArgument)
+	if !strings.Contains(e.Msg, dir) {
+		t.Errorf("message %q does not quote FileDir %q verbatim", e.Msg, dir)
+	}
+
+	ep := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 16, EnableEvents: true})
+	endpoint := "ipc:///tmp/replay_endpoint"
+	_, err = NewEventPublisher(ep, endpoint, "", &PublisherOptions{DataParallelRank: 1})
+	if errors.Is(err, ErrUnsupported) {
+		return
+	}
+	e = wantErr(t, err, ErrInvalidArgument)
+	if !strings.Contains(e.Msg, endpoint) {
+		t.Errorf("message %q does not quote the endpoint %q verbatim", e.Msg, endpoint)
+	}
+}

@@ -116,11 +116,33 @@ var (
 	rangeRef = regexp.MustCompile(`\branges\[(\d+)\]\.([a-z_]+)`)
 	// a C identifier with underscores (argument names)
 	identRef = regexp.MustCompile(`\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b`)
+	// a string of the caller's the message quotes: "..." or '...', the
+	// latter opened after no letter (not the apostrophe of "pool's")
+	quotedRef = regexp.MustCompile(`"[^"]*"|(?:^|[^A-Za-z0-9])'[^']*'`)
 )
 
 func goNames(op, msg string) string {
 	n := namesByOp[op]
 	if n == nil || msg == "" {
+		return msg
+	}
+	// The caller's strings the message quotes (a tier directory, an
+	// endpoint) stay as they are: "/data/file_dir" is a path, not the
+	// argument file_dir.
+	var b strings.Builder
+	at := 0
+	for _, q := range quotedRef.FindAllStringIndex(msg, -1) {
+		b.WriteString(n.rewrite(op, msg[at:q[0]]))
+		b.WriteString(msg[q[0]:q[1]])
+		at = q[1]
+	}
+	b.WriteString(n.rewrite(op, msg[at:]))
+	return strings.TrimSpace(b.String())
+}
+
+// rewrite renames the C names in msg, a part of a message outside quotes.
+func (n *opNames) rewrite(op, msg string) string {
+	if msg == "" {
 		return msg
 	}
 	if n.optsFields != nil {
@@ -167,5 +189,5 @@ func goNames(op, msg string) string {
 			return m
 		})
 	}
-	return strings.TrimSpace(msg)
+	return msg
 }
