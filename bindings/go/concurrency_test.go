@@ -395,3 +395,54 @@ func TestKernelCallsGivenEachOthersPoolsDoNotDeadlockWithClose(t *testing.T) {
 		}
 	}
 }
+
+// Two views of one pool taken through copies of its Pool value (which
+// share one handle) are one pool to a kernel call: it read-locked the
+// handle once per copy, and a Close waiting between the two read locks
+// blocked the second, so the call and the Close waited on each other.
+func TestKernelOperandsFromCopiesOfAPoolDoNotDeadlockWithClose(t *testing.T) {
+	p, err := NewPool(&PoolOptions{BlockSize: 8, NumBlocks: 12, NumLayers: 2, NumKVHeads: 2,
+		HeadDim: 64, DType: Float32, NumThreads: 1})
+	ok(t, err)
+	s, err := p.CreateSeq(nil)
+	ok(t, err)
+	ok(t, s.Append([]int32{1, 2}))
+	b, err := p.Prepare([]Seq{s}, []int{2})
+	ok(t, err)
+	cp := *p
+	k, err := p.KVTensor(0, Key)
+	ok(t, err)
+	v, err := cp.KVTensor(0, Value)
+	ok(t, err)
+	k.Shape, k.Strides = []int64{2, 2, 64}, nil
+	v.Shape, v.Strides = []int64{2, 2, 64}, nil
+
+	var hooked int32
+	arrived, resume := make(chan struct{}, 2), make(chan struct{})
+	holdOperandHook = func() {
+		if atomic.AddInt32(&hooked, 1) == 1 {
+			arrived <- struct{}{}
+			<-resume
+		}
+	}
+	defer func() { holdOperandHook = nil }()
+	var wg sync.WaitGroup
+	var callErr error
+	wg.Add(2)
+	go func() { defer wg.Done(); callErr = b.CacheWriteTensor(1, &k, &v, nil) }() // layer 0's slots as layer 1's k, v
+	<-arrived
+	go func() { defer wg.Done(); p.Close() }()
+	time.Sleep(100 * time.Millisecond) // Close waits
+	close(resume)
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the kernel call and Close still wait after 10 s")
+	}
+	if callErr != nil && !errors.Is(callErr, ErrClosed) {
+		t.Fatalf("CacheWriteTensor: %v", callErr)
+	}
+	ok(t, b.Close())
+}

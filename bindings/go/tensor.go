@@ -64,9 +64,12 @@ func holdKernelOperands(op string, names []string, ts ...*Tensor) (func(), error
 			if err := t.checkBounds(op, names[i]); err != nil {
 				return nil, err
 			}
+			// Copies of a Pool value (`cp := *pool`) share its handle: one
+			// pool, read-locked once (a Close waiting between two read
+			// locks of one handle would block the second for ever).
 			dup := false
 			for _, p := range pools {
-				dup = dup || p == o
+				dup = dup || p == o || p.h == o.h
 			}
 			if !dup {
 				pools = append(pools, o)
