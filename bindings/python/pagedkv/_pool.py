@@ -548,6 +548,12 @@ def _host_buffer(buffer: Any, writable: bool) -> Tuple[Any, Any]:
             why = "read-only" if mv.readonly else "not contiguous"
             mv.release()
             raise TypeError(f"buffer: expected a writable contiguous buffer, got a {why} {type(buffer).__name__}")
+        if not mv.readonly and not mv.c_contiguous:
+            # swap_in only reads its buffer; a writable strided one went to
+            # the raw call as is, whose TypeError named "host_buffer" and
+            # asked for a writable buffer.
+            mv.release()
+            raise TypeError(f"buffer: expected a contiguous buffer, got a not contiguous {type(buffer).__name__}")
         if not mv.readonly or writable:
             mv.release()
             return buffer, None

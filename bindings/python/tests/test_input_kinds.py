@@ -182,3 +182,18 @@ def test_swap_out_names_its_buffer_argument():
         pool.swap_out([1], np.zeros(2 * n, np.uint8)[::2])
     assert len(pool.swap_out([1], bytearray(n))) == n
     pool.close()
+
+
+def test_swap_in_names_its_buffer_argument():
+    pool = pagedkv.Pool(num_blocks=8, block_size=4, num_layers=1, num_kv_heads=1, head_dim=64, dtype="f32")
+    n = pool.bytes_per_block
+    data = pool.swap_out([1])
+    strided = np.zeros(2 * n, np.uint8)[::2]  # writable, not contiguous
+    strided[:] = data
+    # As swap_out's: the raw call's TypeError named "host_buffer" and asked
+    # swap_in, which only reads it, for a writable buffer.
+    with pytest.raises(TypeError, match=r"^buffer: expected a contiguous buffer, got a not contiguous ndarray$"):
+        pool.swap_in([1], strided)
+    pool.swap_in([1], bytes(data))  # read-only will do
+    pool.swap_in([1], np.ascontiguousarray(strided))
+    pool.close()
