@@ -13,7 +13,7 @@ from . import _pagedkv as _c
 from ._handle import Handle, HandleOwner
 from ._pool import Pool, Sequence, _index
 from ._tensor import TensorView, check, describe, empty_like, stream_ptr
-from ._types import BatchInfo, DType, KvLayout, PlanArray, SnapshotArray, _real
+from ._types import BatchInfo, DType, KvLayout, PlanArray, SnapshotArray, _flag, _real
 
 _SNAPSHOT_ARRAYS = frozenset(int(a) for a in SnapshotArray)
 
@@ -50,6 +50,8 @@ class Batch(HandleOwner):
         stream: Any = None,
         persistent_table: bool = False,
     ) -> None:
+        # As Pool.prepare's: bool() made persistent_table="no" a persistent table.
+        persistent_table = _flag(persistent_table, "persistent_table")
         self._ids = None
         if not isinstance(seqs, (list, tuple)) and hasattr(seqs, "__array_interface__"):
             # An id array (uint64): the engine keeps its sequences alive. The

@@ -125,7 +125,11 @@ class KVGroupSpec:
             "kv_lora_rank": _index(self.kv_lora_rank, "kv_lora_rank"),
             "rope_dim": _index(self.rope_dim, "rope_dim"),
             "state_bytes": _index(self.state_bytes, "state_bytes"),
-            "flags": _c.PKV_GROUP_SNAPSHOT_EVERY_BLOCK if self.snapshot_every_block else 0,
+            # A spec built directly (or by dataclasses.replace) skips
+            # recurrent()'s check: bool() read snapshot_every_block="no" as True.
+            "flags": _c.PKV_GROUP_SNAPSHOT_EVERY_BLOCK
+            if _flag(self.snapshot_every_block, "snapshot_every_block")
+            else 0,
         }
         if self.dtype is not None:
             d["dtype"] = int(DType.parse(self.dtype))

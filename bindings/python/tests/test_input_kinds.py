@@ -197,3 +197,21 @@ def test_swap_in_names_its_buffer_argument():
     pool.swap_in([1], bytes(data))  # read-only will do
     pool.swap_in([1], np.ascontiguousarray(strided))
     pool.close()
+
+
+def test_flags_given_past_the_checked_entry_points_are_checked():
+    # Pool.prepare and KVGroupSpec.recurrent check their flags; the public
+    # Batch constructor and a KVGroupSpec built directly read them with
+    # bool(): persistent_table="no" made a persistent table (17 pages),
+    # snapshot_every_block="no" asked for snapshots.
+    pool = pagedkv.Pool(block_size=4, num_blocks=8)
+    seq = pool.create_sequence()
+    seq.append([1, 2, 3])
+    with pytest.raises(TypeError, match="persistent_table: expected a bool, got str"):
+        pagedkv.Batch(pool, [seq], [3], persistent_table="no")
+    with pagedkv.Batch(pool, [seq], [3], persistent_table=np.False_) as b:
+        assert b.info().num_pages == 1
+    spec = pagedkv.KVGroupSpec(pagedkv.GroupKind.RECURRENT, 1, state_bytes=64, snapshot_every_block="no")
+    with pytest.raises(TypeError, match="snapshot_every_block: expected a bool, got str"):
+        pagedkv.HybridPool([pagedkv.KVGroupSpec.full(1, 1, 8), spec], block_size=4, num_blocks=8)
+    pool.close()
