@@ -260,7 +260,11 @@ def _flag(value: Any, name: str) -> bool:
     try:
         v = operator.index(value)
     except TypeError:
-        if type(value).__name__ in ("bool", "bool_"):  # numpy.bool has no __index__
+        # numpy's bool scalar and a 0-d bool array (np.array(True), what
+        # np.load of a saved flag gives) have no __index__.
+        if type(value).__name__ in ("bool", "bool_") or (
+            getattr(getattr(value, "dtype", None), "kind", None) == "b" and getattr(value, "ndim", None) == 0
+        ):
             return bool(value)
         raise TypeError(f"{name}: expected a bool, got {type(value).__name__}") from None
     if v not in (0, 1):

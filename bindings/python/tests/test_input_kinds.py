@@ -215,3 +215,13 @@ def test_flags_given_past_the_checked_entry_points_are_checked():
     with pytest.raises(TypeError, match="snapshot_every_block: expected a bool, got str"):
         pagedkv.HybridPool([pagedkv.KVGroupSpec.full(1, 1, 8), spec], block_size=4, num_blocks=8)
     pool.close()
+
+
+def test_flags_take_0d_numpy_bool_arrays():
+    # np.True_ and np.array(1) were taken, np.array(True) (a 0-d bool array:
+    # what np.load of a saved flag gives) refused as "expected a bool, got ndarray".
+    pool = pagedkv.Pool(block_size=4, num_blocks=8, enable_events=np.array(True))
+    assert pool.options.enable_events
+    pool.close()
+    with pytest.raises(TypeError, match="enable_events: expected a bool, got ndarray"):
+        pagedkv.Pool(block_size=4, num_blocks=8, enable_events=np.array([True, False]))
