@@ -51,7 +51,7 @@ class Batch(HandleOwner):
         persistent_table: bool = False,
     ) -> None:
         # As Pool.prepare's: bool() made persistent_table="no" a persistent table.
-        persistent_table = _flag(persistent_table, "persistent_table")
+        persistent_table = _flag(persistent_table, "persistent_table", none_is_false=True)
         self._ids = None
         if not isinstance(seqs, (list, tuple)) and hasattr(seqs, "__array_interface__"):
             # An id array (uint64): the engine keeps its sequences alive. The

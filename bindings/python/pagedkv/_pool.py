@@ -350,7 +350,7 @@ class Pool(HandleOwner):
         when collected, as create_sequence's). free() on any handle frees
         the sequence."""
         seq_id = _index(seq_id, "seq_id")
-        own = _flag(own, "own")
+        own = _flag(own, "own", none_is_false=True)
         self._call(_c.pkv_seq_get_info, seq_id)  # NotFoundError for a stale id
         return Sequence(self, seq_id, owned=own)
 
@@ -375,7 +375,9 @@ class Pool(HandleOwner):
         pages at ``PAGE_INDICES[i * stride + j]``, 0 (the null block) past
         them, ``PAGE_INDPTR[i] == i * stride``. Keep each sequence at the
         same index from step to step."""
-        return _batch_class()(self, seqs, query_counts, stream, _flag(persistent_table, "persistent_table"))
+        return _batch_class()(
+            self, seqs, query_counts, stream, _flag(persistent_table, "persistent_table", none_is_false=True)
+        )
 
     def prepare_decode(
         self,
@@ -399,7 +401,9 @@ class Pool(HandleOwner):
         InvalidStateError) nothing is appended. The Batch is committed,
         aborted and closed like prepare()'s. UnsupportedError on a
         HybridPool (append, then prepare)."""
-        return _batch_class()._decode(self, seqs, tokens, stream, _flag(persistent_table, "persistent_table"))
+        return _batch_class()._decode(
+            self, seqs, tokens, stream, _flag(persistent_table, "persistent_table", none_is_false=True)
+        )
 
     def admit(
         self,

@@ -251,12 +251,17 @@ def _index(value: Any, name: str) -> int:
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}") from None
 
 
-def _flag(value: Any, name: str) -> bool:
+def _flag(value: Any, name: str, *, none_is_false: bool = False) -> bool:
     """value as a bool: True/False, 0/1 (numpy and torch bool and integer
     scalars too). bool() read any object: enable_prefix_caching="false"
-    enabled prefix caching, tagged_keys="no" keyed blocks vLLM 0.33's way."""
+    enabled prefix caching, tagged_keys="no" keyed blocks vLLM 0.33's way.
+    none_is_false: None is False, for an argument whose default is False
+    (bool(None) was False: persistent_table=None, forwarded by a wrapper's
+    own default, is the default)."""
     if value is True or value is False:
         return value
+    if value is None and none_is_false:
+        return False
     try:
         v = operator.index(value)
     except TypeError:

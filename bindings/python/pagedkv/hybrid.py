@@ -112,7 +112,7 @@ class KVGroupSpec:
             num_layers,
             state_bytes=state_bytes,
             layer_ids=_ids(layer_ids),
-            snapshot_every_block=_flag(snapshot_every_block, "snapshot_every_block"),
+            snapshot_every_block=_flag(snapshot_every_block, "snapshot_every_block", none_is_false=True),
         )
 
     def _to_c(self) -> dict:
@@ -128,7 +128,7 @@ class KVGroupSpec:
             # A spec built directly (or by dataclasses.replace) skips
             # recurrent()'s check: bool() read snapshot_every_block="no" as True.
             "flags": _c.PKV_GROUP_SNAPSHOT_EVERY_BLOCK
-            if _flag(self.snapshot_every_block, "snapshot_every_block")
+            if _flag(self.snapshot_every_block, "snapshot_every_block", none_is_false=True)
             else 0,
         }
         if self.dtype is not None:

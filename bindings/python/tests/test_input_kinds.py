@@ -225,3 +225,29 @@ def test_flags_take_0d_numpy_bool_arrays():
     pool.close()
     with pytest.raises(TypeError, match="enable_events: expected a bool, got ndarray"):
         pagedkv.Pool(block_size=4, num_blocks=8, enable_events=np.array([True, False]))
+
+
+def test_bool_arguments_defaulting_to_false_take_none_as_before():
+    # bool(None) is False: a wrapper forwarding its own None default
+    # (prepare(..., persistent_table=opt)) got the default; e76be72 made it a
+    # TypeError. owned (default True) still refuses None: bool(None) made the
+    # handle a borrowing one, the opposite of the default.
+    pool = pagedkv.Pool(block_size=4, num_blocks=8)
+    seq = pool.create_sequence()
+    seq.append([1, 2, 3])
+    with pool.prepare([seq], [3], persistent_table=None) as b:
+        assert b.info().num_pages == 1
+        b.abort()
+    with pagedkv.Batch(pool, [seq], [3], persistent_table=None) as b:
+        assert b.info().num_pages == 1
+        b.abort()
+    assert pool.sequence(seq.id, own=None).owned is False
+    spec = pagedkv.KVGroupSpec.recurrent(1, 64, snapshot_every_block=None)
+    assert spec.snapshot_every_block is False
+    assert (
+        pagedkv.KVGroupSpec(pagedkv.GroupKind.RECURRENT, 1, state_bytes=64, snapshot_every_block=None)._to_c()["flags"]
+        == 0
+    )
+    with pytest.raises(TypeError, match="owned: expected a bool, got NoneType"):
+        pool.create_sequence(owned=None)
+    pool.close()
