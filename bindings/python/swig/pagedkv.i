@@ -672,7 +672,14 @@ static int pkv_py_i64_item(PyObject* obj, const char* fn, const char* name, Py_s
   PyOS_snprintf(at, sizeof at, "%.60s[%zd]", name, i);
   if (!PyLong_Check(obj) && PyIndex_Check(obj)) {
     PyObject* idx = PyNumber_Index(obj);
-    if (!idx) return 0;
+    if (!idx) {
+      if (PyErr_ExceptionMatches(PyExc_TypeError)) { /* a float torch tensor's __index__ */
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: %s: expected an int, got %s", fn, at,
+                     Py_TYPE(obj)->tp_name);
+      }
+      return 0;
+    }
     const int ok = pkv_py_arg_s(idx, LLONG_MIN, LLONG_MAX, &v);
     if (!ok) pkv_py_int_arg_error(idx, fn, at, "int64_t", "[-2^63, 2^63 - 1]");
     Py_DECREF(idx);
@@ -1296,7 +1303,17 @@ static int pkv_py_u64(PyObject* v, const char* name, Py_ssize_t i, const char* f
     return 0;
   }
   PyObject* idx = PyNumber_Index(v);
-  if (!idx) return 0;
+  if (!idx) {
+    /* An __index__ that refuses (a float torch tensor: "only integer tensors
+     * of a single element can be converted to an index") is named as a
+     * float is, as pkv_py_long_range does. */
+    if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_TypeError, "%s%s.%s: expected an int, got %s", name, at, field,
+                   Py_TYPE(v)->tp_name);
+    }
+    return 0;
+  }
   unsigned long long x = PyLong_AsUnsignedLongLong(idx);
   Py_DECREF(idx);
   if (x == (unsigned long long)-1 && PyErr_Occurred()) {

@@ -251,3 +251,19 @@ def test_bool_arguments_defaulting_to_false_take_none_as_before():
     with pytest.raises(TypeError, match="owned: expected a bool, got NoneType"):
         pool.create_sequence(owned=None)
     pool.close()
+
+
+def test_retention_range_fields_name_themselves_when_index_refuses():
+    # A float torch tensor has __index__, which raises: the raw TypeError
+    # ("only integer tensors of a single element can be converted to an
+    # index") named no range or field, where a float was named.
+    torch = pytest.importorskip("torch")
+    pool = pagedkv.Pool(block_size=4, num_blocks=8, enable_retention=True)
+    seq = pool.create_sequence()
+    seq.append([1, 2, 3, 4, 5])
+    with pytest.raises(TypeError, match=r"^ranges\[0\]\.token_begin: expected an int, got Tensor$"):
+        seq.set_retention([(torch.tensor(0.5), 4, 1, 0)])
+    with pytest.raises(TypeError, match=r"^ranges\[1\]\.token_end: expected an int, got Tensor$"):
+        seq.set_retention([(0, 4, 1, 0), (0, torch.tensor(4.0), 1, 0)])
+    seq.set_retention([(torch.tensor(0), torch.tensor(4), 1, 0)])  # integer tensors are ints
+    pool.close()
