@@ -16,8 +16,9 @@ import (
 var (
 	poolFields = map[string]string{
 		"block_size": "BlockSize", "num_blocks": "NumBlocks",
-		"memory_budget_bytes": "MemoryBudgetBytes", "hash_algo": "HashAlgo",
-		"enable_prefix_caching": "DisablePrefixCaching", "hash_seed": "HashSeed",
+		// enable_prefix_caching stays as it is: the Go field, DisablePrefixCaching,
+		// is its negation, so a value quoted with it would read inverted.
+		"memory_budget_bytes": "MemoryBudgetBytes", "hash_algo": "HashAlgo", "hash_seed": "HashSeed",
 		"sliding_window": "SlidingWindow", "enable_events": "EnableEvents",
 		"max_events": "MaxEvents", "num_layers": "NumLayers", "num_kv_heads": "NumKVHeads",
 		"head_dim": "HeadDim", "dtype": "DType", "device_type": "Device", "device_id": "DeviceID",

@@ -390,6 +390,17 @@ fn rewrite(text: &str, extra: Renames, own: Renames, pool_fields: bool) -> Strin
     while i < text.len() {
         let rest = &text[i..];
         let c = rest.chars().next().unwrap();
+        // A quoted span is the caller's own text (a path, an endpoint, a
+        // salt): copied as it is, so "/data/host_bytes" stays that. An
+        // apostrophe after a letter ("pool's") opens nothing.
+        if c == '"' || (c == '\'' && !prev.is_some_and(|p| p.is_alphanumeric())) {
+            if let Some(end) = rest[1..].find(c) {
+                out.push_str(&rest[..end + 2]);
+                prev = Some(c);
+                i += end + 2;
+                continue;
+            }
+        }
         let starts_name = (c.is_ascii_alphabetic() || c == '_')
             && !prev.is_some_and(|p| is_ident(p) || p == '.' || p == '>' || p == ':');
         if !starts_name {
@@ -465,6 +476,18 @@ mod tests {
             "pkv_nope: num_seqs"
         );
         assert_eq!(rust_message("num_seqs is 0", None, &[]), "num_seqs is 0");
+        // The caller's quoted strings are left alone; the names outside them
+        // are still rewritten.
+        assert_eq!(
+            rust_message(
+                "pkv_pool_attach_tiers: opts->file_dir '/x/host_bytes/file_dir': no such \
+                 directory; the pool's \"num_seqs\" num_seqs",
+                None,
+                &[],
+            ),
+            "Pool::attach_tiers: TierOptions::file_dir '/x/host_bytes/file_dir': no such \
+             directory; the pool's \"num_seqs\" num_seqs"
+        );
         // A caller's override wins; indices are kept.
         assert_eq!(
             rust_message(
