@@ -463,3 +463,76 @@ def test_a_pool_too_small_says_how_many_tokens_it_holds():
             gen.generate([[1, 2, 3, 4, 5]], SamplingParams(max_new_tokens=1))
         with pytest.raises(RuntimeError, match=r"first 5 tokens \(of prompt 4 \+ 1 generated\).*1 usable blocks"):
             gen.generate([[1, 2, 3, 4]], SamplingParams(max_new_tokens=3))
+
+
+def test_top_p_equals_transformers_warpers():
+    """The scores a sample is drawn from equal transformers' own warper
+    chain (temperature, then top_k, then top_p), exactly, token for token."""
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    from pagedkv.integrations.transformers._generator import _warp
+
+    g = torch.Generator().manual_seed(11)
+    for temperature, top_k, top_p in ((1.0, 0, 0.9), (0.7, 0, 0.5), (1.3, 20, 0.8), (0.5, 5, 0.99), (2.0, 0, 0.05)):
+        logits = torch.randn(4, 97, generator=g) * 3
+        ref = TemperatureLogitsWarper(temperature)(None, logits)
+        if top_k:
+            ref = TopKLogitsWarper(top_k)(None, ref)
+        ref = TopPLogitsWarper(top_p)(None, ref)
+        ours = torch.stack([_warp(row, temperature, top_k, top_p) for row in logits])
+        assert torch.equal(ours, ref), (temperature, top_k, top_p)
+        assert (ours > float("-inf")).any(-1).all()  # at least one token left
+
+
+def test_top_p_samples_only_the_nucleus():
+    """A 6-token distribution: top_p 0.7 keeps the 3 most likely tokens
+    (0.4 + 0.25 + 0.15 >= 0.7), sampled in their renormalized proportions;
+    a top_p below the most likely token's probability keeps that token
+    alone; top_p 1 is every token."""
+    from pagedkv.integrations.transformers._generator import _warp
+
+    probs = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
+    logits = probs.log()[[2, 0, 5, 1, 4, 3]]  # shuffled: token ids are not ranks
+    ranks = [2, 0, 5, 1, 4, 3]
+    for top_p, kept in ((0.7, 3), (0.3, 1), (0.9, 4), (1.0, 6)):
+        scores = _warp(logits, 1.0, 0, top_p)
+        g = torch.Generator().manual_seed(5)
+        draws = torch.multinomial(torch.softmax(scores, -1), 20000, replacement=True, generator=g)
+        counts = torch.bincount(draws, minlength=6).double() / 20000
+        nucleus = {i for i in range(6) if ranks[i] < kept}
+        assert {int(t) for t in draws.unique()} == nucleus, top_p
+        expected = torch.tensor([probs[r] if r < kept else 0.0 for r in ranks]).double()
+        torch.testing.assert_close(counts, expected / expected.sum(), atol=0.015, rtol=0)
+
+
+def test_top_p_in_the_generator():
+    """Through the Generator: every sampled token lies in the top_p nucleus
+    of the logits it was sampled from; top_p 1.0 gives exactly the tokens of
+    no top_p for the same seed; a top_p too small for any second token is
+    greedy decoding. Out-of-range top_p is refused."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    model = tiny_model("llama", seed=12)
+    prompts = random_prompts(12, [9, 5])
+    with Generator(model, num_blocks=64, block_size=4, keep_logits=True) as gen:
+        outs = gen.generate(prompts, SamplingParams(max_new_tokens=8, n=2, temperature=1.0, top_p=0.3, seed=3))
+        for samples in outs:
+            for c in samples:
+                nucleus = TopPLogitsWarper(0.3)(None, c.logits) > float("-inf")
+                assert nucleus.sum(-1).max() < c.logits.shape[-1]  # it did filter
+                assert all(nucleus[i, t] for i, t in enumerate(c.tokens)), c.tokens
+        plain = gen.generate(prompts, SamplingParams(max_new_tokens=8, n=2, temperature=1.2, seed=4))
+        off = gen.generate(prompts, SamplingParams(max_new_tokens=8, n=2, temperature=1.2, seed=4, top_p=1.0))
+        assert [[c.tokens for c in s] for s in plain] == [[c.tokens for c in s] for s in off]
+        ((c,),) = gen.generate([prompts[0]], SamplingParams(max_new_tokens=6, temperature=1.0, top_p=1e-6, seed=1))
+        assert c.tokens == reference_greedy(model, prompts[0], 6)
+        for bad in (0.0, -0.1, 1.5, float("nan")):
+            with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
+                gen.add_request([1, 2], SamplingParams(temperature=1.0, top_p=bad))
+        with pytest.raises(TypeError, match="top_p: expected a float, got str"):
+            gen.add_request([1, 2], SamplingParams(temperature=1.0, top_p="0.9"))
+        assert not gen.has_unfinished()

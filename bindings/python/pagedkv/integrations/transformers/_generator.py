@@ -35,7 +35,14 @@ from ._runner import pool_for_model, run_step
 class SamplingParams:
     """How to sample one request.
 
-    temperature 0 is greedy (argmax, as ``generate(do_sample=False)``).
+    temperature 0 is greedy (argmax, as ``generate(do_sample=False)``);
+    top_k and top_p then do nothing. With temperature > 0 the logits go
+    through transformers' warpers in their order: divided by temperature,
+    then top_k (0: every token) keeps the k most likely tokens, then top_p
+    (nucleus sampling, 0 < top_p <= 1; 1.0: off) keeps the smallest set of
+    the most likely tokens whose probabilities sum to at least top_p, and
+    always the most likely one (``TopPLogitsWarper``). These are not read
+    from the model's ``generation_config``: only its ``eos_token_id`` is.
     stop_token_ids None takes the model's ``generation_config.eos_token_id``;
     ignore_eos generates exactly max_new_tokens."""
 
@@ -43,6 +50,7 @@ class SamplingParams:
     n: int = 1
     temperature: float = 0.0
     top_k: int = 0
+    top_p: float = 1.0
     seed: Optional[int] = None
     stop_token_ids: Optional[Sequence[int]] = None
     ignore_eos: bool = False
@@ -205,6 +213,9 @@ class Generator:
             raise ValueError(f"temperature must be 0 (greedy) or positive, got {temperature}")
         if params.top_k < 0:
             raise ValueError(f"top_k must be 0 (all tokens) or positive, got {params.top_k}")
+        top_p = _real(params.top_p, "top_p")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1: every token), got {top_p}")
         if params.seed is not None:
             _index(params.seed, "seed")
         # ints, as the sampled ids are: a torch tensor's elements hash by
@@ -447,10 +458,7 @@ class Generator:
         torch = self._torch
         p = s.req.params
         if p.temperature > 0:
-            scores = logits.float() / p.temperature
-            if p.top_k > 0:
-                kth = torch.topk(scores, min(p.top_k, scores.shape[-1])).values[-1]
-                scores = scores.masked_fill(scores < kth, float("-inf"))
+            scores = _warp(logits, p.temperature, p.top_k, p.top_p)
             tok = int(torch.multinomial(torch.softmax(scores, -1).cpu(), 1, generator=s.rng))
         else:
             tok = int(torch.argmax(logits))
@@ -473,6 +481,29 @@ class Generator:
         )
         s.req.done.append(c)
         return c
+
+
+def _warp(logits: Any, temperature: float, top_k: int, top_p: float) -> Any:
+    """The scores a sample is drawn from (softmax of them), from one row of
+    logits: transformers' TemperatureLogitsWarper, TopKLogitsWarper and
+    TopPLogitsWarper (min_tokens_to_keep 1) in that order; tokens filtered
+    out are -inf."""
+    import torch
+
+    scores = logits.float() / temperature
+    if top_k > 0:
+        kth = torch.topk(scores, min(top_k, scores.shape[-1])).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        # Ascending, as transformers: the tokens whose cumulative probability
+        # (from the least likely up) stays <= 1 - top_p go; the most likely
+        # token always stays.
+        sorted_scores, order = torch.sort(scores, descending=False)
+        cumulative = sorted_scores.softmax(-1).cumsum(-1)
+        remove = cumulative <= (1 - top_p)
+        remove[-1:] = False
+        scores = scores.masked_fill(remove.scatter(0, order, remove), float("-inf"))
+    return scores
 
 
 def _child_rng(parent: _Seq, torch: Any) -> Any:
