@@ -43,6 +43,11 @@ class SamplingParams:
     the most likely tokens whose probabilities sum to at least top_p, and
     always the most likely one (``TopPLogitsWarper``). These are not read
     from the model's ``generation_config``: only its ``eos_token_id`` is.
+    seed: the request's samples are reproducible for a given seed, whatever
+    else is batched with it and across preemption (its n samples draw from
+    generators derived from it); None draws a fresh seed from torch's global
+    generator at add_request, so requests, Generators and runs differ
+    (``torch.manual_seed`` before adding them makes them repeat).
     stop_token_ids None takes the model's ``generation_config.eos_token_id``;
     ignore_eos generates exactly max_new_tokens."""
 
@@ -233,8 +238,14 @@ class Generator:
         req = _Request(rid, prompt, params, stop)
         rng = None
         if params.temperature > 0:
+            # seed None: a seed drawn from torch's global generator, which
+            # torch seeds from the OS at start-up (torch.manual_seed makes it
+            # reproducible, as it does transformers' generate()). Seeding
+            # with the request id gave every Generator and every run the
+            # same "random" samples.
+            seed = params.seed if params.seed is not None else int(self._torch.randint(0, 2**63 - 1, ()))
             rng = self._torch.Generator(device="cpu")
-            rng.manual_seed(params.seed if params.seed is not None else rid)
+            rng.manual_seed(seed)
         self._waiting.append(_Seq(req, 0, list(prompt), rng))
         return req
 
