@@ -577,3 +577,26 @@ def test_seed_none_is_fresh_randomness_and_a_seed_reproduces():
     squeezed, preemptions = sample(seeded, num_blocks=13, max_num_batched_tokens=16)
     assert preemptions > 0
     assert squeezed == alone
+
+
+def test_forked_samples_stay_within_max_num_seqs():
+    """Admission counted only the running sequences: with max_num_seqs 4,
+    three requests of n=3 were admitted in one step and forked to 9 running
+    sequences, all scheduled together. A request now takes n seats from its
+    admission; n above max_num_seqs can never run and is refused."""
+    model = tiny_model("qwen2", seed=17)
+    prompts = random_prompts(17, [5, 8, 6])
+    with Generator(model, num_blocks=96, block_size=4, max_num_seqs=4) as gen:
+        running = []
+        rids = [gen.add_request(p, SamplingParams(max_new_tokens=3, n=3)) for p in prompts]
+        done = []
+        while gen.has_unfinished():
+            done += gen.step()
+            running.append(len(gen._running))
+        assert max(running) <= 4 and gen.stats.max_batch_seqs <= 4
+        assert gen.stats.forks == 6
+        for rid, prompt in zip(rids, prompts):
+            assert [c.tokens for c in done if c.request_id == rid] == [reference_greedy(model, prompt, 3)] * 3
+        with pytest.raises(ValueError, match="n = 5 samples is more than max_num_seqs = 4"):
+            gen.add_request([1, 2], SamplingParams(n=5))
+        assert not gen.has_unfinished()

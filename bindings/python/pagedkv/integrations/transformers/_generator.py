@@ -129,7 +129,9 @@ class Generator:
     block_size tokens for all sequences together, block 0 (the null block)
     included: they hold (num_blocks - 1) * block_size tokens. max_num_batched_tokens:
     the token budget of one step (prompts longer than what is left are
-    prefilled in chunks). keep_logits: each Completion carries the logits its
+    prefilled in chunks). max_num_seqs: the most sequences running at once,
+    a request of n samples counting n from its admission (SamplingParams.n
+    above it is refused). keep_logits: each Completion carries the logits its
     tokens were sampled from (for tests and scoring).
     """
 
@@ -210,6 +212,10 @@ class Generator:
             _index(getattr(params, name), name)
         if params.n < 1 or params.max_new_tokens < 1:
             raise ValueError("n and max_new_tokens must be at least 1")
+        if params.n > self.max_num_seqs:
+            # Its samples run together (forked from one prefill): it could
+            # never be admitted.
+            raise ValueError(f"n = {params.n} samples is more than max_num_seqs = {self.max_num_seqs}")
         # A negative or NaN temperature sampled greedily (it is not > 0) and a
         # negative top_k sampled from every token, both without a word
         # (transformers' warpers refuse them).
@@ -358,6 +364,13 @@ class Generator:
         self.stats.prefix_hit_tokens += hit
         return count
 
+    def _seats(self) -> int:
+        """Running sequences, counting the forks each will make at its
+        first sample: admission kept only len(running) under max_num_seqs,
+        and a request of n samples admitted one seat below it forked to
+        n - 1 past it."""
+        return sum(1 + s.forks_left for s in self._running)
+
     def _schedule(self) -> tuple[list, list]:
         budget = self.max_num_batched_tokens
         seqs: List[_Seq] = []
@@ -378,7 +391,7 @@ class Generator:
         while (
             self._waiting
             and budget > 0
-            and len(self._running) < self.max_num_seqs
+            and self._seats() + 1 + self._waiting[0].forks_left <= self.max_num_seqs
             and (self.stats.preemptions == preempted or not seqs)
         ):
             s = self._waiting[0]
