@@ -600,3 +600,42 @@ def test_forked_samples_stay_within_max_num_seqs():
         with pytest.raises(ValueError, match="n = 5 samples is more than max_num_seqs = 4"):
             gen.add_request([1, 2], SamplingParams(n=5))
         assert not gen.has_unfinished()
+
+
+def test_abort_request_frees_its_samples_and_the_others_go_on():
+    """abort_request: the request's sequences (its forks too) are freed and
+    leave the running set and the queue; it returns a Completion
+    ("abort", the tokens so far) per unfinished sample; the other requests
+    finish as they would have. A finished or aborted id is a no-op, an id
+    never returned a ValueError."""
+    model = tiny_model("llama", seed=16)
+    prompts = random_prompts(16, [9, 6, 11])
+    with Generator(model, num_blocks=64, block_size=4, max_num_seqs=5, keep_logits=True) as gen:
+        short = gen.add_request(prompts[0], SamplingParams(max_new_tokens=3))
+        forked = gen.add_request(prompts[1], SamplingParams(max_new_tokens=8, n=3, temperature=1.0, seed=2))
+        good = gen.add_request(prompts[2], SamplingParams(max_new_tokens=6))
+        queued = gen.add_request(prompts[0], SamplingParams(max_new_tokens=6))  # 1 + 3 + 1 seats taken: waits
+        done = gen.step() + gen.step() + gen.step()
+        assert [c.request_id for c in done] == [short]
+        assert gen.stats.forks == 2
+        used = gen.pool.stats().num_used_blocks
+        aborted = gen.abort_request(forked)
+        assert [(c.request_id, c.index, c.finish_reason, len(c.tokens)) for c in aborted] == [
+            (forked, i, "abort", 3) for i in range(3)
+        ]
+        assert all(c.logits.shape == (3, 384) for c in aborted)
+        assert gen.pool.stats().num_used_blocks < used
+        assert gen.pool.stats().num_seqs == 1  # good alone
+        ((q,),) = [gen.abort_request(queued)]
+        assert (q.index, q.finish_reason, q.tokens, q.logits) == (0, "abort", [], None)
+        assert gen.abort_request(forked) == [] and gen.abort_request(short) == []
+        with pytest.raises(ValueError, match="request_id 4: no such request"):
+            gen.abort_request(4)
+        with pytest.raises(TypeError, match="request_id"):
+            gen.abort_request("0")
+        while gen.has_unfinished():
+            done += gen.step()
+        assert [(c.request_id, c.tokens) for c in done[1:]] == [(good, reference_greedy(model, prompts[2], 6))]
+        gen.pool.validate()
+        st = gen.pool.stats()
+        assert (st.num_seqs, st.num_used_blocks) == (0, 0)

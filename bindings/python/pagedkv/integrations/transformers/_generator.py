@@ -65,13 +65,13 @@ class SamplingParams:
 class Completion:
     """One finished sample: ``tokens`` are the generated ids (no prompt).
     ``logits`` (with ``keep_logits``) holds the logits each token was
-    sampled from, f32 [len(tokens), vocab]."""
+    sampled from, f32 [len(tokens), vocab] (None if no token was sampled)."""
 
     request_id: int
     index: int
     prompt: List[int]
     tokens: List[int]
-    finish_reason: str  # "length" or "stop"
+    finish_reason: str  # "length", "stop" or "abort" (abort_request)
     logits: Any = None
 
 
@@ -169,7 +169,7 @@ class Generator:
         self.keep_logits = keep_logits
         self.stats = GeneratorStats()
         self._torch = torch
-        self._ids = itertools.count()
+        self._next_id = 0
         self._waiting: Deque[_Seq] = collections.deque()
         self._unadmitted = 0
         self._running: List[_Seq] = []
@@ -240,7 +240,8 @@ class Generator:
                 else self._default_stop
             )
         )
-        rid = next(self._ids)
+        rid = self._next_id
+        self._next_id += 1
         req = _Request(rid, prompt, params, stop)
         rng = None
         if params.temperature > 0:
@@ -254,6 +255,23 @@ class Generator:
             rng.manual_seed(seed)
         self._waiting.append(_Seq(req, 0, list(prompt), rng))
         return req
+
+    def abort_request(self, request_id: int) -> List[Completion]:
+        """Stops a request added with add_request (vLLM's ``abort_request``):
+        its sequences, forked samples included, are freed and leave the
+        queue and the running set. Returns a Completion for each of its
+        samples that had not finished, ``finish_reason="abort"``, with the
+        tokens generated so far (step() never returns these; samples that
+        finished before keep the Completions step() returned). A request
+        that already finished (or was aborted) is a no-op: []. An id this
+        Generator never returned is a ValueError."""
+        rid = _index(request_id, "request_id")
+        if not 0 <= rid < self._next_id:
+            raise ValueError(
+                f"request_id {rid}: no such request (this Generator returned ids 0 to {self._next_id - 1})"
+            )
+        req = next((s.req for s in itertools.chain(self._running, self._waiting) if s.req.id == rid), None)
+        return [] if req is None else self._end(req, "abort")
 
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._running)
@@ -278,11 +296,12 @@ class Generator:
             raise
         return [sorted(r.done, key=lambda c: c.index) for r in reqs]
 
-    def _drop(self, reqs: List[_Request]) -> None:
-        """Forgets the samples of reqs, waiting or running (freed)."""
+    def _drop(self, reqs: List[_Request]) -> List[_Seq]:
+        """Forgets the samples of reqs, waiting or running (freed); returns them."""
         gone = {r.id for r in reqs}
-        for s in self._running:
-            if s.req.id in gone and s.handle is not None:
+        dropped = [s for s in itertools.chain(self._running, self._waiting) if s.req.id in gone]
+        for s in dropped:
+            if s.handle is not None:
                 try:
                     s.handle.free()
                 except pagedkv.PagedKVError:
@@ -290,6 +309,24 @@ class Generator:
                 s.handle = None
         self._running = [s for s in self._running if s.req.id not in gone]
         self._waiting = collections.deque(s for s in self._waiting if s.req.id not in gone)
+        return dropped
+
+    def _end(self, req: _Request, reason: str) -> List[Completion]:
+        """Ends req before its samples finished: drops its sequences and
+        makes a Completion (finish_reason reason) for each sample not done,
+        with the tokens it has (none for a fork not made yet)."""
+        seqs = {s.index: s for s in self._drop([req])}
+        finished = {c.index for c in req.done}
+        out = []
+        for index in range(req.params.n):
+            if index in finished:
+                continue
+            s = seqs.get(index)
+            tokens = s.tokens[len(req.prompt) :] if s is not None else []
+            logits = self._torch.stack(s.logits) if self.keep_logits and s is not None and s.logits else None
+            out.append(Completion(req.id, index, req.prompt, tokens, reason, logits))
+        req.done.extend(out)
+        return out
 
     def close(self) -> None:
         for s in self._running:
