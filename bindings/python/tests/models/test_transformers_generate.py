@@ -5,6 +5,7 @@ forked parallel samples; bf16 logits stay within transformers' own
 eager-vs-sdpa spread."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -253,15 +254,21 @@ def test_a_request_that_fails_to_sample_does_not_wedge_the_generator():
     torch.multinomial raises. The sequence had all its tokens computed and
     no new one: left running, every later step() scheduled it for 0 tokens
     and failed with "query_counts[1] = 0 is outside [1, 9]", the other
-    requests never finished. Now the step raises naming the request, which
-    is dropped (its blocks freed); the others finish as they would have."""
+    requests never finished. Now the request fails alone: step() returns
+    its samples with finish_reason "error" and the error naming it (its
+    blocks freed); the others finish as they would have."""
     model = tiny_model("llama")
     prompt = random_prompts(1, [9])[0]
     with Generator(model, num_blocks=32, block_size=4) as gen:
         good = gen.add_request(prompt, SamplingParams(max_new_tokens=3))
         bad = gen.add_request(prompt, SamplingParams(max_new_tokens=3, temperature=1e-40, n=2))
-        with pytest.raises(RuntimeError, match=f"request {bad}: sampling failed"):
-            gen.step()
+        failed = gen.step()
+        assert [(c.request_id, c.index, c.finish_reason, c.tokens) for c in failed] == [
+            (bad, 0, "error", []),
+            (bad, 1, "error", []),
+        ]
+        assert isinstance(failed[0].error, RuntimeError)
+        assert str(failed[0].error).startswith(f"request {bad}: sampling failed (RuntimeError: ")
         done = []
         while gen.has_unfinished():
             done += gen.step()
@@ -337,12 +344,14 @@ def test_a_request_that_can_never_run_does_not_block_later_steps():
     """A request queued with add_request whose first chunk needs more blocks
     than the pool has (raised by step() once nothing else runs) stayed at
     the head of the queue: every later step() raised the same error and no
-    other request could run (step() users have no call to remove it)."""
+    other request could run (step() users have no call to remove it). It
+    fails alone: step() returns it with finish_reason "error"."""
     model = tiny_model("llama")
     with Generator(model, num_blocks=4, block_size=4) as gen:  # 3 usable blocks: 12 tokens
         rid = gen.add_request(list(range(20)))
-        with pytest.raises(RuntimeError, match=f"request {rid}: .*more blocks than the pool has"):
-            gen.step()
+        ((c,),) = [gen.step()]
+        assert (c.request_id, c.finish_reason, c.tokens) == (rid, "error", [])
+        assert re.match(f"request {rid}: .*more blocks than the pool has", str(c.error))
         assert not gen.has_unfinished() and gen.pool.stats().num_seqs == 0
         gen.add_request([1, 2, 3], SamplingParams(max_new_tokens=2))
         done = []
@@ -359,19 +368,25 @@ def test_a_sequence_that_outgrows_the_pool_is_an_error_not_a_loop(prefix_caching
     recomputed it from the start. Without prefix caching that went on for
     ever (generate() never returned); with it, it ended in "its first 4
     tokens need more blocks", the token budget, not what did not fit. Now
-    the request is dropped at once, naming the tokens it needed."""
+    the request fails at once (finish_reason "error", step() returns it),
+    naming the tokens it needed, with the tokens it had generated."""
     model = tiny_model("llama")
     with Generator(
         model, num_blocks=4, block_size=4, max_num_batched_tokens=4, enable_prefix_caching=prefix_caching
     ) as gen:  # 3 usable blocks: 12 tokens
-        for prompt, new, needed in (
-            (list(range(20)), 2, "16 tokens \\(of prompt 20\\)"),
-            (list(range(10)), 10, "13 tokens \\(of prompt 10 \\+ 3 generated\\)"),
+        for prompt, new, needed, generated in (
+            (list(range(20)), 2, "16 tokens \\(of prompt 20\\)", 0),
+            (list(range(10)), 10, "13 tokens \\(of prompt 10 \\+ 3 generated\\)", 3),
         ):
             rid = gen.add_request(prompt, SamplingParams(max_new_tokens=new))
-            with pytest.raises(RuntimeError, match=f"request {rid}: its first {needed} need more blocks"):
-                for _ in range(40):
-                    gen.step()
+            done = []
+            for _ in range(40):
+                done += gen.step()
+                if done:
+                    break
+            ((c,),) = [done]
+            assert (c.request_id, c.finish_reason, len(c.tokens)) == (rid, "error", generated)
+            assert re.match(f"request {rid}: its first {needed} need more blocks", str(c.error))
             assert not gen.has_unfinished()
             st = gen.pool.stats()
             assert (st.num_seqs, st.num_used_blocks) == (0, 0)
@@ -639,3 +654,69 @@ def test_abort_request_frees_its_samples_and_the_others_go_on():
         gen.pool.validate()
         st = gen.pool.stats()
         assert (st.num_seqs, st.num_used_blocks) == (0, 0)
+
+
+def test_a_request_the_model_refuses_fails_alone(monkeypatch):
+    """A forward that raises for one request's tokens (a model-specific
+    refusal) made every step that batched it raise, so no request of the
+    Generator finished; generate() dropped them all. The failed step is run
+    again sequence by sequence: the refused request fails alone (its
+    Completion has finish_reason "error" and the model's exception), the
+    others finish with generate()'s tokens, and generate() raises the
+    model's exception after they did, their results on it."""
+    model = tiny_model("qwen2", seed=18)
+    good = random_prompts(18, [7, 12, 5])
+    refs = [reference_greedy(model, p, 5) for p in good]
+    poison = next(t for t in range(384) if all(t not in p + r for p, r in zip(good, refs)))
+    bad = [*random_prompts(19, [6])[0], poison]
+    forward = model.forward
+
+    def refusing(*args, **kwargs):
+        if (kwargs["input_ids"] == poison).any():
+            raise ValueError(f"token {poison} refused")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", refusing)
+    with Generator(model, num_blocks=64, block_size=4) as gen:
+        rids = [gen.add_request(p, SamplingParams(max_new_tokens=5)) for p in good[:2]]
+        rbad = gen.add_request(bad, SamplingParams(max_new_tokens=5, n=2))
+        done = []
+        while gen.has_unfinished():
+            done += gen.step()  # never raises
+        failed = [c for c in done if c.finish_reason == "error"]
+        assert [(c.request_id, c.index, c.tokens) for c in failed] == [(rbad, 0, []), (rbad, 1, [])]
+        assert isinstance(failed[0].error, ValueError) and str(failed[0].error) == f"token {poison} refused"
+        ok = {c.request_id: c.tokens for c in done if c.finish_reason == "length"}
+        assert ok == {rids[0]: refs[0], rids[1]: refs[1]}
+
+        with pytest.raises(ValueError, match=f"token {poison} refused") as info:
+            gen.generate([good[0], bad, good[2]], SamplingParams(max_new_tokens=5))
+        results = info.value.results
+        assert [[c.finish_reason for c in r] for r in results] == [["length"], ["error"], ["length"]]
+        assert results[0][0].tokens == refs[0] and results[2][0].tokens == refs[2]
+        assert results[1][0].error is info.value
+        assert "1 of 3 requests failed" in "".join(getattr(info.value, "__notes__", []))
+        gen.pool.validate()
+        st = gen.pool.stats()
+        assert (st.num_seqs, st.num_used_blocks) == (0, 0)
+
+
+def test_a_failed_request_does_not_hide_what_else_finished_in_its_step():
+    """A request failing in a step raised from step(): the Completions of
+    other requests that finished in that same step were never returned.
+    Both come back now; generate() with a prompt too long for the pool
+    raises after the others finished, with their results."""
+    model = tiny_model("llama", seed=19)
+    prompt = random_prompts(20, [6])[0]
+    with Generator(model, num_blocks=8, block_size=4) as gen:  # 7 usable blocks: 28 tokens
+        good = gen.add_request(prompt, SamplingParams(max_new_tokens=1))
+        bad = gen.add_request(prompt, SamplingParams(max_new_tokens=3, temperature=1e-40))
+        out = gen.step()
+        assert sorted((c.request_id, c.finish_reason) for c in out) == [(good, "length"), (bad, "error")]
+        assert not gen.has_unfinished()
+        with pytest.raises(RuntimeError, match="more blocks than the pool has") as info:
+            gen.generate([prompt, list(range(40)), prompt[:3]], SamplingParams(max_new_tokens=4))
+        (a,), (b,), (c,) = info.value.results
+        assert (a.tokens, c.tokens) == (reference_greedy(model, prompt, 4), reference_greedy(model, prompt[:3], 4))
+        assert (b.finish_reason, b.tokens, b.error) == ("error", [], info.value)
+        assert gen.pool.stats().num_seqs == 0

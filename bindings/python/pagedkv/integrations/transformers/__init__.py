@@ -23,12 +23,13 @@ from ._attention import (
     register,
     token_rows,
 )
-from ._generator import Completion, Generator, GeneratorStats, SamplingParams
+from ._generator import Completion, GenerationError, Generator, GeneratorStats, SamplingParams
 from ._runner import model_kv_shape, pagedkv_attention, pool_for_model, run_step
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
     "Completion",
+    "GenerationError",
     "Generator",
     "GeneratorStats",
     "SamplingParams",

@@ -65,14 +65,19 @@ class SamplingParams:
 class Completion:
     """One finished sample: ``tokens`` are the generated ids (no prompt).
     ``logits`` (with ``keep_logits``) holds the logits each token was
-    sampled from, f32 [len(tokens), vocab] (None if no token was sampled)."""
+    sampled from, f32 [len(tokens), vocab] (None if no token was sampled).
+    finish_reason "error": the request could not run (its prompt or
+    sequence outgrew the pool, the model refused it in a forward, sampling
+    failed); ``error`` holds the exception, ``tokens`` what was generated
+    before it, and every unfinished sample of the request ends so."""
 
     request_id: int
     index: int
     prompt: List[int]
     tokens: List[int]
-    finish_reason: str  # "length", "stop" or "abort" (abort_request)
+    finish_reason: str  # "length", "stop", "abort" (abort_request) or "error"
     logits: Any = None
+    error: Optional[BaseException] = None  # with finish_reason "error"
 
 
 @dataclasses.dataclass
@@ -173,6 +178,7 @@ class Generator:
         self._waiting: Deque[_Seq] = collections.deque()
         self._unadmitted = 0
         self._running: List[_Seq] = []
+        self._out: List[Completion] = []  # what the current step finished
         emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
         self._vocab: Optional[int] = getattr(emb, "num_embeddings", None)
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -280,9 +286,18 @@ class Generator:
         self, prompts: Iterable[Iterable[int]], params: Optional[SamplingParams] = None
     ) -> List[List[Completion]]:
         """Runs prompts to completion; result[i] holds prompt i's n samples
-        in sample order. A call that raises (a prompt that can never fit, a
-        bad prompt, an interrupt) leaves none of its requests queued or
-        running: their sequences are freed."""
+        in sample order.
+
+        A request that cannot run (a prompt that can never fit the pool, a
+        forward the model refuses for it, a sampling failure) fails alone:
+        the others run to their end, then generate() raises the first failed
+        request's exception (the same type and message step() records in its
+        Completion.error: a RuntimeError for a pool too small, the model's
+        ValueError, ...) with ``results`` set on it, the list generate()
+        would have returned, failed samples with finish_reason "error". A bad
+        prompt or parameter raises before anything runs, and an interrupt
+        (any BaseException that is not an Exception) as it happens; then
+        none of the call's requests stays queued or running."""
         reqs: List[_Request] = []
         try:
             for p in prompts:
@@ -294,7 +309,25 @@ class Generator:
             # generate() raise its error again.
             self._drop(reqs)
             raise
-        return [sorted(r.done, key=lambda c: c.index) for r in reqs]
+        results = [sorted(r.done, key=lambda c: c.index) for r in reqs]
+        failed = [c for r in results for c in r if c.finish_reason == "error"]
+        if failed:
+            # One failure raised at once and dropped every other request's
+            # results, finished or not.
+            error = failed[0].error
+            assert error is not None
+            try:
+                error.results = results  # type: ignore[attr-defined]
+            except AttributeError:  # an exception type without a __dict__
+                raise GenerationError(str(error), results) from error
+            ids = sorted({c.request_id for c in failed})
+            if hasattr(error, "add_note"):
+                error.add_note(
+                    f"generate(): {len(ids)} of {len(reqs)} requests failed (request ids {ids}); "
+                    "the others finished: this exception's .results holds every prompt's Completions"
+                )
+            raise error
+        return results
 
     def _drop(self, reqs: List[_Request]) -> List[_Seq]:
         """Forgets the samples of reqs, waiting or running (freed); returns them."""
@@ -311,7 +344,7 @@ class Generator:
         self._waiting = collections.deque(s for s in self._waiting if s.req.id not in gone)
         return dropped
 
-    def _end(self, req: _Request, reason: str) -> List[Completion]:
+    def _end(self, req: _Request, reason: str, error: Optional[BaseException] = None) -> List[Completion]:
         """Ends req before its samples finished: drops its sequences and
         makes a Completion (finish_reason reason) for each sample not done,
         with the tokens it has (none for a fork not made yet)."""
@@ -324,9 +357,14 @@ class Generator:
             s = seqs.get(index)
             tokens = s.tokens[len(req.prompt) :] if s is not None else []
             logits = self._torch.stack(s.logits) if self.keep_logits and s is not None and s.logits else None
-            out.append(Completion(req.id, index, req.prompt, tokens, reason, logits))
+            out.append(Completion(req.id, index, req.prompt, tokens, reason, logits, error))
         req.done.extend(out)
         return out
+
+    def _fail(self, req: _Request, error: BaseException) -> None:
+        """Ends req with error (its sequences freed, the others untouched);
+        step() returns its samples' Completions (finish_reason "error")."""
+        self._out.extend(self._end(req, "error", error))
 
     def close(self) -> None:
         for s in self._running:
@@ -359,9 +397,10 @@ class Generator:
         self._waiting.appendleft(victim)
         self.stats.preemptions += 1
 
-    def _grow(self, s: _Seq, upto: int) -> bool:
+    def _grow(self, s: _Seq, upto: int) -> Optional[bool]:
         """Appends s's tokens up to upto, preempting the most recently
-        admitted sequences while blocks run out; False if s itself had to go."""
+        admitted sequences while blocks run out; False if s itself had to
+        go, None if its request failed (s alone cannot hold upto tokens)."""
         while True:
             try:
                 s.handle.append(s.tokens[s.appended : upto])
@@ -373,14 +412,15 @@ class Generator:
                     # Nothing else holds blocks: s can never hold upto tokens.
                     # Preempted and readmitted, it recomputed its first chunk
                     # and came back here for good without prefix caching.
-                    s.handle.free()
-                    s.handle = None
-                    self._running.remove(s)
                     generated = f" + {s.num_generated} generated" if s.num_generated else ""
-                    raise RuntimeError(
-                        f"request {s.req.id}: its first {upto} tokens (of prompt {len(s.req.prompt)}{generated}) "
-                        f"need more blocks than the pool has ({self._capacity()})"
-                    ) from None
+                    self._fail(
+                        s.req,
+                        RuntimeError(
+                            f"request {s.req.id}: its first {upto} tokens (of prompt {len(s.req.prompt)}{generated}) "
+                            f"need more blocks than the pool has ({self._capacity()})"
+                        ),
+                    )
+                    return None
                 self._preempt(victim)
                 if victim is s:
                     return False
@@ -417,7 +457,10 @@ class Generator:
         while i < len(self._running) and budget > 0:
             s = self._running[i]
             count = min(len(s.tokens) - s.computed, budget)
-            if not self._grow(s, s.computed + count):
+            grown = self._grow(s, s.computed + count)
+            if grown is None:
+                continue  # its request failed and left the running set (s was alone in it)
+            if not grown:
                 break
             seqs.append(s)
             counts.append(count)
@@ -425,43 +468,59 @@ class Generator:
             i += 1
         # Admit only while nothing had to be preempted this step (unless
         # everything was: then the longest-waiting sequence gets the pool).
-        while (
-            self._waiting
-            and budget > 0
-            and self._seats() + 1 + self._waiting[0].forks_left <= self.max_num_seqs
-            and (self.stats.preemptions == preempted or not seqs)
-        ):
-            s = self._waiting[0]
-            count = self._admit(s, budget)
-            if count == 0:
-                break
-            self._waiting.popleft()
-            self._running.append(s)
-            seqs.append(s)
-            counts.append(count)
-            budget -= count
-        if not seqs and self._waiting and not self._running:
+        while True:
+            while (
+                self._waiting
+                and budget > 0
+                and self._seats() + 1 + self._waiting[0].forks_left <= self.max_num_seqs
+                and (self.stats.preemptions == preempted or not seqs)
+            ):
+                s = self._waiting[0]
+                count = self._admit(s, budget)
+                if count == 0:
+                    break
+                self._waiting.popleft()
+                self._running.append(s)
+                seqs.append(s)
+                counts.append(count)
+                budget -= count
+            if not (not seqs and self._waiting and not self._running):
+                return seqs, counts
             # Nothing else holds blocks: it can never run. Left queued, it
-            # made every later step raise this again.
+            # made every later step raise this again; raised, it hid the
+            # requests behind it until the next step. It fails alone and the
+            # next waiting request gets its turn.
             # The tokens it needed at once: its prefix hit (the blocks of a
             # sequence that outgrew the pool and was preempted) and the chunk,
             # not the token budget.
-            s = self._waiting.popleft()
+            s = self._waiting[0]
             generated = f" + {s.num_generated} generated" if s.num_generated else ""
-            raise RuntimeError(
-                f"request {s.req.id}: its first {self._unadmitted} tokens (of prompt {len(s.req.prompt)}{generated}) "
-                f"need more blocks than the pool has ({self._capacity()})"
+            self._fail(
+                s.req,
+                RuntimeError(
+                    f"request {s.req.id}: its first {self._unadmitted} tokens "
+                    f"(of prompt {len(s.req.prompt)}{generated}) "
+                    f"need more blocks than the pool has ({self._capacity()})"
+                ),
             )
-        return seqs, counts
 
     # ------------------------------------------------------------ stepping
 
     def step(self) -> List[Completion]:
-        """One engine step; returns the samples that finished in it."""
-        torch = self._torch
+        """One engine step; returns the samples that finished in it, those
+        of requests that failed in it included (finish_reason "error", see
+        Completion). A request that cannot run fails alone: step() raises
+        only for an interrupt (a BaseException that is not an Exception),
+        which leaves the step uncommitted, to be run again."""
+        self._out = []
         seqs, counts = self._schedule()
-        if not seqs:
-            return []
+        if seqs:
+            self._run(seqs, counts)
+        out, self._out = self._out, []
+        return out
+
+    def _run(self, seqs: List[_Seq], counts: List[int]) -> None:
+        torch = self._torch
         ids: List[int] = []
         sampling: List[int] = []
         for j, (s, c) in enumerate(zip(seqs, counts)):
@@ -472,17 +531,24 @@ class Generator:
                 self.stats.chunked_prefills += 1
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         rows = torch.tensor(sampling, dtype=torch.long)
-        logits = run_step(self.model, self.pool, [s.handle for s in seqs], counts, input_ids, rows)
+        try:
+            logits = run_step(self.model, self.pool, [s.handle for s in seqs], counts, input_ids, rows)
+        except Exception as e:
+            # Left running, a request the model refuses (or one whose forward
+            # fails) made every later step raise. Nothing of the step counts:
+            # each sequence runs alone, and those that still fail end their
+            # requests.
+            row_of = self._run_one_by_one(seqs, counts, sampling, e)
+        else:
+            for s, c in zip(seqs, counts):
+                s.computed += c
+            row_of = {j: logits[r] for r, j in enumerate(sampling)}
         self.stats.steps += 1
         self.stats.scheduled_tokens += len(ids)
         self.stats.max_batch_seqs = max(self.stats.max_batch_seqs, len(seqs))
-        for s, c in zip(seqs, counts):
-            s.computed += c
-        finished: List[Completion] = []
-        failed: Optional[BaseException] = None
-        for row, j in enumerate(sampling):
+        for j in sampling:
             s = seqs[j]
-            if s.handle is None:  # its request failed to sample above
+            if s.handle is None or j not in row_of:  # its request failed above
                 continue
             samples = [s]
             for _ in range(s.forks_left):  # parallel sampling: children share the prompt's blocks
@@ -495,25 +561,42 @@ class Generator:
                 self.stats.forks += 1
             for x in samples:
                 try:
-                    done = self._sample(x, logits[row])
+                    done = self._sample(x, row_of[j])
                 except Exception as e:
                     # Left running, a sequence whose tokens were all computed
                     # but that got no new one was scheduled for 0 tokens: every
-                    # later step failed with a plan error. Its request is
-                    # dropped; the other sequences of the step still sample.
-                    self._drop([x.req])
-                    if failed is None:
-                        failed = RuntimeError(
-                            f"request {x.req.id}: sampling failed ({type(e).__name__}: {e}); "
-                            "the request was dropped, its samples freed"
-                        )
-                        failed.__cause__ = e
+                    # later step failed with a plan error. Its request fails;
+                    # the other sequences of the step still sample.
+                    error = RuntimeError(f"request {x.req.id}: sampling failed ({type(e).__name__}: {e})")
+                    error.__cause__ = e
+                    self._fail(x.req, error)
                     break
                 if done:
-                    finished.append(done)
-        if failed is not None:
-            raise failed
-        return finished
+                    self._out.append(done)
+
+    def _run_one_by_one(self, seqs: List[_Seq], counts: List[int], sampling: List[int], error: Exception) -> dict:
+        """After a step that raised error: runs each sequence's part alone;
+        a sequence whose part raises fails its request. Returns the logits
+        of the sampling ones that ran, by index into seqs."""
+        torch = self._torch
+        if len(seqs) == 1:
+            self._fail(seqs[0].req, error)
+            return {}
+        row_of = {}
+        for j, (s, c) in enumerate(zip(seqs, counts)):
+            if s.handle is None:  # a sibling failed its request
+                continue
+            ids = torch.tensor(s.tokens[s.computed : s.computed + c], dtype=torch.long, device=self.device)
+            rows = torch.tensor([0] if j in sampling else [], dtype=torch.long)
+            try:
+                logits = run_step(self.model, self.pool, [s.handle], [c], ids, rows)
+            except Exception as e:
+                self._fail(s.req, e)
+                continue
+            s.computed += c
+            if j in sampling:
+                row_of[j] = logits[0]
+        return row_of
 
     def _sample(self, s: _Seq, logits: Any) -> Optional[Completion]:
         torch = self._torch
@@ -542,6 +625,16 @@ class Generator:
         )
         s.req.done.append(c)
         return c
+
+
+class GenerationError(RuntimeError):
+    """What generate() raises when a failed request's exception cannot
+    carry ``results`` (a type without a ``__dict__``): the same message,
+    that exception as ``__cause__``, and ``results``."""
+
+    def __init__(self, message: str, results: List[List[Completion]]) -> None:
+        super().__init__(message)
+        self.results = results
 
 
 def _warp(logits: Any, temperature: float, top_k: int, top_p: float) -> Any:
