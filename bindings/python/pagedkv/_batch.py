@@ -13,7 +13,17 @@ from . import _pagedkv as _c
 from ._handle import Handle, HandleOwner
 from ._pool import Pool, Sequence, _index
 from ._tensor import TensorView, check, describe, empty_like, stream_ptr
-from ._types import BatchInfo, DType, KvLayout, PlanArray, SnapshotArray, _flag, _real
+from ._types import (
+    MAX_SEQS,
+    BatchInfo,
+    DType,
+    KvLayout,
+    PlanArray,
+    SnapshotArray,
+    _check_len,
+    _flag,
+    _real,
+)
 
 _SNAPSHOT_ARRAYS = frozenset(int(a) for a in SnapshotArray)
 
@@ -53,6 +63,7 @@ class Batch(HandleOwner):
         # As Pool.prepare's: bool() made persistent_table="no" a persistent table.
         persistent_table = _flag(persistent_table, "persistent_table", none_is_false=True)
         self._ids = None
+        _check_len(seqs, "seqs", MAX_SEQS)  # before list() or the id array's copy
         if not isinstance(seqs, (list, tuple)) and hasattr(seqs, "__array_interface__"):
             # An id array (uint64): the engine keeps its sequences alive. The
             # plan is made from the snapshot Batch.sequences reports, not the
@@ -78,6 +89,7 @@ class Batch(HandleOwner):
                 raise OverflowError("query_counts: expected an int in [0, 2^32 - 1]")
             counts: Any = query_counts
         else:
+            _check_len(query_counts, "query_counts", MAX_SEQS)  # before the list below
             try:  # ints only: int() would truncate 1.9 to 1 and read "3" as 3
                 counts = [operator.index(c) for c in query_counts]
             except TypeError:
@@ -104,6 +116,7 @@ class Batch(HandleOwner):
         plan of those tokens in one call (``pkv_batch_prepare_decode``)."""
         self = cls.__new__(cls)
         self._ids = None
+        _check_len(seqs, "seqs", MAX_SEQS)  # before list() or the id array's copy
         if not isinstance(seqs, (list, tuple)) and not hasattr(seqs, "__array_interface__"):
             if isinstance(seqs, Iterator):  # a generator of Sequences or ids: read once, as prepare()
                 seqs = list(seqs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator, List, Optional
 
 from . import _pagedkv as _c
-from ._types import HashAlgo, MMItemLike, mm_tuples
+from ._types import MAX_TOKENS, HashAlgo, MMItemLike, _check_len, mm_tuples
 
 
 def hash_size(algo: Any = HashAlgo.SHA256_CBOR) -> int:
@@ -39,7 +39,11 @@ def hash_prefix(
     keys a LoRA adapter by lora_name, older vLLM by lora_id). tagged_keys:
     vLLM 0.33's tagged extra keys, ("lora", lora_name, lora_path), ("mm",
     hash, offset), ("cache_salt", salt), as a pool with tagged_keys=True.
-    Returns floor(len(tokens) / block_size) digests."""
+    Returns floor(len(tokens) / block_size) digests.
+
+    At most 2**31 - 1 tokens, the most a pool's sequence holds (the C call
+    itself has no limit): more is InvalidArgumentError, raised from the
+    length before the tokens are read or copied."""
     from ._pool import _index, _key_domains
 
     a = HashAlgo.parse(algo)
@@ -55,6 +59,7 @@ def hash_prefix(
         "mm_items": mm_tuples(mm_items),
         "strict_key_domains": _key_domains(strict_key_domains, tagged_keys),
     }
+    _check_len(tokens, "tokens", MAX_TOKENS)  # before list() or the conversion's copy
     if isinstance(tokens, Iterator):  # a generator: read once, as Sequence.append reads it
         tokens = list(tokens)
     try:

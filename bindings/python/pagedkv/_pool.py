@@ -11,6 +11,9 @@ from ._handle import Handle, HandleOwner, NoCopy
 from ._tensor import TensorView, describe, stream_ptr
 from ._types import (
     KV,
+    MAX_KV_SCALES,
+    MAX_SEQS,
+    MAX_TOKENS,
     Device,
     DeviceType,
     DType,
@@ -23,6 +26,7 @@ from ._types import (
     PrefixMatch,
     RetentionRange,
     SequenceInfo,
+    _check_len,
     _flag,
     _index,
     _real,
@@ -269,10 +273,12 @@ class Pool(HandleOwner):
         [blocks][layers][K,V][heads][block_size][head_dim] (allocated as a
         numpy uint8 array when None; pinned memory for CUDA pools). Returns
         the buffer."""
+        _check_len(blocks, "blocks", MAX_TOKENS)  # before list() and the buffer of n blocks
         if isinstance(blocks, Iterator):  # a generator: read once
             blocks = list(blocks)
         try:
-            n = len(blocks)
+            # a list subclass is read as the list it is, whatever its __len__ says
+            n = list.__len__(blocks) if isinstance(blocks, list) else len(blocks)
         except TypeError:  # "object of type 'int' has no len()", naming nothing
             raise TypeError(f"blocks: expected a sequence or buffer of ints, got {type(blocks).__name__}") from None
         if buffer is None:
@@ -448,6 +454,7 @@ class Pool(HandleOwner):
         """Frees the given distinct sequences (Sequence objects or ids) in
         one call. All or nothing: a stale or repeated id raises and frees
         none."""
+        _check_len(seqs, "seqs", MAX_SEQS)  # before list()
         if isinstance(seqs, Iterator):  # a generator: read once
             seqs = list(seqs)
         # `seqs and ...` was the truth value of a numpy id array: ValueError
@@ -520,6 +527,7 @@ def _floats(values: Any, name: str) -> List[float]:
         return []
     if isinstance(values, (str, bytes)):  # iterating "12" gave [1.0, 2.0]
         raise TypeError(f"{name}: expected a sequence of floats, got {type(values).__name__}")
+    _check_len(values, name, MAX_KV_SCALES)  # before tolist() or the list below
     tolist = getattr(values, "tolist", None)
     return [_real(x, f"{name}[{i}]") for i, x in enumerate(tolist() if tolist is not None else values)]
 
@@ -662,6 +670,8 @@ class Sequence(NoCopy, _c._SeqBase):
         duration_ns) tuples. Pins beyond max_pinned_blocks raise
         OutOfBlocksError and change nothing."""
         try:
+            # more ranges than the library takes: its error, before list() reads them
+            _check_len(ranges, "ranges", _c.PKV_RETENTION_MAX_RANGES)
             items = list(ranges)
         except TypeError:  # "'int' object is not iterable", naming nothing
             raise TypeError(f"ranges: expected an iterable of retention ranges, got {type(ranges).__name__}") from None
@@ -817,6 +827,7 @@ def _new_seq(pool: Pool, seq_id: int, owned: bool) -> Sequence:
 def _ids(seqs: Any) -> Any:
     """Sequence ids for a batched call: Sequence objects become their ids;
     id arrays and lists pass as they are (a generator is read once)."""
+    _check_len(seqs, "seqs", MAX_SEQS)  # before list()
     if isinstance(seqs, Iterator):
         seqs = list(seqs)
     if isinstance(seqs, (list, tuple)) and seqs and isinstance(seqs[0], Sequence):

@@ -241,6 +241,44 @@ def mm_tuples(items: Any) -> list:
     return out
 
 
+#: Counts refused before an argument is read or copied (the raw module's
+#: conversions check the same; see PKV_PY_MAX_TOKENS in pagedkv.i): a
+#: sequence's 2^31 - 1 tokens (also block ids and hashes, and hash_prefix's
+#: tokens), and the 2^24 sequences a pool holds at once (seq id arrays).
+MAX_TOKENS = (1 << 31) - 1
+MAX_SEQS = 1 << 24
+MAX_KV_SCALES = 1 << 28  # what pkv_pool_create takes (65536 layers * 4096 heads)
+_LIMIT_TEXT = {
+    MAX_TOKENS: "2^31 - 1",
+    MAX_SEQS: "2^24, the sequences a pool holds at once",
+    MAX_KV_SCALES: "2^28",
+}
+
+
+def _check_len(value: Any, name: str, limit: int) -> None:
+    """Refuses value when the length it gives without being read (len(),
+    or an iterator's __length_hint__, by which list() sizes its copy)
+    exceeds limit: InvalidArgumentError, as the library raises for too
+    many tokens, before list(range(2**31)) or a copy of a 2^31-element
+    broadcast array takes the machine's memory. Unsized values pass."""
+    try:
+        if isinstance(value, list):  # a subclass's __len__ is not what is read
+            n = list.__len__(value)
+        elif isinstance(value, tuple):
+            n = tuple.__len__(value)
+        else:
+            n = operator.length_hint(value)
+    except OverflowError:  # a __len__ of 2**64 or more
+        n = -1
+    except TypeError:  # a __len__ returning a non-int etc.: left to the conversion
+        return
+    if n < 0 or n > limit:
+        count = "a length beyond any index" if n < 0 else f"{n} items"
+        raise _c.InvalidArgumentError(
+            f"{name}: {count}, more than {_LIMIT_TEXT.get(limit, limit)}", _c.PKV_E_INVALID_ARGUMENT
+        )
+
+
 def _index(value: Any, name: str) -> int:
     """value as an int: ints, bools and integer scalars (numpy, torch) only.
     int() truncated 2.7 to 2 and read "5" as 5, so truncate(2.7) dropped a

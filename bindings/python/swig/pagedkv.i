@@ -820,7 +820,10 @@ static PyObject* pkv_py_as_array(PyObject* obj) {
       PyErr_Clear();
       return NULL;
     }
-    PyObject* r = PyObject_CallMethod(np, "ascontiguousarray", "O", obj);
+    /* asarray, not ascontiguousarray: a view, whose length is checked
+     * before anything is copied (the strided path reads it); a contiguous
+     * copy of a broadcast of 2^31 elements took 8 GB first. */
+    PyObject* r = PyObject_CallMethod(np, "asarray", "O", obj);
     Py_DECREF(np);
     if (!r) PyErr_Clear();
     return r;
@@ -861,8 +864,86 @@ static PyObject* pkv_py_items(PyObject* obj, const char* msg) {
   return PySequence_Fast(obj, msg);
 }
 
-static int pkv_py_int32_array_from(PyObject* obj, const char* name, int32_t** data, uint64_t* n,
-                                   Py_buffer* view, int* owned, int convert) {
+/* Counts the conversions refuse before they read or allocate anything for
+ * an argument. A sequence holds at most 2^31 - 1 tokens (pool.h); no pool
+ * has more blocks (2^31 - 3), so block ids, copy pairs and block hashes
+ * get the same bound, as does hash_prefix (it hashes what a sequence could
+ * hold). A pool holds at most 2^24 sequences at once (docs/conventions.md)
+ * and a batch names each once: seq id arrays, and the per-sequence tokens
+ * and query counts beside them, get that bound. Without these checks
+ * seq.append(range(2**31)) built a list of 2^31 ints (tens of GB) and a
+ * broadcast numpy array of 2^31 tokens was copied into an 8 GB buffer
+ * before the library refused the count. */
+#define PKV_PY_MAX_TOKENS 0x7fffffffLL
+#define PKV_PY_MAX_SEQS (1LL << 24)
+
+/* Raises the class the library registers for status st with message msg
+ * (a new reference, consumed); ValueError when none is registered. */
+static void pkv_py_raise_status(pkv_status st, PyObject* msg) {
+  if (!msg) return;
+  const int idx = st < 0 ? -st : st;
+  PyObject* cls = idx <= PKV_PY_MAX_CODE ? pkv_py_error_classes[idx] : NULL;
+  PyObject* exc = cls ? PyObject_CallFunction(cls, "Oi", msg, (int)st) : NULL;
+  if (exc) {
+    PyErr_SetObject((PyObject*)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+  } else if (!PyErr_Occurred()) {
+    PyErr_SetObject(PyExc_ValueError, msg);
+  }
+  Py_DECREF(msg);
+}
+
+/* InvalidArgumentError (what the library raises for too many tokens) for
+ * n items of name above max; n < 0: a len() beyond any index. Returns 0. */
+static int pkv_py_too_many(const char* name, long long n, long long max) {
+  const char* why = max == PKV_PY_MAX_SEQS ? "2^24, the sequences a pool holds at once"
+                    : max == PKV_PY_MAX_TOKENS ? "2^31 - 1" : NULL;
+  PyObject* msg;
+  if (n < 0)
+    msg = why ? PyUnicode_FromFormat("%s: a length beyond any index, more than %s", name, why)
+              : PyUnicode_FromFormat("%s: a length beyond any index, more than %lld", name, max);
+  else
+    msg = why ? PyUnicode_FromFormat("%s: %lld items, more than %s", name, n, why)
+              : PyUnicode_FromFormat("%s: %lld items, more than %lld", name, n, max);
+  pkv_py_raise_status(PKV_E_INVALID_ARGUMENT, msg);
+  return 0;
+}
+
+/* 1 when obj's length, as it says without being read (len(); an
+ * iterator's __length_hint__, by which list() would size its copy), is at
+ * most max; else 0 with an error set (pkv_py_too_many, or what __len__
+ * raised). Unsized objects pass (their items are counted as read). */
+static int pkv_py_len_ok(PyObject* obj, const char* name, long long max) {
+  Py_ssize_t n;
+  if (PyList_Check(obj) || PyTuple_Check(obj)) { /* a subclass's __len__ is not what is read */
+    n = Py_SIZE(obj);
+  } else {
+    n = PyObject_LengthHint(obj, 0);
+    if (n < 0) {
+      if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return 0;
+      PyErr_Clear(); /* __len__ gave 2**64 or more */
+      return pkv_py_too_many(name, -1, max);
+    }
+  }
+  if ((long long)n > max) return pkv_py_too_many(name, (long long)n, max);
+  return 1;
+}
+
+/* pkv_py_items after pkv_py_len_ok. */
+static PyObject* pkv_py_items_max(PyObject* obj, const char* name, long long max, const char* msg) {
+  if (!pkv_py_len_ok(obj, name, max)) return NULL;
+  PyObject* seq = pkv_py_items(obj, msg);
+  /* What __len__ said may be less than what iterating gave */
+  if (seq && (long long)PySequence_Fast_GET_SIZE(seq) > max) {
+    pkv_py_too_many(name, (long long)PySequence_Fast_GET_SIZE(seq), max);
+    Py_DECREF(seq);
+    return NULL;
+  }
+  return seq;
+}
+
+static int pkv_py_int32_array_from(PyObject* obj, const char* name, long long max, int32_t** data,
+                                   uint64_t* n, Py_buffer* view, int* owned, int convert) {
   *owned = 0;
   view->obj = NULL;
   if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) goto sequence; /* the common case */
@@ -876,6 +957,11 @@ static int pkv_py_int32_array_from(PyObject* obj, const char* name, int32_t** da
       PyBuffer_Release(view);
       view->obj = NULL;
       return 0;
+    }
+    if (view->itemsize > 0 && (long long)(view->len / view->itemsize) > max) {
+      PyBuffer_Release(view);
+      view->obj = NULL;
+      return pkv_py_too_many(name, (long long)(view->len / view->itemsize), max);
     }
     if (view->itemsize == 4 && view->ndim <= 1 && (strcmp(f, "i") == 0 ||
                                                    (strcmp(f, "l") == 0 && sizeof(long) == 4))) {
@@ -938,6 +1024,11 @@ static int pkv_py_int32_array_from(PyObject* obj, const char* name, int32_t** da
     }
     if (view->ndim == 1 && pkv_py_int_format(f, view->itemsize)) {
       const Py_ssize_t len = view->shape[0], step = view->strides[0];
+      if ((long long)len > max) { /* a broadcast: its length costs it no memory */
+        PyBuffer_Release(view);
+        view->obj = NULL;
+        return pkv_py_too_many(name, (long long)len, max);
+      }
       /* calloc checks the product: a broadcast of 2^62 int8 describes 2^62
        * elements in no memory, and 4 * 2^62 bytes wrapped to malloc(0). */
       int32_t* buf = (int32_t*)calloc((size_t)(len > 0 ? len : 1), sizeof(int32_t));
@@ -979,14 +1070,14 @@ static int pkv_py_int32_array_from(PyObject* obj, const char* name, int32_t** da
      * a sequence, not converted again without end. */
     PyObject* arr = pkv_py_as_array(obj);
     if (arr) {
-      int ok = pkv_py_int32_array_from(arr, name, data, n, view, owned, 0);
+      int ok = pkv_py_int32_array_from(arr, name, max, data, n, view, owned, 0);
       Py_DECREF(arr);
       return ok;
     }
   }
 sequence:;
   if (pkv_py_unordered(obj, name)) return 0;
-  PyObject* seq = pkv_py_items(obj, "expected a sequence of ints");
+  PyObject* seq = pkv_py_items_max(obj, name, max, "expected a sequence of ints");
   if (!seq) {
     /* Only "not a sequence" is renamed: a MemoryError (range(2**62): no
      * room for its items) is not the caller passing the wrong kind. */
@@ -1018,9 +1109,9 @@ sequence:;
   return 1;
 }
 
-static int pkv_py_int32_array(PyObject* obj, const char* name, int32_t** data, uint64_t* n,
-                              Py_buffer* view, int* owned) {
-  return pkv_py_int32_array_from(obj, name, data, n, view, owned, 1);
+static int pkv_py_int32_array(PyObject* obj, const char* name, long long max, int32_t** data,
+                              uint64_t* n, Py_buffer* view, int* owned) {
+  return pkv_py_int32_array_from(obj, name, max, data, n, view, owned, 1);
 }
 
 static void pkv_py_int32_release(int32_t* data, Py_buffer* view, int owned) {
@@ -1030,9 +1121,9 @@ static void pkv_py_int32_release(int32_t* data, Py_buffer* view, int owned) {
 
 /* A copied array of unsigned ints of `bytes` width each from any sequence. */
 static void* pkv_py_uint_array(PyObject* obj, const char* name, size_t width,
-                               unsigned long long hi, Py_ssize_t* len_out) {
+                               unsigned long long hi, long long max, Py_ssize_t* len_out) {
   if (pkv_py_unordered(obj, name)) return NULL;
-  PyObject* seq = pkv_py_items(obj, "expected a sequence of ints");
+  PyObject* seq = pkv_py_items_max(obj, name, max, "expected a sequence of ints");
   if (!seq) {
     if (PyErr_ExceptionMatches(PyExc_TypeError))  /* as in pkv_py_int32_array_from */
       PyErr_Format(PyExc_TypeError, "%s: expected a sequence of ints, got %s", name,
@@ -1731,6 +1822,7 @@ PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init_sized(&tmp, sizeof tmp))
 %typemap(in) (pkv_block_hash* out_hashes, uint64_t capacity, uint64_t* out_len) (uint64_t len = 0) {
   unsigned long long cap = 0;
   if (!pkv_py_u64_arg($input, "$symname", "capacity", &cap)) SWIG_fail;
+  if (cap > PKV_PY_MAX_TABLE) cap = PKV_PY_MAX_TABLE;  /* as the block tables' */
   $2 = cap;
   $1 = (pkv_block_hash*)calloc((size_t)(cap > 0 ? cap : 1), sizeof(pkv_block_hash));
   if (!$1) { PyErr_NoMemory(); SWIG_fail; }
@@ -1793,7 +1885,9 @@ PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init_sized(&tmp, sizeof tmp))
 /* pkv_seq_set_retention's ranges: a sequence of (token_begin, token_end,
  * priority, duration_ns) tuples. */
 %typemap(in) (const pkv_retention_range* ranges, uint64_t num_ranges) (pkv_retention_range* rs = NULL) {
-  PyObject* seq = pkv_py_items($input, "ranges: expected a sequence of (begin, end, priority, duration_ns)");
+  /* More than the library takes is refused before anything is read. */
+  PyObject* seq = pkv_py_items_max($input, "ranges", PKV_RETENTION_MAX_RANGES,
+                                   "ranges: expected a sequence of (begin, end, priority, duration_ns)");
   if (!seq) SWIG_fail;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   rs = (pkv_retention_range*)calloc((size_t)(n > 0 ? n : 1), sizeof(pkv_retention_range));
@@ -1850,7 +1944,7 @@ PKV_OUT_STRUCT(pkv_group_stats, pkv_group_stats_init_sized(&tmp, sizeof tmp))
 
 %typemap(in) (const int32_t* tokens, uint64_t num_tokens) (Py_buffer view = pkv_py_no_buffer(), int owned = 0) {
   view.obj = NULL;
-  if (!pkv_py_int32_array($input, "$1_name", (int32_t**)&$1, &$2, &view, &owned)) SWIG_fail;
+  if (!pkv_py_int32_array($input, "$1_name", PKV_PY_MAX_TOKENS, (int32_t**)&$1, &$2, &view, &owned)) SWIG_fail;
 }
 %typemap(freearg) (const int32_t* tokens, uint64_t num_tokens) {
   if ($1 || view$argnum.obj) pkv_py_int32_release((int32_t*)$1, &view$argnum, owned$argnum);
@@ -1870,6 +1964,11 @@ static int pkv_py_seq_ids(PyObject* obj, const char* name, pkv_seq_id** data, ui
     const char* f = view->format ? view->format : "B";
     if (*f == '<' || *f == '=' || *f == '@') ++f;
     if (view->itemsize == 8 && view->ndim <= 1 && pkv_py_int_format(f, 8)) {
+      if ((long long)(view->len / 8) > PKV_PY_MAX_SEQS) {
+        PyBuffer_Release(view);
+        view->obj = NULL;
+        return pkv_py_too_many(name, (long long)(view->len / 8), PKV_PY_MAX_SEQS);
+      }
       pkv_seq_id* ids = (pkv_seq_id*)pkv_py_copy_buffer(view);
       if (!ids) return 0;
       *data = ids;
@@ -1891,6 +1990,11 @@ static int pkv_py_seq_ids(PyObject* obj, const char* name, pkv_seq_id** data, ui
     if (*f == '<' || *f == '=' || *f == '@') ++f;
     if (view->itemsize == 8 && view->ndim == 1 && pkv_py_int_format(f, 8)) {
       const Py_ssize_t len = view->shape[0], step = view->strides[0];
+      if ((long long)len > PKV_PY_MAX_SEQS) { /* a broadcast: its length costs it no memory */
+        PyBuffer_Release(view);
+        view->obj = NULL;
+        return pkv_py_too_many(name, (long long)len, PKV_PY_MAX_SEQS);
+      }
       /* calloc checks the product (a broadcast's length is not bounded by memory) */
       pkv_seq_id* ids = (pkv_seq_id*)calloc((size_t)(len > 0 ? len : 1), sizeof(pkv_seq_id));
       if (!ids) {
@@ -1912,7 +2016,7 @@ static int pkv_py_seq_ids(PyObject* obj, const char* name, pkv_seq_id** data, ui
   }
   PyErr_Clear();
   Py_ssize_t len = 0;
-  *data = (pkv_seq_id*)pkv_py_uint_array(obj, name, 8, ~0ULL, &len);
+  *data = (pkv_seq_id*)pkv_py_uint_array(obj, name, 8, ~0ULL, PKV_PY_MAX_SEQS, &len);
   if (!*data) return 0;
   *n = (uint64_t)len;
   *owned = 1;
@@ -1943,7 +2047,7 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
     SWIG_fail;
   }
   if (!pkv_py_seq_ids(PyTuple_GET_ITEM($input, 0), "seqs", (pkv_seq_id**)&$1, &ns, &sv, &sown)) SWIG_fail;
-  if (!pkv_py_int32_array(PyTuple_GET_ITEM($input, 1), "tokens", (int32_t**)&$2, &nt, &tv, &town)) SWIG_fail;
+  if (!pkv_py_int32_array(PyTuple_GET_ITEM($input, 1), "tokens", PKV_PY_MAX_SEQS, (int32_t**)&$2, &nt, &tv, &town)) SWIG_fail;
   if (ns != nt) {
     PyErr_Format(PyExc_ValueError, "seqs and tokens differ in length (%llu vs %llu)",
                  (unsigned long long)ns, (unsigned long long)nt);
@@ -1969,7 +2073,7 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
     SWIG_fail;
   }
   if (!pkv_py_seq_ids(PyTuple_GET_ITEM($input, 0), "seqs", (pkv_seq_id**)&$1, &ns, &sv, &sown)) SWIG_fail;
-  if (!pkv_py_int32_array(PyTuple_GET_ITEM($input, 1), "tokens", (int32_t**)&$2, &nt, &tv, &town)) SWIG_fail;
+  if (!pkv_py_int32_array(PyTuple_GET_ITEM($input, 1), "tokens", PKV_PY_MAX_SEQS, (int32_t**)&$2, &nt, &tv, &town)) SWIG_fail;
   if (ns != nt || ns > 0xffffffffULL) {
     PyObject* cls = pkv_py_error_classes[-PKV_E_INVALID_ARGUMENT];
     PyObject* msg = ns != nt
@@ -2003,6 +2107,10 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
     $2 = 0;
   } else if (!PyList_Check($input) && !PyTuple_Check($input) && PyObject_CheckBuffer($input) &&
              PyObject_GetBuffer($input, &view, PyBUF_C_CONTIGUOUS) == 0) {
+    if ((long long)(view.len / PKV_HASH_MAX_BYTES) > PKV_PY_MAX_TOKENS) {
+      pkv_py_too_many("hashes", (long long)(view.len / PKV_HASH_MAX_BYTES), PKV_PY_MAX_TOKENS);
+      SWIG_fail;
+    }
     if (view.len % PKV_HASH_MAX_BYTES != 0) {
       PyErr_Format(PyExc_ValueError, "hashes: a buffer of %zd bytes is not a whole number of %d-byte hashes",
                    view.len, PKV_HASH_MAX_BYTES);
@@ -2016,7 +2124,8 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
     view.obj = NULL;
   } else {
     PyErr_Clear();
-    PyObject* seq = pkv_py_items($input, "hashes: expected None, bytes or a sequence of bytes");
+    PyObject* seq = pkv_py_items_max($input, "hashes", PKV_PY_MAX_TOKENS,
+                                     "hashes: expected None, bytes or a sequence of bytes");
     if (!seq) SWIG_fail;
     Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
     pkv_block_hash* arr = (pkv_block_hash*)calloc((size_t)(len > 0 ? len : 1), sizeof(pkv_block_hash));
@@ -2054,8 +2163,8 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
     PyErr_SetString(PyExc_TypeError, "pairs: expected a tuple (src, dst) of two int sequences");
     SWIG_fail;
   }
-  if (!pkv_py_int32_array(PyTuple_GET_ITEM($input, 0), "src", (int32_t**)&$1, &ns, &sv, &sown)) SWIG_fail;
-  if (!pkv_py_int32_array(PyTuple_GET_ITEM($input, 1), "dst", (int32_t**)&$2, &nd, &dv, &down)) SWIG_fail;
+  if (!pkv_py_int32_array(PyTuple_GET_ITEM($input, 0), "src", PKV_PY_MAX_TOKENS, (int32_t**)&$1, &ns, &sv, &sown)) SWIG_fail;
+  if (!pkv_py_int32_array(PyTuple_GET_ITEM($input, 1), "dst", PKV_PY_MAX_TOKENS, (int32_t**)&$2, &nd, &dv, &down)) SWIG_fail;
   if (ns != nd) {
     PyErr_Format(PyExc_ValueError, "src and dst differ in length (%llu vs %llu)",
                  (unsigned long long)ns, (unsigned long long)nd);
@@ -2157,7 +2266,7 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
     if (qv.obj) PyBuffer_Release(&qv);
     qv.obj = NULL;
     PyErr_Clear();
-    $2 = (uint32_t*)pkv_py_uint_array(qc, "query_counts", 4, 0xffffffffULL, &nq);
+    $2 = (uint32_t*)pkv_py_uint_array(qc, "query_counts", 4, 0xffffffffULL, PKV_PY_MAX_SEQS, &nq);
     if (!$2) SWIG_fail;
     qown = 1;
   }
