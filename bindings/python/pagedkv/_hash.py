@@ -63,9 +63,22 @@ def hash_prefix(
     if isinstance(tokens, Iterator):  # a generator: read once, as Sequence.append reads it
         tokens = list(tokens)
     try:
-        n = len(tokens)
+        # A list or tuple subclass is read as the list or tuple it is (the
+        # conversion does not call its __len__): its own length sizes the
+        # result, whatever __len__ says.
+        if isinstance(tokens, list):
+            n = list.__len__(tokens)
+        elif isinstance(tokens, tuple):
+            n = tuple.__len__(tokens)
+        else:
+            n = len(tokens)
     except TypeError:  # "object of type 'int' has no len()", naming nothing
         raise TypeError(f"tokens: expected a sequence or buffer of ints, got {type(tokens).__name__}") from None
     capacity = n // block_size if block_size > 0 else 0
-    hashes = _c.pkv_hash_prefix(opts, tokens, capacity)
+    try:
+        hashes = _c.pkv_hash_prefix(opts, tokens, capacity)
+    except _c.BufferTooSmallError:
+        # Iterating tokens gave more items than its __len__ said (the
+        # result was sized by len()): the caller's object, not a buffer of ours.
+        raise ValueError(f"tokens: len() gave {n}, but iterating {type(tokens).__name__} gave more items") from None
     return [h[: a.digest_size] for h in hashes]

@@ -45,3 +45,41 @@ def test_hash_prefix_takes_an_integer_scalar_block_size():
         assert pk.hash_prefix(toks, block_size=bs) == want
     with pytest.raises(TypeError, match="block_size"):
         pk.hash_prefix(toks, block_size=16.0)
+
+
+def test_hash_prefix_of_a_container_whose_len_lies_reads_what_is_there():
+    """A list (or tuple) subclass whose __len__ understates its items sized
+    the result by len() while the conversion read the list itself: 32
+    tokens claiming 1 raised BufferTooSmallError ("out_hashes holds 0
+    hashes, 2 are needed"), naming a buffer the caller never passed. The
+    container's own size is read now; any other object that yields more
+    items than its __len__ says is a ValueError naming tokens."""
+
+    class Short(list):
+        def __len__(self):
+            return 1
+
+    class ShortTuple(tuple):
+        def __len__(self):
+            return 0
+
+    class Long(list):
+        def __len__(self):
+            return 1000
+
+    toks = list(range(32))
+    want = pk.hash_prefix(toks)
+    assert len(want) == 2
+    for lying in (Short(toks), ShortTuple(toks), Long(toks)):
+        assert pk.hash_prefix(lying) == want
+        assert pk.Pool(num_blocks=8, block_size=16).hash_prefix(lying) == want
+
+    class Understates:  # not a list: read by iteration, sized by len()
+        def __len__(self):
+            return 1
+
+        def __iter__(self):
+            return iter(toks)
+
+    with pytest.raises(ValueError, match=r"^tokens: len\(\) gave 1, but iterating Understates gave more"):
+        pk.hash_prefix(Understates())
