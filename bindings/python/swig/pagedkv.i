@@ -1283,6 +1283,37 @@ static int pkv_py_apply_dict(PyObject* dict, void* ptr, swig_type_info* ty, cons
 
 /* A string option from the dict, borrowed from a str the scratch list keeps
  * alive for the call; NULL when absent or None. */
+/* PyUnicode_AsUTF8AndSize with the argument named: a str UTF-8 cannot
+ * encode (a lone surrogate, "\ud800") raised UnicodeEncodeError "'utf-8'
+ * codec can't encode character", naming no argument. It is a ValueError
+ * "<prefix><name>: ..." now (prefix "option " for option dicts, as their
+ * other messages; index >= 0 names an item, "<name>[i]"). */
+static const char* pkv_py_utf8(PyObject* v, const char* prefix, const char* name, Py_ssize_t index,
+                               Py_ssize_t* len) {
+  const char* s = PyUnicode_AsUTF8AndSize(v, len);
+  if (!s && PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) {
+    PyObject *t, *val, *tb;
+    PyErr_Fetch(&t, &val, &tb);
+    PyErr_NormalizeException(&t, &val, &tb);
+    Py_ssize_t at = 0;
+    if (!val || PyUnicodeEncodeError_GetStart(val, &at) != 0) {
+      PyErr_Clear();
+      at = 0;
+    }
+    Py_XDECREF(t);
+    Py_XDECREF(val);
+    Py_XDECREF(tb);
+    const Py_UCS4 c = at < PyUnicode_GET_LENGTH(v) ? PyUnicode_ReadChar(v, at) : 0;
+    if (index >= 0)
+      PyErr_Format(PyExc_ValueError, "%s%s[%zd]: not encodable as UTF-8 (a lone surrogate, U+%x, at index %zd)",
+                   prefix, name, index, (unsigned)c, at);
+    else
+      PyErr_Format(PyExc_ValueError, "%s%s: not encodable as UTF-8 (a lone surrogate, U+%x, at index %zd)", prefix,
+                   name, (unsigned)c, at);
+  }
+  return s;
+}
+
 static int pkv_py_dict_str(PyObject* dict, const char* key, PyObject* keep, const char** out) {
   PyObject* v = PyDict_GetItemString(dict, key);
   *out = NULL;
@@ -1293,7 +1324,7 @@ static int pkv_py_dict_str(PyObject* dict, const char* key, PyObject* keep, cons
     return 0;
   }
   Py_ssize_t len = 0;
-  const char* s = PyUnicode_AsUTF8AndSize(v, &len);
+  const char* s = pkv_py_utf8(v, "option ", key, -1, &len);
   if (!s) return 0;
   if (strlen(s) != (size_t)len) {
     /* C reads up to the first NUL: "salt\0a" and "salt\0b" would be one
@@ -1319,7 +1350,7 @@ static int pkv_py_c_str(PyObject* v, const char* name, int allow_none, const cha
     return 0;
   }
   Py_ssize_t len = 0;
-  const char* s = PyUnicode_AsUTF8AndSize(v, &len);
+  const char* s = pkv_py_utf8(v, "", name, -1, &len);
   if (!s) return 0;
   if (strlen(s) != (size_t)len) {
     PyErr_Format(PyExc_ValueError, "%s: embedded null character", name);
@@ -1452,7 +1483,7 @@ static int pkv_py_dict_mm(PyObject* dict, PyObject* keep, pkv_mm_item** items, u
       return 0;
     }
     Py_ssize_t hl = 0;
-    const char* hs = PyUnicode_AsUTF8AndSize(h, &hl);
+    const char* hs = pkv_py_utf8(h, "option ", "mm_items", i, &hl);
     if (hs && strlen(hs) != (size_t)hl) {
       PyErr_Format(PyExc_ValueError, "option mm_items[%zd]: embedded null character in the hash", i);
       hs = NULL;

@@ -95,3 +95,37 @@ def test_raw_pool_options_keep_their_hash_seed_after_the_pool_is_destroyed():
     finally:
         raw.pkv_pool_destroy(again)
     del junk, others
+
+
+def test_strings_utf8_cannot_encode_are_a_value_error_naming_the_argument(tmp_path):
+    """A str with a lone surrogate ("\\ud800") cannot become the UTF-8 bytes
+    C reads: it raised UnicodeEncodeError "'utf-8' codec can't encode
+    character '\\ud800' in position 0", naming no argument. It is a
+    ValueError naming the argument now, as an embedded NUL is, and nothing
+    changes."""
+    from pagedkv.events import EventPublisher
+
+    pool = pagedkv.Pool(num_blocks=16, block_size=4, enable_events=True)
+    bad = "t\ud800"
+    calls = {
+        "cache_salt": [
+            lambda: pool.create_sequence(cache_salt=bad),
+            lambda: pool.admit([1, 2, 3, 4, 5], cache_salt=bad),
+            lambda: pool.hash_prefix([1, 2, 3, 4], cache_salt=bad),
+            lambda: pagedkv.hash_prefix([1, 2, 3, 4], cache_salt=bad),
+        ],
+        "lora_name": [lambda: pool.create_sequence(lora_name=bad)],
+        "lora_path": [lambda: pagedkv.hash_prefix([1, 2, 3, 4], lora_path=bad, tagged_keys=True)],
+        "seed": [lambda: pagedkv.hash_root(seed=bad), lambda: pagedkv.hash_prefix([1, 2, 3, 4], seed=bad)],
+        "hash_seed": [lambda: pagedkv.Pool(num_blocks=16, block_size=4, hash_seed=bad)],
+        r"mm_items\[1\]": [lambda: pool.admit([1, 2, 3, 4, 5], mm_items=[(0, 1, "a"), (2, 2, bad)])],
+        "file_dir": [lambda: tiers.attach(pool, host_bytes=0, file_dir=f"{tmp_path}/{bad}", file_bytes=1 << 16)],
+        "endpoint": [lambda: EventPublisher(pool, "inproc://pkv-" + bad).close()],
+    }
+    before = pool.stats()
+    for name, fns in calls.items():
+        for fn in fns:
+            with pytest.raises(ValueError, match=rf"^(option )?{name}: not encodable as UTF-8") as e:
+                fn()
+            assert not isinstance(e.value, UnicodeError), e.value
+    assert pool.stats() == before
