@@ -391,8 +391,14 @@ class Batch(HandleOwner):
         return mla.attention(self, layer, q_latent, q_pe, out, **kw)
 
     def __repr__(self) -> str:
-        i = self._info
-        return f"<pagedkv.Batch {i.num_seqs} seqs, {i.num_tokens} tokens, {i.num_pages} pages>"
+        # Says when the plan is closed, as Pool's and Sequence's reprs say
+        # closed / freed (it read as a usable plan after close()).
+        i = getattr(self, "_info", None)
+        h = getattr(self, "_h", None)
+        state = "closed, " if h is None or h.closed else ""
+        if i is None:  # __init__ failed before the plan existed
+            return f"<pagedkv.Batch {state.rstrip(', ') or 'unprepared'}>"
+        return f"<pagedkv.Batch {state}{i.num_seqs} seqs, {i.num_tokens} tokens, {i.num_pages} pages>"
 
 
 def _id_snapshot(ids: Any) -> Any:

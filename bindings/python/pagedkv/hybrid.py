@@ -223,7 +223,8 @@ class HybridPool(Pool):
 
     def __repr__(self) -> str:
         kinds = ", ".join(g.kind.name.lower() for g in self._groups)
-        return f"HybridPool(groups=[{kinds}], num_blocks={self.num_blocks}, block_size={self.block_size})"
+        closed = ", closed" if self.closed else ""  # as Pool's repr says it
+        return f"HybridPool(groups=[{kinds}], num_blocks={self.num_blocks}, block_size={self.block_size}{closed})"
 
     def group_of_layer(self, layer: int) -> Tuple[int, int]:
         """The group holding model layer ``layer`` and the layer's index among

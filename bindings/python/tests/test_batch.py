@@ -323,3 +323,19 @@ def test_a_batch_whose_construction_fails_is_aborted_not_committed(monkeypatch):
         with pool.prepare([s], 1):
             pass
         assert s.num_computed_tokens == 9
+
+
+def test_repr_of_a_closed_batch_says_it_is_closed():
+    """Pool's repr says "closed" and Sequence's "freed"; a Batch's repr read
+    the same before and after close(), as a usable plan, and that of a
+    Batch whose __init__ never ran raised AttributeError."""
+    pool = pagedkv.Pool(block_size=4, num_blocks=16)
+    s = pool.create_sequence()
+    s.append([1, 2, 3])
+    b = pool.prepare([s], 3)
+    assert repr(b) == "<pagedkv.Batch 1 seqs, 3 tokens, 1 pages>"
+    b.close()
+    assert repr(b) == "<pagedkv.Batch closed, 1 seqs, 3 tokens, 1 pages>"
+    assert "closed" in repr(pagedkv.Batch.__new__(pagedkv.Batch))
+    pool.close()
+    assert "closed" in repr(pool)

@@ -371,3 +371,11 @@ def test_group_tables_of_a_non_sequence_are_a_type_error_naming_seq():
         with pytest.raises(TypeError, match=r"^seq: expected a pagedkv.Sequence, got "):
             pool.block_tables(bad)
     assert pool.block_tables(seq) == [pool.group_block_table(seq, 0), pool.group_block_table(seq, 1)]
+
+
+def test_repr_of_a_closed_hybrid_pool_says_it_is_closed():
+    """As Pool's repr does ("<pagedkv.Pool closed, ...>")."""
+    pool = HybridPool([KVGroupSpec.full(1, 1, 8)], num_blocks=8, block_size=4)
+    assert "closed" not in repr(pool)
+    pool.close()
+    assert repr(pool).endswith(", closed)")
