@@ -615,10 +615,18 @@ class Sequence(NoCopy, _c._SeqBase):
     def __init__(self, pool: Pool, seq_id: int, owned: bool = True) -> None:
         self._freed = False
         self._owned = False  # until every field is set (__del__ reads them)
+        # Checked as pool.sequence(id) checks them: Sequence(pool, -1) made a
+        # handle of id -1 (repr "seq -0x...1"), whose calls then failed with
+        # the raw module's OverflowError naming "seq".
+        if not isinstance(pool, Pool):
+            raise TypeError(f"pool: expected a pagedkv.Pool, got {type(pool).__name__}")
+        seq_id = _index(seq_id, "seq_id")
+        if not 0 <= seq_id <= _SEQ_ID_MAX:
+            raise OverflowError(f"seq_id must be an int in [0, 2^64 - 1] (pkv_seq_id), got {seq_id}")
         self._pool = pool
         self._h = pool._h
-        self._id = _index(seq_id, "seq_id")
-        self._owned = bool(owned)
+        self._id = seq_id
+        self._owned = owned if owned is True or owned is False else _flag(owned, "owned")
 
     @property
     def owned(self) -> bool:
@@ -771,6 +779,8 @@ class Sequence(NoCopy, _c._SeqBase):
     def __hash__(self) -> int:
         return hash((id(self._pool), self._id))
 
+
+_SEQ_ID_MAX = (1 << 64) - 1
 
 # Raw functions bound once (a module attribute lookup per call is measurable
 # at this scale).

@@ -379,3 +379,25 @@ def test_strided_int_arrays_are_copied_without_an_object_per_element(manager_poo
             manager_pool.create_sequence().append(huge)
         with pytest.raises(pagedkv.InvalidArgumentError, match=r"seqs: .* items, more than 2"):
             manager_pool.free_batch(huge)
+
+
+def test_the_sequence_constructor_checks_its_arguments_as_pool_sequence_does(manager_pool):
+    """pagedkv.Sequence(pool, -1) made a handle of id -1 ("seq -0x...1"),
+    2**64 one past any id, Sequence(object(), 1) an AttributeError about _h,
+    and owned="no" an owning handle (bool("no")). They are refused as
+    pool.sequence(id) refuses them, naming the argument; nothing changes."""
+    before = manager_pool.stats()
+    for bad in (-1, 2**64):
+        with pytest.raises(OverflowError, match=r"^seq_id must be an int in \[0, 2\^64 - 1\]"):
+            pagedkv.Sequence(manager_pool, bad)
+        with pytest.raises(OverflowError):
+            manager_pool.sequence(bad)
+    with pytest.raises(TypeError, match=r"^pool: expected a pagedkv\.Pool, got object"):
+        pagedkv.Sequence(object(), 1)
+    with pytest.raises(TypeError, match=r"^owned: expected a bool, got str"):
+        pagedkv.Sequence(manager_pool, 1, owned="no")
+    assert manager_pool.stats() == before
+    s = manager_pool.create_sequence(owned=False)
+    h = pagedkv.Sequence(manager_pool, s.id, owned=False)
+    assert h == s and not h.owned
+    s.free()
