@@ -9,7 +9,7 @@
 #
 # TSan builds only the threading test executables: targets whose name
 # contains "threads" (test_kernels_threads, capi_threads_test,
-# test_reliability_threads). Name a new threading test executable that way,
+# test_reliability_threads, test_reliability_races_threads, ...). Name a new threading test executable that way,
 # or it is not run under TSan. Each stage prints its time.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
