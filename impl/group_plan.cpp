@@ -217,19 +217,26 @@ std::unique_ptr<GroupBatch> GroupBatch::prepare(const std::shared_ptr<GroupPool>
     b->ends_[i] = s.tokens.size();
   }
   b->state_ = State::kOpen;
+  b->recyclable_ = true;
   return b;
 }
 
 GroupBatch::~GroupBatch() {
-  if (state_ != State::kOpen) return;
+  if (!recyclable_) return;
+  std::lock_guard<std::mutex> lock(pool_->mu_);
   // ABI 1 compatibility, as manager-only single-group plans: a plan
   // destroyed with neither commit nor abort counts as committed.
-  std::lock_guard<std::mutex> lock(pool_->mu_);
-  if (pool_->closed_) return;
-  try {
-    commit_locked();
-  } catch (...) {  // out of memory caching: the tokens stay counted, their blocks uncached
+  if (state_ == State::kOpen && !pool_->closed_) {
+    try {
+      commit_locked();
+    } catch (...) {  // out of memory caching: the tokens stay counted, their blocks uncached
+    }
   }
+  // Under the lock, as the single-group plan's: the next prepare updates a
+  // kept table in place once it holds the only reference, and only the
+  // lock orders that with this plan's reads (libc++'s use counts are
+  // relaxed).
+  for (Arrays& g : groups_) g.table.reset();
 }
 
 void GroupBatch::commit() {

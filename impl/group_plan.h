@@ -64,6 +64,9 @@ class GroupBatch {
 
   enum class State : uint8_t { kOpen, kCommitted, kAborted };
   State state_ = State::kAborted;  // until prepare succeeds
+  // prepare succeeded: the destructor may lock the pool (a failed prepare
+  // destroys its half-built plan while it holds the lock).
+  bool recyclable_ = false;
   std::shared_ptr<GroupPool> pool_;
   std::vector<SeqId> seqs_;
   std::vector<uint32_t> epochs_;  // Seq::epoch at prepare

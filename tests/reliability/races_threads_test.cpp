@@ -328,8 +328,6 @@ void group_worker(pkv_pool* pool, int id, int steps, Failures& f) {
     } else {
       if (st != PKV_E_OUT_OF_BLOCKS && st != PKV_E_INVALID_STATE && st != PKV_E_INVALID_ARGUMENT)
         f.check(st, "pkv_batch_prepare_ex");
-      if (std::getenv("PKV_RACES_DEBUG"))
-        std::fprintf(stderr, "prepare_ex: %d %s\n", st, pkv_last_error_message());
       // Start over with new sequences.
       for (pkv_seq_id s : seqs) CHECK_BENIGN(f, pkv_seq_free(pool, s));
       seqs.clear();
