@@ -720,3 +720,53 @@ def test_a_failed_request_does_not_hide_what_else_finished_in_its_step():
         assert (a.tokens, c.tokens) == (reference_greedy(model, prompt, 4), reference_greedy(model, prompt[:3], 4))
         assert (b.finish_reason, b.tokens, b.error) == ("error", [], info.value)
         assert gen.pool.stats().num_seqs == 0
+
+
+def test_an_interrupt_while_a_failed_step_reruns_fails_no_other_request(monkeypatch):
+    """A step whose batched forward raised is run again sequence by
+    sequence. A KeyboardInterrupt in one of those forwards left the
+    sequences that had already run alone computed but never sampled: the
+    next step planned them for 0 tokens, which the pool refuses, so a good
+    request ended with finish_reason "error" (InvalidArgumentError
+    "query_counts[0] = 0"). They sample before the interrupt propagates
+    now; what had not run yet runs at the next step, and what finished in
+    the interrupted step comes back from the next step()."""
+    model = tiny_model("llama", seed=21)
+    good = random_prompts(21, [7, 9, 5])
+    refs = [reference_greedy(model, p, 4) for p in good]
+    one = reference_greedy(model, good[0], 1)
+    poison = next(t for t in range(384) if all(t not in p + r for p, r in zip(good, refs)))
+    bad = [*random_prompts(22, [4])[0], poison]
+    forward = model.forward
+    calls = {"alone": 0, "armed": True}
+
+    def hooked(*args, **kwargs):
+        ids = kwargs["input_ids"]
+        if calls["armed"]:
+            if (ids == poison).any() and ids.shape[1] > len(bad):
+                raise ValueError("batched step refused")
+            calls["alone"] += 1
+            if calls["alone"] == 2:  # the second sequence run alone
+                calls["armed"] = False
+                raise KeyboardInterrupt
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", hooked)
+    with Generator(model, num_blocks=64, block_size=4) as gen:
+        first = gen.add_request(good[0], SamplingParams(max_new_tokens=1))
+        rids = [gen.add_request(p, SamplingParams(max_new_tokens=4)) for p in good]
+        rbad = gen.add_request(bad, SamplingParams(max_new_tokens=4))
+        with pytest.raises(KeyboardInterrupt):
+            gen.step()
+        done = []
+        while gen.has_unfinished():
+            done += gen.step()
+        got = {(c.request_id, c.finish_reason): c.tokens for c in done}
+        assert got == {
+            (first, "length"): one,
+            **{(r, "length"): ref for r, ref in zip(rids, refs)},
+            (rbad, "length"): reference_greedy(model, bad, 4),
+        }
+        gen.pool.validate()
+        st = gen.pool.stats()
+        assert (st.num_seqs, st.num_used_blocks) == (0, 0)

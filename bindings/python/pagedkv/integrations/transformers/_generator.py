@@ -308,6 +308,9 @@ class Generator:
             # Left queued, a request that cannot run made every later
             # generate() raise its error again.
             self._drop(reqs)
+            # nor does a later step() return what they finished before it
+            ids = {r.id for r in reqs}
+            self._out = [c for c in self._out if c.request_id not in ids]
             raise
         results = [sorted(r.done, key=lambda c: c.index) for r in reqs]
         failed = [c for r in results for c in r if c.finish_reason == "error"]
@@ -511,8 +514,10 @@ class Generator:
         of requests that failed in it included (finish_reason "error", see
         Completion). A request that cannot run fails alone: step() raises
         only for an interrupt (a BaseException that is not an Exception),
-        which leaves the step uncommitted, to be run again."""
-        self._out = []
+        which leaves the step uncommitted, to be run again: the sequences a
+        rerun one by one had computed before it sample first, and what
+        finished or failed in the interrupted step comes back from the next
+        step()."""
         seqs, counts = self._schedule()
         if seqs:
             self._run(seqs, counts)
@@ -538,11 +543,12 @@ class Generator:
             # fails) made every later step raise. Nothing of the step counts:
             # each sequence runs alone, and those that still fail end their
             # requests.
-            row_of = self._run_one_by_one(seqs, counts, sampling, e)
+            row_of, interrupt = self._run_one_by_one(seqs, counts, sampling, e)
         else:
             for s, c in zip(seqs, counts):
                 s.computed += c
             row_of = {j: logits[r] for r, j in enumerate(sampling)}
+            interrupt = None
         self.stats.steps += 1
         self.stats.scheduled_tokens += len(ids)
         self.stats.max_batch_seqs = max(self.stats.max_batch_seqs, len(seqs))
@@ -573,15 +579,24 @@ class Generator:
                     break
                 if done:
                     self._out.append(done)
+        if interrupt is not None:
+            raise interrupt
 
-    def _run_one_by_one(self, seqs: List[_Seq], counts: List[int], sampling: List[int], error: Exception) -> dict:
+    def _run_one_by_one(
+        self, seqs: List[_Seq], counts: List[int], sampling: List[int], error: Exception
+    ) -> tuple[dict, Optional[BaseException]]:
         """After a step that raised error: runs each sequence's part alone;
         a sequence whose part raises fails its request. Returns the logits
-        of the sampling ones that ran, by index into seqs."""
+        of the sampling ones that ran, by index into seqs, and an interrupt
+        (a BaseException that is not an Exception) that stopped the reruns:
+        the sequences run before it committed their tokens and must sample
+        (left computed but unsampled, the next step planned them for 0
+        tokens, which the pool refuses, and their requests failed); those
+        after it are left as they were, to run at the next step."""
         torch = self._torch
         if len(seqs) == 1:
             self._fail(seqs[0].req, error)
-            return {}
+            return {}, None
         row_of = {}
         for j, (s, c) in enumerate(zip(seqs, counts)):
             if s.handle is None:  # a sibling failed its request
@@ -593,10 +608,12 @@ class Generator:
             except Exception as e:
                 self._fail(s.req, e)
                 continue
+            except BaseException as interrupt:
+                return row_of, interrupt
             s.computed += c
             if j in sampling:
                 row_of[j] = logits[0]
-        return row_of
+        return row_of, None
 
     def _sample(self, s: _Seq, logits: Any) -> Optional[Completion]:
         torch = self._torch
