@@ -770,3 +770,18 @@ def test_an_interrupt_while_a_failed_step_reruns_fails_no_other_request(monkeypa
         gen.pool.validate()
         st = gen.pool.stats()
         assert (st.num_seqs, st.num_used_blocks) == (0, 0)
+
+
+def test_a_seed_torch_cannot_take_is_refused_naming_it():
+    """SamplingParams(seed=2**64) raised torch's ValueError "Overflow when
+    unpacking long long", naming no argument, and the request had taken an
+    id first (the next request got the one after). It is refused with the
+    others' checks now; seeds torch takes (negative ones too) still work."""
+    model = tiny_model("llama", seed=23)
+    with Generator(model, num_blocks=16, block_size=4) as gen:
+        for seed in (2**64, -(2**63) - 1):
+            with pytest.raises(ValueError, match=r"seed must be an int in \[-2\^63, 2\^64 - 1\]"):
+                gen.add_request([1, 2, 3], SamplingParams(temperature=1.0, seed=seed))
+        assert not gen.has_unfinished()
+        assert gen.add_request([1, 2, 3], SamplingParams(temperature=1.0, seed=-1)) == 0
+        assert gen.add_request([1, 2, 3], SamplingParams(temperature=1.0, seed=2**64 - 1)) == 1

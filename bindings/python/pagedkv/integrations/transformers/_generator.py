@@ -234,7 +234,12 @@ class Generator:
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1] (1: every token), got {top_p}")
         if params.seed is not None:
-            _index(params.seed, "seed")
+            # What torch.Generator.manual_seed takes: past it, it raised
+            # ValueError "Overflow when unpacking long long", naming nothing,
+            # after the request had taken an id.
+            seed = _index(params.seed, "seed")
+            if not -(2**63) <= seed <= 2**64 - 1:
+                raise ValueError(f"seed must be an int in [-2^63, 2^64 - 1] (torch's seeds), got {seed}")
         # ints, as the sampled ids are: a torch tensor's elements hash by
         # identity, so stop_token_ids=torch.tensor([eos]) never matched one.
         stop = (
