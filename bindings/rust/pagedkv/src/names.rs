@@ -394,7 +394,7 @@ fn rewrite(text: &str, extra: Renames, own: Renames, pool_fields: bool) -> Strin
         // salt): copied as it is, so "/data/host_bytes" stays that. An
         // apostrophe after a letter ("pool's") opens nothing.
         if c == '"' || (c == '\'' && !prev.is_some_and(|p| p.is_alphanumeric())) {
-            if let Some(end) = rest[1..].find(c) {
+            if let Some(end) = closing_quote(&rest[1..], c) {
                 out.push_str(&rest[..end + 2]);
                 prev = Some(c);
                 i += end + 2;
@@ -428,6 +428,25 @@ fn rewrite(text: &str, extra: Renames, own: Renames, pool_fields: bool) -> Strin
         }
     }
     out
+}
+
+// Where the quoted span opened by `quote` ends in `s` (the text after the
+// opening quote): the first `quote` that ends the text or that a
+// delimiter follows (`"dir": ...`, `'endpoint' has ...`). The library
+// quotes the caller's string as it is, which may hold the quote itself
+// (`"/a"b/host_bytes"`, `'ipc:///tmp/it's/x'`): a quote followed by more
+// of the string does not end it.
+fn closing_quote(s: &str, quote: char) -> Option<usize> {
+    let mut from = 0;
+    while let Some(k) = s[from..].find(quote) {
+        let at = from + k;
+        match s[at + 1..].chars().next() {
+            None | Some(':' | ',' | ';' | ')' | ']' | ' ' | '.') => return Some(at),
+            Some(_) => from = at + 1,
+        }
+    }
+    // No such quote: the first one, as before.
+    s.find(quote)
 }
 
 // After a dtype's name: " 1" or " 1 (f32)" becomes " DType::F32".
@@ -487,6 +506,23 @@ mod tests {
             ),
             "Pool::attach_tiers: TierOptions::file_dir '/x/host_bytes/file_dir': no such \
              directory; the pool's \"num_seqs\" num_seqs"
+        );
+        // A quoted string holding the quote character itself stays whole.
+        assert_eq!(
+            rust_message(
+                "pkv_pool_attach_tiers: file_dir \"/a\"b/host_bytes\": cannot create a file there",
+                None,
+                &[],
+            ),
+            "Pool::attach_tiers: TierOptions::file_dir \"/a\"b/host_bytes\": cannot create a file there"
+        );
+        assert_eq!(
+            rust_message(
+                "pkv_event_publisher_create: endpoint 'ipc:///tmp/it's/opts->endpoint': bad; opts->endpoint",
+                None,
+                &[],
+            ),
+            "EventPublisher::new: endpoint 'ipc:///tmp/it's/opts->endpoint': bad; PublisherOptions::endpoint"
         );
         // A caller's override wins; indices are kept.
         assert_eq!(
