@@ -198,6 +198,13 @@ func TestGoNamesLeaveQuotedCallerStringsAlone(t *testing.T) {
 		t.Errorf("message %q does not quote FileDir %q verbatim", e.Msg, dir)
 	}
 
+	// A quote inside the caller's string does not end the quoted span.
+	dir = `/nonexistent-pkv-review/a"b/host_bytes`
+	e = wantErr(t, p.AttachTiers(TierOptions{FileDir: dir, FileBytes: 1 << 20}), ErrInvalidArgument)
+	if !strings.Contains(e.Msg, dir) {
+		t.Errorf("message %q does not quote FileDir %q verbatim", e.Msg, dir)
+	}
+
 	ep := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 16, EnableEvents: true})
 	endpoint := "ipc:///tmp/replay_endpoint"
 	_, err = NewEventPublisher(ep, endpoint, "", &PublisherOptions{DataParallelRank: 1})

@@ -117,9 +117,6 @@ var (
 	rangeRef = regexp.MustCompile(`\branges\[(\d+)\]\.([a-z_]+)`)
 	// a C identifier with underscores (argument names)
 	identRef = regexp.MustCompile(`\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b`)
-	// a string of the caller's the message quotes: "..." or '...', the
-	// latter opened after no letter (not the apostrophe of "pool's")
-	quotedRef = regexp.MustCompile(`"[^"]*"|(?:^|[^A-Za-z0-9])'[^']*'`)
 )
 
 func goNames(op, msg string) string {
@@ -132,13 +129,57 @@ func goNames(op, msg string) string {
 	// argument file_dir.
 	var b strings.Builder
 	at := 0
-	for _, q := range quotedRef.FindAllStringIndex(msg, -1) {
+	for _, q := range quotedSpans(msg) {
 		b.WriteString(n.rewrite(op, msg[at:q[0]]))
 		b.WriteString(msg[q[0]:q[1]])
 		at = q[1]
 	}
 	b.WriteString(n.rewrite(op, msg[at:]))
 	return strings.TrimSpace(b.String())
+}
+
+// quotedSpans are the [start, end) of the caller's strings msg quotes:
+// "..." or '...', the latter opened after no letter or digit (not the
+// apostrophe of "pool's"). A span closes at a quote that ends msg or is
+// followed by one of :,;)]. or a space, so a quote inside the caller's
+// string ("/a\"b/x") does not end it; with no such quote, at the next one.
+func quotedSpans(msg string) [][2]int {
+	var spans [][2]int
+	for i := 0; i < len(msg); i++ {
+		c := msg[i]
+		if c != '"' && c != '\'' {
+			continue
+		}
+		if c == '\'' && i > 0 && isAlnum(msg[i-1]) {
+			continue
+		}
+		end := closingQuote(msg[i+1:], c)
+		if end < 0 {
+			continue
+		}
+		spans = append(spans, [2]int{i, i + 1 + end + 1})
+		i += 1 + end
+	}
+	return spans
+}
+
+func closingQuote(s string, quote byte) int {
+	for from := 0; ; {
+		k := strings.IndexByte(s[from:], quote)
+		if k < 0 {
+			break
+		}
+		at := from + k
+		if at+1 == len(s) || strings.IndexByte(":,;)]. ", s[at+1]) >= 0 {
+			return at
+		}
+		from = at + 1
+	}
+	return strings.IndexByte(s, quote)
+}
+
+func isAlnum(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 }
 
 // rewrite renames the C names in msg, a part of a message outside quotes.
