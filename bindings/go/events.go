@@ -7,6 +7,7 @@ package pagedkv
 import "C"
 
 import (
+	"fmt"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -43,10 +44,16 @@ func (p *Pool) DrainEventsV2(max int) ([]EventV2, error) {
 	}
 	bs := int(p.opts.BlockSize)
 	// C memory: the library writes into both buffers.
-	evs := (*[1 << 20]C.pkv_event_v2)(C.calloc(C.size_t(max), C.size_t(unsafe.Sizeof(C.pkv_event_v2{}))))[:max:max]
-	defer C.free(unsafe.Pointer(&evs[0]))
-	ids := (*[1 << 28]C.int32_t)(C.calloc(C.size_t(max*bs), 4))[: max*bs : max*bs]
-	defer C.free(unsafe.Pointer(&ids[0]))
+	evp := C.calloc(C.size_t(max), C.size_t(unsafe.Sizeof(C.pkv_event_v2{})))
+	idp := C.calloc(C.size_t(max*bs), 4)
+	defer C.free(evp)
+	defer C.free(idp)
+	if evp == nil || idp == nil { // nothing was drained
+		return nil, &Error{Code: CodeOutOfMemory, Op: op,
+			Msg: fmt.Sprintf("cannot allocate buffers for %d events of %d tokens", max, bs)}
+	}
+	evs := unsafe.Slice((*C.pkv_event_v2)(evp), max)
+	ids := unsafe.Slice((*C.int32_t)(idp), max*bs)
 	for i := range evs {
 		evs[i].struct_size = C.uint32_t(unsafe.Sizeof(evs[i]))
 	}
