@@ -22,17 +22,10 @@
 #include <vector>
 
 #include "pagedkv/pagedkv.h"
+#include "sanitizers.h"
 
 #ifdef PKV_TEST_ZMQ
 #include <zmq.h>
-#endif
-
-#if defined(__SANITIZE_THREAD__)
-#define PKV_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define PKV_TSAN 1
-#endif
 #endif
 
 namespace {
@@ -220,6 +213,14 @@ pkv_pool* make_group_pool(uint32_t blocks) {
   return pool;
 }
 
+// A manager-only pool (groups 1) or make_group_pool's; null on failure.
+pkv_pool* make_pool(int groups, uint32_t blocks) {
+  if (groups > 1) return make_group_pool(blocks);
+  pkv_pool_options o = manager_options(blocks);
+  pkv_pool* p = nullptr;
+  return pkv_pool_create(&o, &p) == PKV_OK ? p : nullptr;
+}
+
 void take_all_copies(pkv_pool* pool, Failures& f) {
   for (uint32_t g = 0; g < 3; ++g) {
     std::vector<int32_t> src(8), dst(8);
@@ -379,14 +380,8 @@ TEST(Races, MultiGroupPoolPlansForksCopiesAndResets) {
 TEST(Races, PersistentPlanArraysStayWhileOtherPlansArePrepared) {
   Work work;
   for (int groups : {1, 3}) {
-    pkv_pool* pool = nullptr;
-    if (groups == 1) {
-      pkv_pool_options o = manager_options(128);
-      ASSERT_EQ(pkv_pool_create(&o, &pool), PKV_OK);
-    } else {
-      pool = make_group_pool(128);
-    }
-    ASSERT_NE(pool, nullptr);
+    pkv_pool* pool = make_pool(groups, 128);
+    ASSERT_NE(pool, nullptr) << pkv_last_error_message();
     Failures f;
     auto worker = [&](int id) {
       std::mt19937 rng(7 + id);
@@ -441,14 +436,8 @@ TEST(Races, PersistentPlanArraysStayWhileOtherPlansArePrepared) {
 TEST(Races, PersistentTableReusedAfterAPlanCommittedAndDestroyedOnAnotherThread) {
   Work work;
   for (int groups : {1, 3}) {
-    pkv_pool* pool = nullptr;
-    if (groups == 1) {
-      pkv_pool_options o = manager_options(64);
-      ASSERT_EQ(pkv_pool_create(&o, &pool), PKV_OK);
-    } else {
-      pool = make_group_pool(64);
-    }
-    ASSERT_NE(pool, nullptr);
+    pkv_pool* pool = make_pool(groups, 64);
+    ASSERT_NE(pool, nullptr) << pkv_last_error_message();
     pkv_seq_id s[2];
     for (int i = 0; i < 2; ++i) {
       std::vector<int32_t> t = prompt(uint32_t(i), 5, 1);

@@ -20,20 +20,7 @@
 
 #include "pagedkv/pagedkv.h"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define PKV_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define PKV_SANITIZED 1
-#endif
-#endif
-#if defined(__SANITIZE_THREAD__)
-#define PKV_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define PKV_TSAN 1
-#endif
-#endif
+#include "sanitizers.h"
 
 namespace {
 
