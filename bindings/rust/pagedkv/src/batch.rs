@@ -233,6 +233,8 @@ impl Batch {
     }
 
     /// Sets the CUDA stream later kernel calls of this plan are queued on.
+    /// The stream the plan was prepared on stays in use: dropping the plan
+    /// releases its device arrays on it (see [`Stream::from_raw`]).
     pub fn set_stream(&mut self, stream: Stream) {
         self.stream = stream;
     }

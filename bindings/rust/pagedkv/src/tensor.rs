@@ -309,7 +309,17 @@ impl Stream {
     ///
     /// # Safety
     /// `stream` must be NULL or a valid CUDA stream of the pool's device
-    /// that outlives every call it is passed to and the work queued on it.
+    /// that outlives every call it is passed to and the work queued on it,
+    /// and also everything that uses it after those calls returned:
+    /// - a [`Batch`](crate::Batch) prepared on it (even after
+    ///   [`Batch::set_stream`](crate::Batch::set_stream) chose another)
+    ///   releases its device arrays on it when dropped, and builds its
+    ///   token positions and last-token indices on it the first time they
+    ///   are asked for;
+    /// - on a pool with offload tiers, the stream the pool last planned on
+    ///   is used by the pool's later calls (an eviction during `append`
+    ///   records an event on it) until the pool's next call that takes a
+    ///   stream has returned, or the pool is dropped.
     pub unsafe fn from_raw(stream: *mut c_void) -> Stream {
         Stream(stream)
     }
