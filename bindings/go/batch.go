@@ -93,7 +93,9 @@ func (p *Pool) prepare(op string, seqs []Seq, queryCounts []int, flags PrepareFl
 	ids := make([]C.pkv_seq_id, len(seqs))
 	counts := make([]C.uint32_t, len(seqs))
 	for i, s := range seqs {
-		if s.pool != p {
+		// Copies of a Pool value (`cp := *pool`) share one pool: a Seq
+		// made through either is one of p's.
+		if s.pool != p && (s.pool == nil || p == nil || s.pool.h != p.h) {
 			return nil, argError(op, "seqs[%d] belongs to another pool", i)
 		}
 		if queryCounts[i] < 0 || int64(queryCounts[i]) > 1<<32-1 {

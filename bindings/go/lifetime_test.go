@@ -298,3 +298,50 @@ func TestCopiesOfHandlesCloseOnce(t *testing.T) {
 		}
 	}
 }
+
+// Prepare refused a sequence made through a copy of its Pool value
+// (`cp := *pool`; cp.CreateSeq, or cp.Seq(id)) as "seqs[0] belongs to
+// another pool": the check compared *Pool pointers, while copies share one
+// pool. A sequence of a really different pool is still refused, naming it.
+func TestPrepareTakesSequencesOfCopiesOfItsPool(t *testing.T) {
+	p := managerPool(t, 16)
+	cp := *p
+	s, err := cp.CreateSeq(nil)
+	ok(t, err)
+	ok(t, s.Append([]int32{1, 2, 3}))
+	for name, c := range map[string]struct {
+		pool *Pool
+		seq  Seq
+	}{
+		"pool.Prepare(a Seq of the copy)": {p, s},
+		"cp.Prepare(pool.Seq(id))":        {&cp, p.Seq(s.ID())},
+	} {
+		b, err := c.pool.Prepare([]Seq{c.seq}, []int{3})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if info, err := b.Info(); err != nil || info.NumSeqs != 1 || info.NumTokens != 3 {
+			t.Fatalf("%s: plan %+v, %v", name, info, err)
+		}
+		ok(t, b.Abort())
+		ok(t, b.Close())
+	}
+	other := managerPool(t, 16)
+	o, err := other.CreateSeq(nil)
+	ok(t, err)
+	ok(t, o.Append([]int32{1, 2, 3}))
+	before := stats(t, p)
+	e := wantErr(t, func() error { _, err := p.Prepare([]Seq{s, o}, []int{3, 3}); return err }(), ErrInvalidArgument)
+	if !strings.Contains(e.Msg, "seqs[1] belongs to another pool") {
+		t.Fatalf("a sequence of another pool: %v", e)
+	}
+	if _, err := p.Prepare([]Seq{{}}, []int{1}); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("a zero Seq: %v, want ErrInvalidArgument", err)
+	}
+	if after := stats(t, p); after != before {
+		t.Fatalf("refused prepares changed the pool: %+v -> %+v", before, after)
+	}
+	if _, err := (*Pool)(nil).Prepare([]Seq{s}, []int{3}); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("a nil Pool's Prepare of a live pool's Seq: %v, want ErrInvalidArgument", err)
+	}
+}
