@@ -66,6 +66,10 @@ class PinnedStaging {
       const cudaError_t q = cudaEventQuery(b.done);
       if (q == cudaSuccess) return b;
       if (q != cudaErrorNotReady) check(q, "cudaEventQuery");
+      // Not ready (a copy still in flight) is kept as the thread's last
+      // error, which the next launch's cudaGetLastError would report as its
+      // own failure (see event_query): cleared.
+      (void)cudaGetLastError();
     }
     if (buffers_.size() >= kMaxBuffers) {
       // Recycle the smallest buffer: wait for its copy, grow it if needed.

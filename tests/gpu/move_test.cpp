@@ -4,7 +4,9 @@
 // pageable host buffers; plus upload semantics, device restoration and
 // error reporting.
 #include <algorithm>
+#include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "gpu_test_util.h"
 
@@ -112,6 +114,45 @@ TEST(CudaCopyBlocks, AllPlanesAllPairsInOneCall) {
     cpu->copy_blocks(arena.c, src.data(), dst.data(), int64_t(src.size()), nullptr);
     arena.expect_equal("copy_blocks");
   }
+}
+
+// Uploads (block ids, plans) go through pinned staging buffers; one whose
+// copy is still queued answers cudaEventQuery with cudaErrorNotReady, which
+// the runtime keeps as the thread's last error. Left there, the next
+// launch's cudaGetLastError reported it as that launch's failure: with the
+// stream busy (the engine running ahead of the GPU), the second copy_blocks
+// (a fork's copy-on-write in prepare, a swap) failed with "device not ready".
+TEST(CudaCopyBlocks, CallsWhileEarlierUploadsAreQueuedDoNotFail) {
+  PKV_SKIP_WITHOUT_GPU();
+  auto gpu = pagedkv::make_cuda_backend(0);
+  auto cpu = pagedkv::make_cpu_backend(0);
+  std::mt19937_64 rng(14);
+  const int num_blocks = 40;
+  const KvLayout lay{num_blocks, 2, 8, 64, DType::kBF16};
+  TwinArena arena(*gpu, *cpu, lay, 2, rng);
+  gpu->synchronize(nullptr);
+  cudaStream_t stream = nullptr;
+  PKV_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // The stream is held up on the host for a while: every upload queued on it
+  // stays in flight.
+  PKV_CUDA_OK(cudaLaunchHostFunc(
+      stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }, nullptr));
+  const std::vector<int32_t> ids = shuffled_blocks(num_blocks, rng);
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const std::vector<int32_t> src(ids.begin() + 4 * round, ids.begin() + 4 * round + 4);
+    const std::vector<int32_t> dst(ids.begin() + 20 + 4 * round, ids.begin() + 24 + 4 * round);
+    try {
+      gpu->copy_blocks(arena.g, src.data(), dst.data(), 4, stream);
+    } catch (const pagedkv::Error& e) {
+      ADD_FAILURE() << e.what();
+    }
+    cpu->copy_blocks(arena.c, src.data(), dst.data(), 4, nullptr);
+  }
+  PKV_CUDA_OK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "no error left behind for the caller";
+  arena.expect_equal("copy_blocks behind a busy stream");
+  cudaStreamDestroy(stream);
 }
 
 class CudaSwap : public ::testing::TestWithParam<bool> {};  // pinned host buffer?
