@@ -40,8 +40,8 @@ cudaError_t launch_copy_blocks(char* base, int32_t num_planes, int64_t plane_byt
                                int64_t block_bytes, const int32_t* pairs, int64_t num_pairs,
                                cudaStream_t s) {
   if (num_pairs <= 0 || num_planes <= 0) return cudaSuccess;
-  const dim3 grid{unsigned(num_pairs), unsigned(num_planes), 1};
-  copy_blocks_kernel<<<grid, 128, 0, s>>>(base, plane_bytes, block_bytes, pairs);
+  copy_blocks_kernel<<<move_grid(num_pairs, num_planes), 128, 0, s>>>(base, num_planes, plane_bytes,
+                                                                      block_bytes, pairs);
   return cudaGetLastError();
 }
 
@@ -49,9 +49,8 @@ cudaError_t launch_gather_blocks(char* base, int32_t num_planes, int64_t plane_b
                                  int64_t block_bytes, const int32_t* blocks, int64_t n, char* buf,
                                  bool to_buffer, cudaStream_t s) {
   if (n <= 0 || num_planes <= 0) return cudaSuccess;
-  const dim3 grid{unsigned(n), unsigned(num_planes), 1};
-  gather_blocks_kernel<<<grid, 128, 0, s>>>(base, num_planes, plane_bytes, block_bytes, blocks, buf,
-                                            to_buffer);
+  gather_blocks_kernel<<<move_grid(n, num_planes), 128, 0, s>>>(
+      base, num_planes, plane_bytes, block_bytes, blocks, buf, to_buffer);
   return cudaGetLastError();
 }
 

@@ -89,31 +89,47 @@ __global__ void __launch_bounds__(128) write_kv_fp8_kernel(const WriteParams p) 
   }
 }
 
-// grid (pair, plane): one CTA copies one block of one plane.
-__global__ void __launch_bounds__(128)
-    copy_blocks_kernel(char* base, int64_t plane_bytes, int64_t block_bytes, const int32_t* pairs) {
-  const int64_t i = blockIdx.x;
-  char* plane = base + int64_t(blockIdx.y) * plane_bytes;
-  const uint4* src = reinterpret_cast<const uint4*>(plane + int64_t(pairs[2 * i]) * block_bytes);
-  uint4* dst = reinterpret_cast<uint4*>(plane + int64_t(pairs[2 * i + 1]) * block_bytes);
-  const int64_t n = block_bytes / 16;
-  for (int64_t e = threadIdx.x; e < n; e += blockDim.x) dst[e] = src[e];
+// gridDim.y is at most 65535, fewer than the planes of a pool of 32768+
+// layers (65536 with MLA): the kernels below take grid.y = min(planes,
+// cap) and loop over the planes gridDim.y apart.
+constexpr int64_t kMaxGridY = 65535;
+inline dim3 move_grid(int64_t n, int32_t num_planes, int64_t cap = kMaxGridY) {
+  return dim3(unsigned(n), unsigned(num_planes < cap ? num_planes : cap), 1);
 }
 
-// grid (block i, plane): buffer row (i, plane) <-> arena block blocks[i].
+// grid (pair, plane): one CTA copies one block of one plane (or of every
+// gridDim.y-th plane from blockIdx.y).
+__global__ void __launch_bounds__(128)
+    copy_blocks_kernel(char* base, int32_t num_planes, int64_t plane_bytes, int64_t block_bytes,
+                       const int32_t* pairs) {
+  const int64_t i = blockIdx.x;
+  const int64_t src_off = int64_t(pairs[2 * i]) * block_bytes;
+  const int64_t dst_off = int64_t(pairs[2 * i + 1]) * block_bytes;
+  const int64_t n = block_bytes / 16;
+  for (int64_t plane = blockIdx.y; plane < num_planes; plane += gridDim.y) {
+    char* pl = base + plane * plane_bytes;
+    const uint4* src = reinterpret_cast<const uint4*>(pl + src_off);
+    uint4* dst = reinterpret_cast<uint4*>(pl + dst_off);
+    for (int64_t e = threadIdx.x; e < n; e += blockDim.x) dst[e] = src[e];
+  }
+}
+
+// grid (block i, plane): buffer row (i, plane) <-> arena block blocks[i]
+// (planes gridDim.y apart, as copy_blocks_kernel).
 __global__ void __launch_bounds__(128)
     gather_blocks_kernel(char* base, int32_t num_planes, int64_t plane_bytes, int64_t block_bytes,
                          const int32_t* blocks, char* buf, bool to_buffer) {
   const int64_t i = blockIdx.x;
-  const int64_t plane = blockIdx.y;
-  uint4* arena =
-      reinterpret_cast<uint4*>(base + plane * plane_bytes + int64_t(blocks[i]) * block_bytes);
-  uint4* row = reinterpret_cast<uint4*>(buf + (i * num_planes + plane) * block_bytes);
   const int64_t n = block_bytes / 16;
-  if (to_buffer) {
-    for (int64_t e = threadIdx.x; e < n; e += blockDim.x) row[e] = arena[e];
-  } else {
-    for (int64_t e = threadIdx.x; e < n; e += blockDim.x) arena[e] = row[e];
+  for (int64_t plane = blockIdx.y; plane < num_planes; plane += gridDim.y) {
+    uint4* arena =
+        reinterpret_cast<uint4*>(base + plane * plane_bytes + int64_t(blocks[i]) * block_bytes);
+    uint4* row = reinterpret_cast<uint4*>(buf + (i * num_planes + plane) * block_bytes);
+    if (to_buffer) {
+      for (int64_t e = threadIdx.x; e < n; e += blockDim.x) row[e] = arena[e];
+    } else {
+      for (int64_t e = threadIdx.x; e < n; e += blockDim.x) arena[e] = row[e];
+    }
   }
 }
 

@@ -186,18 +186,19 @@ class EmuBackend final : public Backend {
     }
     const int64_t plane = int64_t(arena.layout.layer_bytes()),
                   block = int64_t(arena.layout.block_bytes());
-    pkv_emu::launch(dim3(unsigned(n), unsigned(2 * arena.num_layers)), dim3(128), 0, [&] {
-      cu::copy_blocks_kernel(static_cast<char*>(arena.base), plane, block, pairs.data());
+    const int32_t planes = arena.num_planes();
+    pkv_emu::launch(cu::move_grid(n, planes, grid_y_cap), dim3(128), 0, [&] {
+      cu::copy_blocks_kernel(static_cast<char*>(arena.base), planes, plane, block, pairs.data());
     });
   }
   void swap(const KvArena& arena, const int32_t* blocks, int64_t n, void* host, bool to_host,
             void*) override {
-    const int32_t planes = 2 * arena.num_layers;
+    const int32_t planes = arena.num_planes();
     const int64_t plane = int64_t(arena.layout.layer_bytes()),
                   block = int64_t(arena.layout.block_bytes());
     std::vector<char> buf(size_t(n * planes * block));
     if (!to_host) std::memcpy(buf.data(), host, buf.size());
-    pkv_emu::launch(dim3(unsigned(n), unsigned(planes)), dim3(128), 0, [&] {
+    pkv_emu::launch(cu::move_grid(n, planes, grid_y_cap), dim3(128), 0, [&] {
       cu::gather_blocks_kernel(static_cast<char*>(arena.base), planes, plane, block, blocks,
                                buf.data(), to_host);
     });
@@ -206,6 +207,10 @@ class EmuBackend final : public Backend {
   void synchronize(void*) override {}
 
   size_t max_smem = SIZE_MAX;  // the device's opt-in shared memory per block
+  // gridDim.y of the copy and swap kernels at most (the device's 65535;
+  // smaller in tests, so that the kernels loop over planes as they do on a
+  // pool of 32768+ layers).
+  int64_t grid_y_cap = cu::kMaxGridY;
   int last_splits = 0;
   bool last_large = false;
   bool last_generic = false;
@@ -296,6 +301,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(EmulatedKernels, WriteCopySwapMatchCpuBackend) {
   EmuBackend emu;
+  emu.grid_y_cap = 3;  // 4 planes: CTAs of blockIdx.y 0 also move plane 3
   auto cpu = pagedkv::make_cpu_backend(1);
   std::mt19937_64 rng(5);
   for (DType dt : {DType::kF32, DType::kBF16}) {
@@ -357,6 +363,7 @@ TEST(EmulatedKernels, WriteCopySwapMatchCpuBackend) {
 // swap move the codes unchanged.
 TEST(EmulatedKernels, Fp8WriteCopySwapMatchCpuBackend) {
   EmuBackend emu;
+  emu.grid_y_cap = 3;
   auto cpu = pagedkv::make_cpu_backend(1);
   std::mt19937_64 rng(11);
   for (DType fmt : {DType::kFp8E4m3, DType::kFp8E5m2}) {

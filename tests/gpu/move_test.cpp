@@ -155,6 +155,47 @@ TEST(CudaCopyBlocks, CallsWhileEarlierUploadsAreQueuedDoNotFail) {
   cudaStreamDestroy(stream);
 }
 
+// A pool may have up to 65536 layers: 131072 planes (65536 with MLA). The
+// copy and swap kernels put planes on gridDim.y, whose limit is 65535: with
+// 32768 layers or more every copy-on-write and swap failed with "invalid
+// configuration argument".
+TEST(CudaCopyBlocks, MorePlanesThanGridYAllows) {
+  PKV_SKIP_WITHOUT_GPU();
+  auto gpu = pagedkv::make_cuda_backend(0);
+  auto cpu = pagedkv::make_cpu_backend(0);
+  std::mt19937_64 rng(15);
+  const int num_blocks = 5, layers = 33000;  // 66000 planes of 128-byte blocks
+  const KvLayout lay{num_blocks, 1, 1, 64, DType::kF16};
+  TwinArena arena(*gpu, *cpu, lay, layers, rng);
+  const std::vector<int32_t> src{1, 2}, dst{3, 4};
+  try {
+    gpu->copy_blocks(arena.g, src.data(), dst.data(), 2, nullptr);
+  } catch (const pagedkv::Error& e) {
+    ADD_FAILURE() << e.what();
+  }
+  cpu->copy_blocks(arena.c, src.data(), dst.data(), 2, nullptr);
+  arena.expect_equal("copy_blocks over 66000 planes");
+
+  const size_t bytes = 2 * lay.block_bytes() * 2 * size_t(layers);
+  std::vector<uint8_t> host(bytes, 0xA5), cpu_host(bytes, 0x5A);
+  const std::vector<int32_t> out_ids{4, 1}, in_ids{2, 3};
+  try {
+    gpu->swap(arena.g, out_ids.data(), 2, host.data(), true, nullptr);
+    gpu->synchronize(nullptr);
+  } catch (const pagedkv::Error& e) {
+    ADD_FAILURE() << e.what();
+  }
+  cpu->swap(arena.c, out_ids.data(), 2, cpu_host.data(), true, nullptr);
+  EXPECT_TRUE(host == cpu_host) << "swap out";
+  try {
+    gpu->swap(arena.g, in_ids.data(), 2, host.data(), false, nullptr);
+  } catch (const pagedkv::Error& e) {
+    ADD_FAILURE() << e.what();
+  }
+  cpu->swap(arena.c, in_ids.data(), 2, cpu_host.data(), false, nullptr);
+  arena.expect_equal("swap in over 66000 planes");
+}
+
 class CudaSwap : public ::testing::TestWithParam<bool> {};  // pinned host buffer?
 
 TEST_P(CudaSwap, OutAndInMatchCpu) {
