@@ -92,6 +92,17 @@ AttnPlan plan_attention(const KvArena& arena, int32_t layer, const PlanView& pla
                    : mma_kernel ? attn_mma_large_rows(D)
                                 : attn_large_rows(elt, D);
 
+  // One CTA row per (sequence, tile of the longest query): gridDim.x holds
+  // at most 2^31 - 1, and the launch computes it in 32 bits, so a larger
+  // product would fail to launch or wrap and leave outputs unwritten.
+  const int64_t tiles = (max_rows + rows - 1) / rows;
+  if (int64_t(plan.num_seqs) * tiles > int64_t(INT32_MAX)) {
+    fail(Errc::kUnsupported,
+         "attention: " + str(plan.num_seqs) + " sequences x " + str(tiles) +
+             " query tiles of the longest query (" + str(max_rows) +
+             " rows per KV head) exceed the CUDA grid's 2^31 - 1 blocks; split the step");
+  }
+
   AttnPlan r{};
   AttnParams& p = r.params;
   p.k_plane = arena.plane(layer, 0);
@@ -115,7 +126,7 @@ AttnPlan plan_attention(const KvArena& arena, int32_t layer, const PlanView& pla
   p.softmax_scale = args.softmax_scale;
   p.softcap = args.logit_softcap;
   p.window = args.sliding_window;
-  p.tiles_per_seq = int32_t((max_rows + rows - 1) / rows);
+  p.tiles_per_seq = int32_t(tiles);
   p.num_tokens = plan.num_tokens;
   const int64_t ctas = int64_t(plan.num_seqs) * p.tiles_per_seq * lay.num_kv_heads;
   p.num_splits = plan_splits(ctas, plan, args, sm_count);

@@ -431,5 +431,37 @@ TEST(EmulatedKernels, Fp8WriteCopySwapMatchCpuBackend) {
   EXPECT_EQ(pkv_emu::state().errors, 0) << pkv_emu::state().first_error;
 }
 
+// A step whose sequences times the row tiles of its longest query exceed
+// gridDim.x's 2^31 - 1 is refused by the planner (the launch computes the
+// grid in 32 bits: past 2^32 it wrapped and left most outputs unwritten).
+TEST(EmulatedKernels, PlannerRefusesMoreCtasThanTheGridHolds) {
+  const pagedkv::KvLayout lay{64, 1, 16, 128, pagedkv::DType::kBF16};
+  uint8_t byte = 0;  // never read: planning only
+  KvArena arena{&byte, 1, lay};
+  pagedkv::AttentionArgs args{0.1f, 0, 0.f, nullptr, 0};
+  auto plan_for = [&](int32_t num_seqs, int32_t max_query) {
+    pagedkv::PlanView plan{};
+    plan.num_seqs = num_seqs;
+    plan.num_tokens = int64_t(num_seqs) - 1 + max_query;
+    plan.max_query = max_query;
+    plan.max_context = max_query;
+    const pagedkv::Tensor3 t{&byte, pagedkv::DType::kBF16, plan.num_tokens, 64, 128, 64 * 128, 128};
+    return cu::plan_attention(arena, 0, plan, t, t, args, /*sm_count=*/132);
+  };
+  // 2^20 sequences, one of them a 2^16-token chunk, 64 q heads per KV head:
+  // 2^22 rows of that query per KV head, 2^20 x tiles CTAs.
+  try {
+    plan_for(1 << 20, 1 << 16);
+    FAIL() << "planned a grid past 2^31 - 1 blocks";
+  } catch (const pagedkv::Error& e) {
+    EXPECT_EQ(e.code(), pagedkv::Errc::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("split the step"), std::string::npos) << e.what();
+  }
+  // An ordinary step still plans, with the tile count it launches.
+  const cu::AttnPlan ok = plan_for(1024, 64);
+  EXPECT_GT(ok.params.tiles_per_seq, 0);
+  EXPECT_LE(int64_t(1024) * ok.params.tiles_per_seq, int64_t(INT32_MAX));
+}
+
 }  // namespace
 }  // namespace pkvtest
