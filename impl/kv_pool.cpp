@@ -651,12 +651,15 @@ void Pool::copy_blocks(const int32_t* src, const int32_t* dst, uint64_t n, void*
   if (n) backend_->copy_blocks(arena_, src, dst, int64_t(n), stream);
   // A copy carries the source's written state (the pairs are independent:
   // check_copy_pairs); a cached destination that is no longer fully
-  // written leaves the cache.
+  // written leaves the cache, and so does one that now holds the K/V of
+  // other tokens: its hash stays only when the source is cached under the
+  // same hash (same tokens, same parents, same extra keys).
   bool lowered = false;
   for (uint64_t i = 0; i < n; ++i) {
     lowered |= blocks_.written(src[i]) < blocks_.written(dst[i]);
     blocks_.set_written(dst[i], blocks_.written(src[i]));
-    if (!blocks_.fully_written(dst[i])) blocks_.uncache_block(dst[i]);
+    if (!blocks_.fully_written(dst[i]) || !(blocks_.hash(src[i]) == blocks_.hash(dst[i])))
+      blocks_.uncache_block(dst[i]);
   }
   if (lowered) recount_committed();
 }

@@ -574,7 +574,10 @@ PKV_API pkv_status pkv_pool_kv_tensor(const pkv_pool* pool, uint32_t layer, uint
  * The pairs are copied at once, so they must be independent: a block that
  * is the destination of one pair may be neither the destination nor the
  * source of another (PKV_E_INVALID_ARGUMENT, nothing copied); a pair whose
- * source is its destination is allowed and changes nothing.
+ * source is its destination is allowed and changes nothing. A destination
+ * takes the source's written slots; a cached destination leaves the prefix
+ * cache (PKV_EVENT_BLOCK_REMOVED) unless it is then fully written and the
+ * source is cached under the same hash (it holds the K/V of other tokens).
  * stream: a cudaStream_t for CUDA pools, ignored (NULL) on CPU. */
 PKV_API pkv_status pkv_pool_copy_blocks(pkv_pool* pool, const int32_t* src, const int32_t* dst,
                                         uint64_t num_pairs, void* stream);
