@@ -31,8 +31,8 @@
 // retention, transfers, MLA, FP8.
 //
 // PKV_PROVENANCE_SEEDS=n runs seeds 1..n (default 300), PKV_PROVENANCE_SEED=s
-// seed s alone; PKV_PROVENANCE_DUMP=1 adds each sequence's state to the
-// trace printed on a failure.
+// seed s alone, PKV_PROVENANCE_STEPS=k k operations a seed (default 250); PKV_PROVENANCE_DUMP=1
+// adds each sequence's state to the trace printed on a failure.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -682,8 +682,10 @@ TEST(Provenance, RandomOperationsNeverServeKvNobodyWroteForThoseTokens) {
   const char* env = std::getenv("PKV_PROVENANCE_SEEDS");
   const int seeds = env ? std::atoi(env) : 300;
   const char* one = std::getenv("PKV_PROVENANCE_SEED");
-  if (one) return run(std::strtoull(one, nullptr, 10), 250);
-  for (int s = 1; s <= seeds && !HasFailure(); ++s) run(uint64_t(s), 250);
+  const char* steps_env = std::getenv("PKV_PROVENANCE_STEPS");
+  const int steps = steps_env ? std::atoi(steps_env) : 250;
+  if (one) return run(std::strtoull(one, nullptr, 10), steps);
+  for (int s = 1; s <= seeds && !HasFailure(); ++s) run(uint64_t(s), steps);
   if (std::getenv("PKV_PROVENANCE_DUMP"))
     std::printf("hits %lu %lu %lu %lu %lu commits %lu\n", (unsigned long)g_hits[0],
                 (unsigned long)g_hits[1], (unsigned long)g_hits[2], (unsigned long)g_hits[3],
