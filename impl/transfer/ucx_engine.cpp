@@ -197,6 +197,9 @@ class UcxEngine final : public TransferEngine, public std::enable_shared_from_th
   std::unordered_map<uint64_t, Export> exports_;
   uint64_t next_export_ = 1;
   bool closed_ = false;
+  // A descriptor carried this worker's address out: peers may connect to
+  // it, and it may owe them wire-up replies (see ~UcxEngine).
+  bool exported_ = false;
   // Sequences of transfers whose reads never ended after their endpoint
   // closed: their blocks could still be written, so they are freed only
   // once the worker is gone (~UcxEngine).
@@ -260,22 +263,66 @@ void UcxEngine::init() {
   ucp_worker_release_address(worker_, addr);
 }
 
+// UCX state that ~UcxEngine did not dare destroy (see there): reachable
+// from here for the life of the process, so that leak checkers do not
+// report it, never touched again.
+struct Abandoned {
+  ucp_context_h ctx;
+  ucp_worker_h worker;
+  std::vector<std::pair<std::shared_ptr<Pool>, SeqId>> quarantine;
+};
+std::mutex abandoned_mu;
+std::vector<Abandoned>* const abandoned = new std::vector<Abandoned>;
+
 UcxEngine::~UcxEngine() {
   for (auto& [id, x] : exports_) drop_export(x);
   for (Registration& r : regs_) ucp_mem_unmap(ctx_, r.memh);
   // A peer that connected (its import sent this worker a wire-up request)
-  // and went away before this worker's reply left (TCP: the reply waits for
-  // the connection to the peer) leaves that reply queued. UCX 1.13 aborts
-  // the process when ucp_worker_destroy purges it (ucp_request_send_state_ff:
-  // "got REP message"). A flush first sends it, or fails it once the peer
-  // is known gone (bounded: a flush towards a dead shared-memory peer never
-  // ends).
+  // and then stopped progressing or went away before this worker's reply
+  // left leaves that reply queued: the request made this worker create an
+  // endpoint whose TCP lane opens its own connection to the peer's
+  // interface, and the reply waits in that lane's pending queue until the
+  // peer's worker accepts and acknowledges the connection (UCX 1.13,
+  // uct_tcp_ep in CONNECTING/WAITING_ACK). ucp_worker_destroy purges every
+  // lane's pending queue through ucp_ep_err_pending_purge, whose
+  // ucp_request_send_state_ff asserts (ucp_request.c:684, "got REP
+  // message": only EP_REMOVED, EP_CHECK and ACK may be purged there) and
+  // aborts the process. A flush first lets the reply leave. It completes
+  // only once no TCP lane is connecting any more (a connecting lane counts
+  // as outstanding on its interface, uct_tcp_iface_flush) and every
+  // endpoint's pending queue has drained, so a completed flush leaves no
+  // queued reply, and nothing progresses the worker between the flush and
+  // ucp_worker_destroy. A flush still running after 1 s (a peer that is
+  // alive but does not progress, or a dead shared-memory peer) means the
+  // reply may still be queued if the worker ever replied, that is if it
+  // exported (only a descriptor carries its address to peers; an importer
+  // sends requests and acknowledgements, which the purge accepts). Such a
+  // worker and its context are then never destroyed nor progressed again
+  // (their memory, sockets and the sequences of quarantine_ stay held for
+  // the life of the process): a leak in that rare case is better than an
+  // abort, and a worker never progressed again serves no read and writes no
+  // received byte. An importer-only worker is destroyed as before (a flush
+  // towards a dead shared-memory exporter never ends).
+  bool abandon = false;
   if (worker_) {
     ucp_request_param_t fp{};
     const ucs_status_ptr_t f = ucp_worker_flush_nbx(worker_, &fp);
-    if (wait_request(worker_, f, 1'000'000'000ull) == UCS_INPROGRESS) ucp_request_free(f);
-    ucp_worker_destroy(worker_);
+    if (wait_request(worker_, f, 1'000'000'000ull) == UCS_INPROGRESS) {
+      ucp_request_free(f);
+      abandon = exported_;
+    }
   }
+  if (abandon) {
+    try {
+      std::lock_guard<std::mutex> lock(abandoned_mu);
+      abandoned->push_back({ctx_, worker_, std::move(quarantine_)});
+    } catch (...) {  // no room to record it: still never destroyed
+    }
+    quarantine_.clear();
+    worker_ = nullptr;
+    ctx_ = nullptr;
+  }
+  if (worker_) ucp_worker_destroy(worker_);
   if (ctx_) ucp_cleanup(ctx_);
   retired_.clear();  // no worker serves reads of them any more
   for (auto& [pool, seq] : quarantine_) {
@@ -412,6 +459,7 @@ uint64_t UcxEngine::export_seq(const std::shared_ptr<Pool>& pool, SeqId seq) {
     x.desc = d.encode();
     x.expires_ns = opts_.export_ttl_ms ? now_ns() + uint64_t(opts_.export_ttl_ms) * 1000000 : 0;
     exports_.emplace(next_export_, std::move(x));
+    exported_ = true;
   } catch (...) {
     drop_export(x);
     throw;

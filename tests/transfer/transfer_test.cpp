@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <thread>
 
@@ -461,6 +462,138 @@ TEST_F(Local, ImporterGoneBeforeTheExporterRepliedDoesNotAbortTheExporter) {
   EXPECT_EQ(stats(dst).num_seqs, 0u);
   EXPECT_EQ(pkv_pool_validate(dst), PKV_OK) << pkv_last_error_message();
   EXPECT_EQ(pkv_pool_validate(src), PKV_OK) << pkv_last_error_message();
+}
+
+// The exporter's wire-up reply still queued when the exporting engine is
+// destroyed: the importer's request made the exporter's worker open its own
+// TCP connection to the importer, and the reply waits for the importer's
+// worker to accept it, which an importer alive but not progressing (or
+// gone) never does. ucp_worker_destroy purged that reply and UCX 1.13
+// aborted the process (ucp_request.c:684, "got REP message"). Each case runs
+// in forked children (an abort kills only its child) and counts those that
+// died; the engine now leaves such a worker undestroyed instead.
+namespace reply_queued {
+
+// The importer polls once (its request leaves), the exporter progresses
+// (it replies, the reply queued), then the exporter is destroyed while the
+// importer, alive, never progresses again. Aborted every child before.
+void idle_importer() {
+  Layout l;
+  l.num_blocks = 64;
+  pkv_pool *src = make_pool(l), *dst = make_pool(l);
+  std::mt19937_64 rng(3);
+  pkv_seq_id seq = 0;
+  ok(pkv_seq_create(src, nullptr, &seq), "create");
+  const auto tokens = random_tokens(rng, 40);
+  prefill(src, l, seq, tokens, rng);
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  uint64_t id = 0, size = 0;
+  ok(pkv_transfer_export(a, src, seq, &id), "export");
+  pkv_transfer_export_descriptor(a, id, nullptr, 0, &size);
+  std::vector<uint8_t> d(size);
+  ok(pkv_transfer_export_descriptor(a, id, d.data(), size, &size), "descriptor");
+  pkv_transfer* t = nullptr;
+  ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), "import");
+  const auto nap = [] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); };
+  uint32_t state = 9;
+  pkv_seq_id s = 0;
+  nap();
+  for (int i = 0; i < 20; ++i) ok(pkv_transfer_engine_progress(a), "progress");
+  nap();
+  ok(pkv_transfer_poll(t, &state, &s), "poll");
+  nap();
+  for (int i = 0; i < 100; ++i) ok(pkv_transfer_engine_progress(a), "progress");
+  pkv_transfer_engine_destroy(a);
+  pkv_transfer_destroy(t);
+  pkv_transfer_engine_destroy(b);
+  pkv_pool_destroy(src);
+  pkv_pool_destroy(dst);
+}
+
+// The Go reviewer's pattern: transfers driven a random number of steps (the
+// exporter progressing), destroyed, and the exporter destroyed right after
+// the last one. Aborted about one child in ten before.
+void transfers_then_exporter(uint64_t seed) {
+  Layout l;
+  l.num_blocks = 64;
+  pkv_pool *src = make_pool(l), *dst = make_pool(l);
+  std::mt19937_64 rng(seed);
+  pkv_seq_id seq = 0;
+  ok(pkv_seq_create(src, nullptr, &seq), "create");
+  const auto tokens = random_tokens(rng, 40);
+  prefill(src, l, seq, tokens, rng);
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  for (int round = 0; round < 20; ++round) {
+    uint64_t id = 0, size = 0;
+    ok(pkv_transfer_export(a, src, seq, &id), "export");
+    pkv_transfer_export_descriptor(a, id, nullptr, 0, &size);
+    std::vector<uint8_t> d(size);
+    ok(pkv_transfer_export_descriptor(a, id, d.data(), size, &size), "descriptor");
+    pkv_transfer* t = nullptr;
+    ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), "import");
+    uint32_t state = PKV_TRANSFER_RUNNING;
+    pkv_seq_id s = 0;
+    const int steps = 1 + int(rng() % 10);
+    for (int i = 0; i < steps && state == PKV_TRANSFER_RUNNING; ++i) {
+      ok(pkv_transfer_engine_progress(a), "progress");
+      ok(pkv_transfer_poll(t, &state, &s), "poll");
+    }
+    if (state == PKV_TRANSFER_DONE) ok(pkv_seq_free(dst, s), "free");
+    pkv_transfer_destroy(t);
+    ok(pkv_transfer_export_release(a, id), "release");
+  }
+  pkv_transfer_engine_destroy(a);
+  pkv_transfer_engine_destroy(b);
+  pkv_pool_destroy(src);
+  pkv_pool_destroy(dst);
+}
+
+// Runs body(i) in n children at once; how many were killed by a signal.
+template <class F>
+int children_killed(int n, F body) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < n; ++i) {
+    const pid_t p = fork();
+    if (p == 0) {
+      try {
+        body(i);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "child %d: %s\n", i, e.what());
+        _exit(3);
+      }
+      _exit(0);
+    }
+    if (p > 0) pids.push_back(p);
+  }
+  int killed = 0;
+  for (pid_t p : pids) {
+    int ws = 0;
+    if (waitpid(p, &ws, 0) != p) continue;
+    if (WIFSIGNALED(ws))
+      ++killed;
+    else
+      EXPECT_EQ(WEXITSTATUS(ws), 0) << "a child failed";
+  }
+  EXPECT_EQ(int(pids.size()), n) << "fork";
+  return killed;
+}
+
+}  // namespace reply_queued
+
+TEST(LocalForked, ExporterDestroyedWithItsReplyQueuedToAnIdleImporterDoesNotAbort) {
+  if (!pkv_transfer_available()) GTEST_SKIP() << "built without UCX";
+  constexpr int kChildren = 6;
+  const int killed =
+      reply_queued::children_killed(kChildren, [](int) { reply_queued::idle_importer(); });
+  EXPECT_EQ(killed, 0) << killed << " of " << kChildren << " children aborted";
+}
+
+TEST(LocalForked, ExporterDestroyedRightAfterItsImportersTransfersDoesNotAbort) {
+  if (!pkv_transfer_available()) GTEST_SKIP() << "built without UCX";
+  constexpr int kChildren = 16;
+  const int killed = reply_queued::children_killed(
+      kChildren, [](int i) { reply_queued::transfers_then_exporter(100 + uint64_t(i)); });
+  EXPECT_EQ(killed, 0) << killed << " of " << kChildren << " children aborted";
 }
 
 TEST_F(Local, CancelLeavesThePoolAsBefore) {

@@ -93,7 +93,12 @@ PKV_API pkv_status pkv_transfer_engine_create(const pkv_transfer_options* opts,
                                               pkv_transfer_engine** out);
 
 /* Releases every export and lets go of the engine; imports still running
- * keep its transport alive until they are destroyed. NULL is a no-op. */
+ * keep its transport alive until they are destroyed. NULL is a no-op.
+ * An engine that exported and whose UCX worker still owes a peer a
+ * connection reply after 1 s (a peer alive but not progressing, or gone)
+ * is not torn down (UCX 1.13 would abort the process): its UCX worker,
+ * sockets and any blocks held for unfinished reads stay for the life of
+ * the process, never used again (docs/reliability.md). */
 PKV_API void pkv_transfer_engine_destroy(pkv_transfer_engine* engine);
 
 /* Serves peers' reads where the transport needs the exporter's help (TCP)
