@@ -362,16 +362,49 @@ class TensorView(NoCopy):
     # handle could then go while arrays over the memory are still in use.
     _pickle_why = "it pins library memory"
 
+    # The geometry is read-only: numpy, torch and cupy build arrays over
+    # (data, shape, strides, dtype) as given, so an assignment such as
+    # ``view.shape = (1 << 30,)`` made the next ``np.asarray(view)`` read
+    # (or write) far past the library's memory (a segmentation fault).
+    __slots__ = ("__weakref__", "_data", "_device", "_dtype", "_pin", "_readonly", "_shape", "_strides")
+
     def __init__(self, c_tensor: Any, pin: Any, readonly: bool = False) -> None:
         self._pin = pin  # keeps the C object alive; released with the view
-        self.readonly = bool(readonly)
-        self.data: int = int(c_tensor.data or 0) + int(c_tensor.byte_offset)
-        self.dtype = DType(c_tensor.dtype)
-        self.device = Device(DeviceType(c_tensor.device_type), c_tensor.device_id)
+        self._readonly = bool(readonly)
+        self._data: int = int(c_tensor.data or 0) + int(c_tensor.byte_offset)
+        self._dtype = DType(c_tensor.dtype)
+        self._device = Device(DeviceType(c_tensor.device_type), c_tensor.device_id)
         ndim = c_tensor.ndim
-        self.shape: Tuple[int, ...] = tuple(int(n) for n in c_tensor.shape[:ndim])
+        self._shape: Tuple[int, ...] = tuple(int(n) for n in c_tensor.shape[:ndim])
         strides = tuple(int(s) for s in c_tensor.strides[:ndim])
-        self.strides: Tuple[int, ...] = _dense_strides(self.shape) if not any(strides) else strides
+        self._strides: Tuple[int, ...] = _dense_strides(self.shape) if not any(strides) else strides
+
+    @property
+    def readonly(self) -> bool:
+        """Whether arrays over the view are read-only (the plan arrays)."""
+        return self._readonly
+
+    @property
+    def data(self) -> int:
+        """The address of element 0."""
+        return self._data
+
+    @property
+    def dtype(self) -> DType:
+        return self._dtype
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self._shape
+
+    @property
+    def strides(self) -> Tuple[int, ...]:
+        """In elements."""
+        return self._strides
 
     def __del__(self) -> None:
         pin, self._pin = getattr(self, "_pin", None), None
@@ -382,6 +415,8 @@ class TensorView(NoCopy):
                 pass
 
     def _interface(self) -> dict:
+        if getattr(self, "_pin", None) is None:  # released (an explicit __del__()): the memory may be gone
+            raise ValueError("the view was released")
         item = self.dtype.itemsize
         code = {
             DType.F32: "<f4",

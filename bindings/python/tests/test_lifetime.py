@@ -276,3 +276,47 @@ def test_sequence_copy_and_pickle_are_refused_naming_the_sequence():
         pickle.dumps(seq)
     gc.collect()
     assert len(seq) == 3 and pool.stats().num_seqs == 1
+
+
+_VIEW_GEOMETRY_ASSIGNED = """
+import numpy as np, pagedkv
+p = pagedkv.Pool(num_blocks=4, block_size=4, num_layers=1, num_kv_heads=1, head_dim=4, dtype="f32")
+s = p.create_sequence()
+s.append([1])
+b = p.prepare([s], 1)
+for v in (p.kv_tensor(0, "k"), b.plan(pagedkv.PlanArray.SLOT_MAPPING)):
+    before = (v.data, v.shape, v.strides, v.dtype, v.device, v.readonly)
+    for attr, value in (("shape", (1 << 30,)), ("strides", (1 << 20,) * 4), ("data", 8),
+                        ("dtype", pagedkv.DType.I64), ("readonly", False), ("device", "cpu")):
+        try:
+            setattr(v, attr, value)
+        except AttributeError:
+            pass
+        else:
+            raise SystemExit(f"view.{attr} = ... was taken")
+    assert (v.data, v.shape, v.strides, v.dtype, v.device, v.readonly) == before
+    a = np.asarray(v)
+    assert a.shape == before[1] and a.ctypes.data == before[0]
+    a.sum()
+v = p.kv_tensor(0, "k")
+p.close()
+v.__del__()  # released by hand: the pool's memory is gone
+try:
+    np.asarray(v)
+except ValueError as e:
+    assert "released" in str(e), e
+else:
+    raise SystemExit("a released view still described the freed memory")
+print("ok")
+"""
+
+
+def test_a_view_s_geometry_cannot_be_reassigned():
+    # numpy builds an array over (data, shape, strides, dtype) as the view
+    # gives them: `view.shape = (1 << 30,)` then np.asarray(view) read past
+    # the pool's storage (a segmentation fault). Run in a child: a crash is a
+    # failure here, not the end of pytest.
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", _VIEW_GEOMETRY_ASSIGNED], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
