@@ -346,7 +346,7 @@ class Pool(HandleOwner):
         ):
             h = self._h
             opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name, lora_path)
-            return _make_seq(self, h, _seq_create(h, opts), owned)
+            return _adopt_seq(self, h, owned, _seq_create, h, opts)
         return _create_seq(self, self._h, owned)  # the C defaults: create and wrap in one C call
 
     def sequence(self, seq_id: int, *, own: bool = False) -> Sequence:
@@ -436,11 +436,12 @@ class Pool(HandleOwner):
         la = lookahead if lookahead.__class__ is int else _index(lookahead, "lookahead")
         if owned is not True:
             owned = _flag(owned, "owned")
+        # The raw call and the handle in one C call: an interrupt between
+        # them dropped the id, and the sequence stayed in the pool for good.
+        h = self._h
         if hashes is None:
-            sid, cached = _seq_admit(self._h, opts, tokens, la)
-        else:
-            sid, cached = _seq_admit_hashes(self._h, opts, tokens, hashes, la)
-        return _new_seq(self, sid, owned), cached
+            return _adopt_seq(self, h, owned, _seq_admit, h, opts, tokens, la)
+        return _adopt_seq(self, h, owned, _seq_admit_hashes, h, opts, tokens, hashes, la)
 
     def append_batch(self, seqs: Any, tokens: Tokens) -> None:
         """Decode append: tokens[i] (one token id) to seqs[i] for distinct
@@ -707,7 +708,7 @@ class Sequence(NoCopy, _c._SeqBase):
 
     def fork(self) -> Sequence:
         """A child sharing every block (copy-on-write on the shared tail)."""
-        return _new_seq(self._pool, _seq_fork(self._h, self._id), True)
+        return _adopt_seq(self._pool, self._h, True, _seq_fork, self._h, self._id)
 
     def truncate(self, num_tokens: int) -> None:
         """Keeps the first num_tokens tokens, releasing emptied blocks."""
@@ -852,6 +853,9 @@ def _ids(seqs: Any) -> Any:
 
 
 _make_seq = Sequence._make
+# _adopt_seq(pool, handle, owned, raw_fn, *args): raw_fn(*args), which makes a
+# sequence, and its handle in one C call (see _SeqBase._adopt).
+_adopt_seq = Sequence._adopt
 _create_seq = Sequence._create
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Tuple
 
 from . import _pagedkv as _c
-from ._pool import Sequence, _count, _index, _new_seq, _seq_opts
+from ._pool import Sequence, _adopt_seq, _count, _index, _seq_opts
 from ._types import MMItemLike, _copy_fields, _flag
 
 if TYPE_CHECKING:
@@ -118,8 +118,10 @@ def admit_tiered(
     when it is collected; the id stays the engine's to free)."""
     opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name, lora_path)
     owned = _flag(owned, "owned")
-    sid, m = pool._call(_c.pkv_seq_admit_tiered, opts, tokens, hashes, _index(lookahead, "lookahead"))
-    return _new_seq(pool, sid, owned), TierMatch._from_c(m)
+    la = _index(lookahead, "lookahead")
+    h = pool._h
+    seq, m = _adopt_seq(pool, h, owned, _c.pkv_seq_admit_tiered, h, opts, tokens, hashes, la)
+    return seq, TierMatch._from_c(m)
 
 
 def stats(pool: Pool, medium: int = MEDIUM_HOST) -> TierStats:

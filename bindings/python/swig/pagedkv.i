@@ -453,6 +453,77 @@ static PyObject* pkv_py_seq_create(PyTypeObject* cls, PyObject* const* args, Py_
   return (PyObject*)s;
 }
 
+/* cls._adopt(pool, handle, owned, fn, *args): fn(*args), a raw call that
+ * makes a sequence and returns its id (or a tuple whose item 0 is the id),
+ * and the handle for that id, in one C call; returns the handle (or the
+ * tuple with item 0 replaced by it). A KeyboardInterrupt (any signal
+ * handler's exception) pending when the raw call returns is raised by the
+ * interpreter at its next check, which in Python code is between the raw
+ * call and the handle's creation: the id was dropped, and the sequence and
+ * its blocks stayed in the pool for good (admit, fork, create_sequence with
+ * options). No bytecode runs in here, so once the raw call returned the id
+ * has an owner; a failure to make the handle frees it. */
+static PyObject* pkv_py_seq_adopt(PyTypeObject* cls, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 4 || Py_TYPE(args[1]) != &pkv_py_handle_type) {
+    PyErr_SetString(PyExc_TypeError, "_adopt(pool, handle, owned, fn, *args)");
+    return NULL;
+  }
+  int owned = PyObject_IsTrue(args[2]);
+  if (owned < 0) return NULL;
+  pkv_py_handle* h = (pkv_py_handle*)args[1];
+  PyObject* r = PyObject_Vectorcall(args[3], args + 4, (size_t)(nargs - 4), NULL);
+  if (!r) return NULL;
+  /* a list or tuple (the raw admits' [id, cached]): the handle goes in
+   * item 0 of a new tuple */
+  int is_tuple = PyTuple_Check(r) || PyList_Check(r);
+  PyObject* items = is_tuple ? PySequence_Tuple(r) : NULL;
+  if (is_tuple && (!items || PyTuple_GET_SIZE(items) < 1)) {
+    if (items) PyErr_SetString(PyExc_TypeError, "_adopt: the call returned no sequence id");
+    Py_XDECREF(items);
+    Py_DECREF(r);
+    return NULL;
+  }
+  PyObject* idobj = is_tuple ? PyTuple_GET_ITEM(items, 0) : r;
+  if (!PyLong_Check(idobj)) {
+    Py_XDECREF(items);
+    Py_DECREF(r);
+    PyErr_SetString(PyExc_TypeError, "_adopt: the call returned no sequence id");
+    return NULL;
+  }
+  Py_INCREF(idobj);
+  PyObject* result = NULL;
+  pkv_py_seq* s = pkv_py_seq_alloc(cls, args[0], args[1], idobj, owned); /* steals idobj */
+  if (s) {
+    if (!is_tuple) {
+      result = (PyObject*)s;
+    } else {
+      Py_ssize_t n = PyTuple_GET_SIZE(items);
+      result = PyTuple_New(n);
+      if (result) {
+        PyTuple_SET_ITEM(result, 0, (PyObject*)s);
+        for (Py_ssize_t i = 1; i < n; ++i) {
+          PyObject* item = PyTuple_GET_ITEM(items, i);
+          Py_INCREF(item);
+          PyTuple_SET_ITEM(result, i, item);
+        }
+      } else {
+        Py_DECREF(s); /* frees the sequence when owned */
+      }
+    }
+  }
+  if (!s || (!result && !owned)) {
+    /* no owning handle (a borrowing one does not free): free by id */
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    (void)pkv_py_seq_free_id(h, is_tuple ? PyTuple_GET_ITEM(items, 0) : r);
+    PyErr_Restore(et, ev, tb);
+    if (!s) Py_DECREF(idobj);
+  }
+  Py_XDECREF(items);
+  Py_DECREF(r);
+  return result;
+}
+
 /* free(): see pagedkv.Sequence.free. */
 static PyObject* pkv_py_seq_free_method(pkv_py_seq* s, PyObject* unused) {
   if (s->freed) Py_RETURN_NONE;
@@ -477,6 +548,8 @@ static PyMethodDef pkv_py_seq_methods[] = {
      "_make(pool, handle, id, owned)"},
     {"_create", (PyCFunction)(void (*)(void))pkv_py_seq_create, METH_FASTCALL | METH_CLASS,
      "_create(pool, handle, owned)"},
+    {"_adopt", (PyCFunction)(void (*)(void))pkv_py_seq_adopt, METH_FASTCALL | METH_CLASS,
+     "_adopt(pool, handle, owned, fn, *args)"},
     {"free", (PyCFunction)pkv_py_seq_free_method, METH_NOARGS,
      "Releases the sequence and its blocks. Idempotent; a no-op once the\n"
      "pool is closed (closing released everything)."},
