@@ -56,6 +56,21 @@ uint64_t g_hits[6], g_commits;
 constexpr uint32_t kLayers = 2;
 constexpr uint32_t kHeadDim = 4;
 
+// The pools the model drives: f32 K/V of one head, one kernel thread, events on.
+pkv_pool_options model_options(uint32_t block_size, uint64_t num_blocks) {
+  pkv_pool_options o;
+  pkv_pool_options_init(&o);
+  o.block_size = block_size;
+  o.num_blocks = num_blocks;
+  o.num_layers = kLayers;
+  o.num_kv_heads = 1;
+  o.head_dim = kHeadDim;
+  o.dtype = PKV_DTYPE_F32;
+  o.num_threads = 1;
+  o.enable_events = 1;
+  return o;
+}
+
 struct Key {
   uint64_t lora = 0;
   int salt = 0;  // 0 none, else "s<salt>"
@@ -128,17 +143,8 @@ struct Harness {
     bs = sizes[r(4)];
     nblocks = 10 + r(20);
     window = r(5) == 0 ? bs * (2 + uint32_t(r(3))) + uint32_t(r(3)) : 0;
-    pkv_pool_options o;
-    pkv_pool_options_init(&o);
-    o.block_size = bs;
-    o.num_blocks = nblocks;
-    o.num_layers = kLayers;
-    o.num_kv_heads = 1;
-    o.head_dim = kHeadDim;
-    o.dtype = PKV_DTYPE_F32;
-    o.num_threads = 1;
+    pkv_pool_options o = model_options(bs, nblocks);
     o.sliding_window = window;
-    o.enable_events = 1;
     partial = r(3) == 0;
     o.enable_partial_reuse = partial;
     o.hash_algo = r(2) ? PKV_HASH_XXH3_128 : PKV_HASH_SHA256_CBOR;
@@ -739,16 +745,7 @@ Harness* directed_pool(uint32_t bs, uint64_t blocks) {
   auto* h = new Harness(0);
   h->bs = bs;
   h->nblocks = blocks;
-  pkv_pool_options o;
-  pkv_pool_options_init(&o);
-  o.block_size = bs;
-  o.num_blocks = blocks;
-  o.num_layers = kLayers;
-  o.num_kv_heads = 1;
-  o.head_dim = kHeadDim;
-  o.dtype = PKV_DTYPE_F32;
-  o.num_threads = 1;
-  o.enable_events = 1;
+  const pkv_pool_options o = model_options(bs, blocks);
   EXPECT_EQ(pkv_pool_create(&o, &h->pool), PKV_OK);
   for (uint32_t l = 0; l < kLayers; ++l)
     for (uint32_t w = 0; w < 2; ++w)
