@@ -35,10 +35,11 @@ uint64_t GroupPool::hit_of_group(uint32_t g, const std::vector<BlockHash>& hashe
   // even if shorter (nothing before it is needed).
   const uint64_t bs = opts_.block_size;
   const uint64_t contiguous = (uint64_t(spec.sliding_window) - 1 + bs - 1) / bs;
-  if (contiguous == 0) {
-    out->assign(max_blocks, 0);
-    return max_blocks;
-  }
+  // A window of one token needs no block, and vLLM's SlidingWindowManager
+  // caches none of its blocks (reachable_block_mask keeps no tail) and so
+  // never hits: such a group serves no hit (cache_computed caches nothing
+  // of it either), as in vLLM.
+  if (contiguous == 0) return 0;
   uint64_t run = 0;
   for (uint64_t i = max_blocks; i-- > 0;) {
     if (lookup(hashes[i], g) < 0) {

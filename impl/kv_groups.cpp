@@ -435,7 +435,7 @@ void GroupPool::cache_computed(const Seq& s, uint64_t from) {
   const uint64_t end = std::min<uint64_t>(s.hashes.size(), s.num_computed / opts_.block_size);
   for (uint64_t k = from; k < end; ++k)
     for (uint32_t g = 0; g < groups_.size(); ++g)
-      if (!recurrent(g) && k < s.table[g].size() && s.table[g][k] != 0)
+      if (!recurrent(g) && !uncacheable_window(g) && k < s.table[g].size() && s.table[g][k] != 0)
         cache(s.table[g][k], g, s.hashes[k]);
 }
 

@@ -167,6 +167,12 @@ class GroupPool {
   Need need_of(const Seq& s, uint64_t n, uint32_t lookahead) const;
   uint64_t window_end(uint32_t g, uint64_t n0) const;  // blocks wholly before n0's window
   bool recurrent(uint32_t g) const { return groups_[g].kind == GroupKind::kRecurrent; }
+  // A sliding window of one token: no block of it is ever read again, and
+  // vLLM caches none of them (its SlidingWindowManager's
+  // reachable_block_mask), so it has no prefix-cache entries and no hits.
+  bool uncacheable_window(uint32_t g) const {
+    return groups_[g].kind == GroupKind::kSlidingWindow && groups_[g].sliding_window <= 1;
+  }
   // Whether the state at the sequence's current length (a block boundary)
   // should be kept as a snapshot, keyed by its last block's hash.
   bool snapshot_due(const Seq& s, uint32_t g) const;

@@ -230,3 +230,44 @@ TEST(GroupRegress, AHitTakesTheOldestOfEqualBlocks) {
   ASSERT_EQ(pkv_seq_free(p, c), PKV_OK);
   pkv_pool_destroy(p);
 }
+
+// A sliding window of one token (found by test_vllm_differential_third.py):
+// the hit search needs ceil((w - 1) / bs) = 0 blocks, and the pool answered
+// every lookup with the whole prompt in null blocks, a hit on an empty
+// cache (prefix_hit_tokens counted tokens nothing had computed). vLLM's
+// SlidingWindowManager caches no block of such a group and never hits on
+// it, so a pool of [full, window 1] never hits either, and the group's
+// blocks go back to the free queue uncached.
+TEST(GroupRegress, AOneTokenWindowCachesNothingAndNeverHits) {
+  pkv_kv_group_spec window = spec(PKV_GROUP_SLIDING_WINDOW);
+  window.sliding_window = 1;
+  for (const bool with_full : {false, true}) {
+    // Two groups (step() takes the copies of two): two such windows, or
+    // full attention and one.
+    const std::vector<pkv_kv_group_spec> groups = {with_full ? spec(PKV_GROUP_FULL) : window,
+                                                   window};
+    pkv_pool_options o;
+    pkv_pool_options_init(&o);
+    o.block_size = kBs;
+    o.num_blocks = 40;
+    pkv_pool* p = nullptr;
+    ASSERT_EQ(pkv_pool_create_groups(&o, groups.data(), 2, &p), PKV_OK) << pkv_last_error_message();
+    const std::vector<int32_t> toks = {100, 101, 102, 103, 104, 105, 106, 107, 108};
+    for (int round = 0; round < 2; ++round) {
+      pkv_seq_id s = 0;
+      uint64_t hit = 99;
+      ASSERT_EQ(pkv_seq_create(p, nullptr, &s), PKV_OK);
+      ASSERT_EQ(pkv_seq_match_prefix(p, s, toks.data(), toks.size(), &hit), PKV_OK);
+      EXPECT_EQ(hit, 0u) << "with_full " << with_full << " round " << round;
+      ASSERT_EQ(pkv_seq_append(p, s, toks.data() + hit, toks.size() - hit, 0), PKV_OK);
+      step(p, s, uint32_t(toks.size() - hit));
+      EXPECT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
+      ASSERT_EQ(pkv_seq_free(p, s), PKV_OK);
+    }
+    pkv_pool_stats st;
+    pkv_pool_stats_init(&st);
+    ASSERT_EQ(pkv_pool_get_stats(p, &st), PKV_OK);
+    EXPECT_EQ(st.prefix_hit_tokens, 0u);
+    pkv_pool_destroy(p);
+  }
+}
