@@ -593,11 +593,16 @@ void GroupPool::truncate(SeqId id, uint64_t num_tokens) {
     ++s.version[g];
     s.num_null[g] = std::min<uint64_t>(s.num_null[g], keep);
   }
+  // A plan prepared before skips the sequence at commit only when tokens it
+  // may have written are gone (as Pool::truncate's writes_epoch): a truncate
+  // to the current length drops none, and skipping would leave a recurrent
+  // state the step advanced ahead of the computed tokens (applied twice by
+  // the next step).
+  if (n < s.tokens.size()) ++s.epoch;
   s.tokens.resize(n);
   s.hashes.resize(std::min<uint64_t>(s.hashes.size(), n / bs));
   s.num_cached = std::min(s.num_cached, n);
   s.num_computed = std::min(s.num_computed, n);
-  ++s.epoch;
 }
 
 void GroupPool::free(SeqId id) {

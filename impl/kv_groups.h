@@ -141,7 +141,7 @@ class GroupPool {
     // state move, a truncate, a hit), so a persistent page table row knows
     // what to rewrite (group_plan_table.h).
     std::vector<uint32_t> version;
-    uint32_t epoch = 0;    // bumped by truncate: a plan's commit skips it
+    uint32_t epoch = 0;    // bumped by a truncate that drops tokens: a plan's commit skips it
     bool planned = false;  // its computed count follows committed plans
   };
   struct Key {

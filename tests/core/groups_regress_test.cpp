@@ -125,6 +125,44 @@ TEST(GroupRegress, FirstPlanDoesNotRecomputeARecurrentStateFromTheMiddle) {
   pkv_pool_destroy(p);
 }
 
+// Found by the provenance model (tests/capi/provenance_groups_test.cpp): a
+// truncate to the sequence's own length (a speculative rollback that
+// rejects nothing) while its step runs made that step's commit skip the
+// sequence, as if tokens the step wrote were gone. The step had advanced
+// the recurrent state in place, so the state held 9 tokens while 8 counted
+// computed, and the next plan (queries from 8) applied token 8 twice. A
+// truncate that drops no token must not make the commit skip, as
+// Pool::truncate's writes_epoch.
+TEST(GroupRegress, TruncateToTheSameLengthDoesNotUncountARunningStep) {
+  pkv_pool* p = full_and_recurrent(16);
+  const int32_t t[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  pkv_seq_id a = 0;
+  ASSERT_EQ(pkv_seq_create(p, nullptr, &a), PKV_OK);
+  ASSERT_EQ(pkv_seq_append(p, a, t, 8, 0), PKV_OK);
+  step(p, a, 8);
+  ASSERT_EQ(pkv_seq_append(p, a, t + 8, 1, 0), PKV_OK);
+  uint32_t q = 1;
+  pkv_batch* b = nullptr;
+  ASSERT_EQ(pkv_batch_prepare(p, &a, &q, 1, nullptr, &b), PKV_OK) << pkv_last_error_message();
+  take_all_copies(p);
+  // The step runs (the state now holds 9 tokens); the engine rolls back
+  // nothing.
+  ASSERT_EQ(pkv_seq_truncate(p, a, 9), PKV_OK) << pkv_last_error_message();
+  ASSERT_EQ(pkv_batch_commit(b), PKV_OK);
+  pkv_batch_destroy(b);
+  pkv_seq_info info;
+  pkv_seq_info_init(&info);
+  ASSERT_EQ(pkv_seq_get_info(p, a, &info), PKV_OK);
+  EXPECT_EQ(info.num_computed_tokens, 9u) << "the state holds 9 tokens";
+  // So the next step starts after token 8, not on it again.
+  q = 1;
+  pkv_batch* again = nullptr;
+  EXPECT_EQ(pkv_batch_prepare(p, &a, &q, 1, nullptr, &again), PKV_E_INVALID_ARGUMENT);
+  pkv_batch_destroy(again);
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
+  pkv_pool_destroy(p);
+}
+
 }  // namespace
 
 // Found by review (wave 9): a multi-group pool's ids were 1, 2, 3...
