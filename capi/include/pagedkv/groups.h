@@ -81,7 +81,11 @@
  * needs a snapshot at exactly the hit point; the sequence's first append
  * then copies it into its new slot. A fork child starts from the parent's
  * state the same way (copy at its first append; the parent moves to a copy
- * when it appends first). All these copies come from
+ * when it appends first). Fork between steps: the child counts the
+ * parent's computed tokens, but its state is the parent's live slot as the
+ * kernels left it, so a fork after a step's writes and before its commit
+ * gives a child whose state already holds that step's tokens (the next
+ * plan would apply them again). All these copies come from
  * pkv_pool_group_take_copies, to run before the next step. A recurrent
  * state cannot be rolled back: pkv_seq_truncate below the sequence's length
  * fails with PKV_E_INVALID_ARGUMENT.
