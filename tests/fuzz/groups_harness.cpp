@@ -149,7 +149,7 @@ struct MSeq {
   std::vector<uint64_t> nulls;  // per group: released leading entries
   bool state_started = false;   // recurrent groups hold a slot (appended since create/fork)
   bool planned = false;         // computed count follows committed plans
-  uint32_t epoch = 0;           // bumped by the harness's truncate
+  uint32_t epoch = 0;           // bumped by a truncate that drops tokens
   std::vector<std::vector<int32_t>> tables;  // per group, as last read
   uint64_t ctx_fp() const { return mix(0x1234 + lora * 31 + salt * 7); }
   // fingerprint of the K/V of token p (depends on the whole prefix)
@@ -178,7 +178,7 @@ struct Harness {
   std::vector<uint32_t> kind, window;
   bool caching = true;
   bool snap_every = false;  // recurrent groups take PKV_GROUP_SNAPSHOT_EVERY_BLOCK
-  bool planned = false;  // the pool has prepared a plan
+  bool planned = false;     // the pool has prepared a plan
   std::vector<MSeq> seqs;
   std::vector<std::vector<Slot>> mem;  // [block][slot]; recurrent: slot 0
   std::vector<pkv_seq_id> dead;        // freed ids (stale)
@@ -625,7 +625,9 @@ struct Harness {
     s.computed = std::min(s.computed, n);
     s.cached = std::min(s.cached, n);
     for (uint32_t g = 0; g < G; ++g) s.nulls[g] = std::min(s.nulls[g], keep);
-    ++s.epoch;
+    // A running plan's commit skips the sequence only when the truncate
+    // dropped tokens it may have written (to its own length: nothing).
+    if (n < len) ++s.epoch;
   }
 
   void free_seq(size_t i) {
