@@ -437,6 +437,16 @@ void GroupPool::cache_computed(const Seq& s, uint64_t from) {
     for (uint32_t g = 0; g < groups_.size(); ++g)
       if (!recurrent(g) && !uncacheable_window(g) && k < s.table[g].size() && s.table[g][k] != 0)
         cache(s.table[g][k], g, s.hashes[k]);
+  // A live state that a committed step computed up to a block boundary is
+  // that boundary's state, cached now as vLLM's align mode caches the
+  // running state block of a step that ends there (a later prompt may hit
+  // it before the owner's next step). The owner's next append (or plan)
+  // moves to a copy, as it did to keep the snapshot then. Before a
+  // sequence's first plan (appends count tokens computed, and that plan may
+  // restart the state) it is kept at the next append or free, as before.
+  for (uint32_t g = 0; g < groups_.size() && s.planned; ++g)
+    if (snapshot_due(s, g))
+      cache(s.table[g][0], g, s.hashes[s.tokens.size() / opts_.block_size - 1]);
 }
 
 void GroupPool::close() {

@@ -309,3 +309,38 @@ TEST(GroupRegress, AOneTokenWindowCachesNothingAndNeverHits) {
     pkv_pool_destroy(p);
   }
 }
+
+// A committed step that ends on a block boundary (found by
+// test_vllm_differential_mamba.py): vLLM 0.33.0's MambaManager
+// (mamba_cache_mode "align") caches the running state block at the end of
+// that step, so a request admitted before the owner's next step hits it.
+// The pool kept the state only when the owner's next append started there
+// (or it was freed there): the same prompt hit a block less in between.
+// The live slot is cached at commit now; the owner's next append moves to a
+// copy, as it did to keep the snapshot, so no block is taken more or sooner.
+TEST(GroupRegress, AStepEndingOnABoundaryCachesTheStateAtCommit) {
+  pkv_pool* p = full_and_recurrent(32);
+  const std::vector<int32_t> toks = {100, 101, 102, 103, 104, 105, 106, 107, 108};
+  pkv_seq_id a = 0, b = 0;
+  uint64_t hit = 99;
+  ASSERT_EQ(pkv_seq_create(p, nullptr, &a), PKV_OK);
+  ASSERT_EQ(pkv_seq_append(p, a, toks.data(), 8, 0), PKV_OK);  // two blocks
+  step(p, a, 8);
+  const uint64_t free_before = free_blocks(p);
+  ASSERT_EQ(pkv_seq_create(p, nullptr, &b), PKV_OK);
+  ASSERT_EQ(pkv_seq_match_prefix(p, b, toks.data(), toks.size(), &hit), PKV_OK);
+  EXPECT_EQ(hit, 8u) << "the state after 8 tokens was computed by a committed step";
+  ASSERT_EQ(pkv_seq_free(p, b), PKV_OK);
+  EXPECT_EQ(free_blocks(p), free_before);
+  // The owner goes on in a copy; the cached state stays hittable.
+  ASSERT_EQ(pkv_seq_append(p, a, toks.data() + 8, 1, 0), PKV_OK);
+  step(p, a, 1);
+  EXPECT_EQ(free_blocks(p), free_before - 1);  // the full group's third block
+  ASSERT_EQ(pkv_seq_create(p, nullptr, &b), PKV_OK);
+  ASSERT_EQ(pkv_seq_match_prefix(p, b, toks.data(), toks.size(), &hit), PKV_OK);
+  EXPECT_EQ(hit, 8u);
+  EXPECT_EQ(pkv_pool_validate(p), PKV_OK) << pkv_last_error_message();
+  ASSERT_EQ(pkv_seq_free(p, b), PKV_OK);
+  ASSERT_EQ(pkv_seq_free(p, a), PKV_OK);
+  pkv_pool_destroy(p);
+}

@@ -73,8 +73,10 @@
  * state slot. A sequence's table in it holds its live slot alone (taken at
  * its first append). With prefix caching, the state at a block boundary is
  * kept as a snapshot keyed by that block's hash (vLLM's Mamba prefix
- * caching): when an append starts at a boundary (the previous tokens are
- * computed by then) or the sequence is freed there, and, with
+ * caching): when a committed plan computes the state up to a boundary (as
+ * vLLM's mamba_cache_mode "align" caches a step's running state there),
+ * when an append starts at a boundary (the previous tokens are computed by
+ * then) or the sequence is freed there, and, with
  * PKV_GROUP_SNAPSHOT_EVERY_BLOCK, at every block boundary inside a
  * committed plan's query chunk (written by the engine's kernel into the
  * slots that PKV_PLAN_SNAPSHOT_* name). A hit in this group
