@@ -478,7 +478,15 @@ static PyObject* pkv_py_seq_adopt(PyTypeObject* cls, PyObject* const* args, Py_s
   int is_tuple = PyTuple_Check(r) || PyList_Check(r);
   PyObject* items = is_tuple ? PySequence_Tuple(r) : NULL;
   if (is_tuple && (!items || PyTuple_GET_SIZE(items) < 1)) {
-    if (items) PyErr_SetString(PyExc_TypeError, "_adopt: the call returned no sequence id");
+    if (items) {
+      PyErr_SetString(PyExc_TypeError, "_adopt: the call returned no sequence id");
+    } else if (PyList_Check(r) && PyList_GET_SIZE(r) > 0 && PyLong_Check(PyList_GET_ITEM(r, 0))) {
+      /* no memory for the tuple: the id still has no owner, free it */
+      PyObject *et, *ev, *tb;
+      PyErr_Fetch(&et, &ev, &tb);
+      (void)pkv_py_seq_free_id(h, PyList_GET_ITEM(r, 0));
+      PyErr_Restore(et, ev, tb);
+    }
     Py_XDECREF(items);
     Py_DECREF(r);
     return NULL;
