@@ -63,6 +63,8 @@ class Batch(HandleOwner):
         # As Pool.prepare's: bool() made persistent_table="no" a persistent table.
         persistent_table = _flag(persistent_table, "persistent_table", none_is_false=True)
         self._ids = None
+        if not isinstance(pool, Pool):  # pool._h raised AttributeError, naming nothing
+            raise TypeError(f"pool: expected a pagedkv.Pool, got {type(pool).__name__}")
         _check_len(seqs, "seqs", MAX_SEQS)  # before list() or the id array's copy
         if not isinstance(seqs, (list, tuple)) and hasattr(seqs, "__array_interface__"):
             # An id array (uint64): the engine keeps its sequences alive. The

@@ -501,6 +501,15 @@ class Pool(HandleOwner):
         )
 
 
+def _check_pool(pool: Any, name: str = "pool") -> None:
+    """A TypeError naming the argument for anything but a Pool: the
+    module-level functions taking a pool (tiers, mla, events, transfer) read
+    ``pool._h`` / ``pool._call`` first, so a pool id or None raised
+    AttributeError "'int' object has no attribute '_h'", naming nothing."""
+    if not isinstance(pool, Pool):
+        raise TypeError(f"{name}: expected a pagedkv.Pool, got {type(pool).__name__}")
+
+
 def _key_domains(strict: Optional[bool], tagged: Optional[bool]) -> int:
     """strict_key_domains of the C options (PKV_KEY_DOMAINS_*) from the two
     flags; both set is refused (tagged keys already keep domains apart)."""

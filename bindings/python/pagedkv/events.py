@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from . import _pagedkv as _c
 from ._handle import Handle, HandleOwner
-from ._pool import _count
+from ._pool import _check_pool, _count
 from ._types import EventType, _index
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ _DRAIN_CHUNK = 1024
 
 def drain_events(pool: Pool, max_events: int = 1024) -> List[EventV2]:
     """Moves up to max_events oldest events of pool (every medium) out."""
+    _check_pool(pool)
     digest = pool._digest
     left = _count(max_events, "max_events")
     out: List[EventV2] = []
@@ -114,6 +115,7 @@ class EventPublisher(HandleOwner):
         hash_encoding: str = "int",
         device_medium: Optional[str] = None,
     ) -> None:
+        _check_pool(pool)
         encodings = {"map": _c.PKV_EVENTS_ENCODING_MAP, "array": _c.PKV_EVENTS_ENCODING_ARRAY}
         hashes = {"int": _c.PKV_EVENTS_HASH_INT, "bytes": _c.PKV_EVENTS_HASH_BYTES}
         for name, value, words in (

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Tuple, Union
 
 from . import _pagedkv as _c
 from ._batch import _c_float
-from ._pool import _index
+from ._pool import _check_pool, _index
 from ._tensor import describe, empty_like, stream_ptr
 from ._types import DType, KvLayout
 
@@ -28,14 +28,24 @@ if TYPE_CHECKING:
 __all__ = ["attention", "bytes_per_token", "cache_write", "is_mla"]
 
 
+def _check_batch(batch: Any) -> None:
+    # batch._pool raised AttributeError "'NoneType' object has no attribute '_pool'".
+    from ._batch import Batch
+
+    if not isinstance(batch, Batch):
+        raise TypeError(f"batch: expected a pagedkv.Batch, got {type(batch).__name__}")
+
+
 def is_mla(pool: Pool) -> bool:
     """Whether the pool stores MLA latents (kv_layout "mla")."""
+    _check_pool(pool)
     return pool.options.kv_layout == KvLayout.MLA
 
 
 def bytes_per_token(pool: Pool) -> int:
     """KV bytes one token takes over all layers (the latent plus the rotary
     key per layer on an MLA pool; K plus V on an MHA pool)."""
+    _check_pool(pool)
     return pool.bytes_per_block // pool.block_size
 
 
@@ -54,6 +64,7 @@ def cache_write(batch: Batch, layer: int, kv_c: Any, k_pe: Any, stream: Any = No
     kv_lora_rank] and k_pe [num_tokens, qk_rope_head_dim] (or [num_tokens, 1,
     qk_rope_head_dim], as vLLM passes it). The write of the last layer
     commits the step, as Batch.cache_write does."""
+    _check_batch(batch)
     pool = batch._pool
     rank, rope = _latent_dims(pool)
     s = stream_ptr(stream)
@@ -88,6 +99,7 @@ def attention(
     model's (e.g. 1/sqrt(qk_nope_head_dim + qk_rope_head_dim)), required.
     lse: None, True (allocate) or a float32 [num_tokens, num_heads] tensor.
     Returns out, or (out, lse) when lse was asked for."""
+    _check_batch(batch)
     pool = batch._pool
     rank, rope = _latent_dims(pool)
     s = stream_ptr(stream)

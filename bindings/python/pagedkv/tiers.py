@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Tuple
 
 from . import _pagedkv as _c
-from ._pool import Sequence, _adopt_seq, _count, _index, _seq_opts
+from ._pool import Sequence, _adopt_seq, _check_pool, _count, _index, _seq_opts
 from ._types import MMItemLike, _copy_fields, _flag
 
 if TYPE_CHECKING:
@@ -75,6 +75,7 @@ def attach(pool: Pool, *, host_bytes: int, file_dir: Optional[str] = None, file_
     below it. host_bytes=0 with a
     file_dir: a file tier alone, each evicted block hashed and written
     straight from the pool (one pass). Once per pool."""
+    _check_pool(pool)
     opts = {"host_bytes": _count(host_bytes, "host_bytes"), "file_bytes": _count(file_bytes, "file_bytes")}
     if file_dir is not None:
         opts["file_dir"] = file_dir
@@ -116,6 +117,7 @@ def admit_tiered(
     prefill, and the next plan loads the host and file ones. owned: as
     Pool.admit's (False: the Sequence object does not free the sequence
     when it is collected; the id stays the engine's to free)."""
+    _check_pool(pool)
     opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name, lora_path)
     owned = _flag(owned, "owned")
     la = _index(lookahead, "lookahead")
@@ -126,11 +128,13 @@ def admit_tiered(
 
 def stats(pool: Pool, medium: int = MEDIUM_HOST) -> TierStats:
     """The counters of the pool's host (MEDIUM_HOST) or file (MEDIUM_FILE) tier."""
+    _check_pool(pool)
     return TierStats._from_c(pool._call(_c.pkv_pool_get_tier_stats, _count(medium, "medium")))
 
 
 def flush(pool: Pool) -> None:
     """Waits until queued offloads are in their tier and pending loads ran."""
+    _check_pool(pool)
     pool._call(_c.pkv_pool_flush_tiers)
 
 

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from . import _pagedkv as _c
 from ._handle import Handle, HandleOwner, NoCopy
-from ._pool import Pool, Sequence, _index, _new_seq, _seq_opts
+from ._pool import Pool, Sequence, _check_pool, _index, _new_seq, _seq_opts
 from ._types import _real
 
 RUNNING = _c.PKV_TRANSFER_RUNNING
@@ -95,6 +95,7 @@ class TransferEngine(HandleOwner):
 
     def export(self, pool: Pool, seq: Any) -> Export:
         """Exports seq's computed tokens (a Sequence or its id) and pins their blocks."""
+        _check_pool(pool)
         seq_id = seq.id if isinstance(seq, Sequence) else _index(seq, "seq")
         export_id = int(_c.pkv_transfer_export(self._h, pool._h, seq_id))
         try:
@@ -124,6 +125,7 @@ class TransferEngine(HandleOwner):
         """Starts pulling descriptor's sequence into pool (layout checked,
         blocks allocated all or nothing: InvalidArgumentError /
         OutOfBlocksError and nothing changes)."""
+        _check_pool(pool)
         opts = _seq_opts(0, lora_id, cache_salt, (), lora_name)
         ptr = _c.pkv_transfer_import(self._h, pool._h, opts, descriptor)
         return Transfer(self, pool, ptr)

@@ -467,3 +467,42 @@ def test_raw_capacities_whose_byte_size_wraps_are_not_allocated_short():
     assert copies is None or (len(copies[0]) == len(copies[1]) == 1)
     x = [bytearray(100) for _ in range(1000)]  # a corrupted heap failed here
     del x
+
+
+def test_functions_taking_a_pool_or_batch_name_a_wrong_argument():
+    """The module-level functions taking a pool (tiers.*, mla.is_mla /
+    bytes_per_token, events.drain_events, EventPublisher, TransferEngine's
+    export / import_sequence) and a batch (mla.cache_write / attention), and
+    the Batch constructor, read ``pool._h`` / ``batch._pool`` first: a seq id
+    or None raised AttributeError "'int' object has no attribute '_h'",
+    naming no argument (found by fuzz_api.py). Now a TypeError naming it,
+    before anything changes."""
+    from pagedkv import events, mla, tiers, transfer
+
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    seq = pool.create_sequence()
+    before = pool.stats()
+    calls = [
+        lambda x: tiers.attach(x, host_bytes=4096),
+        lambda x: tiers.admit_tiered(x, [1, 2, 3]),
+        lambda x: tiers.stats(x),
+        lambda x: tiers.flush(x),
+        lambda x: mla.is_mla(x),
+        lambda x: mla.bytes_per_token(x),
+        lambda x: events.drain_events(x),
+        lambda x: events.EventPublisher(x, "inproc://wrong-pool"),
+        lambda x: pagedkv.Batch(x, [seq], 1),
+    ]
+    if transfer.available():
+        eng = transfer.TransferEngine(transports="tcp")
+        calls += [lambda x: eng.export(x, seq), lambda x: eng.import_sequence(x, b"")]
+    for fn in calls:
+        for wrong in (seq.id, None, "pool", seq):
+            with pytest.raises(TypeError, match=r"^pool: expected a pagedkv\.Pool, got "):
+                fn(wrong)
+    for fn in (mla.cache_write, mla.attention):
+        for wrong in (None, pool, 3):
+            with pytest.raises(TypeError, match=r"^batch: expected a pagedkv\.Batch, got "):
+                fn(wrong, 0, None, None, **({"softmax_scale": 0.1} if fn is mla.attention else {}))
+    assert pool.stats() == before
+    pool.validate()
