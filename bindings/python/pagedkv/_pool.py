@@ -29,6 +29,7 @@ from ._types import (
     _check_len,
     _flag,
     _index,
+    _no_mm,
     _real,
     mm_tuples,
 )
@@ -342,7 +343,7 @@ class Pool(HandleOwner):
             or cache_salt is not None
             or lora_name is not None
             or lora_path is not None
-            or mm_items != ()
+            or not _no_mm(mm_items)
         ):
             h = self._h
             opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name, lora_path)
@@ -825,7 +826,7 @@ def _seq_opts(
         and cache_salt is None
         and lora_name is None
         and lora_path is None
-        and mm_items == ()
+        and _no_mm(mm_items)
     ):
         return None
     return {

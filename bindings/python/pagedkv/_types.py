@@ -228,9 +228,30 @@ class MMItem:
 MMItemLike = Union[MMItem, Tuple[int, int, str]]
 
 
+def _no_mm(items: Any) -> bool:
+    """Whether mm_items is its default (the empty tuple) or None. Compared
+    by ``mm_items != ()`` and read by ``items or ()``, a numpy array or a
+    torch tensor raised numpy's ValueError "operands could not be broadcast"
+    or torch's RuntimeError "Boolean value of Tensor with more than one
+    value is ambiguous", naming nothing."""
+    return items is None or (items.__class__ is tuple and not items)
+
+
 def mm_tuples(items: Any) -> list:
+    if _no_mm(items):
+        return []
+    if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
+        raise TypeError(
+            f"mm_items: expected an iterable of MMItem or (offset, length, hash) tuples, got {type(items).__name__}"
+        )
     out = []
-    for i, it in enumerate(items or ()):
+    try:
+        listed = iter(items)  # not list(): mm_items=range(2**40) fails at its first item
+    except TypeError:  # a 0-d array or tensor: "iteration over a 0-d tensor"
+        raise TypeError(
+            f"mm_items: expected an iterable of MMItem or (offset, length, hash) tuples, got {type(items).__name__}"
+        ) from None
+    for i, it in enumerate(listed):
         try:
             off, length, h = (it.offset, it.length, it.hash) if isinstance(it, MMItem) else it
         except (TypeError, ValueError):  # "cannot unpack non-iterable int object", naming nothing

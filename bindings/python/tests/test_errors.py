@@ -506,3 +506,31 @@ def test_functions_taking_a_pool_or_batch_name_a_wrong_argument():
                 fn(wrong, 0, None, None, **({"softmax_scale": 0.1} if fn is mla.attention else {}))
     assert pool.stats() == before
     pool.validate()
+
+
+def test_mm_items_given_as_an_array_or_tensor_is_a_type_error_naming_it():
+    """``mm_items`` was compared with ``!= ()`` and read with ``items or ()``:
+    a numpy array raised numpy's ValueError ("operands could not be
+    broadcast", "truth value of an array ... is ambiguous"), a torch tensor
+    torch's RuntimeError "Boolean value of Tensor with more than one value
+    is ambiguous" (not an error type the API raises for a bad argument), a
+    0-d one "iteration over a 0-d tensor", each naming no argument (found by
+    fuzz_api.py). Now a TypeError naming mm_items; an empty array is no
+    items, as an empty list is."""
+    torch = pytest.importorskip("torch")
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    calls = [
+        lambda mm: pagedkv.hash_prefix([1] * 16, block_size=4, mm_items=mm),
+        lambda mm: pool.hash_prefix([1] * 16, mm_items=mm),
+        lambda mm: pool.create_sequence(mm_items=mm),
+        lambda mm: pool.admit([1] * 8, mm_items=mm),
+    ]
+    before = pool.stats()
+    for fn in calls:
+        for mm in (torch.tensor([1, 2]), np.array([1, 2]), torch.tensor(3), np.array(3), 5, "ab"):
+            with pytest.raises(TypeError, match=r"^mm_items"):
+                fn(mm)
+        assert pool.stats() == before
+        fn(np.array([], dtype=np.int64))  # no items
+        fn(None)
+    pool.validate()
