@@ -349,9 +349,21 @@ def _real(value: Any, name: str) -> float:
         # ComplexWarning and dropped the imaginary part (softmax_scale=0.1+2j
         # ran with 0.1).
         raise TypeError(f"{name}: expected a float, got {t.__name__}")
+    ndim = getattr(value, "ndim", 0)
+    if ndim.__class__ is int and ndim != 0:
+        # A torch tensor of several elements (or none) raised torch's
+        # ValueError "only one element tensors can be converted to Python
+        # scalars", naming nothing, after printing a UserWarning when it
+        # required grad; a [[x]] tensor was taken as x where numpy's is not.
+        raise TypeError(f"{name}: expected a float, got {t.__name__} of shape {tuple(value.shape)}")
+    detach = getattr(value, "detach", None)
+    if detach is not None and getattr(value, "requires_grad", False) is True:
+        # float() of a torch scalar requiring grad printed torch's UserWarning
+        # "Converting a tensor with requires_grad=True to a scalar".
+        value = detach()
     try:
         return float(value)
-    except (TypeError, RuntimeError) as e:  # a numpy array (1-d or more), a complex torch scalar
+    except (TypeError, RuntimeError, ValueError) as e:  # a complex torch scalar, a meta tensor
         raise TypeError(f"{name}: expected a float, got {t.__name__} ({e})") from None
 
 

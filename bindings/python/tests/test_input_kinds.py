@@ -267,3 +267,23 @@ def test_retention_range_fields_name_themselves_when_index_refuses():
         seq.set_retention([(0, 4, 1, 0), (0, torch.tensor(4.0), 1, 0)])
     seq.set_retention([(torch.tensor(0), torch.tensor(4), 1, 0)])  # integer tensors are ints
     pool.close()
+
+
+def test_float_argument_given_a_tensor_of_several_elements_names_it_and_prints_nothing():
+    """_real called float() on any tensor: one of several elements (or none)
+    raised torch's ValueError "only one element tensors can be converted to
+    Python scalars", naming no argument, and printed torch's UserWarning
+    "Converting a tensor with requires_grad=True to a scalar" first when it
+    required grad (so did a valid 0-d one); a [[x]] tensor was taken as x,
+    where numpy's is refused (found by fuzz_api.py)."""
+    torch = pytest.importorskip("torch")
+    pool, _seq, step, q = _step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for bad in (torch.zeros(3, requires_grad=True), torch.zeros(0), torch.zeros(1, 1), np.zeros((1, 1))):
+            with pytest.raises(TypeError, match=r"^softmax_scale: expected a float, got (Tensor|ndarray) of shape"):
+                step.attention(0, q, softmax_scale=bad)
+        scale = torch.tensor(0.125, requires_grad=True)
+        assert np.array_equal(step.attention(0, q, softmax_scale=scale), step.attention(0, q, softmax_scale=0.125))
+    step.close()
+    pool.close()
