@@ -539,8 +539,22 @@ def _floats(values: Any, name: str) -> List[float]:
     if isinstance(values, (str, bytes)):  # iterating "12" gave [1.0, 2.0]
         raise TypeError(f"{name}: expected a sequence of floats, got {type(values).__name__}")
     _check_len(values, name, MAX_KV_SCALES)  # before tolist() or the list below
+    what = f"{name}: expected a sequence of floats, got {type(values).__name__}"
     tolist = getattr(values, "tolist", None)
-    return [_real(x, f"{name}[{i}]") for i, x in enumerate(tolist() if tolist is not None else values)]
+    if tolist is not None:
+        try:
+            values = tolist()
+        except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+            # a sparse or meta torch tensor: torch's RuntimeError "Cannot access
+            # data pointer of Tensor that doesn't have storage" / NotImplementedError
+            raise TypeError(f"{what} ({e})") from None
+        if not isinstance(values, list):  # a 0-d array or tensor: "'float' object is not iterable"
+            raise TypeError(f"{what} with no dimensions")
+    try:
+        items = iter(values)
+    except TypeError:  # "'int' object is not iterable", naming nothing
+        raise TypeError(what) from None
+    return [_real(x, f"{name}[{i}]") for i, x in enumerate(items)]
 
 
 def _scale_granularity(value: Any) -> int:

@@ -287,3 +287,28 @@ def test_float_argument_given_a_tensor_of_several_elements_names_it_and_prints_n
         assert np.array_equal(step.attention(0, q, softmax_scale=scale), step.attention(0, q, softmax_scale=0.125))
     step.close()
     pool.close()
+
+
+def test_kv_scales_given_a_tensor_without_storage_or_a_scalar_name_themselves():
+    """_floats called tolist() and iterated what it gave: a sparse torch
+    tensor raised torch's RuntimeError "Cannot access data pointer of Tensor
+    that doesn't have storage", a meta one NotImplementedError "Cannot copy
+    out of meta tensor", a 0-d array or tensor and an int "'float' object is
+    not iterable", none naming the argument (found by fuzz_api.py). Now a
+    TypeError naming k_scales / v_scales; the scales stay as they were."""
+    torch = pytest.importorskip("torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's own note on sparse invariant checks
+        sparse = torch.sparse_coo_tensor([[0]], [1.0], (1,))
+    pool = pagedkv.Pool(num_blocks=4, num_layers=1, num_kv_heads=1, head_dim=8, dtype="fp8_e4m3")
+    before = pool.kv_scales()
+    for bad in (sparse, torch.empty(1, device="meta"), np.array(2.0), torch.tensor(2.0), 5):
+        with pytest.raises(TypeError, match=r"^k_scales: expected a sequence of floats, got "):
+            pool.set_kv_scales(bad, [1.0])
+        with pytest.raises(TypeError, match=r"^v_scales: expected a sequence of floats, got "):
+            pagedkv.Pool(
+                num_blocks=4, num_layers=1, num_kv_heads=1, head_dim=8, dtype="fp8_e4m3", k_scales=[1.0], v_scales=bad
+            )
+    assert pool.kv_scales() == before
+    pool.set_kv_scales(torch.tensor([2.0]), np.array([3.0]))
+    assert pool.kv_scales() == ([2.0], [3.0])
