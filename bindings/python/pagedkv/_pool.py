@@ -337,16 +337,9 @@ class Pool(HandleOwner):
         tagged_keys=True, lora_path too (vLLM 0.33 keys both)."""
         if owned is not True:
             owned = _flag(owned, "owned")
-        if (
-            priority
-            or lora_id
-            or cache_salt is not None
-            or lora_name is not None
-            or lora_path is not None
-            or not _no_mm(mm_items)
-        ):
+        opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name, lora_path)
+        if opts is not None:
             h = self._h
-            opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name, lora_path)
             return _adopt_seq(self, h, owned, _seq_create, h, opts)
         return _create_seq(self, self._h, owned)  # the C defaults: create and wrap in one C call
 
@@ -834,6 +827,14 @@ def _seq_opts(
 ) -> Optional[dict]:
     """pkv_seq_options for the raw call: None (the C defaults, no conversion)
     when every option is at its default, else the dict form."""
+    # Ints first: the truth value of a numpy array or a torch tensor given as
+    # priority / lora_id raised numpy's ValueError or torch's RuntimeError
+    # ("Boolean value of Tensor with more than one value is ambiguous"),
+    # naming neither. None stays the default, as `not None` read it.
+    if priority.__class__ is not int:
+        priority = 0 if priority is None else _index(priority, "priority")
+    if lora_id.__class__ is not int:
+        lora_id = 0 if lora_id is None else _index(lora_id, "lora_id")
     if (
         not priority
         and not lora_id
@@ -844,8 +845,8 @@ def _seq_opts(
     ):
         return None
     return {
-        "priority": _index(priority, "priority"),
-        "lora_id": _index(lora_id, "lora_id"),
+        "priority": priority,
+        "lora_id": lora_id,
         "lora_name": lora_name,
         "lora_path": lora_path,
         "cache_salt": cache_salt,

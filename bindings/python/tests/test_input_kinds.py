@@ -312,3 +312,36 @@ def test_kv_scales_given_a_tensor_without_storage_or_a_scalar_name_themselves():
     assert pool.kv_scales() == before
     pool.set_kv_scales(torch.tensor([2.0]), np.array([3.0]))
     assert pool.kv_scales() == ([2.0], [3.0])
+
+
+def test_priority_and_lora_id_given_an_array_or_tensor_name_themselves():
+    """create_sequence / admit / admit_tiered (and import_sequence's lora_id)
+    read ``not priority`` / ``not lora_id`` before converting them: a torch
+    tensor raised torch's RuntimeError "Boolean value of Tensor with more
+    than one value is ambiguous", a numpy array numpy's ValueError "The
+    truth value of an array ... is ambiguous", naming neither, and
+    NotImplemented printed Python's DeprecationWarning first (found by
+    fuzz_api.py). Now a TypeError naming the argument, no sequence made;
+    None stays the default, integer scalars are taken."""
+    torch = pytest.importorskip("torch")
+    from pagedkv import tiers
+
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    calls = [
+        lambda **kw: pool.create_sequence(**kw),
+        lambda **kw: pool.admit([1, 2, 3], **kw)[0],
+        lambda **kw: tiers.admit_tiered(pool, [1, 2, 3], **kw)[0],
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for fn in calls:
+            for name in ("priority", "lora_id"):
+                for bad in (torch.tensor([1, 2]), torch.zeros(0), np.array([1, 2]), NotImplemented):
+                    with pytest.raises(TypeError, match=f"^{name}: expected an int, got "):
+                        fn(**{name: bad})
+                assert pool.stats().num_seqs == 0
+            s = fn(priority=np.int32(3), lora_id=torch.tensor(2))
+            assert (s.info().priority, s.info().lora_id) == (3, 2)
+            s.free()
+            fn(priority=None, lora_id=None).free()
+    pool.validate()
