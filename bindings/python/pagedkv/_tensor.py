@@ -369,6 +369,15 @@ class TensorView(NoCopy):
     __slots__ = ("__weakref__", "_data", "_device", "_dtype", "_pin", "_readonly", "_shape", "_strides")
 
     def __init__(self, c_tensor: Any, pin: Any, readonly: bool = False) -> None:
+        # Checked before the pin is taken: a failed TensorView(None, pin)
+        # released the pin it was given when collected (__del__), a reference
+        # it never held, so a few such calls destroyed the pool under its
+        # live views (a segmentation fault on their next access).
+        if not isinstance(c_tensor, _c.pkv_tensor):
+            raise TypeError(
+                "c_tensor: expected the library's pkv_tensor (views come from Pool.kv_tensor and Batch.plan), "
+                f"got {type(c_tensor).__name__}"
+            )
         self._pin = pin  # keeps the C object alive; released with the view
         self._readonly = bool(readonly)
         self._data: int = int(c_tensor.data or 0) + int(c_tensor.byte_offset)

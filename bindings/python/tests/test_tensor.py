@@ -1,5 +1,8 @@
 """Zero-copy tensor descriptors: DLPack, array interfaces, checks, streams."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -261,3 +264,38 @@ def test_read_only_dlpack_inputs_are_taken_and_refused_as_outputs(rng):
             step.attention(0, DLPackVersioned(q), DLPackVersioned(out))
             ref, _ = reference_attention(q, k, v)
             np.testing.assert_allclose(out, ref, atol=2e-5, rtol=2e-5)
+
+
+def test_a_failed_tensor_view_constructor_releases_no_reference():
+    """``pagedkv.TensorView(c_tensor, pin)`` took the pin before reading
+    c_tensor: given anything but the library's tensor it raised
+    AttributeError, and its __del__ then released the pin, a reference it
+    never held. With the pool's handle as pin (or an Export: it was
+    released), three such calls destroyed the pool under its live views and
+    the next access to a numpy array over its storage was a segmentation
+    fault (found by fuzz_api.py). Now a TypeError before the pin is taken;
+    run in a child, which a regression would kill."""
+    code = """
+import gc
+import numpy as np
+import pagedkv
+
+p = pagedkv.Pool(num_blocks=8, block_size=4, num_layers=1, num_kv_heads=1, head_dim=8, dtype="f32")
+a = np.asarray(p.kv_tensor(0, "k"))
+for bad in (None, 1, "x"):
+    try:
+        pagedkv.TensorView(bad, p._h)
+    except TypeError as e:
+        assert str(e).startswith("c_tensor: expected the library's pkv_tensor"), e
+    else:
+        raise AssertionError("no TypeError")
+gc.collect()
+junk = [bytearray(1 << 20) for _ in range(64)]
+a[...] = 1.0
+assert a.sum() == a.size
+assert not p.closed and p.stats().num_blocks == 8
+p.validate()
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
