@@ -12,6 +12,7 @@ group, all or nothing); ``Sequence.block_table()`` is group 0's table.
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 from typing import Sequence as Seq
@@ -20,7 +21,12 @@ from . import _pagedkv as _c
 from ._handle import Handle
 from ._pagedkv import NotFoundError
 from ._pool import Pool, Sequence, _key_domains
-from ._types import DType, HashAlgo, PoolOptions, _flag, _index
+from ._types import DType, HashAlgo, PoolOptions, _check_len, _flag, _index
+
+#: A group's most layers (pkv_kv_group_spec.num_layers) and a pool's most
+#: groups (pkv_pool_create_groups).
+_MAX_GROUP_LAYERS = 65536
+_MAX_GROUPS = 64
 
 
 class GroupKind(enum.IntEnum):
@@ -134,7 +140,8 @@ class KVGroupSpec:
         if self.dtype is not None:
             d["dtype"] = int(DType.parse(self.dtype))
         if self.layer_ids is not None:
-            d["layer_ids"] = [_index(i, "layer_ids") for i in self.layer_ids]
+            # a spec built directly (or by dataclasses.replace) skips _ids' bound
+            d["layer_ids"] = list(_ids(self.layer_ids))
         return d
 
 
@@ -145,7 +152,22 @@ def _check_seq(seq: Any) -> None:
 
 
 def _ids(layer_ids: Any) -> Optional[Tuple[int, ...]]:
-    return None if layer_ids is None else tuple(_index(i, "layer_ids") for i in layer_ids)
+    """layer_ids as a tuple of ints, read no further than a group's most
+    layers: ``layer_ids=range(2**40)`` built a tuple of 2^40 ints (the
+    process hung, then was killed for memory), as did an endless iterator."""
+    if layer_ids is None:
+        return None
+    _check_len(layer_ids, "layer_ids", _MAX_GROUP_LAYERS)  # before anything is read
+    try:
+        it = iter(layer_ids)
+    except TypeError:  # "'int' object is not iterable", naming nothing
+        raise TypeError(f"layer_ids: expected a sequence of ints, got {type(layer_ids).__name__}") from None
+    ids = tuple(_index(i, "layer_ids") for i in itertools.islice(it, _MAX_GROUP_LAYERS + 1))
+    if len(ids) > _MAX_GROUP_LAYERS:
+        raise _c.InvalidArgumentError(
+            f"layer_ids: more than {_MAX_GROUP_LAYERS} entries (a group's most layers)", _c.PKV_E_INVALID_ARGUMENT
+        )
+    return ids
 
 
 @dataclass(frozen=True)
@@ -199,7 +221,15 @@ class HybridPool(Pool):
             opts["enable_prefix_caching"] = int(_flag(enable_prefix_caching, "enable_prefix_caching"))
         if strict_key_domains is not None or tagged_keys is not None:
             opts["strict_key_domains"] = _key_domains(strict_key_domains, tagged_keys)
-        self._groups = tuple(groups)
+        _check_len(groups, "groups", _MAX_GROUPS)  # tuple(range(2**40)) took the machine's memory
+        try:
+            self._groups = tuple(itertools.islice(iter(groups), _MAX_GROUPS + 1))
+        except TypeError:  # "'int' object is not iterable", naming nothing
+            raise TypeError(f"groups: expected a sequence of KVGroupSpec, got {type(groups).__name__}") from None
+        if len(self._groups) > _MAX_GROUPS:
+            raise _c.InvalidArgumentError(
+                f"groups: more than {_MAX_GROUPS} groups (pkv_pool_create_groups)", _c.PKV_E_INVALID_ARGUMENT
+            )
         for i, g in enumerate(self._groups):
             if not isinstance(g, KVGroupSpec):
                 raise TypeError(f"groups[{i}]: expected a KVGroupSpec, got {type(g).__name__}")

@@ -1,6 +1,8 @@
 """Multi-group pools through the package (pagedkv.hybrid)."""
 
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -379,3 +381,37 @@ def test_repr_of_a_closed_hybrid_pool_says_it_is_closed():
     assert "closed" not in repr(pool)
     pool.close()
     assert repr(pool).endswith(", closed)")
+
+
+def test_huge_or_endless_layer_ids_and_groups_are_refused_before_they_are_read():
+    """``KVGroupSpec.*(layer_ids=range(2**40))`` built a tuple of 2^40 ints,
+    as did an endless iterator, and ``HybridPool(range(2**40))`` a tuple of
+    the groups: the process hung until it was killed for memory (found by
+    fuzz_api.py). Now InvalidArgumentError from the length (or after a
+    group's most layers, 65536, and a pool's most groups, 64, are read).
+    Run in a child under an address-space cap and a timeout."""
+    code = """
+import itertools, resource, time
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+import pagedkv
+K = pagedkv.KVGroupSpec
+for fn in (
+    lambda: K.recurrent(1, 16, range(2**40)),
+    lambda: K.full(1, 1, 8, layer_ids=itertools.count()),
+    lambda: K.window(4, 1, 1, 8, layer_ids=range(2**40)),
+    lambda: pagedkv.HybridPool([K(layer_ids=range(2**40))], num_blocks=8),
+    lambda: pagedkv.HybridPool(range(2**40)),
+    lambda: pagedkv.HybridPool(itertools.repeat(K.full(1, 1, 8))),
+):
+    t = time.monotonic()
+    try:
+        fn()
+    except pagedkv.InvalidArgumentError as e:
+        assert "layer_ids" in str(e) or "groups" in str(e), e
+    else:
+        raise AssertionError("accepted")
+    assert time.monotonic() - t < 2.0
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
