@@ -128,6 +128,26 @@ def _dense_strides(shape: Sequence[int]) -> Tuple[int, ...]:
     return tuple(reversed(out))
 
 
+#: numpy's most dimensions (NPY_MAXDIMS): an interface claiming more is not an array.
+_MAX_NDIM = 64
+
+
+def _dims(value: Any, name: str, what: str) -> Any:
+    """An array interface's shape or strides, refused before they are read
+    when they claim more dimensions than any array has: a shape of
+    range(2**40) was read into a tuple of 2^40 ints (a hang, then the
+    process was killed for memory)."""
+    try:
+        n = len(value)
+    except TypeError:  # an int, a generator: "object of type 'int' has no len()"
+        raise TypeError(f"{name}: array interface {what} is not a sequence, got {type(value).__name__}") from None
+    except OverflowError:  # a __len__ of 2**64 or more
+        n = _MAX_NDIM + 1
+    if n > _MAX_NDIM:
+        raise InvalidArgumentError(f"{name}: array interface {what} has {n} dimensions, more than {_MAX_NDIM}")
+    return value
+
+
 def _byte_strides_to_elems(name: str, strides: Sequence[int], itemsize: int) -> Tuple[int, ...]:
     out = []
     for s in strides:
@@ -230,8 +250,10 @@ def _from_interface(
         dtype = _RAW_BY_SIZE.get(int(kind[1:]))
     if dtype is None:
         raise InvalidArgumentError(f"{name}: element type {typestr!r} is not supported (f4, f2, i4, i8)")
-    shape = tuple(int(n) for n in iface["shape"])
+    shape = tuple(int(n) for n in _dims(iface["shape"], name, "shape"))
     st = iface.get("strides")
+    if st:
+        _dims(st, name, "strides")
     strides = _byte_strides_to_elems(name, st, dtype.itemsize) if st else _dense_strides(shape)
     return TensorDesc(int(ptr or 0), 0, dtype, device, shape, strides, bool(readonly), obj)
 

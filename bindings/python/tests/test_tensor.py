@@ -299,3 +299,38 @@ print("ok")
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+def test_array_interface_claiming_endless_dimensions_is_refused_before_it_is_read():
+    """An object whose ``__array_interface__`` gave ``shape`` (or
+    ``strides``) ``range(2**40)`` was read into a tuple of 2^40 ints by the
+    tensor description (cache_write, attention, the MLA calls): a hang until
+    the process was killed for memory (found while extending fuzz_api.py).
+    Now InvalidArgumentError past numpy's 64 dimensions, TypeError for a
+    shape that is no sequence; run in a child under a cap and a timeout."""
+    code = """
+import resource, time
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+import pagedkv
+
+class Iface:
+    def __init__(self, shape, strides=None):
+        self.__array_interface__ = {"shape": shape, "typestr": "<f4", "data": (0, False), "version": 3, "strides": strides}
+
+pool = pagedkv.Pool(num_blocks=8, block_size=4, num_layers=1, num_kv_heads=1, head_dim=8, dtype="f32")
+seq, _ = pool.admit([1, 2, 3])
+step = pool.prepare([seq], 3)
+for args, exc in (((range(2**40),), pagedkv.InvalidArgumentError), (((3, 1, 8), range(2**40)), pagedkv.InvalidArgumentError), ((5,), TypeError)):
+    t = time.monotonic()
+    for call in (lambda: step.cache_write(0, Iface(*args), Iface(*args)), lambda: step.attention(0, Iface(*args))):
+        try:
+            call()
+        except exc as e:
+            assert "array interface" in str(e), e
+        else:
+            raise AssertionError("accepted")
+    assert time.monotonic() - t < 2.0
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
