@@ -1160,8 +1160,6 @@ class Fuzzer:
                     pagedkv.KV.parse,
                     pagedkv.HashAlgo.parse,
                     pagedkv.KvLayout.parse,
-                    pagedkv.PlanArray,
-                    pagedkv.EventType,
                 ]
             )
             self.invoke("parse", fn, nasty(rng, self))
