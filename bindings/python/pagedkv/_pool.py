@@ -766,8 +766,11 @@ class Sequence(NoCopy, _c._SeqBase):
         while True:
             try:
                 return self._pool._call(_c.pkv_seq_get_block_table, self._id, cap)
-            except _c.BufferTooSmallError:  # grew on another thread meanwhile
-                cap = max(2 * cap, self.info().num_blocks)
+            except _c.BufferTooSmallError:
+                # Grew on another thread meanwhile, or (a multi-group pool)
+                # num_blocks counts held blocks only, not null entries: at
+                # least one more each time, so that a count of 0 cannot loop.
+                cap = max(2 * cap, self.info().num_blocks, 1)
 
     def block_hashes(self) -> List[bytes]:
         """Hashes of the full blocks, in order."""
