@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from typing import Sequence as Seq
 
 from . import _pagedkv as _c
-from ._handle import Handle, HandleOwner
+from ._handle import HandleOwner, _adopt_handle
 from ._pool import Pool, Sequence, _index
 from ._tensor import TensorView, check, describe, empty_like, stream_ptr
 from ._types import (
@@ -106,11 +106,12 @@ class Batch(HandleOwner):
         self._pool = pool
         self._seqs = seqs  # alive while the plan is: their GC would free them
         self._lock = threading.Lock()
+        s = stream_ptr(stream)
         if persistent_table:
-            ptr = _c.pkv_batch_prepare_ex(pool._h, (ids, counts), _c.PKV_PREPARE_PERSISTENT_TABLE, stream_ptr(stream))
+            flags = _c.PKV_PREPARE_PERSISTENT_TABLE
+            self._adopt(_c.pkv_batch_prepare_ex, pool._h, (ids, counts), flags, s)
         else:
-            ptr = _c.pkv_batch_prepare(pool._h, (ids, counts), stream_ptr(stream))
-        self._adopt(ptr)
+            self._adopt(_c.pkv_batch_prepare, pool._h, (ids, counts), s)
 
     @classmethod
     def _decode(cls, pool: Pool, seqs: Any, tokens: Any, stream: Any, persistent_table: bool) -> Batch:
@@ -135,23 +136,26 @@ class Batch(HandleOwner):
         self._seqs = seqs
         self._lock = threading.Lock()
         flags = _c.PKV_PREPARE_PERSISTENT_TABLE if persistent_table else 0
-        ptr = _c.pkv_batch_prepare_decode(pool._h, (ids, tokens), flags, stream_ptr(stream))
-        self._adopt(ptr)
+        self._adopt(_c.pkv_batch_prepare_decode, pool._h, (ids, tokens), flags, stream_ptr(stream))
         return self
 
-    def _adopt(self, ptr: Any) -> None:
-        """Owns the new plan ptr (destroyed with this object) and reads its info."""
-        self._h = Handle(ptr, _c.pkv_batch_destroy, "batch")
+    def _adopt(self, prepare: Any, *args: Any) -> None:
+        """prepare(*args), a raw call making a plan, and self._h owning it
+        in one C call (an interrupt between them dropped the plan: never
+        destroyed, its step neither committed nor aborted, its persistent
+        table kept); then reads its info. Once self._h is set, an exception
+        (an interrupt included) leaves the plan to close(), which aborts."""
+        h = _adopt_handle(self, _c.pkv_batch_destroy, "batch", prepare, *args)
         try:
-            self._info = BatchInfo._from_c(_c.pkv_batch_get_info(ptr))
+            self._info = BatchInfo._from_c(_c.pkv_batch_get_info(h))
         except BaseException:
             # A plan destroyed with neither commit nor abort counts as
-            # committed (batch.h): this step never ran.
+            # committed on a manager-only pool (batch.h): this step never ran.
             try:
-                _c.pkv_batch_abort(ptr)
+                _c.pkv_batch_abort(h)
             except _c.PagedKVError:
                 pass
-            self._h.close()
+            h.close()
             raise
 
     @staticmethod
@@ -271,14 +275,8 @@ class Batch(HandleOwner):
         return self._view(_c.pkv_batch_last_token_indices)
 
     def _view(self, fn: Any, *args: Any) -> TensorView:
-        ptr = self._h.acquire()
-        try:
-            with self._lock:
-                t = fn(ptr, *args)
-        except BaseException:
-            self._h.release()
-            raise
-        return TensorView(t, self._h, readonly=True)
+        with self._lock:
+            return TensorView._pinned(self._h, fn, *args, readonly=True)
 
     def plan_arrays(self) -> Dict[str, TensorView]:
         """Every plan array by lower-case name (slot_mapping, query_indptr,

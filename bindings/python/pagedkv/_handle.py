@@ -21,6 +21,14 @@ from . import _pagedkv as _c
 # more than the library call itself.
 Handle = _c._Handle
 
+# _adopt_handle(owner, destroy, what, raw_fn, *args): raw_fn(*args), which
+# makes a library object and returns its pointer, and owner._h = the Handle
+# owning it, in one C call: a KeyboardInterrupt (any signal handler's
+# exception) raised by the interpreter right after a raw call returns can
+# then no longer drop the pointer before it has an owner (see
+# _Handle._adopt in swig/pagedkv.i). Returns the handle.
+_adopt_handle = _c._Handle._adopt
+
 
 _Owner = TypeVar("_Owner", bound="HandleOwner")
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Tuple
 from typing import Sequence as Seq
 
 from . import _pagedkv as _c
-from ._handle import Handle, HandleOwner, NoCopy
+from ._handle import HandleOwner, NoCopy, _adopt_handle
 from ._tensor import TensorView, describe, stream_ptr
 from ._types import (
     KV,
@@ -130,11 +130,12 @@ class Pool(HandleOwner):
             opts["enable_retention"] = int(_flag(enable_retention, "enable_retention"))
         if kv_layout is not None:  # "mha" / "mla" (pagedkv.mla)
             opts["kv_layout"] = int(KvLayout.parse(kv_layout))
-        ptr = _c.pkv_pool_create(opts)
-        self._h = Handle(ptr, _c.pkv_pool_destroy, "pool")
+        # The raw call and self._h in one C call: an interrupt between them
+        # dropped the pointer and the pool (its arena) was never destroyed.
+        h = _adopt_handle(self, _c.pkv_pool_destroy, "pool", _c.pkv_pool_create, opts)
         try:
-            self._options = PoolOptions._from_c(_c.pkv_pool_get_options(ptr))
-            self._bytes_per_block = int(_c.pkv_pool_bytes_per_block(ptr))
+            self._options = PoolOptions._from_c(_c.pkv_pool_get_options(h))
+            self._bytes_per_block = int(_c.pkv_pool_bytes_per_block(h))
         except BaseException:
             self._h.close()
             raise
@@ -242,13 +243,8 @@ class Pool(HandleOwner):
         """A zero-copy view of one layer's K or V storage, shape [num_blocks,
         num_kv_heads, block_size, head_dim]. The view keeps the storage alive
         (even past close()) until it and arrays made from it are gone."""
-        ptr = self._h.acquire()
-        try:
-            t = _c.pkv_pool_kv_tensor(ptr, _index(layer, "layer"), int(KV.parse(which)))
-        except BaseException:
-            self._h.release()
-            raise
-        return TensorView(t, self._h)  # the view releases our reference
+        args = (_index(layer, "layer"), int(KV.parse(which)))
+        return TensorView._pinned(self._h, _c.pkv_pool_kv_tensor, *args)  # the view releases the pin
 
     def kv_caches(self) -> List[tuple]:
         """[(k_view, v_view)] for every layer. InvalidStateError on an MLA
@@ -855,12 +851,6 @@ def _seq_opts(
         "cache_salt": cache_salt,
         "mm_items": mm_tuples(mm_items),
     }
-
-
-def _new_seq(pool: Pool, seq_id: int, owned: bool) -> Sequence:
-    """A Sequence handle without __init__'s argument conversions (seq_id is
-    the raw module's int)."""
-    return _make_seq(pool, pool._h, seq_id, owned)
 
 
 def _ids(seqs: Any) -> Any:

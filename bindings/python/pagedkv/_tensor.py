@@ -401,6 +401,22 @@ class TensorView(NoCopy):
                 f"got {type(c_tensor).__name__}"
             )
         self._pin = pin  # keeps the C object alive; released with the view
+        self._fill(c_tensor, readonly)
+
+    @classmethod
+    def _pinned(cls, handle: Any, fn: Any, *args: Any, readonly: bool = False) -> TensorView:
+        """The view of fn(ptr, *args)'s tensor, ptr being handle's pointer
+        pinned for the view. The pin and the view's _pin are made in one C
+        call: a pin taken in Python (acquire()) and handed to a view made
+        afterwards was lost to an interrupt raised in between, and the
+        handle (a pool's storage) was never destroyed. From then on the
+        view owns the pin: any failure drops the view, which releases it."""
+        view = cls.__new__(cls)
+        ptr = handle._pin_into(view)
+        view._fill(fn(ptr, *args), readonly)
+        return view
+
+    def _fill(self, c_tensor: Any, readonly: bool) -> None:
         self._readonly = bool(readonly)
         self._data: int = int(c_tensor.data or 0) + int(c_tensor.byte_offset)
         self._dtype = DType(c_tensor.dtype)

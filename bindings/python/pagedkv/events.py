@@ -16,7 +16,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from . import _pagedkv as _c
-from ._handle import Handle, HandleOwner
+from ._handle import HandleOwner, _adopt_handle
 from ._pool import _check_pool, _count
 from ._types import EventType, _index
 
@@ -139,8 +139,18 @@ class EventPublisher(HandleOwner):
             "hash_encoding": hashes[hash_encoding],
             "device_medium": device_medium,
         }
-        ptr = pool._call(_c.pkv_event_publisher_create, endpoint, replay_endpoint, opts)
-        self._h = Handle(ptr, _c.pkv_event_publisher_destroy, "event publisher")
+        # The raw call and self._h in one C call: an interrupt between them
+        # dropped the publisher, its sockets bound for the process's life.
+        _adopt_handle(
+            self,
+            _c.pkv_event_publisher_destroy,
+            "event publisher",
+            _c.pkv_event_publisher_create,
+            pool._h,
+            endpoint,
+            replay_endpoint,
+            opts,
+        )
 
     def publish(self) -> int:
         """Drains the pool's pending events and sends them as one batch (none

@@ -18,7 +18,7 @@ from typing import Any, List, Optional, Tuple
 from typing import Sequence as Seq
 
 from . import _pagedkv as _c
-from ._handle import Handle
+from ._handle import _adopt_handle
 from ._pagedkv import NotFoundError
 from ._pool import Pool, Sequence, _key_domains
 from ._types import DType, HashAlgo, PoolOptions, _check_len, _flag, _index
@@ -233,11 +233,12 @@ class HybridPool(Pool):
         for i, g in enumerate(self._groups):
             if not isinstance(g, KVGroupSpec):
                 raise TypeError(f"groups[{i}]: expected a KVGroupSpec, got {type(g).__name__}")
-        ptr = _c.pkv_pool_create_groups(opts, [g._to_c() for g in self._groups])
-        self._h = Handle(ptr, _c.pkv_pool_destroy, "pool")
+        specs = [g._to_c() for g in self._groups]
+        # The raw call and self._h in one C call (see Pool.__init__).
+        h = _adopt_handle(self, _c.pkv_pool_destroy, "pool", _c.pkv_pool_create_groups, opts, specs)
         try:
-            self._options = PoolOptions._from_c(_c.pkv_pool_get_options(ptr))
-            self._bytes_per_block = int(_c.pkv_pool_bytes_per_block(ptr))
+            self._options = PoolOptions._from_c(_c.pkv_pool_get_options(h))
+            self._bytes_per_block = int(_c.pkv_pool_bytes_per_block(h))
         except BaseException:
             self._h.close()
             raise

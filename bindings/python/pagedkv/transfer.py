@@ -23,9 +23,11 @@ import time
 from typing import Any, Optional
 
 from . import _pagedkv as _c
-from ._handle import Handle, HandleOwner, NoCopy
-from ._pool import Pool, Sequence, _check_pool, _index, _new_seq, _seq_opts
+from ._handle import Handle, HandleOwner, NoCopy, _adopt_handle
+from ._pool import Pool, Sequence, _check_pool, _index, _seq_opts
 from ._types import _real
+
+_adopt_polled = Sequence._adopt_polled
 
 RUNNING = _c.PKV_TRANSFER_RUNNING
 DONE = _c.PKV_TRANSFER_DONE
@@ -90,20 +92,27 @@ class TransferEngine(HandleOwner):
             opts["timeout_ms"] = _index(timeout_ms, "timeout_ms")
         if export_ttl_ms is not None:
             opts["export_ttl_ms"] = _index(export_ttl_ms, "export_ttl_ms")
-        ptr = _c.pkv_transfer_engine_create(opts)
-        self._h = Handle(ptr, _c.pkv_transfer_engine_destroy, "transfer engine")
+        # The raw calls and their owners in one C call each: an interrupt
+        # right after a raw call returned dropped its result (an engine, an
+        # export pinning blocks, a running transfer holding blocks).
+        _adopt_handle(self, _c.pkv_transfer_engine_destroy, "transfer engine", _c.pkv_transfer_engine_create, opts)
 
     def export(self, pool: Pool, seq: Any) -> Export:
         """Exports seq's computed tokens (a Sequence or its id) and pins their blocks."""
         _check_pool(pool)
         seq_id = seq.id if isinstance(seq, Sequence) else _index(seq, "seq")
-        export_id = int(_c.pkv_transfer_export(self._h, pool._h, seq_id))
-        try:
-            desc = _c.pkv_py_transfer_descriptor(self._h, export_id)
-        except BaseException:
-            _c.pkv_transfer_export_release(self._h, export_id)
-            raise
-        return Export(self, export_id, desc)
+        # The export, its descriptor and the Export in one C call, which
+        # releases the export on any failure after it was made.
+        return _c._adopt_export(
+            Export,
+            self,
+            _c.pkv_transfer_export,
+            _c.pkv_py_transfer_descriptor,
+            _c.pkv_transfer_export_release,
+            self._h,
+            pool._h,
+            seq_id,
+        )
 
     def progress(self) -> None:
         """Serves peers' reads (TCP needs the exporter's progress) and expires exports."""
@@ -127,8 +136,12 @@ class TransferEngine(HandleOwner):
         OutOfBlocksError and nothing changes)."""
         _check_pool(pool)
         opts = _seq_opts(0, lora_id, cache_salt, (), lora_name)
-        ptr = _c.pkv_transfer_import(self._h, pool._h, opts, descriptor)
-        return Transfer(self, pool, ptr)
+        t = Transfer.__new__(Transfer)
+        t._start(self, pool)
+        _adopt_handle(
+            t, _c.pkv_transfer_destroy, "transfer", _c.pkv_transfer_import, self._h, pool._h, opts, descriptor
+        )
+        return t
 
 
 class Transfer(HandleOwner):
@@ -137,9 +150,13 @@ class Transfer(HandleOwner):
     blocks are back in the pool."""
 
     def __init__(self, engine: TransferEngine, pool: Pool, ptr: Any) -> None:
+        self._start(engine, pool)
+        self._h = Handle(ptr, _c.pkv_transfer_destroy, "transfer")
+
+    def _start(self, engine: TransferEngine, pool: Pool) -> None:
+        """Everything but the handle (import_sequence sets it with the raw call)."""
         self.engine = engine
         self.pool = pool
-        self._h = Handle(ptr, _c.pkv_transfer_destroy, "transfer")
         self.sequence: Optional[Sequence] = None
         self.state = RUNNING
         # Polls from several threads: the library answers DONE and the new
@@ -159,19 +176,26 @@ class Transfer(HandleOwner):
         again, as the library's does)."""
         if self.state != RUNNING and self.state != FAILED:
             return self.state
+        pool = self.pool
         try:
-            state, seq_id = _c.pkv_transfer_poll(self._h)
+            # The raw poll and, on DONE, self.sequence owning the new id in
+            # one C call: an interrupt between them dropped the id (reported
+            # again by the next poll, but leaked if the caller then dropped
+            # this Transfer). Polls racing on other threads: the first to
+            # see DONE makes the one owner, the others find it.
+            state, _ = _adopt_polled(self, "sequence", pool, pool._h, _c.pkv_transfer_poll, self._h)
         except _c.PagedKVError:
             if not self._h.closed:  # the transfer's failure, not a closed handle
                 self.state = FAILED
             raise
         with self._lock:
-            if self.state == DONE:  # another poll got there first: its Sequence owns it
+            if self.state == DONE or self.sequence is not None:
+                # done (an interrupted poll may have made the sequence
+                # without getting here)
+                self.state = DONE
                 return DONE
             if self.state == CANCELLED and int(state) == RUNNING:
                 return CANCELLED  # a cancel() on another thread landed after the library's answer
-            if int(state) == DONE:
-                self.sequence = _new_seq(self.pool, int(seq_id), True)
             self.state = int(state)
         return self.state
 

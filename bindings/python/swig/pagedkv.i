@@ -267,9 +267,8 @@ static int pkv_py_handle_arg(PyObject* obj, swig_type_info* ty, const char* fn, 
   return 1;
 }
 
-static PyObject* pkv_py_handle_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
-  PyObject *ptr, *destroy, *what;
-  if (!PyArg_ParseTuple(args, "OOU:_Handle", &ptr, &destroy, &what)) return NULL;
+static pkv_py_handle* pkv_py_handle_make(PyTypeObject* type, PyObject* ptr, PyObject* destroy,
+                                         PyObject* what) {
   SwigPyObject* sobj = SWIG_Python_GetSwigThis(ptr);
   if (!sobj || !sobj->ptr) {
     PyErr_SetString(PyExc_TypeError, "_Handle: expected a SWIG pointer");
@@ -287,6 +286,60 @@ static PyObject* pkv_py_handle_new(PyTypeObject* type, PyObject* args, PyObject*
   h->ty = sobj->ty;
   h->refs = 1;
   h->closed = 0;
+  return h;
+}
+
+static PyObject* pkv_py_handle_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
+  PyObject *ptr, *destroy, *what;
+  if (!PyArg_ParseTuple(args, "OOU:_Handle", &ptr, &destroy, &what)) return NULL;
+  return (PyObject*)pkv_py_handle_make(type, ptr, destroy, what);
+}
+
+/* Calls destroy(ptr), keeping the error being raised. */
+static void pkv_py_destroy_raw(PyObject* destroy, PyObject* ptr) {
+  PyObject *et, *ev, *tb;
+  PyErr_Fetch(&et, &ev, &tb);
+  PyObject* r = PyObject_CallOneArg(destroy, ptr);
+  if (r) {
+    Py_DECREF(r);
+  } else {
+    PyErr_Clear();
+  }
+  PyErr_Restore(et, ev, tb);
+}
+
+/* _Handle._adopt(owner, destroy, what, fn, *args): fn(*args), a raw call
+ * that makes a library object and returns its pointer, the _Handle owning
+ * it and owner._h = that handle, in one C call; returns the handle. A
+ * KeyboardInterrupt (any signal handler's exception) pending when the raw
+ * call returns is raised by the interpreter at its next check, which in
+ * Python code came between the raw call and `self._h = Handle(ptr, ...)`:
+ * the pointer was dropped and the object (a pool's arena, a plan with its
+ * step uncommitted, a running transfer holding pool blocks, an engine, an
+ * event publisher's sockets) was never destroyed. No bytecode runs in
+ * here: once the raw call returned, the owner owns the handle, and its
+ * close()/__del__ releases it as it would any other (a Batch aborts its
+ * step). A failure to make or store the handle destroys the pointer. */
+static PyObject* pkv_py_handle_adopt(PyObject* cls, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 4 || !PyUnicode_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "_adopt(owner, destroy, what, fn, *args)");
+    return NULL;
+  }
+  PyObject* ptr = PyObject_Vectorcall(args[3], args + 4, (size_t)(nargs - 4), NULL);
+  if (!ptr) return NULL;
+  pkv_py_handle* h = pkv_py_handle_make(&pkv_py_handle_type, ptr, args[1], args[2]);
+  if (!h) {
+    /* a pointer that cannot be held (not one: nothing to destroy) */
+    SwigPyObject* sobj = SWIG_Python_GetSwigThis(ptr);
+    if (sobj && sobj->ptr) pkv_py_destroy_raw(args[1], ptr);
+    Py_DECREF(ptr);
+    return NULL;
+  }
+  Py_DECREF(ptr);
+  if (PyObject_SetAttrString(args[0], "_h", (PyObject*)h) < 0) {
+    Py_DECREF(h); /* destroys the pointer */
+    return NULL;
+  }
   return (PyObject*)h;
 }
 
@@ -299,6 +352,20 @@ static void pkv_py_handle_dealloc(pkv_py_handle* h) {
 
 static PyObject* pkv_py_handle_acquire(pkv_py_handle* h, PyObject* unused) {
   if (!pkv_py_handle_pin(h)) return NULL;
+  Py_INCREF(h->ptr);
+  return h->ptr;
+}
+
+/* h._pin_into(owner): acquire() and owner._pin = h in one C call; returns
+ * the pointer. A view made in Python after acquire() returned lost the pin
+ * to an interrupt raised in between (the handle, a pool's storage, was then
+ * never destroyed); owner (a TensorView) releases _pin when collected. */
+static PyObject* pkv_py_handle_pin_into(pkv_py_handle* h, PyObject* owner) {
+  if (!pkv_py_handle_pin(h)) return NULL;
+  if (PyObject_SetAttrString(owner, "_pin", (PyObject*)h) < 0) {
+    pkv_py_handle_unpin(h);
+    return NULL;
+  }
   Py_INCREF(h->ptr);
   return h->ptr;
 }
@@ -532,6 +599,60 @@ static PyObject* pkv_py_seq_adopt(PyTypeObject* cls, PyObject* const* args, Py_s
   return result;
 }
 
+/* cls._adopt_polled(owner, name, pool, handle, fn, *args): fn(*args), a raw
+ * poll returning [state, id] where a DONE state's id is a new sequence
+ * (pkv_transfer_poll), and, when owner.name is None, owner.name = the
+ * owning handle of that id, in one C call; returns the poll's result. As in
+ * _adopt, an interrupt between the raw poll and the Sequence made in Python
+ * dropped the id (the next poll reported it again, but a caller that then
+ * dropped the Transfer leaked the sequence and its blocks). Polls on other
+ * threads cannot run in between (the GIL is held from the raw call's return
+ * on): the first to see DONE makes the one owner; the others find it. */
+static PyObject* pkv_py_seq_adopt_polled(PyTypeObject* cls, PyObject* const* args,
+                                         Py_ssize_t nargs) {
+  if (nargs < 5 || !PyUnicode_Check(args[1]) || Py_TYPE(args[3]) != &pkv_py_handle_type) {
+    PyErr_SetString(PyExc_TypeError, "_adopt_polled(owner, name, pool, handle, fn, *args)");
+    return NULL;
+  }
+  PyObject* r = PyObject_Vectorcall(args[4], args + 5, (size_t)(nargs - 5), NULL);
+  if (!r) return NULL;
+  if (!(PyList_Check(r) || PyTuple_Check(r)) || PySequence_Fast_GET_SIZE(r) < 2) {
+    Py_DECREF(r);
+    PyErr_SetString(PyExc_TypeError, "_adopt_polled: the call returned no [state, id]");
+    return NULL;
+  }
+  PyObject* stobj = PySequence_Fast_GET_ITEM(r, 0);
+  PyObject* idobj = PySequence_Fast_GET_ITEM(r, 1);
+  long state = PyLong_Check(stobj) ? PyLong_AsLong(stobj) : -1;
+  if (state == -1 && PyErr_Occurred()) PyErr_Clear();
+  if (state != PKV_TRANSFER_DONE || !PyLong_Check(idobj)) return r;
+  PyObject* cur = PyObject_GetAttr(args[0], args[1]);
+  if (!cur) {
+    Py_DECREF(r);
+    return NULL;
+  }
+  Py_DECREF(cur);
+  if (cur != Py_None) return r; /* an earlier poll made its owner */
+  Py_INCREF(idobj);
+  pkv_py_seq* s = pkv_py_seq_alloc(cls, args[2], args[3], idobj, 1); /* steals idobj */
+  if (!s) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    (void)pkv_py_seq_free_id((pkv_py_handle*)args[3], idobj);
+    PyErr_Restore(et, ev, tb);
+    Py_DECREF(idobj);
+    Py_DECREF(r);
+    return NULL;
+  }
+  int rc = PyObject_SetAttr(args[0], args[1], (PyObject*)s);
+  Py_DECREF(s); /* the owner's now; else frees the sequence */
+  if (rc < 0) {
+    Py_DECREF(r);
+    return NULL;
+  }
+  return r;
+}
+
 /* free(): see pagedkv.Sequence.free. */
 static PyObject* pkv_py_seq_free_method(pkv_py_seq* s, PyObject* unused) {
   if (s->freed) Py_RETURN_NONE;
@@ -558,6 +679,8 @@ static PyMethodDef pkv_py_seq_methods[] = {
      "_create(pool, handle, owned)"},
     {"_adopt", (PyCFunction)(void (*)(void))pkv_py_seq_adopt, METH_FASTCALL | METH_CLASS,
      "_adopt(pool, handle, owned, fn, *args)"},
+    {"_adopt_polled", (PyCFunction)(void (*)(void))pkv_py_seq_adopt_polled,
+     METH_FASTCALL | METH_CLASS, "_adopt_polled(owner, name, pool, handle, fn, *args)"},
     {"free", (PyCFunction)pkv_py_seq_free_method, METH_NOARGS,
      "Releases the sequence and its blocks. Idempotent; a no-op once the\n"
      "pool is closed (closing released everything)."},
@@ -571,12 +694,77 @@ static PyMemberDef pkv_py_seq_members[] = {
     {"_owned", T_BOOL, offsetof(pkv_py_seq, owned), 0, "freed when collected"},
     {NULL, 0, 0, 0, NULL}};
 
+/* _adopt_export(cls, engine, export_fn, descriptor_fn, release_fn, engine_h,
+ * pool_h, seq_id): export_fn(engine_h, pool_h, seq_id), a raw export
+ * returning the new export's id, descriptor_fn(engine_h, id) and the cls
+ * object (engine, id, descriptor, _released = False; cls.__init__ is not
+ * run) in one C call. In Python an interrupt after the raw export dropped
+ * the id (TransferEngine.export released it only if the exception came
+ * after the assignment): the export pinned the sequence's blocks until the
+ * engine was destroyed (or its TTL, 0 = never). Any failure after the raw
+ * export releases it. */
+static PyObject* pkv_py_adopt_export(PyObject* unused, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 8 || !PyType_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "_adopt_export(cls, engine, export_fn, descriptor_fn, release_fn, engine_h, "
+                    "pool_h, seq_id)");
+    return NULL;
+  }
+  PyObject* eh = args[5];
+  PyObject* id = PyObject_Vectorcall(args[2], args + 5, 3, NULL);
+  if (!id) return NULL;
+  PyObject* obj = NULL;
+  PyObject* desc = NULL;
+  if (!PyLong_Check(id)) {
+    /* not an id: nothing this call can release */
+    Py_DECREF(id);
+    PyErr_SetString(PyExc_TypeError, "_adopt_export: the call returned no export id");
+    return NULL;
+  }
+  PyObject* dargs[2] = {eh, id};
+  desc = PyObject_Vectorcall(args[3], dargs, 2, NULL);
+  if (desc) {
+    PyTypeObject* tp = (PyTypeObject*)args[0];
+    PyObject* empty = PyTuple_New(0);
+    obj = empty && tp->tp_new ? tp->tp_new(tp, empty, NULL) : NULL;
+    Py_XDECREF(empty);
+    if (obj && (PyObject_SetAttrString(obj, "engine", args[1]) < 0 ||
+                PyObject_SetAttrString(obj, "id", id) < 0 ||
+                PyObject_SetAttrString(obj, "descriptor", desc) < 0 ||
+                PyObject_SetAttrString(obj, "_released", Py_False) < 0))
+      Py_CLEAR(obj);
+  }
+  if (!obj) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject* r = PyObject_Vectorcall(args[4], dargs, 2, NULL);
+    if (r) {
+      Py_DECREF(r);
+    } else {
+      PyErr_Clear();
+    }
+    PyErr_Restore(et, ev, tb);
+  }
+  Py_XDECREF(desc);
+  Py_DECREF(id);
+  return obj;
+}
+
+static PyMethodDef pkv_py_adopt_export_def = {
+    "_adopt_export", (PyCFunction)(void (*)(void))pkv_py_adopt_export, METH_FASTCALL,
+    "_adopt_export(cls, engine, export_fn, descriptor_fn, release_fn, engine_h, pool_h, seq_id)"};
+
 static PyMethodDef pkv_py_handle_methods[] = {
     {"acquire", (PyCFunction)pkv_py_handle_acquire, METH_NOARGS,
      "The pointer, pinned until the matching release()."},
     {"release", (PyCFunction)pkv_py_handle_release, METH_NOARGS, "Drops one pin."},
+    {"_pin_into", (PyCFunction)pkv_py_handle_pin_into, METH_O,
+     "_pin_into(owner): acquire() and owner._pin = this handle in one C call; the pointer."},
     {"close", (PyCFunction)pkv_py_handle_close, METH_NOARGS,
      "Drops the owner's reference; new pins fail. Idempotent."},
+    {"_adopt", (PyCFunction)(void (*)(void))pkv_py_handle_adopt, METH_FASTCALL | METH_CLASS,
+     "_adopt(owner, destroy, what, fn, *args): owner._h = the handle of fn(*args)'s new pointer,\n"
+     "in one C call (no interrupt between them); returns the handle."},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef pkv_py_handle_getset[] = {
@@ -610,6 +798,10 @@ static PyGetSetDef pkv_py_handle_getset[] = {
   if (PyType_Ready(&pkv_py_seq_type) < 0) return NULL;
   Py_INCREF(&pkv_py_seq_type);
   PyModule_AddObject(m, "_SeqBase", (PyObject*)&pkv_py_seq_type);
+  {
+    PyObject* f = PyCFunction_NewEx(&pkv_py_adopt_export_def, NULL, NULL);
+    if (!f || PyModule_AddObject(m, "_adopt_export", f) < 0) return NULL;
+  }
 %}
 
 %define PKV_HANDLE_IN(TYPE)
@@ -2762,6 +2954,7 @@ PyObject* pkv_py_transfer_descriptor(pkv_transfer_engine* engine, uint64_t expor
 %pythoncode %{
 _Handle = _pagedkv_ext._Handle
 _SeqBase = _pagedkv_ext._SeqBase
+_adopt_export = _pagedkv_ext._adopt_export
 
 
 class PagedKVError(Exception):

@@ -392,3 +392,254 @@ def test_an_interrupt_as_a_sequence_is_made_does_not_leak_it(mode):
     interrupts, leaked = map(int, r.stdout.split())
     assert interrupts > 0
     assert leaked == 0, f"{leaked} sequences without a handle after {interrupts} interrupts"
+
+
+_INTERRUPTED_HANDLES = """
+import gc, os, signal, sys, threading, time
+import numpy as np
+import pagedkv
+from pagedkv import transfer
+
+mode = sys.argv[1]
+limit = int(sys.argv[2])
+
+
+class Interrupt(BaseException):
+    pass
+
+
+armed = False
+
+
+def handler(signum, frame):
+    if armed:
+        raise Interrupt()
+
+
+ARENA = 517 * 65536  # the K/V bytes of the pools below: an odd size, mapped on its own
+
+
+def arenas():
+    # mappings made of pool arenas (adjacent ones merge)
+    n = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            n += (hi - lo) // ARENA if (hi - lo) % ARENA == 0 else 0
+    return n
+
+
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def storage_pool(num_blocks=64):
+    return pagedkv.Pool(num_blocks=num_blocks, block_size=16, num_layers=2, num_kv_heads=2, head_dim=32, dtype="f32")
+
+
+def prefilled(pool):
+    seq = pool.create_sequence()
+    seq.append(list(range(40)))
+    with pool.prepare([seq], 40) as b:
+        for layer in range(2):
+            z = np.zeros((40, 2, 32), np.float32)
+            b.cache_write(layer, z, z)
+    return seq
+
+
+if mode in ("pool", "hybrid"):
+    big = dict(num_blocks=517, block_size=16)
+    if mode == "pool":
+        op = lambda: pagedkv.Pool(num_layers=1, num_kv_heads=8, head_dim=128, dtype="f16", **big)
+    else:
+        from pagedkv.hybrid import HybridPool, KVGroupSpec
+        op = lambda: HybridPool([KVGroupSpec.full(1, 8, 128, dtype="f16")], **big)
+    op()
+    gc.collect()
+    before = arenas()
+elif mode in ("prepare", "prepare_persistent", "prepare_decode"):
+    p = pagedkv.Pool(num_blocks=1 << 12, block_size=4)
+    seqs = []
+
+    def pre():  # fresh sequences each time (a dropped plan aborts its step)
+        for s in seqs:
+            s.free()
+        seqs[:] = [p.create_sequence() for _ in range(16)]
+        for s in seqs:
+            s.append([1, 2, 3, 4, 5])
+        if mode == "prepare_decode":
+            p.prepare(seqs, 5).commit()
+
+    if mode == "prepare":
+        op = lambda: p.prepare(seqs, 5)
+    elif mode == "prepare_persistent":
+        op = lambda: p.prepare(seqs, 5, persistent_table=True)
+    else:
+        op = lambda: p.prepare_decode(seqs, [7] * len(seqs))
+elif mode == "kv_tensor":
+    p = pagedkv.Pool(num_layers=1, num_kv_heads=8, head_dim=128, dtype="f16", num_blocks=517, block_size=16)
+    op = lambda: p.kv_tensor(0, "k")
+elif mode == "plan_view":
+    p = pagedkv.Pool(num_blocks=1 << 12, block_size=4)
+    seqs = [p.create_sequence() for _ in range(64)]
+    for s in seqs:
+        s.append([1, 2, 3, 4, 5])
+    plan = p.prepare(seqs, 5)
+    op = lambda: plan.plan(pagedkv.PlanArray.SLOT_MAPPING)
+elif mode == "publisher":
+    p = pagedkv.Pool(num_blocks=64, block_size=4, enable_events=True)
+    used = []
+
+    def op():
+        used.append(f"inproc://pkv-intr-{len(used)}")
+        pagedkv.EventPublisher(p, used[-1])
+else:
+    a = transfer.TransferEngine(transports="tcp")
+    b = transfer.TransferEngine(transports="tcp")
+    src, dst = storage_pool(), storage_pool(1 << 12)
+    seq = prefilled(src)
+    desc = a.export(src, seq).descriptor
+    if mode == "engine":
+        transfer.TransferEngine(transports="tcp").close()
+        gc.collect()
+        before = fds()
+        op = lambda: transfer.TransferEngine(transports="tcp")
+    elif mode == "export":
+        # An Export dropped by its caller stays pinned until released or
+        # expired, by design: every Export made is kept (from its __new__)
+        # and released at the end; only ids that never had one are leaks.
+        made = []
+
+        class Kept(transfer.Export):
+            def __new__(cls, *args):
+                e = super().__new__(cls)
+                made.append(e)
+                return e
+
+        transfer.Export = Kept
+        op = lambda: a.export(src, seq)
+    elif mode == "import":
+        op = lambda: b.import_sequence(dst, desc)
+    elif mode == "poll":
+        def op():
+            t = b.import_sequence(dst, desc)
+            while t.poll() == transfer.RUNNING:
+                a.progress()
+
+signal.signal(signal.SIGUSR1, handler)
+stop = False
+# The pester needs the GIL to signal: hand it over often, so that signals
+# also land during raw calls too short to release the GIL for long.
+sys.setswitchinterval(1e-5)
+
+
+def pester():
+    while not stop:
+        time.sleep(0.0002)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+
+
+t = threading.Thread(target=pester, daemon=True)
+t.start()
+interrupts = 0
+end = time.monotonic() + 3
+pre = globals().get("pre", lambda: None)
+while time.monotonic() < end and interrupts < limit:
+    pre()
+    try:
+        armed = True
+        op()
+        armed = False
+    except Interrupt:
+        armed = False
+        interrupts += 1
+stop = True
+t.join()
+gc.collect()
+if mode in ("pool", "hybrid"):
+    leaked = arenas() - before
+elif mode == "kv_tensor":
+    # a view's pin lost keeps the pool (its arena) past close()
+    p.close()
+    gc.collect()
+    leaked = arenas()
+elif mode == "plan_view":
+    plan.close()  # a pin lost keeps the plan, which keeps its sequences
+    del plan
+    gc.collect()
+    for s in seqs:
+        s.free()
+    leaked = p.stats().num_seqs
+elif mode.startswith("prepare"):
+    # a plan never destroyed keeps its sequences: freed, they stay counted
+    for s in seqs:
+        s.free()
+    leaked = p.stats().num_seqs
+elif mode == "publisher":
+    leaked = 0
+    for ep in used:  # a publisher never destroyed keeps its endpoint bound
+        try:
+            pagedkv.EventPublisher(p, ep).close()
+        except pagedkv.PagedKVError:
+            leaked += 1
+elif mode == "engine":
+    one = fds()
+    extra = transfer.TransferEngine(transports="tcp")  # the fds of one engine
+    per = max(1, fds() - one)
+    extra.close()
+    leaked = round((one - before) / per)
+elif mode == "export":
+    for e in made:
+        if getattr(e, "_released", True) is False:
+            e.release()
+    leaked = a.num_exports - 1  # the one exported for desc
+elif mode in ("import", "poll"):
+    leaked = dst.stats().num_seqs  # running transfers hold a sequence; done ones are one
+print(interrupts, leaked)
+"""
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "pool",
+        "hybrid",
+        "prepare",
+        "prepare_persistent",
+        "prepare_decode",
+        "kv_tensor",
+        "plan_view",
+        "publisher",
+        "engine",
+        "export",
+        "import",
+        "poll",
+    ],
+)
+def test_an_interrupt_as_a_library_object_is_made_does_not_leak_it(mode):
+    # As for sequences above: the raw call returned a new pool, plan,
+    # publisher, engine, export or transfer (or a done transfer's sequence,
+    # or a pin for a view) and Python code wrapped it afterwards; an
+    # interrupt raised in between dropped it for good. Before the fix the
+    # transfer modes leaked at nearly every interrupt (engine 40/40, export
+    # 300/300, import 300/300, poll 201/300); the others' raw calls are too
+    # short for a signal to land in them here (0 before too): they guard
+    # the helpers' use at those sites.
+    import subprocess
+
+    from pagedkv import transfer
+
+    if mode in ("engine", "export", "import", "poll") and not transfer.available():
+        pytest.skip("built without UCX")
+    if mode == "publisher":
+        pytest.importorskip("zmq")  # the events build goes with the tests' zmq
+    limit = "40" if mode in ("pool", "hybrid", "engine") else "300"
+    r = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_HANDLES, mode, limit], capture_output=True, text=True, timeout=120
+    )
+    if mode == "publisher" and "UnsupportedError" in r.stderr:
+        pytest.skip("built without PAGEDKV_EVENTS")
+    assert r.returncode == 0, r.stderr[-2000:]
+    interrupts, leaked = map(int, r.stdout.split())
+    assert interrupts > 0
+    assert leaked == 0, f"{leaked} {mode} objects never released after {interrupts} interrupts"
