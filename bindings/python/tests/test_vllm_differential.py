@@ -45,18 +45,13 @@ import sys
 import types
 
 import pytest
+from vllm_opt_in import require_vllm
 
 import pagedkv as pk
 from pagedkv.events import drain_events
 from pagedkv.hybrid import HybridPool, KVGroupSpec
 
-VLLM_SRC = os.environ.get("PKV_VLLM_SRC")
-if not VLLM_SRC:
-    pytest.skip("PKV_VLLM_SRC is not set (see the module docstring)", allow_module_level=True)
-if not os.path.isfile(os.path.join(VLLM_SRC, "vllm", "v1", "core", "kv_cache_manager.py")):
-    pytest.skip(f"{VLLM_SRC}: no vllm/v1/core/kv_cache_manager.py", allow_module_level=True)
-for _mod in ("torch", "cbor2", "xxhash", "msgspec", "zmq"):
-    pytest.importorskip(_mod)
+VLLM_SRC = require_vllm("the module docstring")
 
 SEEDS = int(os.environ.get("PKV_VLLM_SEEDS", "15"))
 NOPS = int(os.environ.get("PKV_VLLM_OPS", "150"))

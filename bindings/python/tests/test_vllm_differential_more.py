@@ -15,18 +15,12 @@ whose loader, drivers and replay this file reuses.
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
+from vllm_opt_in import require_vllm
 
-VLLM_SRC = os.environ.get("PKV_VLLM_SRC")
-if not VLLM_SRC:
-    pytest.skip("PKV_VLLM_SRC is not set (see test_vllm_differential.py)", allow_module_level=True)
-if not os.path.isfile(os.path.join(VLLM_SRC, "vllm", "v1", "core", "kv_cache_manager.py")):
-    pytest.skip(f"{VLLM_SRC}: no vllm/v1/core/kv_cache_manager.py", allow_module_level=True)
-for _mod in ("torch", "cbor2", "xxhash", "msgspec", "zmq"):
-    pytest.importorskip(_mod)
+VLLM_SRC = require_vllm()
 
 
 import test_vllm_differential as tvd  # noqa: E402
