@@ -68,8 +68,12 @@
 
 #include "../reliability/sanitizers.h"
 #include "pagedkv/pagedkv.h"
+#include "provenance_model.h"
 
 namespace {
+
+using provenance::Key;
+using provenance::mix;
 
 // Coverage counters (PKV_PROVENANCE_GROUPS_DUMP=1 prints them): prefix
 // hits, hits restoring a recurrent state, steps written, steps failed,
@@ -78,17 +82,6 @@ enum { kHits, kStateHits, kSteps, kFailed, kSnaps, kCopies, kOob, kRefused, kCou
 uint64_t g_count[kCounters];
 
 constexpr uint64_t kTorn = 0x7045a27u;  // a step that failed part-way left it
-
-uint64_t mix(uint64_t h, uint64_t x) {
-  h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h *= 0xff51afd7ed558ccdull;
-  return h ^ (h >> 33);
-}
-
-struct Key {
-  uint64_t lora = 0;
-  int salt = 0;  // 0 none, else "s<salt>"
-};
 
 // idents[pos]: the K/V identity of token pos (extra keys, tokens 0..pos, pos).
 std::vector<uint64_t> idents(const Key& k, const std::vector<int32_t>& t) {
@@ -444,19 +437,11 @@ struct Harness {
   // ------------------------------------------------------------ operations
 
   std::vector<int32_t> prompt() {
-    std::vector<int32_t> p = bases[r(bases.size())];
-    if (r(3) == 0) p.resize(std::min<size_t>(p.size(), 1 + r(p.size() + 1)));
-    const size_t extra = r(2 * bs + 1);
-    for (size_t i = 0; i < extra; ++i) p.push_back(int32_t(r(3)));
-    if (p.empty()) p.push_back(1);
-    return p;
+    return provenance::random_prompt([this](uint64_t n) { return r(n); }, bases, bs);
   }
 
   Key key() {
-    Key k;
-    if (r(4) == 0) k.lora = 1 + r(2);
-    if (r(4) == 0) k.salt = 1 + int(r(2));
-    return k;
+    return provenance::random_key([this](uint64_t n) { return r(n); });
   }
 
   // Before the pool's first plan, appended tokens count computed at once:

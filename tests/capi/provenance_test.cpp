@@ -48,8 +48,12 @@
 
 #include "../reliability/sanitizers.h"
 #include "pagedkv/pagedkv.h"
+#include "provenance_model.h"
 
 namespace {
+
+using provenance::Key;
+using provenance::mix;
 
 uint64_t g_hits[6], g_commits;
 
@@ -69,17 +73,6 @@ pkv_pool_options model_options(uint32_t block_size, uint64_t num_blocks) {
   o.num_threads = 1;
   o.enable_events = 1;
   return o;
-}
-
-struct Key {
-  uint64_t lora = 0;
-  int salt = 0;  // 0 none, else "s<salt>"
-};
-
-uint64_t mix(uint64_t h, uint64_t x) {
-  h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h *= 0xff51afd7ed558ccdull;
-  return h ^ (h >> 33);
 }
 
 // The 64-bit identity of the K/V of token pos of a sequence with key k and
@@ -281,19 +274,11 @@ struct Harness {
   }
 
   std::vector<int32_t> prompt() {
-    std::vector<int32_t> p = bases[r(bases.size())];
-    if (r(3) == 0) p.resize(std::min<size_t>(p.size(), 1 + r(p.size() + 1)));
-    const size_t extra = r(2 * bs + 1);
-    for (size_t i = 0; i < extra; ++i) p.push_back(int32_t(r(3)));
-    if (p.empty()) p.push_back(1);
-    return p;
+    return provenance::random_prompt([this](uint64_t n) { return r(n); }, bases, bs);
   }
 
   Key key() {
-    Key k;
-    if (r(4) == 0) k.lora = 1 + r(2);
-    if (r(4) == 0) k.salt = 1 + int(r(2));
-    return k;
+    return provenance::random_key([this](uint64_t n) { return r(n); });
   }
 
   void admit() {

@@ -16,14 +16,7 @@
 #include <vector>
 
 #include "pagedkv/pagedkv.h"
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define PKV_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define PKV_SANITIZED 1
-#endif
-#endif
+#include "sanitizers.h"
 
 namespace {
 
