@@ -26,6 +26,8 @@
 #      PKV_DEMO=1 (serving_sim --device cuda, PKV_DEMO_ARGS; demo.log),
 #      PKV_TIER_BENCH=1 (bench/tier_bandwidth_cuda.cpp against the built
 #      libpagedkv.so; tier_bench.log; PKV_TIER_BENCH_ARGS),
+#      PKV_NCU=1 (Nsight Compute's counters for the attention kernels of a
+#      few decode cells, PKV_NCU_CELLS as Hq/Hkv/D@BATCHxCTX; ncu.log),
 #      PKV_PREBUILT=.gpu-prebuilt (binaries from scripts/gpu-prebuild.sh,
 #      carried: no build on the device), PKV_MEM_FILTER / PKV_RACE_FILTER
 #      (GoogleTest filters of the memcheck / racecheck runs).
@@ -165,6 +167,31 @@ if [ "${PKV_SKIP_BENCH:-0}" != 1 ]; then
   fi
 else
   note "bench: skipped"
+fi
+
+# ---------------------------------------------------------------- ncu
+# PKV_NCU=1: why decode reads below the copy bandwidth. Nsight Compute's
+# throughput, memory, occupancy and stall sections for the first attention
+# launches of each cell (clocks left as found: --clock-control none).
+if [ "${PKV_NCU:-0}" = 1 ]; then
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for cell in ${PKV_NCU_CELLS:-32/32/128@1x32768 32/8/128@64x4096 16/8/256@64x4096}; do
+    t=$(limit 60 120)
+    if [ -z "$ncu" ] || [ "$t" -lt 20 ]; then
+      note "ncu $cell: skipped (${ncu:-no ncu}, ${t}s left)"
+      continue
+    fi
+    echo "==== $cell" >>"$OUT/ncu.log"
+    if timeout "$t" "$ncu" --clock-control none --kernel-name regex:'paged_attention|merge_splits' \
+      --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section LaunchStats --section WarpStateStats --section SchedulerStats \
+      python3 "$root/bench/gpu/bench_decode.py" --lib "$lib" --heads "${cell%@*}" --cells "${cell#*@}" \
+      --reps 1 --skip-flex --skip-fp8 --time-budget 20 --out /tmp/pkv-ncu-bench.md >>"$OUT/ncu.log" 2>&1; then
+      note "ncu $cell: ok (ncu.log)"
+    else
+      note "ncu $cell: FAILED or timed out after ${t}s (see ncu.log)"
+    fi
+  done
 fi
 
 sanitize racecheck "$race_filter" racecheck.log 200 "$([ "${PKV_DEMO:-0}" = 1 ] && echo 150 || echo 0)"
