@@ -169,31 +169,6 @@ else
   note "bench: skipped"
 fi
 
-# ---------------------------------------------------------------- ncu
-# PKV_NCU=1: why decode reads below the copy bandwidth. Nsight Compute's
-# throughput, memory, occupancy and stall sections for the first attention
-# launches of each cell (clocks left as found: --clock-control none).
-if [ "${PKV_NCU:-0}" = 1 ]; then
-  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  for cell in ${PKV_NCU_CELLS:-32/32/128@1x32768 32/8/128@64x4096 16/8/256@64x4096}; do
-    t=$(limit 60 120)
-    if [ -z "$ncu" ] || [ "$t" -lt 20 ]; then
-      note "ncu $cell: skipped (${ncu:-no ncu}, ${t}s left)"
-      continue
-    fi
-    echo "==== $cell" >>"$OUT/ncu.log"
-    if timeout "$t" "$ncu" --clock-control none --kernel-name regex:'paged_attention|merge_splits' \
-      --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-      --section LaunchStats --section WarpStateStats --section SchedulerStats \
-      python3 "$root/bench/gpu/bench_decode.py" --lib "$lib" --heads "${cell%@*}" --cells "${cell#*@}" \
-      --reps 1 --skip-flex --skip-fp8 --time-budget 20 --out /tmp/pkv-ncu-bench.md >>"$OUT/ncu.log" 2>&1; then
-      note "ncu $cell: ok (ncu.log)"
-    else
-      note "ncu $cell: FAILED or timed out after ${t}s (see ncu.log)"
-    fi
-  done
-fi
-
 sanitize racecheck "$race_filter" racecheck.log 200 "$([ "${PKV_DEMO:-0}" = 1 ] && echo 150 || echo 0)"
 # initcheck: device memory read before anything wrote it (a plan array or
 # a workspace the kernels read unwritten). Off unless PKV_INITCHECK=1: it
@@ -246,5 +221,30 @@ if [ "${PKV_DEMO:-0}" = 1 ]; then
     tail -30 "$OUT/build.log"
   fi
 fi
+# ---------------------------------------------------------------- ncu
+# PKV_NCU=1: why decode reads below the copy bandwidth. Nsight Compute's
+# throughput, memory, occupancy and stall sections for the first attention
+# launches of each cell (clocks left as found: --clock-control none).
+if [ "${PKV_NCU:-0}" = 1 ]; then
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for cell in ${PKV_NCU_CELLS:-32/32/128@1x32768 32/8/128@64x4096 16/8/256@64x4096}; do
+    t=$(limit 60 0)
+    if [ -z "$ncu" ] || [ "$t" -lt 20 ]; then
+      note "ncu $cell: skipped (${ncu:-no ncu}, ${t}s left)"
+      continue
+    fi
+    echo "==== $cell" >>"$OUT/ncu.log"
+    if timeout "$t" "$ncu" --clock-control none --kernel-name regex:'paged_attention|merge_splits' \
+      --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section LaunchStats --section WarpStateStats --section SchedulerStats \
+      python3 "$root/bench/gpu/bench_decode.py" --lib "$lib" --heads "${cell%@*}" --cells "${cell#*@}" \
+      --reps 1 --skip-flex --skip-fp8 --time-budget 20 --out /tmp/pkv-ncu-bench.md >>"$OUT/ncu.log" 2>&1; then
+      note "ncu $cell: ok (ncu.log)"
+    else
+      note "ncu $cell: FAILED or timed out after ${t}s (see ncu.log)"
+    fi
+  done
+fi
+
 note "done"
 cat "$summary"
