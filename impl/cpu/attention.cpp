@@ -223,10 +223,23 @@ class Attention {
                  ? std::min<int64_t>(ctx, int64_t(args_.sliding_window) + nq - 1)
                  : ctx;
     };
-    int64_t work = 0;
+    int64_t work = 0, most_keys = 0;
     for (int32_t s = 0; s < plan_.num_seqs; ++s) {
       const int32_t nq = plan_.query_indptr[s + 1] - plan_.query_indptr[s];
       if (nq > 0) work += keys(s, nq) * hkv_;
+      if (nq > 0) most_keys = std::max(most_keys, keys(s, nq));
+    }
+    // f32 and bf16 values reach FLT_MAX: the unnormalised sum of P V over n
+    // keys (weights up to 1 each) can then overflow although the output (a
+    // convex combination) is finite. Weights times 2^-c with 2^c >= 2n keep
+    // it below max|v|; the power of two is exact (short of underflow), and
+    // finish_row multiplies 2^c back. f16 and FP8 values stay far below.
+    const DType kv = arena_.layout.dtype;
+    if ((kv == DType::kF32 || kv == DType::kBF16) && most_keys > 1) {
+      int c = 1;
+      while ((int64_t(1) << c) < 2 * most_keys) ++c;
+      p_scale_ = std::ldexp(1.0f, -c);
+      p_unscale_ = std::ldexp(1.0f, c);
     }
     auto grouped_seq = [&](int32_t s, int32_t nq) {
       return hpt > 1 && nq * group_ <= max_rows_ &&
@@ -392,6 +405,12 @@ class Attention {
         }
         pf.flush();
         kt_->softmax(s.logits, ldl_, R, 0, n * ldpg_, hs.m, hs.l, hs.alpha);
+        if (p_scale_ != 1.0f) {  // build_tiles: P V must not overflow
+          for (int32_t r = 0; r < R; ++r) {
+            float* xr = s.logits + size_t(r) * ldl_;
+            for (int32_t e = 0; e < n * ldpg_; ++e) xr[e] *= p_scale_;
+          }
+        }
         pf.reset(slice_bytes);
         if (hh + 1 < H) {
           add_unit(c0, hh + 1, kplane_);
@@ -513,7 +532,7 @@ class Attention {
                   float* tmp) {
     const int32_t ri = t.row0 + r, i = ri / group_, g = ri % group_;
     const int32_t token = plan_.query_indptr[t.seq] + i, head = kv_head * group_ + g;
-    float inv = l == 0.0f ? 0.0f : 1.0f / l;
+    float inv = l == 0.0f ? 0.0f : 1.0f / l * p_unscale_;
     if (v_scales_) inv *= v_scales_[kv_head] * load_factor_;
     if (pair_ > 0) {
       from_paired(acc, tmp);
@@ -584,6 +603,8 @@ class Attention {
   int32_t l2_ahead_steps_ = 2;
   int32_t head_step_pages_ = 1;  // pages per step of a tile of several heads
   int32_t heads_per_tile_ = 1;   // KV heads per decode tile (build_tiles)
+  float p_scale_ = 1.0f;         // softmax weights' factor in P V (build_tiles), and its inverse
+  float p_unscale_ = 1.0f;
 };
 
 bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }

@@ -32,7 +32,9 @@
 // Output: out[t, h] = sum_k softmax(x)_k * v_k over the visible keys, with
 // an online softmax (running max m, running sum l, f32 accumulator), keys
 // in increasing position order, rounded to out's dtype (round to nearest
-// even; f16 overflows to inf).
+// even; f16 overflows to inf). On f32 and bf16 caches the weights in P V
+// carry a factor 2^-c (2^c >= twice the most keys a row sees, undone at the
+// end) so that V values near FLT_MAX cannot overflow the f32 accumulator.
 //
 // LSE (optional): lse[t * lse_stride0 + h] = m + log(l) = natural log of
 // sum_k exp(x_k) over the visible keys of the final (scaled, capped)
