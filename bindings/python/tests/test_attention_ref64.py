@@ -467,3 +467,86 @@ def test_attention_edges(ei, isa, monkeypatch):
     )
     assert not e
     run_cfg(c, np.random.default_rng([SEED0, ei, 0xED6E]), monkeypatch)
+
+
+def test_misuse_is_refused_and_writes_nothing(monkeypatch):
+    """Each bad argument: a library error naming it, out and lse untouched
+    (NaN poison, bit for bit), no KV element changed, the pool still valid."""
+    monkeypatch.delenv("PAGEDKV_CPU_ISA", raising=False)
+    rng = np.random.default_rng([SEED0, 0xBAD])
+    bf = NPT["bf16"]
+    pool = pagedkv.Pool(num_blocks=12, block_size=4, num_layers=2, num_kv_heads=2, head_dim=16, dtype="bf16", num_threads=2)
+    try:
+        a, b_ = pool.create_sequence(), pool.create_sequence()
+        a.append([3] * 6)
+        b_.append([4] * 1)
+        with pool.prepare([a, b_], [6, 1]) as b:
+            for ly in range(2):
+                b.cache_write(ly, rng.standard_normal((7, 2, 16)).astype(bf), rng.standard_normal((7, 2, 16)).astype(bf))
+        # Committed: a second plan (decode + chunk) to misuse.
+        a.append([5])
+        b_.append([6] * 3)
+        with pool.prepare([a, b_], [1, 3]) as b:
+            n = b.num_tokens
+            good_k = rng.standard_normal((n, 2, 16)).astype(bf)
+            q = rng.standard_normal((n, 4, 16)).astype(bf)
+
+            def planes():
+                return [np.asarray(pool.kv_tensor(ly, w).numpy()).view(np.uint16).copy() for ly in range(2) for w in (0, 1)]
+
+            before = planes()
+            wide = rng.standard_normal((n, 4, 32)).astype(bf)
+            bad_attention = [
+                ("q", dict(q=rng.standard_normal((n, 4, 8)).astype(bf))),  # head_dim
+                ("q", dict(q=rng.standard_normal((n, 3, 16)).astype(bf))),  # heads not a multiple of 2
+                ("q", dict(q=rng.standard_normal((n - 1, 4, 16)).astype(bf))),  # rows
+                ("q", dict(q=wide[:, :, ::2])),  # innermost stride 2
+                ("q", dict(q=rng.standard_normal((n, 4, 16)).astype(np.float32))),  # dtype
+                ("out", dict(out=np.full((n, 4, 8), np.nan, bf))),
+                ("out", dict(out=np.full((n, 4, 16), np.nan, np.float16))),
+                ("out", dict(out=np.full((n, 4, 32), np.nan, bf)[:, :, ::2])),
+                ("lse", dict(lse=np.full((n, 3), np.nan, np.float32))),
+                ("lse", dict(lse=np.full((n, 4), np.nan, np.float16))),
+                ("softmax_scale", dict(softmax_scale=-1.0)),
+                ("softmax_scale", dict(softmax_scale=float("nan"))),
+                ("softmax_scale", dict(softmax_scale=float("inf"))),
+                ("logit_softcap", dict(logit_softcap=-2.0)),
+                ("logit_softcap", dict(logit_softcap=float("nan"))),
+                ("sliding_window", dict(sliding_window=2**31)),
+                ("layer", dict(layer=2)),
+            ]
+            for name, kw in bad_attention:
+                kw = dict(kw)
+                qq = kw.pop("q", q)
+                out = kw.pop("out", np.full((n, 4, 16), np.nan, bf))
+                lse = kw.pop("lse", np.full((n, 4), np.nan, np.float32))
+                layer = kw.pop("layer", 0)
+                out0, lse0 = out.copy(), lse.copy()
+                with pytest.raises((pagedkv.PagedKVError, ValueError, TypeError, OverflowError)) as ei:
+                    b.attention(layer, qq, out, lse=lse, **kw)
+                assert name.split("_")[0] in str(ei.value).lower().replace("_", " ").replace("  ", " ") or name in str(ei.value), (name, str(ei.value))
+                assert np.array_equal(np.ascontiguousarray(out).view(np.uint8), np.ascontiguousarray(out0).view(np.uint8)), f"{name}: out written"
+                assert np.array_equal(lse.view(np.uint8), lse0.view(np.uint8)), f"{name}: lse written"
+            # out over q's memory.
+            with pytest.raises(pagedkv.PagedKVError):
+                b.attention(0, q, q)
+            bad_write = [
+                ("k", dict(k=rng.standard_normal((n, 2, 8)).astype(bf))),
+                ("k", dict(k=rng.standard_normal((n + 1, 2, 16)).astype(bf))),
+                ("v", dict(v=rng.standard_normal((n, 2, 32)).astype(bf)[:, :, ::2])),
+                ("v", dict(v=rng.standard_normal((n, 2, 16)).astype(np.float16))),
+                ("layer", dict(layer=5)),
+            ]
+            for name, kw in bad_write:
+                with pytest.raises((pagedkv.PagedKVError, ValueError, TypeError)) as ei:
+                    b.cache_write(kw.get("layer", 0), kw.get("k", good_k), kw.get("v", good_k))
+                assert name in str(ei.value).lower(), (name, str(ei.value))
+            after = planes()
+            for x, y in zip(before, after):
+                assert np.array_equal(x, y), "a refused call changed the KV cache"
+        # A query count beyond the tokens a sequence has is refused at prepare.
+        with pytest.raises(pagedkv.PagedKVError):
+            pool.prepare([a], [len(a) + 1])
+        pool.validate()
+    finally:
+        pool.close()
