@@ -40,7 +40,8 @@
 // The copy thread offloads asynchronously, so whether a match right after
 // an eviction finds the block in a tier depends on timing; most matches
 // come after pkv_pool_flush_tiers. PKV_PROVENANCE_TIERS_SYNC=1 flushes
-// before every match (a failing seed then replays exactly).
+// before every match (a failing seed then replays exactly);
+// PKV_PROVENANCE_TIERS_NO_FLUSH=1 never does (matches race the copy thread).
 // PKV_PROVENANCE_SEEDS=n runs seeds 1..n (default 100; 20 under sanitizers),
 // PKV_PROVENANCE_SEED=s seed s alone, PKV_PROVENANCE_STEPS=k k operations a
 // seed (default 1000); PKV_PROVENANCE_DUMP=1 prints what was covered.
@@ -130,6 +131,7 @@ struct Harness {
   std::string trace;
   pkv_tensor kv[kLayers][2];
   bool sync = std::getenv("PKV_PROVENANCE_TIERS_SYNC") != nullptr;
+  bool no_flush = std::getenv("PKV_PROVENANCE_TIERS_NO_FLUSH") != nullptr;
 
   explicit Harness(uint64_t seed) : rng(seed) {}
   ~Harness() { pkv_pool_destroy(pool); }
@@ -262,7 +264,7 @@ struct Harness {
   }
 
   void maybe_flush() {
-    if (r(4) || sync) {
+    if ((r(4) || sync) && !no_flush) {
       trace += "flush\n";
       ASSERT_EQ(pkv_pool_flush_tiers(pool), PKV_OK) << pkv_last_error_message();
     }
