@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 import pytest
@@ -60,7 +60,11 @@ U = 2.0**-24
 EXP_REL = 2.0**-20
 U_OUT = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8}
 NPT = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
-FINMAX = {"f32": float(np.finfo(np.float32).max), "f16": 65504.0, "bf16": float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)}
+FINMAX = {
+    "f32": float(np.finfo(np.float32).max),
+    "f16": 65504.0,
+    "bf16": float(ml_dtypes.finfo(ml_dtypes.bfloat16).max),
+}
 # format: (ml_dtypes type, finite max, mantissa bits, min normal exponent)
 FP8 = {
     "fp8_e4m3": (ml_dtypes.float8_e4m3fn, 448.0, 3, -6),
@@ -157,7 +161,15 @@ def draw_cfg(rng: np.random.Generator) -> Cfg:
         seqs[0] = (min(a, 64), min(b, 16))
     ctx_max = max(a + b for a, b in seqs)
     w = rng.random()
-    window = 0 if w < 0.45 else 1 if w < 0.55 else int(rng.integers(2, 40)) if w < 0.85 else ctx_max + int(rng.integers(0, 5))
+    window = (
+        0
+        if w < 0.45
+        else 1
+        if w < 0.55
+        else int(rng.integers(2, 40))
+        if w < 0.85
+        else ctx_max + int(rng.integers(0, 5))
+    )
     softcap = 0.0 if rng.random() < 0.6 else float(rng.choice([1.0, 5.0, 30.0, 50.0]))
     if mode == "exact":
         scale = 2.0 ** int(rng.integers(2, 8))  # logits up to ~1e4
@@ -194,7 +206,7 @@ def fp8_value(codes: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def fp8_half_ulp(y: np.ndarray, fmt: str) -> np.ndarray:
-    _, fmax, mbits, emin = FP8[fmt]
+    _, _fmax, mbits, emin = FP8[fmt]
     e = np.floor(np.log2(np.maximum(np.abs(y), 2.0**emin)))
     return 2.0 ** (e - mbits) / 2
 
@@ -310,7 +322,9 @@ class Case:
             if a.dtype.kind == "f" or a.dtype == NPT["bf16"]:
                 changed = changed & ~(np.isnan(a.astype(np.float32)) & np.isnan(bf.astype(np.float32)))
             stray = changed & ~mask
-            assert not stray.any(), f"cache_write layer {layer} changed {int(stray.sum())} elements outside its slots (plane {ly},{'KV'[w]})"
+            assert not stray.any(), (
+                f"cache_write layer {layer} changed {int(stray.sum())} elements outside its slots (plane {ly},{'KV'[w]})"
+            )
             if ly != layer:
                 continue
             x = (kval, vval)[w]
@@ -364,8 +378,14 @@ class Case:
             lbad = ~(lerr <= lb)
             if lbad.any():
                 e = tuple(np.argwhere(lbad)[0])
-                raise AssertionError(f"lse: {int(lbad.sum())} off; first {e}: got {gl[e]!r} ref {rl[e]!r} bound {lb[e]!r}; {where}")
-            record(c.fam(), float(np.max(err / np.maximum(bound, 1e-300))), float(np.max(err / np.maximum(np.abs(ro).max(), 1e-300))))
+                raise AssertionError(
+                    f"lse: {int(lbad.sum())} off; first {e}: got {gl[e]!r} ref {rl[e]!r} bound {lb[e]!r}; {where}"
+                )
+            record(
+                c.fam(),
+                float(np.max(err / np.maximum(bound, 1e-300))),
+                float(np.max(err / np.maximum(np.abs(ro).max(), 1e-300))),
+            )
             record("lse", float(np.max(lerr / lb)), float(lerr.max()))
 
 
@@ -437,7 +457,9 @@ EDGES = [
     dict(dtype="f16", dim=256, bs=256, hkv=1, group=16, window=300, seqs=[(260, 1), (0, 40)], softcap=30.0),
     dict(dtype="bf16", dim=64, bs=8, hkv=12, group=1, window=0, threads=3, seqs=[(30, 1)] * 5),
     dict(dtype="f16", dim=112, bs=32, hkv=2, group=4, threads=9, mode="exact", scale=64.0, seqs=[(300, 1), (100, 3)]),
-    dict(dtype="fp8_e4m3", act="bf16", dim=96, bs=16, hkv=4, group=2, per_head=True, mode="vmax", seqs=[(50, 1), (0, 20)]),
+    dict(
+        dtype="fp8_e4m3", act="bf16", dim=96, bs=16, hkv=4, group=2, per_head=True, mode="vmax", seqs=[(50, 1), (0, 20)]
+    ),
     dict(dtype="f32", dim=64, bs=16, hkv=2, group=2, mode="vmax", threads=4, seqs=[(70, 1), (3, 30), (0, 5)]),
     dict(dtype="bf16", dim=128, bs=8, hkv=1, group=3, mode="vmax", window=9, seqs=[(40, 2), (0, 17)]),
     dict(dtype="fp8_e5m2", act="f16", dim=7, bs=8, hkv=2, group=3, window=5, seqs=[(45, 1), (9, 7)]),
@@ -475,14 +497,18 @@ def test_misuse_is_refused_and_writes_nothing(monkeypatch):
     monkeypatch.delenv("PAGEDKV_CPU_ISA", raising=False)
     rng = np.random.default_rng([SEED0, 0xBAD])
     bf = NPT["bf16"]
-    pool = pagedkv.Pool(num_blocks=12, block_size=4, num_layers=2, num_kv_heads=2, head_dim=16, dtype="bf16", num_threads=2)
+    pool = pagedkv.Pool(
+        num_blocks=12, block_size=4, num_layers=2, num_kv_heads=2, head_dim=16, dtype="bf16", num_threads=2
+    )
     try:
         a, b_ = pool.create_sequence(), pool.create_sequence()
         a.append([3] * 6)
         b_.append([4] * 1)
         with pool.prepare([a, b_], [6, 1]) as b:
             for ly in range(2):
-                b.cache_write(ly, rng.standard_normal((7, 2, 16)).astype(bf), rng.standard_normal((7, 2, 16)).astype(bf))
+                b.cache_write(
+                    ly, rng.standard_normal((7, 2, 16)).astype(bf), rng.standard_normal((7, 2, 16)).astype(bf)
+                )
         # Committed: a second plan (decode + chunk) to misuse.
         a.append([5])
         b_.append([6] * 3)
@@ -492,7 +518,9 @@ def test_misuse_is_refused_and_writes_nothing(monkeypatch):
             q = rng.standard_normal((n, 4, 16)).astype(bf)
 
             def planes():
-                return [np.asarray(pool.kv_tensor(ly, w).numpy()).view(np.uint16).copy() for ly in range(2) for w in (0, 1)]
+                return [
+                    np.asarray(pool.kv_tensor(ly, w).numpy()).view(np.uint16).copy() for ly in range(2) for w in (0, 1)
+                ]
 
             before = planes()
             wide = rng.standard_normal((n, 4, 32)).astype(bf)
@@ -524,8 +552,12 @@ def test_misuse_is_refused_and_writes_nothing(monkeypatch):
                 out0, lse0 = out.copy(), lse.copy()
                 with pytest.raises((pagedkv.PagedKVError, ValueError, TypeError, OverflowError)) as ei:
                     b.attention(layer, qq, out, lse=lse, **kw)
-                assert name.split("_")[0] in str(ei.value).lower().replace("_", " ").replace("  ", " ") or name in str(ei.value), (name, str(ei.value))
-                assert np.array_equal(np.ascontiguousarray(out).view(np.uint8), np.ascontiguousarray(out0).view(np.uint8)), f"{name}: out written"
+                assert name.split("_")[0] in str(ei.value).lower().replace("_", " ").replace("  ", " ") or name in str(
+                    ei.value
+                ), (name, str(ei.value))
+                assert np.array_equal(
+                    np.ascontiguousarray(out).view(np.uint8), np.ascontiguousarray(out0).view(np.uint8)
+                ), f"{name}: out written"
                 assert np.array_equal(lse.view(np.uint8), lse0.view(np.uint8)), f"{name}: lse written"
             # out over q's memory.
             with pytest.raises(pagedkv.PagedKVError):
