@@ -210,16 +210,61 @@ type Pool struct {
 type poolHandle struct {
 	mu  sync.RWMutex // read-held by every call, write-held by Close
 	ptr *C.pkv_pool
+
+	// Scoped views of the storage (Tensor.WithFloat32s and the others)
+	// count themselves in views while their callback runs. They hold no
+	// lock meanwhile (a callback calling the pool, or Close, must not
+	// deadlock), so a Close that finds views > 0 leaves the C pool in
+	// pending, and the last view to end destroys it. vmu guards both.
+	vmu     sync.Mutex
+	views   int
+	pending *C.pkv_pool
 }
 
 func (h *poolHandle) close() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.ptr != nil {
-		C.pkv_pool_destroy(h.ptr)
+		h.vmu.Lock()
+		destroy := h.ptr
+		if h.views > 0 {
+			h.pending, destroy = h.ptr, nil
+		}
 		h.ptr = nil
+		h.vmu.Unlock()
+		if destroy != nil {
+			C.pkv_pool_destroy(destroy)
+		}
 		runtime.SetFinalizer(h, nil)
 	}
+}
+
+// pinStorage keeps the pool's storage allocated until the returned
+// function is called, without holding the pool's lock: Close meanwhile
+// makes the pool's calls ErrClosed at once and leaves the destruction to
+// the last pin let go. ErrClosed when the pool is closed already.
+func (p *Pool) pinStorage(op string) (func(), error) {
+	if _, err := p.acquire(op); err != nil {
+		return nil, err
+	}
+	h := p.h
+	h.vmu.Lock()
+	h.views++
+	h.vmu.Unlock()
+	p.release()
+	return func() {
+		h.vmu.Lock()
+		h.views--
+		var destroy *C.pkv_pool
+		if h.views == 0 {
+			destroy, h.pending = h.pending, nil
+		}
+		h.vmu.Unlock()
+		if destroy != nil {
+			C.pkv_pool_destroy(destroy)
+		}
+		runtime.KeepAlive(p)
+	}, nil
 }
 
 // poolSerial numbers the pools created (Pool.serial).
@@ -282,7 +327,12 @@ func (p *Pool) release() {
 
 // Close destroys the pool, its sequences and its storage. It waits for
 // calls on the pool in flight, is idempotent, and makes later calls fail
-// with ErrClosed. Batches prepared from the pool stay safe to use: a kernel
+// with ErrClosed. A scoped view of the storage (Tensor.WithFloat32s,
+// WithUint16s, WithCodes) whose callback is running when Close is called
+// keeps the storage: Close returns without waiting for it (the callback
+// may itself call Close or the pool's other methods, which are ErrClosed
+// from then on), and the pool is destroyed when the last such callback
+// returns. Batches prepared from the pool stay safe to use: a kernel
 // call already running on another goroutine finishes (the library keeps the
 // storage until it returns) and later calls that need the pool (Commit,
 // the kernels) fail with ErrInvalidState; their plan arrays and Info stay
@@ -586,10 +636,15 @@ const (
 // KVTensor describes one layer's K or V storage, shape [num_blocks,
 // num_kv_heads, block_size, head_dim]. The memory belongs to the pool: it
 // is valid until Close (the Tensor keeps the pool reachable, so its
-// finalizer does not close it meanwhile), and on the CPU Tensor.Float32s or
-// Tensor.Uint16s view it without copying. After Close those views, and
-// kernel calls given the Tensor, are ErrClosed; a slice taken before Close
-// must not be used after it.
+// finalizer does not close it meanwhile). On the CPU, Tensor.ReadFloat32s
+// and WriteFloat32s (ReadUint16s, WriteUint16s, ReadCodes, WriteCodes)
+// copy elements out of and into it, and Tensor.WithFloat32s (WithUint16s,
+// WithCodes) lends a slice over it to a callback, during which Close
+// cannot free it. After Close all of them, and kernel calls given the
+// Tensor, are ErrClosed. The deprecated Tensor.Float32s, Uint16s and Codes
+// (and UnsafeFloat32s, UnsafeUint16s, UnsafeCodes) return slices that
+// nothing ties to the pool: used after Close they read and write freed
+// memory.
 func (p *Pool) KVTensor(layer int, which KVKind) (Tensor, error) {
 	const op = "pkv_pool_kv_tensor"
 	if layer < 0 || int64(layer) > 1<<32-1 {

@@ -364,67 +364,294 @@ func (t *Tensor) hostView(op string, dtype DType) (int, error) {
 	return int(n), nil
 }
 
-// Float32s is a []float32 over a dense CPU f32 tensor's memory, without
-// copying. It is valid as long as the memory is (for pool storage: until
-// the pool is closed); on a Tensor whose Pool or Batch is already closed
-// it is ErrClosed.
-// The slice does not keep the Pool or Batch alive: keep the Tensor (or
-// its owner) reachable while you use it, e.g. with runtime.KeepAlive.
-func (t *Tensor) Float32s() ([]float32, error) {
-	n, err := t.liveHostView("Tensor.Float32s", Float32)
-	if err != nil || n == 0 {
-		return nil, err
+// Host views of a dense CPU tensor's memory, for the three element types
+// of KV storage:
+//
+//   - float32: f32 tensors (Float32s and the other *Float32s methods),
+//   - uint16: the bit patterns of f16 and bf16 tensors (*Uint16s),
+//   - uint8: the codes of FP8 tensors (*Codes; their values are code * the
+//     pool's K or V scale).
+//
+// The copying forms, ReadFloat32s / WriteFloat32s (and the Uint16s and
+// Codes ones), and the scoped form, WithFloat32s (WithUint16s, WithCodes),
+// cannot outlive the memory: on a Tensor whose Pool is closed they are
+// ErrClosed. Float32s, Uint16s and Codes (and their Unsafe names) return a
+// slice over the memory that nothing ties to its owner.
+//
+// None of them takes the pool's KV lock: reading or writing the storage
+// while a step on another goroutine writes it (CacheWrite, CopyBlocks, a
+// swap-in, the copy-on-write copies of Prepare) is the caller's race, as
+// with any view of the storage (docs/threading.md). Pool.SwapBlocks copies
+// whole blocks under that lock.
+
+// hostElem is the element type of a host view.
+type hostElem interface{ float32 | uint16 | uint8 }
+
+// hostViewOf checks t as a host view of E's dtypes and returns its element
+// count (hostView; the owner is not checked).
+func hostViewOf[E hostElem](t *Tensor, op string) (int, error) {
+	if t == nil {
+		return 0, argError(op, "the tensor is nil")
 	}
-	return unsafe.Slice((*float32)(unsafe.Add(t.Data, t.ByteOffset)), n), nil
+	var zero E
+	switch any(zero).(type) {
+	case uint16:
+		if t.DType != Float16 && t.DType != BFloat16 {
+			return 0, argError(op, "tensor dtype is %v, not f16 or bf16", t.DType)
+		}
+		return t.hostView(op, t.DType)
+	case uint8:
+		if !isFP8(t.DType) {
+			return 0, argError(op, "tensor dtype is %v, not fp8", t.DType)
+		}
+		return t.hostView(op, t.DType)
+	}
+	return t.hostView(op, Float32)
 }
 
-// liveHostView is hostView for a zero-copy view: it also checks that the
-// Tensor's owner is not closed (a later Close still ends the view's
-// validity, as documented on each view).
-func (t *Tensor) liveHostView(op string, dtype DType) (int, error) {
-	n, err := t.hostView(op, dtype)
+// rawHostSlice is the slice over t's n elements (nil for none); t was
+// checked by hostViewOf.
+func rawHostSlice[E hostElem](t *Tensor, n int) []E {
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*E)(unsafe.Add(t.Data, t.ByteOffset)), n)
+}
+
+// unsafeHostView is Float32s, Uint16s and Codes: the checks, ErrClosed if
+// the owner is closed now, and a slice nothing keeps valid.
+func unsafeHostView[E hostElem](t *Tensor, op string) ([]E, error) {
+	n, err := hostViewOf[E](t, op)
+	if err != nil {
+		return nil, err
+	}
+	done, err := t.holdOwner(op)
+	if err != nil {
+		return nil, err
+	}
+	done()
+	return rawHostSlice[E](t, n), nil
+}
+
+// refuseReadOnly refuses writing a step plan's array through a host view
+// (the plan arrays are i32/i64, so only a Tensor whose DType was changed
+// gets here).
+func (t *Tensor) refuseReadOnly(op string) error {
+	if _, ok := t.owner.(*Batch); ok {
+		return argError(op, "the tensor is a step plan's array (read-only)")
+	}
+	return nil
+}
+
+// readHost copies elements [offset, offset+len(dst)) of t, or as many as
+// it has from offset on, into dst.
+func readHost[E hostElem](t *Tensor, op string, dst []E, offset int) (int, error) {
+	n, err := hostViewOf[E](t, op)
 	if err != nil {
 		return 0, err
+	}
+	if offset < 0 || offset > n {
+		return 0, argError(op, "offset %d is outside the tensor's %d elements", offset, n)
 	}
 	done, err := t.holdOwner(op)
 	if err != nil {
 		return 0, err
 	}
-	done()
-	return n, nil
+	defer done()
+	m := n - offset
+	if len(dst) < m {
+		m = len(dst)
+	}
+	if m == 0 {
+		return 0, nil
+	}
+	return copy(dst[:m], rawHostSlice[E](t, n)[offset:offset+m]), nil
 }
 
-// Uint16s is a []uint16 over a dense CPU f16 or bf16 tensor's memory.
+// writeHost copies src into elements [offset, offset+len(src)) of t, all
+// of them or (an error) none.
+func writeHost[E hostElem](t *Tensor, op string, offset int, src []E) (int, error) {
+	n, err := hostViewOf[E](t, op)
+	if err != nil {
+		return 0, err
+	}
+	if err := t.refuseReadOnly(op); err != nil {
+		return 0, err
+	}
+	if offset < 0 || offset > n || len(src) > n-offset {
+		return 0, argError(op, "%d elements at offset %d do not fit in the tensor's %d elements",
+			len(src), offset, n)
+	}
+	done, err := t.holdOwner(op)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	if len(src) == 0 {
+		return 0, nil
+	}
+	return copy(rawHostSlice[E](t, n)[offset:], src), nil
+}
+
+// withHost lends fn a slice over t's memory, keeping a Pool's storage
+// allocated until fn returns (Pool.pinStorage: no lock is held while fn
+// runs).
+func withHost[E hostElem](t *Tensor, op string, fn func([]E) error) error {
+	if fn == nil {
+		return argError(op, "the callback is nil")
+	}
+	n, err := hostViewOf[E](t, op)
+	if err != nil {
+		return err
+	}
+	if err := t.refuseReadOnly(op); err != nil {
+		return err
+	}
+	if p, ok := t.owner.(*Pool); ok {
+		unpin, err := p.pinStorage(op)
+		if err != nil {
+			return err
+		}
+		defer unpin() // also when fn panics
+	}
+	return fn(rawHostSlice[E](t, n))
+}
+
+// ReadFloat32s copies elements of a dense CPU f32 tensor, from element
+// offset on (offsets in elements of the dense row-major tensor), into dst:
+// min(len(dst), elements-offset) of them, returning how many. offset may
+// be 0..the element count; outside that it is ErrInvalidArgument. On a
+// Tensor whose Pool (or Batch) is closed it is ErrClosed. The copy is
+// made while holding the pool, so Close waits for it.
+func (t *Tensor) ReadFloat32s(dst []float32, offset int) (int, error) {
+	return readHost(t, "Tensor.ReadFloat32s", dst, offset)
+}
+
+// WriteFloat32s copies src into a dense CPU f32 tensor at element offset
+// and returns len(src). All of src must fit (offset+len(src) <= the
+// element count); otherwise it is ErrInvalidArgument and nothing is
+// written. ErrClosed once the Tensor's Pool is closed.
+func (t *Tensor) WriteFloat32s(offset int, src []float32) (int, error) {
+	return writeHost(t, "Tensor.WriteFloat32s", offset, src)
+}
+
+// WithFloat32s calls fn with a []float32 over a dense CPU f32 tensor's
+// memory (no copy; nil for a tensor of no elements) and returns fn's
+// error. Writes through the slice reach the tensor. A Pool's storage stays
+// allocated until fn returns, even if the pool is closed meanwhile (Close
+// then returns without waiting, and the last such callback to return
+// destroys the pool); fn may call the pool, including Close. On a Tensor
+// whose Pool is already closed it is ErrClosed and fn is not called.
+//
+// The slice must not be used after fn returns (kept in a variable, a
+// struct, a goroutine or a closure that outlives the call): like an
+// unsafe.Pointer into the storage, it is then valid only as long as the
+// pool is open.
+func (t *Tensor) WithFloat32s(fn func(s []float32) error) error {
+	return withHost(t, "Tensor.WithFloat32s", fn)
+}
+
+// UnsafeFloat32s is a []float32 over a dense CPU f32 tensor's memory,
+// without copying, that nothing ties to the memory's owner: for pool
+// storage it is valid until the pool is closed, and a read or write
+// through it after Pool.Close, or after the Pool and the Tensor became
+// unreachable and the pool's finalizer closed it, touches freed memory (a
+// fatal fault, or silent corruption of whatever reuses it). Keep the
+// Tensor (or its Pool) reachable, e.g. with runtime.KeepAlive, and do not
+// close the pool while the slice is in use. On a Tensor whose Pool or
+// Batch is already closed it is ErrClosed. Prefer WithFloat32s (scoped)
+// or ReadFloat32s / WriteFloat32s (copies).
+func (t *Tensor) UnsafeFloat32s() ([]float32, error) {
+	return unsafeHostView[float32](t, "Tensor.UnsafeFloat32s")
+}
+
+// Float32s is UnsafeFloat32s, under its old name: a []float32 over a
+// dense CPU f32 tensor's memory, without copying. It is valid as long as
+// the memory is (for pool storage: until the pool is closed); on a Tensor
+// whose Pool or Batch is already closed it is ErrClosed.
+// The slice does not keep the Pool or Batch alive: keep the Tensor (or
+// its owner) reachable while you use it, e.g. with runtime.KeepAlive.
+// Used after Pool.Close, or after the pool's finalizer closed it, the
+// slice reads and writes freed memory (a fatal fault): nothing in the
+// binding can know when the slice is no longer referenced.
+//
+// Deprecated: the slice can outlive the pool's storage. Use WithFloat32s
+// (a slice scoped to a callback, during which Close cannot free the
+// storage) or ReadFloat32s / WriteFloat32s (copies); UnsafeFloat32s is
+// this method under a name that says what it is.
+func (t *Tensor) Float32s() ([]float32, error) {
+	return unsafeHostView[float32](t, "Tensor.Float32s")
+}
+
+// ReadUint16s is ReadFloat32s for a dense CPU f16 or bf16 tensor: it
+// copies the elements' bit patterns (FromF16, FromBF16).
+func (t *Tensor) ReadUint16s(dst []uint16, offset int) (int, error) {
+	return readHost(t, "Tensor.ReadUint16s", dst, offset)
+}
+
+// WriteUint16s is WriteFloat32s for a dense CPU f16 or bf16 tensor: src
+// holds bit patterns (ToF16, ToBF16).
+func (t *Tensor) WriteUint16s(offset int, src []uint16) (int, error) {
+	return writeHost(t, "Tensor.WriteUint16s", offset, src)
+}
+
+// WithUint16s is WithFloat32s for a dense CPU f16 or bf16 tensor: fn gets
+// a []uint16 of bit patterns over its memory, which must not be used
+// after fn returns.
+func (t *Tensor) WithUint16s(fn func(s []uint16) error) error {
+	return withHost(t, "Tensor.WithUint16s", fn)
+}
+
+// UnsafeUint16s is UnsafeFloat32s for a dense CPU f16 or bf16 tensor: a
+// []uint16 over its memory that is valid only until the pool is closed.
+func (t *Tensor) UnsafeUint16s() ([]uint16, error) {
+	return unsafeHostView[uint16](t, "Tensor.UnsafeUint16s")
+}
+
+// Uint16s is a []uint16 over a dense CPU f16 or bf16 tensor's memory
+// (UnsafeUint16s under its old name): used after Pool.Close, or after the
+// pool's finalizer closed it, it reads and writes freed memory.
+//
+// Deprecated: the slice can outlive the pool's storage. Use WithUint16s
+// or ReadUint16s / WriteUint16s; UnsafeUint16s is this method under a name
+// that says what it is.
 func (t *Tensor) Uint16s() ([]uint16, error) {
-	if t == nil {
-		return nil, argError("Tensor.Uint16s", "the tensor is nil")
-	}
-	dt := t.DType
-	if dt != Float16 && dt != BFloat16 {
-		return nil, argError("Tensor.Uint16s", "tensor dtype is %v, not f16 or bf16", dt)
-	}
-	n, err := t.liveHostView("Tensor.Uint16s", dt)
-	if err != nil || n == 0 {
-		return nil, err
-	}
-	return unsafe.Slice((*uint16)(unsafe.Add(t.Data, t.ByteOffset)), n), nil
+	return unsafeHostView[uint16](t, "Tensor.Uint16s")
+}
+
+// ReadCodes is ReadFloat32s for a dense CPU FP8 tensor: it copies the
+// stored codes (their values are code * the pool's K or V scale).
+func (t *Tensor) ReadCodes(dst []uint8, offset int) (int, error) {
+	return readHost(t, "Tensor.ReadCodes", dst, offset)
+}
+
+// WriteCodes is WriteFloat32s for a dense CPU FP8 tensor: src holds codes.
+func (t *Tensor) WriteCodes(offset int, src []uint8) (int, error) {
+	return writeHost(t, "Tensor.WriteCodes", offset, src)
+}
+
+// WithCodes is WithFloat32s for a dense CPU FP8 tensor: fn gets a []uint8
+// of the codes in its memory, which must not be used after fn returns.
+func (t *Tensor) WithCodes(fn func(s []uint8) error) error {
+	return withHost(t, "Tensor.WithCodes", fn)
+}
+
+// UnsafeCodes is UnsafeFloat32s for a dense CPU FP8 tensor: a []uint8 over
+// its codes that is valid only until the pool is closed.
+func (t *Tensor) UnsafeCodes() ([]uint8, error) {
+	return unsafeHostView[uint8](t, "Tensor.UnsafeCodes")
 }
 
 // Codes is a []uint8 over a dense CPU FP8 tensor's memory (the stored
-// codes; their values are code * the pool's K or V scale).
+// codes; their values are code * the pool's K or V scale), UnsafeCodes
+// under its old name: used after Pool.Close, or after the pool's
+// finalizer closed it, it reads and writes freed memory.
+//
+// Deprecated: the slice can outlive the pool's storage. Use WithCodes or
+// ReadCodes / WriteCodes; UnsafeCodes is this method under a name that
+// says what it is.
 func (t *Tensor) Codes() ([]uint8, error) {
-	if t == nil {
-		return nil, argError("Tensor.Codes", "the tensor is nil")
-	}
-	dt := t.DType
-	if !isFP8(dt) {
-		return nil, argError("Tensor.Codes", "tensor dtype is %v, not fp8", dt)
-	}
-	n, err := t.liveHostView("Tensor.Codes", dt)
-	if err != nil || n == 0 {
-		return nil, err
-	}
-	return unsafe.Slice((*uint8)(unsafe.Add(t.Data, t.ByteOffset)), n), nil
+	return unsafeHostView[uint8](t, "Tensor.Codes")
 }
 
 // Int32s copies a dense CPU i32 tensor into a new slice (ErrClosed once
