@@ -73,7 +73,7 @@ stage_done "ASan+UBSan"
 fuzz_pid=
 if [ "$fuzz" = 1 ]; then
   fuzz_log=$(mktemp)
-  # 60 + 15 + 15 s: about as long as the TSan stage beside it (92 s at
+  # 60 + 15 + 15 + 15 s (fuzz_wire's 15 added): about as long as the TSan stage beside it (92 s at
   # 2d6191e), so neither waits long for the other. PKV_FUZZ_SECONDS overrides.
   PKV_FUZZ_SECONDS=${PKV_FUZZ_SECONDS:-60} PKV_FUZZ_STEP=run PKV_FUZZ_BUILD_DIR="$root/build-asan" \
     bash "$root/scripts/test-fuzz.sh" >"$fuzz_log" 2>&1 &

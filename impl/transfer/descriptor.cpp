@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "error.h"
@@ -152,6 +153,12 @@ TransferDescriptor TransferDescriptor::decode(const uint8_t* data, uint64_t size
   for (uint64_t i = 0; i < n; ++i) {
     d.hashes[i].size = p[i * kHash];
     std::memcpy(d.hashes[i].bytes.data(), p + i * kHash + 1, kHash - 1);
+    // A digest of at most 32 bytes, zero past its size (BlockHash's form).
+    const BlockHash& h = d.hashes[i];
+    if (h.size > h.bytes.size() ||
+        std::any_of(h.bytes.begin() + h.size, h.bytes.end(), [](uint8_t b) { return b != 0; }))
+      fail(Errc::kInvalidArgument, "descriptor: hashes[" + std::to_string(i) + "] is not a digest (" +
+                                       std::to_string(h.size) + " bytes)");
   }
   p = r.array(1, kMaxBlob, &n, "worker_address");
   d.worker_address.assign(reinterpret_cast<const char*>(p), n);
