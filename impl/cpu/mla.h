@@ -18,6 +18,10 @@
 // sees keys 0..p). With s = softmax_scale, in f32:
 //   x_k = (s * q_latent) . c_k + (s * q_pe) . pe_k
 //   out = sum_k softmax(x)_k c_k   (online softmax, keys in position order)
+// On f32 and bf16 planes the weights in that sum carry a factor 2^-e (2^e
+// >= twice the keys the item's last query sees, undone at the end): exact
+// short of underflow, it keeps latents near FLT_MAX from overflowing the
+// f32 accumulator (as impl/cpu/attention.h).
 //   lse = m + log(l)               (natural log, optional)
 // out rounded to T (nearest even). Only rows < L are read, so NaN in unused
 // slots of the last page cannot leak.

@@ -162,6 +162,20 @@ void mla_attend(ThreadPool& pool, const MlaOps& ops, const MlaCache& cache, cons
     std::fill(sc.m.begin(), sc.m.begin() + rows, ninf);
     std::fill(sc.l.begin(), sc.l.begin() + rows, 0.0f);
     const int32_t last_key = p0 + item.nq - 1;  // keys [0, last_key] are visible to someone
+    // f32 and bf16 latents reach FLT_MAX: the unnormalised sum of p c over
+    // n keys (weights up to 1 each) can then overflow although the output
+    // (a convex combination) is finite. Weights times 2^-e with 2^e >= 2n
+    // (n = last_key + 1, the most keys a row of the item sees) keep it
+    // below max|c|; the power of two is exact (short of underflow), so the
+    // result is that of unscaled weights, and the end multiplies 2^e back.
+    // f16 latents stay far below the limit.
+    float p_scale = 1.0f, p_unscale = 1.0f;
+    if ((T == DType::kF32 || T == DType::kBF16) && last_key > 0) {
+      int e = 1;
+      while ((int64_t(1) << e) < 2 * (int64_t(last_key) + 1)) ++e;
+      p_scale = std::ldexp(1.0f, -e);
+      p_unscale = std::ldexp(1.0f, e);
+    }
     const int32_t* pages = plan.page_indices + plan.page_indptr[item.seq];
     for (int32_t k0 = 0, nk = 0; k0 <= last_key; k0 += nk) {
       // A chunk never crosses a page end (the next page is elsewhere).
@@ -187,6 +201,12 @@ void mla_attend(ThreadPool& pool, const MlaOps& ops, const MlaCache& cache, cons
         std::fill(sr + visible, sr + span, ninf);
       }
       softmax(sc.s.data(), kKeyChunk, rows, 0, span, sc.m.data(), sc.l.data(), sc.alpha.data());
+      if (p_scale != 1.0f) {  // l keeps the unscaled weights (LSE)
+        for (int32_t r = 0; r < rows; ++r) {
+          float* sr = sc.s.data() + int64_t(r) * kKeyChunk;
+          for (int32_t j = 0; j < nk; ++j) sr[j] *= p_scale;
+        }
+      }
       // Each query's rows take only the keys that query sees: a later key
       // weighs 0, but 0 * c is NaN when its latent holds NaN or Inf (a later
       // token's garbage), which must not reach an earlier query (causal).
@@ -199,7 +219,7 @@ void mla_attend(ThreadPool& pool, const MlaOps& ops, const MlaCache& cache, cons
     }
     for (int32_t r = 0; r < rows; ++r) {
       const int64_t t = row0 + r / item.nh, h = item.h0 + r % item.nh;
-      const float inv = 1.0f / sc.l[r];
+      const float inv = 1.0f / sc.l[r] * p_unscale;
       const float* a = sc.acc.data() + int64_t(r) * R;
       const int64_t o = t * out.s0 + h * out.s1;
       for (int32_t i = 0; i < R; ++i) store_f32(out.data, T, o + i, a[i] * inv);

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import pagedkv
-from conftest import NP_DTYPES
+from conftest import NP_DTYPES, np_dtype
 
 RANK, ROPE = 64, 16
 
@@ -128,6 +128,85 @@ def test_steps_match_float64(dtype, heads):
         for pos in range(a.num_tokens):
             np.testing.assert_array_equal(t[table[pos // 4], pos % 4].astype(np.float64), rows[(a.id, 1)][pos])
         pool.validate()
+
+
+U = 2.0**-24
+
+
+def _gamma(n):
+    return n * U / (1 - n * U)
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", ""])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_latents_near_the_largest_value_do_not_overflow(dtype, isa, monkeypatch):
+    """Latents near FLT_MAX (f32, bf16): the output is a convex combination
+    of them, finite; an unnormalised f32 sum of p c over a few dozen keys
+    (weights up to 1 each) would overflow to inf. Checked against float64
+    written from the math, with the bound of test_attention_ref64.py: logit
+    error dx <= gamma(D + 4) * scale * sum |q_d c_d| + 2^-20 moves the output
+    by at most 2 dx max|c|, the f32 sums over L keys add gamma(L + 4) max|c|,
+    and rounding to the dtype u_out |out|."""
+    if isa:
+        monkeypatch.setenv("PAGEDKV_CPU_ISA", isa)
+    else:
+        monkeypatch.delenv("PAGEDKV_CPU_ISA", raising=False)
+    dt = np_dtype(dtype)
+    top = float(np.finfo(np.float32).max) if dtype == "f32" else float(ml_dtypes_finfo_max(dt))
+    u_out = {"f32": 2.0**-24, "bf16": 2.0**-8}[dtype]
+    rng = np.random.default_rng(11)
+    scale = 1.0
+    heads = 3
+    with make_pool(dtype, block_size=8, num_blocks=24) as pool:
+        a, b = pool.create_sequence(), pool.create_sequence()
+        a.append(list(range(40)))
+        b.append(list(range(20)))
+        rows = {}
+        for seqs, counts in (([a, b], [40, 20]), ([a], [5])):  # prefill, then a chunk over a's prefix
+            if len(seqs) == 1:
+                a.append(list(range(5)))
+            with pool.prepare(seqs, counts) as batch:
+                n = batch.num_tokens
+                # Half the latent dims keep one sign over all keys (so the sum of
+                # p c grows with the keys), the rest random; |c| in [top/2, top].
+                sign = np.where(np.arange(RANK) % 2 == 0, 1.0, rng.choice([-1.0, 1.0], (n, RANK)))
+                kv_c = (rng.uniform(0.5, 1.0, (n, RANK)) * sign * top).astype(dt)
+                k_pe = rng.uniform(-1.0, 1.0, (n, 1, ROPE)).astype(dt)
+                for layer in range(2):  # a step commits once every layer was written
+                    batch.mla_cache_write(layer, kv_c, k_pe)
+                # q_latent 2^-125 (normal) on 4 dims, 0 elsewhere: q . c stays a few units.
+                q_lat = np.zeros((n, heads, RANK))
+                q_lat[..., :4] = rng.uniform(0.5, 1.0, (n, heads, 4)) * rng.choice([-1.0, 1.0], (n, heads, 4))
+                q_lat = (q_lat * 2.0**-125).astype(dt)
+                q_pe = rng.uniform(-1.0, 1.0, (n, heads, ROPE)).astype(dt)
+                out, lse = pagedkv.mla.attention(batch, 0, q_lat, q_pe, softmax_scale=scale, lse=True)
+                r = 0
+                for s, q in zip(seqs, counts):
+                    L = s.num_tokens
+                    new = np.concatenate([kv_c[r : r + q].astype(np.float64), k_pe[r : r + q, 0].astype(np.float64)], 1)
+                    rows[s.id] = np.concatenate([rows.get(s.id, np.zeros((0, RANK + ROPE)))[: L - q], new])
+                    for j in range(q):
+                        pos = L - q + j
+                        c = rows[s.id][: pos + 1]
+                        ql, qp = q_lat[r].astype(np.float64), q_pe[r].astype(np.float64)
+                        ref, ref_lse = reference(rows[s.id], ql, qp, pos, scale)
+                        mag = scale * (np.abs(ql) @ np.abs(c[:, :RANK]).T + np.abs(qp) @ np.abs(c[:, RANK:]).T)
+                        dx = _gamma(RANK + ROPE + 4) * mag.max(axis=1) + 2.0**-20  # [H]
+                        vmax = np.abs(c[:, :RANK]).max(axis=0)  # [RANK]
+                        bound = (2 * dx[:, None] + _gamma(pos + 5)) * vmax[None, :] + u_out * np.abs(ref)
+                        got = out[r].astype(np.float64)
+                        assert np.isfinite(got).all(), f"{s.id=} {pos=}: {np.isinf(got).sum()} elements inf"
+                        err = np.abs(got - ref)
+                        assert (err <= bound).all(), f"{pos=}: worst err/bound {(err / bound).max()}"
+                        np.testing.assert_allclose(lse[r], ref_lse, rtol=0, atol=float(dx.max()) + 1e-5)
+                        r += 1
+        pool.validate()
+
+
+def ml_dtypes_finfo_max(dt):
+    import ml_dtypes
+
+    return ml_dtypes.finfo(dt).max
 
 
 def test_mha_calls_refused_and_torch():
