@@ -177,6 +177,15 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
   const float v_scale = kFp8 ? p.v_scales[kvh] : 1.f;
   const float cap = p.softcap;
   const int window = p.window;
+  // f32/bf16 pages: the weights enter P V times 2^-pc, 2^pc >= twice the
+  // keys of this split (overflow_exponent); the normalisation multiplies
+  // 2^pc back, and for a split's partial output 2^-mc on top, 2^mc >= twice
+  // the splits, which merge_splits_kernel undoes. Powers of two: exact short
+  // of underflow.
+  constexpr bool kScaleP = scales_pv<T, S>();
+  const int pc = kScaleP ? overflow_exponent(w.s_end - w.s_begin) : 0;
+  const float p_scale = ldexpf(1.f, -pc);
+  const float unscale = ldexpf(1.f, pc - overflow_exponent(p.num_splits));
   __syncthreads();
 
   for (int t = 0; t < n_tiles; ++t) {
@@ -286,7 +295,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
       const float alpha = m_row[i] == m_new ? 1.f : exp2f(m_row[i] - m_new);
       l_row[i] = l_row[i] * alpha + warp_sum(pr);
       m_row[i] = m_new;
-      if (lane < KT) p_s[r * L::kLdP + lane] = from_float<T>(pr);
+      if (lane < KT) p_s[r * L::kLdP + lane] = from_float<T>(kScaleP ? pr * p_scale : pr);
       if (alpha != 1.f) {
         for (int d = lane; d < D; d += 32) o_s[r * L::kLdO + d] *= alpha;
       }
@@ -358,7 +367,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
     const int64_t token = q_begin + flat / group;
     const int64_t head = int64_t(kvh) * group + flat % group;
     const float l = l_row[i];
-    const float inv = l > 0.f ? v_scale / l : 0.f;
+    const float inv = l > 0.f ? v_scale / l * unscale : 0.f;
     const float lse2 = row_lse2(m_row[i], l);
     if (p.num_splits == 1) {
       T* o = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
@@ -374,7 +383,9 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
 }
 
 // Combines the splits of every (token, q head) row: weights 2^(lse_s - max).
-// One warp per row.
+// One warp per row. The partial outputs carry 2^-mc (2^mc >= twice the
+// splits, overflow_exponent), so that the sum of up to num_splits outputs
+// near FLT_MAX cannot overflow; the normalisation multiplies 2^mc back.
 template <typename T>
 __global__ void __launch_bounds__(128) merge_splits_kernel(const AttnParams p, int head_dim) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -393,7 +404,7 @@ __global__ void __launch_bounds__(128) merge_splits_kernel(const AttnParams p, i
   if (m != -INFINITY) {
     for (int s = 0; s < p.num_splits; ++s) wsum += exp2f(p.part_lse[s * num_rows + row] - m);
   }
-  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  const float inv = wsum > 0.f ? 1.f / wsum * ldexpf(1.f, overflow_exponent(p.num_splits)) : 0.f;
   T* o = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
   for (int d = lane; d < head_dim; d += 32) {
     float acc = 0.f;

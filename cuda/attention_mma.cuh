@@ -180,6 +180,15 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
   const float scale_log2 = scale * kLog2e;
   const float cap = p.softcap;
   const int window = p.window;
+  // bf16 pages: the weights enter P V times 2^-pc, 2^pc >= twice the keys
+  // of this split (overflow_exponent), folded into the softmax's offset: the
+  // running max is kept as max + pc, so every weight 2^(x - m) and the sum l
+  // carry 2^-pc alike and o / l and m + log2 l are unchanged; one add per
+  // row and tile. A split's partial output carries 2^-mc on top (2^mc >=
+  // twice the splits), which merge_splits_kernel undoes.
+  constexpr bool kScaleP = scales_pv<T, T>();
+  const float pc = kScaleP ? float(overflow_exponent(w.s_end - w.s_begin)) : 0.f;
+  const float unscale = ldexpf(1.f, -overflow_exponent(p.num_splits));
   const T* q_row = q_s + (wrow + (lane & 15)) * kLd + (lane >> 4) * 8;
   __syncthreads();
   uint32_t qf[kQInRegs ? kKS : 1][4];
@@ -277,6 +286,7 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
         }
         mx = fmaxf(mx, shfl_xor(mx, 1));
         mx = fmaxf(mx, shfl_xor(mx, 2));
+        if constexpr (kScaleP) mx += pc;  // -inf stays -inf
         const float m_new = fmaxf(m_r[mt][h], mx);
         alpha[h] = m_r[mt][h] == m_new ? 1.f : exp2f(m_r[mt][h] - m_new);
         float sum = 0.f;
@@ -420,7 +430,7 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
       const int flat = row0 + r;
       const int64_t token = q_begin + flat / group;
       const int64_t head = int64_t(kvh) * group + flat % group;
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float inv = l > 0.f ? 1.f / l * unscale : 0.f;
       const float lse2 = row_lse2(m, l);
       if (p.num_splits == 1) {
         T* out = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
@@ -443,7 +453,7 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
         const int flat = row0 + wrow + mt * 16 + g + 8 * h;
         const int64_t token = q_begin + flat / group;
         const int64_t head = int64_t(kvh) * group + flat % group;
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const float inv = l > 0.f ? 1.f / l * unscale : 0.f;
         const float lse2 = row_lse2(m_r[mt][h], l);
         if (p.num_splits == 1) {
           T* out = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;

@@ -204,6 +204,25 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// f32 and bf16 values reach FLT_MAX, so an unnormalised f32 sum of up to n
+// values with weights up to 1 each (P V over n keys, the merge of n splits)
+// can overflow although the result, a convex combination, is finite. The
+// kernels give such weights a factor 2^-c with 2^c >= 2n (impl/cpu/
+// attention.h): this is the smallest such c, 0 for n <= 1.
+__device__ __forceinline__ int overflow_exponent(int64_t n) {
+  int c = 0;
+  while (n > 1 && (int64_t(1) << c) < 2 * n) ++c;
+  return c;
+}
+
+// Whether the P V weights over pages of stored type S, read as T, carry
+// that factor: f32 and bf16 pages (f16 and FP8 values stay far below FLT_MAX).
+template <typename T, typename S>
+constexpr bool scales_pv() {
+  return std::is_same<T, S>::value &&
+         (std::is_same<T, float>::value || std::is_same<T, __nv_bfloat16>::value);
+}
+
 __host__ __device__ constexpr size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 }  // namespace cuda

@@ -71,6 +71,11 @@ __global__ void __launch_bounds__(kMlaThreads) mla_attention_kernel(const MlaPar
   float acc[kMlaMaxPerThread];
   for (int k = 0; k < kMlaMaxPerThread; ++k) acc[k] = 0.0f;
   float m = -INFINITY, l = 0.0f;
+  // f32/bf16 latents: the weights enter the sum of p c times 2^-pc, 2^pc >=
+  // twice the pos + 1 keys (overflow_exponent), and the normalisation
+  // multiplies 2^pc back (as impl/cpu/mla.h); l keeps the unscaled weights.
+  const int pc = scales_pv<T, T>() ? overflow_exponent(int64_t(pos) + 1) : 0;
+  const float p_scale = ldexpf(1.0f, -pc);
   for (int32_t k0 = 0; k0 <= pos; k0 += kMlaKeyTile) {
     const int32_t nk = min(kMlaKeyTile, pos + 1 - k0);
     // Every warp runs the same number of rounds (warp sums are uniform).
@@ -93,10 +98,11 @@ __global__ void __launch_bounds__(kMlaThreads) mla_attention_kernel(const MlaPar
     for (int32_t j = 0; j < nk; ++j) {
       const float w = expf(sc[j] - mx);
       sum += w;
+      const float wp = w * p_scale;
       const T* row = mla_key_row<T>(p, pages, k0 + j);
       for (int k = 0; k < kMlaMaxPerThread; ++k) {
         const int32_t d = tid + k * int32_t(blockDim.x);
-        if (d < p.rank) acc[k] += w * to_float(row[d]);
+        if (d < p.rank) acc[k] += wp * to_float(row[d]);
       }
     }
     l = l * alpha + sum;
@@ -104,7 +110,7 @@ __global__ void __launch_bounds__(kMlaThreads) mla_attention_kernel(const MlaPar
     __syncthreads();  // sc is rewritten by the next tile
   }
   T* out = reinterpret_cast<T*>(p.out) + t * p.o_s0 + h * p.o_s1;
-  const float inv = 1.0f / l;
+  const float inv = 1.0f / l * ldexpf(1.0f, pc);
   for (int k = 0; k < kMlaMaxPerThread; ++k) {
     const int32_t d = tid + k * int32_t(blockDim.x);
     if (d < p.rank) out[d] = from_float<T>(acc[k] * inv);

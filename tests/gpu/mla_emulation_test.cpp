@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -40,6 +42,11 @@ struct MlaCase {
   const char* name;
   int32_t bs, heads, rank, rope;
   std::vector<Seq> seqs;
+  // Latents of magnitude [1/4, 1/2] of the dtype's largest value, one sign
+  // per even dim (an unnormalised f32 sum of p c overflows after a few
+  // keys; the output, a convex combination, is finite); q_latent 0 but for
+  // dim 0, sized for logits of a few units.
+  bool near_max = false;
 };
 
 void run_case(const MlaCase& c, DType t, uint32_t seed) {
@@ -49,6 +56,20 @@ void run_case(const MlaCase& c, DType t, uint32_t seed) {
     float x = 0;
     while (std::fabs(x) < 1e-3f) x = u(rng);
     return x;
+  };
+  const float vmag = !c.near_max         ? 1.0f
+                     : t == DType::kF32  ? 0.5f * std::numeric_limits<float>::max()
+                     : t == DType::kBF16 ? 0.5f * 3.3895314e38f
+                                         : 0.5f * 65504.0f;
+  const float scale = 0.09f;
+  // Element i of a row: latent dim i < rank, else rope; q rows likewise.
+  auto row_value = [&](int32_t i, bool query) {
+    const float x = value();
+    if (!c.near_max) return x;
+    if (i >= c.rank) return 0.25f * x;
+    if (query) return i == 0 ? (x < 0 ? -4.0f : 4.0f) / (scale * vmag) : 0.0f;
+    const float m = (1.0f + std::fabs(x)) * 0.5f * vmag;
+    return i % 2 == 0 || x > 0 ? m : -m;
   };
   const int32_t D = c.rank + c.rope;
   int32_t pages_total = 0;
@@ -77,7 +98,7 @@ void run_case(const MlaCase& c, DType t, uint32_t seed) {
         slots.push_back(slot);
       } else {
         for (int32_t d = 0; d < D; ++d)
-          pagedkv::test::store(cache.data(), t, slot * D + d, value());
+          pagedkv::test::store(cache.data(), t, slot * D + d, row_value(d, false));
       }
     }
     qptr.push_back(qptr.back() + s.nq);
@@ -98,15 +119,17 @@ void run_case(const MlaCase& c, DType t, uint32_t seed) {
     plan.max_query = std::max(plan.max_query, s.nq);
     plan.max_context = std::max(plan.max_context, s.len);
   }
-  auto fill = [&](Buffer& b, int64_t elems) {
+  // Rows of w elements, the first at element offset `first` of a row_value row.
+  auto fill = [&](Buffer& b, int64_t elems, int32_t w, int32_t first, bool query) {
     b = Buffer(size_t(std::max<int64_t>(elems, 1)) * es);
-    for (int64_t i = 0; i < elems; ++i) pagedkv::test::store(b.data(), t, i, value());
+    for (int64_t i = 0; i < elems; ++i)
+      pagedkv::test::store(b.data(), t, i, row_value(first + int32_t(i % w), query));
   };
   Buffer kv_c, k_pe, ql, qp;
-  fill(kv_c, n * c.rank);
-  fill(k_pe, n * c.rope);
-  fill(ql, n * c.heads * c.rank);
-  fill(qp, n * c.heads * c.rope);
+  fill(kv_c, n * c.rank, c.rank, 0, false);
+  fill(k_pe, n * c.rope, std::max(c.rope, 1), c.rank, false);
+  fill(ql, n * c.heads * c.rank, c.rank, 0, true);
+  fill(qp, n * c.heads * c.rope, std::max(c.rope, 1), c.rank, true);
 
   KvArena arena{};
   arena.num_layers = 1;
@@ -144,7 +167,7 @@ void run_case(const MlaCase& c, DType t, uint32_t seed) {
   Tensor3 o_cpu{out_cpu.data(), t, n, c.heads, c.rank, c.heads * c.rank, c.rank};
   Tensor3 o_emu{out_emu.data(), t, n, c.heads, c.rank, c.heads * c.rank, c.rank};
   pagedkv::AttentionArgs args{};
-  args.softmax_scale = 0.09f;
+  args.softmax_scale = scale;
   args.lse = lse_cpu.data();
   args.lse_stride0 = c.heads;
   pagedkv::cpu::mla_attend(pool, pagedkv::cpu::mla_ops_scalar(), cpu_cache, plan, q3, qp3, o_cpu,
@@ -164,10 +187,13 @@ void run_case(const MlaCase& c, DType t, uint32_t seed) {
   // Both are f32 computations of the same sums in different orders; the
   // outputs round to the cache dtype.
   const double eps = t == DType::kF32 ? 0 : t == DType::kF16 ? 1.0 / 1024 : 1.0 / 128;
+  // near_max: the sums' rounding scales with the latents.
   for (int64_t i = 0; i < n_out; ++i) {
     const double a = pagedkv::test::load(out_emu.data(), t, i);
     const double b = pagedkv::test::load(out_cpu.data(), t, i);
-    ASSERT_LE(std::fabs(a - b), 2e-5 + 1e-4 * std::fabs(b) + eps * std::fabs(b))
+    ASSERT_TRUE(std::isfinite(a) && std::isfinite(b))
+        << c.name << " out[" << i << "]: emulated " << a << ", CPU " << b;
+    ASSERT_LE(std::fabs(a - b), 2e-5 * vmag + 1e-4 * std::fabs(b) + eps * std::fabs(b))
         << c.name << " out[" << i << "]: emulated " << a << ", CPU " << b;
   }
   for (size_t i = 0; i < lse_cpu.size(); ++i)
@@ -179,6 +205,7 @@ const MlaCase kCases[] = {
     {"deepseek_dims_decode", 16, 2, 512, 64, {{40, 1}, {17, 2}}},
     {"long_keys", 8, 1, 40, 8, {{70, 2}}},
     {"no_rope", 2, 2, 32, 0, {{5, 5}, {3, 1}}},
+    {"latents_near_max", 8, 2, 64, 16, {{45, 1}, {30, 10}, {2, 1}}, true},
 };
 
 TEST(MlaEmulation, MatchesCpuKernels) {
