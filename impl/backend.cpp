@@ -2,6 +2,8 @@
 // page-aligned host memory, which the CPU backend's copies read and write
 // directly. The CUDA backend overrides them with page-locked memory.
 #include <cstdlib>
+#include <memory>
+#include <new>
 #include <string>
 
 #include "backend.h"
@@ -17,5 +19,13 @@ void* Backend::host_alloc_pinned(size_t bytes) {
 }
 
 void Backend::host_free_pinned(void* p) noexcept { std::free(p); }
+
+std::shared_ptr<void> Backend::hold(void* ptr, const std::shared_ptr<Backend>& self) {
+  try {
+    return std::shared_ptr<void>(ptr, [self](void* m) { self->deallocate(m); });
+  } catch (const std::bad_alloc&) {  // the control block: shared_ptr called the deleter
+    fail(Errc::kOutOfMemory, "out of host memory");
+  }
+}
 
 }  // namespace pagedkv

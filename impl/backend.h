@@ -56,6 +56,13 @@ class Backend {
   // Device (or host) memory; throws Error(kOutOfMemory / kCuda).
   virtual void* allocate(size_t bytes) = 0;
   virtual void deallocate(void* ptr) noexcept = 0;
+  // Owns ptr (from allocate()): deallocated when the last copy goes. self
+  // is this backend. The default keeps the backend alive until then; a
+  // backend whose memory outlives it cheaply overrides this so that an
+  // arena held past its pool (a transfer engine keeps a swept export's
+  // arena reserved) does not keep the backend's threads. Throws
+  // kOutOfMemory having deallocated ptr.
+  virtual std::shared_ptr<void> hold(void* ptr, const std::shared_ptr<Backend>& self);
   // Step-plan memory, allocated and released every engine step: stream-ordered
   // where the device supports it, so neither call synchronises the device.
   // Defaults to allocate/deallocate (CPU).

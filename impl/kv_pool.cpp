@@ -239,12 +239,9 @@ std::shared_ptr<Pool> Pool::create(const PoolOptions& in) {
                              ? scales_at + sizeof(float) * 2 * o.num_layers * o.num_kv_heads
                              : planes_bytes;
     void* base = be->allocate(bytes);
-    try {
-      p->arena_hold_ = std::shared_ptr<void>(base, [be](void* m) { be->deallocate(m); });
-    } catch (...) {  // the control block's allocation failed: shared_ptr freed nothing
-      be->deallocate(base);
-      throw;
-    }
+    // Not [be]: a transfer engine may keep the arena (reserved) past the
+    // pool, and the backend's worker threads must not stay with it.
+    p->arena_hold_ = be->hold(base, be);  // deallocates base when it throws
     p->arena_.base = base;
     if (is_fp8(o.dtype)) {
       p->arena_.scales = reinterpret_cast<const float*>(static_cast<char*>(base) + scales_at);

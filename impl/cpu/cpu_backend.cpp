@@ -2,7 +2,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <unordered_map>
 
@@ -19,6 +21,29 @@ namespace pagedkv {
 namespace {
 
 constexpr size_t kHugePage = size_t(2) << 20;
+
+// Frees what CpuBackend::allocate returned: a mapping of map_zeroed (found
+// in maps) or heap memory.
+struct HostMaps {
+#if defined(__linux__)
+  std::mutex mu;
+  std::unordered_map<void*, size_t> maps;
+#endif
+  void deallocate(void* ptr) noexcept {
+#if defined(__linux__)
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      const auto it = maps.find(ptr);
+      if (it != maps.end()) {
+        munmap(ptr, it->second);
+        maps.erase(it);
+        return;
+      }
+    }
+#endif
+    std::free(ptr);
+  }
+};
 
 class CpuBackend final : public Backend {
  public:
@@ -55,19 +80,16 @@ class CpuBackend final : public Backend {
     size_t rounded = 0;
     return allocate_raw(bytes, &rounded);
   }
-  void deallocate(void* ptr) noexcept override {
-#if defined(__linux__)
-    {
-      std::lock_guard<std::mutex> lock(maps_mu_);
-      const auto it = maps_.find(ptr);
-      if (it != maps_.end()) {
-        munmap(ptr, it->second);
-        maps_.erase(it);
-        return;
-      }
+  void deallocate(void* ptr) noexcept override { maps_->deallocate(ptr); }
+  // The memory needs only maps_, not the thread pool: an arena held past
+  // its pool (a transfer engine's retired arena) keeps no threads.
+  std::shared_ptr<void> hold(void* ptr, const std::shared_ptr<Backend>&) override {
+    std::shared_ptr<HostMaps> maps = maps_;
+    try {
+      return std::shared_ptr<void>(ptr, [maps](void* m) { maps->deallocate(m); });
+    } catch (const std::bad_alloc&) {  // the control block: shared_ptr called the deleter
+      fail(Errc::kOutOfMemory, "out of host memory");
     }
-#endif
-    std::free(ptr);
   }
   void upload(void* dst, const void* src, size_t bytes, void*) override {
     if (bytes != 0) std::memcpy(dst, src, bytes);
@@ -127,16 +149,14 @@ class CpuBackend final : public Backend {
     madvise(p, rounded, MADV_HUGEPAGE);  // advisory only
 #endif
     try {
-      std::lock_guard<std::mutex> lock(maps_mu_);
-      maps_.emplace(p, rounded);
+      std::lock_guard<std::mutex> lock(maps_->mu);
+      maps_->maps.emplace(p, rounded);
     } catch (...) {
       munmap(p, rounded);
       fail(Errc::kOutOfMemory, "cannot record a host mapping");
     }
     return p;
   }
-  std::mutex maps_mu_;
-  std::unordered_map<void*, size_t> maps_;  // map_zeroed's mappings, by address
 #endif
 
   // Cache-line alignment for the vector loads. Large arenas are read at
@@ -162,6 +182,9 @@ class CpuBackend final : public Backend {
   const cpu::KernelTable* table_;
   const cpu::MlaOps* mla_ops_;
   int32_t min_split_keys_;
+  // map_zeroed's mappings, by address: shared with the holds of the arenas
+  // (hold()), which may outlive this backend.
+  std::shared_ptr<HostMaps> maps_ = std::make_shared<HostMaps>();
   ThreadPool pool_;
 };
 
