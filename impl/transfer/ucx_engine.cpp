@@ -1,12 +1,13 @@
 // TransferEngine over UCX (UCP): one context and one worker per engine,
 // every UCX call serialised by the engine's mutex (worker in single-thread
 // mode). Exports register a pool's whole arena once (ucp_mem_map) and ship
-// its packed remote key; imports open one endpoint per transfer (so that a
-// cancel or a dead peer touches nothing else) and pull each run of
-// consecutive blocks of each K/V plane with one ucp_get_nbx.
+// its packed remote key; imports share one endpoint per exporting worker
+// (UcxEngine::Conn) and pull each run of consecutive blocks of each K/V
+// plane with one ucp_get_nbx.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -79,6 +80,43 @@ ucs_status_t wait_request(ucp_worker_h worker, ucs_status_ptr_t req, uint64_t li
 
 class UcxEngine;
 
+// The importing engine's endpoint to one exporting worker, shared by every
+// import from it. One endpoint per import left a TCP connection open on
+// both engines after each import until they were destroyed (UCX 1.13: a
+// force-closed endpoint's TCP lane keeps its socket for receiving, and the
+// exporter's endpoint, made by the wire-up, is never closed); one per peer
+// bounds them by the number of peers. A Conn is closed (force: its peer
+// may be gone or idle) when its peer fails, when an import aborted with
+// reads still queued on it (only closing it fails them), or when it never
+// completed its wire-up, each once no transfer uses it any more; else it
+// stays cached for the next import until the engine is destroyed (or more
+// than kMaxIdleConns are idle).
+struct Conn {
+  std::string address;  // the exporter's worker address
+  ucp_ep_h ep = nullptr;
+  void* flush = nullptr;  // the wire-up flush, while it runs
+  bool wired = false;     // that flush completed: reads may be posted
+  bool evicted = false;   // no new imports; closed once users is 0
+  ucs_status_t error = UCS_OK;
+  uint32_t users = 0;  // transfers holding it
+  uint64_t last_used_ns = 0;
+  // Aborted transfers' reads still queued here and the sequences they may
+  // still write: freed once those reads ended (at the latest when the
+  // endpoint is closed, which fails them).
+  struct Orphan {
+    std::shared_ptr<Pool> pool;
+    SeqId seq = 0;
+    std::vector<void*> reqs;
+  };
+  std::vector<Orphan> orphans;
+  static void on_error(void* arg, ucp_ep_h, ucs_status_t st) {
+    Conn* c = static_cast<Conn*>(arg);
+    c->error = st;
+    c->evicted = true;
+  }
+};
+constexpr size_t kMaxIdleConns = 64;
+
 class UcxTransfer final : public Transfer {
  public:
   UcxTransfer(std::shared_ptr<UcxEngine> eng, std::shared_ptr<Pool> pool)
@@ -93,14 +131,11 @@ class UcxTransfer final : public Transfer {
 
  private:
   friend class UcxEngine;
-  static void on_ep_error(void* arg, ucp_ep_h, ucs_status_t st) {
-    static_cast<UcxTransfer*>(arg)->ep_error_ = st;
-  }
-  // Ends a transfer that did not complete: closes the endpoint (which fails
-  // every read still queued), waits until no read can land any more and
-  // frees the sequence. Engine mutex held.
+  // Ends a transfer that did not complete: gives its reads still queued to
+  // its endpoint, which is closed (failing them) once no other transfer
+  // uses it; the sequence is freed once no read can land any more, right
+  // away when this transfer was the endpoint's only user. Engine mutex held.
   void abort_locked(TransferState state, Errc code, const std::string& msg) noexcept;
-  void release_transport() noexcept;
   void poll_locked();
   // Posts reads_ (once the endpoint is wired up); throws, having aborted.
   void post_reads();
@@ -108,13 +143,14 @@ class UcxTransfer final : public Transfer {
   std::shared_ptr<UcxEngine> eng_;
   std::shared_ptr<Pool> pool_;
   Pool::ArenaRef local_;
-  ucp_ep_h ep_ = nullptr;
+  struct Conn* conn_ = nullptr;  // the engine's endpoint to the exporter, one use held
   ucp_rkey_h rkey_ = nullptr;
   std::vector<void*> reqs_;
   // Reads are posted only once a flush of the new endpoint completed (its
-  // wire-up with the exporter is done): before that, a dead exporter would
-  // leave them queued forever on transports without peer-failure detection.
-  void* flush_req_ = nullptr;
+  // wire-up with the exporter is done, Conn::wired): before that, a dead
+  // exporter would leave them queued forever on transports without
+  // peer-failure detection.
+  bool posted_ = false;
   struct Read {
     char* local;
     uint64_t remote;
@@ -122,8 +158,6 @@ class UcxTransfer final : public Transfer {
   };
   std::vector<Read> reads_;
   ucp_request_param_t read_param_{};
-  bool stuck_ = false;  // reads that never ended after the endpoint closed
-  ucs_status_t ep_error_ = UCS_OK;
   uint64_t deadline_ns_ = 0;
   SeqId seq_ = 0;
   Status st_;
@@ -170,6 +204,7 @@ class UcxEngine final : public TransferEngine, public std::enable_shared_from_th
   void progress_locked() {
     while (ucp_worker_progress(worker_) != 0) {
     }
+    sweep_conns_locked();
     expire_locked();
     sweep_registrations_locked();  // pools destroyed since (their arenas go)
   }
@@ -187,6 +222,21 @@ class UcxEngine final : public TransferEngine, public std::enable_shared_from_th
   void check_open() const {
     if (closed_) fail(Errc::kInvalidState, "the transfer engine was destroyed");
   }
+  // A use of the endpoint to the worker at address (cached or new, its
+  // wire-up flush started); throws if it cannot be created.
+  Conn* connect_locked(const std::string& address);
+  // Notes the end of c's wire-up flush.
+  void check_wired_locked(Conn& c) noexcept;
+  // Drops one use of c; closes it when that was the last of an evicted
+  // or never wired endpoint.
+  void unuse_locked(Conn* c) noexcept;
+  // Frees the orphans whose reads ended and closes the evicted endpoints
+  // no transfer uses (idle ones whose peer failed).
+  void sweep_conns_locked() noexcept;
+  // Force-closes c (taken out of conns_), fails its orphans' reads and
+  // frees their sequences (quarantined if a read never ends).
+  void close_conn_locked(std::unique_ptr<Conn> c) noexcept;
+  void close_idle_conns_locked() noexcept;
 
   TransferOptions opts_;
   std::mutex mu_;
@@ -195,6 +245,7 @@ class UcxEngine final : public TransferEngine, public std::enable_shared_from_th
   std::string address_;
   std::vector<Registration> regs_;
   std::unordered_map<uint64_t, Export> exports_;
+  std::vector<std::unique_ptr<Conn>> conns_;  // this engine's endpoints, one per exporter
   uint64_t next_export_ = 1;
   bool closed_ = false;
   // A descriptor carried this worker's address out: peers may connect to
@@ -275,6 +326,8 @@ std::mutex abandoned_mu;
 std::vector<Abandoned>* const abandoned = new std::vector<Abandoned>;
 
 UcxEngine::~UcxEngine() {
+  // Every transfer held the engine: every endpoint left is idle.
+  close_idle_conns_locked();
   for (auto& [id, x] : exports_) drop_export(x);
   for (Registration& r : regs_) ucp_mem_unmap(ctx_, r.memh);
   // A peer that connected (its import sent this worker a wire-up request)
@@ -339,6 +392,181 @@ void UcxEngine::close() {
   for (auto& [id, x] : exports_) drop_export(x);
   exports_.clear();
   sweep_registrations_locked();
+  close_idle_conns_locked();
+}
+
+Conn* UcxEngine::connect_locked(const std::string& address) {
+  sweep_conns_locked();
+  for (const auto& c : conns_) {
+    if (c->evicted || c->address != address) continue;
+    ++c->users;
+    c->last_used_ns = now_ns();
+    return c.get();
+  }
+  // Too many idle endpoints (peers that went quietly, e.g. over shared
+  // memory, which detects no failure): the least recently used goes.
+  size_t idle = 0;
+  for (const auto& c : conns_) idle += c->users == 0;
+  if (idle >= kMaxIdleConns) {
+    auto lru = conns_.end();
+    for (auto it = conns_.begin(); it != conns_.end(); ++it)
+      if ((*it)->users == 0 && (lru == conns_.end() || (*it)->last_used_ns < (*lru)->last_used_ns))
+        lru = it;
+    std::unique_ptr<Conn> old = std::move(*lru);
+    conns_.erase(lru);
+    close_conn_locked(std::move(old));
+  }
+  auto c = std::make_unique<Conn>();
+  c->address = address;
+  conns_.reserve(conns_.size() + 1);  // the push below cannot throw
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(c->address.data());
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a dead peer fails the reads, never hangs them
+  ep.err_handler.cb = &Conn::on_error;
+  ep.err_handler.arg = c.get();
+  ucs_status_t st = ucp_ep_create(worker_, &ep, &c->ep);
+  if (st != UCS_OK) {
+    // UCX 1.13's shared-memory transports have no peer-failure detection:
+    // there a dead exporter fails the reads themselves (cma) or leaves its
+    // pinned memory readable (posix/sysv mappings outlive it).
+    ep.field_mask &= ~uint64_t(UCP_EP_PARAM_FIELD_ERR_HANDLER);
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    st = ucp_ep_create(worker_, &ep, &c->ep);
+  }
+  if (st != UCS_OK) fail_ucx(Errc::kInvalidState, "the exporter cannot be reached (ucp_ep_create)", st);
+  ucp_request_param_t fp{};
+  const ucs_status_ptr_t r = ucp_ep_flush_nbx(c->ep, &fp);
+  if (UCS_PTR_IS_ERR(r)) {
+    const ucs_status_t fst = UCS_PTR_STATUS(r);
+    close_conn_locked(std::move(c));
+    fail_ucx(Errc::kInvalidState, "the exporter cannot be reached (ucp_ep_flush_nbx)", fst);
+  }
+  c->flush = r;
+  c->wired = r == nullptr;
+  c->users = 1;
+  c->last_used_ns = now_ns();
+  conns_.push_back(std::move(c));
+  return conns_.back().get();
+}
+
+void UcxEngine::check_wired_locked(Conn& c) noexcept {
+  if (!c.flush) return;
+  const ucs_status_t f = ucp_request_check_status(c.flush);
+  if (f == UCS_INPROGRESS) return;
+  ucp_request_free(c.flush);
+  c.flush = nullptr;
+  if (f == UCS_OK) {
+    c.wired = true;
+  } else {
+    if (c.error == UCS_OK) c.error = f;
+    c.evicted = true;
+  }
+}
+
+void UcxEngine::unuse_locked(Conn* c) noexcept {
+  if (--c->users != 0) return;
+  c->last_used_ns = now_ns();
+  check_wired_locked(*c);
+  if (c->wired && !c->evicted) return;  // cached for the next import from this peer
+  for (auto it = conns_.begin(); it != conns_.end(); ++it) {
+    if (it->get() != c) continue;
+    std::unique_ptr<Conn> own = std::move(*it);
+    conns_.erase(it);
+    close_conn_locked(std::move(own));
+    return;
+  }
+}
+
+void UcxEngine::sweep_conns_locked() noexcept {
+  for (auto& c : conns_) {
+    for (size_t i = 0; i < c->orphans.size();) {
+      Conn::Orphan& o = c->orphans[i];
+      while (!o.reqs.empty() && ucp_request_check_status(o.reqs.back()) != UCS_INPROGRESS) {
+        ucp_request_free(o.reqs.back());
+        o.reqs.pop_back();
+      }
+      if (!o.reqs.empty()) {
+        ++i;
+        continue;
+      }
+      try {
+        o.pool->free(o.seq);
+      } catch (...) {  // the pool was destroyed: the sequence went with it
+      }
+      c->orphans[i] = std::move(c->orphans.back());
+      c->orphans.pop_back();
+    }
+  }
+  for (size_t i = 0; i < conns_.size();) {
+    if (conns_[i]->users == 0 && conns_[i]->evicted) {
+      std::unique_ptr<Conn> own = std::move(conns_[i]);
+      conns_.erase(conns_.begin() + ptrdiff_t(i));
+      close_conn_locked(std::move(own));
+      i = 0;  // closing progressed the worker: look again
+    } else {
+      ++i;
+    }
+  }
+}
+
+void UcxEngine::close_idle_conns_locked() noexcept {
+  for (size_t i = 0; i < conns_.size();) {
+    if (conns_[i]->users == 0) {
+      std::unique_ptr<Conn> own = std::move(conns_[i]);
+      conns_.erase(conns_.begin() + ptrdiff_t(i));
+      close_conn_locked(std::move(own));
+      i = 0;
+    } else {
+      ++i;
+    }
+  }
+}
+
+void UcxEngine::close_conn_locked(std::unique_ptr<Conn> c) noexcept {
+  bool closed = true;
+  if (c->ep) {
+    // Force: a graceful close would wait for a peer that may be gone or
+    // idle, and the reads still queued on it are to be failed.
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    closed = wait_request(worker_, ucp_ep_close_nbx(c->ep, &cp), 10'000'000'000ull) !=
+             UCS_INPROGRESS;
+    c->ep = nullptr;
+  }
+  if (c->flush) {  // writes nothing: UCX releases it when it ends
+    ucp_request_free(c->flush);
+    c->flush = nullptr;
+  }
+  // Reads still queued complete (with an error) once the endpoint is
+  // force-closed; until they have, they may still write into their blocks.
+  const uint64_t end = now_ns() + 2'000'000'000ull;
+  for (Conn::Orphan& o : c->orphans) {
+    bool stuck = false;
+    for (void* r : o.reqs) {
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && now_ns() < end)
+        ucp_worker_progress(worker_);
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) stuck = true;
+      ucp_request_free(r);
+    }
+    o.reqs.clear();
+    if (stuck) {
+      try {
+        quarantine_.emplace_back(std::move(o.pool), o.seq);
+      } catch (...) {  // out of memory: the blocks stay held, never freed under a read
+      }
+      continue;
+    }
+    try {
+      o.pool->free(o.seq);
+    } catch (...) {  // the pool was destroyed: the sequence went with it
+    }
+  }
+  c->orphans.clear();
+  // A close that never ended may still call the error handler with c.
+  if (!closed) c.release();
 }
 
 void UcxEngine::drop_export(Export& x) noexcept {
@@ -505,36 +733,17 @@ std::shared_ptr<Transfer> UcxEngine::import_seq(const std::shared_ptr<Pool>& poo
 void UcxTransfer::start(const SeqOptions& o, const TransferDescriptor& d) {
   UcxEngine& e = *eng_;
   local_ = pool_->arena_ref();
-  ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep.address = reinterpret_cast<const ucp_address_t*>(d.worker_address.data());
-  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a dead peer fails the reads, never hangs them
-  ep.err_handler.cb = &UcxTransfer::on_ep_error;
-  ep.err_handler.arg = this;
-  ucs_status_t st = ucp_ep_create(e.worker_, &ep, &ep_);
-  if (st != UCS_OK) {
-    // UCX 1.13's shared-memory transports have no peer-failure detection:
-    // there a dead exporter fails the reads themselves (cma) or leaves its
-    // pinned memory readable (posix/sysv mappings outlive it).
-    ep.field_mask &= ~uint64_t(UCP_EP_PARAM_FIELD_ERR_HANDLER);
-    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-    st = ucp_ep_create(e.worker_, &ep, &ep_);
-  }
-  if (st != UCS_OK) {
-    ep_ = nullptr;
-    fail_ucx(Errc::kInvalidState, "the exporter cannot be reached (ucp_ep_create)", st);
-  }
-  st = ucp_ep_rkey_unpack(ep_, d.rkey.data(), &rkey_);
+  conn_ = e.connect_locked(d.worker_address);
+  ucs_status_t st = ucp_ep_rkey_unpack(conn_->ep, d.rkey.data(), &rkey_);
   if (st != UCS_OK) {
     rkey_ = nullptr;
-    release_transport();
+    abort_locked(TransferState::kFailed, Errc::kInvalidArgument, "");
     fail_ucx(Errc::kInvalidArgument, "descriptor: the remote key cannot be unpacked", st);
   }
   try {
     seq_ = pool_->import_begin(o, d.tokens.data(), d.tokens.size());
   } catch (...) {
-    release_transport();
+    abort_locked(TransferState::kFailed, Errc::kInvalidArgument, "");
     throw;
   }
   const std::vector<int32_t> mine = pool_->block_table_copy(seq_);
@@ -558,21 +767,14 @@ void UcxTransfer::start(const SeqOptions& o, const TransferDescriptor& d) {
       }
     }
   }
-  ucp_request_param_t fp{};
-  ucs_status_ptr_t r = ucp_ep_flush_nbx(ep_, &fp);
-  if (UCS_PTR_IS_ERR(r)) {
-    const std::string m = std::string("the exporter cannot be reached (ucp_ep_flush_nbx): ") +
-                          ucs_status_string(UCS_PTR_STATUS(r));
-    abort_locked(TransferState::kFailed, Errc::kInvalidState, m);
-    fail(Errc::kInvalidState, m);
-  }
-  flush_req_ = r;
-  if (!flush_req_) post_reads();
+  e.check_wired_locked(*conn_);
+  if (conn_->wired && conn_->error == UCS_OK) post_reads();
 }
 
 void UcxTransfer::post_reads() {
+  posted_ = true;
   for (const Read& rd : reads_) {
-    ucs_status_ptr_t r = ucp_get_nbx(ep_, rd.local, rd.len, rd.remote, rkey_, &read_param_);
+    ucs_status_ptr_t r = ucp_get_nbx(conn_->ep, rd.local, rd.len, rd.remote, rkey_, &read_param_);
     if (UCS_PTR_IS_ERR(r)) {
       const std::string m = std::string("a read from the exporter could not be posted: ") +
                             ucs_status_string(UCS_PTR_STATUS(r));
@@ -592,44 +794,35 @@ UcxTransfer::~UcxTransfer() {
   abort_locked(TransferState::kCancelled, Errc::kInvalidState, "cancelled");
 }
 
-void UcxTransfer::release_transport() noexcept {
-  ucp_worker_h w = eng_->worker_;
-  // Reads still queued complete (with an error) once the endpoint is
-  // force-closed; until they have, they may still write into our blocks.
+void UcxTransfer::abort_locked(TransferState state, Errc code, const std::string& msg) noexcept {
   if (rkey_) {
     ucp_rkey_destroy(rkey_);
     rkey_ = nullptr;
   }
-  if (ep_) {
-    // Force: a graceful close would wait for a peer that may be gone, and
-    // our reads are either complete or to be failed.
-    ucp_request_param_t cp{};
-    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    wait_request(w, ucp_ep_close_nbx(ep_, &cp), 10'000'000'000ull);
-    ep_ = nullptr;
-  }
-  if (flush_req_) {  // writes nothing: UCX releases it when it ends
-    ucp_request_free(flush_req_);
-    flush_req_ = nullptr;
-  }
-  const uint64_t end = now_ns() + 2'000'000'000ull;
-  for (void* r : reqs_) {
-    while (ucp_request_check_status(r) == UCS_INPROGRESS && now_ns() < end) ucp_worker_progress(w);
-    if (ucp_request_check_status(r) == UCS_INPROGRESS) stuck_ = true;
-    ucp_request_free(r);
-  }
-  reqs_.clear();
-}
-
-void UcxTransfer::abort_locked(TransferState state, Errc code, const std::string& msg) noexcept {
-  release_transport();
-  if (seq_ && stuck_) {
-    try {
-      eng_->quarantine_.emplace_back(pool_, seq_);
-    } catch (...) {  // out of memory: the blocks stay held, never freed under a read
+  for (size_t i = 0; i < reqs_.size();) {
+    if (ucp_request_check_status(reqs_[i]) == UCS_INPROGRESS) {
+      ++i;
+      continue;
     }
-    seq_ = 0;
+    ucp_request_free(reqs_[i]);
+    reqs_[i] = reqs_.back();
+    reqs_.pop_back();
+  }
+  if (conn_) {
+    if (!reqs_.empty()) {
+      // Reads still queued: only closing the endpoint fails them, so no
+      // new import takes it; the sequence goes with the reads, freed once
+      // they ended (right away if no other transfer uses the endpoint).
+      conn_->evicted = true;
+      try {
+        conn_->orphans.push_back({pool_, seq_, std::move(reqs_)});
+      } catch (...) {  // out of memory: the blocks stay held, never freed under a read
+      }
+      reqs_.clear();
+      seq_ = 0;
+    }
+    eng_->unuse_locked(conn_);
+    conn_ = nullptr;
   }
   if (seq_) {
     try {
@@ -648,23 +841,20 @@ void UcxTransfer::poll_locked() {
   ucp_worker_h w = eng_->worker_;
   for (int i = 0; i < 64 && ucp_worker_progress(w) != 0; ++i) {
   }
-  if (flush_req_) {
-    const ucs_status_t f = ucp_request_check_status(flush_req_);
-    if (f == UCS_INPROGRESS && ep_error_ == UCS_OK) {
+  if (!posted_) {
+    Conn& c = *conn_;
+    eng_->check_wired_locked(c);
+    if (!c.wired && c.error == UCS_OK) {
       if (deadline_ns_ && now_ns() > deadline_ns_)
         abort_locked(TransferState::kFailed, Errc::kInvalidState,
                      "timed out after " + std::to_string(eng_->opts_.timeout_ms) +
                          " ms (options->timeout_ms) connecting to the exporter");
       return;
     }
-    if (f != UCS_INPROGRESS) {
-      ucp_request_free(flush_req_);
-      flush_req_ = nullptr;
-    }
-    if (f != UCS_OK || ep_error_ != UCS_OK) {
+    if (c.error != UCS_OK) {
       abort_locked(TransferState::kFailed, Errc::kInvalidState,
                    std::string("the exporter cannot be reached (peer gone?): ") +
-                       ucs_status_string(f != UCS_OK && f != UCS_INPROGRESS ? f : ep_error_));
+                       ucs_status_string(c.error));
       return;
     }
     try {
@@ -673,7 +863,7 @@ void UcxTransfer::poll_locked() {
       return;  // aborted, state failed
     }
   }
-  ucs_status_t bad = ep_error_;
+  ucs_status_t bad = conn_->error;
   for (size_t i = 0; i < reqs_.size();) {
     const ucs_status_t s = ucp_request_check_status(reqs_[i]);
     if (s == UCS_INPROGRESS) {
@@ -698,7 +888,10 @@ void UcxTransfer::poll_locked() {
                        " ms (options->timeout_ms) with reads outstanding");
     return;
   }
-  release_transport();  // every read landed
+  ucp_rkey_destroy(rkey_);  // every read landed
+  rkey_ = nullptr;
+  eng_->unuse_locked(conn_);  // cached for the next import from this exporter
+  conn_ = nullptr;
   try {
     pool_->import_commit(seq_);
   } catch (const Error& e) {
@@ -716,6 +909,7 @@ void UcxTransfer::poll_locked() {
 Transfer::Status UcxTransfer::poll() {
   std::lock_guard<std::mutex> lock(eng_->mu_);
   poll_locked();
+  eng_->sweep_conns_locked();
   eng_->expire_locked();
   return st_;
 }

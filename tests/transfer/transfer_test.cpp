@@ -1,6 +1,7 @@
 // KV transfers between pools (pagedkv/transfer.h) across two processes:
 // this test is one side, pkv_transfer_peer the other, over UCX shared
 // memory and TCP loopback. Bounded by generous deadlines, never timed.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -353,7 +354,7 @@ INSTANTIATE_TEST_SUITE_P(Ucx, Transport, ::testing::Values("shm", "tcp"),
 
 // In one process: two engines (two UCX workers) over TCP loopback.
 class Local : public ::testing::Test {
- protected:
+ public:  // also to helpers that take the fixture
   void SetUp() override {
     if (!pkv_transfer_available()) GTEST_SKIP() << "built without UCX";
     src = make_pool(l);
@@ -914,6 +915,152 @@ TEST_F(Local, MlaPoolsAreRefused) {
   ok(pkv_transfer_export_release(e, src_id), "release");
   pkv_pool_destroy(mla);
   pkv_transfer_engine_destroy(e);
+}
+
+// Descriptors (sockets, pipes, UCX's event fds) this process has open.
+int open_fds() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    closedir(d);
+  }
+  return n - 1;  // opendir's own
+}
+
+// Every completed import left its TCP connection open on both engines until
+// they were destroyed (about 2 descriptors per import: 20 imports between
+// two engines in one process took 25 descriptors to 61): the importer
+// force-closed its endpoint, which leaves UCX 1.13's TCP lanes connected. The
+// importing engine now keeps one endpoint per exporting worker and reuses it.
+// Imports from `exporters` engines, round-robin, `rounds` each; the open
+// descriptors may not grow past those after the first round. Then the
+// engines go in the given order: each leaves none of its descriptors.
+void imports_keep_descriptors_bounded(Local& f, int exporters, int rounds, bool importer_first) {
+  const int before = open_fds();
+  pkv_transfer_engine* b = engine("tcp");
+  std::vector<pkv_transfer_engine*> a;
+  for (int i = 0; i < exporters; ++i) a.push_back(engine("tcp"));
+  int after_first = 0, most = 0;
+  for (int r = 0; r < rounds; ++r) {
+    for (int i = 0; i < exporters; ++i) {
+      uint64_t id = 0;
+      const auto d = f.export_desc(a[size_t(i)], &id);
+      pkv_transfer* t = nullptr;
+      ok(pkv_transfer_import(b, f.dst, nullptr, d.data(), d.size(), &t), "import");
+      pkv_seq_id s = 0;
+      ASSERT_EQ(drive(a[size_t(i)], t, &s), uint32_t(PKV_TRANSFER_DONE)) << "round " << r;
+      EXPECT_TRUE(block_bytes(f.dst, f.l, s, f.tokens.size()) ==
+                  block_bytes(f.src, f.l, f.seq, f.tokens.size()));
+      ok(pkv_seq_free(f.dst, s), "free");
+      pkv_transfer_destroy(t);
+      ok(pkv_transfer_export_release(a[size_t(i)], id), "release");
+    }
+    for (int k = 0; k < 10; ++k) {  // let closes and sweeps run on both sides
+      ok(pkv_transfer_engine_progress(b), "progress");
+      for (auto* e : a) ok(pkv_transfer_engine_progress(e), "progress");
+    }
+    const int n = open_fds();
+    if (r == 0) after_first = n;
+    most = std::max(most, n);
+  }
+  // Independent of the rounds: a little slack for UCX's own bookkeeping.
+  EXPECT_LE(most, after_first + 2) << exporters << " exporter(s), " << rounds
+                                   << " rounds: " << before << " descriptors before, "
+                                   << after_first << " after the first round, " << most
+                                   << " at most";
+  int one_side_gone = 0;
+  if (importer_first) {
+    pkv_transfer_engine_destroy(b);
+    for (int k = 0; k < 10; ++k)
+      for (auto* e : a) ok(pkv_transfer_engine_progress(e), "progress");
+    one_side_gone = open_fds();
+    for (auto* e : a) pkv_transfer_engine_destroy(e);
+  } else {
+    for (auto* e : a) pkv_transfer_engine_destroy(e);
+    for (int k = 0; k < 10; ++k) ok(pkv_transfer_engine_progress(b), "progress");
+    one_side_gone = open_fds();
+    // The importer still imports, from a new exporter, over a new endpoint.
+    pkv_transfer_engine* c = engine("tcp");
+    uint64_t id = 0;
+    const auto d = f.export_desc(c, &id);
+    pkv_transfer* t = nullptr;
+    ok(pkv_transfer_import(b, f.dst, nullptr, d.data(), d.size(), &t), "import");
+    pkv_seq_id s = 0;
+    EXPECT_EQ(drive(c, t, &s), uint32_t(PKV_TRANSFER_DONE));
+    if (s) ok(pkv_seq_free(f.dst, s), "free");
+    pkv_transfer_destroy(t);
+    ok(pkv_transfer_export_release(c, id), "release");
+    pkv_transfer_engine_destroy(c);
+    pkv_transfer_engine_destroy(b);
+  }
+  // UCX opens a few descriptors once per process (its async thread): the
+  // engines' own are gone.
+  const int after = open_fds();
+  EXPECT_LE(after, before + 4) << "after both engines went";
+  ::testing::Test::RecordProperty("fds_before", before);
+  ::testing::Test::RecordProperty("fds_after_first_round", after_first);
+  ::testing::Test::RecordProperty("fds_most", most);
+  ::testing::Test::RecordProperty("fds_one_side_gone", one_side_gone);
+  ::testing::Test::RecordProperty("fds_after", after);
+  EXPECT_EQ(stats(f.dst).num_seqs, 0u);
+  EXPECT_EQ(pkv_pool_validate(f.dst), PKV_OK) << pkv_last_error_message();
+  EXPECT_EQ(pkv_pool_validate(f.src), PKV_OK) << pkv_last_error_message();
+}
+
+TEST_F(Local, ImportsFromOneExporterKeepDescriptorsBoundedImporterDestroyedFirst) {
+  imports_keep_descriptors_bounded(*this, 1, 20, true);
+}
+
+TEST_F(Local, ImportsFromOneExporterKeepDescriptorsBoundedExporterDestroyedFirst) {
+  imports_keep_descriptors_bounded(*this, 1, 20, false);
+}
+
+TEST_F(Local, ImportsFromSeveralExportersKeepDescriptorsBoundedImporterDestroyedFirst) {
+  imports_keep_descriptors_bounded(*this, 3, 8, true);
+}
+
+TEST_F(Local, ImportsFromSeveralExportersKeepDescriptorsBoundedExporterDestroyedFirst) {
+  imports_keep_descriptors_bounded(*this, 3, 8, false);
+}
+
+// Imports from one exporter share the importing engine's endpoint: a cancel
+// of one whose reads are in flight cannot close it under the other. The
+// other completes byte-exact; the cancelled one's blocks come back once its
+// reads ended, and the pool is as before.
+TEST_F(Local, CancelOfAnImportSharingItsEndpointLeavesTheOtherAndThePoolAsBefore) {
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  uint64_t id = 0;
+  const auto d = export_desc(a, &id);
+  pkv_transfer* t = nullptr;
+  pkv_seq_id s = 0;
+  ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), "import");
+  ASSERT_EQ(drive(a, t, &s), uint32_t(PKV_TRANSFER_DONE));  // the endpoint is wired up
+  ok(pkv_seq_free(dst, s), "free");
+  pkv_transfer_destroy(t);
+  const pkv_pool_stats before = stats(dst);
+  pkv_transfer *t1 = nullptr, *t2 = nullptr;
+  ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t1), "import 1");
+  ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t2), "import 2");
+  ok(pkv_transfer_cancel(t1), "cancel");  // the exporter did not progress: reads in flight
+  uint32_t state = 9;
+  ok(pkv_transfer_poll(t1, &state, &s), "poll");
+  EXPECT_EQ(state, uint32_t(PKV_TRANSFER_CANCELLED));
+  // 2 while the cancelled import's reads are in flight (its blocks held).
+  ::testing::Test::RecordProperty("seqs_after_cancel", int(stats(dst).num_seqs));
+  ASSERT_EQ(drive(a, t2, &s), uint32_t(PKV_TRANSFER_DONE));
+  EXPECT_TRUE(block_bytes(dst, l, s, tokens.size()) == block_bytes(src, l, seq, tokens.size()));
+  ok(pkv_seq_free(dst, s), "free");
+  pkv_transfer_destroy(t2);
+  ok(pkv_transfer_engine_progress(b), "progress");
+  const pkv_pool_stats after = stats(dst);
+  EXPECT_EQ(after.num_seqs, 0u);
+  EXPECT_EQ(after.num_free_blocks, before.num_free_blocks);
+  EXPECT_EQ(pkv_pool_validate(dst), PKV_OK) << pkv_last_error_message();
+  pkv_transfer_destroy(t1);
+  ok(pkv_transfer_export_release(a, id), "release");
+  pkv_transfer_engine_destroy(b);
+  pkv_transfer_engine_destroy(a);
 }
 
 // docs/conventions.md: a failed call does not write its out-parameters (a

@@ -154,8 +154,12 @@ PKV_API pkv_status pkv_transfer_poll(pkv_transfer* transfer, uint32_t* out_state
                                      pkv_seq_id* out_seq);
 
 /* Stops the reads and frees the blocks (returns once no read can land in
- * them). No-op when already failed or cancelled; PKV_E_INVALID_STATE when
- * done (the sequence is the caller's). */
+ * them). While other imports from the same exporter are running on the
+ * engine (they share its endpoint), reads of this one already in flight
+ * cannot be stopped alone: its blocks then stay held until those reads
+ * ended (seen at a later poll or pkv_transfer_engine_progress) or the other
+ * imports ended, never freed under a read. No-op when already failed or
+ * cancelled; PKV_E_INVALID_STATE when done (the sequence is the caller's). */
 PKV_API pkv_status pkv_transfer_cancel(pkv_transfer* transfer);
 
 /* Bytes of K/V the transfer reads. */
