@@ -19,6 +19,7 @@ namespace cpu {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kFltMax = std::numeric_limits<float>::max();
 
 struct Tile {
   int32_t seq, head, row0, rows;
@@ -536,9 +537,20 @@ class Attention {
     if (v_scales_) inv *= v_scales_[kv_head] * load_factor_;
     if (pair_ > 0) {
       from_paired(acc, tmp);
-      for (int32_t d = 0; d < d_; ++d) tmp[d] *= inv;
     } else {
-      for (int32_t d = 0; d < d_; ++d) tmp[d] = acc[d] * inv;
+      std::memcpy(tmp, acc, sizeof(float) * size_t(d_));
+    }
+    if (v_scales_ == nullptr) {
+      // f32/bf16/f16 values: the output is a convex combination of finite
+      // values, so at most FLT_MAX; acc * inv rounds a few ulps either side
+      // of it when V holds values at FLT_MAX, and past it would be inf. A
+      // finite acc stays finite (an infinite one, from an infinite V, not).
+      for (int32_t d = 0; d < d_; ++d) {
+        const float x = tmp[d] * inv;
+        tmp[d] = std::isinf(x) && std::isfinite(tmp[d]) ? std::copysign(kFltMax, x) : x;
+      }
+    } else {  // FP8: code sums times the V scale, which may truly pass FLT_MAX
+      for (int32_t d = 0; d < d_; ++d) tmp[d] *= inv;
     }
     kt_->from_f32[dtype_index(out_.dtype)](tmp, out_row(token, head), d_);
     if (args_.lse != nullptr) {

@@ -222,7 +222,16 @@ void mla_attend(ThreadPool& pool, const MlaOps& ops, const MlaCache& cache, cons
       const float inv = 1.0f / sc.l[r] * p_unscale;
       const float* a = sc.acc.data() + int64_t(r) * R;
       const int64_t o = t * out.s0 + h * out.s1;
-      for (int32_t i = 0; i < R; ++i) store_f32(out.data, T, o + i, a[i] * inv);
+      // A convex combination of finite latents is at most FLT_MAX: a * inv
+      // rounds a few ulps either side of it for latents at FLT_MAX, and
+      // past it would be inf. A finite a stays finite (an infinite one not).
+      for (int32_t i = 0; i < R; ++i) {
+        const float x = a[i] * inv;
+        store_f32(out.data, T, o + i,
+                  std::isinf(x) && std::isfinite(a[i])
+                      ? std::copysign(std::numeric_limits<float>::max(), x)
+                      : x);
+      }
       if (args.lse) args.lse[t * args.lse_stride0 + h] = sc.m[r] + std::log(sc.l[r]);
     }
   };

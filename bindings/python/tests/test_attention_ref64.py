@@ -582,3 +582,44 @@ def test_misuse_is_refused_and_writes_nothing(monkeypatch):
         pool.validate()
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("threads", [1, 4])
+def test_values_at_the_largest_float_give_it_back(isa, threads, monkeypatch):
+    """Every visible V element exactly +-FLT_MAX (one sign per dim, f32
+    cache): each output is a convex combination of equal values, exactly
+    +-FLT_MAX (the reference). The 2^-c factor keeps the accumulator finite,
+    but acc * (1/l) rounds a few ulps either side of the largest float, and
+    above it is inf: 256 of 1088 elements at 17 keys, 28032 of 64000 at
+    1000, before the fix."""
+    monkeypatch.setenv("PAGEDKV_CPU_ISA", isa)
+    top = FINMAX["f32"]
+    rng = np.random.default_rng(3)
+    hkv, group, dim, bs = 2, 2, 64, 16
+    for L in (17, 300):
+        with pagedkv.Pool(
+            num_blocks=L // bs + 4,
+            block_size=bs,
+            num_layers=1,
+            num_kv_heads=hkv,
+            head_dim=dim,
+            dtype="f32",
+            num_threads=threads,
+            enable_prefix_caching=False,
+        ) as pool:
+            s = pool.create_sequence()
+            s.append(rng.integers(2, 50000, L).tolist())
+            with pool.prepare([s], [L]) as b:
+                sign = rng.choice([-1.0, 1.0], (1, hkv, dim))
+                k = rng.standard_normal((L, hkv, dim)).astype(np.float32)
+                v = np.ascontiguousarray(np.broadcast_to(sign * top, (L, hkv, dim)), dtype=np.float32)
+                b.cache_write(0, k, v)
+                q = (3 * rng.standard_normal((L, hkv * group, dim))).astype(np.float32)
+                out = np.full((L, hkv * group, dim), np.nan, dtype=np.float32)
+                b.attention(0, q, out)
+        want = np.repeat(sign * top, group, axis=1)  # float64
+        inf = ~np.isfinite(out)
+        assert not inf.any(), f"{L} keys: {int(inf.sum())}/{inf.size} elements not finite, e.g. {out[inf][0]!r}"
+        err = np.abs(out.astype(np.float64) - want)  # the bound of the module docstring, dx aside
+        assert (err <= (gamma(L + 4) + U) * top).all(), f"{L} keys: worst error {err.max()!r}"

@@ -316,3 +316,34 @@ def test_k_pe_with_a_head_dimension_is_taken_from_any_tensor_kind():
                 np.testing.assert_array_equal(rows[:, RANK:], k_pe[:, 0])
             with pytest.raises(pagedkv.InvalidArgumentError, match=r"k_pe: expected shape \[3, 1, 16\]"):
                 pagedkv.mla.cache_write(b, 0, kv_c, DLPackOnly(rand(rng, (3, 2, ROPE), "f32")))
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", ""])
+def test_latents_at_the_largest_float_give_it_back(isa, monkeypatch):
+    """Every latent element exactly +-FLT_MAX (one sign per dim, f32): the
+    output, a convex combination of equal values, is exactly +-FLT_MAX; the
+    normalisation's rounding (a few ulps either way) must not carry it to
+    inf, as it did for some elements before the fix."""
+    if isa:
+        monkeypatch.setenv("PAGEDKV_CPU_ISA", isa)
+    else:
+        monkeypatch.delenv("PAGEDKV_CPU_ISA", raising=False)
+    top = float(np.finfo(np.float32).max)
+    rng = np.random.default_rng(5)
+    heads, L = 3, 90
+    with make_pool("f32", block_size=8, num_blocks=16) as pool:
+        s = pool.create_sequence()
+        s.append(list(range(L)))
+        with pool.prepare([s], [L]) as batch:
+            sign = rng.choice([-1.0, 1.0], RANK)
+            kv_c = np.ascontiguousarray(np.broadcast_to(sign * top, (L, RANK)), dtype=np.float32)
+            k_pe = rng.uniform(-1.0, 1.0, (L, 1, ROPE)).astype(np.float32)
+            for layer in range(2):
+                batch.mla_cache_write(layer, kv_c, k_pe)
+            q_lat = np.zeros((L, heads, RANK), np.float32)
+            q_pe = (4 * rng.standard_normal((L, heads, ROPE))).astype(np.float32)
+            out, _ = pagedkv.mla.attention(batch, 0, q_lat, q_pe, softmax_scale=1.0, lse=True)
+    inf = ~np.isfinite(out)
+    assert not inf.any(), f"{int(inf.sum())}/{inf.size} elements not finite"
+    err = np.abs(out.astype(np.float64) - sign * top)  # within rounding of +-FLT_MAX
+    assert (err <= _gamma(L + 4) * top).all(), f"worst error {err.max()!r}"
