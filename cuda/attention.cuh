@@ -371,9 +371,10 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
     const float lse2 = row_lse2(m_row[i], l);
     if (p.num_splits == 1) {
       T* o = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
-      for (int d = lane; d < D; d += 32) o[d] = from_float<T>(o_s[r * L::kLdO + d] * inv);
+      for (int d = lane; d < D; d += 32)
+        o[d] = from_float<T>(normalised<S>(o_s[r * L::kLdO + d], inv));
       if (p.lse != nullptr && lane == 0) p.lse[token * p.lse_s0 + head] = lse2 * kLn2;
-    } else {
+    } else {  // carries 2^-mc, mc >= 2: far below FLT_MAX
       const int64_t prow = (int64_t(split) * p.num_tokens + token) * p.num_q_heads + head;
       float* po = p.part_o + prow * D;
       for (int d = lane; d < D; d += 32) po[d] = o_s[r * L::kLdO + d] * inv;
@@ -385,8 +386,9 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
 // Combines the splits of every (token, q head) row: weights 2^(lse_s - max).
 // One warp per row. The partial outputs carry 2^-mc (2^mc >= twice the
 // splits, overflow_exponent), so that the sum of up to num_splits outputs
-// near FLT_MAX cannot overflow; the normalisation multiplies 2^mc back.
-template <typename T>
+// near FLT_MAX cannot overflow; the normalisation multiplies 2^mc back
+// (normalised: S, the stored page type, as the attention kernel's).
+template <typename T, typename S>
 __global__ void __launch_bounds__(128) merge_splits_kernel(const AttnParams p, int head_dim) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t num_rows = p.num_tokens * p.num_q_heads;
@@ -414,7 +416,7 @@ __global__ void __launch_bounds__(128) merge_splits_kernel(const AttnParams p, i
         acc = fmaf(w, p.part_o[(s * num_rows + row) * head_dim + d], acc);
       }
     }
-    o[d] = from_float<T>(acc * inv);
+    o[d] = from_float<T>(normalised<S>(acc, inv));
   }
   if (p.lse != nullptr && lane == 0) {
     p.lse[token * p.lse_s0 + head] = row_lse2(m, wsum) * kLn2;
@@ -436,8 +438,8 @@ cudaError_t ensure_smem(Kernel kernel, size_t bytes, std::atomic<uint64_t>& done
 }
 
 // One attention launch over the plan's grid (sequence x row tile, KV head,
-// split), then the merge of the splits; either kernel.
-template <typename T, int D, typename Kernel>
+// split), then the merge of the splits; either kernel. S: the stored page type.
+template <typename T, int D, typename S, typename Kernel>
 cudaError_t launch_over_plan(Kernel kernel, int threads, size_t smem,
                              std::atomic<uint64_t>& configured, const AttnParams& p,
                              const AttnLaunch& l, cudaStream_t s) {
@@ -449,7 +451,7 @@ cudaError_t launch_over_plan(Kernel kernel, int threads, size_t smem,
   err = cudaGetLastError();
   if (err != cudaSuccess || p.num_splits <= 1) return err;
   const int64_t rows = p.num_tokens * p.num_q_heads;
-  merge_splits_kernel<T><<<unsigned((rows + 3) / 4), 128, 0, s>>>(p, D);
+  merge_splits_kernel<T, S><<<unsigned((rows + 3) / 4), 128, 0, s>>>(p, D);
   return cudaGetLastError();
 }
 
@@ -457,16 +459,16 @@ template <typename T, int D, int ROWS, typename S>
 cudaError_t launch_attention_rows(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
   constexpr int KT = kv_tile<T, D>();
   static std::atomic<uint64_t> configured{0};
-  return launch_over_plan<T, D>(paged_attention_kernel<T, D, ROWS, KT, S>, kAttnThreads,
-                                AttnSmem<T, D, ROWS, KT, IsFp8<S>::value>::kBytes, configured, p, l,
-                                s);
+  return launch_over_plan<T, D, S>(paged_attention_kernel<T, D, ROWS, KT, S>, kAttnThreads,
+                                   AttnSmem<T, D, ROWS, KT, IsFp8<S>::value>::kBytes, configured, p,
+                                   l, s);
 }
 
 template <typename T, int D, bool kDecode>
 cudaError_t launch_mma(const AttnParams& p, const AttnLaunch& l, cudaStream_t s) {
   static std::atomic<uint64_t> configured{0};
-  return launch_over_plan<T, D>(paged_attention_mma_kernel<T, D, kDecode>, kMmaThreads,
-                                MmaSmem<T, D, kDecode>::kBytes, configured, p, l, s);
+  return launch_over_plan<T, D, T>(paged_attention_mma_kernel<T, D, kDecode>, kMmaThreads,
+                                   MmaSmem<T, D, kDecode>::kBytes, configured, p, l, s);
 }
 
 template <typename T, int D, typename S>

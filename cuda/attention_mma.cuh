@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
       const float lse2 = row_lse2(m, l);
       if (p.num_splits == 1) {
         T* out = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
-        out[d] = from_float<T>(acc * inv);
+        out[d] = from_float<T>(normalised<T>(acc, inv));
         if (p.lse != nullptr && d == 0) p.lse[token * p.lse_s0 + head] = lse2 * kLn2;
       } else {
         const int64_t prow = (int64_t(split) * p.num_tokens + token) * p.num_q_heads + head;
@@ -459,8 +459,8 @@ __global__ void __launch_bounds__(kMmaThreads) paged_attention_mma_kernel(const 
           T* out = static_cast<T*>(p.out) + token * p.o_s0 + head * p.o_s1;
 #pragma unroll
           for (int n = 0; n < kDT; ++n) {
-            out[n * 8 + 2 * t4] = from_float<T>(o[mt][n][2 * h] * inv);
-            out[n * 8 + 2 * t4 + 1] = from_float<T>(o[mt][n][2 * h + 1] * inv);
+            out[n * 8 + 2 * t4] = from_float<T>(normalised<T>(o[mt][n][2 * h], inv));
+            out[n * 8 + 2 * t4 + 1] = from_float<T>(normalised<T>(o[mt][n][2 * h + 1], inv));
           }
           if (p.lse != nullptr && t4 == 0) p.lse[token * p.lse_s0 + head] = lse2 * kLn2;
         } else {

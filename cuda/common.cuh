@@ -13,6 +13,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -221,6 +222,27 @@ template <typename T, typename S>
 constexpr bool scales_pv() {
   return std::is_same<T, S>::value &&
          (std::is_same<T, float>::value || std::is_same<T, __nv_bfloat16>::value);
+}
+
+// One normalised output element, a * inv (a: the f32 sum of P V or of the
+// splits' outputs, inv: 1/l and the powers of two above), over pages of
+// stored type S. f32/bf16/f16 pages: the exact result is a convex
+// combination of finite values, at most FLT_MAX in magnitude, but the
+// product rounds a few ulps either side of it, and past FLT_MAX to +-inf,
+// where every visible value of a dim is +-FLT_MAX. A finite a that gives inf
+// is therefore +-FLT_MAX; an infinite a (an infinite value) stays inf, NaN
+// stays NaN: impl/cpu/attention.cpp's finish_row. One compare on the common
+// path. FP8 pages: plain a * inv (the V scale in inv can truly carry the
+// result past FLT_MAX). f16/bf16 outputs round +-FLT_MAX to +-inf as the CPU
+// does; the clamp shows in f32 outputs.
+template <typename S>
+__device__ __forceinline__ float normalised(float a, float inv) {
+  const float x = a * inv;
+  if constexpr (IsFp8<S>::value) {
+    return x;
+  } else {
+    return fabsf(x) == INFINITY && fabsf(a) != INFINITY ? copysignf(FLT_MAX, x) : x;
+  }
 }
 
 __host__ __device__ constexpr size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }

@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kMlaThreads) mla_attention_kernel(const MlaPar
   const float inv = 1.0f / l * ldexpf(1.0f, pc);
   for (int k = 0; k < kMlaMaxPerThread; ++k) {
     const int32_t d = tid + k * int32_t(blockDim.x);
-    if (d < p.rank) out[d] = from_float<T>(acc[k] * inv);
+    if (d < p.rank) out[d] = from_float<T>(normalised<T>(acc[k], inv));
   }
   if (p.lse != nullptr && tid == 0) p.lse[t * p.lse_s0 + h] = m + logf(l);
 }

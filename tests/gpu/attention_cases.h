@@ -57,12 +57,21 @@ struct Scenario {
   // the splits' outputs) overflows to inf after a few keys, the output (a
   // convex combination) is finite. Not for FP8 pages (applies()).
   bool v_near_max = false;
+  // Every V element exactly the dtype's largest finite value, with one sign
+  // per dimension (v_sign_at_max): the output, a convex combination of equal
+  // values, is exactly that value, which the normalisation's rounding (a few
+  // ulps either way) must not carry to inf. Not for FP8 pages (applies()).
+  bool v_at_max = false;
 };
 
-// Whether a scenario runs over a cache dtype (v_near_max: not over FP8,
-// whose values stay far below FLT_MAX, scale aside).
+// The sign of dimension d's values in the v_at_max scenarios: both signs,
+// in no simple alternation.
+inline bool v_sign_at_max(int d) { return d % 3 != 1; }
+
+// Whether a scenario runs over a cache dtype (v_near_max, v_at_max: not over
+// FP8, whose values stay far below FLT_MAX, scale aside).
 inline bool applies(const Scenario& sc, DType cache) {
-  return !(sc.v_near_max && pagedkv::is_fp8(cache));
+  return !((sc.v_near_max || sc.v_at_max) && pagedkv::is_fp8(cache));
 }
 
 // Everything both backends get, as host bytes.
@@ -81,8 +90,8 @@ struct Inputs {
   DType io = DType::kF32;
   // FP8 caches: KvArena::scales as the backend sees them (after the planes).
   std::vector<float> scales;
-  // Magnitude of the V values (v_near_max), which scales the output
-  // tolerance's absolute part.
+  // Magnitude of the V values (v_near_max, v_at_max), which scales the
+  // output tolerance's absolute part.
   float v_mag = 1.f;
 };
 
@@ -114,14 +123,21 @@ inline Inputs build(const Scenario& sc, DType dt, int D, int hkv, int group, std
   const float lim = fp8 ? 8.f : 1.f;
   // v_near_max: x in [-1, 1] -> +-(1 + |x|) / 2 * v_mag, positive at even
   // indices (every row starts at an even one: D and the strides are even).
-  if (sc.v_near_max && !fp8) {
-    s.v_mag = 0.5f * (dt == DType::kF32    ? std::numeric_limits<float>::max()
+  // v_at_max: +-v_mag, the sign of the element's dimension (x's index modulo
+  // the row stride, then D: rows of D, or tokens of kv_s0 elements).
+  if ((sc.v_near_max || sc.v_at_max) && !fp8) {
+    const float top = dt == DType::kF32    ? std::numeric_limits<float>::max()
                       : dt == DType::kBF16 ? 3.3895314e38f
-                                           : 65504.f);
+                                           : 65504.f;
+    s.v_mag = sc.v_at_max ? top : 0.5f * top;
   }
-  auto v_values = [&](std::vector<float> x) {
+  auto v_values = [&](std::vector<float> x, size_t stride) {
     if (s.v_mag == 1.f) return x;
     for (size_t i = 0; i < x.size(); ++i) {
+      if (sc.v_at_max) {
+        x[i] = v_sign_at_max(int(i % stride % size_t(D))) ? s.v_mag : -s.v_mag;
+        continue;
+      }
       const float m = (1.f + std::fabs(x[i])) * 0.5f * s.v_mag;
       x[i] = i % 2 == 0 || x[i] >= 0.f ? m : -m;
     }
@@ -157,7 +173,7 @@ inline Inputs build(const Scenario& sc, DType dt, int D, int hkv, int group, std
         put_row(0, block, h, pos % bs,
                 encode(nan && !sc.poison_v_only ? nan_row(D) : uniform(rng, D, -lim, lim), cache));
         put_row(1, block, h, pos % bs,
-                encode(nan ? nan_row(D) : v_values(uniform(rng, D, -lim, lim)), cache));
+                encode(nan ? nan_row(D) : v_values(uniform(rng, D, -lim, lim), size_t(D)), cache));
       }
     }
     for (int pos = first; pos < q.ctx; ++pos) {
@@ -177,7 +193,8 @@ inline Inputs build(const Scenario& sc, DType dt, int D, int hkv, int group, std
   s.kv_s0 = int64_t(hkv) * D + pad;
   s.q_s0 = int64_t(s.num_q_heads) * D + pad;
   std::vector<float> kn = uniform(rng, size_t(s.num_tokens * s.kv_s0), -1.f, 1.f);
-  std::vector<float> vn = v_values(uniform(rng, size_t(s.num_tokens * s.kv_s0), -1.f, 1.f));
+  std::vector<float> vn =
+      v_values(uniform(rng, size_t(s.num_tokens * s.kv_s0), -1.f, 1.f), size_t(s.kv_s0));
   if (fp8) {
     // Keys beyond the formats' range: the write saturates them (every 97th
     // to 448 x scale in E4M3, every 211th to 57344 x scale in E5M2 too), the
@@ -463,6 +480,18 @@ inline std::vector<Scenario> scenarios(std::mt19937_64& rng) {
   {
     Scenario s{"v-near-max-splits", 8, {{400, 1}, {150, 20}}};
     s.v_near_max = true;
+    s.splits = 4;
+    v.push_back(s);
+  }
+  // Last again, for the same reason.
+  {
+    Scenario s{"v-at-max", 16, {{120, 1}, {70, 30}, {48, 48}, {2, 1}, {17, 17}}};
+    s.v_at_max = true;
+    v.push_back(s);
+  }
+  {
+    Scenario s{"v-at-max-splits", 8, {{400, 1}, {150, 20}}};
+    s.v_at_max = true;
     s.splits = 4;
     v.push_back(s);
   }

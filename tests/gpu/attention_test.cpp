@@ -3,8 +3,9 @@
 // dtypes x head dims x GQA groups, and per combination decode, prefill,
 // chunked prefill mixed with decode, sliding window (with null pages),
 // soft-cap with a custom scale, LSE, block sizes 8..64, forced or
-// heuristic split-KV, and V near the dtype's largest value (f32/bf16: an
-// unnormalised f32 P V or split merge would overflow). Pages are a random
+// heuristic split-KV, V near the dtype's largest value (f32/bf16: an
+// unnormalised f32 P V or split merge would overflow) and at it (the
+// normalisation must not round the result past it to inf). Pages are a random
 // permutation of the pool's blocks; unused slots, the null block and the
 // outputs are NaN-poisoned; every output element and every arena byte is
 // compared.

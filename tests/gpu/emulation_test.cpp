@@ -36,7 +36,7 @@ void emu_rows(const cu::AttnParams& p, const cu::AttnLaunch& l) {
   if (p.num_splits > 1) {
     const int64_t rows = p.num_tokens * p.num_q_heads;
     pkv_emu::launch(dim3(unsigned((rows + 3) / 4)), dim3(128), 0,
-                    [&] { cu::merge_splits_kernel<T>(p, D); });
+                    [&] { cu::merge_splits_kernel<T, S>(p, D); });
   }
 }
 
@@ -64,7 +64,7 @@ void emu_mma(const cu::AttnParams& p, const cu::AttnLaunch& l) {
   if (p.num_splits > 1) {
     const int64_t rows = p.num_tokens * p.num_q_heads;
     pkv_emu::launch(dim3(unsigned((rows + 3) / 4)), dim3(128), 0,
-                    [&] { cu::merge_splits_kernel<T>(p, D); });
+                    [&] { cu::merge_splits_kernel<T, T>(p, D); });
   }
 }
 

@@ -47,6 +47,11 @@ struct MlaCase {
   // keys; the output, a convex combination, is finite); q_latent 0 but for
   // dim 0, sized for logits of a few units.
   bool near_max = false;
+  // Every latent element exactly the dtype's largest finite value, one sign
+  // per dim (the output, a convex combination of equal values, is exactly
+  // that value: the normalisation's rounding must not carry it to inf);
+  // q_latent and keys as near_max.
+  bool at_max = false;
 };
 
 void run_case(const MlaCase& c, DType t, uint32_t seed) {
@@ -57,17 +62,19 @@ void run_case(const MlaCase& c, DType t, uint32_t seed) {
     while (std::fabs(x) < 1e-3f) x = u(rng);
     return x;
   };
-  const float vmag = !c.near_max         ? 1.0f
-                     : t == DType::kF32  ? 0.5f * std::numeric_limits<float>::max()
-                     : t == DType::kBF16 ? 0.5f * 3.3895314e38f
-                                         : 0.5f * 65504.0f;
+  const bool big = c.near_max || c.at_max;
+  const float top = t == DType::kF32    ? std::numeric_limits<float>::max()
+                    : t == DType::kBF16 ? 3.3895314e38f
+                                        : 65504.0f;
+  const float vmag = !big ? 1.0f : c.at_max ? top : 0.5f * top;
   const float scale = 0.09f;
   // Element i of a row: latent dim i < rank, else rope; q rows likewise.
   auto row_value = [&](int32_t i, bool query) {
     const float x = value();
-    if (!c.near_max) return x;
+    if (!big) return x;
     if (i >= c.rank) return 0.25f * x;
     if (query) return i == 0 ? (x < 0 ? -4.0f : 4.0f) / (scale * vmag) : 0.0f;
+    if (c.at_max) return i % 3 != 1 ? vmag : -vmag;
     const float m = (1.0f + std::fabs(x)) * 0.5f * vmag;
     return i % 2 == 0 || x > 0 ? m : -m;
   };
@@ -187,7 +194,7 @@ void run_case(const MlaCase& c, DType t, uint32_t seed) {
   // Both are f32 computations of the same sums in different orders; the
   // outputs round to the cache dtype.
   const double eps = t == DType::kF32 ? 0 : t == DType::kF16 ? 1.0 / 1024 : 1.0 / 128;
-  // near_max: the sums' rounding scales with the latents.
+  // near_max, at_max: the sums' rounding scales with the latents.
   for (int64_t i = 0; i < n_out; ++i) {
     const double a = pagedkv::test::load(out_emu.data(), t, i);
     const double b = pagedkv::test::load(out_cpu.data(), t, i);
@@ -206,6 +213,8 @@ const MlaCase kCases[] = {
     {"long_keys", 8, 1, 40, 8, {{70, 2}}},
     {"no_rope", 2, 2, 32, 0, {{5, 5}, {3, 1}}},
     {"latents_near_max", 8, 2, 64, 16, {{45, 1}, {30, 10}, {2, 1}}, true},
+    // Last, so that the cases above keep their seeds.
+    {"latents_at_max", 8, 2, 64, 16, {{45, 1}, {30, 10}, {2, 1}, {90, 3}}, false, true},
 };
 
 TEST(MlaEmulation, MatchesCpuKernels) {
