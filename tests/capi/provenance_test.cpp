@@ -49,6 +49,7 @@
 #include "../reliability/sanitizers.h"
 #include "pagedkv/pagedkv.h"
 #include "provenance_model.h"
+#include "provenance_storage.h"
 
 namespace {
 
@@ -57,8 +58,10 @@ using provenance::mix;
 
 uint64_t g_hits[6], g_commits;
 
-constexpr uint32_t kLayers = 2;
-constexpr uint32_t kHeadDim = 4;
+using provenance::elem;
+using provenance::ident;
+using provenance::kHeadDim;
+using provenance::kLayers;
 
 // The pools the model drives: f32 K/V of one head, one kernel thread, events on.
 pkv_pool_options model_options(uint32_t block_size, uint64_t num_blocks) {
@@ -73,21 +76,6 @@ pkv_pool_options model_options(uint32_t block_size, uint64_t num_blocks) {
   o.num_threads = 1;
   o.enable_events = 1;
   return o;
-}
-
-// The 64-bit identity of the K/V of token pos of a sequence with key k and
-// tokens t: its extra keys and every token up to pos.
-uint64_t ident(const Key& k, const std::vector<int32_t>& t, size_t pos) {
-  uint64_t h = mix(mix(1, k.lora), uint64_t(k.salt));
-  for (size_t i = 0; i <= pos; ++i) h = mix(h, uint64_t(uint32_t(t[i])) + 7);
-  return h;
-}
-
-// Element d of layer l's K (kv 0) or V (kv 1) for identity id: 16 bits each,
-// never 0 (storage nobody wrote reads as zeros).
-float elem(uint64_t id, uint32_t l, uint32_t kv, uint32_t d) {
-  const uint64_t h = mix(id, l * 2 + kv);
-  return float(((h >> (16 * d)) & 0xffff) + 1);
 }
 
 struct Seq {
@@ -105,7 +93,7 @@ struct Plan {
   uint32_t next_layer = 0;
 };
 
-struct Harness {
+struct Harness : provenance::Storage {
   std::mt19937_64 rng;
   pkv_pool* pool = nullptr;
   uint32_t bs = 4;
@@ -122,7 +110,6 @@ struct Harness {
   std::map<pkv_seq_id, std::vector<int32_t>> last_table;
   std::vector<std::vector<int32_t>> bases;
   std::string trace;
-  pkv_tensor kv[kLayers][2];
 
   explicit Harness(uint64_t seed) : rng(seed) {}
   ~Harness() {
@@ -161,26 +148,6 @@ struct Harness {
     trace = "bs=" + std::to_string(bs) + " blocks=" + std::to_string(nblocks) +
             " window=" + std::to_string(window) + " tiers=" + std::to_string(tiers) +
             " partial=" + std::to_string(partial) + "\n";
-  }
-
-  float* slot_ptr(uint32_t l, uint32_t w, int64_t block, int64_t off) {
-    const pkv_tensor& t = kv[l][w];
-    char* base = static_cast<char*>(t.data) + t.byte_offset;
-    return reinterpret_cast<float*>(base) + block * t.strides[0] + off * t.strides[2];
-  }
-
-  // "" when the slot holds identity id in every layer, K and V.
-  std::string slot_holds(int64_t block, int64_t off, uint64_t id) {
-    for (uint32_t l = 0; l < kLayers; ++l)
-      for (uint32_t w = 0; w < 2; ++w) {
-        const float* p = slot_ptr(l, w, block, off);
-        for (uint32_t d = 0; d < kHeadDim; ++d)
-          if (p[d] != elem(id, l, w, d))
-            return "block " + std::to_string(block) + " slot " + std::to_string(off) + " layer " +
-                   std::to_string(l) + (w ? " V" : " K") +
-                   (p[d] == 0 ? " never written" : " holds other K/V");
-      }
-    return "";
   }
 
   std::vector<int32_t> table(pkv_seq_id id) {

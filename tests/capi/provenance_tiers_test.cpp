@@ -64,6 +64,7 @@
 #include "../reliability/sanitizers.h"
 #include "pagedkv/pagedkv.h"
 #include "provenance_model.h"
+#include "provenance_storage.h"
 
 namespace {
 
@@ -74,19 +75,10 @@ uint64_t g_host_hits, g_file_hits, g_spanning, g_loaded, g_failed_loads, g_swap_
 using provenance::Key;
 using provenance::mix;
 
-constexpr uint32_t kLayers = 2;
-constexpr uint32_t kHeadDim = 4;
-
-uint64_t ident(const Key& k, const std::vector<int32_t>& t, size_t pos) {
-  uint64_t h = mix(mix(1, k.lora), uint64_t(k.salt));
-  for (size_t i = 0; i <= pos; ++i) h = mix(h, uint64_t(uint32_t(t[i])) + 7);
-  return h;
-}
-
-float elem(uint64_t id, uint32_t l, uint32_t kv, uint32_t d) {
-  const uint64_t h = mix(id, l * 2 + kv);
-  return float(((h >> (16 * d)) & 0xffff) + 1);
-}
+using provenance::elem;
+using provenance::ident;
+using provenance::kHeadDim;
+using provenance::kLayers;
 
 struct Seq {
   pkv_seq_id id = 0;
@@ -116,7 +108,7 @@ const std::string& tier_dir() {
   return dir;
 }
 
-struct Harness {
+struct Harness : provenance::Storage {
   std::mt19937_64 rng;
   pkv_pool* pool = nullptr;
   uint32_t bs = 4;
@@ -129,7 +121,6 @@ struct Harness {
   std::map<pkv_seq_id, std::vector<int32_t>> last_table;
   std::vector<std::vector<int32_t>> bases;
   std::string trace;
-  pkv_tensor kv[kLayers][2];
   bool sync = std::getenv("PKV_PROVENANCE_TIERS_SYNC") != nullptr;
   bool no_flush = std::getenv("PKV_PROVENANCE_TIERS_NO_FLUSH") != nullptr;
 
@@ -172,25 +163,6 @@ struct Harness {
     }
     trace = "bs=" + std::to_string(bs) + " blocks=" + std::to_string(nblocks) +
             " host=" + std::to_string(host_slots) + " file=" + std::to_string(file_slots) + "\n";
-  }
-
-  float* slot_ptr(uint32_t l, uint32_t w, int64_t block, int64_t off) {
-    const pkv_tensor& t = kv[l][w];
-    char* base = static_cast<char*>(t.data) + t.byte_offset;
-    return reinterpret_cast<float*>(base) + block * t.strides[0] + off * t.strides[2];
-  }
-
-  std::string slot_holds(int64_t block, int64_t off, uint64_t id) {
-    for (uint32_t l = 0; l < kLayers; ++l)
-      for (uint32_t w = 0; w < 2; ++w) {
-        const float* p = slot_ptr(l, w, block, off);
-        for (uint32_t d = 0; d < kHeadDim; ++d)
-          if (p[d] != elem(id, l, w, d))
-            return "block " + std::to_string(block) + " slot " + std::to_string(off) + " layer " +
-                   std::to_string(l) + (w ? " V" : " K") +
-                   (p[d] == 0 ? " never written" : " holds other K/V");
-      }
-    return "";
   }
 
   std::vector<int32_t> table(pkv_seq_id id) {
@@ -249,7 +221,8 @@ struct Harness {
     ASSERT_EQ(f.num_hits, file_hits) << trace << "file tier hits vs the matches' file tokens";
     ASSERT_LE(h.num_loaded + h.num_checksum_failures, h.num_hits) << trace;
     ASSERT_LE(f.num_loaded + f.num_checksum_failures + f.num_io_errors,
-              f.num_hits + f.num_io_errors) << trace;
+              f.num_hits + f.num_io_errors)
+        << trace;
     ASSERT_EQ(h.num_checksum_failures, 0u) << trace << "nobody corrupted the host tier";
     ASSERT_LE(f.num_checksum_failures, corruptions) << trace;
     ASSERT_LE(h.num_blocks, host_slots) << trace;
@@ -455,11 +428,11 @@ struct Harness {
       for (size_t i : pick) {
         const Seq& s = seqs[i];
         const pkv_seq_info in = info(s.id);
-        const uint64_t from = attempt ? in.num_computed_tokens
-                                      : std::max<uint64_t>(in.num_computed_tokens, s.done);
+        const uint64_t from =
+            attempt ? in.num_computed_tokens : std::max<uint64_t>(in.num_computed_tokens, s.done);
         const uint64_t c = std::min<uint64_t>(
-            in.num_tokens, std::max<uint64_t>(in.num_tokens - std::min(from, in.num_tokens), 1) +
-                               extra);
+            in.num_tokens,
+            std::max<uint64_t>(in.num_tokens - std::min(from, in.num_tokens), 1) + extra);
         ids.push_back(s.id);
         q.push_back(uint32_t(c));
         for (size_t pos = s.tokens.size() - c; pos < s.tokens.size(); ++pos)
@@ -497,8 +470,8 @@ struct Harness {
     std::vector<int32_t> tok(ids.size());
     for (auto& t : tok) t = int32_t(r(3));
     pkv_batch* b = nullptr;
-    const pkv_status st =
-        pkv_batch_prepare_decode(pool, ids.data(), tok.data(), uint32_t(ids.size()), 0, nullptr, &b);
+    const pkv_status st = pkv_batch_prepare_decode(pool, ids.data(), tok.data(),
+                                                   uint32_t(ids.size()), 0, nullptr, &b);
     trace += "prepare_decode " + std::to_string(ids.size()) + " -> " + std::to_string(st) + "\n";
     if (st != PKV_OK) {
       // Refused before its appends: a context token not computed (the
@@ -711,11 +684,12 @@ TEST(ProvenanceTiers, OffloadLoadSwapForkCorruptionNeverServeKvNobodyWroteForTho
   }
   rmdir(tier_dir().c_str());
   if (std::getenv("PKV_PROVENANCE_DUMP"))
-    std::printf("tier hits host %lu file %lu, spanning device+tier %lu, loaded %lu, failed %lu, "
-                "refused plans %lu, swap-ins %lu, destroys with hits pending %lu\n",
-                (unsigned long)g_host_hits, (unsigned long)g_file_hits, (unsigned long)g_spanning,
-                (unsigned long)g_loaded, (unsigned long)g_failed_loads, (unsigned long)g_refused,
-                (unsigned long)g_swap_ins, (unsigned long)g_pending_at_end);
+    std::printf(
+        "tier hits host %lu file %lu, spanning device+tier %lu, loaded %lu, failed %lu, "
+        "refused plans %lu, swap-ins %lu, destroys with hits pending %lu\n",
+        (unsigned long)g_host_hits, (unsigned long)g_file_hits, (unsigned long)g_spanning,
+        (unsigned long)g_loaded, (unsigned long)g_failed_loads, (unsigned long)g_refused,
+        (unsigned long)g_swap_ins, (unsigned long)g_pending_at_end);
 }
 
 }  // namespace
