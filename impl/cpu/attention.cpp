@@ -12,6 +12,7 @@
 
 #include "cpu/attention.h"
 #include "cpu/fp8.h"
+#include "cpu/overflow.h"
 #include "error.h"
 
 namespace pagedkv {
@@ -19,7 +20,6 @@ namespace cpu {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr float kFltMax = std::numeric_limits<float>::max();
 
 struct Tile {
   int32_t seq, head, row0, rows;
@@ -237,8 +237,7 @@ class Attention {
     // finish_row multiplies 2^c back. f16 and FP8 values stay far below.
     const DType kv = arena_.layout.dtype;
     if ((kv == DType::kF32 || kv == DType::kBF16) && most_keys > 1) {
-      int c = 1;
-      while ((int64_t(1) << c) < 2 * most_keys) ++c;
+      const int c = overflow_exponent(most_keys);
       p_scale_ = std::ldexp(1.0f, -c);
       p_unscale_ = std::ldexp(1.0f, c);
     }
@@ -545,10 +544,7 @@ class Attention {
       // values, so at most FLT_MAX; acc * inv rounds a few ulps either side
       // of it when V holds values at FLT_MAX, and past it would be inf. A
       // finite acc stays finite (an infinite one, from an infinite V, not).
-      for (int32_t d = 0; d < d_; ++d) {
-        const float x = tmp[d] * inv;
-        tmp[d] = std::isinf(x) && std::isfinite(tmp[d]) ? std::copysign(kFltMax, x) : x;
-      }
+      for (int32_t d = 0; d < d_; ++d) tmp[d] = normalised(tmp[d], inv);
     } else {  // FP8: code sums times the V scale, which may truly pass FLT_MAX
       for (int32_t d = 0; d < d_; ++d) tmp[d] *= inv;
     }

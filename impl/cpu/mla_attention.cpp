@@ -11,6 +11,7 @@
 #include "cpu/half.h"
 #include "cpu/kernels.h"
 #include "cpu/mla.h"
+#include "cpu/overflow.h"
 #include "error.h"
 
 namespace pagedkv {
@@ -171,8 +172,7 @@ void mla_attend(ThreadPool& pool, const MlaOps& ops, const MlaCache& cache, cons
     // f16 latents stay far below the limit.
     float p_scale = 1.0f, p_unscale = 1.0f;
     if ((T == DType::kF32 || T == DType::kBF16) && last_key > 0) {
-      int e = 1;
-      while ((int64_t(1) << e) < 2 * (int64_t(last_key) + 1)) ++e;
+      const int e = overflow_exponent(int64_t(last_key) + 1);
       p_scale = std::ldexp(1.0f, -e);
       p_unscale = std::ldexp(1.0f, e);
     }
@@ -225,13 +225,7 @@ void mla_attend(ThreadPool& pool, const MlaOps& ops, const MlaCache& cache, cons
       // A convex combination of finite latents is at most FLT_MAX: a * inv
       // rounds a few ulps either side of it for latents at FLT_MAX, and
       // past it would be inf. A finite a stays finite (an infinite one not).
-      for (int32_t i = 0; i < R; ++i) {
-        const float x = a[i] * inv;
-        store_f32(out.data, T, o + i,
-                  std::isinf(x) && std::isfinite(a[i])
-                      ? std::copysign(std::numeric_limits<float>::max(), x)
-                      : x);
-      }
+      for (int32_t i = 0; i < R; ++i) store_f32(out.data, T, o + i, normalised(a[i], inv));
       if (args.lse) args.lse[t * args.lse_stride0 + h] = sc.m[r] + std::log(sc.l[r]);
     }
   };
