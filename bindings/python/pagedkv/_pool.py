@@ -439,7 +439,7 @@ class Pool(HandleOwner):
         numpy array of ids is the fastest); tokens: any int buffer (numpy,
         array.array, a CPU torch tensor) or sequence. All or nothing: an
         error names the offending index and changes nothing."""
-        _seq_append_batch(self._h, (_ids(seqs), tokens))
+        _seq_append_batch(self._h, (_ids(seqs, self), tokens))
 
     def free_batch(self, seqs: Any) -> None:
         """Frees the given distinct sequences (Sequence objects or ids) in
@@ -451,11 +451,7 @@ class Pool(HandleOwner):
         # `seqs and ...` was the truth value of a numpy id array: ValueError
         # ("ambiguous") for two or more ids, and for none.
         if isinstance(seqs, (list, tuple)) and seqs and isinstance(seqs[0], Sequence):
-            ids = []
-            for i, s in enumerate(seqs):
-                if not isinstance(s, Sequence):
-                    raise TypeError(f"seqs[{i}]: expected a pagedkv.Sequence, got {type(s).__name__}")
-                ids.append(s._id)
+            ids = _ids(seqs, self)
             _seq_free_batch(self._h, ids)
             for s in seqs:
                 s._freed = True
@@ -853,20 +849,31 @@ def _seq_opts(
     }
 
 
-def _ids(seqs: Any) -> Any:
-    """Sequence ids for a batched call: Sequence objects become their ids;
-    id arrays and lists pass as they are (a generator is read once)."""
+def _ids(seqs: Any, pool: Pool) -> Any:
+    """Sequence ids for a batched call on pool: Sequence objects (of pool)
+    become their ids; id arrays and lists pass as they are (a generator is
+    read once)."""
     _check_len(seqs, "seqs", MAX_SEQS)  # before list()
     if isinstance(seqs, Iterator):
         seqs = list(seqs)
     if isinstance(seqs, (list, tuple)) and seqs and isinstance(seqs[0], Sequence):
         try:
-            return [s._id for s in seqs]
-        except AttributeError:  # not all Sequences: name the first that is not
+            ids = [s._id for s in seqs if s._pool is pool]
+        except AttributeError:
+            ids = []
+        if len(ids) != len(seqs):
+            # Not all Sequences, or one of another pool: name the first. The
+            # library's check of the id alone missed a sequence of a closed
+            # pool whose tag a later pool reuses (pool_tag.h): its id named
+            # that pool's sequence, which was appended to or freed.
             for i, s in enumerate(seqs):
                 if not isinstance(s, Sequence):
-                    raise TypeError(f"seqs[{i}]: expected a pagedkv.Sequence, got {type(s).__name__}") from None
-            raise
+                    raise TypeError(f"seqs[{i}]: expected a pagedkv.Sequence, got {type(s).__name__}")
+                if s._pool is not pool:
+                    raise _c.InvalidArgumentError(
+                        f"seqs[{i}]: the sequence belongs to another pool", _c.PKV_E_INVALID_ARGUMENT
+                    )
+        return ids
     return seqs
 
 

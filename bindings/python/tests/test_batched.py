@@ -21,6 +21,22 @@ def state(pool, seqs):
     return [(len(s), s.block_table()) for s in seqs], pool.stats().num_free_blocks
 
 
+def pool_reusing_the_tag_of(seq_id, make):
+    """make() once the round-robin pool tags (pool_tag.h) come back to the
+    tag of seq_id's closed pool: its first sequence then has seq_id. The
+    caller closed a pool made just before that one, so the tag before it is
+    free and comes round first (other tests' live pools are skipped)."""
+    tag = seq_id >> 48
+    before = tag - 1 if tag > 1 else 65535
+    for _ in range(1 << 17):
+        p = pagedkv.Pool(num_blocks=2, block_size=4)
+        t = p.create_sequence(owned=False).id >> 48
+        p.close()
+        if t == before:
+            break
+    return make()
+
+
 def test_append_batch_equals_one_append_per_sequence():
     rng = np.random.default_rng(0)
     pools = [pagedkv.Pool(num_blocks=256, block_size=16) for _ in range(2)]
@@ -192,6 +208,39 @@ def test_free_batch_and_append_batch_take_id_arrays_and_generators():
     assert len(keep) == 1
     pool.free_batch(s for s in [keep])
     assert keep.freed and pool.stats().num_seqs == 0
+    pool.validate()
+
+
+def test_batched_calls_refuse_a_sequence_of_another_pool():
+    """append_batch and free_batch passed Sequence objects' ids on as they
+    were, leaving it to the library to find them unknown: a sequence of a
+    closed pool whose tag a later pool reuses (65535 pool creations later)
+    has the id of that pool's first sequence, which was appended to or
+    freed. Refused as prepare() refuses it, naming the index."""
+    pagedkv.Pool(num_blocks=2, block_size=4).close()
+    old = pagedkv.Pool(num_blocks=8, block_size=4)
+    stale = old.create_sequence()
+    stale.append([1, 2, 3])
+    old.close()
+    pool = pool_reusing_the_tag_of(stale.id, lambda: pagedkv.Pool(num_blocks=8, block_size=4))
+    mine = pool.create_sequence()
+    mine.append([9, 9])
+    assert mine.id == stale.id  # the tag came back: only the pool tells them apart
+    live_other = pagedkv.Pool(num_blocks=8, block_size=4).create_sequence()
+    for other in (stale, live_other):
+        with pytest.raises(pagedkv.InvalidArgumentError, match=r"seqs\[1\]: the sequence belongs to another pool"):
+            pool.append_batch([mine, other], [7, 7])
+        with pytest.raises(pagedkv.InvalidArgumentError, match=r"seqs\[0\]: the sequence belongs to another pool"):
+            pool.append_batch([other], [7])
+        with pytest.raises(pagedkv.InvalidArgumentError, match=r"seqs\[0\]: the sequence belongs to another pool"):
+            pool.free_batch([other])
+        with pytest.raises(pagedkv.InvalidArgumentError, match=r"seqs\[1\]: the sequence belongs to another pool"):
+            pool.free_batch([mine, other])
+    assert len(mine) == 2 and not mine.freed and pool.stats().num_seqs == 1
+    assert not live_other.freed and len(live_other) == 0
+    pool.append_batch([mine], [7])
+    pool.free_batch([mine])
+    assert mine.freed and pool.stats().num_seqs == 0
     pool.validate()
 
 
