@@ -1012,6 +1012,21 @@ static int pkv_py_long_range(PyObject* item, const char* name, Py_ssize_t i, lon
       PyErr_Clear();
       PyErr_Format(PyExc_TypeError, "%s[%zd]: expected an int, got %s", name, i,
                    Py_TYPE(item)->tp_name);
+    } else if (PyErr_ExceptionMatches(PyExc_RuntimeError) ||
+               PyErr_ExceptionMatches(PyExc_NotImplementedError) ||
+               PyErr_ExceptionMatches(PyExc_ValueError)) {
+      /* An element that has no value to read (a meta torch tensor's:
+       * "Tensor.item() cannot be called on meta tensors") raised the
+       * element's RuntimeError, naming neither the argument nor the index:
+       * named as any element that is not an int, with its reason. */
+      PyObject *et, *ev, *tb;
+      PyErr_Fetch(&et, &ev, &tb);
+      PyErr_NormalizeException(&et, &ev, &tb);
+      PyErr_Format(PyExc_TypeError, "%s[%zd]: expected an int, got %s (%S)", name, i,
+                   Py_TYPE(item)->tp_name, ev ? ev : Py_None);
+      Py_XDECREF(et);
+      Py_XDECREF(ev);
+      Py_XDECREF(tb);
     }
     return 0;
   }

@@ -102,6 +102,31 @@ def test_token_ids_from_torch_tensor():
     assert s.block_hashes() == t.block_hashes()
 
 
+def test_token_ids_of_a_meta_tensor_are_a_type_error_naming_the_argument():
+    """A meta torch tensor has no values: numpy() fails, and each element's
+    __index__ raised torch's RuntimeError "Tensor.item() cannot be called on
+    meta tensors" out of every call taking token ids, naming neither the
+    argument nor the element."""
+    torch = pytest.importorskip("torch")
+    meta = torch.empty(2, dtype=torch.int32, device="meta")
+    pool = pagedkv.Pool(num_blocks=16, block_size=4, enable_events=True)
+    s, t = pool.create_sequence(), pool.create_sequence()
+    before = (pool.stats(), len(s), len(t))
+    calls = [
+        lambda: s.append(meta),
+        lambda: pool.admit(meta),
+        lambda: pool.append_batch([s, t], meta),
+        lambda: pool.prepare_decode([s, t], meta),
+        lambda: s.match_prefix(meta),
+        lambda: pool.hash_prefix(meta),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match=r"tokens\[0\]: expected an int, got Tensor \(.*meta"):
+            call()
+    assert (pool.stats(), len(s), len(t)) == before and not list(pool.events())
+    pool.validate()
+
+
 def test_tensor_like_object_converting_to_itself_is_a_type_error():
     """An object named Tensor is read through its numpy(); one whose
     numpy() gave another such object (or itself) was converted again without
