@@ -100,7 +100,15 @@ class TransferEngine(HandleOwner):
     def export(self, pool: Pool, seq: Any) -> Export:
         """Exports seq's computed tokens (a Sequence or its id) and pins their blocks."""
         _check_pool(pool)
-        seq_id = seq.id if isinstance(seq, Sequence) else _index(seq, "seq")
+        if isinstance(seq, Sequence):
+            # The library's id check alone missed a sequence of a closed pool
+            # whose tag a later pool reuses: its id named that pool's sequence,
+            # which was exported.
+            if seq._pool is not pool:
+                raise _c.InvalidArgumentError("seq: the sequence belongs to another pool", _c.PKV_E_INVALID_ARGUMENT)
+            seq_id = seq._id
+        else:
+            seq_id = _index(seq, "seq")
         # The export, its descriptor and the Export in one C call, which
         # releases the export on any failure after it was made.
         return _c._adopt_export(

@@ -44,6 +44,22 @@ def pull(src_engine, dst_engine, dst, desc):
     return t
 
 
+def pool_reusing_the_tag_of(seq_id, make):
+    """make() once the round-robin pool tags (pool_tag.h) come back to the
+    tag of seq_id's closed pool: its first sequence then has seq_id. The
+    caller closed a pool made just before that one, so the tag before it is
+    free and comes round first (other tests' live pools are skipped)."""
+    tag = seq_id >> 48
+    before = tag - 1 if tag > 1 else 65535
+    for _ in range(1 << 17):
+        p = pagedkv.Pool(num_blocks=2, block_size=4)
+        t = p.create_sequence(owned=False).id >> 48
+        p.close()
+        if t == before:
+            break
+    return make()
+
+
 def test_import_is_byte_exact_computed_and_prefix_cacheable():
     rng = np.random.default_rng(3)
     src, dst = make_pool(), make_pool()
@@ -311,3 +327,28 @@ def test_wait_timeout_is_a_number_and_nan_is_refused():
             assert t.wait(timeout=1) is None
             t.close()
     dst.validate()
+
+
+def test_export_of_a_sequence_of_another_pool_is_refused():
+    """export(pool, seq) passed seq's id to pool unchecked: a sequence of a
+    closed pool whose tag a later pool reuses (65535 pool creations later)
+    has the id of that pool's first sequence, which was exported (and its
+    blocks pinned) in its place."""
+    rng = np.random.default_rng(5)
+    pagedkv.Pool(num_blocks=2, block_size=4).close()
+    old = make_pool()
+    stale = prefill(old, list(range(20)), rng)
+    old.close()
+    pool = pool_reusing_the_tag_of(stale.id, make_pool)
+    mine = prefill(pool, list(range(100, 120)), rng)
+    assert mine.id == stale.id  # the tag came back: only the pool tells them apart
+    live_other = make_pool()
+    other = prefill(live_other, list(range(20)), rng)
+    with transfer.TransferEngine(transports="tcp") as engine:
+        for seq in (stale, other):
+            with pytest.raises(pagedkv.InvalidArgumentError, match="seq: the sequence belongs to another pool"):
+                engine.export(pool, seq)
+        assert engine.num_exports == 0
+        with engine.export(pool, mine) as ex:
+            assert engine.num_exports == 1 and ex.id
+    pool.validate()
