@@ -1692,7 +1692,9 @@ static int pkv_py_dict_scales(PyObject* dict, PyObject* keep, pkv_pool_options* 
   if (!pkv_py_floats(PyDict_GetItemString(dict, "v_scales"), "v_scales", keep, &o->v_scales, &nv))
     return 0;
   if (nk != nv || nk > 0xffffffffLL) {
-    PyErr_Format(PyExc_ValueError, "k_scales and v_scales differ in length (%zd vs %zd)", nk, nv);
+    pkv_py_raise_status(PKV_E_INVALID_ARGUMENT,
+                        PyUnicode_FromFormat("k_scales and v_scales differ in length (%zd vs %zd)",
+                                             nk, nv));
     return 0;
   }
   if (o->k_scales || o->v_scales) o->num_kv_scales = (uint32_t)nk;
@@ -2368,8 +2370,9 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
   if (!pkv_py_seq_ids(PyTuple_GET_ITEM($input, 0), "seqs", (pkv_seq_id**)&$1, &ns, &sv, &sown)) SWIG_fail;
   if (!pkv_py_int32_array(PyTuple_GET_ITEM($input, 1), "tokens", PKV_PY_MAX_SEQS, (int32_t**)&$2, &nt, &tv, &town)) SWIG_fail;
   if (ns != nt) {
-    PyErr_Format(PyExc_ValueError, "seqs and tokens differ in length (%llu vs %llu)",
-                 (unsigned long long)ns, (unsigned long long)nt);
+    pkv_py_raise_status(PKV_E_INVALID_ARGUMENT,
+                        PyUnicode_FromFormat("seqs and tokens differ in length (%llu vs %llu)",
+                                             (unsigned long long)ns, (unsigned long long)nt));
     SWIG_fail;
   }
   $3 = ns;
@@ -2431,8 +2434,9 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
       SWIG_fail;
     }
     if (view.len % PKV_HASH_MAX_BYTES != 0) {
-      PyErr_Format(PyExc_ValueError, "hashes: a buffer of %zd bytes is not a whole number of %d-byte hashes",
-                   view.len, PKV_HASH_MAX_BYTES);
+      pkv_py_raise_status(PKV_E_INVALID_ARGUMENT,
+                          PyUnicode_FromFormat("hashes: a buffer of %zd bytes is not a whole number of %d-byte hashes",
+                                               view.len, PKV_HASH_MAX_BYTES));
       SWIG_fail;
     }
     $1 = (pkv_block_hash*)pkv_py_copy_buffer(&view);  /* a copy: see pkv_py_int32_array_from */
@@ -2485,8 +2489,9 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
   if (!pkv_py_int32_array(PyTuple_GET_ITEM($input, 0), "src", PKV_PY_MAX_TOKENS, (int32_t**)&$1, &ns, &sv, &sown)) SWIG_fail;
   if (!pkv_py_int32_array(PyTuple_GET_ITEM($input, 1), "dst", PKV_PY_MAX_TOKENS, (int32_t**)&$2, &nd, &dv, &down)) SWIG_fail;
   if (ns != nd) {
-    PyErr_Format(PyExc_ValueError, "src and dst differ in length (%llu vs %llu)",
-                 (unsigned long long)ns, (unsigned long long)nd);
+    pkv_py_raise_status(PKV_E_INVALID_ARGUMENT,
+                        PyUnicode_FromFormat("src and dst differ in length (%llu vs %llu)",
+                                             (unsigned long long)ns, (unsigned long long)nd));
     SWIG_fail;
   }
   $3 = ns;
@@ -2509,7 +2514,9 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
   if (!pkv_py_floats(PyTuple_GET_ITEM($input, 0), "k_scales", keep, (const float**)&$1, &nk)) SWIG_fail;
   if (!pkv_py_floats(PyTuple_GET_ITEM($input, 1), "v_scales", keep, (const float**)&$2, &nv)) SWIG_fail;
   if (nk != nv) {
-    PyErr_Format(PyExc_ValueError, "k_scales and v_scales differ in length (%zd vs %zd)", nk, nv);
+    pkv_py_raise_status(PKV_E_INVALID_ARGUMENT,
+                        PyUnicode_FromFormat("k_scales and v_scales differ in length (%zd vs %zd)",
+                                             nk, nv));
     SWIG_fail;
   }
   $3 = (uint64_t)nk;
@@ -2590,8 +2597,9 @@ static void pkv_py_seq_ids_release(pkv_seq_id* data, Py_buffer* view, int owned)
     qown = 1;
   }
   if ((uint64_t)nq != ns || ns > 0xffffffffULL) {
-    PyErr_Format(PyExc_ValueError, "seqs and query_counts differ in length (%llu vs %zd)",
-                 (unsigned long long)ns, nq);
+    pkv_py_raise_status(PKV_E_INVALID_ARGUMENT,
+                        PyUnicode_FromFormat("seqs and query_counts differ in length (%llu vs %zd)",
+                                             (unsigned long long)ns, nq));
     SWIG_fail;
   }
   $3 = (uint32_t)ns;

@@ -318,3 +318,40 @@ def test_batched_calls_against_a_reference(seed, num_blocks):
     # 400 blocks: nothing is evicted, so every prefix hit is predicted;
     # 24: appends and admissions run out of blocks mid-batch.
     run(seed, num_blocks, num_blocks > 100, steps=600)
+
+
+def test_length_mismatches_are_invalid_argument_errors():
+    """Arguments that must be of equal length (or whole hashes) and are not
+    raise InvalidArgumentError, as prepare_decode's and the library's own
+    checks do: a PagedKVError an engine catches (it is still a ValueError),
+    not a bare ValueError, and nothing changes."""
+    with pagedkv.Pool(block_size=4, num_blocks=32, num_layers=1, num_kv_heads=1, head_dim=4) as pool:
+        a, b = pool.create_sequence(), pool.create_sequence()
+        a.append([1, 2, 3, 4, 5])
+        stats = pool.stats()
+        calls = {
+            "seqs and tokens differ in length": lambda: pool.append_batch([a, b], [7]),
+            "seqs and query_counts differ in length": lambda: pagedkv._pagedkv.pkv_batch_prepare(
+                pool._h, (np.array([a.id, b.id], dtype=np.uint64), np.ones(3, dtype=np.uint32)), None
+            ),
+            "src and dst differ in length": lambda: pool.copy_blocks([1, 2], [3]),
+            "not a whole number of 32-byte hashes": lambda: pool.admit([1, 2, 3, 4], hashes=b"x" * 33),
+            "not a whole number of 32-byte hashes ": lambda: b.match_prefix([1, 2, 3, 4], hashes=b"x" * 31),
+        }
+        for message, call in calls.items():
+            with pytest.raises(pagedkv.InvalidArgumentError, match=message.strip()) as e:
+                call()
+            assert isinstance(e.value, ValueError), message
+        assert pool.stats() == stats
+        assert (len(a), len(b)) == (5, 0)
+    with pytest.raises(pagedkv.InvalidArgumentError, match="k_scales and v_scales differ in length"):
+        pagedkv.Pool(
+            block_size=4,
+            num_blocks=8,
+            num_layers=1,
+            num_kv_heads=1,
+            head_dim=4,
+            dtype="fp8_e4m3",
+            k_scales=[1.0],
+            v_scales=[1.0, 2.0],
+        )
