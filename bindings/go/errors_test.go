@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 func TestSentinelsMatchTheirCodeOnly(t *testing.T) {
@@ -182,6 +183,123 @@ func TestLibraryMessagesNameGoArguments(t *testing.T) {
 		if !strings.Contains(e.Msg, c.want) || strings.Contains(e.Msg, "opts->") ||
 			strings.Contains(e.Msg, "options->") {
 			t.Errorf("%s: %q does not name %q", c.name, e.Msg, c.want)
+		}
+	}
+}
+
+// NewGroupPool's base options ("base->block_size"), the group count,
+// plan, sequence and prefix-lookup counts ("num_seqs", "num_tokens",
+// "num_hashes"), the attention params ("params->softmax_scale") and
+// PrepareDecode's advice ("pkv_batch_prepare and query_counts[0]") were
+// left in the library's names: the renaming knew opts-> only and no
+// arguments of these calls. Each error names what the Go call passed.
+func TestMessagesOfGroupPoolsPlansSequencesAndParamsNameGoArguments(t *testing.T) {
+	mgr := managerPool(t, 16)
+	s, err := mgr.CreateSeq(nil)
+	ok(t, err)
+	sp := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 8, NumLayers: 1, NumKVHeads: 1, HeadDim: 8,
+		DType: Float32, NumThreads: 1})
+	ss := seqOf(t, sp, []int32{1, 2, 3})
+	ok(t, ss.Append([]int32{4}))
+	b, err := sp.Prepare([]Seq{ss}, []int{1})
+	ok(t, err)
+	defer b.Close()
+	full := []GroupSpec{{Kind: GroupFull, NumKVHeads: 1, HeadDim: 8}}
+	hashes := make([]BlockHash, 5)
+	mla := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 16, NumLayers: 1, DType: Float32,
+		KVLayout: LayoutMLA, KVLoRARank: 8, QKRopeHeadDim: 4, NumThreads: 1})
+	ms := seqOf(t, mla, []int32{1, 2})
+	ok(t, ms.Append([]int32{3}))
+	mlaBatch, err := mla.Prepare([]Seq{ms}, []int{1})
+	ok(t, err)
+	defer mlaBatch.Close()
+	// Memory outside Go for the Tensor form: another pool's storage.
+	kv, err := sp.KVTensor(0, 0)
+	ok(t, err)
+	cases := []struct {
+		name string
+		err  error
+		want string
+		c    []string // C names that must not appear
+	}{
+		{"NewGroupPool BlockSize", func() error {
+			_, err := NewGroupPool(&PoolOptions{BlockSize: 2000, NumBlocks: 8}, full)
+			return err
+		}(), "PoolOptions.BlockSize 2000", []string{"base->"}},
+		{"NewGroupPool NumBlocks", func() error { _, err := NewGroupPool(&PoolOptions{BlockSize: 4}, full); return err }(),
+			"PoolOptions.NumBlocks and PoolOptions.MemoryBudgetBytes", []string{"base->"}},
+		{"NewGroupPool retention", func() error {
+			_, err := NewGroupPool(&PoolOptions{BlockSize: 4, NumBlocks: 8, EnableRetention: true}, full)
+			return err
+		}(), "PoolOptions.EnableRetention", []string{"base->", "enable_retention"}},
+		{"NewGroupPool groups", func() error {
+			_, err := NewGroupPool(&PoolOptions{BlockSize: 4, NumBlocks: 8}, nil)
+			return err
+		}(), "len(groups) is 0", []string{"num_groups"}},
+		{"Prepare", func() error { _, err := mgr.Prepare(nil, nil); return err }(), "len(seqs) is 0",
+			[]string{"num_seqs"}},
+		{"PrepareEx", func() error { _, err := mgr.PrepareEx(nil, nil, PreparePersistentTable, nil); return err }(),
+			"len(seqs) is 0", []string{"num_seqs"}},
+		{"Truncate", s.Truncate(100), "numTokens 100", []string{"num_tokens"}},
+		{"Reserve", s.Reserve(1 << 31), "numTokens 2147483648", []string{"num_tokens"}},
+		{"MatchPrefixHashes", func() error { _, err := s.MatchPrefixHashes([]int32{1, 2}, hashes); return err }(),
+			"len(hashes) 5 exceeds the 0 full blocks of len(tokens) 2", []string{"num_hashes", "num_tokens"}},
+		{"MatchPrefixHashesTiered", func() error {
+			_, err := s.MatchPrefixHashesTiered([]int32{1, 2}, hashes)
+			return err
+		}(), "len(hashes) 5 exceeds", []string{"num_hashes", "num_tokens"}},
+		{"AdmitHashes", func() error { _, _, err := mgr.AdmitHashes(nil, []int32{1, 2}, hashes, 0); return err }(),
+			"len(hashes) 5 exceeds", []string{"num_hashes", "num_tokens"}},
+		{"AdmitTiered", func() error { _, _, err := mgr.AdmitTiered(nil, []int32{1, 2}, hashes, 0); return err }(),
+			"len(hashes) 5 exceeds", []string{"num_hashes", "num_tokens"}},
+		{"Attention params", b.Attention(0, make([]float32, 8), make([]float32, 8), nil,
+			&AttentionParams{SoftmaxScale: -1}), "AttentionParams.SoftmaxScale", []string{"params->"}},
+		{"SwapBlocks", sp.SwapBlocks([]int32{1}, make([]byte, 4), SwapOut),
+			"len(buf) 4 is below len(blocks) * ", []string{"host_bytes", "num_blocks"}},
+		{"SwapBlocksPinned", sp.SwapBlocksPinned([]int32{1}, nil, 4, SwapOut, nil), "host is NULL",
+			[]string{"host_buffer"}},
+		{"SetRetention", func() error {
+			rp := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 8, EnableRetention: true})
+			rs, err := rp.CreateSeq(nil)
+			ok(t, err)
+			return rs.SetRetention([]RetentionRange{{Begin: 5, End: 2}})
+		}(), "ranges[0].Begin 5 is not below its End 2", []string{"token_end"}},
+		{"MLAAttention", mlaBatch.MLAAttention(0, make([]float32, 8), make([]float32, 4),
+			make([]float32, 8), nil, -1), "softmaxScale -1 must be finite and > 0", []string{"params->"}},
+		{"MLAAttentionTensor", func() error {
+			q, err := NewTensor(unsafe.Add(kv.Data, 0), Float32, CPU, 0, []int64{1, 1, 8})
+			ok(t, err)
+			pe, err := NewTensor(unsafe.Add(kv.Data, 32), Float32, CPU, 0, []int64{1, 1, 4})
+			ok(t, err)
+			out, err := NewTensor(unsafe.Add(kv.Data, 64), Float32, CPU, 0, []int64{1, 1, 8})
+			ok(t, err)
+			return mlaBatch.MLAAttentionTensor(0, &q, &pe, &out, nil, &AttentionParams{SoftmaxScale: -1}, nil)
+		}(), "AttentionParams.SoftmaxScale must be finite and > 0", []string{"params->"}},
+		{"PrepareDecode of an uncomputed context", func() error {
+			u, err := mgr.CreateSeq(nil)
+			ok(t, err)
+			ok(t, u.Append([]int32{1, 2, 3}))
+			_, err = mgr.PrepareDecode([]SeqID{u.ID()}, []int32{4})
+			return err
+		}(), "compute them with Pool.Prepare and queryCounts[0] >= 4",
+			[]string{"pkv_batch_prepare ", "query_counts"}},
+	}
+	for _, c := range cases {
+		sentinel := ErrInvalidArgument
+		switch c.name {
+		case "NewGroupPool retention":
+			sentinel = ErrUnsupported
+		case "PrepareDecode of an uncomputed context":
+			sentinel = ErrInvalidState
+		}
+		e := wantErr(t, c.err, sentinel)
+		if !strings.Contains(e.Msg, c.want) {
+			t.Errorf("%s: %q does not name %q", c.name, e.Msg, c.want)
+		}
+		for _, name := range c.c {
+			if strings.Contains(e.Msg, name) {
+				t.Errorf("%s: %q names the library's %q", c.name, e.Msg, name)
+			}
 		}
 	}
 }

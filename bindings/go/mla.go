@@ -6,6 +6,7 @@ package pagedkv
 import "C"
 
 import (
+	"math"
 	"runtime"
 	"unsafe"
 )
@@ -86,6 +87,12 @@ func (b *Batch) MLAAttention(layer int, qLatent, qPe, out, lse []float32, softma
 	if n == 0 || rank == 0 || len(qLatent)%(n*rank) != 0 || len(qLatent) == 0 {
 		return argError(op, "qLatent has %d elements, not a multiple of %d = [%d tokens, %d rank]",
 			len(qLatent), n*rank, n, rank)
+	}
+	// The library's check, here to name this call's argument (the params
+	// of MLAAttentionTensor are AttentionParams).
+	if !(softmaxScale > 0) || math.IsInf(float64(softmaxScale), 1) {
+		return argError(op, "softmaxScale %v must be finite and > 0 for MLA (the model's scale, e.g. "+
+			"1/sqrt(qk_nope_head_dim + qk_rope_head_dim); the latent width does not give it)", softmaxScale)
 	}
 	heads := len(qLatent) / (n * rank)
 	if len(qPe) != n*heads*rope {

@@ -81,15 +81,44 @@ type opNames struct {
 
 var seqOpNames = &opNames{"SeqOptions", seqFields, nil}
 
+// The counts of the sequence calls' slices and the Go names of their
+// integer arguments.
+var (
+	tokenArgs = map[string]string{"num_tokens": "len(tokens)", "num_hashes": "len(hashes)"}
+	admitArgs = map[string]string{"num_tokens": "len(tokens)", "num_hashes": "len(hashes)",
+		"num_lookahead": "lookahead"}
+	admitOpNames = &opNames{"SeqOptions", seqFields, admitArgs}
+	matchOpNames = &opNames{"", nil, tokenArgs}
+	countArgs    = map[string]string{"num_tokens": "numTokens", "num_lookahead": "lookahead"}
+	seqsArgs     = map[string]string{"num_seqs": "len(seqs)"}
+	paramFields  = map[string]string{"softmax_scale": "SoftmaxScale", "sliding_window": "SlidingWindow",
+		"logit_softcap": "LogitSoftcap"}
+)
+
 var namesByOp = map[string]*opNames{
-	"pkv_pool_create":        {"PoolOptions", poolFields, nil},
-	"pkv_pool_create_groups": {"PoolOptions", poolFields, nil},
-	"pkv_seq_create":         seqOpNames,
-	"pkv_seq_admit":          seqOpNames,
-	"pkv_seq_admit_hashes":   seqOpNames,
-	"pkv_seq_admit_tiered":   seqOpNames,
-	"pkv_transfer_import":    seqOpNames,
-	"pkv_hash_prefix":        {"HashOptions", hashFields, nil},
+	"pkv_pool_create": {"PoolOptions", poolFields, nil},
+	// base-> is the PoolOptions given to NewGroupPool.
+	"pkv_pool_create_groups": {"PoolOptions", poolFields, map[string]string{"num_groups": "len(groups)",
+		"enable_partial_reuse": "PoolOptions.EnablePartialReuse", "enable_retention": "PoolOptions.EnableRetention"}},
+	"pkv_seq_create":                     seqOpNames,
+	"pkv_seq_admit":                      admitOpNames,
+	"pkv_seq_admit_hashes":               admitOpNames,
+	"pkv_seq_admit_tiered":               admitOpNames,
+	"pkv_transfer_import":                seqOpNames,
+	"pkv_seq_append":                     {"", nil, map[string]string{"num_tokens": "len(tokens)", "num_lookahead": "lookahead"}},
+	"pkv_seq_blocks_needed":              {"", nil, countArgs},
+	"pkv_seq_truncate":                   {"", nil, countArgs},
+	"pkv_seq_reserve":                    {"", nil, countArgs},
+	"pkv_seq_match_prefix":               matchOpNames,
+	"pkv_seq_match_prefix_hashes":        matchOpNames,
+	"pkv_seq_match_prefix_tiered":        matchOpNames,
+	"pkv_seq_match_prefix_hashes_tiered": matchOpNames,
+	"pkv_seq_match_prefix_partial": {"", nil, map[string]string{"num_tokens": "len(tokens)",
+		"enable_partial_reuse": "PoolOptions.EnablePartialReuse"}},
+	"pkv_seq_append_batch": {"", nil, seqsArgs},
+	"pkv_seq_free_batch":   {"", nil, seqsArgs},
+	"pkv_pool_copy_blocks": {"", nil, map[string]string{"num_pairs": "len(src)"}},
+	"pkv_hash_prefix":      {"HashOptions", hashFields, nil},
 	"pkv_pool_attach_tiers": {"TierOptions", tierFields,
 		map[string]string{"file_dir": "TierOptions.FileDir", "host_bytes": "TierOptions.HostBytes"}},
 	"pkv_transfer_engine_create": {"TransferOptions", transferFields, nil},
@@ -98,19 +127,22 @@ var namesByOp = map[string]*opNames{
 	"pkv_pool_set_kv_scales": {"", nil, map[string]string{"k_scales": "k", "v_scales": "v",
 		"num_scales": "len(k)", "num_layers": "NumLayers", "num_kv_heads": "NumKVHeads"}},
 	"pkv_seq_set_retention": {"", nil, map[string]string{"num_ranges": "len(ranges)",
+		"token_begin": "Begin", "token_end": "End",
 		"enable_retention": "PoolOptions.EnableRetention", "max_pinned_blocks": "PoolOptions.MaxPinnedBlocks"}},
-	"pkv_mla_cache_write":      {"", nil, kernelNames},
-	"pkv_mla_attention":        {"", nil, kernelNames},
-	"pkv_cache_write":          {"", nil, kernelNames},
-	"pkv_attention_forward":    {"", nil, kernelNames},
-	"pkv_batch_prepare":        {"", nil, map[string]string{"query_counts": "queryCounts"}},
-	"pkv_batch_prepare_ex":     {"", nil, map[string]string{"query_counts": "queryCounts"}},
-	"pkv_batch_prepare_decode": {"", nil, map[string]string{"num_seqs": "len(seqs)"}},
+	"pkv_mla_cache_write":   {"", nil, kernelNames},
+	"pkv_mla_attention":     {"AttentionParams", paramFields, kernelNames},
+	"pkv_cache_write":       {"", nil, kernelNames},
+	"pkv_attention_forward": {"AttentionParams", paramFields, kernelNames},
+	"pkv_batch_prepare":     {"", nil, map[string]string{"query_counts": "queryCounts", "num_seqs": "len(seqs)"}},
+	"pkv_batch_prepare_ex":  {"", nil, map[string]string{"query_counts": "queryCounts", "num_seqs": "len(seqs)"}},
+	"pkv_batch_prepare_decode": {"", nil, map[string]string{"num_seqs": "len(seqs)",
+		"query_counts": "queryCounts", "pkv_batch_prepare": "Pool.Prepare"}},
 }
 
 var (
-	// opts->field, opts->field[i], opts->field[i].sub
-	optsRef = regexp.MustCompile(`\b(?:opts|options)->([a-z_0-9]+)((?:\[\d+\])?)(?:\.([a-z_]+))?`)
+	// opts->field, opts->field[i], opts->field[i].sub (base->: the base
+	// options of pkv_pool_create_groups; params->: the attention params)
+	optsRef = regexp.MustCompile(`\b(?:opts|options|base|params)->([a-z_0-9]+)((?:\[\d+\])?)(?:\.([a-z_]+))?`)
 	// groups[i].field
 	groupRef = regexp.MustCompile(`\bgroups\[(\d+)\]\.([a-z_]+)`)
 	// ranges[i].field
@@ -120,7 +152,11 @@ var (
 )
 
 func goNames(op, msg string) string {
-	n := namesByOp[op]
+	return goNamesWith(namesByOp[op], op, msg)
+}
+
+// goNamesWith is goNames with the names n.
+func goNamesWith(n *opNames, op, msg string) string {
 	if n == nil || msg == "" {
 		return msg
 	}
@@ -136,6 +172,18 @@ func goNames(op, msg string) string {
 	}
 	b.WriteString(n.rewrite(op, msg[at:]))
 	return strings.TrimSpace(b.String())
+}
+
+// renameArgs renames the library's argument names in a library error's
+// message for a Go call whose names differ from those of the other calls
+// sharing its C function (SwapBlocks' buf, SwapBlocksPinned's host).
+func renameArgs(err error, op string, args map[string]string) error {
+	e, ok := err.(*Error)
+	if !ok || e.Op != op {
+		return err
+	}
+	e.Msg = goNamesWith(&opNames{args: args}, op, e.Msg)
+	return e
 }
 
 // quotedSpans are the [start, end) of the caller's strings msg quotes:

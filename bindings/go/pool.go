@@ -709,14 +709,17 @@ func (p *Pool) SwapBlocks(blocks []int32, buf []byte, dir SwapDirection) error {
 	if len(buf) > 0 {
 		data = unsafe.Pointer(&buf[0])
 	}
-	return p.swap(op, blocks, data, uint64(len(buf)), dir, nil, buf)
+	return renameArgs(p.swap(op, blocks, data, uint64(len(buf)), dir, nil, buf), op,
+		map[string]string{"num_blocks": "len(blocks)", "host_bytes": "len(buf)", "host_buffer": "buf"})
 }
 
 // SwapBlocksPinned is SwapBlocks with a host buffer outside Go memory
 // (pinned with cudaHostAlloc for CUDA pools) of hostBytes bytes, on stream.
 func (p *Pool) SwapBlocksPinned(blocks []int32, host unsafe.Pointer, hostBytes uint64,
 	dir SwapDirection, stream unsafe.Pointer) error {
-	return p.swap("pkv_pool_swap_blocks", blocks, host, hostBytes, dir, stream, nil)
+	const op = "pkv_pool_swap_blocks"
+	return renameArgs(p.swap(op, blocks, host, hostBytes, dir, stream, nil), op,
+		map[string]string{"num_blocks": "len(blocks)", "host_bytes": "hostBytes", "host_buffer": "host"})
 }
 
 func (p *Pool) swap(op string, blocks []int32, host unsafe.Pointer, hostBytes uint64,
