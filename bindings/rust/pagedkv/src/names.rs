@@ -159,7 +159,10 @@ pub(crate) fn names_of(c_fn: &str) -> Option<Names> {
         "pkv_pool_drain_events_v2" => n("drain_events_v2", &[]),
         "pkv_pool_reset_prefix_cache" => n("Pool::reset_prefix_cache", &[]),
         "pkv_pool_validate" => n("Pool::validate", &[]),
-        "pkv_pool_kv_tensor" => n("Pool::kv_tensor", &[]),
+        "pkv_pool_kv_tensor" => n(
+            "Pool::kv_tensor",
+            &[("PKV_KV_KEY", "Kv::Key"), ("PKV_KV_VALUE", "Kv::Value")],
+        ),
         "pkv_pool_copy_blocks" => n("Pool::copy_blocks", &[("num_pairs", "src.len()")]),
         "pkv_pool_swap_blocks" => n(
             "Pool::swap_blocks_raw",

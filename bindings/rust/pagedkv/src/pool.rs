@@ -1145,7 +1145,16 @@ impl Pool {
                 self.dtype
             )));
         }
-        let t = self.kv_tensor(layer, which)?;
+        // pkv_pool_kv_tensor's errors (a layer out of range, V of an MLA
+        // pool) name this method, the one the caller called.
+        let mut raw = sys::pkv_tensor::default();
+        // SAFETY: valid out-parameter.
+        check_as(
+            unsafe { sys::pkv_pool_kv_tensor(self.ptr(), layer, which.raw(), &mut raw) },
+            "Pool::read_kv_block",
+            &[],
+        )?;
+        let t = RawTensor::new(raw);
         let shape = t.shape();
         // [num_blocks, num_kv_heads, block_size, head_dim]; an MLA pool's
         // one latent tensor per layer is [num_blocks, block_size, width].

@@ -42,6 +42,20 @@ fn fp8_pool(scales: Vec<f32>) -> Result<Pool> {
     })
 }
 
+fn mla_pool() -> Pool {
+    Pool::new(&PoolOptions {
+        block_size: 4,
+        num_blocks: 8,
+        num_layers: 1,
+        dtype: DType::F32,
+        kv_layout: KvLayout::Mla,
+        kv_lora_rank: 8,
+        qk_rope_head_dim: 4,
+        ..PoolOptions::default()
+    })
+    .unwrap()
+}
+
 fn cases() -> Vec<Case> {
     let mgr = manager(4, 16);
     let pool = storage(4, 16, 1, 1, 8, DType::F32);
@@ -298,6 +312,29 @@ fn cases() -> Vec<Case> {
             rust: &["Pool::reserve: ", "num_tokens"],
             c: &["pkv_seq_reserve", "tokens.len()"],
             keep: &["exceeds 2^31 - 1"],
+        },
+        Case {
+            what: "read_kv_block of a layer the pool lacks",
+            err: pool
+                .read_kv_block::<f32>(9, Kv::Key, blocks[0])
+                .unwrap_err(),
+            rust: &["Pool::read_kv_block: ", "layer 9"],
+            c: &["Pool::kv_tensor", "pkv_pool_kv_tensor"],
+            keep: &[" is out of range"],
+        },
+        Case {
+            what: "read_kv_block of V on an MLA pool",
+            err: mla_pool()
+                .read_kv_block::<f32>(0, Kv::Value, 1)
+                .unwrap_err(),
+            rust: &["Pool::read_kv_block: ", "which is Kv::Value"],
+            c: &[
+                "Pool::kv_tensor",
+                "pkv_pool_kv_tensor",
+                "PKV_KV_VALUE",
+                "PKV_KV_KEY",
+            ],
+            keep: &["an MLA pool stores no V"],
         },
         Case {
             what: "append_batch with a stale id",
