@@ -204,6 +204,8 @@ class UcxEngine final : public TransferEngine, public std::enable_shared_from_th
   void progress_locked() {
     while (ucp_worker_progress(worker_) != 0) {
     }
+    while (ucp_worker_progress(iworker_) != 0) {
+    }
     sweep_conns_locked();
     expire_locked();
     sweep_registrations_locked();  // pools destroyed since (their arenas go)
@@ -241,7 +243,16 @@ class UcxEngine final : public TransferEngine, public std::enable_shared_from_th
   TransferOptions opts_;
   std::mutex mu_;
   ucp_context_h ctx_ = nullptr;
+  // Two workers: worker_ serves exports (its address goes in descriptors);
+  // iworker_ makes this engine's endpoints to exporters (imports). With one
+  // worker for both, two engines importing from each other shared their
+  // TCP connections between the two directions (UCX matches a peer's
+  // wire-up to the endpoint towards it): force-closing an import's endpoint
+  // (a cancel with reads in flight, an import ended mid-wire-up) failed
+  // the peer's imports from this engine or made UCX 1.13 abort the process
+  // (wireup_ep.c:241, ucp_ep.inl:215, ucp_request.c:684).
   ucp_worker_h worker_ = nullptr;
+  ucp_worker_h iworker_ = nullptr;
   std::string address_;
   std::vector<Registration> regs_;
   std::unordered_map<uint64_t, Export> exports_;
@@ -306,6 +317,8 @@ void UcxEngine::init() {
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // serialised by mu_
   st = ucp_worker_create(ctx_, &wp, &worker_);
   if (st != UCS_OK) fail_ucx(Errc::kUnsupported, "UCX worker could not be created", st);
+  st = ucp_worker_create(ctx_, &wp, &iworker_);
+  if (st != UCS_OK) fail_ucx(Errc::kUnsupported, "UCX worker could not be created", st);
   ucp_address_t* addr = nullptr;
   size_t len = 0;
   st = ucp_worker_get_address(worker_, &addr, &len);
@@ -320,7 +333,6 @@ void UcxEngine::init() {
 struct Abandoned {
   ucp_context_h ctx;
   ucp_worker_h worker;
-  std::vector<std::pair<std::shared_ptr<Pool>, SeqId>> quarantine;
 };
 std::mutex abandoned_mu;
 std::vector<Abandoned>* const abandoned = new std::vector<Abandoned>;
@@ -351,11 +363,27 @@ UcxEngine::~UcxEngine() {
   // exported (only a descriptor carries its address to peers; an importer
   // sends requests and acknowledgements, which the purge accepts). Such a
   // worker and its context are then never destroyed nor progressed again
-  // (their memory, sockets and the sequences of quarantine_ stay held for
-  // the life of the process): a leak in that rare case is better than an
-  // abort, and a worker never progressed again serves no read and writes no
-  // received byte. An importer-only worker is destroyed as before (a flush
-  // towards a dead shared-memory exporter never ends).
+  // (their memory and sockets stay held for the life of the process): a
+  // leak in that rare case is better than an abort, and a worker never
+  // progressed again serves no read and writes no received byte. The
+  // importing worker (iworker_) goes first, as an importer-only worker
+  // always did (a flush towards a dead shared-memory exporter never ends):
+  // its endpoints are closed (every transfer ended), and once it is gone no
+  // read can land in the quarantined sequences.
+  if (iworker_) {
+    ucp_request_param_t fp{};
+    const ucs_status_ptr_t f = ucp_worker_flush_nbx(iworker_, &fp);
+    if (wait_request(iworker_, f, 1'000'000'000ull) == UCS_INPROGRESS) ucp_request_free(f);
+    ucp_worker_destroy(iworker_);
+    iworker_ = nullptr;
+  }
+  for (auto& [pool, seq] : quarantine_) {
+    try {
+      pool->free(seq);
+    } catch (...) {  // the pool was destroyed: the sequence went with it
+    }
+  }
+  quarantine_.clear();
   bool abandon = false;
   if (worker_) {
     ucp_request_param_t fp{};
@@ -368,22 +396,15 @@ UcxEngine::~UcxEngine() {
   if (abandon) {
     try {
       std::lock_guard<std::mutex> lock(abandoned_mu);
-      abandoned->push_back({ctx_, worker_, std::move(quarantine_)});
+      abandoned->push_back({ctx_, worker_});
     } catch (...) {  // no room to record it: still never destroyed
     }
-    quarantine_.clear();
     worker_ = nullptr;
     ctx_ = nullptr;
   }
   if (worker_) ucp_worker_destroy(worker_);
   if (ctx_) ucp_cleanup(ctx_);
   retired_.clear();  // no worker serves reads of them any more
-  for (auto& [pool, seq] : quarantine_) {
-    try {
-      pool->free(seq);
-    } catch (...) {  // the pool was destroyed: the sequence went with it
-    }
-  }
 }
 
 void UcxEngine::close() {
@@ -426,14 +447,14 @@ Conn* UcxEngine::connect_locked(const std::string& address) {
   ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a dead peer fails the reads, never hangs them
   ep.err_handler.cb = &Conn::on_error;
   ep.err_handler.arg = c.get();
-  ucs_status_t st = ucp_ep_create(worker_, &ep, &c->ep);
+  ucs_status_t st = ucp_ep_create(iworker_, &ep, &c->ep);
   if (st != UCS_OK) {
     // UCX 1.13's shared-memory transports have no peer-failure detection:
     // there a dead exporter fails the reads themselves (cma) or leaves its
     // pinned memory readable (posix/sysv mappings outlive it).
     ep.field_mask &= ~uint64_t(UCP_EP_PARAM_FIELD_ERR_HANDLER);
     ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-    st = ucp_ep_create(worker_, &ep, &c->ep);
+    st = ucp_ep_create(iworker_, &ep, &c->ep);
   }
   if (st != UCS_OK) fail_ucx(Errc::kInvalidState, "the exporter cannot be reached (ucp_ep_create)", st);
   ucp_request_param_t fp{};
@@ -532,7 +553,7 @@ void UcxEngine::close_conn_locked(std::unique_ptr<Conn> c) noexcept {
     ucp_request_param_t cp{};
     cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    closed = wait_request(worker_, ucp_ep_close_nbx(c->ep, &cp), 10'000'000'000ull) !=
+    closed = wait_request(iworker_, ucp_ep_close_nbx(c->ep, &cp), 10'000'000'000ull) !=
              UCS_INPROGRESS;
     c->ep = nullptr;
   }
@@ -547,7 +568,7 @@ void UcxEngine::close_conn_locked(std::unique_ptr<Conn> c) noexcept {
     bool stuck = false;
     for (void* r : o.reqs) {
       while (ucp_request_check_status(r) == UCS_INPROGRESS && now_ns() < end)
-        ucp_worker_progress(worker_);
+        ucp_worker_progress(iworker_);
       if (ucp_request_check_status(r) == UCS_INPROGRESS) stuck = true;
       ucp_request_free(r);
     }
@@ -838,8 +859,11 @@ void UcxTransfer::abort_locked(TransferState state, Errc code, const std::string
 
 void UcxTransfer::poll_locked() {
   if (st_.state != TransferState::kRunning) return;
-  ucp_worker_h w = eng_->worker_;
-  for (int i = 0; i < 64 && ucp_worker_progress(w) != 0; ++i) {
+  // The engine's own exports too: an import of them (or a peer's import
+  // over TCP, served from this engine's progress) needs it.
+  for (int i = 0; i < 64 && ucp_worker_progress(eng_->iworker_) != 0; ++i) {
+  }
+  for (int i = 0; i < 64 && ucp_worker_progress(eng_->worker_) != 0; ++i) {
   }
   if (!posted_) {
     Conn& c = *conn_;

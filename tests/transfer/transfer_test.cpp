@@ -549,6 +549,78 @@ void transfers_then_exporter(uint64_t seed) {
   pkv_pool_destroy(dst);
 }
 
+// Two engines importing from each other (each exports, each imports the
+// other's export): b's import from a starts (its wire-up request reaches
+// a), then a's own import from b ends early: out of blocks at start,
+// cancelled, or destroyed. With one UCX worker per engine, a's endpoint to
+// b was also the one b's wire-up with a had been matched to: force-closing
+// it (an import ended mid-wire-up, or cancelled with reads in flight)
+// failed b's unrelated import from a ("the exporter cannot be reached:
+// Endpoint timeout", every child at round 0 before), and at times UCX 1.13
+// aborted the process (wireup_ep.c:241, ucp_ep.inl:215, ucp_request.c:684;
+// found by provenance_transfer_test). Each engine now imports through a
+// worker of its own. Every one of b's imports must complete.
+void importing_each_way(uint64_t seed) {
+  Layout l;
+  l.num_blocks = 40;
+  l.block_size = 4;
+  pkv_pool *pa = make_pool(l), *pb = make_pool(l);
+  std::mt19937_64 rng(seed);
+  pkv_seq_id sa = 0, sb = 0;
+  ok(pkv_seq_create(pa, nullptr, &sa), "create");
+  prefill(pa, l, sa, random_tokens(rng, 30), rng);
+  ok(pkv_seq_create(pb, nullptr, &sb), "create");
+  prefill(pb, l, sb, random_tokens(rng, 30), rng);
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  const auto describe = [](pkv_transfer_engine* e, pkv_pool* p, pkv_seq_id s) {
+    uint64_t id = 0, size = 0;
+    ok(pkv_transfer_export(e, p, s, &id), "export");
+    pkv_transfer_export_descriptor(e, id, nullptr, 0, &size);
+    std::vector<uint8_t> d(size);
+    ok(pkv_transfer_export_descriptor(e, id, d.data(), size, &size), "descriptor");
+    return d;
+  };
+  const auto da = describe(a, pa, sa), db = describe(b, pb, sb);
+  const std::vector<int32_t> fill(4 * 30, 1);
+  for (int round = 0; round < 60; ++round) {
+    pkv_transfer *t1 = nullptr, *t2 = nullptr;
+    uint32_t state = 0;
+    pkv_seq_id s = 0;
+    ok(pkv_transfer_import(b, pb, nullptr, da.data(), da.size(), &t1), "import into b");
+    ok(pkv_transfer_poll(t1, &state, &s), "poll");
+    ok(pkv_transfer_engine_progress(a), "progress");
+    const int how = int(rng() % 3);
+    if (how == 0) {  // a's pool full: the import fails at start
+      pkv_seq_id big = 0;
+      ok(pkv_seq_create(pa, nullptr, &big), "create");
+      ok(pkv_seq_append(pa, big, fill.data(), fill.size(), 0), "fill");
+      if (pkv_transfer_import(a, pa, nullptr, db.data(), db.size(), &t2) != PKV_E_OUT_OF_BLOCKS)
+        throw std::runtime_error("import into a full pool did not fail out of blocks");
+      ok(pkv_seq_free(pa, big), "free");
+    } else {
+      ok(pkv_transfer_import(a, pa, nullptr, db.data(), db.size(), &t2), "import into a");
+      if (how == 1) ok(pkv_transfer_cancel(t2), "cancel");
+      pkv_transfer_destroy(t2);
+      t2 = nullptr;
+    }
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (state == PKV_TRANSFER_RUNNING && std::chrono::steady_clock::now() < end) {
+      ok(pkv_transfer_engine_progress(a), "progress");
+      pkv_transfer_poll(t1, &state, &s);
+    }
+    if (state != PKV_TRANSFER_DONE)
+      throw std::runtime_error("round " + std::to_string(round) + ": b's import " +
+                               (state ? "failed: " + std::string(pkv_last_error_message())
+                                      : std::string("never ended")));
+    ok(pkv_seq_free(pb, s), "free");
+    pkv_transfer_destroy(t1);
+  }
+  pkv_transfer_engine_destroy(a);
+  pkv_transfer_engine_destroy(b);
+  pkv_pool_destroy(pa);
+  pkv_pool_destroy(pb);
+}
+
 // Runs body(i) in n children at once; how many were killed by a signal.
 template <class F>
 int children_killed(int n, F body) {
@@ -594,6 +666,14 @@ TEST(LocalForked, ExporterDestroyedRightAfterItsImportersTransfersDoesNotAbort) 
   constexpr int kChildren = 16;
   const int killed = reply_queued::children_killed(
       kChildren, [](int i) { reply_queued::transfers_then_exporter(100 + uint64_t(i)); });
+  EXPECT_EQ(killed, 0) << killed << " of " << kChildren << " children aborted";
+}
+
+TEST(LocalForked, EnginesImportingFromEachOtherDoNotBreakEachOthersImports) {
+  if (!pkv_transfer_available()) GTEST_SKIP() << "built without UCX";
+  constexpr int kChildren = 8;
+  const int killed = reply_queued::children_killed(
+      kChildren, [](int i) { reply_queued::importing_each_way(200 + uint64_t(i)); });
   EXPECT_EQ(killed, 0) << killed << " of " << kChildren << " children aborted";
 }
 
