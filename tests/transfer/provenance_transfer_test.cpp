@@ -6,7 +6,8 @@
 // Two or three pools of one layout, each with its own transfer engine (TCP
 // in one process), driven by random operations: admits with prefix hits
 // (of blocks written here or imported), appends, steps written layer by
-// layer and committed or aborted, forks, truncates and frees; exports,
+// layer and committed or aborted (some over later operations: an export,
+// fork or import between their layers), forks, truncates and frees; exports,
 // imports polled to completion, cancelled or destroyed mid-way, while the
 // exporter frees, truncates, forks or extends the exported sequence;
 // releases of exports no running import reads; an exporting pool destroyed
@@ -64,6 +65,14 @@ struct Seq {
   bool imported = false;
 };
 
+// A step prepared and written layer by layer over later operations (an
+// export, a fork or a transfer may come between its layers).
+struct Plan {
+  pkv_batch* b = nullptr;
+  std::vector<uint64_t> row_ident;  // per row: the identity it writes
+  uint32_t next_layer = 0;
+};
+
 struct PoolState : provenance::Storage {
   pkv_pool* pool = nullptr;
   pkv_transfer_engine* eng = nullptr;
@@ -71,6 +80,7 @@ struct PoolState : provenance::Storage {
   std::set<int32_t> pending_dst;  // copy-on-write destinations, filled at the next prepare
   std::map<pkv_seq_id, std::vector<int32_t>> last_table;
   std::set<int32_t> imported_blocks;  // blocks of imported sequences (for hit statistics)
+  std::vector<Plan> plans;
 };
 
 struct Export {
@@ -101,6 +111,8 @@ struct Model {
 
   explicit Model(uint64_t seed) : rng(seed) {}
   ~Model() {
+    for (PoolState& p : pools)
+      for (Plan& pl : p.plans) pkv_batch_destroy(pl.b);
     for (Xfer& x : xfers) pkv_transfer_destroy(x.t);
     for (PoolState& p : pools) pkv_pool_destroy(p.pool);
     for (PoolState& p : pools) pkv_transfer_engine_destroy(p.eng);
@@ -270,6 +282,16 @@ struct Model {
       return;
     }
     p.pending_dst.clear();  // the prepare ran every pending copy of the pool
+    if (r(3) == 0) {        // written over later operations
+      Plan pl;
+      pl.b = b;
+      for (uint32_t row = 0; row < q; ++row)
+        pl.row_ident.push_back(provenance::ident(s.key, s.tokens, in.num_computed_tokens + row));
+      trace += "plan pool " + std::to_string(pi) + " seq " + std::to_string(s.id) +
+               " q=" + std::to_string(q) + " kept\n";
+      p.plans.push_back(std::move(pl));
+      return;
+    }
     const uint32_t layers = r(4) ? kLayers : uint32_t(r(kLayers));
     trace += "step pool " + std::to_string(pi) + " seq " + std::to_string(s.id) +
              " q=" + std::to_string(q) + " layers " + std::to_string(layers) + "\n";
@@ -290,6 +312,44 @@ struct Model {
     }
     if (layers < kLayers && r(2)) pkv_batch_abort(b);
     pkv_batch_destroy(b);
+  }
+
+  // The next layer of a kept plan (refused once the plan went stale), or
+  // its abort, or its end.
+  void plan_op() {
+    const size_t pi = any_pool();
+    PoolState& p = pools[pi];
+    if (p.plans.empty()) return;
+    const size_t i = r(p.plans.size());
+    Plan& pl = p.plans[i];
+    const int what = int(r(6));
+    if (what < 4 && pl.next_layer < kLayers) {
+      const uint32_t l = pl.next_layer, q = uint32_t(pl.row_ident.size());
+      std::vector<float> k(q * kHeadDim), v(q * kHeadDim);
+      for (uint32_t row = 0; row < q; ++row)
+        for (uint32_t d = 0; d < kHeadDim; ++d) {
+          k[row * kHeadDim + d] = elem(pl.row_ident[row], l, 0, d);
+          v[row * kHeadDim + d] = elem(pl.row_ident[row], l, 1, d);
+        }
+      const int64_t shape[3] = {int64_t(q), 1, kHeadDim};
+      pkv_tensor kt, vt;
+      ASSERT_EQ(pkv_tensor_init(k.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 3, shape, &kt), PKV_OK);
+      ASSERT_EQ(pkv_tensor_init(v.data(), PKV_DTYPE_F32, PKV_DEVICE_CPU, 0, 3, shape, &vt), PKV_OK);
+      const pkv_status st = pkv_cache_write(pl.b, l, &kt, &vt, nullptr);
+      trace += "plan " + std::to_string(i) + " of pool " + std::to_string(pi) + " layer " +
+               std::to_string(l) + " -> " + std::to_string(st) + "\n";
+      if (st == PKV_OK) {
+        ++pl.next_layer;
+        return;
+      }
+      ASSERT_EQ(st, PKV_E_INVALID_STATE) << pkv_last_error_message();
+    } else if (what == 4) {
+      trace += "plan " + std::to_string(i) + " of pool " + std::to_string(pi) + " abort -> " +
+               std::to_string(pkv_batch_abort(pl.b)) + "\n";
+    }
+    trace += "plan " + std::to_string(i) + " of pool " + std::to_string(pi) + " destroyed\n";
+    pkv_batch_destroy(pl.b);
+    p.plans.erase(p.plans.begin() + i);
   }
 
   void fork_truncate_free() {
@@ -475,6 +535,8 @@ struct Model {
     for (const Xfer& t : xfers)
       if (t.pool == pi) return;  // importers stay
     trace += "destroy pool " + std::to_string(pi) + "\n";
+    for (Plan& pl : pools[pi].plans) pkv_batch_destroy(pl.b);
+    pools[pi].plans.clear();
     pkv_pool_destroy(pools[pi].pool);
     pools[pi].pool = nullptr;
     pools[pi].seqs.clear();
@@ -487,7 +549,7 @@ struct Model {
     const bool live_trace = std::getenv("PKV_XFER_MODEL_TRACE") != nullptr;
     size_t printed = 0;
     for (uint64_t k = 0; k < steps; ++k) {
-      const int op = int(r(20));
+      const int op = int(r(22));
       if (op < 4)
         admit();
       else if (op < 8)
@@ -502,6 +564,8 @@ struct Model {
         transfer_op();
       else if (op < 19)
         release_op();
+      else if (op >= 20)
+        plan_op();
       else if (r(10) == 0)
         destroy_pool();
       if (live_trace) {
@@ -520,6 +584,10 @@ struct Model {
       if (::testing::Test::HasFatalFailure()) return;
     }
     ASSERT_TRUE(xfers.empty()) << trace << "transfers never ended";
+    for (PoolState& p : pools) {
+      for (Plan& pl : p.plans) pkv_batch_destroy(pl.b);
+      p.plans.clear();
+    }
     for (Export& x : exports)
       if (x.id) {
         ASSERT_EQ(pkv_transfer_export_release(pools[x.pool].eng, x.id), PKV_OK)
