@@ -52,6 +52,13 @@ using provenance::kLayers;
 
 uint64_t g_imports_done, g_import_hits;
 
+// One TCP engine per pool index, shared by every seed: an engine destroyed
+// while a peer engine's wire-up reply to it is still queued can make UCX
+// 1.13 abort that peer at its next progress (ucp_request.c:684, "got REP
+// message"; open, docs/reliability.md), about one seed in 150 when each
+// seed made and destroyed its own engines.
+pkv_transfer_engine* g_engines[3];
+
 #ifdef PKV_SANITIZED
 constexpr uint64_t kSeeds = 20;
 #else
@@ -115,7 +122,7 @@ struct Model {
       for (Plan& pl : p.plans) pkv_batch_destroy(pl.b);
     for (Xfer& x : xfers) pkv_transfer_destroy(x.t);
     for (PoolState& p : pools) pkv_pool_destroy(p.pool);
-    for (PoolState& p : pools) pkv_transfer_engine_destroy(p.eng);
+    // The engines are the test's, shared by every seed (see g_engines).
   }
   uint64_t r(uint64_t n) { return n ? rng() % n : 0; }
 
@@ -140,11 +147,7 @@ struct Model {
       for (uint32_t l = 0; l < kLayers; ++l)
         for (uint32_t w = 0; w < 2; ++w)
           ASSERT_EQ(pkv_pool_kv_tensor(pools[i].pool, l, w, &pools[i].kv[l][w]), PKV_OK);
-      pkv_transfer_options to;
-      pkv_transfer_options_init(&to);
-      to.transports = "tcp";
-      to.timeout_ms = 60000;
-      ASSERT_EQ(pkv_transfer_engine_create(&to, &pools[i].eng), PKV_OK) << pkv_last_error_message();
+      pools[i].eng = g_engines[i];
     }
     for (int i = 0; i < 3; ++i) {
       std::vector<int32_t> b(bs * (1 + r(4)) + r(bs));
@@ -608,12 +611,22 @@ TEST(TransferProvenance, ImportsHoldExactlyTheExportersCommittedKV) {
   const uint64_t one = env("PKV_XFER_MODEL_SEED", 0);
   const uint64_t n = one ? 1 : env("PKV_XFER_MODEL_SEEDS", kSeeds);
   const uint64_t steps = env("PKV_XFER_MODEL_STEPS", 300);
+  for (auto& e : g_engines) {
+    pkv_transfer_options to;
+    pkv_transfer_options_init(&to);
+    to.transports = "tcp";
+    to.timeout_ms = 60000;
+    ASSERT_EQ(pkv_transfer_engine_create(&to, &e), PKV_OK) << pkv_last_error_message();
+  }
   for (uint64_t i = 0; i < n; ++i) {
     const uint64_t seed = one ? one : i + 1;
     Model m(seed);
     m.run(steps);
     ASSERT_FALSE(::testing::Test::HasFailure()) << "seed " << seed;
   }
+  for (int i = 0; i < 200; ++i)
+    for (auto& e : g_engines) pkv_transfer_engine_progress(e);
+  for (auto& e : g_engines) pkv_transfer_engine_destroy(e);
   std::printf("imports done %llu, prefix hits on imported blocks %llu\n",
               (unsigned long long)g_imports_done, (unsigned long long)g_import_hits);
   if (n > 5) EXPECT_GT(g_imports_done, 0u);
