@@ -739,6 +739,16 @@ std::shared_ptr<Transfer> UcxEngine::import_seq(const std::shared_ptr<Pool>& poo
                                                 uint64_t size) {
   const TransferDescriptor d = TransferDescriptor::decode(desc, size);
   check_importable(d, *pool);
+  // The exporter's K/V were computed with its LoRA adapter. Imported into a
+  // sequence without one, its full blocks would be cached under the base
+  // model's hashes and hit base-model prompts. (An adapter named on either
+  // side cannot be compared: the descriptor carries only the id.)
+  if (d.lora_id != 0 && o.lora_id == 0 && o.lora_name.empty())
+    fail(Errc::kInvalidArgument,
+         "opts->lora_id: the exported sequence's K/V were computed with LoRA adapter " +
+             std::to_string(d.lora_id) +
+             "; import it with that adapter's opts->lora_id (or opts->lora_name), not as the "
+             "base model's");
   std::lock_guard<std::mutex> lock(mu_);
   check_open();
   auto t = std::make_shared<UcxTransfer>(shared_from_this(), pool);

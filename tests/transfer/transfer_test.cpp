@@ -729,6 +729,65 @@ TEST_F(Local, CompletedTransferCannotBeCancelledAndOutOfBlocksChangesNothing) {
   pkv_transfer_engine_destroy(a);
 }
 
+// The K/V of a sequence exported with a LoRA adapter were computed with
+// it: imported as the base model's (no lora_id, no lora_name) its full
+// blocks would be cached under base-model hashes, and a later base-model
+// prompt with the same tokens would hit them. Refused, changing nothing;
+// imported with the adapter (by id, or by name) they stay that adapter's.
+TEST_F(Local, AnAdapterSequenceImportedAsTheBaseModelsIsRefused) {
+  pkv_seq_options so;
+  pkv_seq_options_init(&so);
+  so.lora_id = 3;
+  pkv_seq_id lseq = 0;
+  ok(pkv_seq_create(src, &so, &lseq), "create");
+  std::mt19937_64 rng(5);
+  prefill(src, l, lseq, tokens, rng);
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  uint64_t id = 0;
+  const auto d = export_desc(a, &id, lseq);
+  const pkv_pool_stats before = stats(dst);
+  pkv_transfer* t = nullptr;
+  EXPECT_EQ(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), PKV_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("LoRA adapter 3"), std::string::npos)
+      << pkv_last_error_message();
+  EXPECT_EQ(t, nullptr);
+  pkv_seq_options base;
+  pkv_seq_options_init(&base);
+  EXPECT_EQ(pkv_transfer_import(b, dst, &base, d.data(), d.size(), &t), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(stats(dst).num_free_blocks, before.num_free_blocks);
+  EXPECT_EQ(stats(dst).num_seqs, 0u);
+  EXPECT_EQ(pkv_pool_validate(dst), PKV_OK);
+  // With the adapter: imported, and its blocks hit only that adapter's prompts.
+  ok(pkv_transfer_import(b, dst, &so, d.data(), d.size(), &t), "import with lora_id");
+  pkv_seq_id s = 0;
+  ASSERT_EQ(drive(a, t, &s), uint32_t(PKV_TRANSFER_DONE));
+  EXPECT_TRUE(block_bytes(dst, l, s, tokens.size()) == block_bytes(src, l, lseq, tokens.size()));
+  pkv_transfer_destroy(t);
+  uint64_t hit = 0;
+  pkv_seq_id probe = 0;
+  ok(pkv_seq_create(dst, nullptr, &probe), "create base");
+  ok(pkv_seq_match_prefix(dst, probe, tokens.data(), tokens.size(), &hit), "match base");
+  EXPECT_EQ(hit, 0u);
+  ok(pkv_seq_free(dst, probe), "free base");
+  ok(pkv_seq_create(dst, &so, &probe), "create adapter");
+  ok(pkv_seq_match_prefix(dst, probe, tokens.data(), tokens.size(), &hit), "match adapter");
+  EXPECT_GT(hit, 0u);
+  ok(pkv_seq_free(dst, probe), "free adapter");
+  ok(pkv_seq_free(dst, s), "free");
+  // An adapter named on the importing side cannot be compared with the id:
+  // accepted.
+  pkv_seq_options named;
+  pkv_seq_options_init(&named);
+  named.lora_name = "adapter-3";
+  ok(pkv_transfer_import(b, dst, &named, d.data(), d.size(), &t), "import with lora_name");
+  ASSERT_EQ(drive(a, t, &s), uint32_t(PKV_TRANSFER_DONE));
+  pkv_transfer_destroy(t);
+  ok(pkv_seq_free(dst, s), "free named");
+  ok(pkv_transfer_export_release(a, id), "release");
+  pkv_transfer_engine_destroy(b);
+  pkv_transfer_engine_destroy(a);
+}
+
 // A copy-on-write copy recorded in the importing pool waits there until
 // its next plan runs it. When the copy's source or destination block was
 // freed since and the import took it, the import writes that block first:

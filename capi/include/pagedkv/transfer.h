@@ -135,7 +135,10 @@ PKV_API pkv_status pkv_transfer_engine_num_exports(pkv_transfer_engine* engine, 
 
 /* Starts pulling a descriptor's sequence into pool. opts: the new
  * sequence's options (LoRA, cache salt: its block hashes are this pool's,
- * computed from the tokens); NULL for defaults. The descriptor is not kept.
+ * computed from the tokens); NULL for defaults. A sequence exported with a
+ * lora_id imported with neither a lora_id nor a lora_name is
+ * PKV_E_INVALID_ARGUMENT (its K/V would be cached as the base model's).
+ * The descriptor is not kept.
  * Destroy *out with pkv_transfer_destroy. */
 PKV_API pkv_status pkv_transfer_import(pkv_transfer_engine* engine, pkv_pool* pool,
                                        const pkv_seq_options* opts, const uint8_t* descriptor,
