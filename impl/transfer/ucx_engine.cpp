@@ -456,7 +456,8 @@ Conn* UcxEngine::connect_locked(const std::string& address) {
     ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
     st = ucp_ep_create(iworker_, &ep, &c->ep);
   }
-  if (st != UCS_OK) fail_ucx(Errc::kInvalidState, "the exporter cannot be reached (ucp_ep_create)", st);
+  if (st != UCS_OK)
+    fail_ucx(Errc::kInvalidState, "the exporter cannot be reached (ucp_ep_create)", st);
   ucp_request_param_t fp{};
   const ucs_status_ptr_t r = ucp_ep_flush_nbx(c->ep, &fp);
   if (UCS_PTR_IS_ERR(r)) {
@@ -553,8 +554,8 @@ void UcxEngine::close_conn_locked(std::unique_ptr<Conn> c) noexcept {
     ucp_request_param_t cp{};
     cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    closed = wait_request(iworker_, ucp_ep_close_nbx(c->ep, &cp), 10'000'000'000ull) !=
-             UCS_INPROGRESS;
+    closed =
+        wait_request(iworker_, ucp_ep_close_nbx(c->ep, &cp), 10'000'000'000ull) != UCS_INPROGRESS;
     c->ep = nullptr;
   }
   if (c->flush) {  // writes nothing: UCX releases it when it ends

@@ -1104,10 +1104,9 @@ void imports_keep_descriptors_bounded(Local& f, int exporters, int rounds, bool 
     most = std::max(most, n);
   }
   // Independent of the rounds: a little slack for UCX's own bookkeeping.
-  EXPECT_LE(most, after_first + 2) << exporters << " exporter(s), " << rounds
-                                   << " rounds: " << before << " descriptors before, "
-                                   << after_first << " after the first round, " << most
-                                   << " at most";
+  EXPECT_LE(most, after_first + 2)
+      << exporters << " exporter(s), " << rounds << " rounds: " << before << " descriptors before, "
+      << after_first << " after the first round, " << most << " at most";
   int one_side_gone = 0;
   if (importer_first) {
     pkv_transfer_engine_destroy(b);
