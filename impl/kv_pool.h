@@ -152,7 +152,8 @@ class Pool {
   bool has_storage() const { return opts_.num_layers > 0; }
 
   // Sequences.
-  SeqId seq_create(const SeqOptions& opts);
+  // hidden: a sequence the library holds for itself (SeqTable::InternalScope).
+  SeqId seq_create(const SeqOptions& opts, bool hidden = false);
   uint64_t match_prefix(SeqId id, const int32_t* tokens, uint64_t n);
   // match_prefix, then (with enable_partial_reuse) a partial hit in the
   // block after the last full hit.
@@ -166,11 +167,16 @@ class Pool {
   void priority_counts(uint64_t* out) const;  // out[0..100]
   void append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahead);
   uint64_t blocks_needed(SeqId id, uint64_t n, uint32_t lookahead) const;
-  SeqId fork(SeqId parent);
+  SeqId fork(SeqId parent, bool hidden = false);
   void truncate(SeqId id, uint64_t num_tokens);
   // Room in the sequence's vectors for num_tokens tokens (pkv_seq_reserve).
   void reserve(SeqId id, uint64_t num_tokens);
   void free(SeqId id);
+  // free() of a hidden sequence (a transfer's own).
+  void free_internal(SeqId id) {
+    SeqTable::InternalScope scope;
+    free(id);
+  }
   SeqInfo seq_info(SeqId id) const;
   // Batched and fused calls (kv_pool_batch.cpp): all or nothing, messages
   // name the offending index. given: the engine's block hashes of tokens

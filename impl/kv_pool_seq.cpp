@@ -142,7 +142,7 @@ HashContext make_hash_context(const PoolOptions& opts, const SeqOptions& o) {
 
 HashContext Pool::make_ctx(const SeqOptions& o) const { return make_hash_context(opts_, o); }
 
-SeqId Pool::seq_create(const SeqOptions& o) {
+SeqId Pool::seq_create(const SeqOptions& o, bool hidden) {
   HashContext ctx = make_ctx(o);
   std::lock_guard<std::mutex> lock(mu_);
   check_open();
@@ -151,6 +151,7 @@ SeqId Pool::seq_create(const SeqOptions& o) {
   Sequence& s = seqs_.add(&id);
   s.ctx = std::move(ctx);
   s.priority = o.priority;
+  if (hidden) seqs_.set_hidden(id, true);
   return id;
 }
 
@@ -423,7 +424,8 @@ void Pool::set_retention(SeqId id, const RetentionRange* ranges, uint64_t n) {
   // ones are back is not degraded for being assigned first.
   for (bool pinning : {false, true})
     for (size_t j = 0; j < s.blocks.size(); ++j)
-      if ((block_retention(s, j).first == kPriorityPinned) == pinning) assign_priority(s, j, own(j));
+      if ((block_retention(s, j).first == kPriorityPinned) == pinning)
+        assign_priority(s, j, own(j));
 }
 
 void Pool::priority_counts(uint64_t* out) const {
@@ -636,7 +638,7 @@ uint64_t Pool::blocks_needed(SeqId id, uint64_t n, uint32_t lookahead) const {
   return take > need.window_gain ? take - need.window_gain : 0;
 }
 
-SeqId Pool::fork(SeqId parent) {
+SeqId Pool::fork(SeqId parent, bool hidden) {
   std::lock_guard<std::mutex> lock(mu_);
   Sequence& p = seq_or_throw(parent);
   if (seqs_.full()) fail(Errc::kOutOfMemory, "the pool's sequence table is full");
@@ -662,6 +664,7 @@ SeqId Pool::fork(SeqId parent) {
   for (int32_t b : c.blocks)
     if (b != BlockPool::kNullBlock) blocks_.share(b);
   p.tail_shared = c.tail_shared = true;
+  if (hidden) seqs_.set_hidden(cid, true);
   return cid;
 }
 

@@ -14,8 +14,10 @@ Pool::ExportSnapshot Pool::export_pin(SeqId id) {
          "pool is an MLA pool (kv_layout PKV_KV_LAYOUT_MLA): its one latent plane per layer does "
          "not transfer (yet); descriptors describe K and V planes");
   // A fork holds a reference on every block: eviction cannot reuse them and
-  // a later append of the owner into a shared tail copies it first.
-  const SeqId pin = fork(id);
+  // a later append of the owner into a shared tail copies it first. Hidden:
+  // no caller can free it under a peer's reads (SeqTable::InternalScope).
+  const SeqId pin = fork(id, true);
+  SeqTable::InternalScope scope;
   std::unique_lock<std::mutex> lock(mu_);
   ExportSnapshot x;
   try {
@@ -58,7 +60,10 @@ Pool::ExportSnapshot Pool::export_pin(SeqId id) {
 SeqId Pool::import_begin(const SeqOptions& o, const int32_t* tokens, uint64_t n) {
   if (!has_storage())
     fail(Errc::kInvalidState, "the pool has no KV storage (num_layers 0): nothing to import into");
-  const SeqId id = seq_create(o);
+  // Hidden until import_commit hands it to the caller: nobody else frees
+  // or appends to the blocks the import writes.
+  const SeqId id = seq_create(o, true);
+  SeqTable::InternalScope scope;
   try {
     append(id, tokens, n, 0);
     // The fresh blocks may have been evicted from the prefix cache by this
@@ -93,6 +98,7 @@ SeqId Pool::import_begin(const SeqOptions& o, const int32_t* tokens, uint64_t n)
 }
 
 void Pool::import_commit(SeqId id) {
+  SeqTable::InternalScope scope;
   std::lock_guard<std::mutex> lock(mu_);
   check_open();
   Sequence& s = seq_or_throw(id);
@@ -103,6 +109,7 @@ void Pool::import_commit(SeqId id) {
     rs.push_back({s.blocks[j], 0, uint32_t(std::min<uint64_t>(bs, n - j * bs))});
   apply_written(rs);  // may throw before any change
   s.num_committed = n;
+  seqs_.set_hidden(id, false);  // the caller's now
 }
 
 Pool::ArenaRef Pool::arena_ref() const {
@@ -112,6 +119,7 @@ Pool::ArenaRef Pool::arena_ref() const {
 }
 
 std::vector<int32_t> Pool::block_table_copy(SeqId id) const {
+  SeqTable::InternalScope scope;
   std::lock_guard<std::mutex> lock(mu_);
   return seq_or_throw(id).blocks;
 }

@@ -107,6 +107,27 @@ struct Sequence {
 
 class SeqTable {
  public:
+  // Sequences the library holds for itself (a transfer's export pin, an
+  // import still running) have ordinary ids, and the next slot's id is easy
+  // to guess: a caller freeing or appending to one would free blocks a peer
+  // is reading, or hand an import's blocks to others while it writes them.
+  // find() answers a hidden sequence only to a thread inside an
+  // InternalScope (the library's own calls on it).
+  class InternalScope {
+   public:
+    InternalScope() { ++depth(); }
+    ~InternalScope() { --depth(); }
+    InternalScope(const InternalScope&) = delete;
+    InternalScope& operator=(const InternalScope&) = delete;
+    static bool active() { return depth() > 0; }
+
+   private:
+    static int& depth() {
+      thread_local int d = 0;
+      return d;
+    }
+  };
+
   static constexpr int kSlotBits = 24, kGenBits = 24, kTagShift = kSlotBits + kGenBits;
   static constexpr uint32_t kMaxSlots = 1u << kSlotBits;
   static constexpr uint32_t kMaxGen = (1u << kGenBits) - 1;
@@ -121,7 +142,12 @@ class SeqTable {
     const uint32_t slot = uint32_t(id) & (kMaxSlots - 1), gen = uint32_t(id >> kSlotBits) & kMaxGen;
     if (slot >= size_) return nullptr;
     Slot& s = at(slot);
-    return s.live && s.gen == gen ? &s.seq : nullptr;
+    return s.live && s.gen == gen && (!s.hidden || InternalScope::active()) ? &s.seq : nullptr;
+  }
+  // Hides (or shows again) the live sequence id names (see InternalScope).
+  void set_hidden(SeqId id, bool hidden) {
+    const uint32_t slot = uint32_t(id) & (kMaxSlots - 1);
+    if (slot < size_) at(slot).hidden = hidden;
   }
   const Sequence* find(SeqId id) const { return const_cast<SeqTable*>(this)->find(id); }
   // Starts loading the slot id names (batched calls touch ~1000 sequences
@@ -166,6 +192,7 @@ class SeqTable {
     const uint32_t slot = uint32_t(id) & (kMaxSlots - 1);
     Slot& s = at(slot);
     s.live = false;
+    s.hidden = false;
     --live_;
     if (s.gen == kMaxGen) {
       // Its next generation would wrap to one a stale id still holds: the
@@ -222,6 +249,7 @@ class SeqTable {
   struct alignas(64) Slot {
     uint32_t gen = 1;
     bool live = false;
+    bool hidden = false;  // see InternalScope
     Sequence seq;
   };
   // The token vector's allocator has state, which makes Sequence not

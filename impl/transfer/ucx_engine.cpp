@@ -379,7 +379,7 @@ UcxEngine::~UcxEngine() {
   }
   for (auto& [pool, seq] : quarantine_) {
     try {
-      pool->free(seq);
+      pool->free_internal(seq);
     } catch (...) {  // the pool was destroyed: the sequence went with it
     }
   }
@@ -514,7 +514,7 @@ void UcxEngine::sweep_conns_locked() noexcept {
         continue;
       }
       try {
-        o.pool->free(o.seq);
+        o.pool->free_internal(o.seq);
       } catch (...) {  // the pool was destroyed: the sequence went with it
       }
       c->orphans[i] = std::move(c->orphans.back());
@@ -582,7 +582,7 @@ void UcxEngine::close_conn_locked(std::unique_ptr<Conn> c) noexcept {
       continue;
     }
     try {
-      o.pool->free(o.seq);
+      o.pool->free_internal(o.seq);
     } catch (...) {  // the pool was destroyed: the sequence went with it
     }
   }
@@ -593,7 +593,7 @@ void UcxEngine::close_conn_locked(std::unique_ptr<Conn> c) noexcept {
 
 void UcxEngine::drop_export(Export& x) noexcept {
   try {
-    x.pool->free(x.pin);
+    x.pool->free_internal(x.pin);
   } catch (...) {  // the pool was destroyed: its sequences, the pin included, went with it
   }
 }
@@ -858,7 +858,7 @@ void UcxTransfer::abort_locked(TransferState state, Errc code, const std::string
   }
   if (seq_) {
     try {
-      pool_->free(seq_);
+      pool_->free_internal(seq_);
     } catch (...) {  // the pool was destroyed: the sequence went with it
     }
     seq_ = 0;

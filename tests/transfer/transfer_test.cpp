@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -784,6 +785,72 @@ TEST_F(Local, AnAdapterSequenceImportedAsTheBaseModelsIsRefused) {
   pkv_transfer_destroy(t);
   ok(pkv_seq_free(dst, s), "free named");
   ok(pkv_transfer_export_release(a, id), "release");
+  pkv_transfer_engine_destroy(b);
+  pkv_transfer_engine_destroy(a);
+}
+
+// Every id a caller can form from its own (tag << 48 | gen << 24 | slot:
+// the next slot is the next sequence the pool makes) over the first slots
+// and generations, except those given.
+std::vector<pkv_seq_id> guessable_ids(pkv_seq_id like, std::initializer_list<pkv_seq_id> skip) {
+  std::vector<pkv_seq_id> ids;
+  const pkv_seq_id tag = like & ~((pkv_seq_id(1) << 48) - 1);
+  for (pkv_seq_id gen = 1; gen <= 4; ++gen)
+    for (pkv_seq_id slot = 0; slot < 64; ++slot) {
+      const pkv_seq_id id = tag | gen << 24 | slot;
+      if (std::find(skip.begin(), skip.end(), id) == skip.end()) ids.push_back(id);
+    }
+  return ids;
+}
+
+// An export's pin (the fork holding its blocks) and a running import's
+// sequence are the library's own, but had ordinary ids: the export's pin
+// was the caller's id + 1. Freeing it released the blocks a peer was
+// reading; freeing, appending to or truncating the import's sequence let
+// the import write blocks others then held. Neither is reachable now by
+// any public call; the import's sequence is the caller's once done.
+TEST_F(Local, TheLibrarysOwnTransferSequencesCannotBeNamed) {
+  pkv_transfer_engine *a = engine("tcp"), *b = engine("tcp");
+  uint64_t id = 0;
+  const auto d = export_desc(a, &id);
+  const int32_t tok = 7;
+  pkv_seq_info info;
+  pkv_seq_info_init(&info);
+  for (pkv_seq_id guess : guessable_ids(seq, {seq})) {
+    EXPECT_EQ(pkv_seq_get_info(src, guess, &info), PKV_E_NOT_FOUND) << std::hex << guess;
+    EXPECT_EQ(pkv_seq_free(src, guess), PKV_E_NOT_FOUND) << std::hex << guess;
+  }
+  EXPECT_EQ(stats(src).num_seqs, 2u);  // seq and the export's pin
+  // The caller frees its own sequence: the pin still holds the blocks.
+  const std::vector<uint8_t> want = block_bytes(src, l, seq, tokens.size());
+  ok(pkv_seq_free(src, seq), "free");
+  EXPECT_EQ(stats(src).num_free_blocks, free_src);
+  pkv_transfer* t = nullptr;
+  ok(pkv_transfer_import(b, dst, nullptr, d.data(), d.size(), &t), "import");
+  const pkv_pool_stats during = stats(dst);
+  EXPECT_EQ(during.num_seqs, 1u);
+  for (pkv_seq_id guess : guessable_ids(seq, {})) {
+    EXPECT_EQ(pkv_seq_get_info(dst, guess, &info), PKV_E_NOT_FOUND) << std::hex << guess;
+    EXPECT_EQ(pkv_seq_append(dst, guess, &tok, 1, 0), PKV_E_NOT_FOUND) << std::hex << guess;
+    EXPECT_EQ(pkv_seq_truncate(dst, guess, 0), PKV_E_NOT_FOUND) << std::hex << guess;
+    EXPECT_EQ(pkv_seq_free(dst, guess), PKV_E_NOT_FOUND) << std::hex << guess;
+    const uint32_t one = 1;
+    pkv_batch* plan = nullptr;
+    EXPECT_EQ(pkv_batch_prepare(dst, &guess, &one, 1, nullptr, &plan), PKV_E_NOT_FOUND);
+  }
+  EXPECT_EQ(stats(dst).num_free_blocks, during.num_free_blocks);
+  pkv_seq_id s = 0;
+  ASSERT_EQ(drive(a, t, &s), uint32_t(PKV_TRANSFER_DONE));
+  pkv_transfer_destroy(t);
+  // Done: the sequence is the caller's, with the exporter's bytes.
+  ok(pkv_seq_get_info(dst, s, &info), "info of the imported sequence");
+  EXPECT_EQ(info.num_tokens, tokens.size());
+  EXPECT_TRUE(block_bytes(dst, l, s, tokens.size()) == want);
+  ok(pkv_seq_free(dst, s), "free the import");
+  ok(pkv_transfer_export_release(a, id), "release");
+  EXPECT_EQ(stats(src).num_seqs, 0u);
+  EXPECT_EQ(pkv_pool_validate(src), PKV_OK);
+  EXPECT_EQ(pkv_pool_validate(dst), PKV_OK);
   pkv_transfer_engine_destroy(b);
   pkv_transfer_engine_destroy(a);
 }
