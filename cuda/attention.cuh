@@ -83,7 +83,12 @@ struct AttnSmem {
   static constexpr size_t kQ = align_up(kV + kTStages * kStage, 128);
   static constexpr size_t kO = align_up(kQ + size_t(ROWS) * kLdQ * sizeof(T), 128);
   static constexpr size_t kS = align_up(kO + size_t(ROWS) * kLdO * 4, 128);
-  static constexpr size_t kP = align_up(kS + size_t(ROWS) * kLdS * 4, 128);
+  // f32: P overwrites S in place (the same stride; the softmax's thread of
+  // an element reads its logit before it writes its weight, and nothing
+  // reads S after), which lets the head-dim-256 decode tile fit the 99 KB
+  // of sm_86/sm_89 parts.
+  static constexpr bool kPInS = std::is_same<T, float>::value;
+  static constexpr size_t kP = kPInS ? kS : align_up(kS + size_t(ROWS) * kLdS * 4, 128);
   static constexpr size_t kValid = align_up(kP + size_t(ROWS) * kLdP * sizeof(T), 128);
   // Per key of the current tile: its V held a non-finite value that was
   // zeroed (see "partly visible keys" below); entry KT: any such key.
@@ -93,6 +98,7 @@ struct AttnSmem {
   static constexpr size_t kRawStage = size_t(KT) * D;
   static constexpr size_t kBytes = FP8 ? kRaw + 4 * kRawStage : kRaw;
   static_assert(KT <= 32, "softmax maps one key per lane");
+  static_assert(!kPInS || kLdP == kLdS, "P in place of S: the same element per key");
   static_assert(ROWS % (kAttnThreads / KT) == 0, "CUDA-core QK mapping");
   static_assert(ROWS % 16 == 0 && KT % 16 == 0 && D % 16 == 0, "WMMA tiles");
 };

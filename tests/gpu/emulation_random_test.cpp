@@ -638,6 +638,32 @@ TEST(EmulatedAttentionRandom, MatchesFloat64Reference) {
       iters, saw_splits, saw_large, saw_small, saw_generic, refused);
 }
 
+// On a part with 99 KB of shared memory per block (sm_86, sm_89), every
+// dtype's decode tile fits (docs/cuda.md: only prefill tiles may not), for
+// every head dim, the f32 head-dim-256 one included.
+TEST(EmulatedAttentionRandom, DecodeTileFitsA99KbPart) {
+  uint8_t byte = 0;  // never read: planning only
+  float scales[4] = {1.f, 1.f, 1.f, 1.f};
+  const size_t k99 = 99 * 1024;
+  for (DType cache : {DType::kF32, DType::kF16, DType::kBF16, DType::kFp8E4m3, DType::kFp8E5m2}) {
+    const DType io = pagedkv::is_fp8(cache) ? DType::kBF16 : cache;
+    for (int D : {64, 80, 96, 128, 256}) {
+      const KvLayout lay{8, 1, 16, D, cache};
+      KvArena arena{&byte, 1, lay, pagedkv::is_fp8(cache) ? scales : nullptr};
+      PlanView plan{};
+      plan.num_seqs = 1;
+      plan.num_tokens = 1;
+      plan.max_query = 1;
+      plan.max_context = 100;
+      const Tensor3 q{&byte, io, 1, 8, D, 8 * D, D};
+      const AttentionArgs args{0.1f, 0, 0.f, nullptr, 0};
+      const cu::AttnPlan ap = cu::plan_attention(arena, 0, plan, q, q, args, 132, k99);
+      EXPECT_FALSE(ap.launch.large_tile);
+      EXPECT_LE(ap.smem_bytes, k99) << dtype_name(cache) << " D" << D;
+    }
+  }
+}
+
 // What the planner refuses, it refuses with the right code and a message
 // naming the argument; nothing it refuses reaches a kernel.
 TEST(EmulatedAttentionRandom, PlannerRefusesCleanly) {
