@@ -177,12 +177,22 @@ struct Case {
   size_t max_smem = SIZE_MAX;
   float qmag = 1.f, kmag = 1.f, vmag = 1.f;
   int64_t q_pad = 0, q_head_pad = 0, o_pad = 0;
+  // Per sequence: a position among its queries whose new V (and K, with
+  // poison_k) is NaN, or -1. The rows that see it are NaN (LSE too when K
+  // is); every other row must be exact: a partly visible tile zeroes the
+  // value for the rows that must not see it and adds it back for the rest.
+  std::vector<int> poison;
+  bool poison_k = false;
 
   std::string describe() const {
     std::ostringstream s;
     s << dtype_name(cache) << "/" << dtype_name(io) << " D" << D << " hkv" << hkv << " G" << group
       << " bs" << bs << " seqs";
     for (size_t i = 0; i < ctx.size(); ++i) s << " " << nq[i] << "/" << ctx[i];
+    if (!poison.empty() && *std::max_element(poison.begin(), poison.end()) >= 0) {
+      s << " poison" << (poison_k ? "KV" : "V");
+      for (int x : poison) s << " " << x;
+    }
     s << " shared" << shared_pages << " W" << window << " cap" << softcap << " scale" << scale
       << (lse ? " lse" : "") << " splits" << splits << " sms" << sm_count << " smem"
       << (max_smem == SIZE_MAX ? -1 : int64_t(max_smem)) << " mag q" << qmag << " k" << kmag << " v"
@@ -283,6 +293,11 @@ Case draw(std::mt19937_64& rng) {
   } else {
     c.qmag = 2.5f;
   }
+  const bool poison = rng() % 4 == 0;
+  c.poison_k = rng() % 2 == 0;
+  for (size_t i = 0; i < c.ctx.size(); ++i) {
+    c.poison.push_back(poison ? c.ctx[i] - between(1, c.nq[i]) : -1);
+  }
   c.q_pad = between(0, 5);
   c.q_head_pad = between(0, 1) * 3;
   c.o_pad = between(0, 4);
@@ -371,7 +386,9 @@ Built build(const Case& c, std::mt19937_64& rng) {
         for (int h = 0; h < c.hkv; ++h) {
           const size_t at = (size_t(2) * b.layer + which) * b.layout.layer_bytes() +
                             ((size_t(block) * c.hkv + h) * c.bs + pos % c.bs) * c.D * es;
-          const std::vector<uint8_t> row = random_row(which == 0 ? c.kmag : c.vmag);
+          std::vector<uint8_t> row = random_row(which == 0 ? c.kmag : c.vmag);
+          if (pos == c.poison[size_t(i)] && (which == 1 || c.poison_k))
+            fill_nan(row.data(), row.size(), c.cache);
           std::memcpy(&b.arena[at], row.data(), row.size());
         }
       }
@@ -521,6 +538,21 @@ int64_t check(const Case& c, const Built& b, const Result& r, std::string& first
           dx = std::max(dx, e);
           x[size_t(k - lo)] = y;
         }
+        const int pp = c.poison[s];
+        if (pp >= lo && pp <= p) {  // this row sees the NaN key: NaN on every backend
+          for (int d = 0; d < c.D; ++d) {
+            const float g =
+                decode_one(&r.out[size_t(t * b.o_s0 + int64_t(h) * c.D + d) * qes], c.io);
+            if (!std::isnan(g) && bad++ < 4) {
+              msg << " [seq " << s << " token " << t << " (pos " << p << ") head " << h << " d "
+                  << d << ": got " << g << " want NaN (sees the NaN key at " << pp << ")]";
+            }
+          }
+          if (c.lse && c.poison_k && !std::isnan(r.lse[size_t(t * (hq + c.lse_pad) + h)]) &&
+              bad++ < 4)
+            msg << " [LSE token " << t << " head " << h << ": want NaN (NaN key at " << pp << ")]";
+          if (c.poison_k) continue;
+        }
         const double m = *std::max_element(x.begin(), x.end());
         double l = 0.0;
         std::fill(acc.begin(), acc.end(), 0.0);
@@ -545,7 +577,7 @@ int64_t check(const Case& c, const Built& b, const Result& r, std::string& first
         // n keys; the output's rounding.
         const double tol_v = vmax * (2 * std::expm1(2 * dx) + 2 * u_p + 4 * n * 0x1p-24 +
                                      (c.io == DType::kF16 ? n * 0x1p-24 : 0.0) + 1e-6);
-        for (int d = 0; d < c.D; ++d) {
+        for (int d = 0; d < c.D && !(pp >= lo && pp <= p); ++d) {
           const double ref = acc[d] / l;
           const float g = decode_one(&r.out[size_t(t * b.o_s0 + int64_t(h) * c.D + d) * qes], c.io);
           const double tol = tol_v + 2 * u_out * std::fabs(ref) + sub_out;
