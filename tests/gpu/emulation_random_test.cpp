@@ -14,8 +14,8 @@
 // f32 rounding bound, P rounded to the tile dtype, the output's rounding).
 // The planner's refusals are checked to be clean errors.
 //
-// Default: PKV_EMU_RANDOM_ITERS iterations (40) from PKV_EMU_RANDOM_SEED (1);
-// set them for longer runs.
+// Default: PKV_EMU_RANDOM_ITERS iterations (40) from PKV_EMU_RANDOM_SEED (1),
+// contexts up to PKV_EMU_RANDOM_MAX_CTX (2400) keys; set them for longer runs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -163,6 +163,10 @@ float nonzero(std::mt19937_64& rng, float mag) {
 
 // ------------------------------------------------------------ one case
 
+// The longest context drawn (PKV_EMU_RANDOM_MAX_CTX; up to 64 splits of 256
+// keys need 16384).
+int g_max_ctx = 2400;
+
 struct Case {
   DType cache = DType::kBF16, io = DType::kBF16;
   int D = 128, hkv = 1, group = 1, bs = 16;
@@ -227,7 +231,7 @@ Case draw(std::mt19937_64& rng) {
   for (int i = 0; i < nseq; ++i) {
     const int kind = between(0, 3);
     int ctx = between(1, 300);
-    if (long_ctx && i == 0) ctx = between(600, 2400);
+    if (long_ctx && i == 0) ctx = between(600, g_max_ctx);
     int n = 1;
     if (kind == 1) n = between(2, 16);
     if (kind == 2) n = between(17, 160);
@@ -244,7 +248,7 @@ Case draw(std::mt19937_64& rng) {
       w += double(c.nq[i]) * c.group * c.hkv * (c.ctx[i] + 64) * c.D;
     return w;
   };
-  while (work() > 6e7) {
+  while (work() > 6e7 * std::max(1.0, g_max_ctx / 2400.0)) {
     for (size_t i = 0; i < c.ctx.size(); ++i) {
       c.nq[i] = std::max(1, c.nq[i] / 2);
       if (c.nq[i] == 1) c.ctx[i] = std::max(1, c.ctx[i] * 3 / 4);
@@ -623,8 +627,9 @@ int64_t check(const Case& c, const Built& b, const Result& r, std::string& first
 TEST(EmulatedAttentionRandom, MatchesFloat64Reference) {
   const uint64_t seed = uint64_t(env_long("PKV_EMU_RANDOM_SEED", 1));
   const long iters = env_long("PKV_EMU_RANDOM_ITERS", 40);
+  g_max_ctx = int(std::max(600L, env_long("PKV_EMU_RANDOM_MAX_CTX", 2400)));
   int failures = 0;
-  int saw_splits = 0, saw_large = 0, saw_small = 0, saw_generic = 0, refused = 0;
+  int saw_splits = 0, saw_large = 0, saw_small = 0, saw_generic = 0, refused = 0, max_splits = 0;
   for (long it = 0; it < iters && failures < 5; ++it) {
     std::mt19937_64 rng(seed * 1000003u + uint64_t(it));
     const Case c = draw(rng);
@@ -654,6 +659,7 @@ TEST(EmulatedAttentionRandom, MatchesFloat64Reference) {
     }
     if (c.splits > 0) EXPECT_EQ(r.splits, std::min(c.splits, 64));
     saw_splits += r.splits > 1;
+    max_splits = std::max(max_splits, r.splits);
     saw_large += r.large;
     saw_small += !r.large;
     saw_generic += r.generic;
@@ -665,9 +671,10 @@ TEST(EmulatedAttentionRandom, MatchesFloat64Reference) {
     }
   }
   std::printf(
-      "[random] %ld iterations: %d split, %d prefill tile, %d decode tile, %d generic, %d too "
+      "[random] %ld iterations: %d split (up to %d), %d prefill tile, %d decode tile, %d generic, "
+      "%d too "
       "large for the device's shared memory\n",
-      iters, saw_splits, saw_large, saw_small, saw_generic, refused);
+      iters, saw_splits, max_splits, saw_large, saw_small, saw_generic, refused);
 }
 
 // On a part with 99 KB of shared memory per block (sm_86, sm_89), every
