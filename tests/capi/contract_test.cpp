@@ -803,6 +803,9 @@ TEST(Contract, CallsNotListedForMultiGroupPoolsAreUnsupported) {
   pkv_block_hash h[2];
   got.emplace_back("get_block_hashes", pkv_seq_get_block_hashes(p, s, h, 2, &len));
   for (auto& [name, st] : got) EXPECT_EQ(st, PKV_E_UNSUPPORTED) << name;
+  // listed in groups.h as working on every group: a capacity hint, nothing observable
+  PKV_ASSERT_OK(pkv_seq_reserve(p, s, 1024));
+  EXPECT_EQ(pkv_seq_reserve(p, s, uint64_t{1} << 31), PKV_E_INVALID_ARGUMENT);
   pkv_pool_stats after = stats_of(p);
   after.num_seqs -= 1;  // s2
   EXPECT_EQ(std::memcmp(&before, &after, sizeof before), 0);
@@ -2230,5 +2233,65 @@ TEST(Contract, CopyOntoACachedBlockOfOtherTokensRemovesIt) {
   PKV_ASSERT_OK(pkv_seq_match_prefix(p, c, t.data(), 5, &cached));
   EXPECT_EQ(cached, 0u);
   PKV_ASSERT_OK(pkv_pool_validate(p));
+  pkv_pool_destroy(p);
+}
+
+TEST(Contract, PrepareDecodeOverAnUnwrittenContextAppendsNothing) {
+  pkv_pool* p = make_pool(4, 16, 0, 1);
+  auto t = iota_tokens(6);
+  pkv_seq_id s[2] = {computed_seq(p, t), 0};
+  uint64_t cached = 0;
+  PKV_ASSERT_OK(pkv_seq_admit(p, nullptr, t.data() + 1, 5, 0, &s[1], &cached));  // never computed
+  drain(p);
+  pkv_pool_stats before = stats_of(p);
+  int32_t tok[2] = {7, 8};
+  pkv_batch* b = nullptr;
+  EXPECT_EQ(pkv_batch_prepare_decode(p, s, tok, 2, 0, nullptr, &b), PKV_E_INVALID_STATE);
+  const std::string msg = pkv_last_error_message();
+  EXPECT_NE(msg.find("seqs[1]"), std::string::npos) << msg;
+  EXPECT_EQ(b, nullptr);
+  pkv_pool_stats after = stats_of(p);
+  EXPECT_EQ(std::memcmp(&before, &after, sizeof before), 0);
+  EXPECT_TRUE(drain(p).empty());
+  // a repeated id: nothing appended either
+  pkv_seq_id twice[2] = {s[0], s[0]};
+  EXPECT_EQ(pkv_batch_prepare_decode(p, twice, tok, 2, 0, nullptr, &b), PKV_E_INVALID_ARGUMENT);
+  after = stats_of(p);
+  EXPECT_EQ(std::memcmp(&before, &after, sizeof before), 0);
+  EXPECT_EQ(pkv_batch_prepare_decode(p, s, tok, 2, 0x80u, nullptr, &b), PKV_E_INVALID_ARGUMENT);
+  pkv_pool_destroy(p);
+}
+
+TEST(Contract, TruncateLeavingAFullBlockPartialUncachesIt) {
+  pkv_pool* p = make_pool(4, 16, 0, 1);
+  auto t = iota_tokens(9);
+  pkv_seq_id s = computed_seq(p, t);
+  const auto tab = table_of(p, s);
+  drain(p);
+  EXPECT_EQ(pkv_seq_truncate(p, s, 10), PKV_E_INVALID_ARGUMENT);
+  PKV_ASSERT_OK(pkv_seq_truncate(p, s, 9));
+  EXPECT_TRUE(drain(p).empty());
+  PKV_ASSERT_OK(pkv_seq_truncate(p, s, 6));
+  auto ev = drain(p);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].type, static_cast<uint32_t>(PKV_EVENT_BLOCK_REMOVED));
+  EXPECT_EQ(ev[0].block_id, tab[1]);
+  EXPECT_EQ(table_of(p, s), (std::vector<int32_t>{tab[0], tab[1]}));
+  pkv_seq_info info;
+  pkv_seq_info_init_sized(&info, sizeof info);
+  PKV_ASSERT_OK(pkv_seq_get_info(p, s, &info));
+  EXPECT_EQ(info.num_tokens, 6u);
+  EXPECT_EQ(info.num_computed_tokens, 6u);
+  pkv_seq_id s2 = 0;
+  PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &s2));
+  uint64_t cached = 0;
+  PKV_ASSERT_OK(pkv_seq_match_prefix(p, s2, t.data(), 9, &cached));
+  EXPECT_EQ(cached, 4u);
+  // the released partial block (no hash) is reused first
+  pkv_seq_id s3 = 0;
+  PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &s3));
+  int32_t x = 999;
+  PKV_ASSERT_OK(pkv_seq_append(p, s3, &x, 1, 0));
+  EXPECT_EQ(table_of(p, s3)[0], tab[2]);
   pkv_pool_destroy(p);
 }

@@ -36,7 +36,9 @@ typedef struct pkv_event_v2 {
   uint64_t lora_id;
   uint32_t block_size;    /* the pool's tokens per block */
   uint32_t num_token_ids; /* ids written at token_buf + token_offset: block_size
-                             for a stored block, else 0 */
+                             for a stored block of the device (PKV_MEDIUM_DEVICE),
+                             else 0 (tier events carry none, as vLLM's offloading
+                             events: docs/scale-out.md) */
   uint64_t token_offset;  /* where in the caller's token buffer */
 } pkv_event_v2;
 

@@ -24,7 +24,7 @@
  * These existing calls work on a multi-group pool and act on every group,
  * all or nothing: pkv_seq_create, pkv_seq_match_prefix, pkv_seq_append,
  * pkv_seq_blocks_needed (blocks over all groups), pkv_seq_fork,
- * pkv_seq_truncate, pkv_seq_free, pkv_seq_get_info (num_blocks counts held
+ * pkv_seq_reserve, pkv_seq_truncate, pkv_seq_free, pkv_seq_get_info (num_blocks counts held
  * blocks of all groups), pkv_seq_get_block_table (group 0's table),
  * pkv_pool_get_options (the base options, num_blocks resolved),
  * pkv_pool_get_stats, pkv_pool_bytes_per_block, pkv_pool_validate,
