@@ -2295,3 +2295,42 @@ TEST(Contract, TruncateLeavingAFullBlockPartialUncachesIt) {
   EXPECT_EQ(table_of(p, s3)[0], tab[2]);
   pkv_pool_destroy(p);
 }
+
+TEST(Contract, KvBytesUsedCountsASharedBlockWithItsFullestHolder) {
+  pkv_pool* p = make_pool(4, 16, 1);  // 128 bytes a block, 32 a slot
+  auto t = iota_tokens(6);
+  pkv_seq_id a = 0;
+  uint64_t cached = 0;
+  PKV_ASSERT_OK(pkv_seq_admit(p, nullptr, t.data(), 6, 0, &a, &cached));
+  pkv_pool_stats st = stats_of(p);
+  EXPECT_EQ(st.kv_bytes_used, 6u * 32);
+  EXPECT_EQ(st.kv_bytes_wasted, 2u * 32);
+  pkv_seq_id b = 0;
+  PKV_ASSERT_OK(pkv_seq_fork(p, a, &b));
+  st = stats_of(p);
+  EXPECT_EQ(st.kv_bytes_used, 6u * 32);
+  EXPECT_EQ(st.kv_bytes_wasted, 2u * 32);
+  PKV_ASSERT_OK(pkv_seq_truncate(p, b, 5));
+  st = stats_of(p);
+  EXPECT_EQ(st.kv_bytes_used, 6u * 32);  // a keeps the block's fill
+  PKV_ASSERT_OK(pkv_seq_free(p, a));
+  st = stats_of(p);
+  EXPECT_EQ(st.kv_bytes_used, 6u * 32);  // a's fill stays until b writes or truncates
+  EXPECT_EQ(st.kv_bytes_wasted, 2u * 32);
+  PKV_ASSERT_OK(pkv_seq_truncate(p, b, 5));  // the last holder: settled
+  st = stats_of(p);
+  EXPECT_EQ(st.kv_bytes_used, 5u * 32);
+  EXPECT_EQ(st.kv_bytes_wasted, 3u * 32);
+  PKV_ASSERT_OK(pkv_seq_truncate(p, b, 4));
+  st = stats_of(p);
+  EXPECT_EQ(st.kv_bytes_used, 4u * 32);
+  EXPECT_EQ(st.kv_bytes_wasted, 0u);
+  int32_t x = 1;
+  PKV_ASSERT_OK(pkv_seq_append(p, b, &x, 1, 3));  // lookahead slots are waste
+  st = stats_of(p);
+  EXPECT_EQ(st.kv_bytes_used, 5u * 32);
+  EXPECT_EQ(st.kv_bytes_wasted, 3u * 32);
+  EXPECT_EQ(st.kv_bytes_allocated, 16u * 128);
+  PKV_ASSERT_OK(pkv_pool_validate(p));
+  pkv_pool_destroy(p);
+}

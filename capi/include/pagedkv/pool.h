@@ -505,10 +505,11 @@ typedef struct pkv_pool_stats {
   uint64_t kv_bytes_allocated;  /* the whole arena */
   uint64_t kv_bytes_used;       /* bytes of the slots holding tokens: a used
                                    block counts once, with the tokens of its
-                                   fullest holder (a shared block truncated
-                                   by one holder keeps its fill until the
-                                   holder that fills it lets it go, or its
-                                   last holder truncates it) */
+                                   fullest holder (a shared block keeps that
+                                   fill when holders truncate it or go away,
+                                   even the fullest: the fill is settled when
+                                   its last holder truncates it or appends
+                                   to it) */
   uint64_t kv_bytes_wasted;     /* the other slots of used blocks (partial
                                    tails, lookahead reservations) */
   /* Appended (written when struct_size covers them): */
