@@ -2334,3 +2334,189 @@ TEST(Contract, KvBytesUsedCountsASharedBlockWithItsFullestHolder) {
   PKV_ASSERT_OK(pkv_pool_validate(p));
   pkv_pool_destroy(p);
 }
+
+TEST(Contract, ResetUnpinsAndFreesPinnedBlocksAndForgetsPriorities) {
+  pkv_pool* p = make_retention_pool(8, 3);
+  pkv_retention_range pin{0, 4, PKV_PRIORITY_PINNED, 0, 0};
+  pkv_retention_range rest{4, PKV_TOKEN_END, 70, 0, 1000};
+  pkv_retention_range both[2] = {pin, rest};
+  pkv_seq_id s = computed_seq(p, iota_tokens(9), both, 2);
+  pkv_seq_id live = computed_seq(p, iota_tokens(5, 100), &pin, 1);
+  PKV_ASSERT_OK(pkv_seq_free(p, s));
+  pkv_pool_stats st = stats_of(p);
+  EXPECT_EQ(st.num_pinned_blocks, 2u);
+  EXPECT_EQ(st.num_free_blocks, 7u - 2u - 1u);  // live holds 2, s's pinned block excluded
+  drain(p);
+  PKV_ASSERT_OK(pkv_pool_reset_prefix_cache(p));
+  st = stats_of(p);
+  EXPECT_EQ(st.num_pinned_blocks, 0u);
+  EXPECT_EQ(st.num_cached_blocks, 0u);
+  EXPECT_EQ(st.num_free_blocks, 7u - 2u);
+  auto c = prio_counts(p);
+  uint64_t total = 0;
+  for (auto v : c) total += v;
+  EXPECT_EQ(total, 0u);
+  auto ev = drain(p);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].type, static_cast<uint32_t>(PKV_EVENT_ALL_CLEARED));
+  PKV_ASSERT_OK(pkv_pool_validate(p));
+  // every free block can be allocated
+  pkv_seq_id big = 0;
+  PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &big));
+  auto t = iota_tokens(20, 1000);
+  PKV_ASSERT_OK(pkv_seq_append(p, big, t.data(), 20, 0));
+  EXPECT_EQ(stats_of(p).num_free_blocks, 0u);
+  PKV_ASSERT_OK(pkv_pool_set_clock(p, uint64_t{1} << 40));
+  PKV_ASSERT_OK(pkv_pool_validate(p));
+  (void)live;
+  pkv_pool_destroy(p);
+}
+
+TEST(Contract, PartialHitsKeepTenantsApart) {
+  pkv_pool* p = make_partial_pool(32);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const pkv_mm_item img_a[1] = {{1, 2, "img-a"}}, img_b[1] = {{1, 2, "img-b"}};
+  auto admit_computed = [&](const pkv_seq_options* so) {
+    pkv_seq_id s = 0;
+    uint64_t cached = 0;
+    EXPECT_EQ(pkv_seq_admit(p, so, prompt.data(), prompt.size(), 0, &s, &cached), PKV_OK);
+    uint32_t q = uint32_t(prompt.size() - cached);
+    pkv_batch* b = nullptr;
+    EXPECT_EQ(pkv_batch_prepare(p, &s, &q, 1, nullptr, &b), PKV_OK) << pkv_last_error_message();
+    EXPECT_EQ(pkv_batch_commit(b), PKV_OK);
+    pkv_batch_destroy(b);
+  };
+  pkv_seq_options salted, lora, mm_a, mm_b, plain;
+  for (auto* so : {&salted, &lora, &mm_a, &mm_b, &plain})
+    pkv_seq_options_init_sized(so, sizeof *so);
+  salted.cache_salt = "tenant-a";
+  lora.lora_name = "adapter";
+  mm_a.mm_items = img_a;
+  mm_a.num_mm_items = 1;
+  mm_b.mm_items = img_b;
+  mm_b.num_mm_items = 1;
+  admit_computed(&salted);
+  admit_computed(&lora);
+  admit_computed(&mm_a);
+  const std::vector<int32_t> q = {1, 2, 3, 77, 78};
+  for (const pkv_seq_options* so : {&plain, &mm_b}) {
+    pkv_seq_id s = 0;
+    PKV_ASSERT_OK(pkv_seq_create(p, so, &s));
+    pkv_prefix_match m;
+    pkv_prefix_match_init_sized(&m, sizeof m);
+    PKV_ASSERT_OK(pkv_seq_match_prefix_partial(p, s, q.data(), q.size(), &m));
+    EXPECT_EQ(m.partial_tokens, 0u) << (so == &plain ? "plain" : "mm_b");
+    EXPECT_EQ(m.num_cached, 0u);
+  }
+  // the same tenant does hit
+  for (const pkv_seq_options* so : {&salted, &lora, &mm_a}) {
+    pkv_seq_id s = 0;
+    PKV_ASSERT_OK(pkv_seq_create(p, so, &s));
+    pkv_prefix_match m;
+    pkv_prefix_match_init_sized(&m, sizeof m);
+    PKV_ASSERT_OK(pkv_seq_match_prefix_partial(p, s, q.data(), q.size(), &m));
+    EXPECT_EQ(m.partial_tokens, 3u);
+  }
+  pkv_pool_destroy(p);
+}
+
+TEST(Contract, GroupPoolCountsAppendsComputedUntilItsFirstPlan) {
+  pkv_pool* p = make_groups_pool();
+  auto t = iota_tokens(9);
+  pkv_seq_id a = 0;
+  PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &a));
+  PKV_ASSERT_OK(pkv_seq_append(p, a, t.data(), 9, 0));
+  pkv_seq_info info;
+  pkv_seq_info_init_sized(&info, sizeof info);
+  PKV_ASSERT_OK(pkv_seq_get_info(p, a, &info));
+  EXPECT_EQ(info.num_computed_tokens, 9u);  // no plan yet: manager calls alone
+  auto lookup = [&]() {
+    pkv_seq_id s = 0;
+    EXPECT_EQ(pkv_seq_create(p, nullptr, &s), PKV_OK);
+    uint64_t cached = 99;
+    EXPECT_EQ(pkv_seq_match_prefix(p, s, t.data(), 9, &cached), PKV_OK);
+    EXPECT_EQ(pkv_seq_free(p, s), PKV_OK);
+    return cached;
+  };
+  EXPECT_EQ(lookup(), 8u);
+  uint32_t q = 9;
+  pkv_batch* b = nullptr;
+  PKV_ASSERT_OK(pkv_batch_prepare(p, &a, &q, 1, nullptr, &b));
+  PKV_ASSERT_OK(pkv_seq_get_info(p, a, &info));
+  EXPECT_EQ(info.num_computed_tokens, 0u);  // taken back from its first query on
+  EXPECT_EQ(lookup(), 0u);
+  PKV_ASSERT_OK(pkv_batch_abort(b));
+  pkv_batch_destroy(b);
+  EXPECT_EQ(lookup(), 0u);
+  PKV_ASSERT_OK(pkv_batch_prepare(p, &a, &q, 1, nullptr, &b));
+  pkv_batch_destroy(b);  // neither commit nor abort: committed (ABI 1)
+  PKV_ASSERT_OK(pkv_seq_get_info(p, a, &info));
+  EXPECT_EQ(info.num_computed_tokens, 9u);
+  EXPECT_EQ(lookup(), 8u);
+  PKV_ASSERT_OK(pkv_pool_validate(p));
+  pkv_pool_destroy(p);
+}
+
+// hash.h's formula, bytes computed by hand: h_-1 = sha256(cbor("s33d")),
+// h_0 = sha256(cbor([h_-1, [1, 2, 3, 4], null])), and with a salt
+// extra = ["x"] (values from Python's hashlib over the CBOR written out).
+TEST(Contract, Sha256CborHashesAreTheDocumentedEncoding) {
+  auto hex = [](const pkv_block_hash& h) {
+    static const char* d = "0123456789abcdef";
+    std::string s;
+    for (int i = 0; i < 32; ++i) {
+      s += d[h.bytes[i] >> 4];
+      s += d[h.bytes[i] & 15];
+    }
+    return s;
+  };
+  pkv_block_hash root;
+  PKV_ASSERT_OK(pkv_hash_root(PKV_HASH_SHA256_CBOR, "s33d", &root));
+  EXPECT_EQ(hex(root), "68fd7ac7ca3897c21da7a1a8e6161b184f54475d5c7e12ec51aa9f7c36bf1f45");
+  pkv_hash_options o;
+  pkv_hash_options_init_sized(&o, sizeof o);
+  o.block_size = 4;
+  o.seed = "s33d";
+  const int32_t t[5] = {1, 2, 3, 4, 5};
+  pkv_block_hash h;
+  uint64_t n = 0;
+  PKV_ASSERT_OK(pkv_hash_prefix(&o, t, 5, &h, 1, &n));
+  EXPECT_EQ(n, 1u);
+  EXPECT_EQ(hex(h), "7892b418767e2b7434486ec68f4038bb2feb2868c339a75bc841b2572b44d418");
+  o.cache_salt = "x";
+  PKV_ASSERT_OK(pkv_hash_prefix(&o, t, 5, &h, 1, &n));
+  EXPECT_EQ(hex(h), "08c1f7ac6a9130bb316ec0a79e5748d76603892383e3ddea4358c72c6cb44c12");
+}
+
+TEST(Contract, APendingStoredEventKeepsItsTokensAfterTheBlockIsReused) {
+  pkv_pool* p = make_pool(4, 3, 0, 1);  // 2 usable
+  pkv_seq_id a = 0, b = 0;
+  auto ta = iota_tokens(5, 1), tb = iota_tokens(5, 100);
+  uint64_t cached = 0;
+  PKV_ASSERT_OK(pkv_seq_admit(p, nullptr, ta.data(), 5, 0, &a, &cached));
+  const int32_t block = table_of(p, a)[0];
+  PKV_ASSERT_OK(pkv_seq_free(p, a));  // unwritten: removed
+  PKV_ASSERT_OK(pkv_seq_admit(p, nullptr, tb.data(), 5, 0, &b, &cached));
+  std::vector<pkv_event_v2> ev(8);
+  for (auto& e : ev) {
+    std::memset(&e, 0, sizeof e);
+    e.struct_size = sizeof e;
+  }
+  std::vector<int32_t> ids(32, -1);
+  uint64_t n = 0;
+  PKV_ASSERT_OK(pkv_pool_drain_events_v2(p, ev.data(), ev.size(), ids.data(), ids.size(), &n));
+  ASSERT_EQ(n, 3u);
+  EXPECT_EQ(ev[0].type, static_cast<uint32_t>(PKV_EVENT_BLOCK_STORED));
+  EXPECT_EQ(ev[1].type, static_cast<uint32_t>(PKV_EVENT_BLOCK_REMOVED));
+  EXPECT_EQ(ev[2].type, static_cast<uint32_t>(PKV_EVENT_BLOCK_STORED));
+  EXPECT_EQ(ev[0].block_id, block);
+  EXPECT_EQ(ev[1].block_id, block);
+  auto at = [&](const pkv_event_v2& e) {
+    return std::vector<int32_t>(ids.begin() + e.token_offset,
+                                ids.begin() + e.token_offset + e.num_token_ids);
+  };
+  EXPECT_EQ(at(ev[0]), (std::vector<int32_t>{1, 2, 3, 4}));
+  EXPECT_EQ(at(ev[2]), (std::vector<int32_t>{100, 101, 102, 103}));
+  EXPECT_EQ(ev[1].num_token_ids, 0u);
+  pkv_pool_destroy(p);
+}
