@@ -1839,6 +1839,10 @@ TEST(Contract, SlidingWindowReleasesOnlyBehindTheFirstUncomputedToken) {
   q = 3;
   PKV_ASSERT_OK(pkv_batch_prepare(p, &s, &q, 1, nullptr, &b));
   pkv_batch_destroy(b);
+  // a truncate whose next token would need released keys is refused
+  EXPECT_EQ(pkv_seq_truncate(p, s, 4), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(pkv_seq_truncate(p, s, 14), PKV_E_INVALID_ARGUMENT);
+  EXPECT_EQ(table_of(p, s).size(), 4u);
   PKV_ASSERT_OK(pkv_pool_validate(p));
   pkv_pool_destroy(p);
 }
@@ -2518,5 +2522,124 @@ TEST(Contract, APendingStoredEventKeepsItsTokensAfterTheBlockIsReused) {
   EXPECT_EQ(at(ev[0]), (std::vector<int32_t>{1, 2, 3, 4}));
   EXPECT_EQ(at(ev[2]), (std::vector<int32_t>{100, 101, 102, 103}));
   EXPECT_EQ(ev[1].num_token_ids, 0u);
+  pkv_pool_destroy(p);
+}
+
+TEST(Contract, PersistentTableRowsFollowEveryTableChange) {
+  pkv_pool* p = make_pool(4, 64);
+  auto check = [&](std::vector<pkv_seq_id> seqs, const char* what) {
+    std::vector<uint32_t> q(seqs.size(), 1);
+    pkv_batch* b = nullptr;
+    ASSERT_EQ(pkv_batch_prepare_ex(p, seqs.data(), q.data(), uint32_t(seqs.size()),
+                                   PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b),
+              PKV_OK)
+        << what << ": " << pkv_last_error_message();
+    const auto indptr = i32_array(b, PKV_PLAN_PAGE_INDPTR);
+    const auto pages = i32_array(b, PKV_PLAN_PAGE_INDICES);
+    const int32_t stride = indptr[1];
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const auto want = table_of(p, seqs[i]);
+      for (int32_t j = 0; j < stride; ++j)
+        EXPECT_EQ(pages[i * stride + j], size_t(j) < want.size() ? want[j] : 0)
+            << what << ": row " << i << " page " << j;
+    }
+    EXPECT_EQ(pkv_batch_commit(b), PKV_OK);
+    pkv_batch_destroy(b);
+  };
+  pkv_seq_id a = computed_seq(p, iota_tokens(6, 1));
+  pkv_seq_id b = computed_seq(p, iota_tokens(6, 100));
+  check({a, b}, "first");
+  check({b, a}, "swapped");
+  check({a}, "fewer");
+  pkv_seq_id c = 0;
+  PKV_ASSERT_OK(pkv_seq_fork(p, a, &c));
+  int32_t x = 7;
+  PKV_ASSERT_OK(pkv_seq_append(p, a, &x, 1, 0));  // copy-on-write of a's block 1
+  check({a, b}, "after a copy-on-write");
+  PKV_ASSERT_OK(pkv_seq_truncate(p, b, 3));
+  auto more = iota_tokens(4, 300);
+  PKV_ASSERT_OK(pkv_seq_append(p, b, more.data(), 4, 0));
+  uint32_t q = 4;
+  pkv_batch* bt = nullptr;
+  PKV_ASSERT_OK(pkv_batch_prepare(p, &b, &q, 1, nullptr, &bt));
+  PKV_ASSERT_OK(pkv_batch_commit(bt));
+  pkv_batch_destroy(bt);
+  check({a, b}, "after truncate and append");
+  PKV_ASSERT_OK(pkv_seq_free(p, a));
+  pkv_seq_id d = computed_seq(p, iota_tokens(7, 500));
+  check({d, b}, "a new sequence in row 0");
+  check({c, b, d}, "the fork child first");
+  auto grow = iota_tokens(40, 900);
+  PKV_ASSERT_OK(pkv_seq_append(p, d, grow.data(), 40, 0));
+  q = 40;
+  PKV_ASSERT_OK(pkv_batch_prepare(p, &d, &q, 1, nullptr, &bt));
+  PKV_ASSERT_OK(pkv_batch_commit(bt));
+  pkv_batch_destroy(bt);
+  check({c, b, d}, "a row outgrowing the stride");
+  pkv_pool_destroy(p);
+}
+
+TEST(Contract, GroupPersistentTableRowsFollowEveryTableChange) {
+  pkv_pool* p = make_groups_pool();  // full + window 8, block 4, 32 blocks
+  auto step = [&](pkv_seq_id s, uint32_t q) {
+    pkv_batch* bt = nullptr;
+    ASSERT_EQ(pkv_batch_prepare(p, &s, &q, 1, nullptr, &bt), PKV_OK) << pkv_last_error_message();
+    ASSERT_EQ(pkv_batch_commit(bt), PKV_OK);
+    pkv_batch_destroy(bt);
+  };
+  auto check = [&](std::vector<pkv_seq_id> seqs, const char* what) {
+    std::vector<uint32_t> q(seqs.size(), 1);
+    pkv_batch* b = nullptr;
+    ASSERT_EQ(pkv_batch_prepare_ex(p, seqs.data(), q.data(), uint32_t(seqs.size()),
+                                   PKV_PREPARE_PERSISTENT_TABLE, nullptr, &b),
+              PKV_OK)
+        << what << ": " << pkv_last_error_message();
+    for (uint32_t g = 0; g < 2; ++g) {
+      pkv_tensor ip, pg;
+      ASSERT_EQ(pkv_batch_plan_tensor_group(b, g, PKV_PLAN_PAGE_INDPTR, &ip), PKV_OK);
+      ASSERT_EQ(pkv_batch_plan_tensor_group(b, g, PKV_PLAN_PAGE_INDICES, &pg), PKV_OK);
+      const int32_t stride = static_cast<const int32_t*>(ip.data)[1];
+      const int32_t* pages = static_cast<const int32_t*>(pg.data);
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        int32_t tab[64];
+        uint64_t n = 0;
+        ASSERT_EQ(pkv_seq_group_block_table(p, seqs[i], g, tab, 64, &n), PKV_OK);
+        for (int32_t j = 0; j < stride; ++j)
+          EXPECT_EQ(pages[i * stride + j], uint64_t(j) < n ? tab[j] : 0)
+              << what << ": group " << g << " row " << i << " page " << j;
+      }
+    }
+    EXPECT_EQ(pkv_batch_commit(b), PKV_OK);
+    pkv_batch_destroy(b);
+  };
+  pkv_seq_id a = 0, b = 0;
+  auto ta = iota_tokens(6, 1), tb = iota_tokens(6, 100);
+  PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &a));
+  PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &b));
+  PKV_ASSERT_OK(pkv_seq_append(p, a, ta.data(), 6, 0));
+  PKV_ASSERT_OK(pkv_seq_append(p, b, tb.data(), 6, 0));
+  step(a, 6);
+  step(b, 6);
+  check({a, b}, "first");
+  check({b, a}, "swapped");
+  auto more = iota_tokens(12, 200);
+  PKV_ASSERT_OK(pkv_seq_append(p, a, more.data(), 12, 0));  // the window releases pages
+  step(a, 12);
+  int32_t x = 5;
+  PKV_ASSERT_OK(pkv_seq_append(p, a, &x, 1, 0));
+  check({b, a}, "after window releases");
+  pkv_seq_id c = 0;
+  PKV_ASSERT_OK(pkv_seq_fork(p, b, &c));
+  PKV_ASSERT_OK(pkv_seq_append(p, b, &x, 1, 0));  // copy-on-write
+  int32_t src[8], dst[8];
+  uint64_t nc = 0;
+  PKV_ASSERT_OK(pkv_pool_group_take_copies(p, 0, src, dst, 8, &nc));
+  PKV_ASSERT_OK(pkv_pool_group_take_copies(p, 1, src, dst, 8, &nc));
+  check({b, a}, "after a copy-on-write");
+  // back into what the window released: refused, nothing changes
+  EXPECT_EQ(pkv_seq_truncate(p, a, 5), PKV_E_INVALID_ARGUMENT);
+  PKV_ASSERT_OK(pkv_seq_truncate(p, a, 17));
+  check({c, a, b}, "after a truncate");
+  PKV_ASSERT_OK(pkv_pool_validate(p));
   pkv_pool_destroy(p);
 }

@@ -293,7 +293,9 @@ PKV_API pkv_status pkv_seq_fork(pkv_pool* pool, pkv_seq_id parent, pkv_seq_id* o
  * holds leave the cache (PKV_EVENT_BLOCK_REMOVED) and go to the head of the
  * free queue. A block left partial and held by this sequence alone leaves
  * the cache too. A step prepared before the truncate no longer counts for
- * this sequence when committed (its slots may hold other tokens now). */
+ * this sequence when committed (its slots may hold other tokens now).
+ * PKV_E_INVALID_ARGUMENT for num_tokens above the sequence's length, or
+ * one whose next token would need keys a sliding window already released. */
 PKV_API pkv_status pkv_seq_truncate(pkv_pool* pool, pkv_seq_id seq, uint64_t num_tokens);
 
 /* Releases the sequence and its blocks (tail first); the id becomes stale.
