@@ -2643,3 +2643,77 @@ TEST(Contract, GroupPersistentTableRowsFollowEveryTableChange) {
   PKV_ASSERT_OK(pkv_pool_validate(p));
   pkv_pool_destroy(p);
 }
+
+TEST(Contract, GroupCopiesHoldBothBlocksUntilTaken) {
+  pkv_pool* p = make_groups_pool();
+  pkv_seq_id a = 0, c = 0;
+  PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &a));
+  auto t = iota_tokens(6);
+  PKV_ASSERT_OK(pkv_seq_append(p, a, t.data(), 6, 0));
+  PKV_ASSERT_OK(pkv_seq_fork(p, a, &c));
+  int32_t x = 9;
+  PKV_ASSERT_OK(pkv_seq_append(p, c, &x, 1, 0));  // copies the shared tail in both groups
+  PKV_ASSERT_OK(pkv_seq_free(p, a));
+  PKV_ASSERT_OK(pkv_seq_free(p, c));
+  pkv_group_stats gs;
+  pkv_group_stats_init_sized(&gs, sizeof gs);
+  PKV_ASSERT_OK(pkv_pool_group_stats(p, 0, &gs));
+  EXPECT_EQ(gs.num_used_blocks, 2u);  // the copy's source and destination
+  const uint64_t used = stats_of(p).num_used_blocks;
+  EXPECT_GE(used, 2u);
+  int32_t src[4], dst[4];
+  uint64_t n = 0;
+  PKV_ASSERT_OK(pkv_pool_group_take_copies(p, 0, src, dst, 4, &n));
+  ASSERT_EQ(n, 1u);
+  EXPECT_NE(src[0], dst[0]);
+  PKV_ASSERT_OK(pkv_pool_group_stats(p, 0, &gs));
+  EXPECT_EQ(gs.num_used_blocks, 0u);
+  PKV_ASSERT_OK(pkv_pool_group_take_copies(p, 1, src, dst, 4, &n));
+  EXPECT_EQ(stats_of(p).num_used_blocks, 0u);
+  PKV_ASSERT_OK(pkv_pool_validate(p));
+  pkv_pool_destroy(p);
+}
+
+TEST(Contract, TieredCallsWithoutTiersAreTheirDeviceOnlyCalls) {
+  pkv_pool* p = make_pool(4, 16);  // manager-only: tiers cannot even be attached
+  auto t = iota_tokens(9);
+  pkv_seq_id a = computed_seq(p, t);
+  (void)a;
+  pkv_seq_id s = 0;
+  pkv_tier_match m;
+  pkv_tier_match_init_sized(&m, sizeof m);
+  PKV_ASSERT_OK(pkv_seq_admit_tiered(p, nullptr, t.data(), 9, nullptr, 0, 2, &s, &m));
+  EXPECT_EQ(m.device_tokens, 8u);
+  EXPECT_EQ(m.num_cached, 8u);
+  EXPECT_EQ(m.host_tokens + m.file_tokens, 0u);
+  pkv_seq_info info;
+  pkv_seq_info_init_sized(&info, sizeof info);
+  PKV_ASSERT_OK(pkv_seq_get_info(p, s, &info));
+  EXPECT_EQ(info.num_tokens, 9u);
+  EXPECT_EQ(info.num_slots, 12u);  // + 2 lookahead slots
+  pkv_hash_options ho;
+  pkv_hash_options_init_sized(&ho, sizeof ho);
+  ho.block_size = 4;
+  pkv_block_hash h[2];
+  uint64_t n = 0;
+  PKV_ASSERT_OK(pkv_hash_prefix(&ho, t.data(), 9, h, 2, &n));
+  pkv_seq_id s2 = 0;
+  PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &s2));
+  PKV_ASSERT_OK(pkv_seq_match_prefix_hashes_tiered(p, s2, t.data(), 9, h, 2, &m));
+  EXPECT_EQ(m.device_tokens, 8u);
+  EXPECT_EQ(m.num_cached, 8u);
+  // all or nothing: a wrong hash attaches nothing
+  pkv_seq_id s3 = 0;
+  PKV_ASSERT_OK(pkv_seq_create(p, nullptr, &s3));
+  h[1].bytes[0] ^= 1;
+  pkv_pool_stats before = stats_of(p);
+  EXPECT_EQ(pkv_seq_match_prefix_hashes_tiered(p, s3, t.data(), 9, h, 2, &m),
+            PKV_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("hashes[1]"), std::string::npos)
+      << pkv_last_error_message();
+  pkv_pool_stats after = stats_of(p);
+  EXPECT_EQ(std::memcmp(&before, &after, sizeof before), 0);
+  PKV_ASSERT_OK(pkv_seq_get_info(p, s3, &info));
+  EXPECT_EQ(info.num_tokens, 0u);
+  pkv_pool_destroy(p);
+}
