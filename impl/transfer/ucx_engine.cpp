@@ -778,26 +778,35 @@ void UcxTransfer::start(const SeqOptions& o, const TransferDescriptor& d) {
     abort_locked(TransferState::kFailed, Errc::kInvalidArgument, "");
     throw;
   }
-  const std::vector<int32_t> mine = pool_->block_table_copy(seq_);
-  if (memory_type(*pool_) != UCS_MEMORY_TYPE_HOST) {
-    read_param_.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE;
-    read_param_.memory_type = memory_type(*pool_);
-  }
-  const size_t bb = d.block_bytes, nb = d.blocks.size();
-  st_.bytes = 2 * uint64_t(d.num_layers) * nb * bb;
-  deadline_ns_ = e.opts_.timeout_ms ? now_ns() + uint64_t(e.opts_.timeout_ms) * 1000000 : 0;
-  for (uint32_t l = 0; l < d.num_layers; ++l) {
-    for (int w = 0; w < 2; ++w) {
-      char* plane = static_cast<char*>(local_.arena.plane(int32_t(l), w));
-      const uint64_t rplane = d.remote_base + (2 * uint64_t(l) + w) * d.plane_bytes;
-      for (size_t j = 0; j < nb;) {
-        size_t k = j + 1;  // a run of blocks consecutive on both sides: one read
-        while (k < nb && d.blocks[k] == d.blocks[k - 1] + 1 && mine[k] == mine[k - 1] + 1) ++k;
-        reads_.push_back(
-            {plane + size_t(mine[j]) * bb, rplane + uint64_t(d.blocks[j]) * bb, (k - j) * bb});
-        j = k;
+  // From here a failure (out of memory) frees the sequence too: it is
+  // hidden, so nobody else ever could (the caller's import_seq marks the
+  // transfer failed, "start undid everything").
+  try {
+    const std::vector<int32_t> mine = pool_->block_table_copy(seq_);
+    if (memory_type(*pool_) != UCS_MEMORY_TYPE_HOST) {
+      read_param_.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+      read_param_.memory_type = memory_type(*pool_);
+    }
+    const size_t bb = d.block_bytes, nb = d.blocks.size();
+    st_.bytes = 2 * uint64_t(d.num_layers) * nb * bb;
+    deadline_ns_ = e.opts_.timeout_ms ? now_ns() + uint64_t(e.opts_.timeout_ms) * 1000000 : 0;
+    for (uint32_t l = 0; l < d.num_layers; ++l) {
+      for (int w = 0; w < 2; ++w) {
+        char* plane = static_cast<char*>(local_.arena.plane(int32_t(l), w));
+        const uint64_t rplane = d.remote_base + (2 * uint64_t(l) + w) * d.plane_bytes;
+        for (size_t j = 0; j < nb;) {
+          size_t k = j + 1;  // a run of blocks consecutive on both sides: one read
+          while (k < nb && d.blocks[k] == d.blocks[k - 1] + 1 && mine[k] == mine[k - 1] + 1) ++k;
+          reads_.push_back(
+              {plane + size_t(mine[j]) * bb, rplane + uint64_t(d.blocks[j]) * bb, (k - j) * bb});
+          j = k;
+        }
       }
     }
+  } catch (...) {
+    reads_.clear();
+    abort_locked(TransferState::kFailed, Errc::kOutOfMemory, "");
+    throw;
   }
   e.check_wired_locked(*conn_);
   if (conn_->wired && conn_->error == UCS_OK) post_reads();
