@@ -25,8 +25,9 @@
 // decoder claims (tokens, ceil(tokens / block_size) blocks each inside the
 // arena, no more hashes than full blocks and each a digest of at most 32
 // bytes, consistent geometry, non-empty blobs). check_importable accepts only
-// the importer's exact layout. pkv_transfer_import then returns the same
-// status as decode + check_importable, and a refused import leaves the pool
+// the importer's exact layout, and the import (default options, no LoRA
+// adapter) a descriptor with no adapter's lora_id. pkv_transfer_import then
+// returns the same status as decode + these checks, and a refused import leaves the pool
 // as it was (free blocks, sequences, validate). When UCX is here and the
 // descriptor's exporter-side addresses (worker, rkey, arena base and extent:
 // what it cannot check, pagedkv/transfer.h) are the live export's, the
@@ -119,8 +120,7 @@ pkv_tensor tensor3(void* data, uint32_t dtype, int64_t a, int64_t b, int64_t c) 
 
 // A sequence of l.tokens tokens whose K/V (random bytes, every layer) a
 // committed step wrote.
-pkv_seq_id prefill(pkv_pool* p, const Layout& l, std::mt19937_64& rng,
-                   std::vector<int32_t>& toks) {
+pkv_seq_id prefill(pkv_pool* p, const Layout& l, std::mt19937_64& rng, std::vector<int32_t>& toks) {
   pkv_seq_id s = 0;
   ok(pkv_seq_create(p, nullptr, &s), "pkv_seq_create");
   toks.resize(l.tokens);
@@ -143,7 +143,8 @@ pkv_seq_id prefill(pkv_pool* p, const Layout& l, std::mt19937_64& rng,
       if (in == PKV_DTYPE_F32) {
         std::memcpy(&out[4 * i], &b, 4);
       } else {  // bf16: the top half; f16: 1.0 plus a small mantissa
-        const uint16_t h = in == PKV_DTYPE_BF16 ? uint16_t(b >> 16) : uint16_t(0x3c00 | (b & 0x3ff));
+        const uint16_t h =
+            in == PKV_DTYPE_BF16 ? uint16_t(b >> 16) : uint16_t(0x3c00 | (b & 0x3ff));
         std::memcpy(&out[2 * i], &h, 2);
       }
     }
@@ -198,8 +199,9 @@ void print_totals() {
                "(%llu bytes compared), %llu failed\n",
                (unsigned long long)g_counters.inputs, (unsigned long long)g_counters.ops,
                (unsigned long long)g_wire.checksum_fixed, (unsigned long long)g_wire.refused_decode,
-               (unsigned long long)g_wire.refused_layout, (unsigned long long)g_wire.imports_started,
-               (unsigned long long)g_wire.imports_done, (unsigned long long)g_wire.bytes_compared,
+               (unsigned long long)g_wire.refused_layout,
+               (unsigned long long)g_wire.imports_started, (unsigned long long)g_wire.imports_done,
+               (unsigned long long)g_wire.bytes_compared,
                (unsigned long long)g_wire.imports_failed);
 }
 
@@ -211,8 +213,8 @@ World& world() {
     if (pkv_transfer_available()) {
       w->exporter = engine();
       w->importer = engine();
-      if (!w->exporter || !w->importer) die("UCX is available but no tcp engine: %s",
-                                            pkv_last_error_message());
+      if (!w->exporter || !w->importer)
+        die("UCX is available but no tcp engine: %s", pkv_last_error_message());
     }
     for (int i = 0; i < kNum; ++i) {
       w->src[i] = make_pool(kLayouts[i]);
@@ -317,12 +319,10 @@ std::vector<uint8_t> serialize(const Model& m) {
   return o;  // no checksum yet
 }
 
-const uint64_t kInteresting[] = {0,          1,          2,           3,
-                                 4,          15,         16,          17,
-                                 0x7f,       0x80,       0xff,        0x100,
-                                 0x7fffffff, 0x80000000, 0xffffffff,  0x100000000ull,
-                                 1ull << 40, 1ull << 62, 1ull << 63,  ~0ull,
-                                 ~0ull - 7,  48,         47,          0x7ffffffffull};
+const uint64_t kInteresting[] = {
+    0,          1,          2,          3,     4,          15,         16,         17,
+    0x7f,       0x80,       0xff,       0x100, 0x7fffffff, 0x80000000, 0xffffffff, 0x100000000ull,
+    1ull << 40, 1ull << 62, 1ull << 63, ~0ull, ~0ull - 7,  48,         47,         0x7ffffffffull};
 
 class Bytes {
  public:
@@ -452,8 +452,8 @@ void check_accepted(const pagedkv::TransferDescriptor& d, const std::vector<uint
       die("accepted: a block hash of %u bytes (a digest holds at most %zu)", unsigned(h.size),
           h.bytes.size());
     for (size_t i = h.size; i < h.bytes.size(); ++i)
-      if (h.bytes[i]) die("accepted: a block hash of %u bytes with nonzero bytes past them",
-                          unsigned(h.size));
+      if (h.bytes[i])
+        die("accepted: a block hash of %u bytes with nonzero bytes past them", unsigned(h.size));
   }
   if (d.block_bytes == 0 || d.arena_blocks == 0 || d.plane_bytes != d.block_bytes * d.arena_blocks)
     die("accepted: inconsistent arena geometry");
@@ -483,11 +483,12 @@ void run_import(World& w, int into, const std::vector<uint8_t>& bytes,
   pkv_pool* dst = w.dst[into];
   const pkv_pool_stats before = stats(dst);
   pkv_transfer* t = nullptr;
-  const pkv_status st = pkv_transfer_import(w.importer, dst, nullptr, bytes.data(), bytes.size(), &t);
+  const pkv_status st =
+      pkv_transfer_import(w.importer, dst, nullptr, bytes.data(), bytes.size(), &t);
   if (expect != PKV_OK) {
     if (st != expect)
-      die("pkv_transfer_import: %s (%s), decode + check_importable said %s",
-          pkv_status_string(st), pkv_last_error_message(), pkv_status_string(expect));
+      die("pkv_transfer_import: %s (%s), decode + check_importable said %s", pkv_status_string(st),
+          pkv_last_error_message(), pkv_status_string(expect));
     if (t) die("a refused import returned a transfer");
     same_pool(dst, before, "refused import");
     return;
@@ -531,8 +532,10 @@ void run_import(World& w, int into, const std::vector<uint8_t>& bytes,
   ok(pkv_seq_get_block_table(dst, seq, table.data(), table.size(), &n), "table");
   if (n != d->blocks.size()) die("imported table of %llu blocks", (unsigned long long)n);
   for (size_t j = 0; j < d->blocks.size(); ++j) {
-    const auto got = block_bytes(dst, l, table[j]), want = block_bytes(w.src[into], l, d->blocks[j]);
-    if (got != want) die("imported block %zu holds other bytes than exporter block %d", j, d->blocks[j]);
+    const auto got = block_bytes(dst, l, table[j]),
+               want = block_bytes(w.src[into], l, d->blocks[j]);
+    if (got != want)
+      die("imported block %zu holds other bytes than exporter block %d", j, d->blocks[j]);
     g_wire.bytes_compared += got.size();
   }
   pkv_transfer_destroy(t);
@@ -590,6 +593,11 @@ void run_one(const uint8_t* data, size_t size) {
         d.block_bytes != mine.block_bytes ||
         (fp8 && (d.kv_scale_granularity != mine.kv_scale_granularity ||
                  d.k_scales != mine.k_scales || d.v_scales != mine.v_scales))) {
+      expect = PKV_E_INVALID_ARGUMENT;
+      ++g_wire.refused_layout;
+    } else if (d.lora_id != 0) {
+      // This harness imports with default options (no adapter): the K/V of
+      // an adapter's sequence are refused, not cached as the base model's.
       expect = PKV_E_INVALID_ARGUMENT;
       ++g_wire.refused_layout;
     }
