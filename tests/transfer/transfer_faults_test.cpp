@@ -17,42 +17,7 @@
 
 #include "transfer_util.h"
 
-namespace {
-
-std::atomic<long> g_count{0}, g_fail_at{-1};
-
-void* counted_alloc(size_t n, size_t align) {
-  if (g_fail_at.load(std::memory_order_relaxed) >= 0 && ++g_count == g_fail_at.load())
-    throw std::bad_alloc();
-  if (n == 0) n = 1;
-  void* p = align > alignof(std::max_align_t)
-                ? std::aligned_alloc(align, (n + align - 1) / align * align)
-                : std::malloc(n);
-  if (!p) throw std::bad_alloc();
-  return p;
-}
-
-}  // namespace
-
-void* operator new(size_t n) { return counted_alloc(n, 0); }
-void* operator new[](size_t n) { return counted_alloc(n, 0); }
-void* operator new(size_t n, std::align_val_t a) { return counted_alloc(n, size_t(a)); }
-void* operator new[](size_t n, std::align_val_t a) { return counted_alloc(n, size_t(a)); }
-void* operator new(size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return counted_alloc(n, 0);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t, std::align_val_t) noexcept { std::free(p); }
+#include "../fault_alloc.h"
 
 namespace {
 
