@@ -87,3 +87,19 @@ TOLERANCE = {"f32": 2e-5, "f16": 4e-3, "bf16": 3e-2}
 def manager_pool():
     with pagedkv.Pool(num_blocks=16, block_size=4, enable_events=True) as pool:
         yield pool
+
+
+def pool_reusing_the_tag_of(seq_id, make):
+    """make() once the round-robin pool tags (pool_tag.h) come back to the
+    tag of seq_id's closed pool: its first sequence then has seq_id. The
+    caller closed a pool made just before that one, so the tag before it is
+    free and comes round first (other tests' live pools are skipped)."""
+    tag = seq_id >> 48
+    before = tag - 1 if tag > 1 else 65535
+    for _ in range(1 << 17):
+        p = pagedkv.Pool(num_blocks=2, block_size=4)
+        t = p.create_sequence(owned=False).id >> 48
+        p.close()
+        if t == before:
+            break
+    return make()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import pagedkv
+from conftest import pool_reusing_the_tag_of
 from pagedkv import transfer
 
 pytestmark = pytest.mark.skipif(not transfer.available(), reason="built without UCX")
@@ -42,22 +43,6 @@ def pull(src_engine, dst_engine, dst, desc):
     while t.poll() == transfer.RUNNING:
         src_engine.progress()
     return t
-
-
-def pool_reusing_the_tag_of(seq_id, make):
-    """make() once the round-robin pool tags (pool_tag.h) come back to the
-    tag of seq_id's closed pool: its first sequence then has seq_id. The
-    caller closed a pool made just before that one, so the tag before it is
-    free and comes round first (other tests' live pools are skipped)."""
-    tag = seq_id >> 48
-    before = tag - 1 if tag > 1 else 65535
-    for _ in range(1 << 17):
-        p = pagedkv.Pool(num_blocks=2, block_size=4)
-        t = p.create_sequence(owned=False).id >> 48
-        p.close()
-        if t == before:
-            break
-    return make()
 
 
 def test_import_is_byte_exact_computed_and_prefix_cacheable():
