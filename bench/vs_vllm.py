@@ -42,7 +42,9 @@ STEPS = 32
 EXTRA = 1200  # tokens each decode sequence may gain over the run
 
 
-CLOCK = time.perf_counter  # --cpu-time: time.thread_time (a loaded machine's preemption not counted)
+CLOCK = (
+    time.perf_counter
+)  # --cpu-time: time.thread_time (a loaded machine's preemption not counted)
 
 
 def best(fn, number, repeat=5):
@@ -66,6 +68,18 @@ def pair(raw_fn, pkg_fn, number, repeat=5):
     return min(r), min(p)
 
 
+def triple(vllm_fn, raw_fn, pkg_fn, number, repeat=7):
+    """pair() with vLLM's trace in the same rounds: the short traces' ratios
+    to vLLM moved by 2x between runs measured minutes apart on a shared
+    VM, interleaved they hold."""
+    v, r, p = [], [], []
+    for _ in range(repeat):
+        v.append(best(vllm_fn, number, 1))
+        r.append(best(raw_fn, number, 1))
+        p.append(best(pkg_fn, number, 1))
+    return min(v), min(r), min(p)
+
+
 def tokens(n, seed):
     return np.random.default_rng(seed).integers(0, 152064, size=n, dtype=np.int32)
 
@@ -73,9 +87,24 @@ def tokens(n, seed):
 # ------------------------------------------------------------------ pagedkv
 
 
-def pagedkv_traces():
-    out = {}
-    pool = pagedkv.Pool(num_blocks=NSEQ * ((CTX + 16 + EXTRA) // BS + 4) + 4096, block_size=BS)
+def pagedkv_traces(vshort=None):
+    """pagedkv's figures: (raw, package) per trace. vshort: vLLM's short
+    traces (vllm_traces), measured here interleaved with pagedkv's; their
+    figures go to out["vllm"]."""
+    out = {"vllm": {}}
+
+    def measure(key, raw_fn, pkg_fn, number, vkey=None):
+        vfn = vshort.get(vkey or key) if vshort else None
+        if vfn is None:
+            out[key] = pair(raw_fn, pkg_fn, number)
+        else:
+            v, r, p = triple(vfn, raw_fn, pkg_fn, number)
+            out["vllm"][key] = v
+            out[key] = (r, p)
+
+    pool = pagedkv.Pool(
+        num_blocks=NSEQ * ((CTX + 16 + EXTRA) // BS + 4) + 4096, block_size=BS
+    )
     h = pool._h
     seq0 = pool.create_sequence()
 
@@ -97,7 +126,7 @@ def pagedkv_traces():
         raw.pkv_seq_append(h, sid, [7], 0)
         raw.pkv_seq_free(h, sid)
 
-    out["alloc1"] = pair(raw_alloc1, pkg_alloc1, 20000)
+    measure("alloc1", raw_alloc1, pkg_alloc1, 20000)
 
     def pkg_app_trunc():
         seq0.append([7])
@@ -107,7 +136,7 @@ def pagedkv_traces():
         raw.pkv_seq_append(h, seq0.id, [7], 0)
         raw.pkv_seq_truncate(h, seq0.id, 0)
 
-    out["append_truncate"] = pair(raw_app_trunc, pkg_app_trunc, 20000)
+    measure("append_truncate", raw_app_trunc, pkg_app_trunc, 20000, "alloc1")
 
     empty = np.empty(0, dtype=np.int32)
 
@@ -121,7 +150,7 @@ def pagedkv_traces():
         raw.pkv_seq_append(h, sid, empty, 64 * BS)
         raw.pkv_seq_free(h, sid)
 
-    out["alloc64"] = pair(raw_alloc64, pkg_alloc64, 5000)
+    measure("alloc64", raw_alloc64, pkg_alloc64, 5000)
 
     # Decode: 1024 sequences of ~1000 computed tokens.
     seqs = [pool.admit(tokens(CTX + i % 16, i))[0] for i in range(NSEQ)]
@@ -132,7 +161,9 @@ def pagedkv_traces():
 
     def next_tokens():
         step[0] += 1
-        return ((np.arange(NSEQ, dtype=np.int64) * 40503 + step[0] * 2654435761) % 152064).astype(np.int32)
+        return (
+            (np.arange(NSEQ, dtype=np.int64) * 40503 + step[0] * 2654435761) % 152064
+        ).astype(np.int32)
 
     def raw_decode():
         t = next_tokens().tolist()
@@ -168,7 +199,9 @@ def pagedkv_traces():
 
     def raw_step_pt():
         raw.pkv_seq_append_batch(h, (ids, next_tokens()))
-        bt = raw.pkv_batch_prepare_ex(h, (ids, ones), raw.PKV_PREPARE_PERSISTENT_TABLE, None)
+        bt = raw.pkv_batch_prepare_ex(
+            h, (ids, ones), raw.PKV_PREPARE_PERSISTENT_TABLE, None
+        )
         raw.pkv_batch_commit(bt)
         raw.pkv_batch_destroy(bt)
 
@@ -180,7 +213,9 @@ def pagedkv_traces():
     out["decode_plan_pt"] = pair(raw_step_pt, pkg_step_pt, STEPS)
 
     def raw_step_fused():
-        bt = raw.pkv_batch_prepare_decode(h, (ids, next_tokens()), raw.PKV_PREPARE_PERSISTENT_TABLE, None)
+        bt = raw.pkv_batch_prepare_decode(
+            h, (ids, next_tokens()), raw.PKV_PREPARE_PERSISTENT_TABLE, None
+        )
         raw.pkv_batch_commit(bt)
         raw.pkv_batch_destroy(bt)
 
@@ -234,6 +269,8 @@ class _Req:
 
 
 def vllm_traces(root):
+    """vLLM's figures per trace, and its short traces as functions (for
+    pagedkv_traces to interleave with its own)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import vllm_loader
 
@@ -249,13 +286,14 @@ def vllm_traces(root):
     def alloc1():
         pool.free_blocks(pool.get_new_blocks(1))
 
-    out["alloc1"] = best(alloc1, 20000)
-    out["append_truncate"] = out["alloc1"]  # a rollback frees the block the token took
+    # A rollback frees the block the token took: append 1 + truncate 0 is
+    # alloc1 on vLLM's side.
+    short = {"alloc1": alloc1}
 
     def alloc64():
         pool.free_blocks(reversed(pool.get_new_blocks(64)))
 
-    out["alloc64"] = best(alloc64, 5000)
+    short["alloc64"] = alloc64
 
     def append_token(r, t):
         r.tokens.append(t)
@@ -284,7 +322,9 @@ def vllm_traces(root):
 
     def next_tokens():
         step[0] += 1
-        return ((np.arange(NSEQ, dtype=np.int64) * 40503 + step[0] * 2654435761) % 152064).tolist()
+        return (
+            (np.arange(NSEQ, dtype=np.int64) * 40503 + step[0] * 2654435761) % 152064
+        ).tolist()
 
     def decode():
         for r, t in zip(reqs, next_tokens()):
@@ -309,7 +349,9 @@ def vllm_traces(root):
             if k != nrow[i]:
                 table[i, nrow[i] : k] = [b.block_id for b in r.blocks[nrow[i] :]]
                 nrow[i] = k
-        seq_lens = np.fromiter((len(r.tokens) for r in reqs), dtype=np.int32, count=NSEQ)
+        seq_lens = np.fromiter(
+            (len(r.tokens) for r in reqs), dtype=np.int32, count=NSEQ
+        )
         pos = seq_lens - 1
         slot = table[rows, pos // BS].astype(np.int64) * BS + pos % BS
         qsl = np.arange(NSEQ + 1, dtype=np.int32)
@@ -346,7 +388,7 @@ def vllm_traces(root):
 
     assert admit() == cap
     out["admit8k"] = best(admit, 2000)
-    return out
+    return out, short
 
 
 ROWS = [
@@ -378,8 +420,12 @@ def machine():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vllm", help="directory holding vLLM's files (vllm/v1/core/block_pool.py)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--vllm", help="directory holding vLLM's files (vllm/v1/core/block_pool.py)"
+    )
     ap.add_argument(
         "--cpu-time",
         action="store_true",
@@ -389,19 +435,26 @@ def main():
     global CLOCK
     if args.cpu_time:
         CLOCK = time.thread_time
-    pk = pagedkv_traces()
-    vl = vllm_traces(args.vllm) if args.vllm else None
+    vl, vshort = vllm_traces(args.vllm) if args.vllm else (None, None)
+    pk = pagedkv_traces(vshort)
+    if vl is not None:
+        vl.update(pk["vllm"])
     print(f"# {machine()}")
     print(f"# clock: {'thread CPU time' if CLOCK is time.thread_time else 'wall time'}")
     print(
-        "# microseconds per trace, best of 5 (raw and package interleaved); ratio = pagedkv / vLLM (below 1: faster);"
+        "# microseconds per trace, best of 5 (raw and package interleaved; the three short traces best of 7,"
+        " vLLM's interleaved too); ratio = pagedkv / vLLM (below 1: faster);"
     )
-    print("# package / raw: the Python package's cost over the raw SWIG calls (issue 16: within 2x)")
+    print(
+        "# package / raw: the Python package's cost over the raw SWIG calls (issue 16: within 2x)"
+    )
     if vl is None:
         print("| trace | C ABI (raw SWIG) us | Python package us | package / raw |")
         print("|---|---|---|---|")
     else:
-        print("| trace | vLLM us | C ABI (raw SWIG) us | package us | C ABI / vLLM | package / vLLM | package / raw |")
+        print(
+            "| trace | vLLM us | C ABI (raw SWIG) us | package us | C ABI / vLLM | package / vLLM | package / raw |"
+        )
         print("|---|---|---|---|---|---|---|")
     for key, name in ROWS:
         r, p = pk[key]
@@ -411,7 +464,9 @@ def main():
         elif v is None:
             print(f"| {name} | | {r:.2f} | {p:.2f} | | | {p / r:.2f} |")
         else:
-            print(f"| {name} | {v:.2f} | {r:.2f} | {p:.2f} | {r / v:.3f} | {p / v:.3f} | {p / r:.2f} |")
+            print(
+                f"| {name} | {v:.2f} | {r:.2f} | {p:.2f} | {r / v:.3f} | {p / v:.3f} | {p / r:.2f} |"
+            )
     each, by_tokens = pk["decode_each"][0], pk["admit8k_tokens"][1]
     if vl is None:
         print(f"| (decode appends, one raw call per sequence) | {each:.2f} | | |")

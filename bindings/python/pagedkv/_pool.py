@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 Tokens = Union[Seq[int], Any]  # any int sequence or int32 buffer (numpy, array.array)
 
 _EVENT_CHUNK = 256
+_NO_MM: tuple = ()  # create_sequence's mm_items default, told by identity
 
 
 class Pool(HandleOwner):
@@ -318,7 +319,7 @@ class Pool(HandleOwner):
         priority: int = 0,
         lora_id: int = 0,
         cache_salt: Optional[str] = None,
-        mm_items: Iterable[MMItemLike] = (),
+        mm_items: Iterable[MMItemLike] = _NO_MM,
         lora_name: Optional[str] = None,
         owned: bool = True,
         lora_path: Optional[str] = None,
@@ -331,6 +332,21 @@ class Pool(HandleOwner):
         ``pool.sequence(id)`` gives a handle back. lora_name keys its blocks
         by LoRA adapter name, as current vLLM does; on a pool with
         tagged_keys=True, lora_path too (vLLM 0.33 keys both)."""
+        # Every option at its default (the common call): no helper frames.
+        # `mm_items is _NO_MM` is the default's identity, never its value (a
+        # numpy array's == is an array).
+        if (
+            owned is True
+            and priority.__class__ is int
+            and not priority
+            and lora_id.__class__ is int
+            and not lora_id
+            and cache_salt is None
+            and lora_name is None
+            and lora_path is None
+            and mm_items is _NO_MM
+        ):
+            return _create_seq(self, self._h, True)
         if owned is not True:
             owned = _flag(owned, "owned")
         opts = _seq_opts(priority, lora_id, cache_salt, mm_items, lora_name, lora_path)
@@ -704,12 +720,17 @@ class Sequence(NoCopy, _c._SeqBase):
                 ) from None
         self._pool._call(_c.pkv_seq_set_retention, self._id, rs)
 
-    def append(self, tokens: Tokens, lookahead: int = 0) -> None:
-        """Appends tokens (their KV is written by the next step) and reserves
-        lookahead further slots. All or nothing: OutOfBlocksError changes
-        nothing."""
-        la = lookahead if lookahead.__class__ is int else _index(lookahead, "lookahead")
-        _seq_append(self._h, self._id, tokens, la)
+    # append(tokens, lookahead=0) is the C base's: the raw call without a
+    # Python frame. Arguments it does not take as they are come here.
+    if TYPE_CHECKING:
+
+        def append(self, tokens: Tokens, lookahead: int = 0) -> None:
+            """Appends tokens (their KV is written by the next step) and
+            reserves lookahead further slots. All or nothing:
+            OutOfBlocksError changes nothing."""
+
+    def _append_py(self, tokens: Tokens, lookahead: int = 0) -> None:
+        _seq_append(self._h, self._id, tokens, _index(lookahead, "lookahead"))
 
     def blocks_needed(self, num_tokens: int, lookahead: int = 0) -> int:
         """Free blocks an append of num_tokens (+ lookahead) would take."""

@@ -240,11 +240,14 @@ static void pkv_py_handle_unpin(pkv_py_handle* h) {
 
 /* The pointer of obj for a parameter of type ty: a pinned handle (*pin set)
  * or a raw SWIG pointer. */
-static int pkv_py_handle_arg(PyObject* obj, swig_type_info* ty, const char* fn, int argnum,
-                             void** out, pkv_py_handle** pin) {
+/* destroy: the call is a *_destroy (PKV_PY_IS_DESTROY of its name, folded
+ * by the compiler: a strstr here was a twentieth of a short call). */
+#define PKV_PY_IS_DESTROY(fn) (__builtin_strstr(fn, "_destroy") != NULL)
+static int pkv_py_handle_arg(PyObject* obj, swig_type_info* ty, const char* fn, int destroy,
+                             int argnum, void** out, pkv_py_handle** pin) {
   if (Py_TYPE(obj) == &pkv_py_handle_type) {
     pkv_py_handle* h = (pkv_py_handle*)obj;
-    if (strstr(fn, "_destroy")) {  /* the handle destroys its pointer itself */
+    if (destroy) {  /* the handle destroys its pointer itself */
       PyErr_Format(PyExc_TypeError, "%s: pass the raw pointer; a handle is released by close()", fn);
       return 0;
     }
@@ -409,7 +412,13 @@ static PyTypeObject pkv_py_seq_type;
  * PKV_E_INVALID_STATE without a call (closing released everything). */
 static pkv_status pkv_py_seq_free_id(pkv_py_handle* h, PyObject* idobj) {
   if (h->closed || !h->raw) return PKV_E_INVALID_STATE;
+  /* PyLong_AsUnsignedLongLong goes through _PyLong_AsByteArray for an int
+   * of more than one digit (every seq id): a fifth of a free's C time */
+#if ULONG_MAX == ULLONG_MAX
+  unsigned long long id = PyLong_AsUnsignedLong(idobj);
+#else
   unsigned long long id = PyLong_AsUnsignedLongLong(idobj);
+#endif
   if (id == (unsigned long long)-1 && PyErr_Occurred()) {
     PyErr_Clear();
     return PKV_E_NOT_FOUND;
@@ -672,6 +681,39 @@ static PyObject* pkv_py_seq_free_method(pkv_py_seq* s, PyObject* unused) {
   Py_RETURN_NONE;
 }
 
+SWIGINTERN PyObject* _wrap_pkv_seq_append(PyObject* self, PyObject* args);
+
+/* append(tokens, lookahead=0): the raw pkv_seq_append of this handle's
+ * pool and id, called from C (a Python frame cost about as much as the
+ * create + append + free of one token it sits in; issue 16). A lookahead
+ * that is not an int, or keyword arguments, take the Python method
+ * (Sequence._append_py: its conversions and messages). */
+static PyObject* pkv_py_seq_append_method(pkv_py_seq* s, PyObject* const* args, Py_ssize_t nargs,
+                                          PyObject* kwnames) {
+  if (kwnames || nargs < 1 || nargs > 2 || (nargs == 2 && !PyLong_CheckExact(args[1]))) {
+    PyObject* slow = PyObject_GetAttrString((PyObject*)s, "_append_py");
+    if (!slow) return NULL;
+    PyObject* r = PyObject_Vectorcall(slow, args, (size_t)nargs, kwnames);
+    Py_DECREF(slow);
+    return r;
+  }
+  if (!s->h || !s->id) {
+    PyErr_SetString(PyExc_TypeError, "append: the sequence handle is not initialised");
+    return NULL;
+  }
+  PyObject* zero = NULL;
+  if (nargs == 1) {
+    zero = PyLong_FromLong(0);
+    if (!zero) return NULL;
+  }
+  PyObject* t = PyTuple_Pack(4, s->h, s->id, args[0], nargs == 2 ? args[1] : zero);
+  Py_XDECREF(zero);
+  if (!t) return NULL;
+  PyObject* r = _wrap_pkv_seq_append(NULL, t);
+  Py_DECREF(t);
+  return r;
+}
+
 static PyMethodDef pkv_py_seq_methods[] = {
     {"_make", (PyCFunction)(void (*)(void))pkv_py_seq_make, METH_FASTCALL | METH_CLASS,
      "_make(pool, handle, id, owned)"},
@@ -681,6 +723,12 @@ static PyMethodDef pkv_py_seq_methods[] = {
      "_adopt(pool, handle, owned, fn, *args)"},
     {"_adopt_polled", (PyCFunction)(void (*)(void))pkv_py_seq_adopt_polled,
      METH_FASTCALL | METH_CLASS, "_adopt_polled(owner, name, pool, handle, fn, *args)"},
+    {"append", (PyCFunction)(void (*)(void))pkv_py_seq_append_method,
+     METH_FASTCALL | METH_KEYWORDS,
+     "append($self, /, tokens, lookahead=0)\n--\n\n"
+     "Appends tokens (their KV is written by the next step) and reserves\n"
+     "lookahead further slots. All or nothing: OutOfBlocksError changes\n"
+     "nothing."},
     {"free", (PyCFunction)pkv_py_seq_free_method, METH_NOARGS,
      "Releases the sequence and its blocks. Idempotent; a no-op once the\n"
      "pool is closed (closing released everything)."},
@@ -807,7 +855,7 @@ static PyGetSetDef pkv_py_handle_getset[] = {
 %define PKV_HANDLE_IN(TYPE)
 %typemap(in) TYPE* pool (void* argp = 0, pkv_py_handle* pin = NULL), const TYPE* pool (void* argp = 0, pkv_py_handle* pin = NULL),
              TYPE* batch (void* argp = 0, pkv_py_handle* pin = NULL), const TYPE* batch (void* argp = 0, pkv_py_handle* pin = NULL) {
-  if (!pkv_py_handle_arg($input, $descriptor(TYPE*), "$symname", $argnum, &argp, &pin)) SWIG_fail;
+  if (!pkv_py_handle_arg($input, $descriptor(TYPE*), "$symname", PKV_PY_IS_DESTROY("$symname"), $argnum, &argp, &pin)) SWIG_fail;
   $1 = ($1_ltype)argp;
 }
 %typemap(freearg) TYPE* pool, const TYPE* pool, TYPE* batch, const TYPE* batch {
@@ -821,7 +869,7 @@ PKV_HANDLE_IN(pkv_batch)
  * through a _Handle, pinned for each call as pools are. */
 %typemap(in) pkv_event_publisher* pub (void* argp = 0, pkv_py_handle* pin = NULL),
              const pkv_event_publisher* pub (void* argp = 0, pkv_py_handle* pin = NULL) {
-  if (!pkv_py_handle_arg($input, $descriptor(pkv_event_publisher*), "$symname", $argnum, &argp, &pin)) SWIG_fail;
+  if (!pkv_py_handle_arg($input, $descriptor(pkv_event_publisher*), "$symname", PKV_PY_IS_DESTROY("$symname"), $argnum, &argp, &pin)) SWIG_fail;
   $1 = ($1_ltype)argp;
 }
 %typemap(freearg) pkv_event_publisher* pub, const pkv_event_publisher* pub {
@@ -830,7 +878,7 @@ PKV_HANDLE_IN(pkv_batch)
 /* Transfer engines and transfers (pagedkv/transfer.py) are _Handles too. */
 %define PKV_HANDLE_IN_NAMED(TYPE, NAME)
 %typemap(in) TYPE* NAME (void* argp = 0, pkv_py_handle* pin = NULL), const TYPE* NAME (void* argp = 0, pkv_py_handle* pin = NULL) {
-  if (!pkv_py_handle_arg($input, $descriptor(TYPE*), "$symname", $argnum, &argp, &pin)) SWIG_fail;
+  if (!pkv_py_handle_arg($input, $descriptor(TYPE*), "$symname", PKV_PY_IS_DESTROY("$symname"), $argnum, &argp, &pin)) SWIG_fail;
   $1 = ($1_ltype)argp;
 }
 %typemap(freearg) TYPE* NAME, const TYPE* NAME {

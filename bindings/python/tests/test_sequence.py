@@ -34,6 +34,57 @@ def test_lookahead_reserves_slots(manager_pool):
     assert info.num_tokens == 3 and info.num_slots >= 9 and info.num_blocks == 3
 
 
+def test_append_every_argument_form(manager_pool):
+    # append runs in C for (tokens) and (tokens, int); keywords and other
+    # lookahead types take the Python method: every form must do the same.
+    s = manager_pool.create_sequence()
+    s.append([1])
+    s.append([2], 3)
+    s.append(tokens=[3])
+    s.append([4], lookahead=np.int64(2))
+    s.append(np.array([5], dtype=np.int32), lookahead=True)
+    assert len(s) == 5 and s.block_hashes() == manager_pool.hash_prefix([1, 2, 3, 4, 5])
+    assert s.info().num_slots >= 5 + 2
+    with pytest.raises(TypeError):
+        s.append()
+    with pytest.raises(TypeError):
+        s.append([6], 0, 0)
+    with pytest.raises(TypeError):
+        s.append([6], spare=1)
+    with pytest.raises(TypeError, match="lookahead"):
+        s.append([6], 1.5)
+    with pytest.raises(OverflowError, match="num_lookahead"):
+        s.append([6], -1)
+    assert len(s) == 5
+    s.free()
+    with pytest.raises(pagedkv.NotFoundError):
+        s.append([6])
+    with pytest.raises(TypeError, match="not initialised"):
+        pagedkv.Sequence.__new__(pagedkv.Sequence).append([1])
+
+
+def test_create_sequence_defaults_given_explicitly(manager_pool):
+    # create_sequence() takes a fast path when every option is at its
+    # default; the same defaults given (or given as other falsy values)
+    # make the same kind of sequence.
+    for kw in (
+        {},
+        {"priority": 0, "lora_id": 0, "mm_items": ()},
+        {"mm_items": []},
+        {"priority": False},
+        {"mm_items": np.zeros(0)},
+        {"owned": True},
+    ):
+        s = manager_pool.create_sequence(**kw)
+        assert s.owned and s.info().priority == 0 and s.info().lora_id == 0
+        s.append(list(range(9)))
+        assert s.block_hashes() == manager_pool.hash_prefix(list(range(9)))
+        s.free()
+    s = manager_pool.create_sequence(owned=False)
+    assert not s.owned
+    manager_pool.free_batch([s.id])
+
+
 def test_match_prefix_shares_blocks(manager_pool):
     prompt = list(range(50, 61))  # 11 tokens: 2 full blocks + 3
     a = manager_pool.create_sequence()
