@@ -51,6 +51,11 @@ class Batch(HandleOwner):
     """
 
     _aborted = False  # abort() succeeded: leaving a `with` block commits nothing
+    # commit() succeeded: close() has nothing to abort. Its abort() then
+    # raised InvalidStateError, caught: a C++ exception, a formatted message
+    # and a Python exception on every step of a `with` block (a tenth of
+    # the package's 1024-sequence decode step).
+    _committed = False
 
     def __init__(
         self,
@@ -193,6 +198,7 @@ class Batch(HandleOwner):
         """The step's writes happened: its tokens count as computed.
         Idempotent; InvalidStateError after :meth:`abort`."""
         self._call(_c.pkv_batch_commit)
+        self._committed = True
 
     def abort(self) -> None:
         """The step failed before its writes: nothing of it counts.
@@ -203,7 +209,7 @@ class Batch(HandleOwner):
     def close(self) -> None:
         """Aborts the step unless it was committed, then releases the plan."""
         h = getattr(self, "_h", None)
-        if h is not None and not h.closed:
+        if h is not None and not h.closed and not self._committed:
             try:
                 self.abort()
             except _c.PagedKVError:
@@ -214,7 +220,13 @@ class Batch(HandleOwner):
         try:
             # The engine's own writes ended normally, unless the block
             # aborted the step itself (a commit would raise: it was aborted).
-            if exc_type is None and self._pool.num_layers == 0 and not self._h.closed and not self._aborted:
+            if (
+                exc_type is None
+                and self._pool.num_layers == 0
+                and not self._committed
+                and not self._h.closed
+                and not self._aborted
+            ):
                 self.commit()
         finally:
             self.close()

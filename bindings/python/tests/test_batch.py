@@ -259,6 +259,40 @@ def test_with_block_that_aborts_does_not_commit_on_exit():
     assert len(s) == 7 and s.num_computed_tokens == 6
 
 
+def test_a_committed_batch_is_closed_without_an_abort(monkeypatch):
+    """close() of a committed plan called pkv_batch_abort, which raised
+    InvalidStateError (caught): a C++ exception and a formatted message on
+    every step of a `with` block. A plan aborted or never committed is
+    still aborted by close(), and abort() after commit() still raises."""
+    from pagedkv import _batch
+
+    calls = []
+    real = _batch._c.pkv_batch_abort
+
+    def counting(h):
+        calls.append(h)
+        return real(h)
+
+    monkeypatch.setattr(_batch._c, "pkv_batch_abort", counting)
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    s = pool.admit(list(range(6)))[0]
+    with pool.prepare([s], 6) as b:
+        b.commit()
+    b = pool.prepare_decode([s], [7])  # left by the `with` exit's commit
+    with b:
+        pass
+    assert calls == [] and s.num_computed_tokens == 7
+    b = pool.prepare_decode([s], [8])
+    b.commit()
+    with pytest.raises(pagedkv.InvalidStateError, match="already committed"):
+        b.abort()
+    b.close()
+    assert len(calls) == 1 and s.num_computed_tokens == 8
+    b = pool.prepare_decode([s], [9])
+    b.close()  # never committed: aborted, the token stays uncomputed
+    assert len(calls) == 2 and len(s) == 9 and s.num_computed_tokens == 8
+
+
 def test_zero_query_heads_are_named_not_called_a_stride():
     """numpy gives an empty array all-zero strides, so q of shape [n, 0,
     head_dim] (no query heads) failed the innermost-stride check: "q: the
