@@ -732,6 +732,11 @@ class Sequence(NoCopy, _c._SeqBase):
     def _append_py(self, tokens: Tokens, lookahead: int = 0) -> None:
         _seq_append(self._h, self._id, tokens, _index(lookahead, "lookahead"))
 
+    # Its argument errors are append()'s: "Sequence._append_py() missing 1
+    # required positional argument" named a method the caller never called.
+    _append_py.__qualname__ = "Sequence.append"  # the message's name from 3.10 on
+    _append_py.__code__ = _append_py.__code__.replace(co_name="append")  # before 3.10
+
     def blocks_needed(self, num_tokens: int, lookahead: int = 0) -> int:
         """Free blocks an append of num_tokens (+ lookahead) would take."""
         return _seq_blocks_needed(self._h, self._id, _index(num_tokens, "num_tokens"), _index(lookahead, "lookahead"))

@@ -63,6 +63,27 @@ def test_append_every_argument_form(manager_pool):
         pagedkv.Sequence.__new__(pagedkv.Sequence).append([1])
 
 
+def test_append_argument_errors_name_append(manager_pool):
+    """Arguments the C append does not take are handed to the Python method
+    Sequence._append_py, whose own name was in their errors ("Sequence.
+    _append_py() missing 1 required positional argument: 'tokens'"): a
+    method the caller never called. They name append(), as before it ran
+    in C, and change nothing."""
+    s = manager_pool.create_sequence()
+    for args, kw in (
+        ((), {}),
+        (([1], 0, 0), {}),
+        (([1],), {"tokens": [2]}),
+        (([1],), {"spare": 1}),
+        ((), {"lookahead": 1}),
+        (([1],), {"lookahead": 1, "lookahead_": 2}),
+    ):
+        with pytest.raises(TypeError, match=r"(^|\.)append\(\)") as e:
+            s.append(*args, **kw)
+        assert "_append_py" not in str(e.value)
+    assert len(s) == 0
+
+
 def test_create_sequence_defaults_given_explicitly(manager_pool):
     # create_sequence() takes a fast path when every option is at its
     # default; the same defaults given (or given as other falsy values)
