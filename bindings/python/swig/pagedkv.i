@@ -690,16 +690,17 @@ SWIGINTERN PyObject* _wrap_pkv_seq_append(PyObject* self, PyObject* args);
  * (Sequence._append_py: its conversions and messages). */
 static PyObject* pkv_py_seq_append_method(pkv_py_seq* s, PyObject* const* args, Py_ssize_t nargs,
                                           PyObject* kwnames) {
+  /* before the Python method too, whose self._h raised AttributeError */
+  if (!s->h || !s->id) {
+    PyErr_SetString(PyExc_TypeError, "append: the sequence handle is not initialised");
+    return NULL;
+  }
   if (kwnames || nargs < 1 || nargs > 2 || (nargs == 2 && !PyLong_CheckExact(args[1]))) {
     PyObject* slow = PyObject_GetAttrString((PyObject*)s, "_append_py");
     if (!slow) return NULL;
     PyObject* r = PyObject_Vectorcall(slow, args, (size_t)nargs, kwnames);
     Py_DECREF(slow);
     return r;
-  }
-  if (!s->h || !s->id) {
-    PyErr_SetString(PyExc_TypeError, "append: the sequence handle is not initialised");
-    return NULL;
   }
   PyObject* zero = NULL;
   if (nargs == 1) {

@@ -206,3 +206,21 @@ def test_conversions_survive_items_that_clear_their_list():
         [sys.executable, "-c", _LISTS_CLEARED_BY_THEIR_ITEMS], capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 0 and r.stdout.split() == ["done"], (r.returncode, r.stdout[-500:], r.stderr[-2000:])
+
+
+def test_append_on_an_uninitialised_sequence_is_named_in_every_form():
+    """Sequence.__new__ without __init__: the C append said "append: the
+    sequence handle is not initialised" for (tokens) and (tokens, int), but
+    the forms it hands to the Python method (keywords, a numpy lookahead)
+    raised AttributeError "'Sequence' object has no attribute '_h'"."""
+    u = pagedkv.Sequence.__new__(pagedkv.Sequence)
+    for form in (
+        lambda: u.append([1]),
+        lambda: u.append([1], 1),
+        lambda: u.append([1], lookahead=1),
+        lambda: u.append(tokens=[1]),
+        lambda: u.append([1], np.int64(1)),
+        lambda: u.append([1], True),
+    ):
+        with pytest.raises(TypeError, match="append: the sequence handle is not initialised"):
+            form()
