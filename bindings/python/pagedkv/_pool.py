@@ -639,6 +639,10 @@ class Sequence(NoCopy, _c._SeqBase):
     _pickle_why = "it names a sequence of a live pool (send its tokens)"
 
     def __init__(self, pool: Pool, seq_id: int, owned: bool = True) -> None:
+        # A second __init__ re-pointed a live handle: the sequence it owned
+        # lost its owner (never freed), even when the call then failed.
+        if getattr(self, "_id", None) is not None:
+            raise TypeError("Sequence.__init__: this handle already names a sequence (make a new one)")
         self._freed = False
         self._owned = False  # until every field is set (__del__ reads them)
         # Checked as pool.sequence(id) checks them: Sequence(pool, -1) made a

@@ -172,6 +172,30 @@ def test_create_free_fast_path_keeps_its_guarantees():
         pagedkv.Sequence._create(pool, None, True)
 
 
+def test_a_second_init_of_a_sequence_handle_is_refused_and_changes_nothing():
+    """Sequence.__init__ called again on a live handle re-pointed it: a
+    failing call (a bad seq_id) first cleared its ownership, and a valid one
+    made it name another id; either way the sequence it owned was never
+    freed (a leaked sequence and its blocks until the pool closed)."""
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    s = pool.create_sequence()
+    s.append([1, 2, 3])
+    other = pool.create_sequence(owned=False)
+    for args in ((pool, -1), (pool, other.id), (pool, s.id, False)):
+        with pytest.raises(TypeError, match="already names a sequence"):
+            s.__init__(*args)
+        assert s.owned and s.id != other.id and len(s) == 3
+    del s
+    gc.collect()
+    assert pool.stats().num_seqs == 1  # other's only
+    u = pagedkv.Sequence.__new__(pagedkv.Sequence)
+    u.__init__(pool, other.id, owned=True)  # a handle never initialised still is
+    assert u.owned and u.id == other.id
+    del u
+    gc.collect()
+    assert pool.stats().num_seqs == 0
+
+
 def test_sequence_handles_do_not_leak():
     pool = make_pool(num_blocks=64)
     refs = (sys.getrefcount(pool), sys.getrefcount(pool._h))
