@@ -66,6 +66,12 @@ class Batch(HandleOwner):
         stream: Any = None,
         persistent_table: bool = False,
     ) -> None:
+        # A second __init__ replaced a live plan's handle: the old plan was
+        # destroyed uncommitted and unaborted (its tokens counted as computed
+        # on a manager-only pool), and a carried _committed left the new one
+        # unaborted by close().
+        if getattr(self, "_h", None) is not None:
+            raise TypeError("Batch.__init__: this object already owns a batch (prepare a new one)")
         # As Pool.prepare's: bool() made persistent_table="no" a persistent table.
         persistent_table = _flag(persistent_table, "persistent_table", none_is_false=True)
         self._ids = None

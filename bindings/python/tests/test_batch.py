@@ -373,3 +373,30 @@ def test_repr_of_a_closed_batch_says_it_is_closed():
     assert "closed" in repr(pagedkv.Batch.__new__(pagedkv.Batch))
     pool.close()
     assert "closed" in repr(pool)
+
+
+def test_a_second_init_of_a_live_batch_is_refused_and_changes_nothing():
+    """Batch.__init__ called again on a live plan replaced its handle: the
+    old plan was destroyed with neither commit nor abort, which on a
+    manager-only pool counts its tokens as computed (a step that never ran);
+    after a commit, the carried _committed made close() skip the abort of
+    the new plan, so it counted as computed too."""
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    s = pool.admit(list(range(3)))[0]
+    b = pool.prepare([s], 3)
+    with pytest.raises(TypeError, match="already owns a batch"):
+        b.__init__(pool, [s], 3)
+    assert b.sequences == [s] and b.num_tokens == 3 and not b.closed
+    b.close()  # never committed: aborted
+    assert s.num_computed_tokens == 0
+    b = pool.prepare([s], 3)
+    b.commit()
+    s.append([3])
+    with pytest.raises(TypeError, match="already owns a batch"):
+        b.__init__(pool, [s], 1)
+    b.close()
+    assert s.num_computed_tokens == 3 and len(s) == 4
+    b = pagedkv.Batch.__new__(pagedkv.Batch)
+    b.__init__(pool, [s], 1)  # a Batch never initialised still is
+    b.close()
+    assert s.num_computed_tokens == 3
