@@ -59,6 +59,13 @@ class HandleOwner(NoCopy):
 
     _h: Handle
 
+    def _refuse_second_init(self, what: str) -> None:
+        """__init__ of an object that already owns its handle replaced it:
+        the old library object was never closed (what still held its handle
+        kept it alive) and this object named the new one."""
+        if getattr(self, "_h", None) is not None:
+            raise TypeError(f"{type(self).__name__}.__init__: this object already owns a {what} (make a new one)")
+
     def close(self) -> None:
         """Releases the object (after any call in flight). Idempotent; every
         other call raises InvalidStateError afterwards."""

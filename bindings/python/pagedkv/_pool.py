@@ -87,6 +87,7 @@ class Pool(HandleOwner):
         kv_lora_rank: Optional[int] = None,
         qk_rope_head_dim: Optional[int] = None,
     ) -> None:
+        self._refuse_second_init("pool")
         opts: dict = {}
         for key, value in (
             ("num_blocks", num_blocks),

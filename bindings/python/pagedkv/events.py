@@ -115,6 +115,7 @@ class EventPublisher(HandleOwner):
         hash_encoding: str = "int",
         device_medium: Optional[str] = None,
     ) -> None:
+        self._refuse_second_init("event publisher")
         _check_pool(pool)
         encodings = {"map": _c.PKV_EVENTS_ENCODING_MAP, "array": _c.PKV_EVENTS_ENCODING_ARRAY}
         hashes = {"int": _c.PKV_EVENTS_HASH_INT, "bytes": _c.PKV_EVENTS_HASH_BYTES}

@@ -205,6 +205,7 @@ class HybridPool(Pool):
         strict_key_domains: Optional[bool] = None,
         tagged_keys: Optional[bool] = None,
     ) -> None:
+        self._refuse_second_init("pool")
         opts: dict = {}
         for key, value in (
             ("num_blocks", num_blocks),

@@ -87,6 +87,7 @@ class TransferEngine(HandleOwner):
         timeout_ms: Optional[int] = None,
         export_ttl_ms: Optional[int] = None,
     ) -> None:
+        self._refuse_second_init("transfer engine")
         opts: dict = {"transports": transports}
         if timeout_ms is not None:
             opts["timeout_ms"] = _index(timeout_ms, "timeout_ms")

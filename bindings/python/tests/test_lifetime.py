@@ -196,6 +196,41 @@ def test_a_second_init_of_a_sequence_handle_is_refused_and_changes_nothing():
     assert pool.stats().num_seqs == 0
 
 
+def test_a_second_init_of_a_live_pool_is_refused_and_changes_nothing():
+    """Pool.__init__ (HybridPool's, TransferEngine's) called again on a live
+    object replaced its handle with a new pool's: the old pool was never
+    closed (its sequences and blocks lived on, unreachable by pool.close()),
+    and its sequences, whose _pool is the object, reached the new pool by
+    some calls (len(): NotFoundError "not an id of this pool") and the old
+    one by others (append)."""
+    from pagedkv import transfer
+    from pagedkv.hybrid import HybridPool, KVGroupSpec
+
+    pool = pagedkv.Pool(num_blocks=16, block_size=4)
+    s = pool.create_sequence()
+    s.append([1, 2, 3])
+    with pytest.raises(TypeError, match="already owns a pool"):
+        pool.__init__(num_blocks=8, block_size=4)
+    assert pool.num_blocks == 16 and len(s) == 3 and pool.stats().num_seqs == 1
+    pool.close()
+    assert s.freed
+    hp = HybridPool([KVGroupSpec.mla(61, 512, 64)], num_blocks=4, block_size=64)
+    groups = hp.groups
+    with pytest.raises(TypeError, match="already owns a pool"):
+        hp.__init__([KVGroupSpec.mla(61, 512, 64), KVGroupSpec.mla(61, 512, 64)], num_blocks=8, block_size=64)
+    assert hp.groups == groups and hp.num_blocks == 4
+    hp.close()
+    with transfer.TransferEngine(transports="tcp") as eng:
+        h = eng._h
+        with pytest.raises(TypeError, match="already owns a transfer engine"):
+            eng.__init__(transports="tcp")
+        assert eng._h is h
+    fresh = pagedkv.Pool.__new__(pagedkv.Pool)
+    fresh.__init__(num_blocks=4, block_size=4)  # never initialised: still is
+    assert fresh.num_blocks == 4
+    fresh.close()
+
+
 def test_sequence_handles_do_not_leak():
     pool = make_pool(num_blocks=64)
     refs = (sys.getrefcount(pool), sys.getrefcount(pool._h))
