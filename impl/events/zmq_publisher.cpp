@@ -4,6 +4,7 @@
 // asking for a replay is answered while the engine is between steps.
 #include <zmq.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -147,6 +148,8 @@ class ZmqPublisher final : public Publisher {
     replay_ = zmq_socket(ctx_, ZMQ_ROUTER);
     if (!replay_) zfail("cannot create a ROUTER socket for", o_.replay_endpoint);
     zmq_setsockopt(replay_, ZMQ_LINGER, &linger, sizeof linger);
+    int mandatory = 1;  // a full pipe says EAGAIN instead of dropping the message
+    zmq_setsockopt(replay_, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
     max_in = kMaxIncoming;  // a request is 8 bytes: no 1 GB frame is buffered
     zmq_setsockopt(replay_, ZMQ_MAXMSGSIZE, &max_in, sizeof max_in);
     if (zmq_bind(replay_, o_.replay_endpoint.c_str()) != 0)
@@ -192,38 +195,115 @@ class ZmqPublisher final : public Publisher {
     return frames;
   }
 
-  void send_frames(const std::string& id, const std::string& seq, const std::string& body) {
-    send_frame(replay_, id.data(), id.size(), ZMQ_SNDMORE);
-    send_frame(replay_, "", 0, ZMQ_SNDMORE);
-    send_frame(replay_, seq.data(), seq.size(), ZMQ_SNDMORE);
-    send_frame(replay_, body.data(), body.size(), 0);
-  }
-
   // vLLM's _service_replay: a request is [identity, "", start seq (big
-  // endian)]; the answer every buffered batch with seq >= start, then the
-  // end marker (seq -1, empty payload). Malformed requests are ignored.
+  // endian)]; the answer every batch buffered at the request with seq >=
+  // start, then the end marker (seq -1, empty payload). Malformed requests
+  // are ignored. Answers are sent as the peer's pipe takes them (the
+  // ROUTER is mandatory, each send non-blocking): sent in one go, a reply
+  // past the ROUTER's high-water mark (1000 messages) lost the rest of its
+  // batches and the end marker, and a blocking send would let one peer
+  // that never reads stall everyone's replays.
   void serve_replays() noexcept {
     try {
+      bool moved = false;
       while (!stop_) {
         zmq_pollitem_t item{replay_, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&item, 1, 50) <= 0 || !(item.revents & ZMQ_POLLIN)) continue;
-        std::vector<std::string> f = recv_frames(replay_);
-        if (f.size() != 3 || f[2].empty() || f[2].size() > 8) continue;
-        uint64_t start = 0;
-        for (unsigned char c : f[2]) start = (start << 8) | c;
-        std::vector<std::pair<uint64_t, std::string>> hits;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          ++stats_.replay_requests;
-          for (const auto& b : buffer_)
-            if (b.first >= start) hits.push_back(b);
-        }
-        for (const auto& h : hits) send_frames(f[0], be64(h.first), h.second);
-        send_frames(f[0], be64(~uint64_t(0)), std::string());
+        // Peers whose pipes are full are tried again every 10 ms.
+        const int rc = zmq_poll(&item, 1, replies_.empty() ? 50 : moved ? 0 : 10);
+        if (rc > 0 && (item.revents & ZMQ_POLLIN)) take_request();
+        moved = send_replies();
       }
     } catch (...) {  // out of memory: stop answering replays, keep publishing
     }
   }
+
+  void take_request() {
+    std::vector<std::string> f = recv_frames(replay_);
+    if (f.size() != 3 || f[2].empty() || f[2].size() > 8) return;
+    uint64_t start = 0;
+    for (unsigned char c : f[2]) start = (start << 8) | c;
+    Reply r{std::move(f[0]), start, 0, now_ns()};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.replay_requests;
+      r.end = stats_.next_seq;
+    }
+    // One answer per peer: its new request restarts it. Past
+    // kMaxReplies peers, the one stalled longest (not reading) is dropped.
+    for (Reply& x : replies_)
+      if (x.id == r.id) {
+        x = std::move(r);
+        return;
+      }
+    if (replies_.size() >= kMaxReplies)
+      replies_.erase(
+          std::min_element(replies_.begin(), replies_.end(),
+                           [](const Reply& a, const Reply& b) { return a.moved_ns < b.moved_ns; }));
+    replies_.push_back(std::move(r));
+  }
+
+  // Sends what each peer's pipe takes (at most 64 messages a peer a round);
+  // true if any message went.
+  bool send_replies() {
+    bool moved = false;
+    for (size_t i = 0; i < replies_.size();) {
+      Reply& r = replies_[i];
+      bool done = false, gone = false;
+      for (int n = 0; n < 64 && !done && !gone; ++n) {
+        uint64_t seq = ~uint64_t(0);
+        std::string body;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto it = std::lower_bound(
+              buffer_.begin(), buffer_.end(), r.next,
+              [](const std::pair<uint64_t, std::string>& b, uint64_t s) { return b.first < s; });
+          if (it != buffer_.end() && it->first < r.end) {
+            seq = it->first;
+            body = it->second;
+          }
+        }
+        int rc;
+        do {
+          rc = zmq_send(replay_, r.id.data(), r.id.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+        } while (rc < 0 && zmq_errno() == EINTR);
+        if (rc < 0) {
+          gone = zmq_errno() != EAGAIN;  // EHOSTUNREACH: the peer left
+          break;
+        }
+        const std::string seq_bytes = be64(seq);
+        send_frame(replay_, "", 0, ZMQ_SNDMORE);
+        send_frame(replay_, seq_bytes.data(), 8, ZMQ_SNDMORE);
+        send_frame(replay_, body.data(), body.size(), 0);
+        r.moved_ns = now_ns();
+        moved = true;
+        if (seq == ~uint64_t(0))
+          done = true;
+        else
+          r.next = seq + 1;
+      }
+      if (done || gone)
+        replies_.erase(replies_.begin() + std::ptrdiff_t(i));
+      else
+        ++i;
+    }
+    return moved;
+  }
+
+  static uint64_t now_ns() {
+    return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now().time_since_epoch())
+                        .count());
+  }
+
+  // A replay being answered (the replay thread's alone).
+  struct Reply {
+    std::string id;     // the peer's routing id
+    uint64_t next;      // the next seq to send from
+    uint64_t end;       // the first seq not buffered at the request
+    uint64_t moved_ns;  // when its pipe last took a message
+  };
+  static constexpr size_t kMaxReplies = 1024;
+  std::vector<Reply> replies_;
 
   std::shared_ptr<Pool> pool_;
   PublisherOptions o_;

@@ -349,3 +349,52 @@ TEST(Publisher, PeersSendingHugeFramesAreDisconnected) {
   zmq_ctx_term(ctx);
   pkv_event_publisher_destroy(pub);
 }
+
+// A replay longer than the ROUTER's high-water mark (1000 messages) comes
+// back whole, end marker included, and a peer that asks and never reads
+// delays no one else's answer. Sent in one go, the reply lost everything
+// past the first 1000 batches, the end marker too: the router waited for
+// it forever.
+TEST(Publisher, LongReplaysArriveWholeAndANonReadingPeerStallsNoOne) {
+  Pool pool;
+  const uint64_t steps = 2500;
+  pkv_event_publisher* pub = make(pool.p, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", steps);
+  ASSERT_NE(pub, nullptr);
+  for (uint64_t i = 0; i < steps; ++i) {
+    ASSERT_EQ(pkv_pool_reset_prefix_cache(pool.p), PKV_OK);  // one event a step
+    ASSERT_EQ(pkv_event_publisher_publish(pub, nullptr), PKV_OK);
+  }
+  void* ctx = zmq_ctx_new();
+  int linger = 0;
+  const char start[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  auto ask = [&](void* s) {
+    EXPECT_EQ(zmq_send(s, "", 0, ZMQ_SNDMORE), 0);
+    EXPECT_EQ(zmq_send(s, start, 8, 0), 8);
+  };
+  void* idle = zmq_socket(ctx, ZMQ_DEALER);  // asks, never reads
+  zmq_setsockopt(idle, ZMQ_LINGER, &linger, sizeof linger);
+  ASSERT_EQ(zmq_connect(idle, endpoint(pub, 1).c_str()), 0);
+  ask(idle);
+  void* req = zmq_socket(ctx, ZMQ_DEALER);
+  zmq_setsockopt(req, ZMQ_LINGER, &linger, sizeof linger);
+  ASSERT_EQ(zmq_connect(req, endpoint(pub, 1).c_str()), 0);
+  ask(req);
+  uint64_t expect = 0;
+  bool end = false;
+  while (!end) {
+    std::vector<std::string> r = recv_all(req, 3000);
+    ASSERT_EQ(r.size(), 3u) << "after " << expect << " batches";
+    if (r[2].empty()) {
+      EXPECT_EQ(r[1], std::string(8, '\xff'));
+      end = true;
+    } else {
+      ASSERT_EQ(be64(r[1]), expect);
+      ++expect;
+    }
+  }
+  EXPECT_EQ(expect, steps);
+  zmq_close(idle);
+  zmq_close(req);
+  zmq_ctx_term(ctx);
+  pkv_event_publisher_destroy(pub);
+}
