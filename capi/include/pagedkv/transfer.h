@@ -31,7 +31,9 @@
  * With TCP the exporter serves reads from its own progress: call
  * pkv_transfer_engine_progress on the exporting engine while imports of its
  * exports run. A peer that can reach the engine's worker can read the whole
- * registered arena of an exported pool: run it on a trusted network.
+ * registered arena of an exported pool, and (UCX 1.13 trusts its peers'
+ * bytes) crash the process or write into its memory with crafted packets:
+ * only trusted engines may reach its ports (docs/scale-out-transfer.md).
  * A descriptor ends with a checksum of its bytes: one cut or corrupted in
  * transit is PKV_E_INVALID_ARGUMENT at import and nothing is read. The
  * exporter's addresses in it are trusted (they cannot be checked against
