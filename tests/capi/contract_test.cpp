@@ -1185,6 +1185,37 @@ TEST(Contract, UsageCowCountsAndComputedTokensOfForks) {
   pkv_pool_destroy(p);
 }
 
+// pool.h, pkv_seq_fork: tokens the parent appended before the fork are the
+// child's too; the parent's step, prepared before or after the fork, writes
+// them once into the block both hold and both count them as computed.
+TEST(Contract, AForkBetweenTheParentsAppendAndItsStepSharesThatStep) {
+  for (bool fork_first : {true, false}) {
+    SCOPED_TRACE(fork_first ? "fork, then prepare" : "prepare, then fork");
+    pkv_pool* p = make_pool(4, 9);
+    pkv_seq_id s = computed_seq(p, iota_tokens(5));
+    int32_t x = 6;
+    PKV_ASSERT_OK(pkv_seq_append(p, s, &x, 1, 0));
+    pkv_seq_id c = 0;
+    if (fork_first) PKV_ASSERT_OK(pkv_seq_fork(p, s, &c));
+    const uint32_t q = 1;
+    pkv_batch* b = nullptr;
+    PKV_ASSERT_OK(pkv_batch_prepare(p, &s, &q, 1, nullptr, &b));
+    if (!fork_first) PKV_ASSERT_OK(pkv_seq_fork(p, s, &c));
+    PKV_ASSERT_OK(pkv_batch_commit(b));
+    pkv_batch_destroy(b);
+    for (pkv_seq_id id : {s, c}) {
+      pkv_seq_info info;
+      pkv_seq_info_init_sized(&info, sizeof info);
+      PKV_ASSERT_OK(pkv_seq_get_info(p, id, &info));
+      EXPECT_EQ(info.num_tokens, 6u);
+      EXPECT_EQ(info.num_computed_tokens, 6u);
+    }
+    EXPECT_EQ(stats_of(p).num_used_blocks, 2u);  // no copy: the block is shared
+    EXPECT_EQ(pkv_pool_validate(p), PKV_OK);
+    pkv_pool_destroy(p);
+  }
+}
+
 TEST(Contract, AStepPreparedBeforeATruncateDoesNotCountForItsSequence) {
   pkv_pool* p = make_pool(4, 8);
   pkv_seq_id s = 0;

@@ -281,10 +281,11 @@ PKV_API pkv_status pkv_seq_reserve(pkv_pool* pool, pkv_seq_id seq, uint64_t num_
 /* Creates a child sharing every block of parent (parallel sampling, beam
  * search). Writing into a shared partial block later copies it first
  * (copy-on-write, executed by the next pkv_batch_prepare, before that step's
- * cache writes). Fork after the step that computed the parent's tokens: a
- * fork before it gives the child a copy of the partial block as it was
- * before the parent's new tokens were written (their K/V lands only in the
- * parent's block). The child counts as computed what the parent did. */
+ * cache writes) when the tokens there differ. The child counts as computed
+ * what the parent did. Tokens the parent appended before the fork are the
+ * child's too: a step of the parent (prepared before or after the fork)
+ * writes their K/V once, into the block both hold, and both count them as
+ * computed when it commits. */
 PKV_API pkv_status pkv_seq_fork(pkv_pool* pool, pkv_seq_id parent, pkv_seq_id* out_child);
 
 /* Drops tokens from the tail so num_tokens remain, releasing blocks that
