@@ -596,7 +596,11 @@ PKV_API pkv_status pkv_pool_copy_blocks(pkv_pool* pool, const int32_t* src, cons
  * host_bytes must be at least num_blocks * bytes_per_block. Block ids and
  * ref counts are the caller's business; this moves bytes only. A swap-in
  * writes its blocks at once, so a block may appear once in its list
- * (PKV_E_INVALID_ARGUMENT otherwise); a swap-out may read one twice. */
+ * (PKV_E_INVALID_ARGUMENT otherwise); a swap-out may read one twice. A
+ * swap-in marks each block's slots written up to its fill (the tokens it
+ * holds now), whatever the buffer held for them: swap out only blocks
+ * whose tokens were computed, else the swapped-in sequence counts tokens
+ * as computed whose K/V no step wrote. */
 PKV_API pkv_status pkv_pool_swap_blocks(pkv_pool* pool, const int32_t* blocks, uint64_t num_blocks,
                                         void* host_buffer, uint64_t host_bytes, uint32_t direction,
                                         void* stream);
