@@ -198,7 +198,8 @@ class ZmqPublisher final : public Publisher {
   // vLLM's _service_replay: a request is [identity, "", start seq (big
   // endian)]; the answer every batch buffered at the request with seq >=
   // start, then the end marker (seq -1, empty payload). Malformed requests
-  // are ignored. Answers are sent as the peer's pipe takes them (the
+  // are ignored; a peer's requests are answered in the order it sent
+  // them. Answers are sent as the peer's pipe takes them (the
   // ROUTER is mandatory, each send non-blocking): sent in one go, a reply
   // past the ROUTER's high-water mark (1000 messages) lost the rest of its
   // batches and the end marker, and a blocking send would let one peer
@@ -222,17 +223,25 @@ class ZmqPublisher final : public Publisher {
     if (f.size() != 3 || f[2].empty() || f[2].size() > 8) return;
     uint64_t start = 0;
     for (unsigned char c : f[2]) start = (start << 8) | c;
-    Reply r{std::move(f[0]), start, 0, now_ns()};
+    Reply r{std::move(f[0]), start, 0, now_ns(), false, {}};
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.replay_requests;
       r.end = stats_.next_seq;
     }
-    // One answer per peer: its new request restarts it. Past
-    // kMaxReplies peers, the one stalled longest (not reading) is dropped.
+    // One answer per peer at a time: its further requests are answered in
+    // turn, as vLLM answers them (up to kMaxQueued waiting; past them a
+    // request is ignored). A request from a peer whose pipe was full at the
+    // last try restarts its reply instead: that peer stopped reading, or
+    // reconnected with the same routing id (whose new pipe must not get the
+    // rest of the old connection's answers). Past kMaxReplies peers, the
+    // one stalled longest (not reading) is dropped.
     for (Reply& x : replies_)
       if (x.id == r.id) {
-        x = std::move(r);
+        if (x.stalled)
+          x = std::move(r);
+        else if (x.queued.size() < kMaxQueued)
+          x.queued.emplace_back(r.next, r.end);
         return;
       }
     if (replies_.size() >= kMaxReplies)
@@ -268,6 +277,7 @@ class ZmqPublisher final : public Publisher {
         } while (rc < 0 && zmq_errno() == EINTR);
         if (rc < 0) {
           gone = zmq_errno() != EAGAIN;  // EHOSTUNREACH: the peer left
+          r.stalled = !gone;
           break;
         }
         const std::string seq_bytes = be64(seq);
@@ -275,11 +285,18 @@ class ZmqPublisher final : public Publisher {
         send_frame(replay_, seq_bytes.data(), 8, ZMQ_SNDMORE);
         send_frame(replay_, body.data(), body.size(), 0);
         r.moved_ns = now_ns();
+        r.stalled = false;
         moved = true;
-        if (seq == ~uint64_t(0))
-          done = true;
-        else
+        if (seq == ~uint64_t(0)) {
+          done = r.queued.empty();
+          if (!done) {  // the peer's next request
+            r.next = r.queued.front().first;
+            r.end = r.queued.front().second;
+            r.queued.pop_front();
+          }
+        } else {
           r.next = seq + 1;
+        }
       }
       if (done || gone)
         replies_.erase(replies_.begin() + std::ptrdiff_t(i));
@@ -301,8 +318,12 @@ class ZmqPublisher final : public Publisher {
     uint64_t next;      // the next seq to send from
     uint64_t end;       // the first seq not buffered at the request
     uint64_t moved_ns;  // when its pipe last took a message
+    bool stalled;       // its pipe was full at the last try
+    // its later requests, each as (next, end), answered in turn
+    std::deque<std::pair<uint64_t, uint64_t>> queued;
   };
   static constexpr size_t kMaxReplies = 1024;
+  static constexpr size_t kMaxQueued = 64;
   std::vector<Reply> replies_;
 
   std::shared_ptr<Pool> pool_;

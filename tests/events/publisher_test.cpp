@@ -398,3 +398,49 @@ TEST(Publisher, LongReplaysArriveWholeAndANonReadingPeerStallsNoOne) {
   zmq_ctx_term(ctx);
   pkv_event_publisher_destroy(pub);
 }
+
+// Two requests a peer sends before reading (a DEALER may) are both answered
+// whole, each with its end marker, in order, as vLLM's _service_replay
+// answers them. A second request restarted the first reply: past its first
+// 64 batches the first answer and its end marker were lost, and a router
+// waiting for two end markers waited forever.
+TEST(Publisher, TwoRequestsFromOnePeerAreBothAnsweredWhole) {
+  Pool pool;
+  const uint64_t steps = 300;
+  pkv_event_publisher* pub = make(pool.p, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", steps);
+  ASSERT_NE(pub, nullptr);
+  for (uint64_t i = 0; i < steps; ++i) {
+    ASSERT_EQ(pkv_pool_reset_prefix_cache(pool.p), PKV_OK);  // one event a step
+    ASSERT_EQ(pkv_event_publisher_publish(pub, nullptr), PKV_OK);
+  }
+  void* ctx = zmq_ctx_new();
+  void* req = zmq_socket(ctx, ZMQ_DEALER);
+  int linger = 0;
+  zmq_setsockopt(req, ZMQ_LINGER, &linger, sizeof linger);
+  ASSERT_EQ(zmq_connect(req, endpoint(pub, 1).c_str()), 0);
+  const uint64_t starts[2] = {0, 200};
+  for (uint64_t s : starts) {
+    char b[8];
+    for (int i = 7; i >= 0; --i) b[7 - i] = char((s >> (8 * i)) & 0xff);
+    ASSERT_EQ(zmq_send(req, "", 0, ZMQ_SNDMORE), 0);
+    ASSERT_EQ(zmq_send(req, b, 8, 0), 8);
+  }
+  for (uint64_t s : starts) {
+    uint64_t expect = s;
+    for (;;) {
+      std::vector<std::string> r = recv_all(req, 3000);
+      ASSERT_EQ(r.size(), 3u) << "request from " << s << ": after " << expect - s << " batches";
+      if (r[2].empty()) {
+        EXPECT_EQ(r[1], std::string(8, '\xff'));
+        break;
+      }
+      ASSERT_EQ(be64(r[1]), expect) << "request from " << s;
+      ++expect;
+    }
+    EXPECT_EQ(expect, steps) << "request from " << s;
+  }
+  EXPECT_TRUE(recv_all(req, 200).empty());
+  zmq_close(req);
+  zmq_ctx_term(ctx);
+  pkv_event_publisher_destroy(pub);
+}
