@@ -259,18 +259,9 @@ class ZmqPublisher final : public Publisher {
       Reply& r = replies_[i];
       bool done = false, gone = false;
       for (int n = 0; n < 64 && !done && !gone; ++n) {
-        uint64_t seq = ~uint64_t(0);
-        std::string body;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          auto it = std::lower_bound(
-              buffer_.begin(), buffer_.end(), r.next,
-              [](const std::pair<uint64_t, std::string>& b, uint64_t s) { return b.first < s; });
-          if (it != buffer_.end() && it->first < r.end) {
-            seq = it->first;
-            body = it->second;
-          }
-        }
+        // The routing id first: a peer whose pipe is full costs no copy of
+        // a batch under the lock publish() takes (once it went, the rest of
+        // the message goes too).
         int rc;
         do {
           rc = zmq_send(replay_, r.id.data(), r.id.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
@@ -279,6 +270,22 @@ class ZmqPublisher final : public Publisher {
           gone = zmq_errno() != EAGAIN;  // EHOSTUNREACH: the peer left
           r.stalled = !gone;
           break;
+        }
+        uint64_t seq = ~uint64_t(0);
+        std::string body;
+        try {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto it = std::lower_bound(
+              buffer_.begin(), buffer_.end(), r.next,
+              [](const std::pair<uint64_t, std::string>& b, uint64_t s) { return b.first < s; });
+          if (it != buffer_.end() && it->first < r.end) {
+            seq = it->first;
+            body = it->second;
+          }
+        } catch (...) {  // no memory for the copy: end the message, then stop
+          send_frame(replay_, "", 0, ZMQ_SNDMORE);
+          send_frame(replay_, "", 0, 0);
+          throw;
         }
         const std::string seq_bytes = be64(seq);
         send_frame(replay_, "", 0, ZMQ_SNDMORE);
