@@ -115,6 +115,9 @@ type PublisherOptions struct {
 	// queues without limit). Each overrides its field.
 	NoReplayBuffer bool
 	NoHWM          bool
+	// Replay answers [topic, seq, batch] and end ["", -1, empty], as vLLM
+	// 0.33 on (replay_with_topic); false: [seq, batch] and [-1, empty].
+	ReplayWithTopic bool
 }
 
 // PublisherStats are an EventPublisher's counters.
@@ -219,19 +222,23 @@ func (opts *PublisherOptions) fill(o *C.pkv_event_publisher_options) {
 	}
 	o.event_encoding = C.uint32_t(opts.EventEncoding)
 	o.hash_encoding = C.uint32_t(opts.HashEncoding)
+	if opts.ReplayWithTopic {
+		o.replay_with_topic = 1
+	}
 }
 
-// cOptionsForTest: the buffer_steps and hwm that opts (nil: none) gives
-// the library, for the tests (cgo is not allowed in _test files).
-func (opts *PublisherOptions) cOptionsForTest() (bufferSteps uint64, hwm int32, err error) {
+// cOptionsForTest: the buffer_steps, hwm and replay_with_topic that opts
+// (nil: none) gives the library, for the tests (cgo is not allowed in
+// _test files).
+func (opts *PublisherOptions) cOptionsForTest() (bufferSteps uint64, hwm int32, withTopic uint32, err error) {
 	var o C.pkv_event_publisher_options
 	if err := check("pkv_event_publisher_options_init_sized", C.pkvgo_event_publisher_options_init_sized(&o, C.size_t(C.sizeof_pkv_event_publisher_options))); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	if opts != nil {
 		opts.fill(&o)
 	}
-	return uint64(o.buffer_steps), int32(o.hwm), nil
+	return uint64(o.buffer_steps), int32(o.hwm), uint32(o.replay_with_topic), nil
 }
 
 func (p *EventPublisher) acquire(op string) (*C.pkv_event_publisher, error) {

@@ -77,22 +77,32 @@ func TestEventPublisher(t *testing.T) {
 // library's default.
 func TestPublisherOptionsReachTheLibrary(t *testing.T) {
 	for _, c := range []struct {
-		opts   *PublisherOptions
-		buffer uint64
-		hwm    int32
+		opts      *PublisherOptions
+		buffer    uint64
+		hwm       int32
+		withTopic uint32
 	}{
-		{nil, 10000, 100000},
-		{&PublisherOptions{}, 10000, 100000},
-		{&PublisherOptions{BufferSteps: 5, HWM: 7}, 5, 7},
-		{&PublisherOptions{NoReplayBuffer: true}, 0, 100000},
-		{&PublisherOptions{NoHWM: true}, 10000, 0},
-		{&PublisherOptions{BufferSteps: 5, HWM: 7, NoReplayBuffer: true, NoHWM: true}, 0, 0},
+		{nil, 10000, 100000, 0},
+		{&PublisherOptions{}, 10000, 100000, 0},
+		{&PublisherOptions{BufferSteps: 5, HWM: 7}, 5, 7, 0},
+		{&PublisherOptions{NoReplayBuffer: true}, 0, 100000, 0},
+		{&PublisherOptions{NoHWM: true}, 10000, 0, 0},
+		{&PublisherOptions{BufferSteps: 5, HWM: 7, NoReplayBuffer: true, NoHWM: true}, 0, 0, 0},
+		{&PublisherOptions{ReplayWithTopic: true}, 10000, 100000, 1},
 	} {
-		buffer, hwm, err := c.opts.cOptionsForTest()
+		buffer, hwm, withTopic, err := c.opts.cOptionsForTest()
 		ok(t, err)
-		if buffer != c.buffer || hwm != c.hwm {
-			t.Fatalf("%+v: buffer_steps %d hwm %d, want %d %d", c.opts, buffer, hwm, c.buffer, c.hwm)
+		if buffer != c.buffer || hwm != c.hwm || withTopic != c.withTopic {
+			t.Fatalf("%+v: buffer_steps %d hwm %d replay_with_topic %d, want %d %d %d", c.opts, buffer, hwm,
+				withTopic, c.buffer, c.hwm, c.withTopic)
 		}
+	}
+	withTopic, err := NewEventPublisher(newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 8, EnableEvents: true}),
+		"inproc://pkv-go-with-topic", "inproc://pkv-go-with-topic-replay", &PublisherOptions{ReplayWithTopic: true})
+	if err == nil {
+		withTopic.Close()
+	} else if !errors.Is(err, ErrUnsupported) {
+		t.Fatal(err)
 	}
 	p := newPool(t, PoolOptions{BlockSize: 4, NumBlocks: 32, EnableEvents: true})
 	pub, err := NewEventPublisher(p, "inproc://pkv-go-zero-opts", "inproc://pkv-go-zero-opts-replay",

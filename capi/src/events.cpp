@@ -1,4 +1,5 @@
 // pagedkv/events.h: the versioned event drain and the ZeroMQ publisher.
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -18,7 +19,8 @@ struct pkv_event_publisher {
 namespace {
 
 constexpr uint32_t kEventV2V1 = sizeof(pkv_event_v2);
-constexpr uint32_t kPublisherOptionsV1 = sizeof(pkv_event_publisher_options);
+// The first release's options ended at device_medium.
+constexpr uint32_t kPublisherOptionsV1 = offsetof(pkv_event_publisher_options, replay_with_topic);
 constexpr uint32_t kPublisherStatsV1 = sizeof(pkv_event_publisher_stats);
 
 std::string str(uint64_t v) { return std::to_string(v); }
@@ -137,6 +139,12 @@ pkv_status pkv_event_publisher_create(pkv_pool* pool, const char* endpoint,
     if (opts->reserved != 0) fail(Errc::kInvalidArgument, "opts->reserved is not 0");
     if (opts->device_medium && !*opts->device_medium)
       fail(Errc::kInvalidArgument, "opts->device_medium is empty (NULL = the default)");
+    const bool with_topic = PKV_HAS_FIELD(opts, replay_with_topic) && opts->replay_with_topic;
+    if (PKV_HAS_FIELD(opts, replay_with_topic) && opts->replay_with_topic > 1)
+      fail(Errc::kInvalidArgument,
+           "opts->replay_with_topic is " + str(opts->replay_with_topic) + ", not 0 or 1");
+    if (PKV_HAS_FIELD(opts, reserved1) && opts->reserved1 != 0)
+      fail(Errc::kInvalidArgument, "opts->reserved1 is not 0");
     pagedkv::events::PublisherOptions o;
     o.endpoint = endpoint;
     o.replay_endpoint = replay_endpoint ? replay_endpoint : "";
@@ -144,6 +152,7 @@ pkv_status pkv_event_publisher_create(pkv_pool* pool, const char* endpoint,
     o.dp_rank = opts->data_parallel_rank;
     o.buffer_steps = opts->buffer_steps;
     o.hwm = opts->hwm;
+    o.replay_with_topic = with_topic;
     o.wire.map_events = opts->event_encoding == PKV_EVENTS_ENCODING_MAP;
     o.wire.int_hashes = opts->hash_encoding == PKV_EVENTS_HASH_INT;
     o.wire.medium[0] = opts->device_medium                           ? opts->device_medium

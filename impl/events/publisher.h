@@ -25,6 +25,9 @@ struct PublisherOptions {
   uint32_t dp_rank = 0;  // offsets a tcp port (or suffixes an inproc name), as vLLM
   uint64_t buffer_steps = 10000;
   int32_t hwm = 100000;
+  // Replay answers [topic, seq, batch] and end ["", -1, empty] (vLLM 0.33
+  // on) instead of [seq, batch] and [-1, empty].
+  bool replay_with_topic = false;
   WireOptions wire;
 };
 

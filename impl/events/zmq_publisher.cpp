@@ -289,6 +289,10 @@ class ZmqPublisher final : public Publisher {
         }
         const std::string seq_bytes = be64(seq);
         send_frame(replay_, "", 0, ZMQ_SNDMORE);
+        if (o_.replay_with_topic) {  // the end marker's topic is empty, as vLLM's
+          const bool end = seq == ~uint64_t(0);
+          send_frame(replay_, o_.topic.data(), end ? 0 : o_.topic.size(), ZMQ_SNDMORE);
+        }
         send_frame(replay_, seq_bytes.data(), 8, ZMQ_SNDMORE);
         send_frame(replay_, body.data(), body.size(), 0);
         r.moved_ns = now_ns();

@@ -444,3 +444,61 @@ TEST(Publisher, TwoRequestsFromOnePeerAreBothAnsweredWhole) {
   zmq_ctx_term(ctx);
   pkv_event_publisher_destroy(pub);
 }
+
+// opts->replay_with_topic: replay answers framed as vLLM 0.33's
+// (_service_replay with its PR 45177): [topic, seq, batch] for each batch,
+// then ["", -1, empty].
+TEST(Publisher, ReplayWithTopicFramesAnswersAsVllm033) {
+  Pool pool;
+  pkv_event_publisher_options o;
+  ASSERT_EQ(pkv_event_publisher_options_init_sized(&o, sizeof o), PKV_OK);
+  EXPECT_EQ(o.replay_with_topic, 0u);  // the default: earlier vLLM's framing
+  o.topic = "kv@pod";
+  pkv_event_publisher* pub = nullptr;
+  o.replay_with_topic = 2;
+  EXPECT_EQ(pkv_event_publisher_create(pool.p, "inproc://rt-pub", "inproc://rt-rep", &o, &pub),
+            PKV_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("replay_with_topic"), std::string::npos);
+  o.replay_with_topic = 1;
+  o.reserved1 = 1;
+  EXPECT_EQ(pkv_event_publisher_create(pool.p, "inproc://rt-pub", "inproc://rt-rep", &o, &pub),
+            PKV_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(pkv_last_error_message()).find("reserved1"), std::string::npos);
+  EXPECT_EQ(pub, nullptr);
+  o.reserved1 = 0;
+  ASSERT_EQ(pkv_event_publisher_create(pool.p, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", &o, &pub),
+            PKV_OK)
+      << pkv_last_error_message();
+  for (int i = 0; i < 3; ++i) {
+    pool.append({i + 1, 2, 3, 4, 5});
+    uint64_t n = 0;
+    ASSERT_EQ(pkv_event_publisher_publish(pub, &n), PKV_OK);
+    ASSERT_EQ(n, 1u);
+  }
+  void* ctx = zmq_ctx_new();
+  void* dealer = zmq_socket(ctx, ZMQ_DEALER);
+  int linger = 0;
+  zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof linger);
+  ASSERT_EQ(zmq_connect(dealer, endpoint(pub, 1).c_str()), 0);
+  const char start[8] = {0, 0, 0, 0, 0, 0, 0, 1};
+  ASSERT_EQ(zmq_send(dealer, "", 0, ZMQ_SNDMORE), 0);
+  ASSERT_EQ(zmq_send(dealer, start, 8, 0), 8);
+  for (uint64_t want = 1;; ++want) {
+    std::vector<std::string> r = recv_all(dealer, 2000);
+    ASSERT_EQ(r.size(), 4u) << "reply " << want;
+    EXPECT_TRUE(r[0].empty());
+    if (want == 3) {  // the end marker
+      EXPECT_TRUE(r[1].empty());
+      EXPECT_EQ(r[2], std::string(8, '\xff'));
+      EXPECT_TRUE(r[3].empty());
+      break;
+    }
+    EXPECT_EQ(r[1], "kv@pod");
+    EXPECT_EQ(be64(r[2]), want);
+    msgpack::object_handle b = msgpack::unpack(r[3].data(), r[3].size());
+    EXPECT_EQ(b.get().via.array.size, 3u);
+  }
+  zmq_close(dealer);
+  zmq_ctx_term(ctx);
+  pkv_event_publisher_destroy(pub);
+}

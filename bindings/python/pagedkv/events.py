@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 from . import _pagedkv as _c
 from ._handle import HandleOwner, _adopt_handle
 from ._pool import _check_pool, _count
-from ._types import EventType, _index
+from ._types import EventType, _flag, _index
 
 if TYPE_CHECKING:
     from ._pool import Pool
@@ -98,8 +98,10 @@ class EventPublisher(HandleOwner):
     socket bound at replay_endpoint. Call :meth:`publish` once per engine
     step. ``event_encoding``: ``"map"`` (vLLM after PR 42892, the default) or
     ``"array"`` (vLLM 0.9 to 0.23); ``hash_encoding``: ``"int"`` (vLLM's
-    default) or ``"bytes"``. UnsupportedError in a build without
-    PAGEDKV_EVENTS."""
+    default) or ``"bytes"``. ``replay_with_topic``: replay answers
+    ``[topic, seq, batch]`` and end ``["", -1, b""]``, as vLLM 0.33 on;
+    False (the default): ``[seq, batch]`` and ``[-1, b""]``, as earlier
+    vLLM. UnsupportedError in a build without PAGEDKV_EVENTS."""
 
     def __init__(
         self,
@@ -114,6 +116,7 @@ class EventPublisher(HandleOwner):
         event_encoding: str = "map",
         hash_encoding: str = "int",
         device_medium: Optional[str] = None,
+        replay_with_topic: bool = False,
     ) -> None:
         self._refuse_second_init("event publisher")
         _check_pool(pool)
@@ -139,6 +142,7 @@ class EventPublisher(HandleOwner):
             "event_encoding": encodings[event_encoding],
             "hash_encoding": hashes[hash_encoding],
             "device_medium": device_medium,
+            "replay_with_topic": int(_flag(replay_with_topic, "replay_with_topic")),
         }
         # The raw call and self._h in one C call: an interrupt between them
         # dropped the publisher, its sockets bound for the process's life.

@@ -375,3 +375,33 @@ def test_publisher_encodings_of_another_type_are_named() -> None:
                 EventPublisher(pool, "inproc://pkv-bad-type", **kw)
         with pytest.raises(pagedkv.InvalidArgumentError, match="hash_encoding 'hex'"):
             EventPublisher(pool, "inproc://pkv-bad-type", hash_encoding="hex")
+
+
+def test_replay_with_topic_frames_answers_as_vllm_0_33() -> None:
+    # vLLM 0.33's _service_replay (its PR 45177) answers [topic, seq, batch]
+    # and ends with [b"", -1, b""]; replay_with_topic=True does the same.
+    with pagedkv.Pool(num_blocks=64, block_size=BS, enable_events=True) as pool:
+        with pytest.raises(TypeError, match="replay_with_topic"):
+            EventPublisher(pool, "inproc://rwt", "inproc://rwt-r", replay_with_topic="yes")
+        pub = _publisher_or_skip(pool, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", topic="kv@pod", replay_with_topic=True)
+        _workload(pool, pub, PROMPTS)
+        n = pub.stats().batches_published
+        ctx = zmq.Context()
+        try:
+            req = ctx.socket(zmq.DEALER)
+            req.connect(pub.replay_endpoint)
+            req.send_multipart([b"", (1).to_bytes(8, "big")])
+            seqs = []
+            while req.poll(2000):
+                delim, topic, seq_bytes, payload = req.recv_multipart()
+                assert delim == b""
+                if not payload:
+                    assert topic == b"" and seq_bytes == b"\xff" * 8
+                    break
+                assert topic == b"kv@pod"
+                assert isinstance(msgspec.msgpack.decode(payload), list)
+                seqs.append(int.from_bytes(seq_bytes, "big"))
+            assert seqs == list(range(1, n))
+        finally:
+            ctx.destroy(linger=0)
+            pub.close()

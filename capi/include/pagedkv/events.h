@@ -76,6 +76,10 @@ typedef struct pkv_event_publisher_options {
   const char* device_medium;   /* medium string of PKV_MEDIUM_DEVICE blocks; copied.
                                   NULL (default) = "GPU" for a CUDA pool, "CPU" for a
                                   CPU pool (vLLM itself always says "GPU") */
+  /* Added after the first release (read only when struct_size covers it): */
+  uint32_t replay_with_topic; /* 1: replay answers carry the topic frame, as vLLM 0.33
+                                 on (its PR 45177); 0 (default): as earlier vLLM */
+  uint32_t reserved1;         /* 0 */
 } pkv_event_publisher_options;
 
 PKV_API void pkv_event_publisher_options_init(pkv_event_publisher_options* opts);
@@ -93,7 +97,9 @@ PKV_API pkv_status pkv_event_publisher_options_init_sized(pkv_event_publisher_op
  * when a NORM session fails to start, and OpenPGM writes to stderr.
  * replay_endpoint: NULL for none, or a ROUTER address to bind: a request
  * [start seq, 8 bytes big endian] is answered with every buffered
- * [seq, batch] from there and then [-1, empty]. opts: NULL for defaults.
+ * [seq, batch] from there and then [-1, empty]; with
+ * opts->replay_with_topic, [topic, seq, batch] and then ["", -1, empty]
+ * (vLLM 0.33's framing). opts: NULL for defaults.
  * The publisher keeps the pool alive. PKV_E_UNSUPPORTED in a build
  * without PAGEDKV_EVENTS. */
 PKV_API pkv_status pkv_event_publisher_create(pkv_pool* pool, const char* endpoint,

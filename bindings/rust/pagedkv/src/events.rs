@@ -136,6 +136,9 @@ pub struct PublisherOptions {
     /// EventMedium string of the pool's own blocks; `None`: "GPU" for a CUDA
     /// pool, "CPU" for a CPU pool.
     pub device_medium: Option<String>,
+    /// Replay answers `[topic, seq, batch]` and end `["", -1, empty]`, as
+    /// vLLM 0.33 on; `false`: `[seq, batch]` and `[-1, empty]`.
+    pub replay_with_topic: bool,
 }
 
 impl Default for PublisherOptions {
@@ -153,6 +156,7 @@ impl Default for PublisherOptions {
             event_encoding: EventEncoding::Map,
             hash_encoding: HashEncoding::Int,
             device_medium: None,
+            replay_with_topic: o.replay_with_topic != 0,
         }
     }
 }
@@ -217,6 +221,7 @@ impl EventPublisher {
             HashEncoding::Bytes => sys::PKV_EVENTS_HASH_BYTES,
         };
         o.device_medium = medium.as_ref().map_or(ptr::null(), |m| m.as_ptr());
+        o.replay_with_topic = u32::from(opts.replay_with_topic);
         let mut out = ptr::null_mut();
         // SAFETY: every pointer is valid for the call; the library copies
         // the strings.

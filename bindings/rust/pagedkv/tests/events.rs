@@ -177,3 +177,26 @@ fn multicast_endpoints_are_refused_not_aborted() {
         EventPublisher::new(&p, "inproc://mc-after", None, &PublisherOptions::default()).is_ok()
     );
 }
+
+#[test]
+fn replay_with_topic_is_off_by_default_and_accepted() {
+    assert!(!PublisherOptions::default().replay_with_topic);
+    let p = pool(8);
+    let opts = PublisherOptions {
+        topic: "kv@pod".into(),
+        replay_with_topic: true,
+        ..PublisherOptions::default()
+    };
+    let pub_ = match EventPublisher::new(
+        &p,
+        "inproc://pkv-rust-with-topic",
+        Some("inproc://pkv-rust-with-topic-replay"),
+        &opts,
+    ) {
+        Err(e) if e.kind() == ErrorKind::Unsupported => return, // built without PAGEDKV_EVENTS
+        r => r.unwrap(),
+    };
+    let s = p.create_seq().unwrap();
+    p.append(s, &[7; 8]).unwrap();
+    assert_eq!(pub_.publish().unwrap(), 2);
+}
