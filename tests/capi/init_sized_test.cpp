@@ -57,7 +57,7 @@ const std::vector<Versioned>& structs() {
       PKV_VERSIONED(pkv_tier_match, file_tokens, sizeof(pkv_tier_match)),
       PKV_VERSIONED(pkv_tier_stats, num_dropped, sizeof(pkv_tier_stats)),
       PKV_VERSIONED(pkv_event_publisher_options, device_medium,
-                    sizeof(pkv_event_publisher_options)),
+                    offsetof(pkv_event_publisher_options, replay_with_topic)),
       PKV_VERSIONED(pkv_event_publisher_stats, replay_requests, sizeof(pkv_event_publisher_stats)),
       PKV_VERSIONED(pkv_kv_group_spec, reserved1, offsetof(pkv_kv_group_spec, flags)),
       PKV_VERSIONED(pkv_group_stats, bytes_per_block, sizeof(pkv_group_stats)),
