@@ -126,6 +126,23 @@ TEST(EventsV2, BothDrainsShareOneQueue) {
   EXPECT_EQ(ids[0], 5);
 }
 
+// Publishes n batches of one event each (a prefix-cache reset).
+void publish_steps(pkv_pool* pool, pkv_event_publisher* pub, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(pkv_pool_reset_prefix_cache(pool), PKV_OK);
+    ASSERT_EQ(pkv_event_publisher_publish(pub, nullptr), PKV_OK);
+  }
+}
+
+// A DEALER connected to the publisher's replay socket (linger 0).
+void* replay_dealer(void* ctx, pkv_event_publisher* pub) {
+  void* s = zmq_socket(ctx, ZMQ_DEALER);
+  int linger = 0;
+  zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+  EXPECT_EQ(zmq_connect(s, endpoint(pub, 1).c_str()), 0);
+  return s;
+}
+
 TEST(Publisher, FramesSequenceNumbersReplayAndStats) {
   Pool pool;
   pkv_event_publisher* pub = make(pool.p, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*");
@@ -360,24 +377,16 @@ TEST(Publisher, LongReplaysArriveWholeAndANonReadingPeerStallsNoOne) {
   const uint64_t steps = 2500;
   pkv_event_publisher* pub = make(pool.p, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", steps);
   ASSERT_NE(pub, nullptr);
-  for (uint64_t i = 0; i < steps; ++i) {
-    ASSERT_EQ(pkv_pool_reset_prefix_cache(pool.p), PKV_OK);  // one event a step
-    ASSERT_EQ(pkv_event_publisher_publish(pub, nullptr), PKV_OK);
-  }
+  publish_steps(pool.p, pub, steps);
   void* ctx = zmq_ctx_new();
-  int linger = 0;
   const char start[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   auto ask = [&](void* s) {
     EXPECT_EQ(zmq_send(s, "", 0, ZMQ_SNDMORE), 0);
     EXPECT_EQ(zmq_send(s, start, 8, 0), 8);
   };
-  void* idle = zmq_socket(ctx, ZMQ_DEALER);  // asks, never reads
-  zmq_setsockopt(idle, ZMQ_LINGER, &linger, sizeof linger);
-  ASSERT_EQ(zmq_connect(idle, endpoint(pub, 1).c_str()), 0);
+  void* idle = replay_dealer(ctx, pub);  // asks, never reads
   ask(idle);
-  void* req = zmq_socket(ctx, ZMQ_DEALER);
-  zmq_setsockopt(req, ZMQ_LINGER, &linger, sizeof linger);
-  ASSERT_EQ(zmq_connect(req, endpoint(pub, 1).c_str()), 0);
+  void* req = replay_dealer(ctx, pub);
   ask(req);
   uint64_t expect = 0;
   bool end = false;
@@ -409,15 +418,9 @@ TEST(Publisher, TwoRequestsFromOnePeerAreBothAnsweredWhole) {
   const uint64_t steps = 300;
   pkv_event_publisher* pub = make(pool.p, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", steps);
   ASSERT_NE(pub, nullptr);
-  for (uint64_t i = 0; i < steps; ++i) {
-    ASSERT_EQ(pkv_pool_reset_prefix_cache(pool.p), PKV_OK);  // one event a step
-    ASSERT_EQ(pkv_event_publisher_publish(pub, nullptr), PKV_OK);
-  }
+  publish_steps(pool.p, pub, steps);
   void* ctx = zmq_ctx_new();
-  void* req = zmq_socket(ctx, ZMQ_DEALER);
-  int linger = 0;
-  zmq_setsockopt(req, ZMQ_LINGER, &linger, sizeof linger);
-  ASSERT_EQ(zmq_connect(req, endpoint(pub, 1).c_str()), 0);
+  void* req = replay_dealer(ctx, pub);
   const uint64_t starts[2] = {0, 200};
   for (uint64_t s : starts) {
     char b[8];
@@ -476,10 +479,7 @@ TEST(Publisher, ReplayWithTopicFramesAnswersAsVllm033) {
     ASSERT_EQ(n, 1u);
   }
   void* ctx = zmq_ctx_new();
-  void* dealer = zmq_socket(ctx, ZMQ_DEALER);
-  int linger = 0;
-  zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof linger);
-  ASSERT_EQ(zmq_connect(dealer, endpoint(pub, 1).c_str()), 0);
+  void* dealer = replay_dealer(ctx, pub);
   const char start[8] = {0, 0, 0, 0, 0, 0, 0, 1};
   ASSERT_EQ(zmq_send(dealer, "", 0, ZMQ_SNDMORE), 0);
   ASSERT_EQ(zmq_send(dealer, start, 8, 0), 8);
