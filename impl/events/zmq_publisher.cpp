@@ -196,7 +196,7 @@ class ZmqPublisher final : public Publisher {
   }
 
   // vLLM's _service_replay: a request is [identity, "", start seq (big
-  // endian)]; the answer every batch buffered at the request with seq >=
+  // endian, any length)]; the answer every batch buffered at the request with seq >=
   // start, then the end marker (seq -1, empty payload). Malformed requests
   // are ignored; a peer's requests are answered in the order it sent
   // them. Answers are sent as the peer's pipe takes them (the
@@ -220,9 +220,17 @@ class ZmqPublisher final : public Publisher {
 
   void take_request() {
     std::vector<std::string> f = recv_frames(replay_);
-    if (f.size() != 3 || f[2].empty() || f[2].size() > 8) return;
+    if (f.size() != 3) return;
+    // The start as vLLM reads it (int.from_bytes(frame, "big")): empty is
+    // 0, a value past 64 bits lies beyond every batch (only the end marker
+    // answers it). Ignored, such a request left its peer waiting for good.
+    const std::string& b = f[2];
+    const size_t lead = b.size() > 8 ? b.size() - 8 : 0;
     uint64_t start = 0;
-    for (unsigned char c : f[2]) start = (start << 8) | c;
+    if (std::any_of(b.begin(), b.begin() + std::ptrdiff_t(lead), [](char c) { return c != 0; }))
+      start = ~uint64_t(0);
+    else
+      for (size_t i = lead; i < b.size(); ++i) start = (start << 8) | uint8_t(b[i]);
     Reply r{std::move(f[0]), start, 0, now_ns(), false, {}};
     {
       std::lock_guard<std::mutex> lock(mu_);

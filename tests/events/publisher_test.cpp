@@ -502,3 +502,36 @@ TEST(Publisher, ReplayWithTopicFramesAnswersAsVllm033) {
   zmq_ctx_term(ctx);
   pkv_event_publisher_destroy(pub);
 }
+
+// A start seq of any length is read as vLLM's _service_replay reads it
+// (int.from_bytes(frame, "big")): empty is 0, a value past 64 bits lies
+// beyond every batch. Such requests were ignored: their peer waited for good.
+TEST(Publisher, StartSeqsOfAnyLengthAreReadAsVllmReadsThem) {
+  Pool pool;
+  pkv_event_publisher* pub = make(pool.p, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*");
+  ASSERT_NE(pub, nullptr);
+  publish_steps(pool.p, pub, 3);
+  void* ctx = zmq_ctx_new();
+  void* req = replay_dealer(ctx, pub);
+  const auto replay = [&](const std::string& start) {
+    EXPECT_EQ(zmq_send(req, "", 0, ZMQ_SNDMORE), 0);
+    EXPECT_EQ(zmq_send(req, start.data(), start.size(), 0), int(start.size()));
+    std::vector<uint64_t> seqs;
+    for (;;) {
+      std::vector<std::string> r = recv_all(req, 3000);
+      if (r.size() != 3) {
+        ADD_FAILURE() << "no end marker";
+        return seqs;
+      }
+      if (r[2].empty()) return seqs;
+      seqs.push_back(be64(r[1]));
+    }
+  };
+  EXPECT_EQ(replay(""), (std::vector<uint64_t>{0, 1, 2}));
+  EXPECT_EQ(replay(std::string("\x02", 1)), (std::vector<uint64_t>{2}));
+  EXPECT_EQ(replay(std::string("\0\0\0\0\0\0\0\0\x01", 9)), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(replay(std::string("\x01\0\0\0\0\0\0\0\0", 9)), std::vector<uint64_t>{});
+  zmq_close(req);
+  zmq_ctx_term(ctx);
+  pkv_event_publisher_destroy(pub);
+}

@@ -96,7 +96,8 @@ PKV_API pkv_status pkv_event_publisher_options_init_sized(pkv_event_publisher_op
  * PKV_E_INVALID_ARGUMENT, for either endpoint: libzmq aborts the process
  * when a NORM session fails to start, and OpenPGM writes to stderr.
  * replay_endpoint: NULL for none, or a ROUTER address to bind: a request
- * [start seq, 8 bytes big endian] is answered with every buffered
+ * [start seq, 8 bytes big endian] (read as vLLM reads it: any length, empty
+ * = 0, past 64 bits = after every batch) is answered with every buffered
  * [seq, batch] from there and then [-1, empty]; with
  * opts->replay_with_topic, [topic, seq, batch] and then ["", -1, empty]
  * (vLLM 0.33's framing). opts: NULL for defaults.
