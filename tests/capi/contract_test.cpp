@@ -35,6 +35,30 @@ pkv_pool* make_pool(uint32_t block_size, uint64_t num_blocks, uint32_t num_layer
   return p;
 }
 
+// The options of an MLA pool of blocks of 4 tokens, one CPU thread.
+pkv_pool_options mla_options(uint64_t num_blocks, uint32_t num_layers, uint32_t kv_lora_rank,
+                             uint32_t qk_rope_head_dim, uint32_t dtype) {
+  pkv_pool_options o;
+  pkv_pool_options_init(&o);
+  o.block_size = 4;
+  o.num_blocks = num_blocks;
+  o.num_layers = num_layers;
+  o.kv_layout = PKV_KV_LAYOUT_MLA;
+  o.kv_lora_rank = kv_lora_rank;
+  o.qk_rope_head_dim = qk_rope_head_dim;
+  o.dtype = dtype;
+  o.num_threads = 1;
+  return o;
+}
+
+pkv_pool* make_mla_pool(uint64_t num_blocks, uint32_t num_layers, uint32_t kv_lora_rank,
+                        uint32_t qk_rope_head_dim, uint32_t dtype) {
+  pkv_pool_options o = mla_options(num_blocks, num_layers, kv_lora_rank, qk_rope_head_dim, dtype);
+  pkv_pool* p = nullptr;
+  EXPECT_EQ(pkv_pool_create(&o, &p), PKV_OK) << pkv_last_error_message();
+  return p;
+}
+
 pkv_pool* make_groups_pool() {
   pkv_pool_options base;
   pkv_pool_options_init(&base);
@@ -1504,16 +1528,7 @@ TEST(Contract, PrepareDecodeOfTheSameSeqsAfterAFreeBatchFindsTheFreedId) {
 // ------------------------------------------------------- MLA and FP8 pools
 
 TEST(Contract, MlaPoolReportsOneHeadOfTheLatentWidthAndOneTensorPerLayer) {
-  pkv_pool_options o;
-  pkv_pool_options_init(&o);
-  o.block_size = 4;
-  o.num_blocks = 6;
-  o.num_layers = 2;
-  o.kv_layout = PKV_KV_LAYOUT_MLA;
-  o.kv_lora_rank = 16;
-  o.qk_rope_head_dim = 8;
-  o.dtype = PKV_DTYPE_F16;
-  o.num_threads = 1;
+  pkv_pool_options o = mla_options(6, 2, 16, 8, PKV_DTYPE_F16);
   pkv_pool* p = nullptr;
   PKV_ASSERT_OK(pkv_pool_create(&o, &p));
   pkv_pool_options got;
@@ -2160,18 +2175,8 @@ TEST(Contract, CacheWritesOfEveryLayerCommitAndAStalePlanRefusesKernels) {
 }
 
 TEST(Contract, MlaAttentionNeedsParamsAndRefusesWindowsAndSoftcaps) {
-  pkv_pool_options o;
-  pkv_pool_options_init(&o);
-  o.block_size = 4;
-  o.num_blocks = 8;
-  o.num_layers = 1;
-  o.kv_layout = PKV_KV_LAYOUT_MLA;
-  o.kv_lora_rank = 8;
-  o.qk_rope_head_dim = 4;
-  o.dtype = PKV_DTYPE_F32;
-  o.num_threads = 1;
-  pkv_pool* p = nullptr;
-  PKV_ASSERT_OK(pkv_pool_create(&o, &p));
+  pkv_pool* p = make_mla_pool(8, 1, 8, 4, PKV_DTYPE_F32);
+  ASSERT_NE(p, nullptr);
   pkv_seq_id s = 0;
   auto t = iota_tokens(3);
   uint64_t cached = 0;
