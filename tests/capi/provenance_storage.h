@@ -17,6 +17,21 @@ namespace provenance {
 constexpr uint32_t kLayers = 2;
 constexpr uint32_t kHeadDim = 4;
 
+// The pools the models drive: f32 K/V of one head, kLayers layers, one
+// kernel thread.
+inline pkv_pool_options storage_options(uint32_t block_size, uint64_t num_blocks) {
+  pkv_pool_options o;
+  pkv_pool_options_init(&o);
+  o.block_size = block_size;
+  o.num_blocks = num_blocks;
+  o.num_layers = kLayers;
+  o.num_kv_heads = 1;
+  o.head_dim = kHeadDim;
+  o.dtype = PKV_DTYPE_F32;
+  o.num_threads = 1;
+  return o;
+}
+
 // The 64-bit identity of the K/V of token pos of a sequence with key k and
 // tokens t: its extra keys and every token up to pos.
 inline uint64_t ident(const Key& k, const std::vector<int32_t>& t, size_t pos) {

@@ -63,17 +63,9 @@ using provenance::ident;
 using provenance::kHeadDim;
 using provenance::kLayers;
 
-// The pools the model drives: f32 K/V of one head, one kernel thread, events on.
+// The pools the model drives: provenance::storage_options, events on.
 pkv_pool_options model_options(uint32_t block_size, uint64_t num_blocks) {
-  pkv_pool_options o;
-  pkv_pool_options_init(&o);
-  o.block_size = block_size;
-  o.num_blocks = num_blocks;
-  o.num_layers = kLayers;
-  o.num_kv_heads = 1;
-  o.head_dim = kHeadDim;
-  o.dtype = PKV_DTYPE_F32;
-  o.num_threads = 1;
+  pkv_pool_options o = provenance::storage_options(block_size, num_blocks);
   o.enable_events = 1;
   return o;
 }

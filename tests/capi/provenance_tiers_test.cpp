@@ -132,15 +132,7 @@ struct Harness : provenance::Storage {
     const uint32_t sizes[] = {1, 2, 3, 4};
     bs = sizes[r(4)];
     nblocks = 6 + r(14);
-    pkv_pool_options o;
-    pkv_pool_options_init(&o);
-    o.block_size = bs;
-    o.num_blocks = nblocks;
-    o.num_layers = kLayers;
-    o.num_kv_heads = 1;
-    o.head_dim = kHeadDim;
-    o.dtype = PKV_DTYPE_F32;
-    o.num_threads = 1;
+    pkv_pool_options o = provenance::storage_options(bs, nblocks);
     o.hash_algo = r(2) ? PKV_HASH_XXH3_128 : PKV_HASH_SHA256_CBOR;
     ASSERT_EQ(pkv_pool_create(&o, &pool), PKV_OK) << pkv_last_error_message();
     ASSERT_EQ(pkv_pool_bytes_per_block(pool, &bpb), PKV_OK);

@@ -133,15 +133,7 @@ struct Model {
     const size_t np = 2 + r(2);
     pools.resize(np);
     for (size_t i = 0; i < np; ++i) {
-      pkv_pool_options o;
-      pkv_pool_options_init(&o);
-      o.block_size = bs;
-      o.num_blocks = nblocks;
-      o.num_layers = kLayers;
-      o.num_kv_heads = 1;
-      o.head_dim = kHeadDim;
-      o.dtype = PKV_DTYPE_F32;
-      o.num_threads = 1;
+      pkv_pool_options o = provenance::storage_options(bs, nblocks);
       o.hash_algo = r(2) ? PKV_HASH_XXH3_128 : PKV_HASH_SHA256_CBOR;
       ASSERT_EQ(pkv_pool_create(&o, &pools[i].pool), PKV_OK) << pkv_last_error_message();
       for (uint32_t l = 0; l < kLayers; ++l)
