@@ -728,6 +728,11 @@ std::vector<Case> make_cases() {
           pkv_event_publisher_options_init(&o); o.hash_encoding = 9;
           pkv_event_publisher* p = nullptr;
           return pkv_event_publisher_create(e.pool, "inproc://x", nullptr, &o, &p);),
+        S("pkv_event_publisher_create", PKV_CLASS_RANGE, "opts->replay_with_topic = 2", kInv,
+          "replay_with_topic", pkv_event_publisher_options o;
+          pkv_event_publisher_options_init_sized(&o, sizeof o); o.replay_with_topic = 2;
+          pkv_event_publisher* p = nullptr;
+          return pkv_event_publisher_create(e.pool, "inproc://x", nullptr, &o, &p);),
         S("pkv_event_publisher_create", PKV_CLASS_RANGE, "endpoint = \"\"", kInv, "endpoint",
           pkv_event_publisher* p = nullptr;
           return pkv_event_publisher_create(e.pool, "", nullptr, nullptr, &p);),
