@@ -258,7 +258,7 @@ std::shared_ptr<Pool> Pool::create(const PoolOptions& in) {
 }
 
 void Pool::close() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   if (closed_) return;
   closed_ = true;
   seqs_.clear();
@@ -281,7 +281,7 @@ void Pool::check_open() const {
 }
 
 PoolStats Pool::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  OpMutex::ConstGuard lock(mu_);
   if (!closed_) const_cast<Pool*>(this)->tick();  // what the clock already decided
   PoolStats s;
   s.block_size = opts_.block_size;
@@ -314,19 +314,21 @@ PoolStats Pool::stats() const {
 }
 
 size_t Pool::drain_events(Event* out, size_t capacity, int32_t* tokens) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
+  keep_lane();  // events only
   pull_tier_events();
   return events_.drain(out, capacity, tokens);
 }
 
 int Pool::drain_one_event(Event* out, int32_t* tokens, bool tokens_room) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
+  keep_lane();  // events only
   pull_tier_events();
   return events_.drain_one(out, tokens, tokens_room);
 }
 
 void Pool::reset_prefix_cache() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   if (tiers_) {
     // Whatever made the device cache stale (new weights) made the tiers
     // stale too. Pending loads are dropped: their blocks lose their hashes
@@ -340,22 +342,22 @@ void Pool::reset_prefix_cache() {
 }
 
 std::vector<CopyPair> Pool::pending_copies() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  OpMutex::ConstGuard lock(mu_);
   return blocks_.pending_copies();
 }
 
 size_t Pool::num_pending_events() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  OpMutex::ConstGuard lock(mu_);
   return events_.size();
 }
 
 void Pool::shrink_events_for_testing() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   events_.shrink_to_fit();
 }
 
 std::string Pool::validate() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  OpMutex::ConstGuard lock(mu_);
   std::string err = blocks_.check();
   if (err.empty() && tiers_) err = tiers_->check();
   if (!err.empty()) return err;
@@ -444,7 +446,36 @@ std::string Pool::validate() const {
       return "ref counts: block " + std::to_string(b) + " has ref " +
              std::to_string(blocks_.ref(b)) + " but " + std::to_string(refs[b]) +
              " table references";
+  if (tail_bad.empty()) tail_bad = check_lane();
   return tail_bad;
+}
+
+// The decode lane, while it stands (no counted call since it was last
+// exact): the next steady step plans from it without reading the
+// sequences, so each entry must be exactly its sequence's state.
+std::string Pool::check_lane() const {
+  const DecodeMemo& m = decode_memo_;
+  if (!m.lane_committed || m.lane_ops != mu_.ops()) return "";
+  if (m.tails.size() != m.ids.size() || m.live.size() != m.ids.size())
+    return "decode lane: " + std::to_string(m.tails.size()) + " entries for " +
+           std::to_string(m.ids.size()) + " ids";
+  for (size_t i = 0; i < m.ids.size(); ++i) {
+    const Sequence* q = seqs_.find(m.ids[i]);
+    const DecodeTail& t = m.tails[i];
+    const std::string who =
+        "decode lane: entry " + std::to_string(i) + " (" + seq_name(m.ids[i]) + ")";
+    if (q == nullptr || q != m.live[i]) return who + " names no live sequence, or another";
+    if (t.n != q->tokens.size() || t.tok != q->tokens.data() ||
+        t.cap != std::min<uint64_t>(q->tokens.capacity(), UINT32_MAX))
+      return who + " disagrees with its sequence's tokens";
+    if (t.epoch != q->writes_epoch || t.table_version != q->table_version || q->tail_shared ||
+        q->num_committed < t.n)
+      return who + " disagrees with its sequence's epochs, table version, tail or computed count";
+    if (t.n == 0 || t.block_index != div_bs(t.n - 1) || t.block_index >= q->blocks.size() ||
+        t.block != q->blocks[t.block_index])
+      return who + " names a block other than its sequence's last";
+  }
+  return "";
 }
 
 std::vector<std::pair<int32_t, uint32_t>> Pool::written_after(
@@ -495,7 +526,7 @@ void Pool::apply_written(std::vector<WrittenRange>& ranges) {
 // ------------------------------------------------------------------ storage
 
 TensorArg Pool::kv_tensor(uint32_t layer, uint32_t which) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  OpMutex::ConstGuard lock(mu_);
   check_open();
   if (!has_storage())
     fail(Errc::kInvalidState, "the pool has no KV storage (created with num_layers 0)");
@@ -634,7 +665,7 @@ void Pool::run_pending_copies(void* stream) {
 }
 
 void Pool::copy_blocks(const int32_t* src, const int32_t* dst, uint64_t n, void* stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   check_open();
   if (!has_storage())
     fail(Errc::kInvalidState, "the pool has no KV storage (created with num_layers 0)");
@@ -679,7 +710,7 @@ void Pool::recount_committed() noexcept {
 
 void Pool::swap_blocks(const int32_t* ids, uint64_t n, void* host, uint64_t host_bytes,
                        bool to_host, void* stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   check_open();
   if (!has_storage())
     fail(Errc::kInvalidState, "the pool has no KV storage (created with num_layers 0)");
@@ -751,7 +782,7 @@ void Pool::check_fp8() const {
 }
 
 void Pool::set_kv_scales(const float* k, const float* v, uint64_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   check_open();
   check_fp8();
   if (n != k_scales_.size())
@@ -775,7 +806,7 @@ void Pool::set_kv_scales(const float* k, const float* v, uint64_t n) {
 }
 
 void Pool::kv_scales(std::vector<float>* k, std::vector<float>* v) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  OpMutex::ConstGuard lock(mu_);
   check_open();
   check_fp8();
   *k = k_scales_;

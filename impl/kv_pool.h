@@ -15,6 +15,7 @@
 #include "event_queue.h"
 #include "hash/block_hash.h"
 #include "kernel_types.h"
+#include "op_mutex.h"
 #include "pool_tag.h"
 #include "sequence.h"
 #include "step_plan_rows.h"
@@ -132,6 +133,17 @@ struct PoolStats {
 
 class Batch;
 struct PageTable;
+
+// A steady decode step's entry for one sequence (Pool::DecodeMemo).
+struct DecodeTail {
+  uint32_t table_version;
+  uint32_t block_index;
+  int32_t block;
+  uint32_t n;          // tokens
+  const int32_t* tok;  // tokens.data()
+  uint32_t cap;        // tokens.capacity(), at most 2^32 - 1
+  uint32_t epoch;      // writes_epoch
+};
 
 class Pool {
  public:
@@ -270,7 +282,7 @@ class Pool {
   // built from scratch) and returns the old one; tests compare incremental
   // and from-scratch plans with it.
   std::shared_ptr<PlanHost> swap_last_plan_for_testing(std::shared_ptr<PlanHost> p) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<OpMutex> lock(mu_);
     last_plan_.swap(p);
     return p;
   }
@@ -404,7 +416,7 @@ class Pool {
     return bs_shift_ >= 0 ? x >> bs_shift_ : x / opts_.block_size;
   }
 
-  mutable std::mutex mu_;
+  mutable OpMutex mu_;
   // Orders the kernels that touch the KV arena (docs/threading.md): writers
   // (cache writes, block copies, swap-in) exclusive, readers (attention,
   // swap-out) shared, so no read of a block races a write to it from
@@ -469,13 +481,33 @@ class Pool {
     // table, which held block at table_version): while table_version is
     // unchanged the step takes the block from here, not from the sequence's
     // block table, which sits on a page of its own (step_plan_steady.cpp).
-    struct Tail {
-      uint32_t table_version;
-      uint32_t block_index;
-      int32_t block;
-    };
+    //
+    // With the rest of each entry, the lane: what a steady step needs of a
+    // sequence (its token count, its tokens' storage, its writes epoch) as
+    // the last steady step left it. While the pool's lock was taken since
+    // only by that step's own calls (commit, destroy, layer writes,
+    // attention), by const calls (OpMutex::ConstGuard) and by event drains
+    // (lane_ops, keep_lane), the lane is exactly each sequence's state, and
+    // the next step over the same ids plans from it without first reading
+    // every sequence.
+    using Tail = DecodeTail;
     std::vector<Tail> tails;
+    static constexpr uint64_t kNoLane = ~uint64_t(0);
+    uint64_t lane_ops = kNoLane;            // mu_.ops() when the lane was last exact
+    const Batch* lane_batch = nullptr;      // the step that wrote it
+    bool lane_committed = false;            // and its commit counted every token
+    const PageTable* lane_table = nullptr;  // whose rows the step brought up to date
   };
+  // This call (holding mu_) is the first since the lane was last exact.
+  bool lane_follows() const { return decode_memo_.lane_ops + 1 == mu_.ops(); }
+  std::string check_lane() const;  // validate(): the lane, while it stands
+  // Called holding mu_ by a call (or one locked section of it) that
+  // changes no sequence and no block's counts: event drains, a step's
+  // layer writes (until the last, whose commit keeps the lane itself),
+  // attention, a plan dropped after its commit.
+  void keep_lane() {
+    if (lane_follows()) decode_memo_.lane_ops = mu_.ops();
+  }
   DecodeMemo decode_memo_;
   void remember_decode(const SeqId* seqs, Sequence* const* live, uint32_t n) noexcept;
   // The steady decode path's append of a token that opens or fills a block

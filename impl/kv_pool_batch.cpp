@@ -29,7 +29,7 @@ void Pool::batch_member_fail(const SeqId* ids, uint64_t i, bool found) const {
 }
 
 void Pool::append_batch(const SeqId* ids, const int32_t* tokens, uint64_t m) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   check_open();
   if (m == 0) return;
   std::vector<BatchItem>& items = batch_items_;
@@ -124,7 +124,7 @@ void Pool::append_batch(const SeqId* ids, const int32_t* tokens, uint64_t m) {
 }
 
 void Pool::free_batch(const SeqId* ids, uint64_t m) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   check_open();
   const uint64_t mark = ++plan_epoch_;
   size_t events = 0;
@@ -141,7 +141,7 @@ Pool::Admitted Pool::admit(const SeqOptions& o, const int32_t* tokens, uint64_t 
                            const BlockHash* given, uint64_t num_given, uint32_t lookahead,
                            TieredMatch* tiered) {
   HashContext ctx = make_ctx(o);
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   check_open();
   if (n > kMaxSeqTokens || n + lookahead > kMaxSeqTokens)
     fail(Errc::kInvalidArgument, "the sequence would hold " + str(n) + " + " + str(lookahead) +

@@ -144,7 +144,7 @@ HashContext Pool::make_ctx(const SeqOptions& o) const { return make_hash_context
 
 SeqId Pool::seq_create(const SeqOptions& o, bool hidden) {
   HashContext ctx = make_ctx(o);
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   check_open();
   if (seqs_.full()) fail(Errc::kOutOfMemory, "the pool's sequence table is full");
   SeqId id;
@@ -200,12 +200,12 @@ uint64_t Pool::match_prefix(SeqId id, const int32_t* tokens, uint64_t n) {
 
 uint64_t Pool::match_prefix_hashes(SeqId id, const int32_t* tokens, uint64_t n,
                                    const BlockHash* given, uint64_t num_given) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   return match_locked(id, tokens, n, false, given, num_given).full_tokens;
 }
 
 PrefixMatch Pool::match_prefix_partial(SeqId id, const int32_t* tokens, uint64_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   return match_locked(id, tokens, n, opts_.enable_partial_reuse, nullptr, 0);
 }
 
@@ -323,7 +323,7 @@ uint64_t Pool::now_ns() const {
 }
 
 void Pool::set_clock(uint64_t t) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   check_open();
   manual_clock_ = true;
   manual_now_ns_ = std::max(manual_now_ns_, t);  // a clock never runs back
@@ -373,7 +373,7 @@ void Pool::assign_priority(const Sequence& s, size_t j, bool filled) noexcept {
 }
 
 void Pool::set_retention(SeqId id, const RetentionRange* ranges, uint64_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   Sequence& s = seq_or_throw(id);
   if (!blocks_.retention())
     fail(Errc::kInvalidState, "the pool was created without enable_retention");
@@ -429,7 +429,7 @@ void Pool::set_retention(SeqId id, const RetentionRange* ranges, uint64_t n) {
 }
 
 void Pool::priority_counts(uint64_t* out) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  OpMutex::ConstGuard lock(mu_);
   check_open();
   const_cast<Pool*>(this)->tick();  // what the clock already decided
   blocks_.priority_counts(out);
@@ -472,7 +472,7 @@ Pool::AppendNeed Pool::append_need(const Sequence& s, uint64_t n, uint32_t looka
 }
 
 void Pool::append(SeqId id, const int32_t* tokens, uint64_t n, uint32_t lookahead) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   Sequence& s = seq_or_throw(id);
   tick();
   if (n == 1 && lookahead == 0 && !s.tail_shared && opts_.sliding_window == 0 &&
@@ -629,7 +629,7 @@ bool Pool::tail_is_exclusive(const Sequence& s) const {
 }
 
 uint64_t Pool::blocks_needed(SeqId id, uint64_t n, uint32_t lookahead) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  OpMutex::ConstGuard lock(mu_);
   const Sequence& s = seq_or_throw(id);
   const AppendNeed need = append_need(s, n, lookahead);
   // Net of what the window gives back first, as append counts it: the
@@ -639,7 +639,7 @@ uint64_t Pool::blocks_needed(SeqId id, uint64_t n, uint32_t lookahead) const {
 }
 
 SeqId Pool::fork(SeqId parent, bool hidden) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   Sequence& p = seq_or_throw(parent);
   if (seqs_.full()) fail(Errc::kOutOfMemory, "the pool's sequence table is full");
   // Copy before inserting so that a failed allocation leaves no half child.
@@ -669,7 +669,7 @@ SeqId Pool::fork(SeqId parent, bool hidden) {
 }
 
 void Pool::reserve(SeqId id, uint64_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   Sequence& s = seq_or_throw(id);
   if (n > kMaxSeqTokens) fail(Errc::kInvalidArgument, "num_tokens " + str(n) + " exceeds 2^31 - 1");
   const uint64_t bs = opts_.block_size;
@@ -685,7 +685,7 @@ void Pool::reserve(SeqId id, uint64_t n) {
 }
 
 void Pool::truncate(SeqId id, uint64_t m) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   Sequence& s = seq_or_throw(id);
   const uint64_t n0 = s.tokens.size();
   if (m > n0)
@@ -744,7 +744,7 @@ void Pool::truncate(SeqId id, uint64_t m) {
 }
 
 void Pool::free(SeqId id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   Sequence& s = seq_or_throw(id);
   blocks_.reserve_events(count_unwritten(s, 0, s.blocks.size()));  // may throw: first
   tick();
@@ -761,7 +761,7 @@ void Pool::free_locked(SeqId id, Sequence& s) noexcept {
 }
 
 SeqInfo Pool::seq_info(SeqId id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  OpMutex::ConstGuard lock(mu_);
   const Sequence& s = seq_or_throw(id);
   SeqInfo i;
   i.priority = s.priority;
@@ -775,14 +775,14 @@ SeqInfo Pool::seq_info(SeqId id) const {
 }
 
 uint64_t Pool::block_table(SeqId id, int32_t* out, uint64_t capacity) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  OpMutex::ConstGuard lock(mu_);
   const Sequence& s = seq_or_throw(id);
   if (out && capacity >= s.blocks.size()) std::copy(s.blocks.begin(), s.blocks.end(), out);
   return s.blocks.size();
 }
 
 uint64_t Pool::block_hashes(SeqId id, BlockHash* out, uint64_t capacity) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  OpMutex::ConstGuard lock(mu_);
   const Sequence& s = seq_or_throw(id);
   if (out && capacity >= s.hashes.size()) std::copy(s.hashes.begin(), s.hashes.end(), out);
   return s.hashes.size();

@@ -14,7 +14,7 @@ using seq_util::grow;
 using seq_util::str;
 
 void Pool::attach_tiers(const TierOptions& o) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   check_open();
   if (!has_storage())
     fail(Errc::kInvalidState,
@@ -80,7 +80,7 @@ void Pool::attach_tier_hits(Sequence& s, const TierHits& hits, TieredMatch& r) n
 
 TieredMatch Pool::match_prefix_tiered(SeqId id, const int32_t* tokens, uint64_t n,
                                       const BlockHash* given, uint64_t num_given) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   TieredMatch r;
   r.device = match_locked(id, tokens, n, false, given, num_given).full_tokens;
   if (!tiers_ || n == 0 || !blocks_.caching()) return r;
@@ -165,7 +165,7 @@ void Pool::pull_tier_events() noexcept {
 }
 
 void Pool::flush_tiers() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   check_open();
   if (!tiers_) return;
   // Pending loads go on the stream the pool last planned on (no stream is
@@ -176,7 +176,7 @@ void Pool::flush_tiers() {
 }
 
 TierStats Pool::tier_stats(uint32_t medium) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  OpMutex::ConstGuard lock(mu_);
   check_open();
   if (medium != uint32_t(Medium::kHost) && medium != uint32_t(Medium::kFile))
     fail(Errc::kInvalidArgument,

@@ -18,7 +18,7 @@ Pool::ExportSnapshot Pool::export_pin(SeqId id) {
   // no caller can free it under a peer's reads (SeqTable::InternalScope).
   const SeqId pin = fork(id, true);
   SeqTable::InternalScope scope;
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock<OpMutex> lock(mu_);
   ExportSnapshot x;
   try {
     const Sequence& s = seq_or_throw(pin);
@@ -71,7 +71,7 @@ SeqId Pool::import_begin(const SeqOptions& o, const int32_t* tokens, uint64_t n)
     // The import writes them (outside every lock, on the transport's
     // progress), so it waits first, as every writer of the storage does
     // (tiers.h); on CUDA until the copies completed on the device.
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<OpMutex> lock(mu_);
     check_open();
     // Copy-on-write copies still pending may read or write the blocks the
     // append just took (freed since the copies were recorded): they run,
@@ -99,7 +99,7 @@ SeqId Pool::import_begin(const SeqOptions& o, const int32_t* tokens, uint64_t n)
 
 void Pool::import_commit(SeqId id) {
   SeqTable::InternalScope scope;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<OpMutex> lock(mu_);
   check_open();
   Sequence& s = seq_or_throw(id);
   const uint64_t bs = opts_.block_size, n = s.tokens.size();
@@ -113,14 +113,14 @@ void Pool::import_commit(SeqId id) {
 }
 
 Pool::ArenaRef Pool::arena_ref() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  OpMutex::ConstGuard lock(mu_);
   check_open();
   return {arena_, arena_hold_};
 }
 
 std::vector<int32_t> Pool::block_table_copy(SeqId id) const {
   SeqTable::InternalScope scope;
-  std::lock_guard<std::mutex> lock(mu_);
+  OpMutex::ConstGuard lock(mu_);
   return seq_or_throw(id).blocks;
 }
 

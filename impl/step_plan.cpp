@@ -64,7 +64,7 @@ template <class Build>
 std::unique_ptr<Batch> Batch::make(const std::shared_ptr<Pool>& pool, uint32_t num_seqs,
                                    Build&& build) {
   Pool& p = *pool;
-  std::lock_guard<std::mutex> lock(p.mu_);
+  std::lock_guard<OpMutex> lock(p.mu_);
   p.check_open();
   if (num_seqs == 0) fail(Errc::kInvalidArgument, "num_seqs is 0");
   std::unique_ptr<Batch> b(new Batch);
@@ -344,7 +344,7 @@ void Batch::finish(const PlanArrays& a, const SeqId* seqs, size_t rewritten, voi
 Batch::~Batch() {
   const bool count = state_ == State::kOpen && !pool_->has_storage();
   if (!recyclable_) return;  // prepare failed (and holds the lock); nothing on the device yet
-  std::lock_guard<std::mutex> lock(pool_->mu_);
+  std::lock_guard<OpMutex> lock(pool_->mu_);
   // ABI 1 compatibility: a manager-only pool's engine writes K/V elsewhere
   // and older callers never commit, so a step destroyed without abort
   // counts as done. A pool with storage knows better: unless every layer
@@ -358,6 +358,17 @@ Batch::~Batch() {
   // The plan memory goes back to the pool for the next plan.
   if (!pool_->closed_) recycle_plan_host(pool_->spare_plan_, std::move(host_));
   table_.reset();  // under the lock: the next plan may update it in place
+  // A plan going away changes no sequence unless it committed just now
+  // (ABI 1): the lane stays exact, also when an engine drops the previous
+  // step's plan after preparing the next. The lane's own step committed
+  // here has kept the lane or ended it already.
+  Pool::DecodeMemo& memo = pool_->decode_memo_;
+  if (memo.lane_batch == this) {
+    pool_->keep_lane();
+    memo.lane_batch = nullptr;
+  } else if (!(count && !pool_->closed_)) {
+    pool_->keep_lane();
+  }
   if (device_) pool_->backend_->deallocate_async(device_, stream_);
   if (positions_device_) pool_->backend_->deallocate_async(positions_device_, stream_);
 }
@@ -367,19 +378,21 @@ void Batch::commit() { commit_checked(true); }
 void Batch::commit_general_for_testing() { commit_checked(false); }
 
 void Batch::commit_checked(bool fast) {
-  std::lock_guard<std::mutex> lock(pool_->mu_);
+  std::lock_guard<OpMutex> lock(pool_->mu_);
   if (state_ == State::kAborted)
     fail(Errc::kInvalidState, "the batch was aborted (pkv_batch_abort); it cannot be committed");
-  if (state_ == State::kCommitted) return;
+  if (state_ == State::kCommitted) return pool_->keep_lane();  // changes nothing
   pool_->check_open();
   commit_locked(fast);
 }
 
 void Batch::abort() {
-  std::lock_guard<std::mutex> lock(pool_->mu_);
-  if (state_ == State::kCommitted)
+  std::lock_guard<OpMutex> lock(pool_->mu_);
+  if (state_ == State::kCommitted) {
+    pool_->keep_lane();  // refused: nothing changes
     fail(Errc::kInvalidState,
          "the step is already committed (pkv_batch_commit, or pkv_cache_write of every layer)");
+  }
   state_ = State::kAborted;
 }
 
@@ -516,6 +529,10 @@ bool Batch::decode_shaped() const {
 void Batch::commit_decode_locked(bool same) {
   Pool& p = *pool_;
   PlanHost& h = *host_;
+  // The steady step that wrote the lane, committed next: the lane stays
+  // exact if every sequence counts its step's token as computed.
+  Pool::DecodeMemo& memo = p.decode_memo_;
+  const bool lane = memo.lane_batch == this && p.lane_follows();
   const size_t m = h.seqs.size();
   const uint64_t bs = p.opts_.block_size;
   h.written.clear();
@@ -588,10 +605,18 @@ void Batch::commit_decode_locked(bool same) {
   }
   p.apply_written(h.written);  // only shared or filled blocks; distinct ones allocate nothing
   state_ = State::kCommitted;
-  for (const uint32_t i : h.unsure)
-    if (Sequence* s = live[i])
+  bool exact = lane;
+  for (const uint32_t i : h.unsure) {
+    Sequence* s = live[i];
+    if (s)
       s->num_committed =
           std::max(s->num_committed, std::min(ends[i], p.computed_tokens(*s, s->num_committed)));
+    exact = exact && s && s->num_committed >= ends[i];
+  }
+  if (lane) {
+    memo.lane_ops = exact ? p.mu_.ops() : Pool::DecodeMemo::kNoLane;
+    memo.lane_committed = exact;
+  }
 }
 
 TensorArg Batch::plan_tensor(uint32_t which) const {
@@ -633,7 +658,8 @@ void Batch::check_fresh() const {
 
 void Batch::write(uint32_t layer, const TensorArg* k, const TensorArg* v, void* stream) {
   Pool& p = *pool_;
-  std::unique_lock<std::mutex> lock(p.mu_);
+  std::unique_lock<OpMutex> lock(p.mu_);
+  p.keep_lane();  // checks only, until the write's second section
   check_layer_call(layer, false, "pkv_cache_write");
   const PoolOptions& o = p.opts_;
   RowsSpec spec{o.dtype,
@@ -663,7 +689,18 @@ void Batch::write(uint32_t layer, const TensorArg* k, const TensorArg* v, void* 
   // while they take kv_mu_): let go of the KV lock before taking mu_ again.
   kv_lock.unlock();
   lock.lock();
+  mark_layer_written_keeping_lane(layer);
+}
+
+void Batch::mark_layer_written_keeping_lane(uint32_t layer) {
+  Pool& p = *pool_;
+  const bool follows = p.lane_follows();
+  const State before = state_;
   mark_layer_written(layer);
+  // A layer that is not the last changes nothing the lane holds; the last
+  // commits, which keeps the lane or ends it when this step wrote it, and
+  // ends it otherwise (another plan's sequences counted more tokens).
+  if (follows && (state_ == before || p.decode_memo_.lane_batch == this)) p.keep_lane();
 }
 
 void Batch::mark_layer_written(uint32_t layer) {
@@ -695,7 +732,8 @@ void Batch::check_layer_call(uint32_t layer, bool mla, const char* call) const {
 void Batch::attend(uint32_t layer, const TensorArg* q, const TensorArg* out, const TensorArg* lse,
                    const AttentionParams& params, void* stream) {
   Pool& p = *pool_;
-  std::unique_lock<std::mutex> lock(p.mu_);
+  std::unique_lock<OpMutex> lock(p.mu_);
+  p.keep_lane();  // reads only
   check_layer_call(layer, false, "pkv_attention_forward");
   const PoolOptions& o = p.opts_;
   if (!std::isfinite(params.softmax_scale) || params.softmax_scale < 0)

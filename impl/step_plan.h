@@ -72,6 +72,7 @@ class Batch {
   size_t rows_reused() const { return rows_reused_; }
   // Built by the steady decode path (step_plan_steady.cpp), for tests.
   bool steady_for_testing() const { return steady_; }
+  bool lane_for_testing() const { return lane_; }
   // The persistent table's row stride (pages per row); 0 for CSR plans.
   uint32_t page_row_stride() const { return table_ ? table_->stride : 0; }
 
@@ -116,6 +117,7 @@ class Batch {
   void check_layer_call(uint32_t layer, bool mla, const char* call) const;
   // After a successful write of layer: the last layer commits; holds mu_.
   void mark_layer_written(uint32_t layer);
+  void mark_layer_written_keeping_lane(uint32_t layer);  // the write's second section
   void commit_checked(bool fast);        // commit(), with or without the decode fast path
   void commit_locked(bool fast = true);  // holds pool->mu_
   bool decode_shaped() const;            // one query per sequence, ranges in order
@@ -131,6 +133,8 @@ class Batch {
   // false, with nothing changed, when the step needs the general path.
   bool build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32_t num_seqs,
                            void* stream, bool persistent_table);
+  // Its appends and plan rows (step_plan_steady.cpp).
+  struct SteadyRows;
   // A new plan over num_seqs sequences made by build(batch) under the
   // pool's lock, in recycled plan memory (returned to the pool if build
   // throws).
@@ -202,9 +206,10 @@ class Batch {
   // the plan's per-sequence state (ids, versions, ranges), in memory
   // recycled between plans (step_plan_rows.h).
   std::shared_ptr<PlanHost> host_;
-  bool recyclable_ = false;  // prepare succeeded: the destructor may lock the pool
+  bool recyclable_ = false;   // prepare succeeded: the destructor may lock the pool
   bool decode_step_ = false;  // built by build_decode: ranges are decode_shaped()
   bool steady_ = false;       // built by build_decode_steady
+  bool lane_ = false;         // from the lane (Pool::DecodeMemo)
   // On the CPU the callers' copy is made when first asked for.
   mutable std::once_flag callers_copy_;
   size_t rows_reused_ = 0;  // page rows copied from the previous plan

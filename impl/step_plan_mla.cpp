@@ -52,7 +52,8 @@ ByteSpan whole_arena(const KvArena& a) {
 
 void Batch::mla_write(uint32_t layer, const TensorArg* kv_c, const TensorArg* k_pe, void* stream) {
   Pool& p = *pool_;
-  std::unique_lock<std::mutex> lock(p.mu_);
+  std::unique_lock<OpMutex> lock(p.mu_);
+  p.keep_lane();  // checks only, until the write's second section
   check_layer_call(layer, true, "pkv_mla_cache_write");
   const PoolOptions& o = p.opts_;
   const int64_t n = int64_t(info_.num_tokens);
@@ -76,14 +77,15 @@ void Batch::mla_write(uint32_t layer, const TensorArg* kv_c, const TensorArg* k_
   p.backend_->mla_write(arena, int32_t(layer), view_, c3, pe3, stream);
   kv_lock.unlock();  // mu_ before kv_mu_, as in write()
   lock.lock();
-  mark_layer_written(layer);
+  mark_layer_written_keeping_lane(layer);
 }
 
 void Batch::mla_attend(uint32_t layer, const TensorArg* q_latent, const TensorArg* q_pe,
                        const TensorArg* out, const TensorArg* lse, const AttentionParams& params,
                        void* stream) {
   Pool& p = *pool_;
-  std::unique_lock<std::mutex> lock(p.mu_);
+  std::unique_lock<OpMutex> lock(p.mu_);
+  p.keep_lane();  // reads only
   check_layer_call(layer, true, "pkv_mla_attention");
   const PoolOptions& o = p.opts_;
   if (!std::isfinite(params.softmax_scale) || params.softmax_scale <= 0)

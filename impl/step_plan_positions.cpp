@@ -23,7 +23,7 @@ const char* Batch::positions_base() const {
     if (device_) {
       // Under the pool's lock like every other use of its backend; a
       // failure leaves the flag unset, so a later call tries again.
-      std::lock_guard<std::mutex> lock(pool_->mu_);
+      std::lock_guard<OpMutex> lock(pool_->mu_);
       Backend& be = *pool_->backend_;
       void* d = be.allocate_async(buf.size() * sizeof(int64_t), stream_);
       try {

@@ -60,6 +60,9 @@ struct PlanHost {
   // The steady decode path (step_plan_steady.cpp): sequences that open or
   // fill a block, and their hash count before the step.
   std::vector<std::pair<uint32_t, uint32_t>> special;
+  // A lane step's sequences that enter or fill a block or need room (read
+  // in full after the lane pass).
+  std::vector<uint32_t> slow;
   // commit: the ranges still valid, in blocks possibly shared / held alone
   std::vector<WrittenRange> written, exclusive;
 };

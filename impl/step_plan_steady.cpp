@@ -53,6 +53,152 @@ int32_t Pool::append_steady(Sequence& s, uint64_t n0, size_t h0, int32_t token) 
   return blk;
 }
 
+namespace {
+
+struct LaneScan {
+  uint64_t pages = 0, max_ctx = 0;
+  uint32_t max_pages = 0;
+  uint32_t slow = 0;  // entries of slow[]; past num_seqs: a sequence at kMaxSeqTokens
+};
+
+// Pass 1 of a lane step: each sequence's end and page count from the lane
+// alone, the lines pass 3 writes requested, and slow[] = the sequences
+// that enter or fill a block or need room. A loop of its own: inside
+// build_decode_steady its registers spill.
+[[gnu::noinline]] LaneScan scan_lane(const DecodeTail* tails, Sequence* const* live,
+                                     const BlockPool::Counts* counts, uint32_t n, int shift,
+                                     uint64_t* ends, uint32_t* page_counts, uint32_t* slow) {
+  constexpr uint32_t kAhead = 8;  // prefetch distance, in sequences
+  const uint64_t mask = (uint64_t(1) << shift) - 1;
+  LaneScan r;
+  uint64_t top = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      const DecodeTail& a = tails[i + kAhead];
+      __builtin_prefetch(live[i + kAhead], 1);
+      __builtin_prefetch(a.tok + a.n, 1);
+      __builtin_prefetch(counts + (a.block >= 0 ? a.block : 0), 1);
+    }
+    const DecodeTail& m = tails[i];
+    const uint64_t n0 = m.n, np = (n0 >> shift) + 1;
+    ends[i] = n0 + 1;
+    page_counts[i] = uint32_t(np);
+    r.pages += np;
+    top = std::max(top, n0);
+    // Enters a block (slot 0), fills one (its last slot), or has no room.
+    slow[r.slow] = i;
+    r.slow += ((n0 + 1) & mask) <= 1 || n0 + 1 > m.cap;
+  }
+  if (top >= kMaxSeqTokens) r.slow = n + 1;
+  r.max_ctx = top + 1;
+  r.max_pages = uint32_t((top >> shift) + 1);
+  return r;
+}
+
+// A sequence whose step opens or fills a block (pass 1): room for the
+// block it opens, and the lines the next passes read requested now. Its
+// persistent-table row gains that block in pass 3 (if the table stays:
+// page_table_for keeps it unless it is too small or held by a live plan):
+// two entries that lie anywhere in tables of ~64k pages. What pass 2
+// hashes: the filled block's tokens, its parent's hash.
+void note_special(Sequence& s, uint32_t i, uint64_t n0, bool opens, bool fills, int shift,
+                  const PageTable* kept_table,
+                  std::vector<std::pair<uint32_t, uint32_t>>& special) {
+  const uint64_t j = n0 >> shift, mask = (uint64_t(1) << shift) - 1;
+  if (opens) {
+    grow(s.blocks, s.blocks.size() + 1);
+    if (kept_table != nullptr && i < kept_table->rows && j < kept_table->stride) {
+      const size_t at = size_t(i) * kept_table->stride + j;
+      __builtin_prefetch(kept_table->kern.get() + at, 1);
+      __builtin_prefetch(kept_table->call.get() + at, 1);
+    }
+  }
+  if (fills) {
+    __builtin_prefetch(s.tokens.data() + (n0 & ~mask));
+    if (!s.hashes.empty()) __builtin_prefetch(s.hashes.data() + s.hashes.size() - 1);
+  }
+  special.push_back({i, uint32_t(s.hashes.size())});  // (index, hashes before)
+}
+
+}  // namespace
+
+// Pass 3 of a steady step, in a function of its own (inside
+// build_decode_steady its registers spill): each sequence's token, its
+// block's counts, its commit row, its lane entry, its page-table row if it
+// changed, and its plan rows. Those that open or fill a block take
+// Pool::append_steady. Returns the page-table rows rewritten.
+struct Batch::SteadyRows {
+  Pool& p;
+  Sequence* const* live;
+  Pool::DecodeMemo::Tail* tails;
+  BlockPool::Counts* counts;
+  const int32_t* tokens;
+  const SeqId* seqs;
+  const uint64_t* ends;
+  const uint32_t* page_counts;
+  uint32_t* versions;
+  uint32_t* epochs;
+  QueryRange* ranges;
+  PageTable* t;
+  PlanArrays a;
+  const std::pair<uint32_t, uint32_t>* next;
+  const std::pair<uint32_t, uint32_t>* last;
+  uint64_t bs;
+  bool rows_current;
+
+  // kLane: the lane entries are exact (their block too, but where a
+  // sequence enters a block, -1); else each is written whole.
+  template <bool kLane>
+  [[gnu::noinline]] size_t run(uint32_t n) {
+    const uint64_t mask = bs - 1;
+    const int64_t stride = t ? int64_t(t->stride) : 0;
+    int64_t pg = 0;
+    size_t rewritten = 0;
+    a.qptr[0] = a.pptr[0] = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      Sequence& s = *live[i];
+      Pool::DecodeMemo::Tail& m = tails[i];
+      const uint64_t n0 = ends[i] - 1, j = page_counts[i] - 1, off = n0 & mask;
+      int32_t blk;
+      if (__builtin_expect(next != last && next->first == i, 0)) {
+        blk = p.append_steady(s, n0, next->second, tokens[i]);
+        ++next;
+      } else {
+        s.tokens.push_back(tokens[i]);  // room made by pass 1
+        blk = m.block >= 0 ? m.block : s.blocks[j];
+        counts[blk].add_token(uint32_t(off));
+      }
+      if (kLane) {
+        m.block_index = uint32_t(j);
+        m.block = blk;
+        if (off == 0) m.table_version = s.table_version;  // entered a block
+      } else {
+        m = {s.table_version,
+             uint32_t(j),
+             blk,
+             0,
+             s.tokens.data(),
+             uint32_t(std::min<uint64_t>(s.tokens.capacity(), UINT32_MAX)),
+             s.writes_epoch};
+      }
+      m.n = uint32_t(n0 + 1);
+      versions[i] = ++s.version;
+      epochs[i] = m.epoch;
+      ranges[i] = {i, uint32_t(j), {blk, uint32_t(off), uint32_t(off + 1)}};
+      // The persistent table's row, if its sequence or block table changed.
+      if (t && (!rows_current || off == 0))
+        rewritten += update_page_row(*t, i, seqs[i], s, page_counts[i]);
+      a.slots[i] = int64_t(blk) * int64_t(bs) + int64_t(off);
+      pg += t ? stride : int64_t(page_counts[i]);
+      a.qptr[i + 1] = int32_t(i + 1);
+      a.pptr[i + 1] = int32_t(pg);
+      a.last[i] = int32_t(off + 1);
+      a.ctx[i] = int32_t(n0 + 1);
+    }
+    return rewritten;
+  }
+};
+
 bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32_t num_seqs,
                                 void* stream, bool persistent_table) {
   Pool& p = *pool_;
@@ -86,11 +232,46 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   // did not change since (Pool::DecodeMemo::Tail; block -1: not known).
   // Reading it there instead of in the block table spares a step a page per
   // sequence: over a thousand sequences, more pages than the TLB holds.
-  if (!same || memo.tails.size() != num_seqs) memo.tails.assign(num_seqs, {0, 0, -1});
+  if (!same || memo.tails.size() != num_seqs)
+    memo.tails.assign(num_seqs, {0, 0, -1, 0, nullptr, 0, 0});
   Pool::DecodeMemo::Tail* const tails = memo.tails.data();
   const uint64_t mark = ++p.plan_epoch_;
   const PageTable* const kept_table = persistent_table ? p.page_table_.get() : nullptr;
-  for (uint32_t i = 0; i < num_seqs; ++i) {
+  // The lane (Pool::DecodeMemo): nothing ran since the last steady step
+  // over these ids and its exact commit, so each sequence is as the lane
+  // says. Pass 1 then reads only the lane and requests the lines pass 3
+  // writes; the few sequences that enter or fill a block, or need room,
+  // are read in full after it.
+  const bool lane =
+      same && memo.lane_committed && p.lane_follows() && memo.tails.size() == num_seqs;
+  memo.lane_ops = Pool::DecodeMemo::kNoLane;  // exact again only once this step succeeds
+  if (lane) {
+    h.slow.resize(num_seqs);
+    const LaneScan scan =
+        scan_lane(tails, live, counts, num_seqs, shift, ends, page_counts, h.slow.data());
+    if (scan.slow > num_seqs) return false;  // a sequence at kMaxSeqTokens
+    pages = scan.pages;
+    max_ctx = scan.max_ctx;
+    max_pages = scan.max_pages;
+    for (uint32_t k = 0; k < scan.slow; ++k) {
+      const uint32_t i = h.slow[k];
+      Pool::DecodeMemo::Tail& m = tails[i];
+      Sequence& s = *live[i];
+      const uint64_t n0 = m.n, j = n0 >> shift, nb = s.blocks.size();
+      const bool crosses = (n0 & mask) == 0, fills = ((n0 + 1) & mask) == 0, opens = j == nb;
+      grow(s.tokens, n0 + 1);
+      m.tok = s.tokens.data();
+      m.cap = uint32_t(std::min<uint64_t>(s.tokens.capacity(), UINT32_MAX));
+      __builtin_prefetch(s.tokens.data() + n0, 1);
+      if (crosses) {
+        m.block = -1;  // a new block index: pass 3 takes it from the table
+        if (j < nb) __builtin_prefetch(s.blocks.data() + j);
+      }
+      if (opens | fills) note_special(s, i, n0, opens, fills, shift, kept_table, special);
+      fresh += opens;
+    }
+  }
+  for (uint32_t i = 0; i < num_seqs && !lane; ++i) {
     if (same) {
       if (i + kAhead < num_seqs) {
         const char* next = reinterpret_cast<const char*>(live[i + kAhead]);
@@ -130,23 +311,7 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
       if (jb < b.blocks.size()) __builtin_prefetch(counts + b.blocks[jb], 1);
     }
     if (opens | fills) {
-      if (opens) {
-        grow(s.blocks, nb + 1);
-        // Its persistent-table row gains the block in pass 3 (if the
-        // table stays: page_table_for keeps it unless it is too small or
-        // held by a live plan): the two entries, which lie anywhere in
-        // tables of ~64k pages.
-        if (kept_table != nullptr && i < kept_table->rows && j < kept_table->stride) {
-          const size_t at = size_t(i) * kept_table->stride + j;
-          __builtin_prefetch(kept_table->kern.get() + at, 1);
-          __builtin_prefetch(kept_table->call.get() + at, 1);
-        }
-      }
-      if (fills) {  // what pass 2 hashes: the block's tokens, its parent's hash
-        __builtin_prefetch(s.tokens.data() + (n0 & ~mask));
-        if (!s.hashes.empty()) __builtin_prefetch(s.hashes.data() + s.hashes.size() - 1);
-      }
-      special.push_back({i, uint32_t(s.hashes.size())});
+      note_special(s, i, n0, opens, fills, shift, kept_table, special);
       fresh += opens;
     }
     const uint32_t np = uint32_t(j + 1);  // the query's block is the last page
@@ -201,55 +366,22 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   }
 
   // 3. The appends, in order (block ids and events come out as
-  // build_decode's); nothing fails from here to finish(). The loop keeps to
-  // what nearly every sequence needs: its token, its block's counts, its
-  // commit row, its page-table row check; the others take
-  // Pool::append_steady.
+  // build_decode's), and the plan's rows; nothing fails from here to
+  // finish().
   p.tick();  // retention: priorities whose time ran out, before allocating
   PageTable* const t = table_.get();
   // Reserved by start_host: no allocation; and the size the last steady
   // step left, usually: nothing zeroed (each range is written below).
   h.ranges.resize(num_seqs);
-  QueryRange* const ranges = h.ranges.data();
-  uint32_t* const versions = h.versions.data();
-  uint32_t* const epochs = h.epochs.data();
-  const std::pair<uint32_t, uint32_t>* next = special.data();
-  const std::pair<uint32_t, uint32_t>* const last = next + special.size();
-  size_t rewritten = 0;
-  for (uint32_t i = 0; i < num_seqs; ++i) {
-    Sequence& s = *live[i];
-    const uint64_t n0 = ends[i] - 1, j = page_counts[i] - 1, off = n0 & mask;
-    int32_t blk;
-    Pool::DecodeMemo::Tail& m = tails[i];
-    if (__builtin_expect(next != last && next->first == i, 0)) {
-      blk = p.append_steady(s, n0, next->second, tokens[i]);
-      ++next;
-    } else {
-      s.tokens.push_back(tokens[i]);  // room made by pass 1
-      blk = m.block >= 0 ? m.block : s.blocks[j];
-      counts[blk].add_token(off);
-    }
-    m = {s.table_version, uint32_t(j), blk};
-    versions[i] = ++s.version;
-    epochs[i] = s.writes_epoch;
-    ranges[i] = {i, uint32_t(j), {blk, uint32_t(off), uint32_t(off + 1)}};
-    // The persistent table's row, if its sequence or block table changed.
-    if (t) rewritten += update_page_row(*t, i, seqs[i], s, page_counts[i]);
-  }
+  SteadyRows rows{p, live, tails, counts, tokens, seqs, ends, page_counts, h.versions.data(),
+                  h.epochs.data(), h.ranges.data(), t, a, special.data(),
+                  special.data() + special.size(), bs,
+                  // The lane's table is this plan's: each row still holds
+                  // its sequence's pages, and only a row whose sequence
+                  // enters a block changes.
+                  lane && t != nullptr && t == memo.lane_table};
+  const size_t rewritten = lane ? rows.run<true>(num_seqs) : rows.run<false>(num_seqs);
 
-  // 4. The plan's rows, from the arrays above (sequential reads only).
-  const int64_t stride = t ? int64_t(t->stride) : 0;
-  int64_t pg = 0;
-  a.qptr[0] = a.pptr[0] = 0;
-  for (uint32_t i = 0; i < num_seqs; ++i) {
-    const WrittenRange& r = ranges[i].r;
-    a.slots[i] = int64_t(r.block) * int64_t(bs) + int64_t(r.lo);
-    pg += t ? stride : int64_t(page_counts[i]);
-    a.qptr[i + 1] = int32_t(i + 1);
-    a.pptr[i + 1] = int32_t(pg);
-    a.last[i] = int32_t(r.hi);
-    a.ctx[i] = int32_t(ends[i]);
-  }
   p.blocks_.add_filled(num_seqs);  // one slot each
   p.num_tokens_ += num_seqs;
   // As build_decode: offloads this step's allocations queued reach their
@@ -257,7 +389,12 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   p.settle_tiers_locked(stream);
   finish(a, seqs, rewritten, stream);
   decode_step_ = steady_ = true;
+  lane_ = lane;
   if (!same) p.remember_decode(seqs, live, num_seqs);
+  memo.lane_ops = p.mu_.ops();
+  memo.lane_batch = this;
+  memo.lane_committed = false;
+  memo.lane_table = t;
   return true;
 }
 

@@ -224,6 +224,7 @@ class Twin {
     }
     ++fused_steps_;
     steady_steps_ += f->steady_for_testing();
+    lane_steps_ += f->lane_for_testing();
     last_ = picked;
     pools_[1]->append_batch(batch[1].data(), toks.data(), m);
     std::vector<uint32_t> ones(m, 1);
@@ -289,7 +290,7 @@ class Twin {
     ASSERT_EQ(pools_[1]->validate(), "");
   }
 
-  size_t failed_ = 0, fused_steps_ = 0, steady_steps_ = 0, events_ = 0;
+  size_t failed_ = 0, fused_steps_ = 0, steady_steps_ = 0, lane_steps_ = 0, events_ = 0;
   std::vector<Ids> last_;  // the last fused step's batch
 
  private:
@@ -302,7 +303,7 @@ class Twin {
 TEST(PlanDecode, MatchesAppendBatchThenPrepare) {
   const Config configs[] = {{4, 64, 0, false}, {16, 256, 0, false}, {4, 40, 0, true},
                             {4, 64, 9, false}, {8, 24, 0, false},   {16, 96, 20, true}};
-  size_t failed = 0, fused = 0, steady = 0, events = 0;
+  size_t failed = 0, fused = 0, steady = 0, lane = 0, events = 0;
   for (const Config& c : configs)
     for (uint32_t seed = 1; seed <= 6; ++seed) {
       Twin t(c, seed * 7919 + c.block_size);
@@ -314,14 +315,16 @@ TEST(PlanDecode, MatchesAppendBatchThenPrepare) {
       failed += t.failed_;
       fused += t.fused_steps_;
       steady += t.steady_steps_;
+      lane += t.lane_steps_;
       events += t.events_;
     }
   // Both outcomes were exercised, many times.
   EXPECT_GT(fused, 3000u) << failed;
   EXPECT_GT(events, 1000u);
   EXPECT_GT(steady, 1000u) << fused;
-  std::printf("fused steps %zu (steady %zu), refused %zu, events compared %zu\n", fused, steady,
-              failed, events);
+  EXPECT_GT(lane, 300u) << steady;
+  std::printf("fused steps %zu (steady %zu, lane %zu), refused %zu, events compared %zu\n", fused,
+              steady, lane, failed, events);
   EXPECT_GT(failed, 500u) << fused;
 }
 

@@ -263,8 +263,15 @@ PKV_API pkv_status pkv_batch_prepare_ex(pkv_pool* pool, const pkv_seq_id* seqs,
  * pkv_batch_prepare_decode, in the same order (an engine's running batch
  * between admissions and finishes), with no sequence of the pool freed
  * since, reuses that call's id checks and takes a lean path; the result is
- * the same. Reserving each sequence's final length (pkv_seq_reserve) keeps
- * its vectors from moving while it grows (bench/README.md, decode step). */
+ * the same. Leaner still when, since the previous step, the pool saw only
+ * that step's own calls (its layer writes, attention, commit, destroy),
+ * reads of the pool (pkv_seq_get_info, pkv_pool_get_stats, block tables
+ * and hashes, validate) and event drains: the step then plans from what
+ * the previous one left instead of reading every sequence. Any other call
+ * on the pool in between (an append, a free, another plan) costs the next
+ * step that shortcut, never its result. Reserving each sequence's final
+ * length (pkv_seq_reserve) keeps its vectors from moving while it grows
+ * (bench/README.md, decode step). */
 PKV_API pkv_status pkv_batch_prepare_decode(pkv_pool* pool, const pkv_seq_id* seqs,
                                             const int32_t* tokens, uint32_t num_seqs,
                                             uint32_t flags, void* stream, pkv_batch** out);
