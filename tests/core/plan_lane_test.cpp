@@ -35,10 +35,12 @@ struct Twin {
 
   std::shared_ptr<Pool>& pool(int k) { return k == 0 ? fused : ref; }
 
-  void add(size_t n, int32_t first) {
+  // lookahead: blocks appended ahead, which later steps enter without
+  // opening them.
+  void add(size_t n, int32_t first, uint32_t lookahead = 0) {
     for (int k = 0; k < 2; ++k) {
       const SeqId s = pool(k)->seq_create({});
-      append(*pool(k), s, iota_tokens(n, first));
+      append(*pool(k), s, iota_tokens(n, first), lookahead);
       compute_rest(pool(k), s);
       ids[k].push_back(s);
     }
@@ -124,7 +126,7 @@ struct Twin {
 
 void lane_survives_reads_and_ends_at_changes(const PoolOptions& o) {
   Twin t(o);
-  for (int i = 0; i < 5; ++i) t.add(3 + 5 * size_t(i), 100 * i);
+  for (int i = 0; i < 5; ++i) t.add(3 + 5 * size_t(i), 100 * i, i == 3 ? 9 : 0);
   EXPECT_FALSE(t.step());  // no lane yet: the sequences are read
   // Steps crossing several blocks (block size 4): every step after the
   // first plans from the lane, though the test reads the pools (infos,
