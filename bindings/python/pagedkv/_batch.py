@@ -55,8 +55,10 @@ class Batch(HandleOwner):
     # commit() succeeded: close() has nothing to abort. Its abort() then
     # raised InvalidStateError, caught: a C++ exception, a formatted message
     # and a Python exception on every step of a `with` block (a tenth of
-    # the package's 1024-sequence decode step).
+    # the package's 1024-sequence decode step). On a pool with storage the
+    # write of the last unwritten layer commits (_layer_written).
     _committed = False
+    _layers: Optional[set] = None  # layers written, until every one is
 
     def __init__(
         self,
@@ -339,7 +341,20 @@ class Batch(HandleOwner):
         act = _activation_dtype(p.dtype)
         kd = self._tensor(k, "k", act, shape, s)
         vd = self._tensor(v, "v", act, shape, s)
-        self._call(_c.pkv_cache_write, _index(layer, "layer"), kd.as_c(p.device), vd.as_c(p.device), s)
+        layer = _index(layer, "layer")
+        self._call(_c.pkv_cache_write, layer, kd.as_c(p.device), vd.as_c(p.device), s)
+        self._layer_written(layer)
+
+    def _layer_written(self, layer: int) -> None:
+        # The library commits the step when its last unwritten layer is
+        # written (pkv_cache_write): close() then has nothing to abort.
+        if self._committed:
+            return
+        if self._layers is None:
+            self._layers = set()
+        self._layers.add(layer)
+        if len(self._layers) >= self._pool.num_layers and not self._aborted:
+            self._committed = True
 
     def attention(
         self,

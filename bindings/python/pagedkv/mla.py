@@ -76,7 +76,9 @@ def cache_write(batch: Batch, layer: int, kv_c: Any, k_pe: Any, stream: Any = No
     pshape = (n, 1, rope) if len(pd.shape) == 3 else (n, rope)
     pd = batch._tensor(pd, "k_pe", pool.dtype, pshape, s)
     dev = pool.device
-    batch._call(_c.pkv_mla_cache_write, _index(layer, "layer"), cd.as_c(dev), pd.as_c(dev), s)
+    layer = _index(layer, "layer")
+    batch._call(_c.pkv_mla_cache_write, layer, cd.as_c(dev), pd.as_c(dev), s)
+    batch._layer_written(layer)
 
 
 def attention(

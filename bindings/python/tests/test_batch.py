@@ -293,6 +293,43 @@ def test_a_committed_batch_is_closed_without_an_abort(monkeypatch):
     assert len(calls) == 2 and len(s) == 9 and s.num_computed_tokens == 8
 
 
+def test_a_step_committed_by_its_last_layer_write_is_closed_without_an_abort(monkeypatch):
+    """On a pool with storage, the write of the step's last unwritten layer
+    commits it (pkv_cache_write), which the package did not see: close()
+    called pkv_batch_abort, refused, on every step of a `with` block. A
+    step with a layer left unwritten is still aborted by close()."""
+    from pagedkv import _batch
+
+    calls = []
+    real = _batch._c.pkv_batch_abort
+
+    def counting(h):
+        calls.append(h)
+        return real(h)
+
+    monkeypatch.setattr(_batch._c, "pkv_batch_abort", counting)
+    rng = np.random.default_rng(3)
+    with pagedkv.Pool(num_blocks=16, block_size=4, num_layers=2, num_kv_heads=1, head_dim=8, dtype="f32") as pool:
+        s = pool.admit(list(range(6)))[0]
+
+        def kv(n):
+            return rng.standard_normal((n, 1, 8)).astype(np.float32)
+
+        with pool.prepare([s], 6) as b:
+            b.cache_write(1, kv(6), kv(6))
+            b.cache_write(1, kv(6), kv(6))  # the same layer again: still one left
+            b.cache_write(0, kv(6), kv(6))
+        assert calls == [] and s.num_computed_tokens == 6
+        with pool.prepare_decode([s], [7]) as b:
+            b.cache_write(0, kv(1), kv(1))
+        assert len(calls) == 1 and len(s) == 7 and s.num_computed_tokens == 6
+        with pool.prepare([s], 1) as b:
+            b.abort()
+            b.cache_write(0, kv(1), kv(1))  # K/V written, nothing committed
+            b.cache_write(1, kv(1), kv(1))
+        assert len(calls) == 3 and s.num_computed_tokens == 6  # close() aborted it again
+
+
 def test_zero_query_heads_are_named_not_called_a_stride():
     """numpy gives an empty array all-zero strides, so q of shape [n, 0,
     head_dim] (no query heads) failed the innermost-stride check: "q: the
