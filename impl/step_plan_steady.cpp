@@ -408,7 +408,9 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   decode_step_ = steady_ = true;
   lane_ = lane;
   if (!same) p.remember_decode(seqs, live, num_seqs);
-  memo.lane_ops = p.mu_.ops();
+  // A lane only over ids remembered (remember_decode keeps none when it
+  // cannot allocate): the next step could not follow it anyway.
+  memo.lane_ops = memo.ids.size() == num_seqs ? p.mu_.ops() : Pool::DecodeMemo::kNoLane;
   memo.lane_batch = this;
   memo.lane_committed = false;
   memo.lane_table = t;

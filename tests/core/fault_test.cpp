@@ -488,6 +488,28 @@ TEST(Faults, PrepareDecode) {
              if (st == PKV_OK && !steady) ADD_FAILURE() << "the steady path did not run";
              return st;
            }},
+          // The steady path over ids it has not seen (it remembers them for
+          // the next step, which may fail), committed: the decode lane
+          // stands only if they were remembered.
+          {"prepare_decode over new ids, committed", cfg,
+           [](Ctx& c) {
+             for (int n : {7, 8, 9, 10}) {
+               pkv_seq_id s = make_seq(c);
+               append(c, s, n, 100 * n);
+               step(c, s, uint32_t(n));
+             }
+           },
+           [flags](Ctx& c) {
+             pkv_batch* batch = nullptr;
+             const int32_t t[4] = {5, 6, 7, 8};
+             pkv_status st =
+                 pkv_batch_prepare_decode(c.pool, c.seqs.data(), t, 4, flags, nullptr, &batch);
+             const bool steady = batch && batch->impl->steady_for_testing();
+             if (batch) pkv_batch_commit(batch);  // may fail too (out of memory): safe
+             pkv_batch_destroy(batch);
+             if (st == PKV_OK && !steady) ADD_FAILURE() << "the steady path did not run";
+             return st;
+           }},
       });
 }
 
