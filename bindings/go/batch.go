@@ -131,9 +131,9 @@ func (p *Pool) prepare(op string, seqs []Seq, queryCounts []int, flags PrepareFl
 // queries are those tokens, as AppendBatch then Prepare with every query
 // count 1 would. The Batch is committed, aborted and closed as Prepare's.
 //
-// All or nothing: when the plan cannot be built (a stale or repeated id,
-// too few free blocks, a context no committed step wrote: ErrInvalidState)
-// nothing is appended. ErrUnsupported on a multi-group pool (Seq.Append,
+// All or nothing: when the plan cannot be built (a stale id: ErrNotFound; a
+// repeated one: ErrInvalidArgument; too few free blocks: ErrOutOfBlocks; a
+// context no committed step wrote: ErrInvalidState) nothing is appended. ErrUnsupported on a multi-group pool (Seq.Append,
 // then Prepare); an argument error when seqs and tokens differ in length.
 func (p *Pool) PrepareDecode(seqs []SeqID, tokens []int32) (*Batch, error) {
 	return p.PrepareDecodeEx(seqs, tokens, 0, nil)

@@ -484,8 +484,12 @@ TEST(Faults, PrepareDecode) {
              pkv_status st =
                  pkv_batch_prepare_decode(c.pool, c.seqs.data(), t, 4, flags, nullptr, &batch);
              const bool steady = batch && batch->impl->steady_for_testing();
+             // The set-up's step was committed and nothing ran since: the
+             // decode lane (step_plan_steady.cpp).
+             const bool lane = batch && batch->impl->lane_for_testing();
              pkv_batch_destroy(batch);
              if (st == PKV_OK && !steady) ADD_FAILURE() << "the steady path did not run";
+             if (st == PKV_OK && !lane) ADD_FAILURE() << "the decode lane did not run";
              return st;
            }},
           // The steady path over ids it has not seen (it remembers them for

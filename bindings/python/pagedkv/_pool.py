@@ -409,8 +409,9 @@ class Pool(HandleOwner):
         array.array, a CPU torch tensor) or sequence of the same length
         (else InvalidArgumentError).
 
-        All or nothing: when the plan cannot be built (an unknown or
-        repeated id, too few free blocks, a context no committed step wrote:
+        All or nothing: when the plan cannot be built (an unknown id:
+        NotFoundError; a repeated one: InvalidArgumentError; too few free
+        blocks: OutOfBlocksError; a context no committed step wrote:
         InvalidStateError) nothing is appended. The Batch is committed,
         aborted and closed like prepare()'s. UnsupportedError on a
         HybridPool (append, then prepare)."""

@@ -251,8 +251,9 @@ PKV_API pkv_status pkv_batch_prepare_ex(pkv_pool* pool, const pkv_seq_id* seqs,
  * and plan rows are written in one pass (bench/README.md, decode step).
  *
  * All or nothing, unlike the two calls: when the plan cannot be built (an
- * unknown or repeated id, too few free blocks, a context no committed
- * step wrote: PKV_E_INVALID_STATE names the sequence and the tokens to
+ * unknown id: PKV_E_NOT_FOUND; a repeated one: PKV_E_INVALID_ARGUMENT;
+ * too few free blocks: PKV_E_OUT_OF_BLOCKS; a context no committed step
+ * wrote: PKV_E_INVALID_STATE, naming the sequence and the tokens to
  * compute with pkv_batch_prepare) nothing is appended. Device errors on a
  * CUDA pool (running pending copy-on-write copies, the plan's upload)
  * come after the appends, which then stay, uncomputed, as after a
