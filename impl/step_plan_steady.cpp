@@ -348,8 +348,22 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   // plan's memory.
   size_t hashed = 0;
   PlanArrays a;
+  constexpr size_t kHashAhead = 4;  // in special sequences (half of them fill)
   try {
     for (; hashed < special.size(); ++hashed) {
+      // A later block's tokens and parent hash, requested a few blocks
+      // ahead: pass 1's requests come too late when its loop was short
+      // (a lane step reads only these sequences).
+      if (hashed + kHashAhead < special.size()) {
+        const uint32_t k = special[hashed + kHashAhead].first;
+        const Sequence& f = *live[k];
+        if ((ends[k] & mask) == 0) {
+          const int32_t* block = f.tokens.data() + ((ends[k] - 1) & ~mask);
+          __builtin_prefetch(block);
+          __builtin_prefetch(block + bs - 1);
+          if (!f.hashes.empty()) __builtin_prefetch(f.hashes.data() + f.hashes.size() - 1);
+        }
+      }
       const uint32_t i = special[hashed].first;
       if ((ends[i] & mask) != 0) continue;  // opens a block, fills none
       Sequence& s = *live[i];
