@@ -76,6 +76,15 @@ void step(Ctx& c, pkv_seq_id s, uint32_t q) {
   pkv_batch_destroy(b);
 }
 
+// Four sequences of 7-10 tokens, each computed: a decode batch.
+void computed_seqs(Ctx& c) {
+  for (int n : {7, 8, 9, 10}) {
+    pkv_seq_id s = make_seq(c);
+    append(c, s, n, 100 * n);
+    step(c, s, uint32_t(n));
+  }
+}
+
 // Everything observable about the pool, as text (built with faults off).
 std::string snapshot(const Ctx& c) {
   const pagedkv::Pool& p = *c.pool->impl;
@@ -464,11 +473,7 @@ TEST(Faults, PrepareDecode) {
           // step's ids again; one sequence opens a block, one fills one.
           {"prepare_decode over the previous step's ids", cfg,
            [flags](Ctx& c) {
-             for (int n : {7, 8, 9, 10}) {
-               pkv_seq_id s = make_seq(c);
-               append(c, s, n, 100 * n);
-               step(c, s, uint32_t(n));
-             }
+             computed_seqs(c);
              pkv_batch* batch = nullptr;
              const int32_t t[4] = {1, 2, 3, 4};
              ASSERT_EQ(
@@ -495,14 +500,7 @@ TEST(Faults, PrepareDecode) {
           // The steady path over ids it has not seen (it remembers them for
           // the next step, which may fail), committed: the decode lane
           // stands only if they were remembered.
-          {"prepare_decode over new ids, committed", cfg,
-           [](Ctx& c) {
-             for (int n : {7, 8, 9, 10}) {
-               pkv_seq_id s = make_seq(c);
-               append(c, s, n, 100 * n);
-               step(c, s, uint32_t(n));
-             }
-           },
+          {"prepare_decode over new ids, committed", cfg, [](Ctx& c) { computed_seqs(c); },
            [flags](Ctx& c) {
              pkv_batch* batch = nullptr;
              const int32_t t[4] = {5, 6, 7, 8};

@@ -259,11 +259,8 @@ def test_with_block_that_aborts_does_not_commit_on_exit():
     assert len(s) == 7 and s.num_computed_tokens == 6
 
 
-def test_a_committed_batch_is_closed_without_an_abort(monkeypatch):
-    """close() of a committed plan called pkv_batch_abort, which raised
-    InvalidStateError (caught): a C++ exception and a formatted message on
-    every step of a `with` block. A plan aborted or never committed is
-    still aborted by close(), and abort() after commit() still raises."""
+def count_aborts(monkeypatch):
+    """The handles pkv_batch_abort is called with, from now on."""
     from pagedkv import _batch
 
     calls = []
@@ -274,6 +271,15 @@ def test_a_committed_batch_is_closed_without_an_abort(monkeypatch):
         return real(h)
 
     monkeypatch.setattr(_batch._c, "pkv_batch_abort", counting)
+    return calls
+
+
+def test_a_committed_batch_is_closed_without_an_abort(monkeypatch):
+    """close() of a committed plan called pkv_batch_abort, which raised
+    InvalidStateError (caught): a C++ exception and a formatted message on
+    every step of a `with` block. A plan aborted or never committed is
+    still aborted by close(), and abort() after commit() still raises."""
+    calls = count_aborts(monkeypatch)
     pool = pagedkv.Pool(num_blocks=16, block_size=4)
     s = pool.admit(list(range(6)))[0]
     with pool.prepare([s], 6) as b:
@@ -298,16 +304,7 @@ def test_a_step_committed_by_its_last_layer_write_is_closed_without_an_abort(mon
     commits it (pkv_cache_write), which the package did not see: close()
     called pkv_batch_abort, refused, on every step of a `with` block. A
     step with a layer left unwritten is still aborted by close()."""
-    from pagedkv import _batch
-
-    calls = []
-    real = _batch._c.pkv_batch_abort
-
-    def counting(h):
-        calls.append(h)
-        return real(h)
-
-    monkeypatch.setattr(_batch._c, "pkv_batch_abort", counting)
+    calls = count_aborts(monkeypatch)
     rng = np.random.default_rng(3)
     with pagedkv.Pool(num_blocks=16, block_size=4, num_layers=2, num_kv_heads=1, head_dim=8, dtype="f32") as pool:
         s = pool.admit(list(range(6)))[0]
