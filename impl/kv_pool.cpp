@@ -467,7 +467,7 @@ std::string Pool::check_lane() const {
         "decode lane: entry " + std::to_string(i) + " (" + seq_name(m.ids[i]) + ")";
     if (q == nullptr || q != m.live[i]) return who + " names no live sequence, or another";
     if (t.n != q->tokens.size() || t.tok != q->tokens.data() ||
-        t.cap != std::min<uint64_t>(q->tokens.capacity(), UINT32_MAX))
+        t.cap != DecodeTail::capacity_of(*q))
       return who + " disagrees with its sequence's tokens";
     if (t.epoch != q->writes_epoch || t.table_version != q->table_version || q->tail_shared ||
         q->num_committed < t.n)

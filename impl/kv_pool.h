@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -143,6 +144,10 @@ struct DecodeTail {
   const int32_t* tok;  // tokens.data()
   uint32_t cap;        // tokens.capacity(), at most 2^32 - 1
   uint32_t epoch;      // writes_epoch
+  // What cap holds for s: its tokens' capacity, at most 2^32 - 1.
+  static uint32_t capacity_of(const Sequence& s) {
+    return uint32_t(std::min<uint64_t>(s.tokens.capacity(), UINT32_MAX));
+  }
 };
 
 class Pool {

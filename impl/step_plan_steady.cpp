@@ -177,12 +177,7 @@ struct Batch::SteadyRows {
         m.block = blk;
         if (off == 0) m.table_version = s.table_version;  // entered a block
       } else {
-        m = {s.table_version,
-             uint32_t(j),
-             blk,
-             0,
-             s.tokens.data(),
-             uint32_t(std::min<uint64_t>(s.tokens.capacity(), UINT32_MAX)),
+        m = {s.table_version, uint32_t(j), blk, 0, s.tokens.data(), DecodeTail::capacity_of(s),
              s.writes_epoch};
       }
       m.n = uint32_t(n0 + 1);
@@ -278,7 +273,7 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
       const bool crosses = (n0 & mask) == 0, fills = ((n0 + 1) & mask) == 0, opens = j == nb;
       grow(s.tokens, n0 + 1);
       m.tok = s.tokens.data();
-      m.cap = uint32_t(std::min<uint64_t>(s.tokens.capacity(), UINT32_MAX));
+      m.cap = DecodeTail::capacity_of(s);
       __builtin_prefetch(s.tokens.data() + n0, 1);
       // Entering a block the table already holds (appended ahead): the
       // lane's block is that one. One the step opens: append_steady's.
