@@ -9,10 +9,12 @@
 
 namespace pagedkv {
 
-// Which vector code the CPU kernels run. kAuto picks the best the CPU
-// supports (env PAGEDKV_CPU_ISA=scalar|avx2|avx512|avx512bf16 can lower
-// it); tests pin each supported one so the portable scalar path is always
-// exercised. kAvx512Bf16 is kAvx512 plus vdpbf16ps for bf16 q . k.
+// Which vector code the CPU kernels run. kAuto picks the fastest the CPU
+// supports (cpu::resolve_cpu_isa; env PAGEDKV_CPU_ISA=scalar|avx2|avx512
+// lowers it, =avx512bf16 pins that one); tests pin each supported one so
+// the portable scalar path is always exercised. kAvx512Bf16 is kAvx512
+// plus vdpbf16ps for bf16 q . k, which kAuto takes only where it measures
+// faster (cpu::bf16_dot_pays).
 enum class CpuIsa : int32_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3, kAvx512Bf16 = 4 };
 
 struct CpuBackendOptions {

@@ -1,5 +1,8 @@
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -53,6 +56,67 @@ bool cpu_isa_supported(CpuIsa isa) {
   }
 }
 
+namespace {
+// The four-row, 16-key bf16 q . k of a decode tile (head dim 128, the page
+// in L1), timed with the bf16 dot product and with widening and FMAs:
+// nanoseconds for kCalls calls, best of kRounds alternating rounds (a
+// preempted round only reads slower).
+struct DotTiming {
+  double dot_ns = std::numeric_limits<double>::infinity();
+  double fma_ns = std::numeric_limits<double>::infinity();
+};
+
+DotTiming time_bf16_dot(const KernelTable& t) {
+  constexpr int kD = 128, kKeys = 16, kRows = 4, kCalls = 32, kRounds = 7;
+  alignas(64) uint16_t page[kKeys * kD];
+  alignas(64) uint16_t q16[kRows * kD];
+  alignas(64) float q32[kRows * kD];
+  alignas(64) float logits[kRows * kKeys];
+  // Finite values near 1 (no subnormals, no overflow): bf16 0x3f80 is 1.0.
+  for (int i = 0; i < kKeys * kD; ++i) page[i] = uint16_t(0x3f80 + (i * 37) % 64);
+  for (int i = 0; i < kRows * kD; ++i) {
+    q16[i] = uint16_t(0x3f80 + (i * 11) % 64);
+    q32[i] = 1.0f + float((i * 11) % 64) / 128.0f;
+  }
+  Prefetcher pf;  // no regions: its ticks issue nothing
+  pf.reset(0);
+  pf.plan(1);
+  const QkBf16Fn dot = t.qk_bf16[2];
+  const QkFn fma = t.qk[2][kBf16Paired];
+  DotTiming r;
+  using Clock = std::chrono::steady_clock;
+  for (int round = 0; round < kRounds; ++round) {
+    auto t0 = Clock::now();
+    for (int c = 0; c < kCalls; ++c) dot(q16, kD, page, 0, kKeys, logits, kKeys, 1.0f, 0.0f, &pf);
+    auto t1 = Clock::now();
+    for (int c = 0; c < kCalls; ++c) fma(q32, kD, page, 0, kKeys, logits, kKeys, 0.0f, &pf);
+    auto t2 = Clock::now();
+    r.dot_ns = std::min(r.dot_ns, std::chrono::duration<double, std::nano>(t1 - t0).count());
+    r.fma_ns = std::min(r.fma_ns, std::chrono::duration<double, std::nano>(t2 - t1).count());
+  }
+  return r;
+}
+}  // namespace
+
+bool bf16_dot_pays() {
+  // Measured once per process (about 0.1 ms). vdpbf16ps halves q . k's
+  // multiply-add instructions, but its rate is the CPU's: on Zen 4 it runs
+  // at the FMA rate (the dot product wins); on a 2-vCPU Intel Xeon VM
+  // (AVX512_BF16 and AMX) at about a quarter of it, and bf16 decode with it
+  // read K/V 25 % slower than without (bench/README.md, "The bf16 dot
+  // product, measured"). The dot product is kept unless widening is clearly
+  // faster, so that where the two are close the choice does not change
+  // from one process to the next (their sums differ in rounding).
+  static const bool pays = [] {
+    if (!cpu_isa_supported(CpuIsa::kAvx512Bf16)) return false;
+    const KernelTable* t = avx512bf16_table();
+    if (t->qk_bf16[2] == nullptr || t->qk[2][kBf16Paired] == nullptr) return true;
+    const DotTiming d = time_bf16_dot(*t);
+    return !(d.fma_ns < 0.8 * d.dot_ns);
+  }();
+  return pays;
+}
+
 CpuIsa resolve_cpu_isa(CpuIsa requested) {
   if (requested != CpuIsa::kAuto) {
     if (!cpu_isa_supported(requested)) {
@@ -61,14 +125,19 @@ CpuIsa resolve_cpu_isa(CpuIsa requested) {
     return requested;
   }
   CpuIsa cap = CpuIsa::kAvx512Bf16;
+  bool pinned = false;  // avx512bf16 asked for by name: no measurement
   if (const char* env = std::getenv("PAGEDKV_CPU_ISA")) {
     if (std::strcmp(env, "scalar") == 0) cap = CpuIsa::kScalar;
     if (std::strcmp(env, "avx2") == 0) cap = CpuIsa::kAvx2;
     if (std::strcmp(env, "avx512") == 0) cap = CpuIsa::kAvx512;
+    pinned = std::strcmp(env, "avx512bf16") == 0;
   }
   for (CpuIsa isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAvx512, CpuIsa::kAvx2}) {
-    if (static_cast<int32_t>(isa) <= static_cast<int32_t>(cap) && cpu_isa_supported(isa))
-      return isa;
+    if (static_cast<int32_t>(isa) > static_cast<int32_t>(cap) || !cpu_isa_supported(isa)) continue;
+    // avx512bf16 is avx512 plus the bf16 dot product: where the dot
+    // product is the slower way, avx512 is the faster set.
+    if (isa == CpuIsa::kAvx512Bf16 && !pinned && !bf16_dot_pays()) continue;
+    return isa;
   }
   return CpuIsa::kScalar;
 }

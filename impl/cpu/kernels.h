@@ -164,8 +164,15 @@ const KernelTable* avx512bf16_table();  // nullptr when not compiled in
 
 // True if this CPU (and OS) can run isa.
 bool cpu_isa_supported(CpuIsa isa);
-// kAuto -> the best supported ISA, lowered by env PAGEDKV_CPU_ISA; an
-// explicit ISA the CPU lacks throws Error(kUnsupported).
+// Whether this CPU runs bf16 q . k faster with the bf16 dot product
+// (avx512bf16) than by widening to f32 (avx512): measured once per process
+// on a decode tile; false where the CPU has no AVX512_BF16.
+bool bf16_dot_pays();
+// kAuto -> the fastest supported ISA: the widest, except avx512 rather
+// than avx512bf16 where bf16_dot_pays() is false; lowered by env
+// PAGEDKV_CPU_ISA=scalar|avx2|avx512, or pinned to avx512bf16 (no
+// measurement) by PAGEDKV_CPU_ISA=avx512bf16. An explicit ISA the CPU
+// lacks throws Error(kUnsupported).
 CpuIsa resolve_cpu_isa(CpuIsa requested);
 const KernelTable& kernel_table(CpuIsa resolved);
 
