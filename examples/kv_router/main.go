@@ -180,11 +180,12 @@ type view struct {
 	batches  int
 	replayed int
 	replays  int
+	want     int64 // the batch waitFor waits for (-1: none)
 	err      error
 }
 
 func newView() *view {
-	v := &view{held: map[uint64]int{}, lastSeq: -1}
+	v := &view{held: map[uint64]int{}, lastSeq: -1, want: -1}
 	v.cond = sync.NewCond(&v.mu)
 	return v
 }
@@ -253,6 +254,23 @@ func subscribe(ctx *zctx, endpoint, replayEndpoint string, v *view, stop <-chan 
 		default:
 		}
 		if !sub.poll(20) {
+			// A lost batch shows as a gap only when a later one arrives; the
+			// last ones of a burst have none after them. So a router that
+			// waits for a batch it has not seen asks for it after a quiet
+			// poll (PUB drops messages while a subscription is still being
+			// set up, and when a subscriber falls behind).
+			v.mu.Lock()
+			last, want := v.lastSeq, v.want
+			v.mu.Unlock()
+			if want > last {
+				if err := replay(req, last+1, v); err != nil {
+					fail(err)
+					return
+				}
+				v.mu.Lock()
+				v.cond.Broadcast()
+				v.mu.Unlock()
+			}
 			continue
 		}
 		f, err := sub.recvMultipart()
@@ -329,6 +347,8 @@ func (v *view) waitFor(seq int64) error {
 	deadline := time.Now().Add(10 * time.Second)
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	v.want = seq
+	defer func() { v.want = -1 }()
 	for v.lastSeq < seq && v.err == nil {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("view stuck at batch %d, waiting for %d", v.lastSeq, seq)

@@ -8,8 +8,9 @@
 //     "ATT i <hex f32>"; then "READY" and serves reads (progress) until
 //     "RELEASE i" / "QUIT" (prints "BYE <validate status> <free> <free at start>").
 //   peer import <transports>
-//     reads "DESC <hex>", imports it into a fresh pool, prints "STARTED"
-//     and polls to the end ("END <state> <status>"), then waits for EOF.
+//     reads "DESC <hex>", imports it into a fresh pool, prints "STARTED",
+//     "FLOWING" once K/V arrived, and polls to the end ("END
+//     <state> <status>"), then waits for EOF.
 #include <poll.h>
 #include <unistd.h>
 
@@ -124,6 +125,23 @@ int run_import(char** argv) {
   std::cout << "STARTED" << std::endl;
   uint32_t state = PKV_TRANSFER_RUNNING;
   pkv_status st = PKV_OK;
+  // K/V has arrived once any byte of the fresh pool's first K plane is
+  // not zero (the exporter's K/V is random): the two workers' connection
+  // is then set up. Polls write it on this thread, so reading it is safe.
+  pkv_tensor k{};
+  ok(pkv_pool_kv_tensor(p, 0, PKV_KV_KEY, &k), "kv_tensor");
+  size_t k_bytes = 2;  // bf16
+  for (int d = 0; d < k.ndim; ++d) k_bytes *= size_t(k.shape[d]);
+  const auto* k0 = static_cast<const unsigned char*>(k.data) + k.byte_offset;
+  bool flowing = false;
+  while (state == PKV_TRANSFER_RUNNING) {
+    st = pkv_transfer_poll(t, &state, nullptr);
+    for (size_t b = 0; !flowing && b < k_bytes; ++b) flowing = k0[b] != 0;
+    if (flowing) {
+      std::cout << "FLOWING" << std::endl;
+      break;
+    }
+  }
   while (state == PKV_TRANSFER_RUNNING) st = pkv_transfer_poll(t, &state, nullptr);
   std::cout << "END " << state << " " << st << std::endl;
   while (std::getline(std::cin, line)) {
