@@ -61,6 +61,7 @@ void check(const std::vector<DecodeTail>& t, int shift, bool vector_path, const 
   }
   EXPECT_EQ(ends[n], 0xdeadbeefu) << "written past the lane";
   EXPECT_EQ(pages[n], 0xdeadbeefu) << "written past the lane";
+  EXPECT_EQ(slow[n], 0xdeadbeefu) << "written past the lane (the caller's slow[] has n entries)";
   EXPECT_EQ(r.pages, e.pages);
   if (n > 0) {
     EXPECT_EQ(r.max_ctx, e.max_ctx);
@@ -107,6 +108,10 @@ std::vector<DecodeTail> random_lane(std::mt19937_64& rng, uint32_t n, uint64_t b
 }
 
 TEST(LaneScan, MatchesTheModelForEveryLengthAndBlockSize) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  // Where the CPU has AVX2, scan_lane is the vector loop under test.
+  if (__builtin_cpu_supports("avx2")) ASSERT_NE(lane_scan_detail::avx2_scan_groups(), nullptr);
+#endif
   std::mt19937_64 rng(20261201);
   for (int shift = 0; shift <= 10; ++shift) {
     const uint64_t bs = uint64_t(1) << shift;
