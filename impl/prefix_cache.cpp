@@ -1,6 +1,10 @@
 #include "prefix_cache.h"
 
 #include <openssl/rand.h>
+// Inlined (static copies in this file): key_of runs for every insert and
+// lookup, and the library's call spends more on its length dispatch than a
+// 16- or 32-byte digest needs.
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <algorithm>

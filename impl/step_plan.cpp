@@ -568,32 +568,60 @@ void Batch::commit_decode_locked(bool same) {
     else if (s->num_committed < ends[i])
       h.unsure.push_back(uint32_t(i));
   };
-  if (same) {
+  // Row i's query slot marked and its sequence's count moved, where that
+  // slot is the next one of a tail block s holds alone.
+  auto mark = [&](size_t i, Sequence* s, const QueryRange& q) {
+    const int32_t b = q.r.block;
+    const uint32_t w = p.blocks_.written(b);
+    if (w == q.r.lo) p.blocks_.set_written(b, q.r.hi);
+    if (s->num_committed == ends[i] - 1 && w >= q.r.lo)
+      s->num_committed = ends[i];
+    else if (s->num_committed < ends[i])
+      h.unsure.push_back(uint32_t(i));
+  };
+  // Unchanged since prepare (no append, truncate or copy-on-write moved
+  // its tokens or blocks), its tail its own, and a query that does not
+  // fill its block: the row's block is its tail, which no other row
+  // writes, so the general rule reduces to mark.
+  auto same_row = [&](size_t i) {
+    Sequence* s = live[i];
+    const QueryRange& q = ranges[i];
+    if (s->version != versions[i] || s->tail_shared || q.r.hi >= bs) {
+      if (s->writes_epoch == h.epochs[i])
+        row(i, s);
+      else
+        live[i] = nullptr;  // truncated since prepare: as CommitRows::at
+      return;
+    }
+    mark(i, s, q);
+  };
+  if (lane && lane_ && same) {
+    // The lane's own step, and nothing ran on the pool since it: every
+    // sequence is as prepare left it. Those it did not list continued
+    // inside a tail block they hold alone (pass 1 of a lane step), so
+    // same_row's checks hold for them without reading them again.
+    const uint32_t* slow = h.slow.data();
+    const uint32_t* const slow_end = slow + lane_slow_;
+    size_t next_slow = slow != slow_end ? *slow : m;
+    for (size_t i = 0; i < m; ++i) {
+      if (i + kNear < m) {
+        p.blocks_.prefetch_counts(ranges[i + kNear].r.block);
+        __builtin_prefetch(&live[i + kNear]->num_committed);
+      }
+      if (i == next_slow) {
+        same_row(i);
+        next_slow = ++slow != slow_end ? *slow : m;
+        continue;
+      }
+      mark(i, live[i], ranges[i]);
+    }
+  } else if (same) {
     for (size_t i = 0; i < m; ++i) {
       if (i + kNear < m) {
         p.blocks_.prefetch_counts(ranges[i + kNear].r.block);
         __builtin_prefetch(live[i + kNear]);
       }
-      Sequence* s = live[i];
-      const QueryRange& q = ranges[i];
-      // Unchanged since prepare (no append, truncate or copy-on-write
-      // moved its tokens or blocks), its tail its own, and a query that
-      // does not fill its block: the row's block is its tail, which no
-      // other row writes, so the general rule reduces to this.
-      if (s->version != versions[i] || s->tail_shared || q.r.hi >= bs) {
-        if (s->writes_epoch == h.epochs[i])
-          row(i, s);
-        else
-          live[i] = nullptr;  // truncated since prepare: as CommitRows::at
-        continue;
-      }
-      const int32_t b = q.r.block;
-      const uint32_t w = p.blocks_.written(b);
-      if (w == q.r.lo) p.blocks_.set_written(b, q.r.hi);
-      if (s->num_committed == ends[i] - 1 && w >= q.r.lo)
-        s->num_committed = ends[i];
-      else if (s->num_committed < ends[i])
-        h.unsure.push_back(uint32_t(i));
+      same_row(i);
     }
   } else {
     CommitRows rows(h, same);

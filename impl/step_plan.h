@@ -210,6 +210,10 @@ class Batch {
   bool decode_step_ = false;  // built by build_decode: ranges are decode_shaped()
   bool steady_ = false;       // built by build_decode_steady
   bool lane_ = false;         // from the lane (Pool::DecodeMemo)
+  // A lane step's sequences that entered or filled a block or needed room:
+  // PlanHost::slow's first lane_slow_ entries (the rest continued inside
+  // their block).
+  uint32_t lane_slow_ = 0;
   // On the CPU the callers' copy is made when first asked for.
   mutable std::once_flag callers_copy_;
   size_t rows_reused_ = 0;  // page rows copied from the previous plan

@@ -108,10 +108,10 @@ struct Batch::SteadyRows {
   int shift;  // log2(bs)
   bool rows_current;
 
-  // kLane: the lane entries are exact (their block too, but where a
-  // sequence enters a block, -1); else each is written whole.
-  template <bool kLane>
-  [[gnu::noinline]] size_t run(uint32_t n) {
+  // A step not from the lane: pass 1 wrote the ends and page counts, and
+  // each lane entry is written whole (its block from the last steady step
+  // where the sequence's table did not change since, else -1).
+  [[gnu::noinline]] size_t run_general(uint32_t n) {
     // Every member in a local first: the loop calls append_steady, which
     // as far as the compiler knows could write *this, so it reloaded each
     // member every iteration (callgrind: ~84 instructions per sequence).
@@ -129,58 +129,127 @@ struct Batch::SteadyRows {
     PageTable* const table = t;
     const std::pair<uint32_t, uint32_t>* nx = next;
     const std::pair<uint32_t, uint32_t>* const nx_end = last;
-    const int sh = shift;
     const uint64_t mask = bs - 1;
     const int64_t block_size = int64_t(bs);
-    // The persistent table's rows to check: every one, or (rows_current)
-    // only those whose sequence enters a block.
-    const bool check_all = table != nullptr && !rows_current;
-    constexpr uint32_t kAhead = 8;  // prefetch distance, in sequences
-    const uint32_t ahead_end = n > kAhead ? n - kAhead : 0;
     size_t rewritten = 0;
     for (uint32_t i = 0; i < n; ++i) {
-      // A lane step requests the lines it writes here, a few sequences
-      // ahead: their addresses are in the lane, so no load waits for
-      // another (measured: 10 % faster than requesting them all in pass 1).
-      if (kLane && i < ahead_end) {
-        const DecodeTail& f = tl[i + kAhead];
-        __builtin_prefetch(lv[i + kAhead], 1);
-        __builtin_prefetch(f.tok + f.n, 1);
-        __builtin_prefetch(cn + f.block, 1);
-      }
       Sequence& s = *lv[i];
       Pool::DecodeMemo::Tail& m = tl[i];
-      // The lane's count and block are exact (a lane step's every entry
-      // names a block); otherwise pass 1 wrote the ends and page counts,
-      // and an entry's block is -1 where it may be stale.
-      const uint64_t n0 = kLane ? m.n : ends[i] - 1;
-      const uint64_t j = kLane ? n0 >> sh : pc[i] - 1, off = n0 & mask;
+      const uint64_t n0 = ends[i] - 1;
+      const uint64_t j = pc[i] - 1, off = n0 & mask;
       int32_t blk;
       if (__builtin_expect(nx != nx_end && nx->first == i, 0)) {
         blk = pool.append_steady(s, n0, nx->second, tk[i]);
         ++nx;
       } else {
         s.tokens.push_back(tk[i]);  // room made by pass 1
-        blk = kLane || m.block >= 0 ? m.block : s.blocks[j];
+        blk = m.block >= 0 ? m.block : s.blocks[j];
         cn[blk].add_token(uint32_t(off));
       }
-      if (kLane) {
-        m.block_index = uint32_t(j);
-        m.block = blk;
-        if (off == 0) m.table_version = s.table_version;  // entered a block
-      } else {
-        m = {s.table_version, uint32_t(j), blk, 0, s.tokens.data(), DecodeTail::capacity_of(s),
-             s.writes_epoch};
-      }
-      m.n = uint32_t(n0 + 1);
+      m = {s.table_version,  uint32_t(j),     blk,
+           uint32_t(n0 + 1), s.tokens.data(), DecodeTail::capacity_of(s),
+           s.writes_epoch};
       ver[i] = ++s.version;
       ep[i] = m.epoch;
       rg[i] = {i, uint32_t(j), {blk, uint32_t(off), uint32_t(off + 1)}};
       // The persistent table's row, if its sequence or block table changed.
-      if (check_all || (table != nullptr && off == 0))
-        rewritten += update_page_row(*table, i, ids[i], s, pc[i]);
+      if (table != nullptr) rewritten += update_page_row(*table, i, ids[i], s, pc[i]);
       slots[i] = int64_t(blk) * block_size + int64_t(off);
     }
+    return rewritten;
+  }
+
+  // A lane step: each entry's count and block are exact (but where a
+  // sequence enters a block, whose block pass 1 read). The sequences pass 1
+  // did not list (slow[0, num_slow), in order) continue inside their
+  // block, away from both its ends, with room for the token: their block is
+  // the lane's and none of them is special, and where the table's rows are
+  // current (rows_current) or there is no table their row stands. They take
+  // a short loop (callgrind: ~60 instructions per sequence, against ~95 for
+  // lane_row); the listed ones, or every one when each row must be
+  // checked, take lane_row.
+  [[gnu::noinline]] size_t run_lane(uint32_t n, const uint32_t* slow, uint32_t num_slow) {
+    Sequence* const* const lv = live;
+    Pool::DecodeMemo::Tail* const tl = tails;
+    BlockPool::Counts* const cn = counts;
+    const int32_t* const tk = tokens;
+    uint32_t* const ver = versions;
+    uint32_t* const ep = epochs;
+    QueryRange* const rg = ranges;
+    int64_t* const slots = a.slots;
+    const int sh = shift;
+    const uint32_t mask = uint32_t(bs - 1);
+    const uint32_t* const slow_end = slow + num_slow;
+    uint32_t next_slow = slow != slow_end ? *slow : n;
+    constexpr uint32_t kAhead = 8;  // prefetch distance, in sequences
+    const uint32_t ahead_end = n > kAhead ? n - kAhead : 0;
+    size_t rewritten = 0;
+    if (t != nullptr && !rows_current) {  // any row may have changed
+      for (uint32_t i = 0; i < n; ++i) {
+        if (i < ahead_end) request_row(tl, lv, cn, i + kAhead);
+        rewritten += lane_row(i);
+      }
+      return rewritten;
+    }
+    for (uint32_t i = 0; i < n; ++i) {
+      if (i < ahead_end) request_row(tl, lv, cn, i + kAhead);
+      if (__builtin_expect(i == next_slow, 0)) {
+        rewritten += lane_row(i);
+        next_slow = ++slow != slow_end ? *slow : n;
+        continue;
+      }
+      Sequence& s = *lv[i];
+      Pool::DecodeMemo::Tail& m = tl[i];
+      const uint32_t n0 = m.n, j = n0 >> sh, off = n0 & mask;
+      const int32_t blk = m.block;
+      s.tokens.push_back(tk[i]);  // room: pass 1 lists a sequence without
+      cn[blk].add_token(off);
+      m.block_index = j;
+      m.n = n0 + 1;
+      ver[i] = ++s.version;
+      ep[i] = m.epoch;
+      rg[i] = {i, j, {blk, off, off + 1}};
+      slots[i] = (int64_t(blk) << sh) + int64_t(off);
+    }
+    return rewritten;
+  }
+
+  // The lines lane row i writes: their addresses are in the lane, so no
+  // load waits for another (measured: requesting them a few sequences
+  // ahead was 10 % faster than requesting them all in pass 1).
+  static void request_row(const DecodeTail* tl, Sequence* const* lv, const BlockPool::Counts* cn,
+                          uint32_t i) {
+    const DecodeTail& f = tl[i];
+    __builtin_prefetch(lv[i], 1);
+    __builtin_prefetch(f.tok + f.n, 1);
+    __builtin_prefetch(cn + f.block, 1);
+  }
+
+  // Lane row i in general: a block opened or filled (append_steady) or
+  // entered, and its table row checked where it may have changed.
+  [[gnu::noinline]] size_t lane_row(uint32_t i) {
+    Sequence& s = *live[i];
+    Pool::DecodeMemo::Tail& m = tails[i];
+    const uint64_t n0 = m.n, j = n0 >> shift, off = n0 & (bs - 1);
+    int32_t blk;
+    if (next != last && next->first == i) {
+      blk = p.append_steady(s, n0, next->second, tokens[i]);
+      ++next;
+    } else {
+      s.tokens.push_back(tokens[i]);  // room made by pass 1
+      blk = m.block;
+      counts[blk].add_token(uint32_t(off));
+    }
+    m.block_index = uint32_t(j);
+    m.block = blk;
+    if (off == 0) m.table_version = s.table_version;  // entered a block
+    m.n = uint32_t(n0 + 1);
+    versions[i] = ++s.version;
+    epochs[i] = m.epoch;
+    ranges[i] = {i, uint32_t(j), {blk, uint32_t(off), uint32_t(off + 1)}};
+    const bool rewrite = t != nullptr && (!rows_current || off == 0);
+    const size_t rewritten = rewrite ? update_page_row(*t, i, seqs[i], s, page_counts[i]) : 0;
+    a.slots[i] = int64_t(blk) * int64_t(bs) + int64_t(off);
     return rewritten;
   }
 
@@ -249,11 +318,13 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   // requests the other lines it writes from the lane.
   const bool lane =
       same && memo.lane_committed && p.lane_follows() && memo.tails.size() == num_seqs;
+  uint32_t lane_slow = 0;                     // h.slow's entries (a lane step)
   memo.lane_ops = Pool::DecodeMemo::kNoLane;  // exact again only once this step succeeds
   if (lane) {
     h.slow.resize(num_seqs);
     const LaneScan scan = scan_lane(tails, num_seqs, shift, ends, page_counts, h.slow.data());
     if (scan.slow > num_seqs) return false;  // a sequence at kMaxSeqTokens
+    lane_slow = scan.slow;
     pages = scan.pages;
     max_ctx = scan.max_ctx;
     max_pages = scan.max_pages;
@@ -397,7 +468,8 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
                   // its sequence's pages, and only a row whose sequence
                   // enters a block changes.
                   lane && t != nullptr && t == memo.lane_table};
-  const size_t rewritten = lane ? rows.run<true>(num_seqs) : rows.run<false>(num_seqs);
+  const size_t rewritten =
+      lane ? rows.run_lane(num_seqs, h.slow.data(), lane_slow) : rows.run_general(num_seqs);
   rows.other_rows(num_seqs);
 
   p.blocks_.add_filled(num_seqs);  // one slot each
@@ -408,6 +480,7 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
   finish(a, seqs, rewritten, stream);
   decode_step_ = steady_ = true;
   lane_ = lane;
+  lane_slow_ = lane_slow;
   if (!same) p.remember_decode(seqs, live, num_seqs);
   // A lane only over ids remembered (remember_decode keeps none when it
   // cannot allocate): the next step could not follow it anyway.
