@@ -73,6 +73,17 @@ class BlockPool {
     ++num_used_;
     return id;
   }
+  // Starts loading what the next allocate() reads and writes: the queue's
+  // head block (anywhere in the pool's arrays) and its links. A decode
+  // step opens a block every ~16 sequences, so the lines arrive in time.
+  void prefetch_allocation() const {
+    const int32_t id = queue_.front();
+    if (id >= num_blocks_) return;  // a sentinel: the queue is empty
+    __builtin_prefetch(&hash_[id]);
+    __builtin_prefetch(&ref_[id], 1);
+    __builtin_prefetch(&counts_[id], 1);
+    queue_.prefetch_links(id);
+  }
   // One more holder of a block that is in use or sits in the free queue
   // (a prefix-cache hit: "touch").
   void touch(int32_t id) noexcept {

@@ -47,6 +47,7 @@ int32_t Pool::append_steady(Sequence& s, uint64_t n0, size_t h0, int32_t token) 
   if (j == s.blocks.size()) {
     s.blocks.push_back(blocks_.allocate());
     s.bump_table_appended();
+    blocks_.prefetch_allocation();  // the step's next open, ~16 sequences on
   }
   const int32_t blk = s.blocks[j];
   blocks_.counts_for_decode()[blk].add_token(uint32_t(n0 - j * opts_.block_size));
@@ -68,6 +69,7 @@ void note_special(Sequence& s, uint32_t i, uint64_t n0, bool opens, bool fills, 
   const uint64_t j = n0 >> shift, mask = (uint64_t(1) << shift) - 1;
   if (opens) {
     grow(s.blocks, s.blocks.size() + 1);
+    __builtin_prefetch(s.blocks.data() + s.blocks.size(), 1);  // where pass 3 appends
     if (kept_table != nullptr && i < kept_table->rows && j < kept_table->stride) {
       const size_t at = size_t(i) * kept_table->stride + j;
       __builtin_prefetch(kept_table->kern.get() + at, 1);
@@ -200,11 +202,11 @@ struct Batch::SteadyRows {
       }
       Sequence& s = *lv[i];
       Pool::DecodeMemo::Tail& m = tl[i];
-      const uint32_t n0 = m.n, j = n0 >> sh, off = n0 & mask;
+      // Inside the block of its last token, which the entry names.
+      const uint32_t n0 = m.n, j = m.block_index, off = n0 & mask;
       const int32_t blk = m.block;
       s.tokens.push_back(tk[i]);  // room: pass 1 lists a sequence without
       cn[blk].add_token(off);
-      m.block_index = j;
       m.n = n0 + 1;
       ver[i] = ++s.version;
       ep[i] = m.epoch;
@@ -329,6 +331,14 @@ bool Batch::build_decode_steady(const SeqId* seqs, const int32_t* tokens, uint32
     max_ctx = scan.max_ctx;
     max_pages = scan.max_pages;
     for (uint32_t k = 0; k < scan.slow; ++k) {
+      // The lines of a listed sequence this loop and note_special read (its
+      // tokens and table, its hashes), requested a few ahead: the lane step
+      // read none of them (perf: most of this loop's time waited on them).
+      if (k + kAhead < scan.slow) {
+        const Sequence* f = live[h.slow[k + kAhead]];
+        __builtin_prefetch(f, 1);
+        __builtin_prefetch(&f->hashes);
+      }
       const uint32_t i = h.slow[k];
       Pool::DecodeMemo::Tail& m = tails[i];
       Sequence& s = *live[i];
