@@ -1,5 +1,7 @@
 #include "huge_pages.h"
 
+#include <cstdint>
+
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -22,6 +24,21 @@ void* allocate(size_t bytes) {
   madvise(p, size, MADV_HUGEPAGE);  // advisory: EINVAL where THP is off changes nothing
 #endif
   return p;
+}
+
+void populate(void* p, size_t bytes) noexcept {
+#if defined(__linux__)
+#if !defined(MADV_POPULATE_WRITE)
+  constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14; older headers lack it
+#endif
+  const uintptr_t page = 4096;
+  const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(page - 1);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
 }
 
 void deallocate(void* p, size_t bytes) noexcept {

@@ -23,6 +23,12 @@ constexpr size_t kHugePage = size_t(2) << 20;
 inline bool wants(size_t bytes) { return bytes >= kHugePage / 2; }
 void* allocate(size_t bytes);  // throws std::bad_alloc
 void deallocate(void* p, size_t bytes) noexcept;
+// Asks the kernel to back the whole pages of [p, p + bytes) now, in one
+// call, for memory about to be written in full: first touches of fresh
+// pages one by one cost a fault each (~2 us under this project's VMs,
+// against ~0.2 us a page populated at once). Advisory: where the kernel
+// lacks MADV_POPULATE_WRITE (before Linux 5.14) nothing happens.
+void populate(void* p, size_t bytes) noexcept;
 }  // namespace huge_pages
 
 template <class T>
