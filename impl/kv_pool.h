@@ -2,8 +2,8 @@
 // entry points the C ABI wraps. One mutex serialises every operation.
 #pragma once
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -331,8 +331,7 @@ class Pool {
   // hashes; changes nothing else. given: precomputed hashes (see
   // match_prefix_hashes), whose first and last links are checked.
   void find_hits(const HashContext& ctx, const int32_t* tokens, uint64_t n, const BlockHash* given,
-                 uint64_t num_given, std::vector<BlockHash>& hashes,
-                 std::vector<int32_t>& hits) const;
+                 uint64_t num_given, HashVector& hashes, std::vector<int32_t>& hits) const;
   // The part of an append that cannot fail, after append_need was checked
   // against the free blocks, s.tokens holds the new tokens (n0 before) and
   // hash_new_blocks returned h0.

@@ -153,7 +153,7 @@ Pool::Admitted Pool::admit(const SeqOptions& o, const int32_t* tokens, uint64_t 
   if (seqs_.full()) fail(Errc::kOutOfMemory, "the pool's sequence table is full");
 
   // 1. The hits, found without attaching them.
-  std::vector<BlockHash> hashes;
+  HashVector hashes{ArenaAllocator<BlockHash>(&token_arena_)};  // moved into the sequence
   std::vector<int32_t> hits;
   find_hits(ctx, tokens, n, given, num_given, hashes, hits);
   const uint64_t k = hits.size(), n_hit = k * bs;

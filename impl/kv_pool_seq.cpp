@@ -156,7 +156,7 @@ SeqId Pool::seq_create(const SeqOptions& o, bool hidden) {
 }
 
 void Pool::find_hits(const HashContext& ctx, const int32_t* tokens, uint64_t n,
-                     const BlockHash* given, uint64_t num_given, std::vector<BlockHash>& hashes,
+                     const BlockHash* given, uint64_t num_given, HashVector& hashes,
                      std::vector<int32_t>& hits) const {
   if (!blocks_.caching() || n == 0) return;
   const uint64_t bs = opts_.block_size;

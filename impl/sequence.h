@@ -18,6 +18,8 @@
 namespace pagedkv {
 
 using SeqId = uint64_t;
+// Block hashes; with an arena's allocator, in a pool's TokenArena.
+using HashVector = std::vector<BlockHash, ArenaAllocator<BlockHash>>;
 
 // A retention priority for tokens [begin, end) of a sequence
 // (pkv_retention_range).
@@ -35,7 +37,8 @@ struct RetentionRange {
 // is opened or filled.
 struct Sequence {
   Sequence() = default;
-  explicit Sequence(TokenArena* arena) : tokens(ArenaAllocator<int32_t>(arena)) {}
+  explicit Sequence(TokenArena* arena)
+      : tokens(ArenaAllocator<int32_t>(arena)), hashes(ArenaAllocator<BlockHash>(arena)) {}
   // Every token appended, incl. a cached prefix; in the pool's TokenArena.
   TokenVector tokens;
   // Bumped by every change of the table or tokens; plans compare it for
@@ -72,8 +75,11 @@ struct Sequence {
   // append starts a new run), so a change made elsewhere is never taken
   // for an append.
   uint32_t append_from = 0, append_to = 0;
-  uint64_t num_null = 0;          // leading table entries released to the null block
-  std::vector<BlockHash> hashes;  // chained hashes of the full blocks (caching on)
+  uint64_t num_null = 0;  // leading table entries released to the null block
+  // Chained hashes of the full blocks (caching on); in the pool's
+  // TokenArena too: as sequences grow, vectors doubled on the heap took
+  // fresh pages a fault at a time (~2 a decode step of 1024 sequences).
+  HashVector hashes;
   int32_t priority = 0;
   uint64_t num_cached = 0;  // tokens attached by match_prefix
   void bump_table_appended() {
@@ -182,6 +188,8 @@ class SeqTable {
     // A new chunk's slots use the heap until here.
     if (s.seq.tokens.get_allocator().arena != arena_)
       s.seq.tokens = TokenVector(TokenAlloc(arena_));
+    if (s.seq.hashes.get_allocator().arena != arena_)
+      s.seq.hashes = HashVector(ArenaAllocator<BlockHash>(arena_));
     s.live = true;
     ++live_;
     *id = make_id(s.gen, slot);
@@ -205,13 +213,15 @@ class SeqTable {
     ++s.gen;
     ++removals_;
     // Keep small buffers for reuse; drop big ones so a finished long
-    // request does not pin its memory. Token ids always go back to the
-    // arena, whose free lists are their reuse, so that a region whose
-    // sequences all finished can go back to the system.
-    if (s.seq.tokens.capacity() > (1u << 16))
+    // request does not pin its memory. Token ids and block hashes always
+    // go back to the arena, whose free lists are their reuse, so that a
+    // region whose sequences all finished can go back to the system.
+    if (s.seq.tokens.capacity() > (1u << 16)) {
       s.seq = Sequence(arena_);
-    else if (arena_ != nullptr)
+    } else if (arena_ != nullptr) {
       TokenVector(TokenAlloc(arena_)).swap(s.seq.tokens);
+      HashVector(ArenaAllocator<BlockHash>(arena_)).swap(s.seq.hashes);
+    }
     free_.push_back(slot);
   }
 

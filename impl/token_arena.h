@@ -1,4 +1,5 @@
-// Per-pool memory for the sequences' token ids.
+// Per-pool memory for the sequences' token ids (and their block hashes,
+// which grow with them a block at a time).
 //
 // A decode step appends one token to each of ~1000 sequences, and each
 // token vector from the general heap sits on 4 KiB pages of its own: a

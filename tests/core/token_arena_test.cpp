@@ -169,7 +169,7 @@ TEST(TokenArena, VectorsMoveSwapAndCopyAcrossArenasAndTheHeap) {
   EXPECT_EQ(big.back(), 3);
 }
 
-TEST(TokenArena, APoolKeepsItsSequencesTokensInItsArena) {
+TEST(TokenArena, APoolKeepsItsSequencesTokensAndBlockHashesInItsArena) {
   auto pool = Pool::create(test::manager_options(16, 100000));
   std::vector<SeqId> ids(200);
   std::mt19937 rng(5);
@@ -183,12 +183,14 @@ TEST(TokenArena, APoolKeepsItsSequencesTokensInItsArena) {
   EXPECT_GT(arena.bytes_reserved(), 0u);
   auto in_arena = [&](SeqId id) {
     const Sequence* s = pool->seq_table_for_testing().find(id);
-    return s != nullptr && s->tokens.get_allocator().arena == &arena;
+    return s != nullptr && s->tokens.get_allocator().arena == &arena &&
+           s->hashes.get_allocator().arena == &arena;
   };
   for (size_t i = 0; i < ids.size(); ++i) {
     ASSERT_TRUE(in_arena(ids[i]));
     const Sequence* s = pool->seq_table_for_testing().find(ids[i]);
     EXPECT_EQ(std::vector<int32_t>(s->tokens.begin(), s->tokens.end()), want[i]);
+    EXPECT_EQ(s->hashes.size(), want[i].size() / 16) << i;  // one per full block
   }
   // A fork's copy, and a freed slot's next sequence, are in the arena too;
   // freeing sequences gives their token ids back to the arena (not kept in
