@@ -4,6 +4,7 @@
 
 #if defined(__linux__)
 #include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 namespace pagedkv {
@@ -31,7 +32,10 @@ void populate(void* p, size_t bytes) noexcept {
 #if !defined(MADV_POPULATE_WRITE)
   constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14; older headers lack it
 #endif
-  const uintptr_t page = 4096;
+  static const uintptr_t page = [] {  // 4, 16 or 64 KiB
+    const long size = sysconf(_SC_PAGESIZE);
+    return size > 0 ? uintptr_t(size) : uintptr_t(4096);
+  }();
   const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
   const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(page - 1);
   if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE);
