@@ -188,8 +188,7 @@ class SeqTable {
     // A new chunk's slots use the heap until here.
     if (s.seq.tokens.get_allocator().arena != arena_)
       s.seq.tokens = TokenVector(TokenAlloc(arena_));
-    if (s.seq.hashes.get_allocator().arena != arena_)
-      s.seq.hashes = HashVector(ArenaAllocator<BlockHash>(arena_));
+    if (s.seq.hashes.get_allocator().arena != arena_) s.seq.hashes = HashVector(HashAlloc(arena_));
     s.live = true;
     ++live_;
     *id = make_id(s.gen, slot);
@@ -220,7 +219,7 @@ class SeqTable {
       s.seq = Sequence(arena_);
     } else if (arena_ != nullptr) {
       TokenVector(TokenAlloc(arena_)).swap(s.seq.tokens);
-      HashVector(ArenaAllocator<BlockHash>(arena_)).swap(s.seq.hashes);
+      HashVector(HashAlloc(arena_)).swap(s.seq.hashes);
     }
     free_.push_back(slot);
   }
@@ -283,6 +282,7 @@ class SeqTable {
   }
 
   using TokenAlloc = ArenaAllocator<int32_t>;
+  using HashAlloc = ArenaAllocator<BlockHash>;
   uint16_t tag_;
   TokenArena* arena_;
   std::vector<std::unique_ptr<Chunk>> chunks_;
