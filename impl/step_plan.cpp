@@ -603,17 +603,31 @@ void Batch::commit_decode_locked(bool same) {
     const uint32_t* slow = h.slow.data();
     const uint32_t* const slow_end = slow + lane_slow_;
     size_t next_slow = slow != slow_end ? *slow : m;
+    // The counts in a local: through p.blocks_ the compiler reloaded the
+    // array's address after every store to a sequence.
+    BlockPool::Counts* const cn = p.blocks_.counts_for_decode();
     for (size_t i = 0; i < m; ++i) {
       if (i + kNear < m) {
-        p.blocks_.prefetch_counts(ranges[i + kNear].r.block);
-        __builtin_prefetch(&live[i + kNear]->num_committed);
+        __builtin_prefetch(cn + ranges[i + kNear].r.block, 1);
+        __builtin_prefetch(&live[i + kNear]->num_committed, 1);
       }
       if (i == next_slow) {
         same_row(i);
         next_slow = ++slow != slow_end ? *slow : m;
         continue;
       }
-      mark(i, live[i], ranges[i]);
+      // mark's usual outcome in line: the slot is the block's next one and
+      // the sequence counted every token before it.
+      Sequence* const s = live[i];
+      const QueryRange& q = ranges[i];
+      BlockPool::Counts& c = cn[q.r.block];
+      const uint64_t e = ends[i];
+      if (__builtin_expect(c.written == q.r.lo && s->num_committed == e - 1, 1)) {
+        c.written = uint16_t(q.r.hi);
+        s->num_committed = e;
+        continue;
+      }
+      mark(i, s, q);
     }
   } else if (same) {
     for (size_t i = 0; i < m; ++i) {
