@@ -200,6 +200,7 @@ SeqId GroupPool::new_id() {
   constexpr int kTagShift = 48;  // SeqTable::kTagShift
   if (next_id_ >= (SeqId(1) << kTagShift))
     fail(Errc::kOutOfMemory, "the pool has handed out 2^48 - 1 sequence ids");
+  tag_.note_generation(uint32_t(next_id_ >> 24));  // bits 24..47, as SeqTable's generation
   return (SeqId(tag_.value()) << kTagShift) | next_id_++;
 }
 

@@ -223,7 +223,8 @@ class GroupPool {
   std::unordered_multimap<Key, int32_t, KeyHasher> cache_;
   std::unordered_map<SeqId, Seq> seqs_;
   PoolTag tag_;  // no live pool of either kind shares it (pool_tag.h)
-  SeqId next_id_ = 1;
+  // Above every id an earlier holder of the tag handed out (PoolTag).
+  SeqId next_id_ = SeqId(tag_.first_generation()) << 24;
   std::vector<std::vector<std::pair<int32_t, int32_t>>> copies_;
   // Per group: the persistent page table the last such plan used.
   std::vector<std::shared_ptr<GroupPageTable>> kept_tables_;

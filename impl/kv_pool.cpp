@@ -161,7 +161,7 @@ Pool::Pool(const PoolOptions& opts, uint64_t bytes_per_block)
       bytes_per_block_(bytes_per_block),
       events_(opts.enable_events, opts.max_events),
       blocks_(int32_t(opts.num_blocks), opts.enable_prefix_caching, &events_),
-      seqs_(tag_.value(), &token_arena_),
+      seqs_(tag_.value(), &token_arena_, tag_.first_generation()),
       root_(hash_root(opts.hash_algo, opts.hash_seed)),
       hasher_(std::make_unique<BlockHasher>(opts.hash_algo)) {
   if ((opts.block_size & (opts.block_size - 1)) == 0) bs_shift_ = __builtin_ctz(opts.block_size);
@@ -169,7 +169,10 @@ Pool::Pool(const PoolOptions& opts, uint64_t bytes_per_block)
   events_.keep_tokens(opts.block_size);
 }
 
-Pool::~Pool() { close(); }
+Pool::~Pool() {
+  close();
+  tag_.note_generation(seqs_.max_generation());  // the tag's next holder starts above
+}
 
 std::shared_ptr<Pool> Pool::create(const PoolOptions& in) {
   PoolOptions o = in;

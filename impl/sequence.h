@@ -139,8 +139,10 @@ class SeqTable {
   static constexpr uint32_t kMaxGen = (1u << kGenBits) - 1;
 
   // arena: where the sequences' tokens live (null: the heap); it must
-  // outlive the table.
-  explicit SeqTable(uint16_t tag = 0, TokenArena* arena = nullptr) : tag_(tag), arena_(arena) {}
+  // outlive the table. Slots start at generation first_gen: ids of earlier
+  // tables with the same tag have lower ones (PoolTag).
+  explicit SeqTable(uint16_t tag = 0, TokenArena* arena = nullptr, uint32_t first_gen = 1)
+      : tag_(tag), arena_(arena), first_gen_(first_gen) {}
 
   // The live sequence named by id, or nullptr (another pool's id included).
   Sequence* find(SeqId id) {
@@ -182,8 +184,10 @@ class SeqTable {
         chunks_.push_back(std::make_unique<Chunk>());
       }
       slot = size_++;
+      at(slot).gen = first_gen_;
     }
     Slot& s = at(slot);
+    if (s.gen > max_gen_) max_gen_ = s.gen;
     s.seq.reset();
     // A new chunk's slots use the heap until here.
     if (s.seq.tokens.get_allocator().arena != arena_)
@@ -227,6 +231,8 @@ class SeqTable {
   size_t size() const { return live_; }
   bool full() const { return size_ == kMaxSlots && free_.empty(); }
   size_t num_retired() const { return retired_; }
+  // The highest generation an id of this table had (0: none), through clear().
+  uint32_t max_generation() const { return max_gen_; }
   // Sequences removed (or the table cleared) so far: while it is unchanged,
   // every live Sequence* taken from find() still names the same sequence
   // (a slot is only reused after a remove). Step plans rely on it.
@@ -290,6 +296,8 @@ class SeqTable {
   uint32_t size_ = 0;  // slots ever used
   size_t live_ = 0;
   size_t retired_ = 0;
+  uint32_t first_gen_ = 1;
+  uint32_t max_gen_ = 0;
   uint64_t removals_ = 0;
 };
 

@@ -6,6 +6,7 @@
 
 #include <set>
 
+#include "kv_groups.h"
 #include "test_util.h"
 
 namespace pagedkv {
@@ -13,7 +14,10 @@ namespace {
 
 uint32_t slot_of(SeqId id) { return uint32_t(id) & (SeqTable::kMaxSlots - 1); }
 
-void expect_unknown(Pool& p, SeqId id) {
+uint16_t tag_of(SeqId id) { return uint16_t(id >> SeqTable::kTagShift); }
+
+template <class P>
+void expect_unknown(P& p, SeqId id) {
   try {
     p.seq_info(id);
     ADD_FAILURE() << seq_name(id) << " was found";
@@ -85,6 +89,104 @@ TEST(SeqIds, TagsOfLivePoolsAreDistinctAndComeBackLate) {
   auto next = Pool::create(test::manager_options(4, 4));
   EXPECT_NE(next->tag(), first);
   EXPECT_EQ(live.count(next->tag()), 0u);
+}
+
+// Tags are 16 bits, so the 65536th pool created after one was destroyed
+// may get its tag back. Ids the old pool handed out (a user may still hold
+// them) must not name the new pool's sequences, of either pool kind.
+GroupSpec full_group() {
+  GroupSpec g;
+  g.kind = GroupKind::kFull;
+  g.num_layers = 1;
+  g.num_kv_heads = 1;
+  g.head_dim = 8;
+  return g;
+}
+
+// Creates and destroys pools of the kind make() gives, each with one
+// sequence, until one has tag t (at most 65535 of them); returns that one.
+template <class Make>
+auto pool_with_tag(uint16_t t, Make make) -> decltype(make()) {
+  for (int i = 0; i < 65536; ++i) {
+    auto p = make();
+    const SeqId s = p->seq_create({});
+    if (tag_of(s) == t) {
+      p->free(s);
+      return p;
+    }
+  }
+  ADD_FAILURE() << "tag " << t << " did not come back";
+  return nullptr;
+}
+
+TEST(SeqIds, AReusedTagDoesNotLetOldIdsNameNewSequences) {
+  auto make_pool = [] { return Pool::create(test::manager_options(4, 4)); };
+  auto make_groups = [] {
+    PoolOptions o;
+    o.block_size = 4;
+    o.num_blocks = 4;
+    return GroupPool::create(o, {full_group()});
+  };
+  // Pool A: slot 0 used twice (generations 1 and 2), a live sequence left.
+  std::vector<SeqId> old;
+  uint16_t t;
+  {
+    auto a = make_pool();
+    const SeqId a0 = a->seq_create({});
+    a->free(a0);
+    const SeqId a1 = a->seq_create({});
+    test::append(*a, a1, test::iota_tokens(3));
+    old = {a0, a1, a->seq_create({})};
+    t = a->tag();
+  }
+  auto check = [&](auto& p, const std::vector<SeqId>& mine) {
+    for (SeqId o : old) {
+      expect_unknown(p, o);
+      for (SeqId m : mine) EXPECT_NE(m, o) << seq_name(m) << " was handed out before";
+    }
+  };
+  // A group pool that gets the tag back, then a plain pool after it.
+  {
+    auto g = pool_with_tag(t, make_groups);
+    ASSERT_NE(g, nullptr);
+    std::vector<SeqId> mine;
+    for (int i = 0; i < 3; ++i) mine.push_back(g->seq_create({}));
+    check(*g, mine);
+    old.insert(old.end(), mine.begin(), mine.end());
+  }
+  {
+    auto p = pool_with_tag(t, make_pool);
+    ASSERT_NE(p, nullptr);
+    std::vector<SeqId> mine;
+    for (int i = 0; i < 3; ++i) mine.push_back(p->seq_create({}));
+    check(*p, mine);
+    try {
+      p->free(old[1]);
+      ADD_FAILURE() << "freed a sequence through an id of the tag's earlier pool";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::kNotFound);
+    }
+    for (SeqId m : mine) EXPECT_EQ(p->seq_info(m).num_tokens, 0u);
+    EXPECT_EQ(p->validate(), "");
+  }
+}
+
+// A tag whose next holder would start with too few generations left is not
+// handed out again.
+TEST(SeqIds, ATagWithHalfItsGenerationsUsedIsRetired) {
+  uint16_t t;
+  {
+    auto a = Pool::create(test::manager_options(4, 4));
+    const SeqId s = a->seq_create({});
+    a->free(s);
+    a->seq_table_for_testing().set_generation_for_testing(slot_of(s), PoolTag::kRetireAt);
+    a->seq_create({});  // generation kRetireAt
+    t = a->tag();
+  }
+  for (int i = 0; i < 65536; ++i) {
+    auto p = Pool::create(test::manager_options(4, 4));
+    ASSERT_NE(p->tag(), t) << "a retired tag was handed out again";
+  }
 }
 
 }  // namespace

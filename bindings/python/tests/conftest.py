@@ -91,7 +91,8 @@ def manager_pool():
 
 def pool_reusing_the_tag_of(seq_id, make):
     """make() once the round-robin pool tags (pool_tag.h) come back to the
-    tag of seq_id's closed pool: its first sequence then has seq_id. The
+    tag of seq_id's closed pool: its sequences then share seq_id's tag
+    (their generations start above the closed pool's). The
     caller closed a pool made just before that one, so the tag before it is
     free and comes round first (other tests' live pools are skipped)."""
     tag = seq_id >> 48
