@@ -153,8 +153,10 @@ PKV_API pkv_status pkv_transfer_import(pkv_transfer_engine* engine, pkv_pool* po
 
 /* Drives the transfer and reports its state (PKV_TRANSFER_*). Returns
  * PKV_OK while running, done or cancelled; once failed, the failure's
- * status and message (every later poll too). DONE: *out_seq (may be NULL)
- * is the new sequence, the caller's to use and free; else 0. */
+ * status and message (every later poll too), with *out_state still written
+ * (PKV_TRANSFER_FAILED): the one call whose out-parameters a failure writes.
+ * DONE: *out_seq (may be NULL) is the new sequence, the caller's to use and
+ * free; else 0. */
 PKV_API pkv_status pkv_transfer_poll(pkv_transfer* transfer, uint32_t* out_state,
                                      pkv_seq_id* out_seq);
 
